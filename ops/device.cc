@@ -1,0 +1,125 @@
+#include "ops/device.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "ops/device_backend.h"
+#include "ops/error.h"
+
+namespace cnnflow {
+
+Device Device::Parse(const std::string& text) {
+  auto colon = text.find(':');
+  std::string kind = text.substr(0, colon);
+  int index = 0;
+  if (colon != std::string::npos) {
+    const std::string num = text.substr(colon + 1);
+    char* end = nullptr;
+    long v = std::strtol(num.c_str(), &end, 10);
+    if (num.empty() || *end != '\0' || v < 0) {
+      throw ConfigError(StrCat("bad device '", text, "': expected cpu:K or cuda:K"));
+    }
+    index = static_cast<int>(v);
+  }
+  if (kind == "cpu") return Cpu(index);
+  if (kind == "cuda" || kind == "gpu") return Cuda(index);
+  throw ConfigError(StrCat("bad device '", text, "': expected cpu:K or cuda:K"));
+}
+
+std::string Device::ToString() const {
+  return StrCat(is_cpu() ? "cpu:" : "cuda:", index);
+}
+
+size_t RoundToSizeClass(size_t bytes) {
+  // Powers of two up to 1 MiB, then multiples of 1 MiB: little waste for the
+  // large activation buffers, few classes for the small ones.
+  if (bytes <= kAlignment) return kAlignment;
+  if (bytes <= (1u << 20)) {
+    size_t c = kAlignment;
+    while (c < bytes) c <<= 1;
+    return c;
+  }
+  return (bytes + (1u << 20) - 1) & ~static_cast<size_t>((1u << 20) - 1);
+}
+
+namespace {
+
+class HostPool final : public MemoryPool {
+ public:
+  ~HostPool() override {
+    for (auto& [size, blocks] : free_)
+      for (void* p : blocks) std::free(p);
+  }
+  void* Allocate(size_t bytes) override {
+    const size_t size = RoundToSizeClass(bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    in_use_ += size;
+    if (in_use_ > peak_) peak_ = in_use_;
+    auto& list = free_[size];
+    if (!list.empty()) {
+      void* p = list.back();
+      list.pop_back();
+      return p;
+    }
+    void* p = std::aligned_alloc(kAlignment, size);
+    if (p == nullptr) {
+      throw Error(StrCat("host out of memory: asked ", size, " bytes with ", in_use_ - size,
+                         " in use"));
+    }
+    reserved_ += size;
+    return p;
+  }
+  void Release(void* ptr, size_t bytes) override {
+    const size_t size = RoundToSizeClass(bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    in_use_ -= size;
+    free_[size].push_back(ptr);
+  }
+  size_t bytes_in_use() const override { return in_use_; }
+  size_t peak_bytes_in_use() const override { return peak_; }
+  size_t bytes_reserved() const override { return reserved_; }
+
+ private:
+  std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;
+  size_t in_use_ = 0, peak_ = 0, reserved_ = 0;
+};
+
+}  // namespace
+
+MemoryPool& PoolFor(Device device) {
+  if (device.is_cpu()) {
+    static HostPool* pool = new HostPool();  // lives for the process: tensors may outlive main
+    return *pool;
+  }
+  return detail::CudaPool(device.index);
+}
+
+void CopyBytes(Device dst_device, void* dst, Device src_device, const void* src, size_t bytes) {
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  detail::CudaCopy(dst_device, dst, src_device, src, bytes);
+}
+
+void ZeroBytes(Device device, void* ptr, size_t bytes) {
+  if (device.is_cpu()) {
+    std::memset(ptr, 0, bytes);
+    return;
+  }
+  detail::CudaZero(device.index, ptr, bytes);
+}
+
+bool CudaAvailable() { return detail::CudaBuilt() && detail::CudaDeviceCountImpl() > 0; }
+int CudaDeviceCount() { return detail::CudaBuilt() ? detail::CudaDeviceCountImpl() : 0; }
+
+Storage::Storage(Device device, size_t bytes)
+    : device_(device), bytes_(bytes), data_(PoolFor(device).Allocate(bytes)) {}
+
+Storage::~Storage() { PoolFor(device_).Release(data_, bytes_); }
+
+}  // namespace cnnflow

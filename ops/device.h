@@ -1,0 +1,78 @@
+// Devices and their memory: `cpu:K` is a CPU replica (host memory),
+// `cuda:K` a GPU. Memory comes from a caching pool per device, so the
+// steady state of training allocates nothing from the system.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace cnnflow {
+
+enum class DeviceType { kCpu, kCuda };
+
+struct Device {
+  DeviceType type = DeviceType::kCpu;
+  int index = 0;
+
+  static Device Cpu(int index = 0) { return {DeviceType::kCpu, index}; }
+  static Device Cuda(int index = 0) { return {DeviceType::kCuda, index}; }
+  // Parses "cpu", "cpu:1", "cuda:0"; throws ConfigError naming the text.
+  static Device Parse(const std::string& text);
+
+  bool is_cpu() const { return type == DeviceType::kCpu; }
+  bool is_cuda() const { return type == DeviceType::kCuda; }
+  std::string ToString() const;
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+};
+
+// Alignment of every buffer: one cache line, and what AVX-512 loads want.
+inline constexpr size_t kAlignment = 64;
+
+// A caching allocator for one device. Blocks are rounded up to size classes
+// and kept on free lists when released.
+class MemoryPool {
+ public:
+  virtual ~MemoryPool() = default;
+  virtual void* Allocate(size_t bytes) = 0;
+  virtual void Release(void* ptr, size_t bytes) = 0;
+  // Bytes handed out now, the most ever handed out, and held from the system.
+  virtual size_t bytes_in_use() const = 0;
+  virtual size_t peak_bytes_in_use() const = 0;
+  virtual size_t bytes_reserved() const = 0;
+};
+
+// The pool of a device (created on first use). Host memory for every cpu:K.
+MemoryPool& PoolFor(Device device);
+
+// Copies `bytes` between any two devices (host<->GPU, GPU<->GPU, host<->host).
+void CopyBytes(Device dst_device, void* dst, Device src_device, const void* src, size_t bytes);
+// Sets `bytes` of device memory to zero.
+void ZeroBytes(Device device, void* ptr, size_t bytes);
+
+// Whether this build has CUDA and a usable GPU is present (never touches
+// CUDA in a build without it).
+bool CudaAvailable();
+int CudaDeviceCount();
+
+// A block of device memory returned to its pool when the last handle goes.
+class Storage {
+ public:
+  Storage(Device device, size_t bytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  Device device_;
+  size_t bytes_;
+  void* data_;
+};
+
+}  // namespace cnnflow

@@ -1,0 +1,44 @@
+#include "ops/layer.h"
+
+#include <algorithm>
+
+namespace cnnflow {
+
+Parameter& Layer::AddParameter(std::string name, const Shape& shape, DType dtype) {
+  params_.push_back({std::move(name), Tensor::Zeros(shape, dtype), Tensor::Zeros(shape, dtype)});
+  return params_.back();
+}
+
+Buffer& Layer::AddBuffer(std::string name, Tensor value) {
+  buffers_.push_back({std::move(name), std::move(value)});
+  return buffers_.back();
+}
+
+LayerRegistry& LayerRegistry::Get() {
+  static LayerRegistry* registry = new LayerRegistry();
+  return *registry;
+}
+
+void LayerRegistry::Register(LayerType t) {
+  CNNFLOW_ENFORCE(Find(t.type) == nullptr, "layer type '", t.type, "' registered twice");
+  types_.push_back(std::move(t));
+}
+
+const LayerType* LayerRegistry::Find(const std::string& type) const {
+  for (const auto& t : types_)
+    if (t.type == type) return &t;
+  return nullptr;
+}
+
+std::vector<std::string> LayerRegistry::Names() const {
+  std::vector<std::string> n;
+  for (const auto& t : types_) n.push_back(t.type);
+  std::sort(n.begin(), n.end());
+  return n;
+}
+
+LayerRegistration::LayerRegistration(const char* type, Schema schema, LayerFactory create) {
+  LayerRegistry::Get().Register({type, std::move(schema), std::move(create)});
+}
+
+}  // namespace cnnflow

@@ -1,0 +1,119 @@
+// The layer interface and the layer registry.
+//
+// How to add a layer type (one header + one .cc, one CMake line):
+//   1. ops/<name>.h: a class deriving from Layer; a comment with the shapes.
+//   2. ops/cpu/<name>.cc: Build (shape rule; create parameters), Forward and
+//      Backward, and at the bottom
+//        CNNFLOW_REGISTER_LAYER(name, Class, Schema("doc").Optional(...));
+//      The schema documents the YAML parameters; Class's constructor takes
+//      (const std::string& layer_name, const Args& args).
+//   3. tests/ops/<name>_test.cc: a gradient check and a naive reference.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/random.h"
+#include "ops/schema.h"
+#include "ops/tensor.h"
+
+namespace cnnflow {
+
+// A learnable tensor and its gradient (same shape, dtype, device).
+struct Parameter {
+  std::string name;  // local name: "weight", "bias"
+  Tensor value;
+  Tensor grad;
+};
+
+// A non-learned state tensor saved with the model (BN running statistics).
+struct Buffer {
+  std::string name;
+  Tensor value;
+};
+
+struct ForwardContext {
+  bool training = true;
+  uint64_t seed = 0;  // with step and the layer's name, seeds dropout masks
+  int64_t step = 0;
+};
+
+class Layer {
+ public:
+  explicit Layer(std::string name) : name_(std::move(name)) {}
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  const std::string& name() const { return name_; }
+  virtual const char* type() const = 0;
+  virtual int num_inputs() const { return 1; }
+
+  // Checks the input sample shapes (no batch dimension), creates the
+  // parameters in `dtype`, and returns the output sample shape. A shape
+  // that does not fit throws ShapeError saying what was expected.
+  virtual Shape Build(const std::vector<Shape>& inputs, DType dtype) = 0;
+
+  // Initialises parameters as PyTorch does by default.
+  virtual void ResetParameters(Rng& /*rng*/) {}
+
+  // x: inputs [N, ...]; y: preallocated output [N, out...].
+  virtual void Forward(const std::vector<const Tensor*>& x, Tensor& y,
+                       const ForwardContext& ctx) = 0;
+
+  // dy: gradient of the loss with respect to y. Writes dx[i] (preallocated,
+  // overwritten; nullptr when that input needs no gradient) and ADDS the
+  // parameter gradients into Parameter::grad, so micro-batches accumulate.
+  virtual void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
+                        const std::vector<Tensor*>& dx) = 0;
+
+  // Multiply-adds x2 of one forward pass on a batch of n (for reports).
+  virtual int64_t ForwardFlops(int64_t /*n*/) const { return 0; }
+
+  std::vector<Parameter>& parameters() { return params_; }
+  std::vector<Buffer>& buffers() { return buffers_; }
+
+ protected:
+  Parameter& AddParameter(std::string name, const Shape& shape, DType dtype);
+  Buffer& AddBuffer(std::string name, Tensor value);
+
+ private:
+  std::string name_;
+  std::vector<Parameter> params_;
+  std::vector<Buffer> buffers_;
+};
+
+using LayerFactory = std::function<std::unique_ptr<Layer>(const std::string&, const Args&)>;
+
+struct LayerType {
+  std::string type;
+  Schema schema;
+  LayerFactory create;
+};
+
+// Registered layer types, by name.
+class LayerRegistry {
+ public:
+  static LayerRegistry& Get();
+  void Register(LayerType t);
+  // nullptr when unknown.
+  const LayerType* Find(const std::string& type) const;
+  std::vector<std::string> Names() const;
+
+ private:
+  std::vector<LayerType> types_;
+};
+
+struct LayerRegistration {
+  LayerRegistration(const char* type, Schema schema, LayerFactory create);
+};
+
+#define CNNFLOW_REGISTER_LAYER(type_name, Class, schema_expr)                                \
+  static ::cnnflow::LayerRegistration cnnflow_layer_registration_##type_name(               \
+      #type_name, schema_expr, [](const std::string& n, const ::cnnflow::Args& a) {        \
+        return std::unique_ptr<::cnnflow::Layer>(new Class(n, a));                         \
+      })
+
+}  // namespace cnnflow

@@ -1,0 +1,204 @@
+#include "ops/model.h"
+
+#include <cmath>
+
+#include "ops/cpu/elementwise.h"
+
+namespace cnnflow {
+
+namespace {
+
+void InitWeight(Tensor& w, InitScheme scheme, Rng& rng) {
+  const int64_t out = w.dim(0);
+  const int64_t in = w.rank() > 1 ? w.dim(1) : 1;
+  const int64_t receptive = w.numel() / (out * in);
+  const double fan_in = static_cast<double>(in * receptive);
+  const double fan_out = static_cast<double>(out * receptive);
+  for (int64_t i = 0; i < w.numel(); ++i) {
+    double v = 0;
+    if (scheme == InitScheme::kXavierUniform) {
+      const double b = std::sqrt(6.0 / (fan_in + fan_out));
+      v = rng.Uniform(-b, b);
+    } else {  // kKaimingNormal, fan_in mode, ReLU gain
+      v = rng.Normal(0, std::sqrt(2.0 / fan_in));
+    }
+    w.Set(i, v);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
+                                    DType dtype, uint64_t seed, InitScheme init) {
+  std::unique_ptr<Model> m(new Model());
+  m->input_shape_ = input_shape;
+  m->dtype_ = dtype;
+  std::map<std::string, int> index;  // layer name -> position
+  const LayerRegistry& registry = LayerRegistry::Get();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const LayerSpec& s = specs[i];
+    if (s.name == kModelInput || index.count(s.name)) {
+      throw ConfigError(StrCat("layer name '", s.name, "' is used twice (or is the reserved name '",
+                               kModelInput, "')"));
+    }
+    const LayerType* type = registry.Find(s.type);
+    if (type == nullptr) {
+      std::string close = ClosestMatch(s.type, registry.Names());
+      throw ConfigError(StrCat("layer '", s.name, "': unknown layer type '", s.type, "'",
+                               close.empty() ? "" : StrCat(" (did you mean '", close, "'?)")));
+    }
+    Args args = s.args;
+    args.FillDefaults(type->schema);
+    std::unique_ptr<Layer> layer = type->create(s.name, args);
+
+    std::vector<std::string> in_names = s.inputs;
+    if (in_names.empty()) in_names.push_back(i == 0 ? kModelInput : specs[i - 1].name);
+    if (static_cast<int>(in_names.size()) != layer->num_inputs()) {
+      throw ConfigError(StrCat("layer '", s.name, "' (", s.type, ") takes ", layer->num_inputs(),
+                               " input(s), got ", in_names.size()));
+    }
+    std::vector<int> in_index;
+    std::vector<Shape> in_shapes;
+    for (const auto& n : in_names) {
+      if (n == kModelInput) {
+        in_index.push_back(-1);
+        in_shapes.push_back(input_shape);
+      } else if (auto it = index.find(n); it != index.end()) {
+        in_index.push_back(it->second);
+        in_shapes.push_back(m->out_shapes_[it->second]);
+      } else {
+        throw ConfigError(StrCat("layer '", s.name, "' reads '", n,
+                                 "', which is not an earlier layer"));
+      }
+    }
+    Shape out;
+    try {
+      out = layer->Build(in_shapes, dtype);
+    } catch (const ShapeError& e) {
+      std::string from;
+      for (size_t k = 0; k < in_names.size(); ++k) {
+        const std::string src = in_names[k] == kModelInput
+                                    ? std::string("the model input")
+                                    : StrCat("'", in_names[k], "' (", specs[index[in_names[k]]].type, ")");
+        from += StrCat(k ? " and " : "", src, " produces ", in_shapes[k]);
+      }
+      throw ShapeError(StrCat("shape mismatch at layer '", s.name, "' (", s.type, "): ", from,
+                              ", but ", e.what()));
+    }
+    index[s.name] = static_cast<int>(i);
+    m->layers_.push_back(std::move(layer));
+    m->input_names_.push_back(in_names);
+    m->input_index_.push_back(in_index);
+    m->out_shapes_.push_back(out);
+  }
+  CNNFLOW_ENFORCE(!m->layers_.empty(), "the model has no layers");
+
+  for (size_t i = 0; i < m->layers_.size(); ++i) {
+    Rng rng(seed, StreamKey(0x1a7e5, i));
+    m->layers_[i]->ResetParameters(rng);
+    if (init != InitScheme::kPytorchDefault) {
+      for (auto& p : m->layers_[i]->parameters())
+        if (p.name == "weight" && p.value.rank() >= 2) InitWeight(p.value, init, rng);
+    }
+  }
+  return m;
+}
+
+const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
+  if (x.shape().WithoutBatch() != input_shape_) {
+    throw ShapeError(StrCat("model input has shape ", x.shape(), ", expected [N, ",
+                            input_shape_.ToString().substr(1)));
+  }
+  const int64_t n = x.dim(0);
+  input_ = x;
+  acts_.resize(layers_.size());
+  std::vector<const Tensor*> ins;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    ins.clear();
+    for (int j : input_index_[i]) ins.push_back(j < 0 ? &input_ : &acts_[j]);
+    Tensor& y = acts_[i];
+    const Shape shape = out_shapes_[i].WithBatch(n);
+    if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, dtype_, x.device());
+    layers_[i]->Forward(ins, y, ctx);
+  }
+  return acts_.back();
+}
+
+void Model::Backward(const Tensor& dy) {
+  const int num = static_cast<int>(layers_.size());
+  CNNFLOW_ENFORCE(static_cast<int>(acts_.size()) == num && dy.shape() == acts_.back().shape(),
+                  "Backward without a matching Forward: dy ", dy.shape());
+  std::vector<Tensor> grads(num);
+  grads[num - 1] = dy;
+  std::vector<const Tensor*> ins;
+  std::vector<Tensor*> dxs;
+  for (int i = num - 1; i >= 0; --i) {
+    if (!grads[i].defined()) continue;  // nothing downstream depends on this layer
+    ins.clear();
+    dxs.clear();
+    std::vector<Tensor> local(input_index_[i].size());
+    for (size_t k = 0; k < input_index_[i].size(); ++k) {
+      const int j = input_index_[i][k];
+      ins.push_back(j < 0 ? &input_ : &acts_[j]);
+      if (j < 0) {
+        dxs.push_back(nullptr);  // no gradient for the data
+      } else {
+        local[k] = Tensor::Empty(acts_[j].shape(), dtype_, acts_[j].device());
+        dxs.push_back(&local[k]);
+      }
+    }
+    layers_[i]->Backward(ins, acts_[i], grads[i], dxs);
+    for (size_t k = 0; k < input_index_[i].size(); ++k) {
+      const int j = input_index_[i][k];
+      if (j < 0) continue;
+      if (grads[j].defined()) {
+        AddInPlace(grads[j], local[k]);  // fan-out: gradients sum
+      } else {
+        grads[j] = local[k];
+      }
+    }
+    grads[i] = Tensor();
+  }
+}
+
+void Model::ZeroGrad() {
+  for (auto& l : layers_)
+    for (auto& p : l->parameters()) p.grad.Zero();
+}
+
+Layer* Model::FindLayer(const std::string& name) {
+  for (auto& l : layers_)
+    if (l->name() == name) return l.get();
+  return nullptr;
+}
+
+std::vector<Model::NamedParameter> Model::NamedParameters() {
+  std::vector<NamedParameter> out;
+  for (auto& l : layers_)
+    for (auto& p : l->parameters()) out.push_back({l->name() + "." + p.name, &p});
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Model::StateTensors() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& l : layers_) {
+    for (auto& p : l->parameters()) out.emplace_back(l->name() + "." + p.name, p.value);
+    for (auto& b : l->buffers()) out.emplace_back(l->name() + "." + b.name, b.value);
+  }
+  return out;
+}
+
+int64_t Model::NumParameters() const {
+  int64_t n = 0;
+  for (const auto& l : layers_)
+    for (const auto& p : const_cast<Layer&>(*l).parameters()) n += p.value.numel();
+  return n;
+}
+
+int64_t Model::ForwardFlops(int64_t n) const {
+  int64_t f = 0;
+  for (const auto& l : layers_) f += l->ForwardFlops(n);
+  return f;
+}
+
+}  // namespace cnnflow

@@ -1,0 +1,80 @@
+// The model: a DAG of named layers, listed in order. Each layer reads the
+// previous one unless it names its inputs (`inputs: [a, b]` for a residual
+// add). Shapes are inferred at build time, so a mismatch is an error before
+// any data is read, naming both layers and both shapes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/layer.h"
+
+namespace cnnflow {
+
+// The name that stands for the model's input in `inputs:`.
+inline constexpr const char* kModelInput = "input";
+
+struct LayerSpec {
+  std::string name;
+  std::string type;
+  Args args;                        // checked against the type's schema
+  std::vector<std::string> inputs;  // empty: the previous layer (or the input)
+};
+
+// How parameters are initialised: PyTorch's defaults, or Xavier.
+enum class InitScheme { kPytorchDefault, kXavierUniform, kKaimingNormal };
+
+class Model {
+ public:
+  // Builds and shape-checks the layers for samples of `input_shape`
+  // ([C, H, W] or [C, L]) and initialises parameters from `seed`.
+  static std::unique_ptr<Model> Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
+                                      DType dtype = DType::kF32, uint64_t seed = 0,
+                                      InitScheme init = InitScheme::kPytorchDefault);
+
+  // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
+  // activations that Backward needs.
+  const Tensor& Forward(const Tensor& x, const ForwardContext& ctx);
+  // dy: gradient with respect to Forward's output. Adds into parameter grads.
+  void Backward(const Tensor& dy);
+
+  void ZeroGrad();
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  Layer& layer(int i) { return *layers_[i]; }
+  const Layer& layer(int i) const { return *layers_[i]; }
+  Layer* FindLayer(const std::string& name);
+  const Shape& input_shape() const { return input_shape_; }
+  const Shape& output_shape(int i) const { return out_shapes_[i]; }
+  const Shape& output_shape() const { return out_shapes_.back(); }
+  const std::vector<std::string>& inputs_of(int i) const { return input_names_[i]; }
+  DType dtype() const { return dtype_; }
+
+  // Every parameter, in layer order, named "<layer>.<param>" (no wrapper
+  // prefix), the way PyTorch's state_dict names them.
+  struct NamedParameter {
+    std::string name;
+    Parameter* param;
+  };
+  std::vector<NamedParameter> NamedParameters();
+  // Parameters and buffers, named as above: what a checkpoint holds.
+  std::vector<std::pair<std::string, Tensor>> StateTensors();
+  int64_t NumParameters() const;
+  int64_t ForwardFlops(int64_t n) const;
+
+ private:
+  Model() = default;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::vector<std::string>> input_names_;
+  std::vector<std::vector<int>> input_index_;  // -1: the model input
+  std::vector<Shape> out_shapes_;
+  Shape input_shape_;
+  DType dtype_ = DType::kF32;
+  // Per-forward state.
+  Tensor input_;
+  std::vector<Tensor> acts_;
+};
+
+}  // namespace cnnflow

@@ -1,0 +1,173 @@
+#include "ops/schema.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "ops/error.h"
+
+namespace cnnflow {
+
+const char* ParamTypeName(ParamType t) {
+  switch (t) {
+    case ParamType::kInt: return "int";
+    case ParamType::kFloat: return "float";
+    case ParamType::kBool: return "bool";
+    case ParamType::kString: return "string";
+    case ParamType::kIntList: return "int or list of ints";
+    case ParamType::kFloatList: return "float or list of floats";
+    case ParamType::kStringList: return "list of strings";
+    case ParamType::kTree: return "mapping";
+  }
+  return "?";
+}
+
+Schema& Schema::Required(std::string name, ParamType type, std::string doc) {
+  params_.push_back({std::move(name), type, std::nullopt, std::move(doc), {}});
+  return *this;
+}
+
+Schema& Schema::Optional(std::string name, ParamType type, ParamValue default_value,
+                         std::string doc) {
+  params_.push_back({std::move(name), type, std::move(default_value), std::move(doc), {}});
+  return *this;
+}
+
+Schema& Schema::Choice(std::string name, std::vector<std::string> choices,
+                       std::string default_value, std::string doc) {
+  params_.push_back({std::move(name), ParamType::kString, ParamValue(std::move(default_value)),
+                     std::move(doc), std::move(choices)});
+  return *this;
+}
+
+const ParamSpec* Schema::Find(const std::string& name) const {
+  for (const auto& p : params_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+std::vector<std::string> Schema::Names() const {
+  std::vector<std::string> n;
+  for (const auto& p : params_) n.push_back(p.name);
+  return n;
+}
+
+const ParamValue& Args::Get(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) throw Error(StrCat("parameter '", name, "' is not set"));
+  return it->second;
+}
+
+int64_t Args::Int(const std::string& name) const {
+  const ParamValue& v = Get(name);
+  if (auto* i = std::get_if<int64_t>(&v)) return *i;
+  if (auto* l = std::get_if<std::vector<int64_t>>(&v); l && l->size() == 1) return (*l)[0];
+  throw Error(StrCat("parameter '", name, "' is not an int"));
+}
+
+double Args::Float(const std::string& name) const {
+  const ParamValue& v = Get(name);
+  if (auto* d = std::get_if<double>(&v)) return *d;
+  if (auto* i = std::get_if<int64_t>(&v)) return static_cast<double>(*i);
+  throw Error(StrCat("parameter '", name, "' is not a float"));
+}
+
+bool Args::Bool(const std::string& name) const {
+  const ParamValue& v = Get(name);
+  if (auto* b = std::get_if<bool>(&v)) return *b;
+  throw Error(StrCat("parameter '", name, "' is not a bool"));
+}
+
+const std::string& Args::String(const std::string& name) const {
+  const ParamValue& v = Get(name);
+  if (auto* s = std::get_if<std::string>(&v)) return *s;
+  throw Error(StrCat("parameter '", name, "' is not a string"));
+}
+
+std::vector<int64_t> Args::Ints(const std::string& name) const {
+  const ParamValue& v = Get(name);
+  if (auto* i = std::get_if<int64_t>(&v)) return {*i};
+  if (auto* l = std::get_if<std::vector<int64_t>>(&v)) return *l;
+  throw Error(StrCat("parameter '", name, "' is not a list of ints"));
+}
+
+std::vector<int64_t> Args::Ints(const std::string& name, size_t n) const {
+  std::vector<int64_t> v = Ints(name);
+  if (v.size() == 1 && n > 1) v.assign(n, v[0]);
+  if (v.size() != n) {
+    throw ConfigError(StrCat("parameter '", name, "' needs ", n, " values, got ", v.size()));
+  }
+  return v;
+}
+
+std::vector<double> Args::Floats(const std::string& name) const {
+  const ParamValue& v = Get(name);
+  if (auto* d = std::get_if<double>(&v)) return {*d};
+  if (auto* i = std::get_if<int64_t>(&v)) return {static_cast<double>(*i)};
+  if (auto* l = std::get_if<std::vector<double>>(&v)) return *l;
+  if (auto* l = std::get_if<std::vector<int64_t>>(&v)) return {l->begin(), l->end()};
+  throw Error(StrCat("parameter '", name, "' is not a list of floats"));
+}
+
+std::vector<std::string> Args::Strings(const std::string& name) const {
+  const ParamValue& v = Get(name);
+  if (auto* s = std::get_if<std::string>(&v)) return {*s};
+  if (auto* l = std::get_if<std::vector<std::string>>(&v)) return *l;
+  throw Error(StrCat("parameter '", name, "' is not a list of strings"));
+}
+
+void Args::FillDefaults(const Schema& schema) {
+  for (const auto& p : schema.params())
+    if (!Has(p.name) && p.default_value) values_[p.name] = *p.default_value;
+}
+
+std::string ParamValueToString(const ParamValue& v) {
+  std::ostringstream os;
+  std::visit(
+      [&](const auto& x) {
+        using X = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<X, bool>) {
+          os << (x ? "true" : "false");
+        } else if constexpr (std::is_same_v<X, std::string>) {
+          os << (x.empty() ? "\"\"" : x);
+        } else if constexpr (std::is_arithmetic_v<X>) {
+          os << x;
+        } else {
+          os << '[';
+          for (size_t i = 0; i < x.size(); ++i) os << (i ? ", " : "") << x[i];
+          os << ']';
+        }
+      },
+      v);
+  return os.str();
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string ClosestMatch(const std::string& word, const std::vector<std::string>& known) {
+  std::string best;
+  size_t best_d = std::string::npos;
+  for (const auto& k : known) {
+    size_t d = EditDistance(word, k);
+    if (d < best_d) {
+      best_d = d;
+      best = k;
+    }
+  }
+  // Close enough: at most a third of the word's letters wrong (min 1, max 3).
+  size_t limit = std::clamp<size_t>(word.size() / 3, 1, 3);
+  return best_d <= limit ? best : "";
+}
+
+}  // namespace cnnflow

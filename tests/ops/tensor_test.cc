@@ -1,0 +1,68 @@
+#include "ops/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+namespace cnnflow {
+namespace {
+
+TEST(Tensor, EmptyIsAlignedAndContiguous) {
+  Tensor t = Tensor::Empty({3, 5, 7});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % kAlignment, 0u);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.numel(), 105);
+  EXPECT_EQ(t.strides(), (std::vector<int64_t>{35, 7, 1}));
+}
+
+TEST(Tensor, SliceSharesStorage) {
+  Tensor t = Tensor::Zeros({4, 3});
+  Tensor s = t.Slice(1, 3);
+  EXPECT_EQ(s.shape(), Shape({2, 3}));
+  s.Set(0, 5.0);
+  EXPECT_EQ(t.At(3), 5.0);
+}
+
+TEST(Tensor, ReshapeChecksCount) {
+  Tensor t = Tensor::Zeros({4, 3});
+  EXPECT_EQ(t.Reshape({12}).shape(), Shape({12}));
+  EXPECT_THROW(t.Reshape({5}), Error);
+}
+
+TEST(Tensor, PoolReusesReleasedBlocks) {
+  MemoryPool& pool = PoolFor(Device::Cpu());
+  void* first = nullptr;
+  { first = Tensor::Empty({1000}).raw_data(); }
+  const size_t reserved = pool.bytes_reserved();
+  void* second = Tensor::Empty({1000}).raw_data();
+  EXPECT_EQ(first, second);
+  EXPECT_EQ(pool.bytes_reserved(), reserved);
+}
+
+TEST(Tensor, CastRoundTrip) {
+  Tensor t = Tensor::Full({3}, 1.5);
+  Tensor d = t.Cast(DType::kF64);
+  EXPECT_EQ(d.dtype(), DType::kF64);
+  EXPECT_EQ(d.At(2), 1.5);
+}
+
+TEST(Device, ParseAndPrint) {
+  EXPECT_EQ(Device::Parse("cpu:1"), Device::Cpu(1));
+  EXPECT_EQ(Device::Parse("cuda:0").ToString(), "cuda:0");
+  EXPECT_THROW(Device::Parse("tpu:0"), ConfigError);
+  EXPECT_THROW(Device::Parse("cpu:x"), ConfigError);
+}
+
+TEST(DeviceGPU, AllocateAndCopyRoundTrip) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no GPU found (CUDA built: " << CudaDeviceCount() << " devices)";
+  Tensor h = Tensor::Full({257}, 3.25);
+  Tensor g = h.To(Device::Cuda(0));
+  EXPECT_EQ(g.device(), Device::Cuda(0));
+  Tensor back = g.To(Device::Cpu());
+  for (int64_t i = 0; i < back.numel(); ++i) EXPECT_EQ(back.At(i), 3.25);
+  g.Zero();
+  EXPECT_EQ(g.To(Device::Cpu()).At(10), 0.0);
+}
+
+}  // namespace
+}  // namespace cnnflow
