@@ -1,1 +1,78 @@
-// placeholder: being written
+// 2D convolution layer ("conv2d"): [N, C, H, W] -> [N, K, H', W'], with
+// stride, zero padding, dilation and groups, PyTorch's parameter layout
+// (weight [K, C/groups, kh, kw], bias [K]) and output size rule
+//   H' = (H + 2 * pad_h - dilation_h * (kh - 1) - 1) / stride_h + 1.
+// The CPU kernels (ops/cpu/conv2d.cc) lower the convolution to im2col +
+// GEMM, parallel over the batch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ops/layer.h"
+
+namespace cnnflow {
+
+// Everything a convolution kernel needs to know about the shapes; shared by
+// the CPU and (later) CUDA kernels.
+struct Conv2dGeometry {
+  int64_t in_channels = 0, in_h = 0, in_w = 0;  // C, H, W
+  int64_t out_channels = 0;                    // K
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+  int64_t out_h = 0, out_w = 0;  // H', W'
+
+  int64_t in_per_group() const { return in_channels / groups; }    // C / groups
+  int64_t out_per_group() const { return out_channels / groups; }  // K / groups
+  // Rows of the im2col matrix of one group: (C / groups) * kh * kw.
+  int64_t col_rows() const { return in_per_group() * kernel_h * kernel_w; }
+  int64_t in_plane() const { return in_h * in_w; }
+  int64_t out_plane() const { return out_h * out_w; }
+  // A 1x1, stride-1, unpadded convolution is a plain GEMM on the input.
+  bool is_pointwise() const {
+    return kernel_h == 1 && kernel_w == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 &&
+           pad_w == 0;
+  }
+};
+
+// Output extent of a convolution or pooling window along one axis (floor
+// rule); may be <= 0 when the window does not fit.
+inline int64_t ConvOutputSize(int64_t in, int64_t kernel, int64_t stride, int64_t pad,
+                              int64_t dilation = 1) {
+  const int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
+  return span < 0 ? 0 : span / stride + 1;
+}
+
+// YAML: {conv2d: {out: K, kernel: k | [kh, kw], stride, pad, dilation,
+// groups, bias, in}}. Sample shapes: [C, H, W] -> [K, H', W'].
+class Conv2d : public Layer {
+ public:
+  Conv2d(const std::string& name, const Args& args);
+  const char* type() const override { return "conv2d"; }
+
+  // [C, H, W] -> [K, H', W']; creates weight [K, C/groups, kh, kw] and bias [K].
+  Shape Build(const std::vector<Shape>& inputs, DType dtype) override;
+  // weight, bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = C/groups*kh*kw.
+  void ResetParameters(Rng& rng) override;
+  // x[0]: [N, C, H, W]; y: [N, K, H', W'].
+  void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext& ctx) override;
+  // dy: [N, K, H', W'] -> dx[0]: [N, C, H, W] (optional); adds into the
+  // weight and bias gradients.
+  void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
+                const std::vector<Tensor*>& dx) override;
+  int64_t ForwardFlops(int64_t n) const override;
+
+  const Conv2dGeometry& geometry() const { return geom_; }
+  bool has_bias() const { return has_bias_; }
+
+ private:
+  Conv2dGeometry geom_;
+  bool has_bias_ = true;
+  int64_t in_arg_ = 0;  // the `in` parameter: 0 = infer from the input shape
+};
+
+}  // namespace cnnflow

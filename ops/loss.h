@@ -1,1 +1,27 @@
-// placeholder: being written
+// Losses on logits (not layers: the training step calls them on the
+// model's output). Softmax cross-entropy as torch.nn.CrossEntropyLoss
+// (mean reduction, optional label smoothing).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/tensor.h"
+
+namespace cnnflow {
+
+struct LossResult {
+  double loss = 0;      // mean over the batch
+  int64_t correct = 0;  // rows whose argmax equals the label
+};
+
+// logits: [N, K] (f32 or f64); labels: N values in [0, K) (else Error naming
+// the index and the value). When dlogits ([N, K], logits' dtype) is not
+// null, writes grad_scale * dL_sum/dlogits = grad_scale * (softmax - target)
+// into it; grad_scale < 0 means 1/N, the gradient of the mean (data-parallel
+// replicas pass 1 / global batch). label_smoothing e mixes the one-hot target
+// with the uniform distribution: target = (1 - e) * onehot + e / K.
+// Computed with max subtraction (log-sum-exp) in double.
+LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tensor* dlogits,
+                               double grad_scale = -1, double label_smoothing = 0.0);
+
+}  // namespace cnnflow

@@ -1,1 +1,341 @@
-// placeholder: being written
+#include "ops/optimizer.h"
+
+#include <cmath>
+#include <map>
+
+#include "ops/cpu/parallel.h"
+#include "ops/error.h"
+
+namespace cnnflow {
+namespace {
+
+// Elements per parallel task: the update is memory bound, so small
+// parameters (biases, small convolutions) run on the calling thread.
+constexpr int64_t kGrain = 1 << 15;
+
+// A parameter's value and gradient as host tensors. On the host they are
+// the parameter's own tensors; a GPU parameter is copied here and back.
+struct HostParam {
+  Tensor value;
+  Tensor grad;
+  bool copied = false;
+};
+
+HostParam ToHost(const Parameter& p) {
+  if (p.value.device().is_cpu() && p.grad.device().is_cpu()) return {p.value, p.grad, false};
+  return {p.value.To(Device::Cpu()), p.grad.To(Device::Cpu()), true};
+}
+
+void WriteBack(Parameter& p, const HostParam& h) {
+  if (h.copied) p.value.CopyFrom(h.value);
+}
+
+void CheckNonNegative(const char* optimizer, const char* name, double v) {
+  if (!(v >= 0)) {
+    throw ConfigError(StrCat(optimizer, ": ", name, " must be >= 0, got ", v));
+  }
+}
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<NamedParameter> params)
+    : state_(params.size()), params_(std::move(params)) {
+  for (const auto& np : params_) {
+    CNNFLOW_ENFORCE(np.param != nullptr, "optimizer: parameter '", np.name, "' is null");
+    const Parameter& p = *np.param;
+    CNNFLOW_ENFORCE(p.value.defined() && p.grad.defined(), "optimizer: parameter '", np.name,
+                    "' has no value or no gradient");
+    CNNFLOW_ENFORCE(p.value.shape() == p.grad.shape() && p.value.dtype() == p.grad.dtype(),
+                    "optimizer: parameter '", np.name, "' is ", p.value.shape(), " ",
+                    DTypeName(p.value.dtype()), " but its gradient is ", p.grad.shape(), " ",
+                    DTypeName(p.grad.dtype()));
+    CNNFLOW_ENFORCE(p.value.is_contiguous() && p.grad.is_contiguous(), "optimizer: parameter '",
+                    np.name, "' is not contiguous");
+    CNNFLOW_ENFORCE(p.value.dtype() == DType::kF32 || p.value.dtype() == DType::kF64,
+                    "optimizer: parameter '", np.name, "' is ", DTypeName(p.value.dtype()),
+                    "; only f32 and f64 parameters are supported");
+  }
+}
+
+Optimizer::~Optimizer() = default;
+
+std::vector<std::pair<std::string, Tensor>> Optimizer::StateTensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  const std::vector<std::string> names = StateNames();
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (size_t j = 0; j < state_[i].size(); ++j)
+      out.emplace_back(params_[i].name + "." + names[j], state_[i][j]);
+  return out;
+}
+
+int Optimizer::LoadStateTensors(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : tensors) by_name[name] = &t;
+  const std::vector<std::string> names = StateNames();
+  int loaded = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = *params_[i].param;
+    std::vector<const Tensor*> found;
+    std::string missing;
+    for (const auto& n : names) {
+      auto it = by_name.find(params_[i].name + "." + n);
+      if (it != by_name.end()) {
+        found.push_back(it->second);
+      } else {
+        missing += (missing.empty() ? "" : ", ") + params_[i].name + "." + n;
+      }
+    }
+    if (found.empty()) continue;
+    if (found.size() != names.size()) {
+      throw Error(StrCat(type(), " state of '", params_[i].name, "' is incomplete: missing ",
+                         missing));
+    }
+    std::vector<Tensor> state;
+    for (size_t j = 0; j < found.size(); ++j) {
+      const Tensor& src = *found[j];
+      if (src.shape() != p.value.shape()) {
+        throw Error(StrCat(type(), " state '", params_[i].name, ".", names[j], "' has shape ",
+                           src.shape(), ", the parameter has ", p.value.shape()));
+      }
+      Tensor host = src.To(Device::Cpu());
+      if (host.dtype() != p.value.dtype()) {
+        if (host.dtype() != DType::kF32 && host.dtype() != DType::kF64) {
+          throw Error(StrCat(type(), " state '", params_[i].name, ".", names[j], "' is ",
+                             DTypeName(host.dtype()), "; expected f32 or f64"));
+        }
+        host = host.Cast(p.value.dtype());
+      }
+      state.push_back(std::move(host));
+    }
+    state_[i] = std::move(state);
+    loaded += static_cast<int>(names.size());
+  }
+  return loaded;
+}
+
+// ---------------------------------------------------------------- SGD
+
+Sgd::Sgd(std::vector<NamedParameter> params, SgdOptions options)
+    : Optimizer(std::move(params)), options_(options) {
+  CheckNonNegative("sgd", "momentum", options_.momentum);
+  CheckNonNegative("sgd", "weight_decay", options_.weight_decay);
+  if (!std::isfinite(options_.dampening)) {
+    throw ConfigError(StrCat("sgd: dampening must be finite, got ", options_.dampening));
+  }
+  if (options_.nesterov && (options_.momentum <= 0 || options_.dampening != 0)) {
+    throw ConfigError(StrCat("sgd: nesterov needs momentum > 0 and dampening 0 (got momentum ",
+                             options_.momentum, ", dampening ", options_.dampening, ")"));
+  }
+}
+
+std::vector<std::string> Sgd::StateNames() const { return {"momentum_buffer"}; }
+
+namespace {
+
+template <typename T>
+void SgdUpdate(T* p, const T* grad, T* buf, bool first, int64_t n, const SgdOptions& o,
+               double lr) {
+  const T wd = static_cast<T>(o.weight_decay);
+  const T mu = static_cast<T>(o.momentum);
+  const T one_minus_d = static_cast<T>(1 - o.dampening);
+  const T neg_lr = static_cast<T>(-lr);
+  const bool has_wd = o.weight_decay != 0;
+  const bool nesterov = o.nesterov;
+  cpu::ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
+    if (buf == nullptr) {
+      for (int64_t k = begin; k < end; ++k) {
+        T g = has_wd ? grad[k] + wd * p[k] : grad[k];
+        p[k] = p[k] + neg_lr * g;
+      }
+      return;
+    }
+    for (int64_t k = begin; k < end; ++k) {
+      T g = has_wd ? grad[k] + wd * p[k] : grad[k];
+      T b = first ? g : buf[k] * mu + one_minus_d * g;
+      buf[k] = b;
+      g = nesterov ? g + mu * b : b;
+      p[k] = p[k] + neg_lr * g;
+    }
+  });
+}
+
+}  // namespace
+
+void Sgd::Step(double lr) {
+  ++step_count_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& param = *params_[i].param;
+    HostParam h = ToHost(param);
+    bool first = false;
+    if (options_.momentum != 0 && state_[i].empty()) {
+      state_[i].push_back(Tensor::Empty(h.value.shape(), h.value.dtype()));
+      first = true;
+    }
+    DispatchFloat(h.value.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      T* buf = state_[i].empty() ? nullptr : state_[i][0].data<T>();
+      SgdUpdate<T>(h.value.data<T>(), h.grad.data<T>(), buf, first, h.value.numel(), options_,
+                   lr);
+    });
+    WriteBack(param, h);
+  }
+}
+
+// ---------------------------------------------------------------- Adam, AdamW
+
+Adam::Adam(std::vector<NamedParameter> params, AdamOptions options, bool decoupled)
+    : Optimizer(std::move(params)), options_(options), decoupled_(decoupled) {
+  const char* name = decoupled_ ? "adamw" : "adam";
+  if (!(options_.beta1 >= 0 && options_.beta1 < 1)) {
+    throw ConfigError(StrCat(name, ": beta1 must be in [0, 1), got ", options_.beta1));
+  }
+  if (!(options_.beta2 >= 0 && options_.beta2 < 1)) {
+    throw ConfigError(StrCat(name, ": beta2 must be in [0, 1), got ", options_.beta2));
+  }
+  CheckNonNegative(name, "eps", options_.eps);
+  CheckNonNegative(name, "weight_decay", options_.weight_decay);
+}
+
+std::vector<std::string> Adam::StateNames() const { return {"exp_avg", "exp_avg_sq"}; }
+
+namespace {
+
+struct AdamScalars {
+  double decay_factor;  // AdamW: 1 - lr * wd; 1 otherwise
+  double l2;            // Adam: wd; 0 otherwise
+  double beta1, beta2, eps;
+  double step_size;     // lr / (1 - beta1^t)
+  double bc2_sqrt;      // sqrt(1 - beta2^t)
+};
+
+template <typename T>
+void AdamUpdate(T* p, const T* grad, T* m, T* v, int64_t n, const AdamScalars& s) {
+  const T decay = static_cast<T>(s.decay_factor);
+  const bool decoupled = s.decay_factor != 1;
+  const T l2 = static_cast<T>(s.l2);
+  const bool has_l2 = s.l2 != 0;
+  const T one_minus_b1 = static_cast<T>(1 - s.beta1);
+  const T b2 = static_cast<T>(s.beta2);
+  const T one_minus_b2 = static_cast<T>(1 - s.beta2);
+  const T eps = static_cast<T>(s.eps);
+  const T neg_step = static_cast<T>(-s.step_size);
+  const T bc2_sqrt = static_cast<T>(s.bc2_sqrt);
+  cpu::ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      T pk = decoupled ? p[k] * decay : p[k];
+      T g = has_l2 ? grad[k] + l2 * pk : grad[k];
+      T mk = m[k] + one_minus_b1 * (g - m[k]);  // torch: exp_avg.lerp_(grad, 1 - beta1)
+      T vk = v[k] * b2 + one_minus_b2 * g * g;
+      m[k] = mk;
+      v[k] = vk;
+      T denom = std::sqrt(vk) / bc2_sqrt + eps;
+      p[k] = pk + neg_step * (mk / denom);
+    }
+  });
+}
+
+}  // namespace
+
+void Adam::Step(double lr) {
+  ++step_count_;
+  const double t = static_cast<double>(step_count_);
+  AdamScalars s;
+  s.decay_factor = decoupled_ ? 1 - lr * options_.weight_decay : 1;
+  s.l2 = decoupled_ ? 0 : options_.weight_decay;
+  s.beta1 = options_.beta1;
+  s.beta2 = options_.beta2;
+  s.eps = options_.eps;
+  s.step_size = lr / (1 - std::pow(options_.beta1, t));
+  s.bc2_sqrt = std::sqrt(1 - std::pow(options_.beta2, t));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& param = *params_[i].param;
+    HostParam h = ToHost(param);
+    if (state_[i].empty()) {
+      state_[i].push_back(Tensor::Zeros(h.value.shape(), h.value.dtype()));
+      state_[i].push_back(Tensor::Zeros(h.value.shape(), h.value.dtype()));
+    }
+    DispatchFloat(h.value.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      AdamUpdate<T>(h.value.data<T>(), h.grad.data<T>(), state_[i][0].data<T>(),
+                    state_[i][1].data<T>(), h.value.numel(), s);
+    });
+    WriteBack(param, h);
+  }
+}
+
+// ---------------------------------------------------------------- factory
+
+std::vector<std::string> OptimizerTypes() { return {"sgd", "adam", "adamw"}; }
+
+namespace {
+
+Schema AdamSchema(const char* doc, double weight_decay, const char* wd_doc) {
+  return Schema(doc)
+      .Required("lr", ParamType::kFloat,
+                "base learning rate (the schedule scales it each step)")
+      .Optional("beta1", ParamType::kFloat, 0.9, "decay of the running mean of gradients")
+      .Optional("beta2", ParamType::kFloat, 0.999,
+                "decay of the running mean of squared gradients")
+      .Optional("eps", ParamType::kFloat, 1e-8, "added to the denominator for stability")
+      .Optional("weight_decay", ParamType::kFloat, weight_decay, wd_doc);
+}
+
+}  // namespace
+
+const Schema& OptimizerSchema(const std::string& type) {
+  static const Schema sgd =
+      Schema("Stochastic gradient descent with optional momentum (torch.optim.SGD).")
+          .Required("lr", ParamType::kFloat,
+                    "base learning rate (the schedule scales it each step)")
+          .Optional("momentum", ParamType::kFloat, 0.0, "momentum factor (0: none)")
+          .Optional("dampening", ParamType::kFloat, 0.0, "dampening of the momentum")
+          .Optional("nesterov", ParamType::kBool, false,
+                    "Nesterov momentum (needs momentum > 0 and dampening 0)")
+          .Optional("weight_decay", ParamType::kFloat, 0.0,
+                    "L2 penalty, added to the gradient as weight_decay * param");
+  static const Schema adam = AdamSchema(
+      "Adam (torch.optim.Adam): adaptive moments with bias correction.", 0.0,
+      "L2 penalty, added to the gradient as weight_decay * param");
+  static const Schema adamw = AdamSchema(
+      "AdamW (torch.optim.AdamW): Adam with decoupled weight decay.", 0.01,
+      "decoupled weight decay: param *= 1 - lr * weight_decay each step");
+  if (type == "sgd") return sgd;
+  if (type == "adam") return adam;
+  if (type == "adamw") return adamw;
+  std::string msg = StrCat("unknown optimizer type '", type, "'");
+  const std::string close = ClosestMatch(type, OptimizerTypes());
+  if (!close.empty()) msg += StrCat(" (did you mean '", close, "'?)");
+  msg += "; known types: sgd, adam, adamw";
+  throw ConfigError(msg);
+}
+
+std::unique_ptr<Optimizer> MakeOptimizer(const std::string& type, const Args& args,
+                                         std::vector<NamedParameter> params) {
+  const Schema& schema = OptimizerSchema(type);
+  for (const auto& [name, value] : args.values()) {
+    if (schema.Find(name) != nullptr) continue;
+    std::string msg = StrCat("optimizer ", type, ": unknown parameter '", name, "'");
+    const std::string close = ClosestMatch(name, schema.Names());
+    if (!close.empty()) msg += StrCat(" (did you mean '", close, "'?)");
+    throw ConfigError(msg);
+  }
+  Args a = args;
+  a.FillDefaults(schema);
+  if (type == "sgd") {
+    SgdOptions o;
+    o.momentum = a.Float("momentum");
+    o.dampening = a.Float("dampening");
+    o.nesterov = a.Bool("nesterov");
+    o.weight_decay = a.Float("weight_decay");
+    return std::make_unique<Sgd>(std::move(params), o);
+  }
+  AdamOptions o;
+  o.beta1 = a.Float("beta1");
+  o.beta2 = a.Float("beta2");
+  o.eps = a.Float("eps");
+  o.weight_decay = a.Float("weight_decay");
+  if (type == "adamw") return std::make_unique<AdamW>(std::move(params), o);
+  return std::make_unique<Adam>(std::move(params), o, /*decoupled=*/false);
+}
+
+}  // namespace cnnflow

@@ -1,1 +1,143 @@
-// placeholder: being written
+// Optimizers: SGD, Adam and AdamW with exactly the update rules of
+// torch.optim (same state, same order of operations), so a run can be
+// compared step by step with PyTorch and its state saved in a checkpoint
+// under PyTorch-like names ("fc1.weight.momentum_buffer", "fc1.bias.exp_avg").
+//
+// An optimizer is bound to a list of named parameters; Step(lr) applies
+// Parameter::grad to Parameter::value (f32 or f64, each parameter in its own
+// dtype). It never zeroes the gradients: the caller does (Model::ZeroGrad),
+// which lets gradients accumulate over micro-batches. The learning rate
+// comes from the caller each step (the LR schedule), so `lr` in the schema
+// is the BASE learning rate the schedule starts from.
+//
+// How to add an optimizer type: a class deriving from Optimizer in
+// optimizer.cc, its schema in OptimizerSchema and a case in MakeOptimizer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/model.h"
+#include "ops/schema.h"
+#include "ops/tensor.h"
+
+namespace cnnflow {
+
+using NamedParameter = Model::NamedParameter;
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<NamedParameter> params);
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  virtual const char* type() const = 0;
+
+  // One update of every bound parameter with learning rate `lr`; counts
+  // the step first (Adam's bias correction uses the count after it).
+  // Parameters on a GPU are updated through host copies (slow; a CUDA
+  // kernel belongs in ops/cuda/ when needed).
+  virtual void Step(double lr) = 0;
+
+  // The optimizer's state for a checkpoint, named "<param>.<state>"; state
+  // is created at the first Step (as PyTorch does), so this is empty before
+  // it. The tensors share storage with the optimizer (host, contiguous).
+  std::vector<std::pair<std::string, Tensor>> StateTensors() const;
+  // Restores state from a checkpoint's tensors: for each parameter, either
+  // all of its state tensors are present (copied in; shape checked, dtype
+  // converted to the parameter's) or none (it stays uninitialised). Other
+  // names are ignored. Returns how many tensors were loaded. The step count
+  // is not a tensor: restore it with set_step_count.
+  int LoadStateTensors(const std::vector<std::pair<std::string, Tensor>>& tensors);
+
+  int64_t step_count() const { return step_count_; }
+  void set_step_count(int64_t n) { step_count_ = n; }
+  const std::vector<NamedParameter>& params() const { return params_; }
+
+ protected:
+  // The names of one parameter's state tensors ("momentum_buffer", ...).
+  virtual std::vector<std::string> StateNames() const = 0;
+  // state_[i]: parameter i's state tensors in StateNames() order; empty
+  // until created.
+  std::vector<std::vector<Tensor>> state_;
+  std::vector<NamedParameter> params_;
+  int64_t step_count_ = 0;
+};
+
+// torch.optim.SGD: with weight decay wd, momentum mu, dampening d:
+//   g = grad + wd * p
+//   buf = g at the first step, else mu * buf + (1 - d) * g   (if mu != 0)
+//   g = nesterov ? g + mu * buf : buf                        (if mu != 0)
+//   p = p - lr * g
+struct SgdOptions {
+  double momentum = 0;
+  double dampening = 0;
+  bool nesterov = false;
+  double weight_decay = 0;
+};
+
+class Sgd : public Optimizer {
+ public:
+  // Throws ConfigError for a negative momentum / weight decay, or nesterov
+  // without momentum or with dampening (as PyTorch does).
+  Sgd(std::vector<NamedParameter> params, SgdOptions options);
+  const char* type() const override { return "sgd"; }
+  void Step(double lr) override;
+  const SgdOptions& options() const { return options_; }
+
+ protected:
+  std::vector<std::string> StateNames() const override;
+
+ private:
+  SgdOptions options_;
+};
+
+// torch.optim.Adam (L2 weight decay added to the gradient) and
+// torch.optim.AdamW (decoupled: p = p * (1 - lr * wd) first). At step t:
+//   m = m + (1 - b1) * (g - m);  v = b2 * v + (1 - b2) * g * g
+//   p = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+struct AdamOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;  // AdamW's default is 0.01 (see MakeOptimizer)
+};
+
+class Adam : public Optimizer {
+ public:
+  // decoupled = true is AdamW. Throws ConfigError for betas outside [0, 1),
+  // a negative eps or weight decay.
+  Adam(std::vector<NamedParameter> params, AdamOptions options, bool decoupled = false);
+  const char* type() const override { return decoupled_ ? "adamw" : "adam"; }
+  void Step(double lr) override;
+  const AdamOptions& options() const { return options_; }
+
+ protected:
+  std::vector<std::string> StateNames() const override;
+
+ private:
+  AdamOptions options_;
+  bool decoupled_;
+};
+
+class AdamW : public Adam {
+ public:
+  AdamW(std::vector<NamedParameter> params, AdamOptions options)
+      : Adam(std::move(params), options, /*decoupled=*/true) {}
+};
+
+// The known optimizer types: "sgd", "adam", "adamw".
+std::vector<std::string> OptimizerTypes();
+// The YAML schema of an optimizer type; throws ConfigError naming the known
+// types (and the closest one) for an unknown type.
+const Schema& OptimizerSchema(const std::string& type);
+// An optimizer of `type` over `params`, configured by `args` (checked
+// against OptimizerSchema(type); missing defaults are filled in).
+std::unique_ptr<Optimizer> MakeOptimizer(const std::string& type, const Args& args,
+                                         std::vector<NamedParameter> params);
+
+}  // namespace cnnflow

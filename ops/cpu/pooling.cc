@@ -1,1 +1,362 @@
-// placeholder: being written
+// CPU kernels of maxpool2d, avgpool2d and global_avgpool: independent
+// [H, W] planes, so a ParallelFor over N*C planes needs no reduction.
+#include "ops/pooling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "ops/cpu/parallel.h"
+
+namespace cnnflow {
+namespace {
+
+// Planes per parallel task: enough elements to pay for the task.
+int64_t PlaneGrain(int64_t plane) { return std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(plane, 1)); }
+
+// Window rows/cols [start, end) of output index o, clipped to [0, n).
+inline void Window(int64_t o, int64_t stride, int64_t pad, int64_t kernel, int64_t n,
+                   int64_t* start, int64_t* end) {
+  const int64_t s = o * stride - pad;
+  *start = std::max<int64_t>(s, 0);
+  *end = std::min(s + kernel, n);
+}
+
+// PyTorch's comparison: a NaN always wins, so it propagates.
+template <typename T>
+inline bool Beats(T v, T best) {
+  return v > best || v != v;
+}
+
+// One plane: x [H, W] -> y [H', W'], idx [H', W'] (flat index into x).
+template <typename T>
+void MaxPoolPlane(const Pool2dGeometry& g, const T* x, T* y, int32_t* idx) {
+  const int64_t w_in = g.in_w;
+  if (g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
+      g.pad_w == 0) {
+    // The common 2x2/2 case, written branch-free so it vectorises.
+    for (int64_t oh = 0; oh < g.out_h; ++oh) {
+      const T* r0 = x + 2 * oh * w_in;
+      const T* r1 = r0 + w_in;
+      T* yo = y + oh * g.out_w;
+      int32_t* io = idx + oh * g.out_w;
+      const int32_t base = static_cast<int32_t>(2 * oh * w_in);
+      for (int64_t ow = 0; ow < g.out_w; ++ow) {
+        const int32_t i0 = base + static_cast<int32_t>(2 * ow);
+        T m = r0[2 * ow];
+        int32_t im = i0;
+        const T a = r0[2 * ow + 1], b = r1[2 * ow], c = r1[2 * ow + 1];
+        bool t = Beats(a, m);
+        m = t ? a : m;
+        im = t ? i0 + 1 : im;
+        t = Beats(b, m);
+        m = t ? b : m;
+        im = t ? i0 + static_cast<int32_t>(w_in) : im;
+        t = Beats(c, m);
+        m = t ? c : m;
+        im = t ? i0 + static_cast<int32_t>(w_in) + 1 : im;
+        yo[ow] = m;
+        io[ow] = im;
+      }
+    }
+    return;
+  }
+  for (int64_t oh = 0; oh < g.out_h; ++oh) {
+    int64_t hs, he;
+    Window(oh, g.stride_h, g.pad_h, g.kernel_h, g.in_h, &hs, &he);
+    for (int64_t ow = 0; ow < g.out_w; ++ow) {
+      int64_t ws, we;
+      Window(ow, g.stride_w, g.pad_w, g.kernel_w, g.in_w, &ws, &we);
+      T best = -std::numeric_limits<T>::infinity();
+      int64_t arg = hs * w_in + ws;
+      for (int64_t h = hs; h < he; ++h) {
+        for (int64_t w = ws; w < we; ++w) {
+          const T v = x[h * w_in + w];
+          if (Beats(v, best)) {
+            best = v;
+            arg = h * w_in + w;
+          }
+        }
+      }
+      y[oh * g.out_w + ow] = best;
+      idx[oh * g.out_w + ow] = static_cast<int32_t>(arg);
+    }
+  }
+}
+
+// PyTorch's divisor: the window clipped to the padded input, or to the
+// input itself when padding is not counted.
+inline int64_t AvgDivisor(const Pool2dGeometry& g, int64_t oh, int64_t ow, bool include_pad) {
+  const int64_t hs = oh * g.stride_h - g.pad_h, ws = ow * g.stride_w - g.pad_w;
+  if (include_pad) {
+    const int64_t he = std::min(hs + g.kernel_h, g.in_h + g.pad_h);
+    const int64_t we = std::min(ws + g.kernel_w, g.in_w + g.pad_w);
+    return (he - hs) * (we - ws);
+  }
+  const int64_t he = std::min(hs + g.kernel_h, g.in_h), we = std::min(ws + g.kernel_w, g.in_w);
+  return (he - std::max<int64_t>(hs, 0)) * (we - std::max<int64_t>(ws, 0));
+}
+
+template <typename T>
+void AvgPoolPlane(const Pool2dGeometry& g, bool include_pad, const T* x, T* y) {
+  for (int64_t oh = 0; oh < g.out_h; ++oh) {
+    int64_t hs, he;
+    Window(oh, g.stride_h, g.pad_h, g.kernel_h, g.in_h, &hs, &he);
+    for (int64_t ow = 0; ow < g.out_w; ++ow) {
+      int64_t ws, we;
+      Window(ow, g.stride_w, g.pad_w, g.kernel_w, g.in_w, &ws, &we);
+      T s = 0;
+      for (int64_t h = hs; h < he; ++h) {
+        for (int64_t w = ws; w < we; ++w) s += x[h * g.in_w + w];
+      }
+      y[oh * g.out_w + ow] = s / static_cast<T>(AvgDivisor(g, oh, ow, include_pad));
+    }
+  }
+}
+
+// dx [H, W] overwritten from dy [H', W'].
+template <typename T>
+void AvgPoolPlaneBackward(const Pool2dGeometry& g, bool include_pad, const T* dy, T* dx) {
+  std::fill_n(dx, g.in_plane(), T(0));
+  for (int64_t oh = 0; oh < g.out_h; ++oh) {
+    int64_t hs, he;
+    Window(oh, g.stride_h, g.pad_h, g.kernel_h, g.in_h, &hs, &he);
+    for (int64_t ow = 0; ow < g.out_w; ++ow) {
+      int64_t ws, we;
+      Window(ow, g.stride_w, g.pad_w, g.kernel_w, g.in_w, &ws, &we);
+      const T v = dy[oh * g.out_w + ow] / static_cast<T>(AvgDivisor(g, oh, ow, include_pad));
+      for (int64_t h = hs; h < he; ++h) {
+        for (int64_t w = ws; w < we; ++w) dx[h * g.in_w + w] += v;
+      }
+    }
+  }
+}
+
+// Sum with independent lanes (vectorises without reassociation flags).
+template <typename T>
+T RowSum(const T* p, int64_t n) {
+  constexpr int kLanes = 16;
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += p[i + l];
+  }
+  T s = 0;
+  for (; i < n; ++i) s += p[i];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+std::pair<int64_t, int64_t> PairArg(const char* layer, const Args& args, const std::string& key,
+                                    int64_t lo) {
+  const std::vector<int64_t> v = args.Ints(key, 2);
+  if (v[0] < lo || v[1] < lo) {
+    throw ConfigError(StrCat(layer, ": '", key, "' must be >= ", lo, ", got [", v[0], ", ", v[1],
+                             "]"));
+  }
+  return {v[0], v[1]};
+}
+
+void CheckInput(const char* layer, const std::vector<const Tensor*>& x, const Tensor& y) {
+  CNNFLOW_ENFORCE(x.size() == 1 && x[0]->is_contiguous() && y.is_contiguous(), layer,
+                  " needs one contiguous input and a contiguous output");
+}
+
+}  // namespace
+
+Pool2dBase::Pool2dBase(const std::string& name, const Args& args) : Layer(name) {
+  std::tie(geom_.kernel_h, geom_.kernel_w) = PairArg("pooling", args, "kernel", 1);
+  std::tie(geom_.stride_h, geom_.stride_w) = PairArg("pooling", args, "stride", 0);
+  std::tie(geom_.pad_h, geom_.pad_w) = PairArg("pooling", args, "pad", 0);
+  if (geom_.stride_h == 0) geom_.stride_h = geom_.kernel_h;
+  if (geom_.stride_w == 0) geom_.stride_w = geom_.kernel_w;
+  if (2 * geom_.pad_h > geom_.kernel_h || 2 * geom_.pad_w > geom_.kernel_w) {
+    throw ConfigError(StrCat("pooling: 'pad' [", geom_.pad_h, ", ", geom_.pad_w,
+                             "] must be at most half of 'kernel' [", geom_.kernel_h, ", ",
+                             geom_.kernel_w, "]"));
+  }
+}
+
+Shape Pool2dBase::Build(const std::vector<Shape>& inputs, DType) {
+  if (inputs.size() != 1 || inputs[0].rank() != 3) {
+    throw ShapeError(StrCat(type(), " expects one [C, H, W] input, got ",
+                            inputs.empty() ? std::string("none") : inputs[0].ToString()));
+  }
+  const Shape& s = inputs[0];
+  geom_.channels = s[0];
+  geom_.in_h = s[1];
+  geom_.in_w = s[2];
+  geom_.out_h = (geom_.in_h + 2 * geom_.pad_h - geom_.kernel_h) / geom_.stride_h + 1;
+  geom_.out_w = (geom_.in_w + 2 * geom_.pad_w - geom_.kernel_w) / geom_.stride_w + 1;
+  if (geom_.in_h + 2 * geom_.pad_h < geom_.kernel_h ||
+      geom_.in_w + 2 * geom_.pad_w < geom_.kernel_w || geom_.out_h <= 0 || geom_.out_w <= 0) {
+    throw ShapeError(StrCat(type(), ": input ", s, " padded by ", geom_.pad_h, "x", geom_.pad_w,
+                            " is smaller than the ", geom_.kernel_h, "x", geom_.kernel_w,
+                            " kernel"));
+  }
+  CNNFLOW_ENFORCE(geom_.in_plane() <= std::numeric_limits<int32_t>::max(),
+                  "pooling plane too large: ", s);
+  return {geom_.channels, geom_.out_h, geom_.out_w};
+}
+
+void MaxPool2d::Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) {
+  CheckInput("maxpool2d", x, y);
+  const Pool2dGeometry& g = geom_;
+  const int64_t planes = x[0]->dim(0) * g.channels;
+  argmax_.resize(static_cast<size_t>(planes * g.out_plane()));
+  DispatchFloat(y.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* xs = x[0]->data<T>();
+    T* ys = y.data<T>();
+    int32_t* idx = argmax_.data();
+    cpu::ParallelFor(planes, PlaneGrain(g.in_plane()), [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        MaxPoolPlane(g, xs + p * g.in_plane(), ys + p * g.out_plane(), idx + p * g.out_plane());
+      }
+    });
+  });
+}
+
+void MaxPool2d::Backward(const std::vector<const Tensor*>& x, const Tensor&, const Tensor& dy,
+                         const std::vector<Tensor*>& dx) {
+  if (dx.empty() || dx[0] == nullptr) return;
+  const Pool2dGeometry& g = geom_;
+  const int64_t planes = x[0]->dim(0) * g.channels;
+  CNNFLOW_ENFORCE(static_cast<int64_t>(argmax_.size()) == planes * g.out_plane(),
+                  "maxpool2d: Backward without a matching Forward");
+  DispatchFloat(dy.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* dys = dy.data<T>();
+    T* dxs = dx[0]->data<T>();
+    const int32_t* idx = argmax_.data();
+    cpu::ParallelFor(planes, PlaneGrain(g.in_plane()), [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        T* d = dxs + p * g.in_plane();
+        const T* s = dys + p * g.out_plane();
+        const int32_t* ip = idx + p * g.out_plane();
+        std::fill_n(d, g.in_plane(), T(0));
+        for (int64_t o = 0; o < g.out_plane(); ++o) d[ip[o]] += s[o];
+      }
+    });
+  });
+}
+
+int64_t MaxPool2d::ForwardFlops(int64_t n) const {
+  return n * geom_.channels * geom_.out_plane() * geom_.kernel_h * geom_.kernel_w;
+}
+
+AvgPool2d::AvgPool2d(const std::string& name, const Args& args)
+    : Pool2dBase(name, args), count_include_pad_(args.Bool("count_include_pad")) {}
+
+void AvgPool2d::Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) {
+  CheckInput("avgpool2d", x, y);
+  const Pool2dGeometry& g = geom_;
+  const int64_t planes = x[0]->dim(0) * g.channels;
+  DispatchFloat(y.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* xs = x[0]->data<T>();
+    T* ys = y.data<T>();
+    cpu::ParallelFor(planes, PlaneGrain(g.in_plane()), [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        AvgPoolPlane(g, count_include_pad_, xs + p * g.in_plane(), ys + p * g.out_plane());
+      }
+    });
+  });
+}
+
+void AvgPool2d::Backward(const std::vector<const Tensor*>& x, const Tensor&, const Tensor& dy,
+                         const std::vector<Tensor*>& dx) {
+  if (dx.empty() || dx[0] == nullptr) return;
+  const Pool2dGeometry& g = geom_;
+  const int64_t planes = x[0]->dim(0) * g.channels;
+  DispatchFloat(dy.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* dys = dy.data<T>();
+    T* dxs = dx[0]->data<T>();
+    cpu::ParallelFor(planes, PlaneGrain(g.in_plane()), [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        AvgPoolPlaneBackward(g, count_include_pad_, dys + p * g.out_plane(),
+                             dxs + p * g.in_plane());
+      }
+    });
+  });
+}
+
+int64_t AvgPool2d::ForwardFlops(int64_t n) const {
+  return n * geom_.channels * geom_.out_plane() * geom_.kernel_h * geom_.kernel_w;
+}
+
+GlobalAvgPool::GlobalAvgPool(const std::string& name, const Args&) : Layer(name) {}
+
+Shape GlobalAvgPool::Build(const std::vector<Shape>& inputs, DType) {
+  if (inputs.size() != 1 || (inputs[0].rank() != 2 && inputs[0].rank() != 3)) {
+    throw ShapeError(StrCat("global_avgpool expects one [C, H, W] or [C, L] input, got ",
+                            inputs.empty() ? std::string("none") : inputs[0].ToString()));
+  }
+  const Shape& s = inputs[0];
+  channels_ = s[0];
+  plane_ = s.numel() / std::max<int64_t>(channels_, 1);
+  if (plane_ <= 0) throw ShapeError(StrCat("global_avgpool: empty input planes in ", s));
+  return {channels_};
+}
+
+void GlobalAvgPool::Forward(const std::vector<const Tensor*>& x, Tensor& y,
+                            const ForwardContext&) {
+  CheckInput("global_avgpool", x, y);
+  const int64_t rows = x[0]->dim(0) * channels_;
+  DispatchFloat(y.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* xs = x[0]->data<T>();
+    T* ys = y.data<T>();
+    const T inv = T(1) / static_cast<T>(plane_);
+    cpu::ParallelFor(rows, PlaneGrain(plane_), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) ys[r] = RowSum(xs + r * plane_, plane_) * inv;
+    });
+  });
+}
+
+void GlobalAvgPool::Backward(const std::vector<const Tensor*>& x, const Tensor&, const Tensor& dy,
+                             const std::vector<Tensor*>& dx) {
+  if (dx.empty() || dx[0] == nullptr) return;
+  const int64_t rows = x[0]->dim(0) * channels_;
+  DispatchFloat(dy.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* dys = dy.data<T>();
+    T* dxs = dx[0]->data<T>();
+    const T inv = T(1) / static_cast<T>(plane_);
+    cpu::ParallelFor(rows, PlaneGrain(plane_), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) std::fill_n(dxs + r * plane_, plane_, dys[r] * inv);
+    });
+  });
+}
+
+int64_t GlobalAvgPool::ForwardFlops(int64_t n) const { return n * channels_ * plane_; }
+
+CNNFLOW_REGISTER_LAYER(
+    maxpool2d, MaxPool2d,
+    Schema("2D max pooling [C, H, W] -> [C, H', W'] (torch.nn.MaxPool2d; padded cells never "
+           "win; H' = (H + 2*pad - kernel) / stride + 1)")
+        .Required("kernel", ParamType::kIntList, "window size: k or [kh, kw]")
+        .Optional("stride", ParamType::kIntList, int64_t{0}, "stride: s or [sh, sw]; 0 = kernel")
+        .Optional("pad", ParamType::kIntList, int64_t{0},
+                  "implicit -inf padding on each side, at most kernel / 2"));
+
+CNNFLOW_REGISTER_LAYER(
+    avgpool2d, AvgPool2d,
+    Schema("2D average pooling [C, H, W] -> [C, H', W'] (torch.nn.AvgPool2d; "
+           "H' = (H + 2*pad - kernel) / stride + 1)")
+        .Required("kernel", ParamType::kIntList, "window size: k or [kh, kw]")
+        .Optional("stride", ParamType::kIntList, int64_t{0}, "stride: s or [sh, sw]; 0 = kernel")
+        .Optional("pad", ParamType::kIntList, int64_t{0},
+                  "implicit zero padding on each side, at most kernel / 2")
+        .Optional("count_include_pad", ParamType::kBool, true,
+                  "divide by the window size including padded cells (else by the valid cells)"));
+
+CNNFLOW_REGISTER_LAYER(global_avgpool, GlobalAvgPool,
+                       Schema("mean over each channel's plane: [C, H, W] or [C, L] -> [C]"));
+
+}  // namespace cnnflow

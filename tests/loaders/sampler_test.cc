@@ -1,1 +1,127 @@
-// placeholder: being written
+#include "loaders/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "ops/error.h"
+
+namespace cnnflow {
+namespace {
+
+std::vector<std::vector<int64_t>> AllShards(SamplerOptions o, int64_t epoch) {
+  std::vector<std::vector<int64_t>> shards;
+  for (int r = 0; r < o.world_size; ++r) {
+    o.rank = r;
+    shards.push_back(ShardedSampler(o).EpochIndices(epoch));
+  }
+  return shards;
+}
+
+TEST(ShardedSampler, ShardsAreDisjointAndCoverTheDataSet) {
+  for (int world : {1, 2, 4, 5}) {
+    SamplerOptions o{.dataset_size = 100, .seed = 7, .world_size = world};
+    const auto shards = AllShards(o, 3);
+    std::vector<int64_t> all;
+    for (const auto& s : shards) {
+      EXPECT_EQ(static_cast<int64_t>(s.size()), 100 / world);
+      all.insert(all.end(), s.begin(), s.end());
+    }
+    std::sort(all.begin(), all.end());
+    std::vector<int64_t> want(100);
+    std::iota(want.begin(), want.end(), 0);
+    EXPECT_EQ(all, want) << "world " << world;  // disjoint and complete
+  }
+}
+
+TEST(ShardedSampler, RanksInterleaveOneEpochPermutation) {
+  // Rank r holds positions r, r + world, ... of the world-1 order.
+  const auto whole = ShardedSampler({.dataset_size = 12, .seed = 3}).EpochIndices(5);
+  const auto shards = AllShards({.dataset_size = 12, .seed = 3, .world_size = 3}, 5);
+  for (int r = 0; r < 3; ++r)
+    for (size_t k = 0; k < shards[r].size(); ++k) EXPECT_EQ(shards[r][k], whole[r + 3 * k]);
+}
+
+TEST(ShardedSampler, OrderChangesWithTheEpochAndIsFixedBySeed) {
+  ShardedSampler a({.dataset_size = 1000, .seed = 42});
+  ShardedSampler b({.dataset_size = 1000, .seed = 42});
+  ShardedSampler c({.dataset_size = 1000, .seed = 43});
+  EXPECT_EQ(a.EpochIndices(0), b.EpochIndices(0));
+  EXPECT_EQ(a.EpochIndices(1), b.EpochIndices(1));
+  EXPECT_NE(a.EpochIndices(0), a.EpochIndices(1));
+  EXPECT_NE(a.EpochIndices(0), c.EpochIndices(0));
+  // A shuffle, not the identity, and still a permutation.
+  std::vector<int64_t> idx = a.EpochIndices(0);
+  std::vector<int64_t> id(1000);
+  std::iota(id.begin(), id.end(), 0);
+  EXPECT_NE(idx, id);
+  std::sort(idx.begin(), idx.end());
+  EXPECT_EQ(idx, id);
+}
+
+TEST(ShardedSampler, WithoutShuffleIsInOrder) {
+  ShardedSampler s({.dataset_size = 7, .shuffle = false});
+  EXPECT_EQ(s.EpochIndices(0), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(s.EpochIndices(9), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
+  const auto shards = AllShards({.dataset_size = 7, .shuffle = false, .world_size = 2}, 0);
+  EXPECT_EQ(shards[0], (std::vector<int64_t>{0, 2, 4, 6}));
+  EXPECT_EQ(shards[1], (std::vector<int64_t>{1, 3, 5, 0}));  // padded with the first index
+}
+
+TEST(ShardedSampler, PaddingRepeatsTheStartOfTheOrder) {
+  // 10 samples over 3 ranks: 4 each, the 2 padded entries are the first
+  // two of the epoch's order (torch's DistributedSampler).
+  SamplerOptions o{.dataset_size = 10, .seed = 1, .world_size = 3};
+  const auto whole = ShardedSampler({.dataset_size = 10, .seed = 1}).EpochIndices(2);
+  const auto shards = AllShards(o, 2);
+  std::multiset<int64_t> all;
+  for (const auto& s : shards) {
+    EXPECT_EQ(s.size(), 4u);
+    all.insert(s.begin(), s.end());
+  }
+  EXPECT_EQ(ShardedSampler(o).num_samples(), 4);
+  EXPECT_EQ(all.size(), 12u);
+  for (int64_t i = 0; i < 10; ++i) EXPECT_GE(all.count(i), 1u) << i;  // covers the set
+  EXPECT_EQ(all.count(whole[0]), 2u);
+  EXPECT_EQ(all.count(whole[1]), 2u);
+  // Positions 10 and 11 of the padded order fall to ranks 1 and 2.
+  EXPECT_EQ(shards[1][3], whole[0]);
+  EXPECT_EQ(shards[2][3], whole[1]);
+}
+
+TEST(ShardedSampler, PaddingWhenTheSetIsSmallerThanTheWorld) {
+  const auto shards = AllShards({.dataset_size = 2, .shuffle = false, .world_size = 5}, 0);
+  for (int r = 0; r < 5; ++r) EXPECT_EQ(shards[r], (std::vector<int64_t>{r % 2})) << r;
+}
+
+TEST(ShardedSampler, DropLastGivesEveryRankTheSameCount) {
+  SamplerOptions o{.dataset_size = 10, .seed = 1, .world_size = 3, .drop_last = true};
+  const auto shards = AllShards(o, 0);
+  std::set<int64_t> all;
+  for (const auto& s : shards) {
+    EXPECT_EQ(s.size(), 3u);
+    all.insert(s.begin(), s.end());
+  }
+  EXPECT_EQ(all.size(), 9u);  // disjoint; one sample dropped
+  EXPECT_EQ(ShardedSampler(o).num_samples(), 3);
+}
+
+TEST(ShardedSampler, NumBatches) {
+  EXPECT_EQ(ShardedSampler::NumBatches(100, 32, false), 4);
+  EXPECT_EQ(ShardedSampler::NumBatches(100, 32, true), 3);
+  EXPECT_EQ(ShardedSampler::NumBatches(96, 32, false), 3);
+  EXPECT_EQ(ShardedSampler::NumBatches(0, 32, false), 0);
+  EXPECT_THROW(ShardedSampler::NumBatches(10, 0, false), Error);
+}
+
+TEST(ShardedSampler, RejectsBadRanks) {
+  EXPECT_THROW(ShardedSampler({.dataset_size = 10, .rank = 2, .world_size = 2}), ConfigError);
+  EXPECT_THROW(ShardedSampler({.dataset_size = 10, .world_size = 0}), ConfigError);
+  EXPECT_THROW(ShardedSampler({.dataset_size = -1}), ConfigError);
+}
+
+}  // namespace
+}  // namespace cnnflow

@@ -1,1 +1,413 @@
-// placeholder: being written
+// conv2d: forward and backward against naive nested loops, gradient checks,
+// shape errors, determinism across thread counts, and a timing to run by
+// hand (--gtest_also_run_disabled_tests --gtest_filter='*Conv2dBench*').
+#include "ops/conv2d.h"
+
+#include <gtest/gtest.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "ops/cpu/parallel.h"
+#include "tests/ops/gradient_check.h"
+
+namespace cnnflow {
+namespace {
+
+using testing::CheckGradients;
+using testing::MakeLayer;
+using testing::RandomTensor;
+using testing::RunForward;
+
+struct ConvCase {
+  int64_t n, c, h, w, k;
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw, groups;
+  bool bias = true;
+};
+
+Args ConvArgs(const ConvCase& t) {
+  Args a;
+  a.Set("out", t.k);
+  a.Set("kernel", std::vector<int64_t>{t.kh, t.kw});
+  a.Set("stride", std::vector<int64_t>{t.sh, t.sw});
+  a.Set("pad", std::vector<int64_t>{t.ph, t.pw});
+  a.Set("dilation", std::vector<int64_t>{t.dh, t.dw});
+  a.Set("groups", t.groups);
+  a.Set("bias", t.bias);
+  return a;
+}
+
+int64_t OutSize(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+  return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
+
+// Naive convolution in double: returns [N, K, OH, OW] flattened.
+std::vector<double> NaiveConv(const ConvCase& t, const Tensor& x, const Tensor& w,
+                              const Tensor* b) {
+  const int64_t oh_n = OutSize(t.h, t.kh, t.sh, t.ph, t.dh);
+  const int64_t ow_n = OutSize(t.w, t.kw, t.sw, t.pw, t.dw);
+  const int64_t cg = t.c / t.groups, kg = t.k / t.groups;
+  std::vector<double> y(t.n * t.k * oh_n * ow_n);
+  for (int64_t n = 0; n < t.n; ++n)
+    for (int64_t k = 0; k < t.k; ++k)
+      for (int64_t oh = 0; oh < oh_n; ++oh)
+        for (int64_t ow = 0; ow < ow_n; ++ow) {
+          double s = b ? b->At(k) : 0.0;
+          const int64_t grp = k / kg;
+          for (int64_t c = 0; c < cg; ++c)
+            for (int64_t i = 0; i < t.kh; ++i)
+              for (int64_t j = 0; j < t.kw; ++j) {
+                const int64_t ih = oh * t.sh - t.ph + i * t.dh;
+                const int64_t iw = ow * t.sw - t.pw + j * t.dw;
+                if (ih < 0 || ih >= t.h || iw < 0 || iw >= t.w) continue;
+                const int64_t ci = grp * cg + c;
+                s += x.At(((n * t.c + ci) * t.h + ih) * t.w + iw) *
+                     w.At(((k * cg + c) * t.kh + i) * t.kw + j);
+              }
+          y[((n * t.k + k) * oh_n + oh) * ow_n + ow] = s;
+        }
+  return y;
+}
+
+// Naive backward in double: dx [N, C, H, W], dw [K, C/g, kh, kw], db [K].
+void NaiveConvBackward(const ConvCase& t, const Tensor& x, const Tensor& w, const Tensor& dy,
+                       std::vector<double>* dx, std::vector<double>* dw,
+                       std::vector<double>* db) {
+  const int64_t oh_n = OutSize(t.h, t.kh, t.sh, t.ph, t.dh);
+  const int64_t ow_n = OutSize(t.w, t.kw, t.sw, t.pw, t.dw);
+  const int64_t cg = t.c / t.groups, kg = t.k / t.groups;
+  dx->assign(x.numel(), 0.0);
+  dw->assign(w.numel(), 0.0);
+  db->assign(t.k, 0.0);
+  for (int64_t n = 0; n < t.n; ++n)
+    for (int64_t k = 0; k < t.k; ++k)
+      for (int64_t oh = 0; oh < oh_n; ++oh)
+        for (int64_t ow = 0; ow < ow_n; ++ow) {
+          const double g = dy.At(((n * t.k + k) * oh_n + oh) * ow_n + ow);
+          (*db)[k] += g;
+          const int64_t grp = k / kg;
+          for (int64_t c = 0; c < cg; ++c)
+            for (int64_t i = 0; i < t.kh; ++i)
+              for (int64_t j = 0; j < t.kw; ++j) {
+                const int64_t ih = oh * t.sh - t.ph + i * t.dh;
+                const int64_t iw = ow * t.sw - t.pw + j * t.dw;
+                if (ih < 0 || ih >= t.h || iw < 0 || iw >= t.w) continue;
+                const int64_t xi = ((n * t.c + grp * cg + c) * t.h + ih) * t.w + iw;
+                const int64_t wi = ((k * cg + c) * t.kh + i) * t.kw + j;
+                (*dx)[xi] += g * w.At(wi);
+                (*dw)[wi] += g * x.At(xi);
+              }
+        }
+}
+
+Shape InShape(const ConvCase& t) { return {t.n, t.c, t.h, t.w}; }
+Shape OutShape(const ConvCase& t) {
+  return {t.n, t.k, OutSize(t.h, t.kh, t.sh, t.ph, t.dh), OutSize(t.w, t.kw, t.sw, t.pw, t.dw)};
+}
+
+void ExpectNear(const std::vector<double>& want, const Tensor& got, double tol,
+                const std::string& what) {
+  ASSERT_EQ(static_cast<int64_t>(want.size()), got.numel()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = got.At(static_cast<int64_t>(i));
+    if (std::abs(g - want[i]) > tol * (1 + std::abs(want[i])) && bad++ < 5) {
+      ADD_FAILURE() << what << "[" << i << "]: got " << g << ", want " << want[i];
+    }
+  }
+}
+
+// Forward and backward of the layer against the naive loops.
+void CheckAgainstNaive(const ConvCase& t, DType dtype, double tol) {
+  SCOPED_TRACE(StrCat("n=", t.n, " c=", t.c, " ", t.h, "x", t.w, " k=", t.k, " kernel ", t.kh, "x",
+                      t.kw, " stride ", t.sh, "x", t.sw, " pad ", t.ph, "x", t.pw, " dil ", t.dh,
+                      "x", t.dw, " groups ", t.groups, " ", DTypeName(dtype)));
+  auto layer = MakeLayer("conv2d", ConvArgs(t), {Shape({t.c, t.h, t.w})}, dtype, 3);
+  ASSERT_EQ(layer->Build({Shape({t.c, t.h, t.w})}, dtype), OutShape(t).WithoutBatch());
+  Parameter& w = layer->parameters()[0];
+  const Tensor* b = t.bias ? &layer->parameters()[1].value : nullptr;
+  Tensor x = RandomTensor(InShape(t), 5, -1, 1, dtype);
+  Tensor y = RunForward(*layer, {x}, OutShape(t), {});
+  ExpectNear(NaiveConv(t, x, w.value, b), y, tol, "y");
+
+  Tensor dy = RandomTensor(OutShape(t), 6, -1, 1, dtype);
+  Tensor dx = Tensor::Full(InShape(t), 123.0, dtype);  // must be overwritten
+  for (auto& p : layer->parameters()) p.grad.Zero();
+  const Tensor* xp = &x;
+  Tensor* dxp = &dx;
+  layer->Backward({xp}, y, dy, {dxp});
+  std::vector<double> ndx, ndw, ndb;
+  NaiveConvBackward(t, x, w.value, dy, &ndx, &ndw, &ndb);
+  ExpectNear(ndx, dx, tol, "dx");
+  ExpectNear(ndw, w.grad, tol, "dweight");
+  if (t.bias) ExpectNear(ndb, layer->parameters()[1].grad, tol, "dbias");
+}
+
+const std::vector<ConvCase>& Cases() {
+  //                                n  c  h  w  k kh kw sh sw ph pw dh dw g
+  static const std::vector<ConvCase> cases = {
+      {1, 1, 5, 5, 2, 3, 3, 1, 1, 1, 1, 1, 1, 1},         // batch 1, pad 1
+      {2, 3, 7, 6, 4, 3, 3, 2, 2, 1, 1, 1, 1, 1},         // odd sizes, stride 2
+      {3, 4, 6, 7, 4, 3, 2, 1, 2, 0, 1, 2, 1, 2},         // dilation 2, groups 2, rect
+      {2, 4, 5, 5, 6, 1, 1, 1, 1, 0, 0, 1, 1, 2},         // pointwise, groups 2
+      {2, 2, 4, 5, 3, 1, 1, 2, 1, 0, 0, 1, 1, 1},         // 1x1 stride 2 (im2col path)
+      {2, 2, 6, 6, 3, 2, 2, 1, 1, 2, 2, 1, 1, 1, false},  // pad >= kernel/2, no bias
+      {1, 3, 9, 8, 3, 3, 3, 3, 2, 1, 0, 2, 2, 3},         // depthwise-like, stride 3
+  };
+  return cases;
+}
+
+TEST(Conv2dForward, MatchesNaiveF64) {
+  for (const ConvCase& t : Cases()) CheckAgainstNaive(t, DType::kF64, 1e-12);
+}
+
+TEST(Conv2dForward, MatchesNaiveF32) {
+  for (const ConvCase& t : Cases()) CheckAgainstNaive(t, DType::kF32, 1e-5);
+}
+
+// Batches larger than a chunk and than one GEMM block (several chunks,
+// ragged last block), with the model's own layer shapes.
+TEST(Conv2dForward, LargeBatchesMatchNaive) {
+  CheckAgainstNaive({37, 3, 5, 6, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1}, DType::kF64, 1e-12);
+  CheckAgainstNaive({37, 4, 3, 3, 2, 1, 1, 1, 1, 0, 0, 1, 1, 1}, DType::kF64, 1e-12);
+  CheckAgainstNaive({5, 8, 14, 14, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1}, DType::kF32, 1e-5);
+  CheckAgainstNaive({3, 1, 28, 28, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1}, DType::kF32, 1e-5);
+}
+
+TEST(Conv2dGradient, MatchesFiniteDifferences) {
+  for (const ConvCase& t : Cases()) {
+    SCOPED_TRACE(StrCat("case c=", t.c, " ", t.h, "x", t.w, " k=", t.k, " groups ", t.groups));
+    auto layer = MakeLayer("conv2d", ConvArgs(t), {Shape({t.c, t.h, t.w})});
+    CheckGradients(*layer, {RandomTensor(InShape(t), 11)}, OutShape(t));
+  }
+}
+
+TEST(Conv2dGradient, AddsIntoParameterGradsAndSkipsNullDx) {
+  const ConvCase t{3, 2, 5, 5, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+  auto layer = MakeLayer("conv2d", ConvArgs(t), {Shape({t.c, t.h, t.w})});
+  Tensor x = RandomTensor(InShape(t), 1);
+  Tensor y = RunForward(*layer, {x}, OutShape(t), {});
+  Tensor dy = RandomTensor(OutShape(t), 2);
+  for (auto& p : layer->parameters()) p.grad.Zero();
+  const Tensor* xp = &x;
+  layer->Backward({xp}, y, dy, {nullptr});
+  Tensor once = layer->parameters()[0].grad.Clone();
+  Tensor once_b = layer->parameters()[1].grad.Clone();
+  layer->Backward({xp}, y, dy, {nullptr});
+  for (int64_t i = 0; i < once.numel(); ++i) {
+    ASSERT_NEAR(layer->parameters()[0].grad.At(i), 2 * once.At(i), 1e-12);
+  }
+  for (int64_t i = 0; i < once_b.numel(); ++i) {
+    ASSERT_NEAR(layer->parameters()[1].grad.At(i), 2 * once_b.At(i), 1e-12);
+  }
+  std::vector<double> ndx, ndw, ndb;
+  NaiveConvBackward(t, x, layer->parameters()[0].value, dy, &ndx, &ndw, &ndb);
+  ExpectNear(ndw, once, 1e-12, "dweight");
+}
+
+// Weight and bias gradients are bitwise equal whatever the thread count.
+TEST(Conv2dGradient, DeterministicAcrossThreadCounts) {
+  const ConvCase t{64, 4, 9, 9, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+  auto layer = MakeLayer("conv2d", ConvArgs(t), {Shape({t.c, t.h, t.w})}, DType::kF32);
+  Tensor x = RandomTensor(InShape(t), 1, -1, 1, DType::kF32);
+  Tensor dy = RandomTensor(OutShape(t), 2, -1, 1, DType::kF32);
+  auto grads = [&](int threads) {
+    std::vector<Tensor> out;
+    tbb::task_arena arena(threads);
+    arena.execute([&] {
+      Tensor y = RunForward(*layer, {x}, OutShape(t), {});
+      Tensor dx = Tensor::Empty(InShape(t), DType::kF32);
+      for (auto& p : layer->parameters()) p.grad.Zero();
+      const Tensor* xp = &x;
+      Tensor* dxp = &dx;
+      layer->Backward({xp}, y, dy, {dxp});
+      out = {y, dx, layer->parameters()[0].grad.Clone(), layer->parameters()[1].grad.Clone()};
+    });
+    return out;
+  };
+  const std::vector<Tensor> a = grads(1), b = grads(2);
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (int64_t j = 0; j < a[i].numel(); ++j) {
+      ASSERT_EQ(a[i].At(j), b[i].At(j)) << "tensor " << i << " element " << j;
+    }
+  }
+}
+
+TEST(Conv2dBuild, ParametersShapesAndInit) {
+  ConvCase t{1, 6, 10, 12, 8, 3, 5, 2, 1, 1, 2, 1, 1, 2};
+  auto layer = MakeLayer("conv2d", ConvArgs(t), {Shape({6, 10, 12})}, DType::kF32);
+  ASSERT_EQ(layer->parameters().size(), 2u);
+  EXPECT_EQ(layer->parameters()[0].name, "weight");
+  EXPECT_EQ(layer->parameters()[0].value.shape(), Shape({8, 3, 3, 5}));
+  EXPECT_EQ(layer->parameters()[1].name, "bias");
+  EXPECT_EQ(layer->parameters()[1].value.shape(), Shape({8}));
+  // fan_in = 3 * 3 * 5 = 45: U(-1/sqrt(45), 1/sqrt(45)), not all equal.
+  const double bound = 1 / std::sqrt(45.0);
+  double lo = 1, hi = -1;
+  for (auto& p : layer->parameters()) {
+    for (int64_t i = 0; i < p.value.numel(); ++i) {
+      lo = std::min(lo, p.value.At(i));
+      hi = std::max(hi, p.value.At(i));
+    }
+  }
+  EXPECT_GE(lo, -bound);
+  EXPECT_LE(hi, bound);
+  EXPECT_LT(lo, -bound / 2);
+  EXPECT_GT(hi, bound / 2);
+  // out 10x12 -> (10 + 2 - 3) / 2 + 1 = 5, (12 + 4 - 5) / 1 + 1 = 12.
+  EXPECT_EQ(layer->ForwardFlops(4), 2 * 4 * 8 * 45 * 5 * 12);
+
+  t.bias = false;
+  auto nobias = MakeLayer("conv2d", ConvArgs(t), {Shape({6, 10, 12})});
+  EXPECT_EQ(nobias->parameters().size(), 1u);
+}
+
+TEST(Conv2dBuild, ScalarParamsAndDefaults) {
+  Args a;
+  a.Set("out", int64_t{32});
+  a.Set("kernel", int64_t{3});
+  a.Set("pad", int64_t{1});
+  auto layer = MakeLayer("conv2d", a, {Shape({1, 28, 28})}, DType::kF32);
+  EXPECT_EQ(layer->Build({Shape({1, 28, 28})}, DType::kF32), Shape({32, 28, 28}));
+  auto* conv = dynamic_cast<Conv2d*>(layer.get());
+  ASSERT_NE(conv, nullptr);
+  EXPECT_EQ(conv->geometry().stride_h, 1);
+  EXPECT_EQ(conv->geometry().groups, 1);
+  EXPECT_TRUE(conv->has_bias());
+}
+
+std::string BuildError(Args a, const Shape& in) {
+  try {
+    MakeLayer("conv2d", std::move(a), {in});
+  } catch (const ShapeError& e) {
+    return e.what();
+  }
+  return "no ShapeError";
+}
+
+TEST(Conv2dBuild, ShapeErrorsNameTheNumbers) {
+  Args a;
+  a.Set("out", int64_t{8});
+  a.Set("kernel", int64_t{3});
+  a.Set("in", int64_t{3});
+  EXPECT_EQ(BuildError(a, {1, 28, 28}),
+            "conv2d expects 3 input channels (in: 3), got [1, 28, 28] with 1");
+  EXPECT_EQ(BuildError(a, {3, 28, 28}), "no ShapeError");
+
+  Args g;
+  g.Set("out", int64_t{8});
+  g.Set("kernel", int64_t{3});
+  g.Set("groups", int64_t{2});
+  EXPECT_EQ(BuildError(g, {3, 8, 8}),
+            "conv2d: input channels 3 are not divisible by groups 2 (input [3, 8, 8])");
+  g.Set("out", int64_t{7});
+  EXPECT_EQ(BuildError(g, {4, 8, 8}),
+            "conv2d: output channels 7 (out) are not divisible by groups 2");
+
+  Args s;
+  s.Set("out", int64_t{2});
+  s.Set("kernel", int64_t{3});
+  s.Set("dilation", int64_t{2});
+  EXPECT_EQ(BuildError(s, {1, 4, 9}),
+            "conv2d: output size 0x5 <= 0: input [1, 4, 9] padded by 0x0 is smaller than the "
+            "5x5 (dilated) kernel");
+  EXPECT_EQ(BuildError(s, {4, 4}), "conv2d expects one [C, H, W] input, got [4, 4]");
+}
+
+TEST(Conv2dBuild, BadParamsAreConfigErrors) {
+  Args a;
+  a.Set("out", int64_t{8});
+  a.Set("kernel", int64_t{0});
+  EXPECT_THROW(MakeLayer("conv2d", a, {Shape({1, 5, 5})}), ConfigError);
+  a.Set("kernel", std::vector<int64_t>{3, 3, 3});
+  EXPECT_THROW(MakeLayer("conv2d", a, {Shape({1, 5, 5})}), ConfigError);
+  a.Set("kernel", int64_t{3});
+  a.Set("groups", int64_t{0});
+  EXPECT_THROW(MakeLayer("conv2d", a, {Shape({1, 5, 5})}), ConfigError);
+}
+
+// Timing of the Fashion-MNIST model's two convolutions (batch 64), run by
+// hand: ./tests/ops_test --gtest_also_run_disabled_tests
+//   --gtest_filter='*Conv2dBench*'   (threads: CNNFLOW_BENCH_THREADS, default 2)
+TEST(Conv2dBench, DISABLED_FashionMnistConvs) {
+  cpu::PinLibraryThreads();
+  const char* env = std::getenv("CNNFLOW_BENCH_THREADS");
+  const int threads = env ? std::atoi(env) : 2;
+  const int64_t n = 64;
+  struct Bench {
+    const char* name;
+    ConvCase t;
+    bool need_dx;
+  };
+  const Bench benches[] = {
+      {"conv1 1->32 28x28", {n, 1, 28, 28, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1}, false},
+      {"conv2 32->64 14x14", {n, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1}, true},
+  };
+  tbb::task_arena arena(threads);
+  double total_s = 0, total_flop = 0;
+  for (const Bench& bench : benches) {
+    const ConvCase& t = bench.t;
+    auto layer = MakeLayer("conv2d", ConvArgs(t), {Shape({t.c, t.h, t.w})}, DType::kF32);
+    Tensor x = RandomTensor(InShape(t), 1, -1, 1, DType::kF32);
+    Tensor y = Tensor::Empty(OutShape(t), DType::kF32);
+    Tensor dy = RandomTensor(OutShape(t), 2, -1, 1, DType::kF32);
+    Tensor dx = Tensor::Empty(InShape(t), DType::kF32);
+    const Tensor* xp = &x;
+    Tensor* dxp = bench.need_dx ? &dx : nullptr;
+    using Clock = std::chrono::steady_clock;
+    // Medians of per-iteration times, robust to other processes on the
+    // cores; with 1 thread the calling thread's CPU time is reported too
+    // (it does all the work), which a busy machine does not inflate.
+    auto thread_cpu = [] {
+      timespec ts;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+      return ts.tv_sec + ts.tv_nsec * 1e-9;
+    };
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    double cpu_s = 0;
+    auto run = [&](int iters, double* fwd_s, double* bwd_s) {
+      std::vector<double> fs, bs, cs;
+      for (int i = 0; i < iters; ++i) {
+        const double c0 = thread_cpu();
+        auto t0 = Clock::now();
+        arena.execute([&] { layer->Forward({xp}, y, {}); });
+        auto t1 = Clock::now();
+        arena.execute([&] { layer->Backward({xp}, y, dy, {dxp}); });
+        auto t2 = Clock::now();
+        cs.push_back(thread_cpu() - c0);
+        fs.push_back(std::chrono::duration<double>(t1 - t0).count());
+        bs.push_back(std::chrono::duration<double>(t2 - t1).count());
+      }
+      *fwd_s = median(fs);
+      *bwd_s = median(bs);
+      cpu_s = median(cs);
+    };
+    double f, b;
+    run(5, &f, &b);  // warm up pools and caches
+    run(60, &f, &b);
+    const double fwd_flop = static_cast<double>(layer->ForwardFlops(n));
+    const double bwd_flop = fwd_flop * (bench.need_dx ? 2 : 1);
+    std::printf("%-20s fwd %7.3f ms (%6.1f GFLOP/s)  bwd %7.3f ms (%6.1f GFLOP/s)  "
+                "fwd+bwd %7.3f ms = %8.0f images/s  (this thread's cpu %7.3f ms)\n",
+                bench.name, f * 1e3, fwd_flop / f * 1e-9, b * 1e3, bwd_flop / b * 1e-9,
+                (f + b) * 1e3, n / (f + b), cpu_s * 1e3);
+    total_s += f + b;
+    total_flop += fwd_flop + bwd_flop;
+  }
+  std::printf("both convs, %d threads: %.3f ms per batch of %ld = %.0f images/s, %.1f GFLOP/s\n",
+              threads, total_s * 1e3, static_cast<long>(n), n / total_s,
+              total_flop / total_s * 1e-9);
+}
+
+}  // namespace
+}  // namespace cnnflow

@@ -1,0 +1,68 @@
+#include "pipeline/executor.h"
+
+#include <map>
+#include <memory>
+
+#include <tbb/flow_graph.h>
+
+#include "stages/run_state.h"
+#include "stages/stage.h"
+
+namespace cnnflow {
+
+void RunGraph(const GraphSpec& spec, RunState& state) {
+  tbb::flow::graph g;  // declared first: destroyed after the nodes that use it
+  std::vector<std::unique_ptr<Stage>> stages;
+  std::map<std::string, StagePorts> ports;
+  std::vector<Stage*> limiters;
+  for (const auto& n : spec.nodes) {
+    const StageType* type = StageRegistry::Get().Find(n.stage);
+    CNNFLOW_ENFORCE(type != nullptr, "unknown stage ", n.stage);
+    try {
+      stages.push_back(type->create({n.name, n.stage}, n.args));
+      ports[n.name] = stages.back()->Build(g, state);
+    } catch (const StageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw StageError(StrCat(n.where, ": node '", n.name, "' (", n.stage, "): ", e.what()));
+    }
+    if (ports[n.name].is_limiter) limiters.push_back(stages.back().get());
+  }
+
+  std::map<std::string, int> outgoing;
+  for (const auto& [from, to] : spec.edges) {
+    StagePorts& a = ports[from];
+    StagePorts& b = ports[to];
+    if (a.output == nullptr) throw ConfigError(StrCat(spec.file, ": node '", from, "' has no output"));
+    if (b.input == nullptr) {
+      throw ConfigError(StrCat(spec.file, ": node '", to, "' is a source and takes no input"));
+    }
+    tbb::flow::make_edge(*a.output, *b.input);
+    ++outgoing[from];
+  }
+  std::vector<std::string> sinks;
+  for (const auto& n : spec.nodes)
+    if (outgoing[n.name] == 0) sinks.push_back(n.name);
+
+  // Messages that leave the graph give their prefetch tokens back.
+  std::unique_ptr<tbb::flow::function_node<Message, tbb::flow::continue_msg>> release;
+  if (!limiters.empty()) {
+    if (sinks.size() != 1 || ports[sinks[0]].output == nullptr) {
+      throw ConfigError(StrCat(spec.file, ": graph '", spec.name,
+                               "' has a prefetch limit, so it needs exactly one sink node with an "
+                               "output; it has ", sinks.size()));
+    }
+    release = std::make_unique<tbb::flow::function_node<Message, tbb::flow::continue_msg>>(
+        g, tbb::flow::serial, [&limiters](const Message&) {
+          for (Stage* l : limiters) l->Release();
+          return tbb::flow::continue_msg();
+        });
+    tbb::flow::make_edge(*ports[sinks[0]].output, *release);
+  }
+
+  for (auto& [name, p] : ports)
+    if (p.activate) p.activate();
+  g.wait_for_all();  // rethrows the first exception of a node, after cancelling the graph
+}
+
+}  // namespace cnnflow

@@ -1,0 +1,171 @@
+#include "pipeline/graph_spec.h"
+
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "stages/stage.h"
+
+namespace cnnflow {
+
+const NodeSpec* GraphSpec::Find(const std::string& node) const {
+  for (const auto& n : nodes)
+    if (n.name == node) return &n;
+  return nullptr;
+}
+
+std::vector<std::string> GraphSpec::TopologicalOrder() const {
+  std::map<std::string, int> indegree;
+  for (const auto& n : nodes) indegree[n.name] = 0;
+  for (const auto& [a, b] : edges) ++indegree[b];
+  std::vector<std::string> order;
+  std::vector<std::string> ready;
+  for (const auto& n : nodes)
+    if (indegree[n.name] == 0) ready.push_back(n.name);
+  while (!ready.empty()) {
+    std::string n = ready.front();
+    ready.erase(ready.begin());
+    order.push_back(n);
+    for (const auto& [a, b] : edges)
+      if (a == n && --indegree[b] == 0) ready.push_back(b);
+  }
+  if (order.size() != nodes.size()) {
+    throw ConfigError(StrCat(file, ": graph '", name, "' has a cycle"));
+  }
+  return order;
+}
+
+std::string GraphSpec::ToString() const {
+  std::ostringstream os;
+  for (const auto& n : TopologicalOrder()) {
+    const NodeSpec* s = Find(n);
+    os << "  " << n << " (" << s->stage;
+    for (const auto& [k, v] : s->args.values()) os << ", " << k << "=" << ParamValueToString(v);
+    os << ")";
+    std::string outs;
+    for (const auto& [a, b] : edges)
+      if (a == n) outs += (outs.empty() ? "" : ", ") + b;
+    if (!outs.empty()) os << " -> " << outs;
+    os << "\n";
+  }
+  return os.str();
+}
+
+namespace {
+
+// Looks up a dotted path in the run's config ("train.batch").
+YAML::Node Lookup(const YAML::Node& root, const std::string& path) {
+  YAML::Node cur = root;
+  std::stringstream ss(path);
+  for (std::string part; std::getline(ss, part, '.');) {
+    if (!cur.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    YAML::Node next = cur[part];
+    if (!next.IsDefined()) return next;
+    cur.reset(next);
+  }
+  return cur;
+}
+
+// Replaces `$path` scalars in a node's parameter map by the run's values.
+YAML::Node Substitute(const YamlDoc& tmpl, const YAML::Node& params, const YAML::Node& run,
+                      const YamlDoc& run_doc, const std::string& context) {
+  YAML::Node out(YAML::NodeType::Map);
+  for (const auto& kv : params) {
+    const std::string key = kv.first.as<std::string>();
+    if (key == "stage") continue;
+    YAML::Node v = kv.second;
+    if (v.IsScalar() && !v.Scalar().empty() && v.Scalar()[0] == '$') {
+      const std::string path = v.Scalar().substr(1);
+      YAML::Node found = Lookup(run, path);
+      if (!found.IsDefined() || found.IsNull()) {
+        tmpl.Fail(v, context, StrCat("'$", path, "' is not set in ", run_doc.path()));
+      }
+      out[key] = found;
+    } else {
+      out[key] = v;
+    }
+  }
+  return out;
+}
+
+void ParseEdges(const YamlDoc& tmpl, const YAML::Node& edges, GraphSpec& g) {
+  if (!edges.IsSequence()) tmpl.Fail(edges, "graph '" + g.name + "'", "edges: expected a list");
+  std::vector<std::string> names;
+  for (const auto& n : g.nodes) names.push_back(n.name);
+  for (const auto& e : edges) {
+    // "a -> b -> c" is a chain of edges.
+    std::string text = e.as<std::string>();
+    std::vector<std::string> chain;
+    size_t pos = 0;
+    while (true) {
+      size_t arrow = text.find("->", pos);
+      std::string part = text.substr(pos, arrow == std::string::npos ? std::string::npos : arrow - pos);
+      part.erase(0, part.find_first_not_of(" \t"));
+      part.erase(part.find_last_not_of(" \t") + 1);
+      if (g.Find(part) == nullptr) {
+        tmpl.Fail(e, "graph '" + g.name + "' edges", UnknownNameMessage("node", part, names));
+      }
+      chain.push_back(part);
+      if (arrow == std::string::npos) break;
+      pos = arrow + 2;
+    }
+    if (chain.size() < 2) tmpl.Fail(e, "graph '" + g.name + "' edges", "expected 'a -> b'");
+    for (size_t i = 0; i + 1 < chain.size(); ++i) g.edges.emplace_back(chain[i], chain[i + 1]);
+  }
+}
+
+}  // namespace
+
+GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::Node& run,
+                     const YamlDoc& run_doc) {
+  GraphSpec g;
+  g.name = name;
+  g.file = tmpl.path();
+  const YAML::Node root = tmpl.root();
+  const YAML::Node graph = root[name];
+  if (!graph.IsDefined() || !graph.IsMap()) {
+    std::vector<std::string> have;
+    for (const auto& kv : root) have.push_back(kv.first.as<std::string>());
+    tmpl.Fail(root, "", UnknownNameMessage("graph", name, have));
+  }
+  for (const auto& kv : graph) {
+    const std::string key = kv.first.as<std::string>();
+    if (key != "nodes" && key != "edges") {
+      tmpl.Fail(kv.first, "graph '" + name + "'", UnknownNameMessage("key", key, {"edges", "nodes"}));
+    }
+  }
+  const YAML::Node nodes = graph["nodes"];
+  if (!nodes.IsMap()) tmpl.Fail(graph, "graph '" + name + "'", "nodes: expected a mapping name -> {stage: ...}");
+  const StageRegistry& registry = StageRegistry::Get();
+  for (const auto& kv : nodes) {
+    NodeSpec n;
+    n.name = kv.first.as<std::string>();
+    n.where = tmpl.Where(kv.first);
+    const std::string context = StrCat("node '", n.name, "'");
+    const YAML::Node params = kv.second;
+    if (!params.IsMap() || !params["stage"].IsDefined()) {
+      tmpl.Fail(kv.first, context, "expected a mapping with a 'stage' key");
+    }
+    n.stage = params["stage"].as<std::string>();
+    const StageType* type = registry.Find(n.stage);
+    if (type == nullptr) {
+      tmpl.Fail(params["stage"], context, UnknownNameMessage("stage type", n.stage, registry.Names()));
+    }
+    for (const auto& p : params) {  // unknown keys, reported at the key itself
+      const std::string key = p.first.as<std::string>();
+      if (key != "stage" && type->schema.Find(key) == nullptr) {
+        tmpl.Fail(p.first, StrCat(context, " (", n.stage, ")"),
+                  UnknownNameMessage("key", key, type->schema.Names()));
+      }
+    }
+    YAML::Node values = Substitute(tmpl, params, run, run_doc, context);
+    // Values that came from the run are checked where the template used them.
+    n.args = tmpl.CheckArgs(values, type->schema, StrCat(context, " (", n.stage, ")"));
+    g.nodes.push_back(std::move(n));
+  }
+  ParseEdges(tmpl, graph["edges"], g);
+  g.TopologicalOrder();  // rejects cycles now
+  return g;
+}
+
+}  // namespace cnnflow

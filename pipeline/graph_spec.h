@@ -1,0 +1,41 @@
+// A training graph as data: nodes (a stage type and its checked parameters)
+// and edges, parsed from a graph template in graphs/ with `$a.b` references
+// filled from the run's config. Validated before any node is built: known
+// stage types, typed parameters, edges between known nodes, no cycles.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "ops/schema.h"
+#include "pipeline/yaml_util.h"
+
+namespace cnnflow {
+
+struct NodeSpec {
+  std::string name;
+  std::string stage;
+  Args args;
+  std::string where;  // file:line:col, for messages
+};
+
+struct GraphSpec {
+  std::string name;  // "train", "eval"
+  std::string file;
+  std::vector<NodeSpec> nodes;                            // in file order
+  std::vector<std::pair<std::string, std::string>> edges;  // from -> to
+  const NodeSpec* Find(const std::string& node) const;
+  // Nodes in an order where every edge goes forward (checked acyclic).
+  std::vector<std::string> TopologicalOrder() const;
+  std::string ToString() const;  // "sample -> prefetch -> ..." lines
+};
+
+// Parses graph `name` of a template. `run` resolves `$path` values (a
+// dotted path into the run's config tree); `run_doc` names where it is.
+GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::Node& run,
+                     const YamlDoc& run_doc);
+
+}  // namespace cnnflow

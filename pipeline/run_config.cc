@@ -1,0 +1,301 @@
+#include "pipeline/run_config.h"
+
+#include <filesystem>
+#include <thread>
+
+#include "loaders/source_registry.h"
+#include "ops/lr_schedule.h"
+#include "ops/optimizer.h"
+
+#ifndef CNNFLOW_SOURCE_DIR
+#define CNNFLOW_SOURCE_DIR "."
+#endif
+
+namespace cnnflow {
+
+namespace fs = std::filesystem;
+
+const Schema& TopLevelSchema() {
+  static const Schema s =
+      Schema("A run: data + model + training + which graph.")
+          .Optional("name", ParamType::kString, std::string("run"), "names the run folder")
+          .Optional("seed", ParamType::kInt, int64_t{0}, "seeds init, shuffling and dropout")
+          .Optional("threads", ParamType::kInt, int64_t{0},
+                    "the run's whole CPU thread budget (0: every core)")
+          .Required("data", ParamType::kTree, "data sets (train, test) and transforms")
+          .Required("model", ParamType::kTree, "input shape, layers, loss")
+          .Required("train", ParamType::kTree, "epochs, batch, optimizer, schedule")
+          .Optional("graph", ParamType::kTree, std::string("{}"), "graph template and devices")
+          .Optional("output", ParamType::kTree, std::string("{}"), "where run folders go");
+  return s;
+}
+
+const Schema& TrainSchema() {
+  static const Schema s =
+      Schema("How the model learns.")
+          .Required("epochs", ParamType::kInt, "passes over the training set")
+          .Required("batch", ParamType::kInt, "samples per step per replica")
+          .Required("optimizer", ParamType::kTree, "one of {sgd: {...}}, {adam: {...}}, {adamw: {...}}")
+          .Optional("schedule", ParamType::kTree, std::string("{}"), "learning-rate schedule")
+          .Optional("eval_batch", ParamType::kInt, int64_t{1000}, "batch size for evaluation")
+          .Optional("max_steps", ParamType::kInt, int64_t{0},
+                    "stop each pass after this many batches (0: whole epochs)");
+  return s;
+}
+
+const Schema& ModelSchema() {
+  static const Schema s =
+      Schema("The network.")
+          .Required("input", ParamType::kIntList, "sample shape: [C, H, W] or [C, L]")
+          .Required("layers", ParamType::kTree, "list of {name: x, <type>: {params}, inputs: [...]}")
+          .Choice("loss", {"softmax_cross_entropy"}, "softmax_cross_entropy", "the loss")
+          .Optional("label_smoothing", ParamType::kFloat, 0.0, "as PyTorch's CrossEntropyLoss")
+          .Choice("init", {"pytorch", "xavier_uniform", "kaiming_normal"}, "pytorch",
+                  "weight initialisation (pytorch: PyTorch's defaults)");
+  return s;
+}
+
+const Schema& GraphSectionSchema() {
+  static const Schema s =
+      Schema("Which dataflow graph runs, on which devices; its keys fill $graph.* in the template.")
+          .Optional("template", ParamType::kString, std::string("graphs/single_device.yaml"),
+                    "graph template file")
+          .Optional("devices", ParamType::kStringList, std::vector<std::string>{"cpu:0"},
+                    "devices: cpu:K or cuda:K")
+          .Optional("prefetch", ParamType::kInt, int64_t{4}, "batches prefetched at most")
+          .Optional("load_threads", ParamType::kInt, int64_t{1}, "batches loaded at once");
+  return s;
+}
+
+namespace {
+
+const Schema& DataSchema() {
+  static const Schema s = Schema("Data sets and the per-sample transform.")
+                              .Required("train", ParamType::kTree, "the training set: {source: ..., ...}")
+                              .Optional("test", ParamType::kTree, std::string("{}"), "the test set")
+                              .Optional("transform", ParamType::kTree, std::string("[]"),
+                                        "list of transforms: [{normalize: {mean: [...], std: [...]}}]");
+  return s;
+}
+
+const Schema& OutputSchema() {
+  static const Schema s = Schema("Where results go.")
+                              .Optional("dir", ParamType::kString, std::string("runs"),
+                                        "parent folder of run folders");
+  return s;
+}
+
+const Schema& NormalizeSchema() {
+  static const Schema s = Schema("x = (x - mean[c]) / std[c] per channel")
+                              .Required("mean", ParamType::kFloatList, "per-channel mean")
+                              .Required("std", ParamType::kFloatList, "per-channel std");
+  return s;
+}
+
+// Checks the keys of a section (the schema's kTree values stay as nodes).
+void CheckSection(const YamlDoc& doc, const YAML::Node& node, const Schema& schema,
+                  const std::string& context) {
+  doc.CheckArgs(node, schema, context);
+}
+
+DataSpec ParseSource(const YamlDoc& doc, const YAML::Node& node, const std::string& which) {
+  const std::string context = "data." + which;
+  if (!node.IsMap()) doc.Fail(node, context, "expected a mapping {source: ..., ...}");
+  const YAML::Node src = node["source"];
+  const SourceRegistry& reg = SourceRegistry::Get();
+  if (!src.IsDefined()) {
+    doc.Fail(node, context, StrCat("missing key 'source' (one of: ",
+                                   JoinNames(reg.Names()), ")"));
+  }
+  DataSpec d;
+  d.source = src.as<std::string>();
+  const SourceType* type = reg.Find(d.source);
+  if (type == nullptr) doc.Fail(src, context, UnknownNameMessage("source", d.source, reg.Names()));
+  YAML::Node rest(YAML::NodeType::Map);
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    if (key == "source") continue;
+    if (type->schema.Find(key) == nullptr) {
+      doc.Fail(kv.first, StrCat(context, " (", d.source, ")"),
+               UnknownNameMessage("key", key, type->schema.Names()));
+    }
+    rest[key] = kv.second;
+  }
+  d.args = doc.CheckArgs(rest, type->schema, StrCat(context, " (", d.source, ")"));
+  return d;
+}
+
+std::vector<LayerSpec> ParseLayers(const YamlDoc& doc, const YAML::Node& layers) {
+  if (!layers.IsSequence() || layers.size() == 0) {
+    doc.Fail(layers, "model.layers", "expected a non-empty list of layers");
+  }
+  const LayerRegistry& reg = LayerRegistry::Get();
+  std::vector<LayerSpec> specs;
+  for (const auto& item : layers) {
+    if (!item.IsMap()) doc.Fail(item, "model.layers", "expected {name: ..., <type>: {...}}");
+    LayerSpec s;
+    YAML::Node params, type_key;
+    bool has_type = false;
+    for (const auto& kv : item) {
+      const std::string key = kv.first.as<std::string>();
+      if (key == "name") {
+        s.name = kv.second.as<std::string>();
+      } else if (key == "inputs") {
+        for (const auto& i : kv.second.IsSequence() ? kv.second : YAML::Node(std::vector<std::string>{kv.second.as<std::string>()}))
+          s.inputs.push_back(i.as<std::string>());
+      } else {
+        if (has_type) {
+          doc.Fail(kv.first, "model.layers",
+                   StrCat("a layer has one type, got both '", s.type, "' and '", key, "'"));
+        }
+        has_type = true;
+        type_key.reset(kv.first);
+        s.type = key;
+        params.reset(kv.second);
+      }
+    }
+    if (s.name.empty()) doc.Fail(item, "model.layers", "a layer needs a 'name'");
+    const std::string context = StrCat("layer '", s.name, "'");
+    if (!has_type) {
+      doc.Fail(item, context, StrCat("no layer type given; known types: ",
+                                     JoinNames(reg.Names())));
+    }
+    const LayerType* type = reg.Find(s.type);
+    if (type == nullptr) doc.Fail(type_key, context, UnknownNameMessage("layer type", s.type, reg.Names()));
+    s.args = doc.CheckArgs(params, type->schema, StrCat(context, " (", s.type, ")"));
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+// The single {type: {params}} entry of an optimizer mapping.
+void ParseOptimizer(const YamlDoc& doc, const YAML::Node& node, RunConfig& c) {
+  if (!node.IsMap() || node.size() != 1) {
+    doc.Fail(node, "train.optimizer", StrCat("expected one optimizer, e.g. {sgd: {lr: 0.01}}; known: ",
+                                             JoinNames(OptimizerTypes())));
+  }
+  const auto kv = *node.begin();
+  c.optimizer = kv.first.as<std::string>();
+  const auto types = OptimizerTypes();
+  if (std::find(types.begin(), types.end(), c.optimizer) == types.end()) {
+    doc.Fail(kv.first, "train.optimizer", UnknownNameMessage("optimizer", c.optimizer, types));
+  }
+  c.optimizer_args = doc.CheckArgs(kv.second, OptimizerSchema(c.optimizer),
+                                   StrCat("train.optimizer (", c.optimizer, ")"));
+}
+
+YAML::Node Section(const YAML::Node& root, const char* key) {
+  YAML::Node n = root[key];
+  return n.IsDefined() && !n.IsNull() ? n : YAML::Node(YAML::NodeType::Map);
+}
+
+}  // namespace
+
+std::string ResolveProjectPath(const std::string& path, const std::string& config_path) {
+  const fs::path p(path);
+  if (p.is_absolute() || fs::exists(p)) return p.string();
+  const fs::path dir = fs::absolute(config_path).parent_path();
+  for (const fs::path& base : {dir, dir.parent_path(), fs::path(CNNFLOW_SOURCE_DIR)}) {
+    if (fs::exists(base / p)) return (base / p).lexically_normal().string();
+  }
+  return p.string();
+}
+
+RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  RunConfig c;
+  c.doc = YamlDoc::Load(path);
+  for (const auto& o : overrides) c.doc.Override(o);
+  c.overrides = overrides;
+  const YamlDoc& doc = c.doc;
+  const YAML::Node root = doc.root();
+
+  Args top = doc.CheckArgs(root, TopLevelSchema(), "");
+  c.name = top.String("name");
+  c.seed = static_cast<uint64_t>(top.Int("seed"));
+  c.threads = static_cast<int>(top.Int("threads"));
+  if (c.threads < 0) doc.Fail(root["threads"], "threads", "must be >= 0");
+  if (c.threads == 0) c.threads = static_cast<int>(std::thread::hardware_concurrency());
+
+  // data
+  const YAML::Node data = root["data"];
+  CheckSection(doc, data, DataSchema(), "data");
+  c.data["train"] = ParseSource(doc, data["train"], "train");
+  if (data["test"].IsDefined() && !data["test"].IsNull()) c.data["test"] = ParseSource(doc, data["test"], "test");
+  if (const YAML::Node t = data["transform"]; t.IsDefined() && !t.IsNull()) {
+    if (!t.IsSequence()) doc.Fail(t, "data.transform", "expected a list");
+    for (const auto& item : t) {
+      if (!item.IsMap() || item.size() != 1) doc.Fail(item, "data.transform", "expected {normalize: {...}}");
+      const auto kv = *item.begin();
+      const std::string kind = kv.first.as<std::string>();
+      if (kind != "normalize") doc.Fail(kv.first, "data.transform", UnknownNameMessage("transform", kind, {"normalize"}));
+      Args a = doc.CheckArgs(kv.second, NormalizeSchema(), "data.transform normalize");
+      c.normalize_mean = a.Floats("mean");
+      c.normalize_std = a.Floats("std");
+      if (c.normalize_mean.size() != c.normalize_std.size()) {
+        doc.Fail(kv.second, "data.transform normalize", "mean and std need as many values");
+      }
+    }
+  }
+
+  // model
+  const YAML::Node model = root["model"];
+  Args m = doc.CheckArgs(model, ModelSchema(), "model");
+  c.input_shape = Shape(m.Ints("input"));
+  if (c.input_shape.rank() < 2 || c.input_shape.rank() > 3) {
+    doc.Fail(model["input"], "model.input", "expected [C, H, W] or [C, L]");
+  }
+  c.layers = ParseLayers(doc, model["layers"]);
+  const std::string init = m.String("init");
+  c.init = init == "xavier_uniform"   ? InitScheme::kXavierUniform
+           : init == "kaiming_normal" ? InitScheme::kKaimingNormal
+                                      : InitScheme::kPytorchDefault;
+  c.label_smoothing = m.Float("label_smoothing");
+
+  // train
+  const YAML::Node train = root["train"];
+  Args t = doc.CheckArgs(train, TrainSchema(), "train");
+  c.epochs = t.Int("epochs");
+  c.batch = t.Int("batch");
+  c.eval_batch = t.Int("eval_batch");
+  c.max_steps = t.Int("max_steps");
+  if (c.epochs <= 0) doc.Fail(train["epochs"], "train.epochs", "must be > 0");
+  if (c.batch <= 0) doc.Fail(train["batch"], "train.batch", "must be > 0");
+  if (c.eval_batch <= 0) doc.Fail(train["eval_batch"], "train.eval_batch", "must be > 0");
+  ParseOptimizer(doc, train["optimizer"], c);
+  c.schedule_args = doc.CheckArgs(Section(train, "schedule"), LrScheduleSchema(), "train.schedule");
+
+  // graph
+  const YAML::Node graph = Section(root, "graph");
+  Args g = doc.CheckArgs(graph, GraphSectionSchema(), "graph");
+  for (const auto& d : g.Strings("devices")) {
+    try {
+      c.devices.push_back(Device::Parse(d));
+    } catch (const ConfigError& e) {
+      doc.Fail(graph["devices"], "graph.devices", e.what());
+    }
+  }
+  if (c.devices.size() != 1 || !c.devices[0].is_cpu()) {
+    doc.Fail(graph["devices"], "graph.devices",
+             "this build trains on one CPU device (cpu:0); data parallelism over several devices "
+             "and GPU training are not implemented yet");
+  }
+  c.graph_template = ResolveProjectPath(g.String("template"), path);
+  // The template reads the run's values, defaults included.
+  YAML::Node run = YAML::Clone(root);
+  for (const auto& [k, v] : g.values()) {
+    if (!run["graph"].IsMap()) run["graph"] = YAML::Node(YAML::NodeType::Map);
+    if (!run["graph"][k].IsDefined()) run["graph"][k] = YAML::Load(ParamValueToString(v));
+  }
+  for (const auto& [k, v] : t.values()) {
+    if (!run["train"][k].IsDefined() && k != "schedule") run["train"][k] = YAML::Load(ParamValueToString(v));
+  }
+  const YamlDoc tmpl = YamlDoc::Load(c.graph_template);
+  c.train_graph = ParseGraph(tmpl, "train", run, doc);
+  c.eval_graph = ParseGraph(tmpl, "eval", run, doc);
+
+  Args out = doc.CheckArgs(Section(root, "output"), OutputSchema(), "output");
+  c.output_dir = out.String("dir");
+  return c;
+}
+
+}  // namespace cnnflow

@@ -1,0 +1,69 @@
+// A run's configuration: the YAML of configs/*.yaml (plus --set overrides)
+// checked section by section against schemas, with the graph template it
+// names parsed into GraphSpecs. Everything wrong is reported here, with
+// file:line:col, before any data is read.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ops/device.h"
+#include "ops/model.h"
+#include "pipeline/graph_spec.h"
+#include "pipeline/yaml_util.h"
+
+namespace cnnflow {
+
+struct DataSpec {
+  std::string source;  // a registered source type ("idx")
+  Args args;
+};
+
+struct RunConfig {
+  YamlDoc doc;  // the config as given, overrides applied
+  std::vector<std::string> overrides;
+
+  std::string name;
+  uint64_t seed = 0;
+  int threads = 0;  // the run's whole CPU budget; 0: every core
+
+  std::map<std::string, DataSpec> data;  // "train", "test"
+  std::vector<double> normalize_mean, normalize_std;
+
+  Shape input_shape;
+  std::vector<LayerSpec> layers;
+  InitScheme init = InitScheme::kPytorchDefault;
+  double label_smoothing = 0;
+
+  int64_t epochs = 1;
+  int64_t batch = 64;       // per replica
+  int64_t eval_batch = 1000;
+  int64_t max_steps = 0;    // per pass; 0: whole epochs
+  std::string optimizer;    // "sgd", ...
+  Args optimizer_args;
+  Args schedule_args;
+
+  std::string graph_template;  // resolved path
+  std::vector<Device> devices;
+  GraphSpec train_graph;
+  GraphSpec eval_graph;
+
+  std::string output_dir;
+};
+
+// Loads and checks `path` with `overrides` ("train.epochs=1") applied.
+RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The config's schemas, for `cnnflow stages` and for tests.
+const Schema& TopLevelSchema();
+const Schema& TrainSchema();
+const Schema& ModelSchema();
+const Schema& GraphSectionSchema();
+
+// Finds a file named in a config (a graph template): as given, then
+// relative to the config's folder and its parent, then to the source tree.
+std::string ResolveProjectPath(const std::string& path, const std::string& config_path);
+
+}  // namespace cnnflow

@@ -1,0 +1,64 @@
+// The trainer: opens the data, builds the model and the optimizer from a
+// RunConfig, then for each epoch runs the config's train graph and its eval
+// graph through the executor, writing the run folder as it goes:
+//   <output.dir>/<name>-<time>/config.yaml     the resolved config
+//                              metrics.csv     one row per epoch
+//                              model.safetensors  final weights, named by layer
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "pipeline/progress.h"
+#include "pipeline/run_config.h"
+#include "stages/run_state.h"
+
+namespace cnnflow {
+
+struct EpochReport {
+  int64_t epoch = 0;
+  PassMetrics train, test;
+  double lr = 0;
+};
+
+class Trainer {
+ public:
+  // Opens data sets and builds the model (shape errors surface here).
+  explicit Trainer(RunConfig config);
+  ~Trainer();
+
+  // Trains all epochs; writes the run folder (under `run_dir` if given).
+  // Returns the last epoch's report.
+  EpochReport Train(const std::string& run_dir = "");
+  // One evaluation pass over the test set.
+  PassMetrics Evaluate();
+  // Loads weights (and BN buffers) by name from a safetensors file.
+  void LoadWeights(const std::string& path);
+
+  Model& model() { return *model_; }
+  RunState& state() { return state_; }
+  const RunConfig& config() const { return config_; }
+  const std::string& run_dir() const { return run_dir_; }
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  void set_progress(Progress* p) { progress_ = p; }
+  // Asks a running Train to stop after the current step (signal handlers).
+  void RequestStop() { state_.stop_requested = true; }
+
+  // A summary for `cnnflow validate`: layers, shapes, parameters, FLOPs, graphs.
+  std::string Describe() const;
+
+ private:
+  PassMetrics RunPass(const GraphSpec& graph, const std::string& pass, int64_t epoch);
+
+  RunConfig config_;
+  std::shared_ptr<void> thread_limit_;  // a tbb::global_control: the run's thread budget
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<LrSchedule> schedule_;
+  RunState state_;
+  int64_t steps_per_epoch_ = 0;
+  std::string run_dir_;
+  Progress* progress_ = nullptr;
+};
+
+}  // namespace cnnflow

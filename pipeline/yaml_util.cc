@@ -1,0 +1,224 @@
+#include "pipeline/yaml_util.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace cnnflow {
+
+std::string JoinNames(const std::vector<std::string>& names) {
+  std::string list;
+  for (const auto& k : names) list += (list.empty() ? "" : ", ") + k;
+  return list;
+}
+
+std::string UnknownNameMessage(const std::string& what, const std::string& name,
+                               const std::vector<std::string>& known) {
+  std::string close = ClosestMatch(name, known);
+  const std::string list = JoinNames(known);
+  return StrCat("unknown ", what, " '", name, "'",
+                close.empty() ? "" : StrCat(" (did you mean '", close, "'?)"), "; known: ", list);
+}
+
+YamlDoc YamlDoc::Load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(StrCat(path, ": cannot open the file"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return Parse(ss.str(), path);
+}
+
+YamlDoc YamlDoc::Parse(const std::string& text, const std::string& name) {
+  YamlDoc doc;
+  doc.path_ = name;
+  try {
+    doc.root_ = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(StrCat(name, ":", e.mark.line + 1, ":", e.mark.column + 1,
+                             ": YAML syntax error: ", e.msg));
+  }
+  if (!doc.root_.IsMap()) {
+    throw ConfigError(StrCat(name, ": expected a mapping of keys at the top level"));
+  }
+  return doc;
+}
+
+void YamlDoc::Override(const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw ConfigError(StrCat("--set ", assignment, ": expected key.path=value"));
+  }
+  const std::string key = assignment.substr(0, eq);
+  const std::string text = assignment.substr(eq + 1);
+  YAML::Node value;
+  try {
+    value = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(StrCat("--set ", assignment, ": the value is not valid YAML: ", e.msg));
+  }
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  // Walk with explicit nodes: yaml-cpp's operator[] returns handles, and
+  // assigning through a chain of temporaries is the documented way.
+  std::vector<YAML::Node> chain{root_};
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = chain.back()[parts[i]];
+    if (!next.IsDefined() || next.IsNull()) {
+      chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      next = chain.back()[parts[i]];
+    } else if (!next.IsMap()) {
+      throw ConfigError(StrCat("--set ", assignment, ": '", parts[i], "' is not a mapping"));
+    }
+    chain.push_back(next);
+  }
+  chain.back()[parts.back()] = value;
+  overrides_.push_back({chain.back()[parts.back()], "--set " + assignment});
+}
+
+std::string YamlDoc::Where(const YAML::Node& node) const {
+  for (const auto& o : overrides_)
+    if (o.node.is(node)) return o.text;
+  const YAML::Mark m = node.Mark();
+  if (m.is_null()) return path_;
+  return StrCat(path_, ":", m.line + 1, ":", m.column + 1);
+}
+
+void YamlDoc::Fail(const YAML::Node& node, const std::string& context,
+                   const std::string& message) const {
+  throw ConfigError(StrCat(Where(node), ": ", context, context.empty() ? "" : ": ", message));
+}
+
+namespace {
+
+bool IsBool(const YAML::Node& n, bool* out) {
+  if (!n.IsScalar()) return false;
+  const std::string& s = n.Scalar();
+  if (s == "true" || s == "True" || s == "yes") return *out = true, true;
+  if (s == "false" || s == "False" || s == "no") return *out = false, true;
+  return false;
+}
+
+bool IsInt(const YAML::Node& n, int64_t* out) {
+  if (!n.IsScalar()) return false;
+  const std::string& s = n.Scalar();
+  if (s.empty()) return false;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (*end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+bool IsFloat(const YAML::Node& n, double* out) {
+  if (!n.IsScalar()) return false;
+  const std::string& s = n.Scalar();
+  if (s.empty()) return false;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (*end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+std::string Describe(const YAML::Node& n) {
+  if (n.IsScalar()) return StrCat("'", n.Scalar(), "'");
+  if (n.IsSequence()) return "a list";
+  if (n.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+}  // namespace
+
+ParamValue YamlDoc::Value(const YAML::Node& node, const ParamSpec& spec,
+                          const std::string& context) const {
+  const std::string ctx = context.empty() ? StrCat("key '", spec.name, "'")
+                                          : StrCat(context, ": key '", spec.name, "'");
+  auto wrong = [&]() {
+    Fail(node, ctx, StrCat("expected ", ParamTypeName(spec.type), ", got ", Describe(node)));
+  };
+  int64_t i;
+  double d;
+  bool b;
+  switch (spec.type) {
+    case ParamType::kInt:
+      if (!IsInt(node, &i)) wrong();
+      return i;
+    case ParamType::kFloat:
+      if (!IsFloat(node, &d)) wrong();
+      return d;
+    case ParamType::kBool:
+      if (!IsBool(node, &b)) wrong();
+      return b;
+    case ParamType::kString: {
+      if (!node.IsScalar()) wrong();
+      const std::string s = node.Scalar();
+      if (!spec.choices.empty() &&
+          std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
+        Fail(node, ctx, UnknownNameMessage("value", s, spec.choices));
+      }
+      return s;
+    }
+    case ParamType::kIntList: {
+      if (IsInt(node, &i)) return std::vector<int64_t>{i};
+      if (!node.IsSequence()) wrong();
+      std::vector<int64_t> v;
+      for (const auto& e : node) {
+        if (!IsInt(e, &i)) Fail(e, ctx, StrCat("expected an int, got ", Describe(e)));
+        v.push_back(i);
+      }
+      return v;
+    }
+    case ParamType::kFloatList: {
+      if (IsFloat(node, &d)) return std::vector<double>{d};
+      if (!node.IsSequence()) wrong();
+      std::vector<double> v;
+      for (const auto& e : node) {
+        if (!IsFloat(e, &d)) Fail(e, ctx, StrCat("expected a number, got ", Describe(e)));
+        v.push_back(d);
+      }
+      return v;
+    }
+    case ParamType::kStringList: {
+      if (node.IsScalar()) return std::vector<std::string>{node.Scalar()};
+      if (!node.IsSequence()) wrong();
+      std::vector<std::string> v;
+      for (const auto& e : node) {
+        if (!e.IsScalar()) Fail(e, ctx, StrCat("expected a string, got ", Describe(e)));
+        v.push_back(e.Scalar());
+      }
+      return v;
+    }
+    case ParamType::kTree: {
+      YAML::Emitter out;
+      out << YAML::Flow << node;
+      return std::string(out.c_str());
+    }
+  }
+  wrong();
+}
+
+Args YamlDoc::CheckArgs(const YAML::Node& map, const Schema& schema,
+                        const std::string& context) const {
+  Args args;
+  if (map.IsDefined() && !map.IsNull()) {
+    if (!map.IsMap()) Fail(map, context, StrCat("expected a mapping of parameters, got ", Describe(map)));
+    for (const auto& kv : map) {
+      const std::string key = kv.first.as<std::string>();
+      const ParamSpec* spec = schema.Find(key);
+      if (spec == nullptr) {
+        Fail(kv.first, context, UnknownNameMessage("key", key, schema.Names()));
+      }
+      args.Set(key, Value(kv.second, *spec, context));
+    }
+  }
+  for (const auto& p : schema.params()) {
+    if (!p.default_value && !args.Has(p.name)) {
+      Fail(map, context, StrCat("missing required key '", p.name, "' (", ParamTypeName(p.type),
+                                ": ", p.doc, ")"));
+    }
+  }
+  args.FillDefaults(schema);
+  return args;
+}
+
+}  // namespace cnnflow

@@ -1,0 +1,59 @@
+// YAML with locations: every config error names the file, line, column and
+// key, says what was expected, and suggests the closest known name. Values
+// that came from `--set key=value` are reported as such.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "ops/error.h"
+#include "ops/schema.h"
+
+namespace cnnflow {
+
+// A parsed YAML file and the --set overrides applied to it.
+class YamlDoc {
+ public:
+  // Parses `path`; a syntax error becomes a ConfigError with file:line:col.
+  static YamlDoc Load(const std::string& path);
+  static YamlDoc Parse(const std::string& text, const std::string& name);
+
+  const std::string& path() const { return path_; }
+  YAML::Node& root() { return root_; }
+  const YAML::Node& root() const { return root_; }
+
+  // Applies "a.b.c=value" (value parsed as YAML) to the tree.
+  void Override(const std::string& assignment);
+
+  // "file:line:col" of a node (or "--set a.b=v" for an override).
+  std::string Where(const YAML::Node& node) const;
+  // Throws ConfigError "<where>: <context>: <message>".
+  [[noreturn]] void Fail(const YAML::Node& node, const std::string& context,
+                         const std::string& message) const;
+
+  // Checks a mapping against a schema: unknown keys (with a suggestion and
+  // the known keys), wrong types, missing required keys. Returns the values
+  // with defaults filled in. `context` names the unit ("layer 'conv1' (conv2d)").
+  Args CheckArgs(const YAML::Node& map, const Schema& schema, const std::string& context) const;
+  // One value of a given type (for CheckArgs and for callers).
+  ParamValue Value(const YAML::Node& node, const ParamSpec& spec, const std::string& context) const;
+
+ private:
+  std::string path_;
+  YAML::Node root_;
+  struct OverrideNode {
+    YAML::Node node;
+    std::string text;
+  };
+  std::vector<OverrideNode> overrides_;
+};
+
+// "a, b, c"
+std::string JoinNames(const std::vector<std::string>& names);
+// "unknown X 'y' (did you mean 'z'?); known: a, b, c"
+std::string UnknownNameMessage(const std::string& what, const std::string& name,
+                               const std::vector<std::string>& known);
+
+}  // namespace cnnflow

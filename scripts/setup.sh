@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs every Debian package cnnflow needs to build, test and run its main
+# job. Safe to run twice: apt-get skips what is installed, and the package
+# lists are refreshed only when a package is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config ccache
+  libtbb-dev libyaml-cpp-dev zlib1g-dev libopenblas-dev
+  liblmdb-dev lmdb-utils libturbojpeg0-dev libopencv-dev
+  libdnnl-dev ocl-icd-opencl-dev opencl-c-headers
+  libopenmpi-dev openmpi-bin
+  libgtest-dev libgmock-dev libbenchmark-dev
+  dataset-fashion-mnist
+)
+# For bench/: PyTorch on the CPU, side by side with cnnflow.
+if [[ "${CNNFLOW_SETUP_BENCH:-0}" == 1 ]]; then
+  packages+=(python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi

@@ -1,0 +1,40 @@
+// eval_step: forward in evaluation mode (BN running statistics, no
+// dropout), loss and correct predictions; no gradients.
+#include <tbb/flow_graph.h>
+
+#include "ops/loss.h"
+#include "stages/run_state.h"
+#include "stages/stage.h"
+
+namespace cnnflow {
+namespace {
+
+class EvalStepStage final : public Stage {
+ public:
+  EvalStepStage(const StageInfo& info, const Args&) : Stage(info) {}
+
+  StagePorts Build(FlowGraph& g, RunState& state) override {
+    node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
+        g, tbb::flow::serial, [this, &state](const Message& m) {
+          return Guarded([&] {
+            ForwardContext ctx{false, state.seed, m->global_step};
+            const Tensor& logits = state.model->Forward(m->inputs, ctx);
+            LossResult r = SoftmaxCrossEntropy(logits, m->labels.data(), nullptr);
+            m->loss = r.loss;
+            m->correct = r.correct;
+            return m;
+          });
+        });
+    return {node_.get(), node_.get()};
+  }
+
+ private:
+  std::unique_ptr<tbb::flow::function_node<Message, Message>> node_;
+};
+
+}  // namespace
+
+CNNFLOW_REGISTER_STAGE(eval_step, EvalStepStage,
+                       Schema("Forward in evaluation mode; loss and correct predictions per batch."));
+
+}  // namespace cnnflow

@@ -1,0 +1,31 @@
+// The message that flows through a training graph: one batch, from the
+// sampler's indices to the step's results. Messages are shared handles; the
+// batch tensor comes from the memory pool, so nothing large is copied.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ops/tensor.h"
+
+namespace cnnflow {
+
+struct BatchMessage {
+  // Set by the sampler.
+  int64_t epoch = 0;
+  int64_t index = 0;        // batch number within the epoch: the sequencing key
+  int64_t global_step = 0;  // optimizer steps before this batch, over all epochs
+  std::vector<int64_t> sample_ids;
+  // Set by the loader.
+  Tensor inputs;  // [N, C, H, W] or [N, C, L]
+  std::vector<int64_t> labels;
+  // Set by the step.
+  double loss = 0;  // mean over the batch
+  int64_t correct = 0;
+  double lr = 0;
+};
+
+using Message = std::shared_ptr<BatchMessage>;
+
+}  // namespace cnnflow

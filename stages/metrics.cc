@@ -1,0 +1,45 @@
+// metrics: the sink of a pass. Adds each batch's loss and correct count to
+// the pass totals and reports progress.
+#include <tbb/flow_graph.h>
+
+#include "stages/run_state.h"
+#include "stages/stage.h"
+
+namespace cnnflow {
+namespace {
+
+class MetricsStage final : public Stage {
+ public:
+  MetricsStage(const StageInfo& info, const Args&) : Stage(info) {}
+
+  StagePorts Build(FlowGraph& g, RunState& state) override {
+    node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
+        g, tbb::flow::serial, [this, &state](const Message& m) {
+          return Guarded([&] {
+            PassMetrics& p = state.metrics;
+            const auto n = static_cast<int64_t>(m->labels.size());
+            p.loss_sum += m->loss * static_cast<double>(n);
+            p.correct += m->correct;
+            p.samples += n;
+            p.batches += 1;
+            p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                      state.pass_start)
+                            .count();
+            if (state.on_batch) state.on_batch(*m, p);
+            return m;
+          });
+        });
+    return {node_.get(), node_.get()};
+  }
+
+ private:
+  std::unique_ptr<tbb::flow::function_node<Message, Message>> node_;
+};
+
+}  // namespace
+
+CNNFLOW_REGISTER_STAGE(metrics, MetricsStage,
+                       Schema("Sink of a pass: sums loss and accuracy over its batches and reports "
+                              "progress."));
+
+}  // namespace cnnflow

@@ -1,0 +1,70 @@
+// What the stages of a run share: data, model, optimizer, schedule, the
+// epoch's counters and the hooks for progress output. The trainer
+// (pipeline/) owns it; stages read and update it from their node bodies.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "loaders/dataset.h"
+#include "loaders/transform.h"
+#include "ops/lr_schedule.h"
+#include "ops/model.h"
+#include "ops/optimizer.h"
+#include "stages/message.h"
+
+namespace cnnflow {
+
+// Totals over one pass (an epoch of training or an evaluation).
+struct PassMetrics {
+  double loss_sum = 0;  // sum over batches of mean loss x batch size
+  int64_t correct = 0;
+  int64_t samples = 0;
+  int64_t batches = 0;
+  double seconds = 0;
+  double mean_loss() const { return samples ? loss_sum / static_cast<double>(samples) : 0; }
+  double accuracy() const { return samples ? static_cast<double>(correct) / samples : 0; }
+  double samples_per_second() const { return seconds > 0 ? samples / seconds : 0; }
+};
+
+struct RunState {
+  // Data, by name ("train", "test"), and the per-sample transform.
+  std::map<std::string, std::shared_ptr<const Dataset>> datasets;
+  SampleTransform transform;
+  // The model and how it learns.
+  Model* model = nullptr;
+  Optimizer* optimizer = nullptr;
+  const LrSchedule* schedule = nullptr;
+  double label_smoothing = 0;
+  uint64_t seed = 0;
+
+  // Where the run is. The pass's sampler reads these.
+  int64_t epoch = 0;
+  int64_t global_step = 0;  // optimizer steps done so far
+  int64_t max_steps = 0;    // stop a pass after this many batches (0: whole epoch)
+  std::atomic<bool> stop_requested{false};
+
+  // The pass being run (reset by the trainer before each graph run).
+  std::string pass;  // "train" or "eval"
+  int64_t pass_batches = 0;
+  PassMetrics metrics;
+  std::chrono::steady_clock::time_point pass_start;
+  // Called by the metrics stage after each batch (progress output).
+  std::function<void(const BatchMessage&, const PassMetrics&)> on_batch;
+
+  // Accounting used by tests and reports: batches between the prefetch
+  // limiter and the end of the graph, now and at most.
+  std::atomic<int64_t> in_flight{0};
+  std::atomic<int64_t> max_in_flight{0};
+
+  const Dataset& dataset(const std::string& name) const;
+};
+
+}  // namespace cnnflow

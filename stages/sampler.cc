@@ -1,0 +1,81 @@
+// sampler: the source of a pass. Cuts this epoch's order of a data set
+// (ShardedSampler, seeded by (seed, epoch)) into batches of indices and
+// emits one message per batch.
+#include <tbb/flow_graph.h>
+
+#include "loaders/sampler.h"
+#include "stages/run_state.h"
+#include "stages/stage.h"
+
+namespace cnnflow {
+namespace {
+
+class SamplerStage final : public Stage {
+ public:
+  SamplerStage(const StageInfo& info, const Args& args)
+      : Stage(info),
+        data_(args.String("data")),
+        batch_(args.Int("batch")),
+        shuffle_(args.Bool("shuffle")),
+        drop_last_(args.Bool("drop_last")) {
+    if (batch_ <= 0) throw ConfigError(StrCat("batch must be > 0, got ", batch_));
+  }
+
+  StagePorts Build(FlowGraph& g, RunState& state) override {
+    const Dataset& data = state.dataset(data_);
+    SamplerOptions opt;
+    opt.dataset_size = data.size();
+    opt.shuffle = shuffle_;
+    opt.seed = state.seed;
+    ShardedSampler sampler(opt);
+    order_ = sampler.EpochIndices(state.epoch);
+    batches_ = ShardedSampler::NumBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_);
+    if (state.max_steps > 0) batches_ = std::min(batches_, state.max_steps);
+    state.pass_batches = batches_;
+    const int64_t first_step = state.global_step;
+    node_ = std::make_unique<tbb::flow::input_node<Message>>(
+        g, [this, &state, first_step](tbb::flow_control& fc) -> Message {
+          return Guarded([&]() -> Message {
+            if (next_ >= batches_ || state.stop_requested.load()) {
+              fc.stop();
+              return nullptr;
+            }
+            auto m = std::make_shared<BatchMessage>();
+            m->epoch = state.epoch;
+            m->index = next_;
+            m->global_step = first_step + next_;
+            const int64_t begin = next_ * batch_;
+            const int64_t end = std::min<int64_t>(begin + batch_, static_cast<int64_t>(order_.size()));
+            m->sample_ids.assign(order_.begin() + begin, order_.begin() + end);
+            ++next_;
+            return m;
+          });
+        });
+    StagePorts ports;
+    ports.output = node_.get();
+    ports.activate = [this] { node_->activate(); };
+    return ports;
+  }
+
+ private:
+  std::string data_;
+  int64_t batch_;
+  bool shuffle_, drop_last_;
+  std::vector<int64_t> order_;
+  int64_t batches_ = 0;
+  int64_t next_ = 0;
+  std::unique_ptr<tbb::flow::input_node<Message>> node_;
+};
+
+}  // namespace
+
+CNNFLOW_REGISTER_STAGE(
+    sampler, SamplerStage,
+    Schema("Source of a pass: this epoch's order of a data set, reshuffled from (seed, epoch), "
+           "cut into batches of sample indices.")
+        .Required("batch", ParamType::kInt, "samples per batch")
+        .Optional("data", ParamType::kString, std::string("train"), "which data set (data.<name>)")
+        .Optional("shuffle", ParamType::kBool, true, "reshuffle every epoch")
+        .Optional("drop_last", ParamType::kBool, false, "drop the last incomplete batch"));
+
+}  // namespace cnnflow

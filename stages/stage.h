@@ -1,0 +1,108 @@
+// Stages: the node kinds of a training graph, and their registry.
+//
+// How to add a stage type (one .cc in stages/, one CMake line):
+//   1. stages/<name>.cc: a class deriving from Stage whose Build() adds its
+//      oneTBB node(s) to the graph and returns the ports to connect.
+//   2. At the bottom: CNNFLOW_REGISTER_STAGE(name, Class, Schema("doc")...);
+//      the schema is the single source of its YAML documentation
+//      (`cnnflow stages` prints it). Class's constructor takes
+//      (const StageInfo&, const Args&).
+// A stage never includes another stage; what they share is in this folder's
+// message.h and run_state.h.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <tbb/flow_graph.h>  // costly to compile: include this header only where nodes are built
+
+#include "ops/schema.h"
+#include "stages/message.h"
+
+namespace cnnflow {
+
+struct RunState;
+using FlowGraph = tbb::flow::graph;
+using MessageReceiver = tbb::flow::receiver<Message>;
+using MessageSender = tbb::flow::sender<Message>;
+
+// An error thrown inside a node, with the node's name attached.
+class StageError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct StageInfo {
+  std::string node;  // the node's name in the graph YAML
+  std::string type;  // the stage type
+};
+
+// The connectable ends of a built stage. A source has no input; a sink's
+// output may be left unconnected. A limiter (prefetch) gets Release() once
+// per message that leaves the graph.
+struct StagePorts {
+  MessageReceiver* input = nullptr;
+  MessageSender* output = nullptr;
+  bool is_limiter = false;
+  std::function<void()> activate;  // sources: start producing
+};
+
+class Stage {
+ public:
+  explicit Stage(StageInfo info) : info_(std::move(info)) {}
+  virtual ~Stage() = default;
+  const StageInfo& info() const { return info_; }
+  // Adds the stage's node(s) to `graph`; `state` outlives the graph.
+  virtual StagePorts Build(FlowGraph& graph, RunState& state) = 0;
+  // For limiters: gives back one token (called when a message leaves the graph).
+  virtual void Release() {}
+
+ protected:
+  // Runs fn, attaching the node's name to any exception it throws.
+  template <typename Fn>
+  auto Guarded(Fn&& fn) const -> decltype(fn()) {
+    try {
+      return fn();
+    } catch (const StageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw StageError("node '" + info_.node + "' (" + info_.type + "): " + e.what());
+    }
+  }
+
+ private:
+  StageInfo info_;
+};
+
+using StageFactory = std::function<std::unique_ptr<Stage>(const StageInfo&, const Args&)>;
+
+struct StageType {
+  std::string type;
+  Schema schema;
+  StageFactory create;
+};
+
+class StageRegistry {
+ public:
+  static StageRegistry& Get();
+  void Register(StageType t);
+  const StageType* Find(const std::string& type) const;  // nullptr when unknown
+  std::vector<std::string> Names() const;
+
+ private:
+  std::vector<StageType> types_;
+};
+
+struct StageRegistration {
+  StageRegistration(const char* type, Schema schema, StageFactory create);
+};
+
+#define CNNFLOW_REGISTER_STAGE(type_name, Class, schema_expr)                           \
+  static ::cnnflow::StageRegistration cnnflow_stage_registration_##type_name(          \
+      #type_name, schema_expr, [](const ::cnnflow::StageInfo& i, const ::cnnflow::Args& a) { \
+        return std::unique_ptr<::cnnflow::Stage>(new Class(i, a));                       \
+      })
+
+}  // namespace cnnflow

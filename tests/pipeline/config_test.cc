@@ -1,0 +1,184 @@
+// Config errors say file, line, column, key and what was expected, and
+// suggest the closest known name. Each case asserts on the message text.
+#include "pipeline/run_config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace cnnflow {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A valid config; each test breaks one thing in it.
+constexpr const char* kGood = R"(name: t
+data:
+  train: {source: idx, images: a.gz, labels: b.gz}
+model:
+  input: [1, 28, 28]
+  layers:
+    - {name: conv1, conv2d: {out: 4, kernel: 3, pad: 1}}
+    - {name: pool1, maxpool2d: {kernel: 2}}
+    - {name: flatten, flatten: {}}
+    - {name: fc1, linear: {in: 784, out: 10}}
+train:
+  epochs: 1
+  batch: 8
+  optimizer: {sgd: {lr: 0.1}}
+)";
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  std::string Write(const std::string& text, const std::string& name = "cfg.yaml") {
+    const fs::path dir = fs::temp_directory_path() / ("cnnflow_config_test_" + std::to_string(getpid()));
+    fs::create_directories(dir);
+    const std::string path = (dir / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  static std::string Replace(std::string s, const std::string& from, const std::string& to) {
+    const auto pos = s.find(from);
+    EXPECT_NE(pos, std::string::npos) << from;
+    return s.replace(pos, from.size(), to);
+  }
+  // The message of the ConfigError that loading `text` throws.
+  std::string ErrorOf(const std::string& text, const std::vector<std::string>& sets = {}) {
+    const std::string path = Write(text);
+    try {
+      LoadRunConfig(path, sets);
+    } catch (const ConfigError& e) {
+      return std::string(e.what()).substr(path.size());  // after the file's path
+    }
+    ADD_FAILURE() << "no error";
+    return "";
+  }
+};
+
+TEST_F(ConfigTest, GoodConfigLoadsWithDefaults) {
+  RunConfig c = LoadRunConfig(Write(kGood));
+  EXPECT_EQ(c.name, "t");
+  EXPECT_EQ(c.batch, 8);
+  EXPECT_EQ(c.layers.size(), 4u);
+  EXPECT_EQ(c.layers[0].args.Ints("kernel", 2), (std::vector<int64_t>{3, 3}));
+  EXPECT_EQ(c.optimizer, "sgd");
+  EXPECT_EQ(c.train_graph.nodes.size(), 5u);
+  // $train.batch in the template resolved from this config.
+  EXPECT_EQ(c.train_graph.Find("sample")->args.Int("batch"), 8);
+}
+
+TEST_F(ConfigTest, MisspeltKeySuggestsTheKnownOne) {
+  EXPECT_EQ(ErrorOf(Replace(kGood, "  epochs: 1", "  epohcs: 1")),
+            ":12:3: train: unknown key 'epohcs' (did you mean 'epochs'?); known: epochs, batch, "
+            "optimizer, schedule, eval_batch, max_steps");
+}
+
+TEST_F(ConfigTest, MisspeltLayerParameter) {
+  const std::string msg = ErrorOf(Replace(kGood, "kernel: 3, pad", "kernal: 3, pad"));
+  EXPECT_EQ(msg.substr(0, 80),
+            ":7:39: layer 'conv1' (conv2d): unknown key 'kernal' (did you mean 'kernel'?); kno");
+}
+
+TEST_F(ConfigTest, UnknownLayerTypeSuggestsClosest) {
+  const std::string msg = ErrorOf(Replace(kGood, "conv1, conv2d:", "conv1, conv2:"));
+  EXPECT_NE(msg.find(":7:22: layer 'conv1': unknown layer type 'conv2' (did you mean 'conv2d'?)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("known: "), std::string::npos) << msg;
+}
+
+TEST_F(ConfigTest, WrongTypeSaysWhatWasExpected) {
+  EXPECT_EQ(ErrorOf(Replace(kGood, "batch: 8", "batch: eight")),
+            ":13:10: train: key 'batch': expected int, got 'eight'");
+}
+
+TEST_F(ConfigTest, MissingRequiredKey) {
+  const std::string msg = ErrorOf(Replace(kGood, "  epochs: 1\n", ""));
+  EXPECT_NE(msg.find("train: missing required key 'epochs'"), std::string::npos) << msg;
+}
+
+TEST_F(ConfigTest, OverrideErrorsNameTheOverride) {
+  const std::string path = Write(kGood);
+  try {
+    LoadRunConfig(path, {"train.batch=abc"});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "--set train.batch=abc: train: key 'batch': expected int, got 'abc'");
+  }
+  RunConfig c = LoadRunConfig(path, {"train.epochs=3", "model.layers.0.name=x"});
+  EXPECT_EQ(c.epochs, 3);
+}
+
+TEST_F(ConfigTest, UnknownStageTypeInTemplateSuggestsClosest) {
+  const std::string tmpl = Write(R"(train:
+  nodes:
+    sample: {stage: sampler, batch: $train.batch}
+    prefetch: {stage: prefech, depth: 2}
+  edges: [sample -> prefetch]
+eval:
+  nodes:
+    sample: {stage: sampler, batch: 4}
+  edges: []
+)",
+                                 "tmpl.yaml");
+  const std::string msg =
+      ErrorOf(std::string(kGood) + "graph: {template: " + tmpl + "}\n");
+  EXPECT_NE(msg.find("tmpl.yaml:4:21: node 'prefetch': unknown stage type 'prefech' (did you mean "
+                     "'prefetch'?); known: "),
+            std::string::npos)
+      << msg;
+}
+
+TEST_F(ConfigTest, TemplateVariableMissingFromRun) {
+  const std::string tmpl = Write(R"(train:
+  nodes:
+    sample: {stage: sampler, batch: $train.microbatch}
+  edges: []
+)",
+                                 "tmpl2.yaml");
+  const std::string msg = ErrorOf(std::string(kGood) + "graph: {template: " + tmpl + "}\n");
+  EXPECT_NE(msg.find("tmpl2.yaml:3:37: node 'sample': '$train.microbatch' is not set in "),
+            std::string::npos)
+      << msg;
+}
+
+TEST_F(ConfigTest, YamlSyntaxErrorHasLineAndColumn) {
+  const std::string msg = ErrorOf(Replace(kGood, "epochs: 1", "epochs: [1"));
+  EXPECT_NE(msg.find(":13:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("YAML syntax error"), std::string::npos) << msg;
+}
+
+TEST_F(ConfigTest, ShapeMismatchNamesBothLayersAndShapes) {
+  // A stride-2 conv makes the flattened features 196, not the 784 fc1 says.
+  RunConfig c = LoadRunConfig(Write(Replace(kGood, "kernel: 3, pad: 1", "kernel: 3, pad: 1, stride: 2")));
+  try {
+    Model::Build(c.layers, c.input_shape);
+    FAIL();
+  } catch (const ShapeError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("shape mismatch at layer 'fc1' (linear): 'flatten' (flatten) produces [196]"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("784"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(ConfigTest, AddOfDifferentShapesNamesBothInputs) {
+  RunConfig c = LoadRunConfig(Write(Replace(
+      kGood, "    - {name: flatten, flatten: {}}\n",
+      "    - {name: res, add: {}, inputs: [conv1, pool1]}\n    - {name: flatten, flatten: {}}\n")));
+  try {
+    Model::Build(c.layers, c.input_shape);
+    FAIL();
+  } catch (const ShapeError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("at layer 'res' (add): 'conv1' (conv2d) produces [4, 28, 28] and 'pool1' "
+                       "(maxpool2d) produces [4, 14, 14]"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+}  // namespace
+}  // namespace cnnflow

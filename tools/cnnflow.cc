@@ -1,0 +1,174 @@
+// The cnnflow command line: train, eval, validate, stages.
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "loaders/source_registry.h"
+#include "ops/layer.h"
+#include "ops/optimizer.h"
+#include "pipeline/run_config.h"
+#include "pipeline/trainer.h"
+#include "stages/stage.h"
+
+namespace cnnflow {
+namespace {
+
+constexpr const char* kUsage = R"(usage: cnnflow COMMAND [ARGS]
+
+commands:
+  train CONFIG [--set key=value ...] [--out RUN_DIR]
+        train the model of CONFIG; writes a run folder (config, metrics.csv, weights)
+  eval CONFIG --weights FILE [--set key=value ...]
+        evaluate weights (model.safetensors of a run) on the config's test set
+  validate CONFIG [--set key=value ...]
+        parse, build and shape-check; print the model and the graphs; no training
+  stages
+        the registered stage types, layer types, data sources and optimizers,
+        with their documented parameters
+
+--set overrides a config value by its dotted path: --set train.epochs=1
+)";
+
+struct Options {
+  std::string command, config, weights, out;
+  std::vector<std::string> sets;
+};
+
+Options Parse(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) throw ConfigError("no command given");
+  o.command = args[0];
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (i + 1 >= args.size()) throw ConfigError(StrCat(flag, " needs a value"));
+      return args[++i];
+    };
+    if (a == "--set") {
+      o.sets.push_back(value("--set"));
+    } else if (a.rfind("--set=", 0) == 0) {
+      o.sets.push_back(a.substr(6));
+    } else if (a == "--weights") {
+      o.weights = value("--weights");
+    } else if (a == "--out") {
+      o.out = value("--out");
+    } else if (a == "-h" || a == "--help") {
+      o.command = "help";
+    } else if (!a.empty() && a[0] == '-') {
+      throw ConfigError(StrCat("unknown option '", a, "'"));
+    } else if (o.config.empty()) {
+      o.config = a;
+    } else {
+      throw ConfigError(StrCat("unexpected argument '", a, "'"));
+    }
+  }
+  return o;
+}
+
+void PrintSchema(const std::string& name, const Schema& s) {
+  std::printf("  %s\n      %s\n", name.c_str(), s.doc().c_str());
+  for (const auto& p : s.params()) {
+    std::string def = p.default_value ? "default " + ParamValueToString(*p.default_value) : "required";
+    if (!p.choices.empty()) def += "; one of: " + [&] {
+      std::string c;
+      for (const auto& x : p.choices) c += (c.empty() ? "" : ", ") + x;
+      return c;
+    }();
+    std::printf("      %-18s %-24s %s (%s)\n", p.name.c_str(), ParamTypeName(p.type), p.doc.c_str(),
+                def.c_str());
+  }
+}
+
+int Stages() {
+  std::printf("stage types (graphs/*.yaml nodes):\n");
+  for (const auto& n : StageRegistry::Get().Names()) PrintSchema(n, StageRegistry::Get().Find(n)->schema);
+  std::printf("\nlayer types (model.layers):\n");
+  for (const auto& n : LayerRegistry::Get().Names()) PrintSchema(n, LayerRegistry::Get().Find(n)->schema);
+  std::printf("\ndata sources (data.train, data.test):\n");
+  for (const auto& n : SourceRegistry::Get().Names()) PrintSchema(n, SourceRegistry::Get().Find(n)->schema);
+  std::printf("\noptimizers (train.optimizer):\n");
+  for (const auto& n : OptimizerTypes()) PrintSchema(n, OptimizerSchema(n));
+  std::printf("\nlearning-rate schedule (train.schedule):\n");
+  PrintSchema("schedule", LrScheduleSchema());
+  return 0;
+}
+
+std::atomic<Trainer*> g_trainer{nullptr};
+
+extern "C" void OnSignal(int sig) {
+  // First Ctrl-C: finish the step, save, exit 130. A second one kills.
+  if (Trainer* t = g_trainer.load()) t->RequestStop();
+  std::signal(sig, SIG_DFL);
+}
+
+int Train(const Options& o) {
+  Trainer trainer(LoadRunConfig(o.config, o.sets));
+  Progress progress = Progress::ForStderr();
+  trainer.set_progress(&progress);
+  g_trainer = &trainer;
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  EpochReport r = trainer.Train(o.out);
+  g_trainer = nullptr;
+  const bool stopped = trainer.state().stop_requested.load();
+  std::printf("%s after epoch %lld: test accuracy %.2f%%, test loss %.4f; run folder %s\n",
+              stopped ? "stopped" : "done", static_cast<long long>(r.epoch),
+              100 * r.test.accuracy(), r.test.mean_loss(), trainer.run_dir().c_str());
+  return stopped ? 130 : 0;
+}
+
+int Eval(const Options& o) {
+  if (o.weights.empty()) throw ConfigError("eval needs --weights FILE (a run's model.safetensors)");
+  Trainer trainer(LoadRunConfig(o.config, o.sets));
+  trainer.LoadWeights(o.weights);
+  Progress progress = Progress::ForStderr();
+  trainer.set_progress(&progress);
+  PassMetrics m = trainer.Evaluate();
+  std::printf("test accuracy %.2f%%, test loss %.4f over %lld samples (%.0f img/s)\n",
+              100 * m.accuracy(), m.mean_loss(), static_cast<long long>(m.samples),
+              m.samples_per_second());
+  return 0;
+}
+
+int Validate(const Options& o) {
+  Trainer trainer(LoadRunConfig(o.config, o.sets));
+  std::printf("%s: ok\n%s", o.config.c_str(), trainer.Describe().c_str());
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  Options o;
+  try {
+    o = Parse(argc, argv);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "cnnflow: %s\n\n%s", e.what(), kUsage);
+    return 2;
+  }
+  if (o.command == "help") return std::printf("%s", kUsage), 0;
+  if (o.command == "stages") return Stages();
+  if (o.command != "train" && o.command != "eval" && o.command != "validate") {
+    std::fprintf(stderr, "cnnflow: unknown command '%s'\n\n%s", o.command.c_str(), kUsage);
+    return 2;
+  }
+  if (o.config.empty()) {
+    std::fprintf(stderr, "cnnflow %s: needs a CONFIG file\n\n%s", o.command.c_str(), kUsage);
+    return 2;
+  }
+  try {
+    if (o.command == "train") return Train(o);
+    if (o.command == "eval") return Eval(o);
+    return Validate(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "\ncnnflow %s: error: %s\n", o.command.c_str(), e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+}  // namespace cnnflow
+
+int main(int argc, char** argv) { return cnnflow::Main(argc, argv); }
