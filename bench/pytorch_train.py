@@ -46,10 +46,66 @@ def parse_args():
     p.add_argument("--mkldnn", choices=["on", "off"], default="on")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--foreach", action="store_true")
+    p.add_argument("--search", action="store_true",
+                   help="time every candidate setting (SEARCH below) --reps times, "
+                        "alternating, and print the median of each and the best")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per candidate in --search")
     return p.parse_args()
 
 
+# Candidate settings for --search: (name, extra environment, extra arguments).
+# OPENBLAS_NUM_THREADS=1 stops OpenBLAS's own pthreads fighting PyTorch's
+# OpenMP threads for the 2 cores; OMP_WAIT_POLICY=PASSIVE makes idle OpenMP
+# threads sleep instead of spin (matters when the machine is shared).
+SEARCH = [
+    ("default", {}, []),
+    ("obt1", {"OPENBLAS_NUM_THREADS": "1"}, []),
+    ("obt1+cl", {"OPENBLAS_NUM_THREADS": "1"}, ["--channels-last"]),
+    ("obt1+cl+foreach", {"OPENBLAS_NUM_THREADS": "1"}, ["--channels-last", "--foreach"]),
+    ("obt1+cl+passive", {"OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"},
+     ["--channels-last"]),
+    ("obt1+nomkldnn", {"OPENBLAS_NUM_THREADS": "1"}, ["--mkldnn", "off"]),
+]
+# OpenBLAS 0.3.21 does not know this CPU model and, unless OPENBLAS_CORETYPE
+# is set, falls back to its Prescott (SSE3) kernels: ~5x slower sgemm.
+if "OPENBLAS_CORETYPE" not in os.environ:
+    SEARCH.append(("obt1+cl+SkylakeX",
+                   {"OPENBLAS_NUM_THREADS": "1", "OPENBLAS_CORETYPE": "SkylakeX"},
+                   ["--channels-last"]))
+
+
+def search(args):
+    import re
+    import statistics
+    import subprocess
+    base = [sys.executable, os.path.abspath(__file__), "--threads", str(args.threads),
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
+            "--data", args.data]
+    got = {name: [] for name, _, _ in SEARCH}
+    for r in range(args.reps):
+        for name, env, extra in SEARCH:                 # alternate: one of each per round
+            out = subprocess.run(base + extra, env={**os.environ, **env}, check=True,
+                                 capture_output=True, text=True).stdout
+            m = re.search(r"images_per_s=([0-9.]+)", out)
+            got[name].append(float(m.group(1)))
+            print(f"# rep {r + 1} {name}: {m.group(1)} images/s", file=sys.stderr, flush=True)
+    best = None
+    for name, env, extra in SEARCH:
+        med = statistics.median(got[name])
+        envs = " ".join(f"{k}={v}" for k, v in env.items()) or "-"
+        print(f"pytorch_search threads={args.threads} setting={name} images_per_s={med:.1f} "
+              f"runs={','.join(f'{x:.0f}' for x in got[name])} env={envs} "
+              f"args={' '.join(extra) or '-'}", flush=True)
+        if best is None or med > best[1]:
+            best = (name, med, envs, extra)
+    print(f"pytorch_best threads={args.threads} setting={best[0]} images_per_s={best[1]:.1f} "
+          f"env={best[2]} args={' '.join(best[3]) or '-'}", flush=True)
+
+
 args = parse_args()
+if args.search:
+    search(args)
+    sys.exit(0)
 if args.openblas_threads is not None:
     os.environ["OPENBLAS_NUM_THREADS"] = str(args.openblas_threads)
 
@@ -159,13 +215,15 @@ def main():
     for _ in range(args.warmup):
         step(*next(it))
     # Batches are sliced inside the timed loop: feeding is part of training.
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(args.steps):
         loss = step(*next(it))
     loss.item()
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    # cpu_s: CPU seconds of all this process's threads; on a shared machine
+    # cpu_s/seconds well under `threads` means it was kept waiting.
     print(f"pytorch images_per_s={args.steps * b / dt:.1f} threads={args.threads} "
-          f"steps={args.steps} warmup={args.warmup} batch={b} seconds={dt:.3f} "
+          f"steps={args.steps} warmup={args.warmup} batch={b} seconds={dt:.3f} cpu_s={cpu:.3f} "
           f"loss={loss.item():.4f} torch={torch.__version__} {setting}", flush=True)
 
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,11 +48,15 @@ inline int64_t ConvOutputSize(int64_t in, int64_t kernel, int64_t stride, int64_
   return span < 0 ? 0 : span / stride + 1;
 }
 
+// Per-thread scratch buffers of the CPU kernels (defined in ops/cpu/conv2d.cc).
+struct Conv2dScratch;
+
 // YAML: {conv2d: {out: K, kernel: k | [kh, kw], stride, pad, dilation,
 // groups, bias, in}}. Sample shapes: [C, H, W] -> [K, H', W'].
 class Conv2d : public Layer {
  public:
   Conv2d(const std::string& name, const Args& args);
+  ~Conv2d() override;
   const char* type() const override { return "conv2d"; }
 
   // [C, H, W] -> [K, H', W']; creates weight [K, C/groups, kh, kw] and bias [K].
@@ -73,6 +78,7 @@ class Conv2d : public Layer {
   Conv2dGeometry geom_;
   bool has_bias_ = true;
   int64_t in_arg_ = 0;  // the `in` parameter: 0 = infer from the input shape
+  std::unique_ptr<Conv2dScratch> scratch_;
 };
 
 }  // namespace cnnflow

@@ -1,5 +1,8 @@
 #include "ops/optimizer.h"
 
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -132,6 +135,27 @@ std::vector<std::string> Sgd::StateNames() const { return {"momentum_buffer"}; }
 
 namespace {
 
+// One range of the SGD update; the flags are template parameters so each
+// variant is a branch-free loop the compiler vectorises.
+template <typename T, bool kMomentum, bool kFirst, bool kNesterov>
+void SgdRange(T* __restrict p, const T* __restrict grad, T* __restrict buf, int64_t begin,
+              int64_t end, T wd, T mu, T one_minus_d, T neg_lr) {
+  for (int64_t k = begin; k < end; ++k) {
+    T g = grad[k] + wd * p[k];  // wd 0: exactly grad
+    if constexpr (kMomentum) {
+      T b;
+      if constexpr (kFirst) {
+        b = g;  // torch: buf = clone(grad) at the first step
+      } else {
+        b = buf[k] * mu + one_minus_d * g;
+      }
+      buf[k] = b;
+      g = kNesterov ? g + mu * b : b;
+    }
+    p[k] = p[k] + neg_lr * g;
+  }
+}
+
 template <typename T>
 void SgdUpdate(T* p, const T* grad, T* buf, bool first, int64_t n, const SgdOptions& o,
                double lr) {
@@ -139,22 +163,15 @@ void SgdUpdate(T* p, const T* grad, T* buf, bool first, int64_t n, const SgdOpti
   const T mu = static_cast<T>(o.momentum);
   const T one_minus_d = static_cast<T>(1 - o.dampening);
   const T neg_lr = static_cast<T>(-lr);
-  const bool has_wd = o.weight_decay != 0;
   const bool nesterov = o.nesterov;
   cpu::ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
+    auto run = [&](auto range) { range(p, grad, buf, begin, end, wd, mu, one_minus_d, neg_lr); };
     if (buf == nullptr) {
-      for (int64_t k = begin; k < end; ++k) {
-        T g = has_wd ? grad[k] + wd * p[k] : grad[k];
-        p[k] = p[k] + neg_lr * g;
-      }
-      return;
-    }
-    for (int64_t k = begin; k < end; ++k) {
-      T g = has_wd ? grad[k] + wd * p[k] : grad[k];
-      T b = first ? g : buf[k] * mu + one_minus_d * g;
-      buf[k] = b;
-      g = nesterov ? g + mu * b : b;
-      p[k] = p[k] + neg_lr * g;
+      run(SgdRange<T, false, false, false>);
+    } else if (first) {
+      nesterov ? run(SgdRange<T, true, true, true>) : run(SgdRange<T, true, true, false>);
+    } else {
+      nesterov ? run(SgdRange<T, true, false, true>) : run(SgdRange<T, true, false, false>);
     }
   });
 }
@@ -208,12 +225,63 @@ struct AdamScalars {
   double bc2_sqrt;      // sqrt(1 - beta2^t)
 };
 
+// x[i] = sqrt(x[i]). Intrinsics because GCC does not vectorise std::sqrt
+// unless -fno-math-errno is set; the vector instructions are correctly
+// rounded, so results equal the scalar sqrt.
+inline void SqrtInPlace(float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_sqrt_ps(_mm512_loadu_ps(x + i)));
+#elif defined(__AVX__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) x[i] = std::sqrt(x[i]);
+}
+
+inline void SqrtInPlace(double* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 8 <= n; i += 8) _mm512_storeu_pd(x + i, _mm512_sqrt_pd(_mm512_loadu_pd(x + i)));
+#elif defined(__AVX__)
+  for (; i + 4 <= n; i += 4) _mm256_storeu_pd(x + i, _mm256_sqrt_pd(_mm256_loadu_pd(x + i)));
+#endif
+  for (; i < n; ++i) x[i] = std::sqrt(x[i]);
+}
+
+// One range of the Adam update, in blocks: moments, then sqrt, then the
+// parameter, each a loop the compiler vectorises.
+template <typename T>
+void AdamRange(T* __restrict p, const T* __restrict grad, T* __restrict m, T* __restrict v,
+               int64_t begin, int64_t end, T decay, T l2, T one_minus_b1, T b2, T one_minus_b2,
+               T eps, T neg_step, T bc2_sqrt) {
+  constexpr int64_t kBlock = 512;
+  alignas(64) T root[kBlock];
+  for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
+    const int64_t len = std::min(kBlock, end - b0);
+    T* __restrict pb = p + b0;
+    const T* __restrict gb = grad + b0;
+    T* __restrict mb = m + b0;
+    T* __restrict vb = v + b0;
+    for (int64_t k = 0; k < len; ++k) {
+      const T pk = pb[k] * decay;      // AdamW: p *= 1 - lr * wd (decay is 1 for Adam)
+      const T g = gb[k] + l2 * pk;     // Adam: L2 on the grad (l2 is 0 for AdamW)
+      mb[k] = mb[k] + one_minus_b1 * (g - mb[k]);  // torch: exp_avg.lerp_(grad, 1 - beta1)
+      const T vk = vb[k] * b2 + one_minus_b2 * g * g;
+      vb[k] = vk;
+      root[k] = vk;
+    }
+    SqrtInPlace(root, len);
+    for (int64_t k = 0; k < len; ++k) {
+      const T denom = root[k] / bc2_sqrt + eps;
+      pb[k] = pb[k] * decay + neg_step * (mb[k] / denom);
+    }
+  }
+}
+
 template <typename T>
 void AdamUpdate(T* p, const T* grad, T* m, T* v, int64_t n, const AdamScalars& s) {
   const T decay = static_cast<T>(s.decay_factor);
-  const bool decoupled = s.decay_factor != 1;
   const T l2 = static_cast<T>(s.l2);
-  const bool has_l2 = s.l2 != 0;
   const T one_minus_b1 = static_cast<T>(1 - s.beta1);
   const T b2 = static_cast<T>(s.beta2);
   const T one_minus_b2 = static_cast<T>(1 - s.beta2);
@@ -221,16 +289,8 @@ void AdamUpdate(T* p, const T* grad, T* m, T* v, int64_t n, const AdamScalars& s
   const T neg_step = static_cast<T>(-s.step_size);
   const T bc2_sqrt = static_cast<T>(s.bc2_sqrt);
   cpu::ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      T pk = decoupled ? p[k] * decay : p[k];
-      T g = has_l2 ? grad[k] + l2 * pk : grad[k];
-      T mk = m[k] + one_minus_b1 * (g - m[k]);  // torch: exp_avg.lerp_(grad, 1 - beta1)
-      T vk = v[k] * b2 + one_minus_b2 * g * g;
-      m[k] = mk;
-      v[k] = vk;
-      T denom = std::sqrt(vk) / bc2_sqrt + eps;
-      p[k] = pk + neg_step * (mk / denom);
-    }
+    AdamRange<T>(p, grad, m, v, begin, end, decay, l2, one_minus_b1, b2, one_minus_b2, eps,
+                 neg_step, bc2_sqrt);
   });
 }
 

@@ -165,8 +165,9 @@ std::string ClosestMatch(const std::string& word, const std::vector<std::string>
       best = k;
     }
   }
-  // Close enough: at most a third of the word's letters wrong (min 1, max 3).
-  size_t limit = std::clamp<size_t>(word.size() / 3, 1, 3);
+  // Close enough: at most a third of the word's letters wrong (max 3); a
+  // word of one or two letters is too short to guess from.
+  const size_t limit = word.size() < 3 ? 0 : std::clamp<size_t>(word.size() / 3, 1, 3);
   return best_d <= limit ? best : "";
 }
 

@@ -58,21 +58,39 @@ void YamlDoc::Override(const std::string& assignment) {
   std::vector<std::string> parts;
   std::stringstream ss(key);
   for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
-  // Walk with explicit nodes: yaml-cpp's operator[] returns handles, and
-  // assigning through a chain of temporaries is the documented way.
+  // Walk down the tree; a number indexes a list (model.layers.0.name).
   std::vector<YAML::Node> chain{root_};
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    YAML::Node next = chain.back()[parts[i]];
-    if (!next.IsDefined() || next.IsNull()) {
-      chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
-      next = chain.back()[parts[i]];
-    } else if (!next.IsMap()) {
-      throw ConfigError(StrCat("--set ", assignment, ": '", parts[i], "' is not a mapping"));
+  auto child = [&](YAML::Node& parent, const std::string& part, bool create) -> YAML::Node {
+    if (parent.IsSequence()) {
+      char* end = nullptr;
+      const long i = std::strtol(part.c_str(), &end, 10);
+      if (part.empty() || *end != '\0' || i < 0 || static_cast<size_t>(i) >= parent.size()) {
+        throw ConfigError(StrCat("--set ", assignment, ": '", part, "' is not an index of the list (size ",
+                                 parent.size(), ")"));
+      }
+      return parent[static_cast<size_t>(i)];
     }
-    chain.push_back(next);
+    if (!parent.IsMap()) {
+      throw ConfigError(StrCat("--set ", assignment, ": cannot set '", part, "' inside a value"));
+    }
+    if (create && (!parent[part].IsDefined() || parent[part].IsNull())) {
+      parent[part] = YAML::Node(YAML::NodeType::Map);
+    }
+    return parent[part];
+  };
+  for (size_t i = 0; i + 1 < parts.size(); ++i) chain.push_back(child(chain.back(), parts[i], true));
+  YAML::Node& parent = chain.back();
+  if (parent.IsSequence()) {
+    YAML::Node target = child(parent, parts.back(), false);
+    parent[static_cast<size_t>(std::stol(parts.back()))] = value;
+  } else if (parent.IsMap()) {
+    parent[parts.back()] = value;
+  } else {
+    throw ConfigError(StrCat("--set ", assignment, ": cannot set '", parts.back(), "' inside a value"));
   }
-  chain.back()[parts.back()] = value;
-  overrides_.push_back({chain.back()[parts.back()], "--set " + assignment});
+  YAML::Node set = parent.IsSequence() ? parent[static_cast<size_t>(std::stol(parts.back()))]
+                                       : parent[parts.back()];
+  overrides_.push_back({set, "--set " + assignment});
 }
 
 std::string YamlDoc::Where(const YAML::Node& node) const {
@@ -195,6 +213,7 @@ ParamValue YamlDoc::Value(const YAML::Node& node, const ParamSpec& spec,
     }
   }
   wrong();
+  return {};  // not reached: wrong() throws
 }
 
 Args YamlDoc::CheckArgs(const YAML::Node& map, const Schema& schema,

@@ -25,7 +25,7 @@ class EvalStepStage final : public Stage {
             return m;
           });
         });
-    return {node_.get(), node_.get()};
+    return PortsOf(*node_);
   }
 
  private:

@@ -29,7 +29,7 @@ class MetricsStage final : public Stage {
             return m;
           });
         });
-    return {node_.get(), node_.get()};
+    return PortsOf(*node_);
   }
 
  private:

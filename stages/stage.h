@@ -49,6 +49,15 @@ struct StagePorts {
   std::function<void()> activate;  // sources: start producing
 };
 
+// The ports of a stage that is one node, both receiver and sender.
+template <typename Node>
+StagePorts PortsOf(Node& node) {
+  StagePorts p;
+  p.input = &node;
+  p.output = &node;
+  return p;
+}
+
 class Stage {
  public:
   explicit Stage(StageInfo info) : info_(std::move(info)) {}

@@ -23,7 +23,7 @@ class TrainStepStage final : public Stage {
             return m;
           });
         });
-    return {node_.get(), node_.get()};
+    return PortsOf(*node_);
   }
 
  private:

@@ -16,6 +16,9 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
+
+#include <tbb/enumerable_thread_specific.h>
 
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/parallel.h"
@@ -39,82 +42,114 @@ void ValidRange(int64_t offset, int64_t stride, int64_t w, int64_t out_w, int64_
   *hi = std::clamp(h, l, out_w);
 }
 
-// Stride 1 with "same" width (H'... W' == W): output position p = oh * W + ow
-// of tap (i, j) reads input p + shift, shift = ih0 * W + iw0, so a col row
-// is one contiguous span of the input plane plus zeroed border columns.
+// For stride 1 with W' == W ("same" width), output position p = oh * W + ow
+// of tap (i, j) reads input p + shift, shift = ih0 * W + iw0: a col row is
+// one contiguous span of the input plane, except for the border columns
+// (ow + iw0 outside [0, W)), where the span holds wrapped values of the
+// neighbouring input row that must be zeroed.
 bool IsShiftable(const Conv2dGeometry& g) {
   return g.stride_h == 1 && g.stride_w == 1 && g.out_w == g.in_w;
 }
 
-// For a tap at offsets (ih0, iw0): valid output rows [oh_lo, oh_hi), valid
-// output columns [lo, hi) and the valid span [p0, p1) of the contiguous
-// form (shiftable geometries only).
+// One tap's valid span [p0, p1) of a shiftable geometry (outside it the
+// col row is always zero), and its offset into the input plane.
 struct TapSpan {
-  int64_t oh_lo, oh_hi, lo, hi, p0, p1, shift;
+  int64_t p0, p1, shift;
 };
-TapSpan ShiftSpan(const Conv2dGeometry& g, int64_t ih0, int64_t iw0) {
-  TapSpan t;
-  t.oh_lo = std::clamp<int64_t>(-ih0, 0, g.out_h);
-  t.oh_hi = std::clamp<int64_t>(g.in_h - ih0, t.oh_lo, g.out_h);
-  ValidRange(iw0, 1, g.in_w, g.out_w, &t.lo, &t.hi);
-  t.shift = ih0 * g.in_w + iw0;
-  t.p0 = std::max(t.oh_lo * g.out_w, -t.shift);
-  t.p1 = std::max(t.p0, std::min(t.oh_hi * g.out_w, g.in_plane() - t.shift));
-  return t;
-}
 
-// Zeroes the out-of-range border columns of a col row's valid rows.
-template <typename T>
-void ZeroBorderColumns(const Conv2dGeometry& g, const TapSpan& t, T* row) {
-  if (t.lo == 0 && t.hi == g.out_w) return;
-  for (int64_t oh = t.oh_lo; oh < t.oh_hi; ++oh) {
-    T* r = row + oh * g.out_w;
-    for (int64_t ow = 0; ow < t.lo; ++ow) r[ow] = T(0);
-    for (int64_t ow = t.hi; ow < g.out_w; ++ow) r[ow] = T(0);
+}  // namespace
+
+// The CPU kernels' state of one layer: what Build precomputes from the
+// geometry, and per-thread scratch kept for the layer's life.
+struct Conv2dScratch {
+  explicit Conv2dScratch(const Conv2dGeometry& g);
+
+  bool shiftable = false;
+  std::vector<TapSpan> taps;          // shiftable: per tap (i * kw + j)
+  std::vector<int32_t> border;        // shiftable: per tap, its border positions p in [p0, p1)
+  std::vector<size_t> border_begin;   // tap t's positions: [border_begin[t], border_begin[t + 1])
+  int64_t centre = -1;                // a tap whose span is the whole plane (shift 0), or -1
+  // Per thread: the im2col matrix of one sample [R, P]. Zeroed once: the
+  // padding cells are the same for every sample, so Im2Col only rewrites
+  // the entries that depend on x. dcol receives W^T dY before col2im.
+  tbb::enumerable_thread_specific<Tensor> col, dcol;
+};
+
+Conv2dScratch::Conv2dScratch(const Conv2dGeometry& g) : shiftable(IsShiftable(g)) {
+  if (!shiftable) return;
+  border_begin.push_back(0);
+  for (int64_t i = 0; i < g.kernel_h; ++i) {
+    const int64_t ih0 = i * g.dilation_h - g.pad_h;
+    const int64_t oh_lo = std::clamp<int64_t>(-ih0, 0, g.out_h);
+    const int64_t oh_hi = std::clamp<int64_t>(g.in_h - ih0, oh_lo, g.out_h);
+    for (int64_t j = 0; j < g.kernel_w; ++j) {
+      const int64_t iw0 = j * g.dilation_w - g.pad_w;
+      TapSpan t;
+      t.shift = ih0 * g.in_w + iw0;
+      t.p0 = std::max(oh_lo * g.out_w, -t.shift);
+      t.p1 = std::max(t.p0, std::min(oh_hi * g.out_w, g.in_plane() - t.shift));
+      for (int64_t p = t.p0; p < t.p1; ++p) {
+        const int64_t iw = p % g.out_w + iw0;
+        if (iw < 0 || iw >= g.in_w) border.push_back(static_cast<int32_t>(p));
+      }
+      border_begin.push_back(border.size());
+      if (t.shift == 0 && t.p0 == 0 && t.p1 == g.out_plane() && g.out_h == g.in_h) {
+        centre = static_cast<int64_t>(taps.size());
+      }
+      taps.push_back(t);
+    }
   }
 }
 
-// x: one group of one sample [C/groups, H, W] -> col rows
-// ((c * kh + i) * kw + j) of H'*W' entries each, row stride `ld`. The
-// padding cells are the same for every sample: with `zeroed` they are
-// taken as already zero (col is reused across samples), so only the
-// entries that depend on x are written.
+namespace {
+
 template <typename T>
-void Im2Col(const Conv2dGeometry& g, const T* x, T* col, int64_t ld, bool zeroed) {
-  const int64_t ow_n = g.out_w, oh_n = g.out_h, plane = g.out_plane();
-  const bool shiftable = IsShiftable(g);
+T* ScratchBuffer(tbb::enumerable_thread_specific<Tensor>& ets, int64_t size, bool zeroed) {
+  Tensor& t = ets.local();
+  if (!t.defined() || t.dtype() != DTypeOf<T>() || t.numel() != size) {
+    t = zeroed ? Tensor::Zeros({size}, DTypeOf<T>()) : Tensor::Empty({size}, DTypeOf<T>());
+  }
+  return t.data<T>();
+}
+
+// x: one group of one sample [C/groups, H, W] -> col rows
+// ((c * kh + i) * kw + j) of H'*W' entries each. col must be a scratch
+// buffer that only this function has written for this geometry (or zeros):
+// the padding cells are left as they are.
+template <typename T>
+void Im2Col(const Conv2dGeometry& g, const Conv2dScratch& plan, const T* x, T* col) {
+  const int64_t ow_n = g.out_w, oh_n = g.out_h, ld = g.out_plane();
+  const int64_t taps = g.kernel_h * g.kernel_w;
   for (int64_t c = 0; c < g.in_per_group(); ++c) {
     const T* xc = x + c * g.in_plane();
+    if (plan.shiftable) {
+      for (int64_t k = 0; k < taps; ++k) {
+        const TapSpan& t = plan.taps[k];
+        T* row = col + (c * taps + k) * ld;
+        std::copy(xc + t.p0 + t.shift, xc + t.p1 + t.shift, row + t.p0);
+        const int32_t* bp = plan.border.data() + plan.border_begin[k];
+        const int32_t* be = plan.border.data() + plan.border_begin[k + 1];
+        for (; bp != be; ++bp) row[*bp] = T(0);
+      }
+      continue;
+    }
     for (int64_t i = 0; i < g.kernel_h; ++i) {
       const int64_t ih0 = i * g.dilation_h - g.pad_h;
       for (int64_t j = 0; j < g.kernel_w; ++j) {
-        T* row = col + ((c * g.kernel_h + i) * g.kernel_w + j) * ld;
+        T* row = col + (c * taps + i * g.kernel_w + j) * ld;
         const int64_t iw0 = j * g.dilation_w - g.pad_w;
-        if (shiftable) {
-          const TapSpan t = ShiftSpan(g, ih0, iw0);
-          if (!zeroed) std::fill(row, row + t.p0, T(0));
-          std::copy(xc + t.p0 + t.shift, xc + t.p1 + t.shift, row + t.p0);
-          if (!zeroed) std::fill(row + t.p1, row + plane, T(0));
-          ZeroBorderColumns(g, t, row);  // the span copy wrote wrapped values there
-          continue;
-        }
         int64_t lo, hi;
         ValidRange(iw0, g.stride_w, g.in_w, ow_n, &lo, &hi);
         for (int64_t oh = 0; oh < oh_n; ++oh) {
-          T* out = row + oh * ow_n;
           const int64_t ih = oh * g.stride_h + ih0;
-          if (ih < 0 || ih >= g.in_h) {
-            if (!zeroed) std::fill(out, out + ow_n, T(0));
-            continue;
-          }
+          if (ih < 0 || ih >= g.in_h) continue;
           const T* in = xc + ih * g.in_w + iw0;
-          if (!zeroed) std::fill(out, out + lo, T(0));
+          T* out = row + oh * ow_n;
           if (g.stride_w == 1) {
             std::copy(in + lo, in + hi, out + lo);
           } else {
             for (int64_t ow = lo; ow < hi; ++ow) out[ow] = in[ow * g.stride_w];
           }
-          if (!zeroed) std::fill(out + hi, out + ow_n, T(0));
         }
       }
     }
@@ -123,41 +158,40 @@ void Im2Col(const Conv2dGeometry& g, const T* x, T* col, int64_t ld, bool zeroed
 
 // The adjoint of Im2Col: dx [C/groups, H, W] (overwritten) = the sum of
 // col's rows (layout as above) at their input positions. col is scratch:
-// its border columns may be zeroed on the way.
+// its border cells may be zeroed on the way.
 template <typename T>
-void Col2Im(const Conv2dGeometry& g, T* col, int64_t ld, T* dx) {
-  const int64_t ow_n = g.out_w, oh_n = g.out_h;
-  const bool shiftable = IsShiftable(g);
-  // With "same" padding the centre tap covers the whole plane: copying it
-  // first saves zeroing dx.
-  int64_t ic = -1, jc = -1;
-  if (shiftable && g.out_h == g.in_h && g.pad_h % g.dilation_h == 0 &&
-      g.pad_w % g.dilation_w == 0) {
-    ic = g.pad_h / g.dilation_h;
-    jc = g.pad_w / g.dilation_w;
-  }
+void Col2Im(const Conv2dGeometry& g, const Conv2dScratch& plan, T* col, T* dx) {
+  const int64_t ow_n = g.out_w, oh_n = g.out_h, ld = g.out_plane();
+  const int64_t taps = g.kernel_h * g.kernel_w;
   for (int64_t c = 0; c < g.in_per_group(); ++c) {
     T* dxc = dx + c * g.in_plane();
-    if (ic >= 0) {
-      const T* centre = col + ((c * g.kernel_h + ic) * g.kernel_w + jc) * ld;
-      std::copy(centre, centre + g.in_plane(), dxc);
+    T* col_c = col + c * taps * ld;
+    // With "same" padding the centre tap covers the whole plane: copying it
+    // first saves zeroing dx.
+    if (plan.centre >= 0) {
+      std::copy(col_c + plan.centre * ld, col_c + (plan.centre + 1) * ld, dxc);
     } else {
       std::fill_n(dxc, g.in_plane(), T(0));
+    }
+    if (plan.shiftable) {
+      for (int64_t k = 0; k < taps; ++k) {
+        if (k == plan.centre) continue;
+        const TapSpan& t = plan.taps[k];
+        T* row = col_c + k * ld;
+        // Zeroed border cells make the whole span one contiguous add.
+        const int32_t* bp = plan.border.data() + plan.border_begin[k];
+        const int32_t* be = plan.border.data() + plan.border_begin[k + 1];
+        for (; bp != be; ++bp) row[*bp] = T(0);
+        T* out = dxc + t.shift;
+        for (int64_t p = t.p0; p < t.p1; ++p) out[p] += row[p];
+      }
+      continue;
     }
     for (int64_t i = 0; i < g.kernel_h; ++i) {
       const int64_t ih0 = i * g.dilation_h - g.pad_h;
       for (int64_t j = 0; j < g.kernel_w; ++j) {
-        if (i == ic && j == jc) continue;
-        T* row = col + ((c * g.kernel_h + i) * g.kernel_w + j) * ld;
+        const T* row = col_c + (i * g.kernel_w + j) * ld;
         const int64_t iw0 = j * g.dilation_w - g.pad_w;
-        if (shiftable) {
-          // Zeroed border columns make the whole span one contiguous add.
-          const TapSpan t = ShiftSpan(g, ih0, iw0);
-          ZeroBorderColumns(g, t, row);
-          T* out = dxc + t.shift;
-          for (int64_t p = t.p0; p < t.p1; ++p) out[p] += row[p];
-          continue;
-        }
         int64_t lo, hi;
         ValidRange(iw0, g.stride_w, g.in_w, ow_n, &lo, &hi);
         for (int64_t oh = 0; oh < oh_n; ++oh) {
@@ -194,21 +228,19 @@ T RowSum(const T* p, int64_t n) {
 
 // x [n, C, H, W], w [K, C/groups, kh, kw], bias [K] or null -> y [n, K, H', W'].
 template <typename T>
-void ConvForward(const Conv2dGeometry& g, const T* x, const T* w, const T* bias, T* y,
-                 int64_t n) {
+void ConvForward(const Conv2dGeometry& g, const T* x, const T* w, const T* bias, T* y, int64_t n,
+                 Conv2dScratch& scratch) {
   const int64_t cols = g.out_plane(), rows = g.col_rows(), kg = g.out_per_group();
   const int64_t in_group = g.in_per_group() * g.in_plane();
   const bool pointwise = g.is_pointwise();
   cpu::ForChunks(n, BatchChunks(n), [&](int64_t, int64_t begin, int64_t end) {
-    // Zeroed once: Im2Col then only rewrites the entries that depend on x.
-    Tensor col_t;
-    if (!pointwise) col_t = Tensor::Zeros({rows * cols}, DTypeOf<T>());
+    T* col = pointwise ? nullptr : ScratchBuffer<T>(scratch.col, rows * cols, true);
     for (int64_t s = begin; s < end; ++s) {
       for (int64_t grp = 0; grp < g.groups; ++grp) {
         const T* src = x + (s * g.groups + grp) * in_group;
         if (!pointwise) {
-          Im2Col(g, src, col_t.data<T>(), cols, /*zeroed=*/true);
-          src = col_t.data<T>();
+          Im2Col(g, scratch, src, col);
+          src = col;
         }
         T* yg = y + (s * g.groups + grp) * kg * cols;
         if (bias != nullptr) {
@@ -226,7 +258,7 @@ void ConvForward(const Conv2dGeometry& g, const T* x, const T* w, const T* bias,
 // db [K] (added into; db null: no bias).
 template <typename T>
 void ConvBackward(const Conv2dGeometry& g, const T* x, const T* w, const T* dy, T* dx, T* dw,
-                  T* db, int64_t n) {
+                  T* db, int64_t n, Conv2dScratch& scratch) {
   const int64_t cols = g.out_plane(), rows = g.col_rows(), kg = g.out_per_group();
   const int64_t in_group = g.in_per_group() * g.in_plane();
   const bool pointwise = g.is_pointwise();
@@ -239,16 +271,11 @@ void ConvBackward(const Conv2dGeometry& g, const T* x, const T* w, const T* dy, 
   cpu::ForChunks(n, chunks, [&](int64_t chunk, int64_t begin, int64_t end) {
     T* pdw = partial + chunk * part_size;
     T* pdb = pdw + dw_size;
-    Tensor col_t, dcol_t;
     T* col = nullptr;
     T* dcol = nullptr;
     if (!pointwise) {
-      col_t = Tensor::Zeros({rows * cols}, DTypeOf<T>());  // see ConvForward
-      col = col_t.data<T>();
-      if (dx != nullptr) {
-        dcol_t = Tensor::Empty({rows * cols}, DTypeOf<T>());
-        dcol = dcol_t.data<T>();
-      }
+      col = ScratchBuffer<T>(scratch.col, rows * cols, true);
+      if (dx != nullptr) dcol = ScratchBuffer<T>(scratch.dcol, rows * cols, false);
     }
     for (int64_t s = begin; s < end; ++s) {
       for (int64_t grp = 0; grp < g.groups; ++grp) {
@@ -258,7 +285,7 @@ void ConvBackward(const Conv2dGeometry& g, const T* x, const T* w, const T* dy, 
         T* dxg = dx != nullptr ? dx + (s * g.groups + grp) * in_group : nullptr;
         const T* src = xg;
         if (!pointwise) {
-          Im2Col(g, xg, col, cols, /*zeroed=*/true);
+          Im2Col(g, scratch, xg, col);
           src = col;
         }
         cpu::Gemm<T>(false, true, kg, rows, cols, T(1), dyg, cols, src, cols, T(1),
@@ -269,7 +296,7 @@ void ConvBackward(const Conv2dGeometry& g, const T* x, const T* w, const T* dy, 
           continue;
         }
         cpu::Gemm<T>(true, false, rows, cols, kg, T(1), wg, rows, dyg, cols, T(0), dcol, cols);
-        Col2Im(g, dcol, cols, dxg);
+        Col2Im(g, scratch, dcol, dxg);
       }
       if (db != nullptr) {
         const T* dys = dy + s * g.out_channels * cols;
@@ -321,6 +348,8 @@ Conv2d::Conv2d(const std::string& name, const Args& args) : Layer(name) {
   if (in_arg_ < 0) throw ConfigError(StrCat("conv2d: 'in' must be >= 0, got ", in_arg_));
 }
 
+Conv2d::~Conv2d() = default;
+
 Shape Conv2d::Build(const std::vector<Shape>& inputs, DType dtype) {
   if (inputs.size() != 1 || inputs[0].rank() != 3) {
     throw ShapeError(StrCat("conv2d expects one [C, H, W] input, got ",
@@ -352,6 +381,7 @@ Shape Conv2d::Build(const std::vector<Shape>& inputs, DType dtype) {
                             " padded by ", g.pad_h, "x", g.pad_w, " is smaller than the ",
                             eff_kh, "x", eff_kw, " (dilated) kernel"));
   }
+  scratch_ = std::make_unique<Conv2dScratch>(g);
   AddParameter("weight", {g.out_channels, g.in_per_group(), g.kernel_h, g.kernel_w}, dtype);
   if (has_bias_) AddParameter("bias", {g.out_channels}, dtype);
   return {g.out_channels, g.out_h, g.out_w};
@@ -367,18 +397,21 @@ void Conv2d::ResetParameters(Rng& rng) {
 
 void Conv2d::Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) {
   const Tensor& in = *x[0];
+  CNNFLOW_ENFORCE(scratch_ != nullptr, "conv2d: Forward before Build");
   CNNFLOW_ENFORCE(in.is_contiguous() && y.is_contiguous(), "conv2d needs contiguous tensors");
   const int64_t n = in.dim(0);
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* bias = has_bias_ ? parameters()[1].value.data<T>() : nullptr;
-    ConvForward<T>(geom_, in.data<T>(), parameters()[0].value.data<T>(), bias, y.data<T>(), n);
+    ConvForward<T>(geom_, in.data<T>(), parameters()[0].value.data<T>(), bias, y.data<T>(), n,
+                   *scratch_);
   });
 }
 
 void Conv2d::Backward(const std::vector<const Tensor*>& x, const Tensor&, const Tensor& dy,
                       const std::vector<Tensor*>& dx) {
   const Tensor& in = *x[0];
+  CNNFLOW_ENFORCE(scratch_ != nullptr, "conv2d: Backward before Build");
   CNNFLOW_ENFORCE(in.is_contiguous() && dy.is_contiguous(), "conv2d needs contiguous tensors");
   const int64_t n = in.dim(0);
   DispatchFloat(in.dtype(), [&](auto* tag) {
@@ -386,7 +419,7 @@ void Conv2d::Backward(const std::vector<const Tensor*>& x, const Tensor&, const 
     T* dxp = dx.empty() || dx[0] == nullptr ? nullptr : dx[0]->data<T>();
     T* db = has_bias_ ? parameters()[1].grad.data<T>() : nullptr;
     ConvBackward<T>(geom_, in.data<T>(), parameters()[0].value.data<T>(), dy.data<T>(), dxp,
-                    parameters()[0].grad.data<T>(), db, n);
+                    parameters()[0].grad.data<T>(), db, n, *scratch_);
   });
 }
 

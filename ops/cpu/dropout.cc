@@ -21,6 +21,20 @@ uint64_t HashName(const std::string& s) {
   return h;
 }
 
+// y[i] = x[i] * m[i], m[i] = scale if draw i is kept else 0, for i in [b, e).
+// A function of plain values (no captured references that the stores might
+// alias), so the loop vectorises.
+template <typename T>
+void DropoutKernel(const T* x, T* m, T* y, int64_t b, int64_t e,
+                   uint64_t key, uint64_t threshold, T scale) {
+  for (int64_t i = b; i < e; ++i) {
+    const uint64_t bits = Mix64(key ^ Mix64(static_cast<uint64_t>(i))) >> 11;
+    const T mi = bits >= threshold ? scale : T(0);
+    m[i] = mi;
+    y[i] = x[i] * mi;
+  }
+}
+
 }  // namespace
 
 uint64_t DropoutLayer::MaskKey(const ForwardContext& ctx, const std::string& layer_name) {
@@ -65,15 +79,8 @@ void DropoutLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     T* m = mask_.data<T>();
     T* ys = y.data<T>();
     // Element i's draw depends on i alone, so any split gives the same mask.
-    // Captured by value: by reference the stores to m and y might alias
-    // them, which blocks vectorisation.
-    cpu::ParallelFor(in.numel(), kGrain, [=](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const uint64_t bits = Mix64(key ^ Mix64(static_cast<uint64_t>(i))) >> 11;
-        const T mi = bits >= threshold ? scale : T(0);
-        m[i] = mi;
-        ys[i] = xs[i] * mi;
-      }
+    cpu::ParallelFor(in.numel(), kGrain, [&](int64_t b, int64_t e) {
+      DropoutKernel<T>(xs, m, ys, b, e, key, threshold, scale);
     });
   });
 }

@@ -10,15 +10,41 @@ namespace cnnflow {
 
 namespace {
 
-// Work per parallel chunk of a GEMM, in multiply-adds: smaller chunks cost
-// more in OpenBLAS's repacking of the shared operand than they gain.
-constexpr int64_t kMinMacsPerChunk = int64_t{1} << 19;
+// Work per parallel chunk of a GEMM, in multiply-adds (~200 us for
+// OpenBLAS's AVX-512 sgemm): every chunk repacks the operand the chunks
+// share, so small chunks cost more than the parallelism gains.
+constexpr int64_t kMinMacsPerChunk = int64_t{8} << 20;
+// Chunk boundaries fall on multiples of this many rows/columns (a SIMD
+// register of floats: the kernels' tiles stay whole).
+constexpr int64_t kSplitAlign = 16;
 
-// Chunks for splitting `rows` rows of `macs_per_row` multiply-adds each.
-// Depends only on the sizes, so results never depend on the thread count.
-int64_t GemmChunks(int64_t rows, int64_t macs_per_row) {
-  const int64_t min_rows = std::max<int64_t>(1, kMinMacsPerChunk / std::max<int64_t>(macs_per_row, 1));
-  return cpu::NumChunks(rows, min_rows);
+// C[M, N] = alpha * op(A) op(B) + beta * C, split into independent GEMMs
+// along M or N, whichever is larger: the chunks then share (and each
+// repack) the smaller operand. Each element of C is computed by exactly
+// one chunk, and the split depends only on the sizes, so the result is the
+// same for any thread count. Measured on Fashion-MNIST's 3136 -> 128
+// layer: splitting the batch rows cost 1.4x the unsplit GEMM for 2 chunks
+// and 5x for 16 (each chunk repacks all of W); the larger dimension, 1.0-1.3x.
+template <typename T>
+void ParallelGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
+                  const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const bool split_m = m >= n;
+  const int64_t len = split_m ? m : n;
+  const int64_t blocks = (len + kSplitAlign - 1) / kSplitAlign;
+  // A power of two, so 2 or 4 threads get equal shares.
+  int64_t chunks = std::clamp<int64_t>(m * n * k / kMinMacsPerChunk, 1,
+                                       std::min(blocks, cpu::kMaxChunks));
+  while (chunks & (chunks - 1)) chunks &= chunks - 1;
+  cpu::ForChunks(blocks, chunks, [&](int64_t, int64_t b0, int64_t b1) {
+    const int64_t i0 = b0 * kSplitAlign, i1 = std::min(len, b1 * kSplitAlign);
+    if (split_m) {  // rows [i0, i1) of op(A) and C
+      cpu::Gemm<T>(trans_a, trans_b, i1 - i0, n, k, alpha, trans_a ? a + i0 * lda : a + i0 * lda, lda,
+                   b, ldb, beta, c + i0 * ldc, ldc);
+    } else {  // columns [i0, i1) of op(B) and C
+      cpu::Gemm<T>(trans_a, trans_b, m, i1 - i0, k, alpha, a, lda,
+                   trans_b ? b + i0 * ldb : b + i0, ldb, beta, c + i0, ldc);
+    }
+  });
 }
 
 }  // namespace
@@ -63,18 +89,14 @@ void LinearLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xs = in.data<T>();
     const T* w = parameters()[0].value.data<T>();
-    const T* b = has_bias_ ? parameters()[1].value.data<T>() : nullptr;
     T* ys = y.data<T>();
-    const int64_t in_f = in_, out_f = out_;
-    // Rows of the batch are independent: each chunk is one GEMM.
-    cpu::ForChunks(n, GemmChunks(n, in_f * out_f), [&](int64_t, int64_t r0, int64_t r1) {
-      T* yr = ys + r0 * out_f;
-      if (b != nullptr) {
-        for (int64_t r = r0; r < r1; ++r) std::copy(b, b + out_f, ys + r * out_f);
-      }
-      cpu::Gemm<T>(false, true, r1 - r0, out_f, in_f, T(1), xs + r0 * in_f, in_f, w, in_f,
-                   b != nullptr ? T(1) : T(0), yr, out_f);
-    });
+    // Y[N, out] = b (broadcast), then Y += X[N, F] W^T.
+    if (has_bias_) {
+      const T* b = parameters()[1].value.data<T>();
+      for (int64_t r = 0; r < n; ++r) std::copy(b, b + out_, ys + r * out_);
+    }
+    ParallelGemm<T>(false, true, n, out_, in_, T(1), xs, in_, w, in_, has_bias_ ? T(1) : T(0), ys,
+                    out_);
   });
 }
 
@@ -90,28 +112,20 @@ void LinearLayer::Backward(const std::vector<const Tensor*>& x, const Tensor& /*
     Parameter& wp = parameters()[0];
     const T* w = wp.value.data<T>();
     T* dw = wp.grad.data<T>();
-    const int64_t in_f = in_, out_f = out_;
-
-    // dX[N, F] = dY[N, out] W[out, F], split over batch rows.
+    // dX[N, F] = dY[N, out] W[out, F].
     if (dx[0] != nullptr) {
-      T* dxs = dx[0]->data<T>();
-      cpu::ForChunks(n, GemmChunks(n, in_f * out_f), [&](int64_t, int64_t r0, int64_t r1) {
-        cpu::Gemm<T>(false, false, r1 - r0, in_f, out_f, T(1), g + r0 * out_f, out_f, w, in_f,
-                     T(0), dxs + r0 * in_f, in_f);
-      });
+      ParallelGemm<T>(false, false, n, in_, out_, T(1), g, out_, w, in_, T(0), dx[0]->data<T>(),
+                      in_);
     }
-    // dW[out, F] += dY^T[out, N] X[N, F], split over output rows: each
-    // element is summed over the batch by one GEMM, so no cross-chunk sums.
-    cpu::ForChunks(out_f, GemmChunks(out_f, in_f * n), [&](int64_t, int64_t o0, int64_t o1) {
-      cpu::Gemm<T>(true, false, o1 - o0, in_f, n, T(1), g + o0, out_f, xs, in_f, T(1),
-                   dw + o0 * in_f, in_f);
-    });
+    // dW[out, F] += dY^T[out, N] X[N, F]: each element's sum over the batch
+    // is inside one GEMM call, never split across chunks.
+    ParallelGemm<T>(true, false, out_, in_, n, T(1), g, out_, xs, in_, T(1), dw, in_);
     // db[out] += sum over rows of dY: the batch in order, vectorised over out.
     if (has_bias_) {
       T* db = parameters()[1].grad.data<T>();
       for (int64_t r = 0; r < n; ++r) {
-        const T* gr = g + r * out_f;
-        for (int64_t o = 0; o < out_f; ++o) db[o] += gr[o];
+        const T* gr = g + r * out_;
+        for (int64_t o = 0; o < out_; ++o) db[o] += gr[o];
       }
     }
   });

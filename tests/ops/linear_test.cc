@@ -82,38 +82,47 @@ TEST(Linear, GradientCheck) {
   }
 }
 
-// Shapes big enough that forward, dX and dW are split into chunks.
-TEST(Linear, ChunkedBackwardMatchesNaive) {
-  const int64_t n = 37, f = 2000, out = 300;
-  auto layer = MakeLayer("linear", LinearArgs(out), {Shape{f}});
-  Tensor x = RandomTensor({n, f}, 5);
-  Tensor dy = RandomTensor({n, out}, 6);
-  Tensor y = RunForward(*layer, {x}, {n, out}, {});
-  const Tensor& w = layer->parameters()[0].value;
-  ExpectNear(y, NaiveLinear(x, w, &layer->parameters()[1].value), 1e-10);
+// Shapes big enough that the GEMMs are split into chunks, along the batch
+// rows, the output features or the input features.
+TEST(Linear, ChunkedForwardBackwardMatchNaive) {
+  struct Case {
+    int64_t n, f, out;
+  };
+  for (const Case& c : {Case{37, 2000, 300}, Case{520, 64, 600}, Case{520, 600, 64}}) {
+    SCOPED_TRACE(StrCat(c.n, "x", c.f, "->", c.out));
+    const int64_t n = c.n, f = c.f, out = c.out;
+    auto layer = MakeLayer("linear", LinearArgs(out), {Shape{f}});
+    Tensor x = RandomTensor({n, f}, 5);
+    Tensor dy = RandomTensor({n, out}, 6);
+    Tensor y = RunForward(*layer, {x}, {n, out}, {});
+    ExpectNear(y, NaiveLinear(x, layer->parameters()[0].value, &layer->parameters()[1].value),
+               1e-10);
 
-  Tensor dx = Tensor::Empty({n, f}, DType::kF64);
-  layer->Backward({&x}, y, dy, {&dx});
-  for (int64_t i = 0; i < n; i += 6) {
-    for (int64_t k = 0; k < f; k += 37) {
-      double s = 0;
-      for (int64_t o = 0; o < out; ++o) s += dy.At(i * out + o) * w.At(o * f + k);
-      ASSERT_NEAR(dx.At(i * f + k), s, 1e-10) << i << "," << k;
+    Tensor dx = Tensor::Empty({n, f}, DType::kF64);
+    layer->Backward({&x}, y, dy, {&dx});
+    const double* xs = x.data<double>();
+    const double* g = dy.data<double>();
+    const double* w = layer->parameters()[0].value.data<double>();
+    const double* dxs = dx.data<double>();
+    const double* dw = layer->parameters()[0].grad.data<double>();
+    const double* db = layer->parameters()[1].grad.data<double>();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t k = 0; k < f; ++k) {
+        double s = 0;
+        for (int64_t o = 0; o < out; ++o) s += g[i * out + o] * w[o * f + k];
+        ASSERT_NEAR(dxs[i * f + k], s, 1e-10) << "dx " << i << "," << k;
+      }
     }
-  }
-  const Tensor& dw = layer->parameters()[0].grad;
-  for (int64_t o = 0; o < out; o += 13) {
-    for (int64_t k = 0; k < f; k += 41) {
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t k = 0; k < f; ++k) {
+        double s = 0;
+        for (int64_t i = 0; i < n; ++i) s += g[i * out + o] * xs[i * f + k];
+        ASSERT_NEAR(dw[o * f + k], s, 1e-10) << "dw " << o << "," << k;
+      }
       double s = 0;
-      for (int64_t i = 0; i < n; ++i) s += dy.At(i * out + o) * x.At(i * f + k);
-      ASSERT_NEAR(dw.At(o * f + k), s, 1e-10) << o << "," << k;
+      for (int64_t i = 0; i < n; ++i) s += g[i * out + o];
+      ASSERT_NEAR(db[o], s, 1e-10) << "db " << o;
     }
-  }
-  const Tensor& db = layer->parameters()[1].grad;
-  for (int64_t o = 0; o < out; ++o) {
-    double s = 0;
-    for (int64_t i = 0; i < n; ++i) s += dy.At(i * out + o);
-    ASSERT_NEAR(db.At(o), s, 1e-10);
   }
 }
 

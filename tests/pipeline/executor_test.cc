@@ -53,7 +53,7 @@ class RecordStage final : public Stage {
           g_seen.push_back(m->index);
           return m;
         });
-    return {node_.get(), node_.get()};
+    return PortsOf(*node_);
   }
 
  private:
@@ -75,7 +75,7 @@ class ThrowStage final : public Stage {
             return m;
           });
         });
-    return {node_.get(), node_.get()};
+    return PortsOf(*node_);
   }
 
  private:
@@ -197,7 +197,7 @@ TEST(GraphSpec, RejectsUnknownNodeInEdgeAndCycles) {
           "  edges: [a -> c]\n");
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("test_graph.yaml:5:12: graph 'train' edges: unknown node 'c'"),
+    EXPECT_NE(std::string(e.what()).find("test_graph.yaml:5:11: graph 'train' edges: unknown node 'c'"),
               std::string::npos)
         << e.what();
   }
