@@ -231,7 +231,11 @@ struct AdamScalars {
 inline void SqrtInPlace(float* x, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_sqrt_ps(_mm512_loadu_ps(x + i)));
+  // The masked form: _mm512_sqrt_ps trips GCC 12's -Wmaybe-uninitialized.
+  for (; i + 16 <= n; i += 16) {
+    const __m512 a = _mm512_loadu_ps(x + i);
+    _mm512_storeu_ps(x + i, _mm512_mask_sqrt_ps(a, static_cast<__mmask16>(0xFFFF), a));
+  }
 #elif defined(__AVX__)
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
 #endif
@@ -241,7 +245,10 @@ inline void SqrtInPlace(float* x, int64_t n) {
 inline void SqrtInPlace(double* x, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX512F__)
-  for (; i + 8 <= n; i += 8) _mm512_storeu_pd(x + i, _mm512_sqrt_pd(_mm512_loadu_pd(x + i)));
+  for (; i + 8 <= n; i += 8) {
+    const __m512d a = _mm512_loadu_pd(x + i);
+    _mm512_storeu_pd(x + i, _mm512_mask_sqrt_pd(a, static_cast<__mmask8>(0xFF), a));
+  }
 #elif defined(__AVX__)
   for (; i + 4 <= n; i += 4) _mm256_storeu_pd(x + i, _mm256_sqrt_pd(_mm256_loadu_pd(x + i)));
 #endif

@@ -38,7 +38,7 @@ void ParallelGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T
   cpu::ForChunks(blocks, chunks, [&](int64_t, int64_t b0, int64_t b1) {
     const int64_t i0 = b0 * kSplitAlign, i1 = std::min(len, b1 * kSplitAlign);
     if (split_m) {  // rows [i0, i1) of op(A) and C
-      cpu::Gemm<T>(trans_a, trans_b, i1 - i0, n, k, alpha, trans_a ? a + i0 * lda : a + i0 * lda, lda,
+      cpu::Gemm<T>(trans_a, trans_b, i1 - i0, n, k, alpha, trans_a ? a + i0 : a + i0 * lda, lda,
                    b, ldb, beta, c + i0 * ldc, ldc);
     } else {  // columns [i0, i1) of op(B) and C
       cpu::Gemm<T>(trans_a, trans_b, m, i1 - i0, k, alpha, a, lda,

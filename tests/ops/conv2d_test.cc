@@ -172,6 +172,11 @@ const std::vector<ConvCase>& Cases() {
       {2, 2, 4, 5, 3, 1, 1, 2, 1, 0, 0, 1, 1, 1},         // 1x1 stride 2 (im2col path)
       {2, 2, 6, 6, 3, 2, 2, 1, 1, 2, 2, 1, 1, 1, false},  // pad >= kernel/2, no bias
       {1, 3, 9, 8, 3, 3, 3, 3, 2, 1, 0, 2, 2, 3},         // depthwise-like, stride 3
+      // Stride 1 with W' == W takes the contiguous-span im2col path:
+      {2, 3, 6, 7, 4, 3, 2, 1, 1, 0, 1, 1, 2, 1},  // no centre tap, H' < H
+      {2, 2, 5, 6, 3, 5, 5, 1, 1, 2, 2, 1, 1, 1},  // two border columns
+      {1, 2, 4, 4, 2, 3, 3, 1, 1, 2, 1, 1, 1, 1},  // H' > H: rows of pure padding
+      {2, 1, 3, 2, 2, 3, 5, 1, 1, 1, 2, 1, 1, 1},  // kernel wider than the input
   };
   return cases;
 }
