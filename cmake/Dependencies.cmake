@@ -3,6 +3,8 @@ find_package(TBB 2021 REQUIRED COMPONENTS tbb)
 find_package(yaml-cpp REQUIRED)
 find_package(ZLIB REQUIRED)
 find_package(Threads REQUIRED)
+find_package(dnnl REQUIRED)   # DNNL::dnnl; Debian's build uses GNU OpenMP
+find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 

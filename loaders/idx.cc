@@ -1,5 +1,7 @@
 #include "loaders/idx.h"
 
+#include "loaders/source_registry.h"
+
 #include <sys/stat.h>
 #include <zlib.h>
 
@@ -37,8 +39,8 @@ size_t ReadBytes(gzFile f, uint8_t* dst, size_t n, const std::string& path) {
     if (r < 0) {
       int errnum = 0;
       const char* msg = gzerror(f, &errnum);
-      throw Error(StrCat("IDX '", path, "': read error: ",
-                         errnum == Z_ERRNO ? std::strerror(errno) : msg));
+      throw Error(
+          StrCat("IDX '", path, "': read error: ", errnum == Z_ERRNO ? std::strerror(errno) : msg));
     }
     if (r == 0) break;
     got += static_cast<size_t>(r);
@@ -71,8 +73,8 @@ std::vector<uint8_t> ReadIdx(const std::string& path, uint32_t magic, const char
   };
   const uint32_t found = be32(0);
   if (found != magic) {
-    throw Error(StrCat(pre, "bad magic number ", Hex(found), ", expected ", Hex(magic), " (",
-                       what, ")"));
+    throw Error(
+        StrCat(pre, "bad magic number ", Hex(found), ", expected ", Hex(magic), " (", what, ")"));
   }
   const size_t got_dims = ReadBytes(f.get(), head.data() + 4, 4 * rank, path);
   if (got_dims < static_cast<size_t>(4 * rank)) {
@@ -142,5 +144,15 @@ std::string IdxDataset::description() const {
   return StrCat("IDX ", images_path_, " + ", labels_path_, " (", size_, " samples of [1, ", rows_,
                 ", ", cols_, "], ", num_classes_, " classes)");
 }
+
+CNNFLOW_REGISTER_SOURCE(
+    idx,
+    Schema("IDX files as MNIST and Fashion-MNIST ship them (gzip-compressed or plain): "
+           "uint8 images [n, rows, cols] -> samples [1, rows, cols] in [0, 1], uint8 labels [n].")
+        .Required("images", ParamType::kString, "path of the images file (magic 0x00000803)")
+        .Required("labels", ParamType::kString, "path of the labels file (magic 0x00000801)"),
+    [](const Args& a) -> std::shared_ptr<Dataset> {
+      return IdxDataset::Open(a.String("images"), a.String("labels"));
+    });
 
 }  // namespace cnnflow

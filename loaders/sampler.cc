@@ -10,7 +10,8 @@ namespace cnnflow {
 
 ShardedSampler::ShardedSampler(SamplerOptions options) : options_(options) {
   const SamplerOptions& o = options_;
-  if (o.world_size < 1) throw ConfigError(StrCat("sampler: world_size must be >= 1, got ", o.world_size));
+  if (o.world_size < 1)
+    throw ConfigError(StrCat("sampler: world_size must be >= 1, got ", o.world_size));
   if (o.rank < 0 || o.rank >= o.world_size) {
     throw ConfigError(StrCat("sampler: rank ", o.rank, " outside [0, ", o.world_size, ")"));
   }

@@ -19,7 +19,7 @@ namespace cnnflow {
 // the CPU and (later) CUDA kernels.
 struct Conv2dGeometry {
   int64_t in_channels = 0, in_h = 0, in_w = 0;  // C, H, W
-  int64_t out_channels = 0;                    // K
+  int64_t out_channels = 0;                     // K
   int64_t kernel_h = 1, kernel_w = 1;
   int64_t stride_h = 1, stride_w = 1;
   int64_t pad_h = 0, pad_w = 0;

@@ -45,7 +45,8 @@ double LrSchedule::At(int64_t step) const {
   if (o.decay == "cosine") {
     const int64_t span = o.total_steps - o.warmup_steps;
     if (span <= 0 || s >= span) return span <= 0 ? o.base_lr : o.min_lr;
-    const double c = std::cos(std::numbers::pi * static_cast<double>(s) / static_cast<double>(span));
+    const double c =
+        std::cos(std::numbers::pi * static_cast<double>(s) / static_cast<double>(span));
     return o.min_lr + (o.base_lr - o.min_lr) * (1.0 + c) / 2.0;
   }
   return o.base_lr;

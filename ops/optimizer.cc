@@ -90,8 +90,8 @@ int Optimizer::LoadStateTensors(const std::vector<std::pair<std::string, Tensor>
     }
     if (found.empty()) continue;
     if (found.size() != names.size()) {
-      throw Error(StrCat(type(), " state of '", params_[i].name, "' is incomplete: missing ",
-                         missing));
+      throw Error(
+          StrCat(type(), " state of '", params_[i].name, "' is incomplete: missing ", missing));
     }
     std::vector<Tensor> state;
     for (size_t j = 0; j < found.size(); ++j) {
@@ -157,8 +157,7 @@ void SgdRange(T* __restrict p, const T* __restrict grad, T* __restrict buf, int6
 }
 
 template <typename T>
-void SgdUpdate(T* p, const T* grad, T* buf, bool first, int64_t n, const SgdOptions& o,
-               double lr) {
+void SgdUpdate(T* p, const T* grad, T* buf, bool first, int64_t n, const SgdOptions& o, double lr) {
   const T wd = static_cast<T>(o.weight_decay);
   const T mu = static_cast<T>(o.momentum);
   const T one_minus_d = static_cast<T>(1 - o.dampening);
@@ -191,8 +190,7 @@ void Sgd::Step(double lr) {
     DispatchFloat(h.value.dtype(), [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       T* buf = state_[i].empty() ? nullptr : state_[i][0].data<T>();
-      SgdUpdate<T>(h.value.data<T>(), h.grad.data<T>(), buf, first, h.value.numel(), options_,
-                   lr);
+      SgdUpdate<T>(h.value.data<T>(), h.grad.data<T>(), buf, first, h.value.numel(), options_, lr);
     });
     WriteBack(param, h);
   }
@@ -221,8 +219,8 @@ struct AdamScalars {
   double decay_factor;  // AdamW: 1 - lr * wd; 1 otherwise
   double l2;            // Adam: wd; 0 otherwise
   double beta1, beta2, eps;
-  double step_size;     // lr / (1 - beta1^t)
-  double bc2_sqrt;      // sqrt(1 - beta2^t)
+  double step_size;  // lr / (1 - beta1^t)
+  double bc2_sqrt;   // sqrt(1 - beta2^t)
 };
 
 // x[i] = sqrt(x[i]). Intrinsics because GCC does not vectorise std::sqrt
@@ -270,8 +268,8 @@ void AdamRange(T* __restrict p, const T* __restrict grad, T* __restrict m, T* __
     T* __restrict mb = m + b0;
     T* __restrict vb = v + b0;
     for (int64_t k = 0; k < len; ++k) {
-      const T pk = pb[k] * decay;      // AdamW: p *= 1 - lr * wd (decay is 1 for Adam)
-      const T g = gb[k] + l2 * pk;     // Adam: L2 on the grad (l2 is 0 for AdamW)
+      const T pk = pb[k] * decay;                  // AdamW: p *= 1 - lr * wd (decay is 1 for Adam)
+      const T g = gb[k] + l2 * pk;                 // Adam: L2 on the grad (l2 is 0 for AdamW)
       mb[k] = mb[k] + one_minus_b1 * (g - mb[k]);  // torch: exp_avg.lerp_(grad, 1 - beta1)
       const T vk = vb[k] * b2 + one_minus_b2 * g * g;
       vb[k] = vk;
@@ -338,11 +336,9 @@ namespace {
 
 Schema AdamSchema(const char* doc, double weight_decay, const char* wd_doc) {
   return Schema(doc)
-      .Required("lr", ParamType::kFloat,
-                "base learning rate (the schedule scales it each step)")
+      .Required("lr", ParamType::kFloat, "base learning rate (the schedule scales it each step)")
       .Optional("beta1", ParamType::kFloat, 0.9, "decay of the running mean of gradients")
-      .Optional("beta2", ParamType::kFloat, 0.999,
-                "decay of the running mean of squared gradients")
+      .Optional("beta2", ParamType::kFloat, 0.999, "decay of the running mean of squared gradients")
       .Optional("eps", ParamType::kFloat, 1e-8, "added to the denominator for stability")
       .Optional("weight_decay", ParamType::kFloat, weight_decay, wd_doc);
 }
@@ -360,12 +356,12 @@ const Schema& OptimizerSchema(const std::string& type) {
                     "Nesterov momentum (needs momentum > 0 and dampening 0)")
           .Optional("weight_decay", ParamType::kFloat, 0.0,
                     "L2 penalty, added to the gradient as weight_decay * param");
-  static const Schema adam = AdamSchema(
-      "Adam (torch.optim.Adam): adaptive moments with bias correction.", 0.0,
-      "L2 penalty, added to the gradient as weight_decay * param");
-  static const Schema adamw = AdamSchema(
-      "AdamW (torch.optim.AdamW): Adam with decoupled weight decay.", 0.01,
-      "decoupled weight decay: param *= 1 - lr * weight_decay each step");
+  static const Schema adam =
+      AdamSchema("Adam (torch.optim.Adam): adaptive moments with bias correction.", 0.0,
+                 "L2 penalty, added to the gradient as weight_decay * param");
+  static const Schema adamw =
+      AdamSchema("AdamW (torch.optim.AdamW): Adam with decoupled weight decay.", 0.01,
+                 "decoupled weight decay: param *= 1 - lr * weight_decay each step");
   if (type == "sgd") return sgd;
   if (type == "adam") return adam;
   if (type == "adamw") return adamw;

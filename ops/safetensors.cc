@@ -36,12 +36,18 @@ struct Json {
 
 const char* KindName(Json::Kind k) {
   switch (k) {
-    case Json::Kind::kNull: return "null";
-    case Json::Kind::kBool: return "a boolean";
-    case Json::Kind::kNumber: return "a number";
-    case Json::Kind::kString: return "a string";
-    case Json::Kind::kArray: return "an array";
-    case Json::Kind::kObject: return "an object";
+    case Json::Kind::kNull:
+      return "null";
+    case Json::Kind::kBool:
+      return "a boolean";
+    case Json::Kind::kNumber:
+      return "a number";
+    case Json::Kind::kString:
+      return "a string";
+    case Json::Kind::kArray:
+      return "an array";
+    case Json::Kind::kObject:
+      return "an object";
   }
   return "?";
 }
@@ -238,14 +244,30 @@ class JsonParser {
       if (pos_ >= s_.size()) Fail("unterminated escape");
       const char e = s_[pos_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           unsigned cp = Hex4();
           if (cp >= 0xD800 && cp <= 0xDBFF) {
@@ -259,7 +281,8 @@ class JsonParser {
           AppendUtf8(out, cp);
           break;
         }
-        default: Fail(StrCat("bad escape '\\", e, "'"));
+        default:
+          Fail(StrCat("bad escape '\\", e, "'"));
       }
     }
   }
@@ -273,13 +296,27 @@ void WriteJsonString(std::string& out, const std::string& s) {
   for (const char ch : s) {
     const unsigned char c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -465,8 +502,8 @@ SafetensorsFile LoadSafetensors(const std::string& path) {
                        " bytes after the length prefix (truncated or not a safetensors file)"));
   }
   if (header_len > kMaxHeaderBytes) {
-    throw Error(StrCat(pre, "header length ", header_len, " exceeds the limit of ",
-                       kMaxHeaderBytes, " bytes"));
+    throw Error(StrCat(pre, "header length ", header_len, " exceeds the limit of ", kMaxHeaderBytes,
+                       " bytes"));
   }
   if (header_len < 2) throw Error(StrCat(pre, "header length ", header_len, " is too short"));
   std::string header(header_len, '\0');
@@ -521,8 +558,8 @@ SafetensorsFile LoadSafetensors(const std::string& path) {
     }
     if (dtype->kind != Json::Kind::kString) throw Error(StrCat(what, "dtype is not a string"));
     if (!ParseDType(dtype->text, &e.dtype)) {
-      static const std::set<std::string> kOther = {"BOOL", "U8",  "I8",  "I16",     "U16",
-                                                   "I32",  "U32", "I64", "U64",     "F8_E4M3",
+      static const std::set<std::string> kOther = {"BOOL",    "U8",      "I8",  "I16", "U16",
+                                                   "I32",     "U32",     "I64", "U64", "F8_E4M3",
                                                    "F8_E5M2", "F8_E8M0", "C64"};
       if (kOther.count(dtype->text)) {
         throw Error(StrCat(what, "dtype ", dtype->text,
@@ -557,8 +594,9 @@ SafetensorsFile LoadSafetensors(const std::string& path) {
     overflow |= __builtin_mul_overflow(numel, static_cast<int64_t>(DTypeSize(e.dtype)), &bytes);
     if (overflow || bytes != e.end - e.begin) {
       throw Error(StrCat(what, "shape ", Shape(e.shape), " of ", dtype->text, " needs ",
-                         overflow ? std::string("too many") : StrCat(bytes), " bytes but data_offsets [",
-                         e.begin, ", ", e.end, "] hold ", e.end - e.begin));
+                         overflow ? std::string("too many") : StrCat(bytes),
+                         " bytes but data_offsets [", e.begin, ", ", e.end, "] hold ",
+                         e.end - e.begin));
     }
     entries.push_back(std::move(e));
   }

@@ -23,8 +23,8 @@ void AddLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
                        const ForwardContext& /*ctx*/) {
   const Tensor& a = *x[0];
   const Tensor& b = *x[1];
-  CNNFLOW_ENFORCE(a.shape() == b.shape() && a.numel() == y.numel(), "add ", name(), ": ",
-                  a.shape(), " + ", b.shape(), " -> ", y.shape());
+  CNNFLOW_ENFORCE(a.shape() == b.shape() && a.numel() == y.numel(), "add ", name(), ": ", a.shape(),
+                  " + ", b.shape(), " -> ", y.shape());
   DispatchFloat(a.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* as = a.data<T>();

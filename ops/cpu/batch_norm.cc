@@ -86,8 +86,9 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
                   ": input ", in.shape(), " output ", y.shape());
   last_training_ = ctx.training;
   if (ctx.training && m <= 1) {
-    throw Error(StrCat("batchnorm ", name(), ": expected more than 1 value per channel when "
-                       "training, got input ", in.shape()));
+    throw Error(StrCat("batchnorm ", name(),
+                       ": expected more than 1 value per channel when training, got input ",
+                       in.shape()));
   }
   mean_.resize(c_n);
   inv_std_.resize(c_n);
@@ -136,8 +137,8 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
         // y = (x - mean) * a + beta with a = gamma / std (subtracting first
         // keeps f32 precise when |mean| >> std).
         const T tm = static_cast<T>(mean);
-        const T a = static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) *
-                                   inv_std);
+        const T a =
+            static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std);
         const T b = beta != nullptr ? beta[c] : T(0);
         for (int64_t i = 0; i < n; ++i) {
           const T* row = xs + (i * c_n + c) * s_n;

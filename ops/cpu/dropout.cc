@@ -25,8 +25,8 @@ uint64_t HashName(const std::string& s) {
 // A function of plain values (no captured references that the stores might
 // alias), so the loop vectorises.
 template <typename T>
-void DropoutKernel(const T* x, T* m, T* y, int64_t b, int64_t e,
-                   uint64_t key, uint64_t threshold, T scale) {
+void DropoutKernel(const T* x, T* m, T* y, int64_t b, int64_t e, uint64_t key, uint64_t threshold,
+                   T scale) {
   for (int64_t i = b; i < e; ++i) {
     const uint64_t bits = Mix64(key ^ Mix64(static_cast<uint64_t>(i))) >> 11;
     const T mi = bits >= threshold ? scale : T(0);
@@ -56,8 +56,7 @@ Shape DropoutLayer::Build(const std::vector<Shape>& inputs, DType /*dtype*/) {
 void DropoutLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
                            const ForwardContext& ctx) {
   const Tensor& in = *x[0];
-  CNNFLOW_ENFORCE(in.numel() == y.numel(), "dropout ", name(), ": ", in.shape(), " -> ",
-                  y.shape());
+  CNNFLOW_ENFORCE(in.numel() == y.numel(), "dropout ", name(), ": ", in.shape(), " -> ", y.shape());
   last_training_ = ctx.training && p_ > 0.0;
   if (!last_training_) {
     if (y.raw_data() != in.raw_data()) y.CopyFrom(in);

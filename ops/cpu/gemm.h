@@ -1,5 +1,6 @@
-// Row-major GEMM on the host through OpenBLAS (single-threaded: TBB owns
-// the parallelism, see ops/cpu/parallel.h).
+// Row-major GEMM on the host, single-threaded per call (TBB owns the
+// parallelism, see ops/cpu/parallel.h): f32 through oneDNN's sgemm, f64
+// through OpenBLAS.
 //   C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C
 #pragma once
 

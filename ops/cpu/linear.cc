@@ -26,23 +26,23 @@ constexpr int64_t kSplitAlign = 16;
 // layer: splitting the batch rows cost 1.4x the unsplit GEMM for 2 chunks
 // and 5x for 16 (each chunk repacks all of W); the larger dimension, 1.0-1.3x.
 template <typename T>
-void ParallelGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
-                  const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+void ParallelGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                  int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   const bool split_m = m >= n;
   const int64_t len = split_m ? m : n;
   const int64_t blocks = (len + kSplitAlign - 1) / kSplitAlign;
   // A power of two, so 2 or 4 threads get equal shares.
-  int64_t chunks = std::clamp<int64_t>(m * n * k / kMinMacsPerChunk, 1,
-                                       std::min(blocks, cpu::kMaxChunks));
+  int64_t chunks =
+      std::clamp<int64_t>(m * n * k / kMinMacsPerChunk, 1, std::min(blocks, cpu::kMaxChunks));
   while (chunks & (chunks - 1)) chunks &= chunks - 1;
   cpu::ForChunks(blocks, chunks, [&](int64_t, int64_t b0, int64_t b1) {
     const int64_t i0 = b0 * kSplitAlign, i1 = std::min(len, b1 * kSplitAlign);
     if (split_m) {  // rows [i0, i1) of op(A) and C
-      cpu::Gemm<T>(trans_a, trans_b, i1 - i0, n, k, alpha, trans_a ? a + i0 : a + i0 * lda, lda,
-                   b, ldb, beta, c + i0 * ldc, ldc);
+      cpu::Gemm<T>(trans_a, trans_b, i1 - i0, n, k, alpha, trans_a ? a + i0 : a + i0 * lda, lda, b,
+                   ldb, beta, c + i0 * ldc, ldc);
     } else {  // columns [i0, i1) of op(B) and C
-      cpu::Gemm<T>(trans_a, trans_b, m, i1 - i0, k, alpha, a, lda,
-                   trans_b ? b + i0 * ldb : b + i0, ldb, beta, c + i0, ldc);
+      cpu::Gemm<T>(trans_a, trans_b, m, i1 - i0, k, alpha, a, lda, trans_b ? b + i0 * ldb : b + i0,
+                   ldb, beta, c + i0, ldc);
     }
   });
 }
@@ -62,8 +62,7 @@ Shape LinearLayer::Build(const std::vector<Shape>& inputs, DType dtype) {
   if (s.rank() < 1) throw ShapeError(StrCat("linear expects a sample of rank >= 1, got ", s));
   const int64_t f = s.numel();
   if (in_ != 0 && in_ != f) {
-    throw ShapeError(
-        StrCat("expects ", in_, " input features (in: ", in_, "), got ", s, " = ", f));
+    throw ShapeError(StrCat("expects ", in_, " input features (in: ", in_, "), got ", s, " = ", f));
   }
   in_ = f;
   AddParameter("weight", Shape{out_, in_}, dtype);

@@ -16,8 +16,9 @@
 
 namespace cnnflow::cpu {
 
-// Called once per process before kernels run: one thread for OpenBLAS and
-// OpenMP (oneDNN), TBB schedules the rest.
+// One thread for OpenBLAS (its own pool would fight TBB's). Called once per
+// process before kernels run; oneDNN's OpenMP is pinned per calling thread
+// in ops/cpu/gemm.cc.
 void PinLibraryThreads();
 
 // Number of chunks for n items with at least `min_per_chunk` each; at most

@@ -16,7 +16,9 @@ namespace cnnflow {
 namespace {
 
 // Planes per parallel task: enough elements to pay for the task.
-int64_t PlaneGrain(int64_t plane) { return std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(plane, 1)); }
+int64_t PlaneGrain(int64_t plane) {
+  return std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(plane, 1));
+}
 
 // Window rows/cols [start, end) of output index o, clipped to [0, n).
 inline void Window(int64_t o, int64_t stride, int64_t pad, int64_t kernel, int64_t n,
@@ -155,8 +157,8 @@ std::pair<int64_t, int64_t> PairArg(const char* layer, const Args& args, const s
                                     int64_t lo) {
   const std::vector<int64_t> v = args.Ints(key, 2);
   if (v[0] < lo || v[1] < lo) {
-    throw ConfigError(StrCat(layer, ": '", key, "' must be >= ", lo, ", got [", v[0], ", ", v[1],
-                             "]"));
+    throw ConfigError(
+        StrCat(layer, ": '", key, "' must be >= ", lo, ", got [", v[0], ", ", v[1], "]"));
   }
   return {v[0], v[1]};
 }
@@ -304,8 +306,7 @@ Shape GlobalAvgPool::Build(const std::vector<Shape>& inputs, DType) {
   return {channels_};
 }
 
-void GlobalAvgPool::Forward(const std::vector<const Tensor*>& x, Tensor& y,
-                            const ForwardContext&) {
+void GlobalAvgPool::Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) {
   CheckInput("global_avgpool", x, y);
   const int64_t rows = x[0]->dim(0) * channels_;
   DispatchFloat(y.dtype(), [&](auto* tag) {

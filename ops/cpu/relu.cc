@@ -30,11 +30,11 @@ void ReluLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   });
 }
 
-void ReluLayer::Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& y,
-                         const Tensor& dy, const std::vector<Tensor*>& dx) {
+void ReluLayer::Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& y, const Tensor& dy,
+                         const std::vector<Tensor*>& dx) {
   if (dx[0] == nullptr) return;
-  CNNFLOW_ENFORCE(dy.numel() == y.numel() && dx[0]->numel() == y.numel(), "relu ", name(),
-                  ": dy ", dy.shape(), " y ", y.shape());
+  CNNFLOW_ENFORCE(dy.numel() == y.numel() && dx[0]->numel() == y.numel(), "relu ", name(), ": dy ",
+                  dy.shape(), " y ", y.shape());
   DispatchFloat(y.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* ys = y.data<T>();

@@ -18,8 +18,8 @@ LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tens
                   "label_smoothing must be in [0, 1], got ", label_smoothing);
   if (dlogits != nullptr) {
     CNNFLOW_ENFORCE(dlogits->shape() == logits.shape() && dlogits->dtype() == logits.dtype(),
-                    "dlogits ", dlogits->shape(), " ", DTypeName(dlogits->dtype()),
-                    " for logits ", logits.shape(), " ", DTypeName(logits.dtype()));
+                    "dlogits ", dlogits->shape(), " ", DTypeName(dlogits->dtype()), " for logits ",
+                    logits.shape(), " ", DTypeName(logits.dtype()));
   }
   // Checked up front: throwing from inside the parallel loop would leave
   // dlogits half written.

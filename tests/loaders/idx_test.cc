@@ -125,8 +125,7 @@ TEST(IdxDataset, BadMagicSaysFoundAndExpected) {
   // Images and labels swapped.
   const std::string msg = OpenError(dir + "/lbl.gz", dir + "/img.gz");
   EXPECT_NE(msg.find(dir + "/lbl.gz"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("bad magic number 0x00000801, expected 0x00000803"), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("bad magic number 0x00000801, expected 0x00000803"), std::string::npos) << msg;
 }
 
 TEST(IdxDataset, TruncatedDataSaysExpectedAndGotBytes) {

@@ -26,9 +26,10 @@ TEST(Add, ForwardMatchesNaive) {
     Tensor b = RandomTensor(s, 2, -1, 1, dt);
     Tensor y = RunForward(*layer, {a, b}, s, {});
     for (int64_t i = 0; i < y.numel(); ++i) {
-      const double ref = dt == DType::kF32 ? static_cast<double>(static_cast<float>(a.At(i)) +
-                                                                 static_cast<float>(b.At(i)))
-                                           : a.At(i) + b.At(i);
+      const double ref =
+          dt == DType::kF32
+              ? static_cast<double>(static_cast<float>(a.At(i)) + static_cast<float>(b.At(i)))
+              : a.At(i) + b.At(i);
       ASSERT_EQ(y.At(i), ref) << i;
     }
   }

@@ -192,8 +192,12 @@ TEST(BatchNorm, ResultsDoNotDependOnThreadCount) {
     Tensor dy = RandomTensor(s, 2, -1, 1, DType::kF32);
     Tensor dx = Tensor::Empty(s, DType::kF32);
     layer->Backward({&x}, y, dy, {&dx});
-    return std::vector<Tensor>{y, dx, layer->parameters()[0].grad, layer->parameters()[1].grad,
-                               layer->buffers()[0].value, layer->buffers()[1].value};
+    return std::vector<Tensor>{y,
+                               dx,
+                               layer->parameters()[0].grad,
+                               layer->parameters()[1].grad,
+                               layer->buffers()[0].value,
+                               layer->buffers()[1].value};
   };
   auto a = run(1), b = run(2);
   for (size_t i = 0; i < a.size(); ++i)

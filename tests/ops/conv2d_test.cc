@@ -8,10 +8,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -78,8 +78,7 @@ std::vector<double> NaiveConv(const ConvCase& t, const Tensor& x, const Tensor& 
 
 // Naive backward in double: dx [N, C, H, W], dw [K, C/g, kh, kw], db [K].
 void NaiveConvBackward(const ConvCase& t, const Tensor& x, const Tensor& w, const Tensor& dy,
-                       std::vector<double>* dx, std::vector<double>* dw,
-                       std::vector<double>* db) {
+                       std::vector<double>* dx, std::vector<double>* dw, std::vector<double>* db) {
   const int64_t oh_n = OutSize(t.h, t.kh, t.sh, t.ph, t.dh);
   const int64_t ow_n = OutSize(t.w, t.kw, t.sw, t.pw, t.dw);
   const int64_t cg = t.c / t.groups, kg = t.k / t.groups;
@@ -177,6 +176,8 @@ const std::vector<ConvCase>& Cases() {
       {2, 2, 5, 6, 3, 5, 5, 1, 1, 2, 2, 1, 1, 1},  // two border columns
       {1, 2, 4, 4, 2, 3, 3, 1, 1, 2, 1, 1, 1, 1},  // H' > H: rows of pure padding
       {2, 1, 3, 2, 2, 3, 5, 1, 1, 1, 2, 1, 1, 1},  // kernel wider than the input
+      // R = C/groups*kh*kw < K/groups: dW is computed transposed.
+      {2, 2, 5, 4, 12, 2, 2, 1, 1, 0, 1, 1, 1, 2},
   };
   return cases;
 }
@@ -196,6 +197,7 @@ TEST(Conv2dForward, LargeBatchesMatchNaive) {
   CheckAgainstNaive({37, 4, 3, 3, 2, 1, 1, 1, 1, 0, 0, 1, 1, 1}, DType::kF64, 1e-12);
   CheckAgainstNaive({5, 8, 14, 14, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1}, DType::kF32, 1e-5);
   CheckAgainstNaive({3, 1, 28, 28, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1}, DType::kF32, 1e-5);
+  CheckAgainstNaive({37, 1, 6, 6, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1}, DType::kF64, 1e-12);
 }
 
 TEST(Conv2dGradient, MatchesFiniteDifferences) {
@@ -416,10 +418,11 @@ TEST(Conv2dBench, DISABLED_FashionMnistConvs) {
     run(60, &f, &b);
     const double fwd_flop = static_cast<double>(layer->ForwardFlops(n));
     const double bwd_flop = fwd_flop * (bench.need_dx ? 2 : 1);
-    std::printf("%-20s fwd %7.3f ms (%6.1f GFLOP/s)  bwd %7.3f ms (%6.1f GFLOP/s)  "
-                "fwd+bwd %7.3f ms = %8.0f images/s  (this thread's cpu: median %7.3f, min %7.3f ms)\n",
-                bench.name, f * 1e3, fwd_flop / f * 1e-9, b * 1e3, bwd_flop / b * 1e-9,
-                (f + b) * 1e3, n / (f + b), cpu_s * 1e3, cpu_min_s * 1e3);
+    std::printf(
+        "%-20s fwd %7.3f ms (%6.1f GFLOP/s)  bwd %7.3f ms (%6.1f GFLOP/s)  "
+        "fwd+bwd %7.3f ms = %8.0f images/s  (this thread's cpu: median %7.3f, min %7.3f ms)\n",
+        bench.name, f * 1e3, fwd_flop / f * 1e-9, b * 1e3, bwd_flop / b * 1e-9, (f + b) * 1e3,
+        n / (f + b), cpu_s * 1e3, cpu_min_s * 1e3);
     total_s += f + b;
     total_flop += fwd_flop + bwd_flop;
   }

@@ -104,6 +104,22 @@ TEST(Dropout, MaskDependsOnSeedStepAndNameOnly) {
   EXPECT_FALSE(same(base, mask("drop2", Training(1, 5))));
 }
 
+TEST(Dropout, MaskIsTheDocumentedDraw) {
+  // Element i is kept iff UniformAt(StreamKey(seed, step, hash(name)), i) >= p.
+  const Shape s{5, 333};
+  const double p = 0.37;
+  auto layer = MakeLayer("dropout", DropoutArgs(p), {s.WithoutBatch()});
+  const ForwardContext ctx = Training(123, 45);
+  RunForward(*layer, {Tensor::Full(s, 1.0, DType::kF64)}, s, ctx);
+  const Tensor& mask = static_cast<DropoutLayer&>(*layer).mask();
+  const uint64_t key = DropoutLayer::MaskKey(ctx, layer->name());
+  for (int64_t i = 0; i < mask.numel(); ++i) {
+    const bool keep = UniformAt(key, static_cast<uint64_t>(i)) >= p;
+    ASSERT_EQ(mask.At(i), keep ? 1.0 / (1.0 - p) : 0.0) << i;
+  }
+  EXPECT_NE(DropoutLayer::MaskKey(ctx, "a"), DropoutLayer::MaskKey(ctx, "b"));
+}
+
 TEST(Dropout, MaskIndependentOfThreadCount) {
   const Shape s{32, 64, 14, 14};  // 401408 elements: many parallel tasks
   auto run = [&](int threads) {

@@ -74,8 +74,8 @@ TEST(Linear, GradientCheck) {
     int64_t out;
     bool bias;
   };
-  for (const Case& c : {Case{1, {5}, 3, true}, Case{3, {2, 3, 3}, 4, true},
-                        Case{2, {7}, 1, false}, Case{4, {1, 5, 1}, 6, true}}) {
+  for (const Case& c : {Case{1, {5}, 3, true}, Case{3, {2, 3, 3}, 4, true}, Case{2, {7}, 1, false},
+                        Case{4, {1, 5, 1}, 6, true}}) {
     SCOPED_TRACE(c.in.ToString());
     auto layer = MakeLayer("linear", LinearArgs(c.out, c.bias), {c.in});
     CheckGradients(*layer, {RandomTensor(c.in.WithBatch(c.n), 11)}, Shape{c.n, c.out});
@@ -164,7 +164,8 @@ TEST(Linear, InitIsPytorchDefault) {
   const double bound = 1.0 / std::sqrt(16.0);
   for (auto& p : layer->parameters()) {
     double max_abs = 0;
-    for (int64_t i = 0; i < p.value.numel(); ++i) max_abs = std::max(max_abs, std::abs(p.value.At(i)));
+    for (int64_t i = 0; i < p.value.numel(); ++i)
+      max_abs = std::max(max_abs, std::abs(p.value.At(i)));
     EXPECT_LE(max_abs, bound) << p.name;
     EXPECT_GT(max_abs, 0.8 * bound) << p.name;  // really spread over the range
   }

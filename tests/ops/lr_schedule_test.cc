@@ -24,16 +24,14 @@ TEST(LrSchedule, LinearWarmupFromStartFactor) {
   EXPECT_DOUBLE_EQ(s.At(5), 0.05);
   EXPECT_DOUBLE_EQ(s.At(9), 0.09);
   EXPECT_DOUBLE_EQ(s.At(10), 0.1);
-  LrSchedule f({.base_lr = 0.2, .total_steps = 100, .warmup_steps = 4,
-                .warmup_start_factor = 0.5});
+  LrSchedule f({.base_lr = 0.2, .total_steps = 100, .warmup_steps = 4, .warmup_start_factor = 0.5});
   EXPECT_DOUBLE_EQ(f.At(0), 0.1);  // base * factor
   EXPECT_DOUBLE_EQ(f.At(2), 0.15);
   EXPECT_DOUBLE_EQ(f.At(4), 0.2);
 }
 
 TEST(LrSchedule, StepDecayMultipliesByGammaEveryStepSize) {
-  LrSchedule s({.base_lr = 0.8, .decay = "step", .total_steps = 100, .step_size = 5,
-                .gamma = 0.5});
+  LrSchedule s({.base_lr = 0.8, .decay = "step", .total_steps = 100, .step_size = 5, .gamma = 0.5});
   EXPECT_DOUBLE_EQ(s.At(0), 0.8);
   EXPECT_DOUBLE_EQ(s.At(4), 0.8);
   EXPECT_DOUBLE_EQ(s.At(5), 0.4);
@@ -43,16 +41,20 @@ TEST(LrSchedule, StepDecayMultipliesByGammaEveryStepSize) {
 }
 
 TEST(LrSchedule, StepDecayCountsFromTheEndOfWarmup) {
-  LrSchedule s({.base_lr = 0.8, .decay = "step", .total_steps = 100, .warmup_steps = 3,
-                .step_size = 5, .gamma = 0.5});
+  LrSchedule s({.base_lr = 0.8,
+                .decay = "step",
+                .total_steps = 100,
+                .warmup_steps = 3,
+                .step_size = 5,
+                .gamma = 0.5});
   EXPECT_DOUBLE_EQ(s.At(3), 0.8);
   EXPECT_DOUBLE_EQ(s.At(7), 0.8);
   EXPECT_DOUBLE_EQ(s.At(8), 0.4);
 }
 
 TEST(LrSchedule, CosineRunsFromBaseToMinOverTheStepsAfterWarmup) {
-  LrSchedule s({.base_lr = 0.1, .decay = "cosine", .total_steps = 110, .warmup_steps = 10,
-                .min_lr = 0.001});
+  LrSchedule s(
+      {.base_lr = 0.1, .decay = "cosine", .total_steps = 110, .warmup_steps = 10, .min_lr = 0.001});
   EXPECT_DOUBLE_EQ(s.At(5), 0.05);
   EXPECT_DOUBLE_EQ(s.At(10), 0.1);
   EXPECT_NEAR(s.At(60), (0.1 + 0.001) / 2, 1e-15);  // half way: cos(pi/2) = 0

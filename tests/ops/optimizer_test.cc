@@ -263,8 +263,7 @@ TEST(Adam, LargeParameterMatchesNaiveFormulas) {
           const double gi = decoupled ? g[i] : g[i] + o.weight_decay * ref_p[i];
           ref_m[i] = o.beta1 * ref_m[i] + (1 - o.beta1) * gi;
           ref_v[i] = o.beta2 * ref_v[i] + (1 - o.beta2) * gi * gi;
-          const double denom =
-              std::sqrt(ref_v[i]) / std::sqrt(1 - std::pow(o.beta2, t)) + o.eps;
+          const double denom = std::sqrt(ref_v[i]) / std::sqrt(1 - std::pow(o.beta2, t)) + o.eps;
           ref_p[i] -= lr / (1 - std::pow(o.beta1, t)) * ref_m[i] / denom;
         }
       }
@@ -354,8 +353,7 @@ TEST(Sgd, FactoryErrorsNameTypesAndCloseMatches) {
     MakeOptimizer("sgd", args, {{"w", &p}});
     FAIL() << "no error for an unknown parameter";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("did you mean 'momentum'"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("did you mean 'momentum'"), std::string::npos) << e.what();
   }
 }
 
@@ -365,7 +363,7 @@ TEST(Adam, ResumeRejectsIncompleteState) {
   std::vector<std::pair<std::string, Tensor>> partial = {{"w.exp_avg", Tensor::Zeros({2})}};
   EXPECT_THROW(opt.LoadStateTensors(partial), Error);
   std::vector<std::pair<std::string, Tensor>> wrong = {{"w.exp_avg", Tensor::Zeros({3})},
-                                                      {"w.exp_avg_sq", Tensor::Zeros({3})}};
+                                                       {"w.exp_avg_sq", Tensor::Zeros({3})}};
   EXPECT_THROW(opt.LoadStateTensors(wrong), Error);
 }
 

@@ -115,13 +115,12 @@ TEST(Safetensors, HeaderBytesAreExactlyTheFormat) {
   Tensor b = Tensor::Full({1}, 3.0, DType::kF64);
   SaveSafetensors(path, {{"a", a}, {"b", b}}, {{"format", "pt"}});
 
-  const std::string json =
-      R"({"__metadata__":{"format":"pt"},)"
-      R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("b":{"dtype":"F64","shape":[1],"data_offsets":[8,16]}})";
+  const std::string json = R"({"__metadata__":{"format":"pt"},)"
+                           R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                           R"("b":{"dtype":"F64","shape":[1],"data_offsets":[8,16]}})";
   const std::string padded = json + std::string((8 - json.size() % 8) % 8, ' ');
-  const std::string want = Le64(padded.size()) + padded + RawBytes<float>({1.0f, 2.0f}) +
-                           RawBytes<double>({3.0});
+  const std::string want =
+      Le64(padded.size()) + padded + RawBytes<float>({1.0f, 2.0f}) + RawBytes<double>({3.0});
   const std::string got = ReadBytes(path);
   EXPECT_EQ(got.size() % 8, 0u);
   EXPECT_EQ(got.substr(0, 8), Le64(padded.size()));
@@ -133,8 +132,7 @@ TEST(Safetensors, NoMetadataMeansNoMetadataKey) {
   const std::string path = TestDir() + "/plain.safetensors";
   SaveSafetensors(path, {{"x", Tensor::Zeros({1})}});
   const std::string got = ReadBytes(path);
-  EXPECT_EQ(got.substr(8, 56),
-            R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}  )");
+  EXPECT_EQ(got.substr(8, 56), R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}  )");
 }
 
 TEST(Safetensors, ReadsAFileFromAnIndependentWriter) {
@@ -145,8 +143,8 @@ TEST(Safetensors, ReadsAFileFromAnIndependentWriter) {
       "{\n  \"w\\u00e9ight\" : {\"data_offsets\": [8, 32], \"shape\": [2, 3],"
       " \"dtype\": \"F32\"},\n  \"bias\": {\"dtype\": \"BF16\", \"shape\": [4],"
       " \"data_offsets\": [0, 8]},\n  \"__metadata__\": {\"note\": \"a\\/b\\u0041\\n\"}\n}";
-  const std::string data = RawBytes<uint16_t>({0x3f80, 0x4000, 0xbf80, 0x0000}) +
-                           RawBytes<float>({0, 1, 2, 3, 4, 5.5f});
+  const std::string data =
+      RawBytes<uint16_t>({0x3f80, 0x4000, 0xbf80, 0x0000}) + RawBytes<float>({0, 1, 2, 3, 4, 5.5f});
   WriteBytes(path, Assemble(header, data));
 
   const SafetensorsFile f = LoadSafetensors(path);
@@ -203,7 +201,8 @@ TEST(Safetensors, BadJsonIsAnError) {
       {R"({"a": "x\q"})", "bad escape"},
       {R"({"a": {}, "a": {}})", "duplicate key"},
       {R"([1, 2])", "expected an object"},
-      {R"({"a": {"dtype": "F32", "shape": [1]}})", "needs \"dtype\", \"shape\" and \"data_offsets\""},
+      {R"({"a": {"dtype": "F32", "shape": [1]}})",
+       "needs \"dtype\", \"shape\" and \"data_offsets\""},
       {R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", "non-negative"},
       {R"({"a": {"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]}})", "non-negative"},
       {R"({"__metadata__": {"k": 1}})", "expected a string"},
@@ -269,8 +268,7 @@ TEST(Safetensors, WriteIsAtomicAndReplacesTheOldFileWhole) {
   // Exactly the new file's bytes: nothing of the old, longer file remains.
   EXPECT_LT(fs::file_size(path), 1000u);
   for (const auto& entry : fs::directory_iterator(dir))
-    EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos)
-        << entry.path();
+    EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos) << entry.path();
 
   // A failed write (no such directory) leaves nothing behind.
   const std::string bad = dir + "/no/such/dir/ckpt.safetensors";

@@ -152,8 +152,9 @@ TEST(SoftmaxCrossEntropy, LabelOutOfRangeIsError) {
       SoftmaxCrossEntropy(z, labels.data(), nullptr);
       FAIL() << "no error for " << bad;
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(StrCat("label ", bad, " at index 1 is out of range [0, 10)")),
-                std::string::npos)
+      EXPECT_NE(
+          std::string(e.what()).find(StrCat("label ", bad, " at index 1 is out of range [0, 10)")),
+          std::string::npos)
           << e.what();
     }
   }
