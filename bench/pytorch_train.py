@@ -49,6 +49,7 @@ def parse_args():
     p.add_argument("--search", action="store_true",
                    help="time every candidate setting (SEARCH below) --reps times, "
                         "alternating, and print the median of each and the best")
+    p.add_argument("--search-all", action="store_true", help="--search, with SEARCH_MORE too")
     p.add_argument("--reps", type=int, default=3, help="repetitions per candidate in --search")
     return p.parse_args()
 
@@ -61,36 +62,45 @@ SEARCH = [
     ("default", {}, []),
     ("obt1", {"OPENBLAS_NUM_THREADS": "1"}, []),
     ("obt1+cl", {"OPENBLAS_NUM_THREADS": "1"}, ["--channels-last"]),
-    ("obt1+cl+foreach", {"OPENBLAS_NUM_THREADS": "1"}, ["--channels-last", "--foreach"]),
+    ("passive", {"OMP_WAIT_POLICY": "PASSIVE"}, []),
     ("obt1+cl+passive", {"OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"},
      ["--channels-last"]),
+    ("obt1+cl+passive+foreach", {"OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"},
+     ["--channels-last", "--foreach"]),
+]
+# Measured worse everywhere on the reference machine, so not searched by
+# default (--search-all adds them): oneDNN off (ATen's own convolution).
+SEARCH_MORE = [
     ("obt1+nomkldnn", {"OPENBLAS_NUM_THREADS": "1"}, ["--mkldnn", "off"]),
+    ("obt1+cl+foreach", {"OPENBLAS_NUM_THREADS": "1"}, ["--channels-last", "--foreach"]),
 ]
 # OpenBLAS 0.3.21 does not know this CPU model and, unless OPENBLAS_CORETYPE
 # is set, falls back to its Prescott (SSE3) kernels: ~5x slower sgemm.
 if "OPENBLAS_CORETYPE" not in os.environ:
-    SEARCH.append(("obt1+cl+SkylakeX",
-                   {"OPENBLAS_NUM_THREADS": "1", "OPENBLAS_CORETYPE": "SkylakeX"},
+    SEARCH.append(("obt1+cl+passive+SkylakeX",
+                   {"OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
+                    "OPENBLAS_CORETYPE": "SkylakeX"},
                    ["--channels-last"]))
 
 
 def search(args):
+    cands = SEARCH + (SEARCH_MORE if args.search_all else [])
     import re
     import statistics
     import subprocess
     base = [sys.executable, os.path.abspath(__file__), "--threads", str(args.threads),
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
             "--data", args.data]
-    got = {name: [] for name, _, _ in SEARCH}
+    got = {name: [] for name, _, _ in cands}
     for r in range(args.reps):
-        for name, env, extra in SEARCH:                 # alternate: one of each per round
+        for name, env, extra in cands:                  # alternate: one of each per round
             out = subprocess.run(base + extra, env={**os.environ, **env}, check=True,
                                  capture_output=True, text=True).stdout
             m = re.search(r"images_per_s=([0-9.]+)", out)
             got[name].append(float(m.group(1)))
             print(f"# rep {r + 1} {name}: {m.group(1)} images/s", file=sys.stderr, flush=True)
     best = None
-    for name, env, extra in SEARCH:
+    for name, env, extra in cands:
         med = statistics.median(got[name])
         envs = " ".join(f"{k}={v}" for k, v in env.items()) or "-"
         print(f"pytorch_search threads={args.threads} setting={name} images_per_s={med:.1f} "
@@ -103,7 +113,7 @@ def search(args):
 
 
 args = parse_args()
-if args.search:
+if args.search or args.search_all:
     search(args)
     sys.exit(0)
 if args.openblas_threads is not None:

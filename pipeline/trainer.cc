@@ -12,7 +12,6 @@
 
 #include "loaders/sampler.h"
 #include "loaders/source_registry.h"
-#include "ops/cpu/parallel.h"
 #include "ops/safetensors.h"
 #include "pipeline/executor.h"
 
@@ -42,7 +41,6 @@ std::string MakeRunDir(const std::string& parent, const std::string& name) {
 }  // namespace
 
 Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
-  cpu::PinLibraryThreads();
   thread_limit_ = std::make_shared<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, static_cast<size_t>(config_.threads));
 

@@ -332,7 +332,7 @@ void ConvBackward(const Conv2dGeometry& g, const T* x, const T* w, const T* dy, 
       int64_t j = i;  // where element i of dW (or dbias) sits in a partial buffer
       if (dw_transposed && i < dw_size) {
         const int64_t grp = i / (kg * rows), k = i / rows % kg, r = i % rows;
-        j = (grp * kg + k) * rows + r;
+        j = (grp * rows + r) * kg + k;
       }
       T s = partial[j];
       for (int64_t c = 1; c < chunks; ++c) s += partial[c * part_size + j];

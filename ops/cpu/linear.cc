@@ -53,7 +53,6 @@ LinearLayer::LinearLayer(const std::string& name, const Args& args)
     : Layer(name), in_(args.Int("in")), out_(args.Int("out")), has_bias_(args.Bool("bias")) {
   if (out_ <= 0) throw ConfigError(StrCat("linear '", name, "': out must be positive, got ", out_));
   if (in_ < 0) throw ConfigError(StrCat("linear '", name, "': in must be >= 0, got ", in_));
-  cpu::PinLibraryThreads();  // OpenBLAS runs inside TBB tasks: one thread each
 }
 
 Shape LinearLayer::Build(const std::vector<Shape>& inputs, DType dtype) {

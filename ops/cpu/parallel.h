@@ -1,6 +1,6 @@
 // Parallel loops for CPU kernels. TBB owns every thread (the run's thread
-// budget); OpenBLAS and OpenMP are pinned to one thread each so they never
-// fight TBB for cores (see TOOLCHAIN.md).
+// budget); the GEMM libraries run one thread per call (ops/cpu/gemm.cc) so
+// they never fight TBB for cores (see TOOLCHAIN.md).
 //
 // Reductions are deterministic: work is cut into a fixed number of chunks
 // that depends only on the problem size, never on the thread count, and
@@ -15,11 +15,6 @@
 #include <tbb/parallel_for.h>
 
 namespace cnnflow::cpu {
-
-// One thread for OpenBLAS (its own pool would fight TBB's). Called once per
-// process before kernels run; oneDNN's OpenMP is pinned per calling thread
-// in ops/cpu/gemm.cc.
-void PinLibraryThreads();
 
 // Number of chunks for n items with at least `min_per_chunk` each; at most
 // kMaxChunks. Independent of the thread count.

@@ -34,13 +34,19 @@ inline bool Beats(T v, T best) {
   return v > best || v != v;
 }
 
+// The common 2x2 window, stride 2, no padding.
+bool IsPlain2x2(const Pool2dGeometry& g) {
+  return g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
+         g.pad_w == 0;
+}
+
 // One plane: x [H, W] -> y [H', W'], idx [H', W'] (flat index into x).
 template <typename T>
 void MaxPoolPlane(const Pool2dGeometry& g, const T* x, T* y, int32_t* idx) {
   const int64_t w_in = g.in_w;
-  if (g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
-      g.pad_w == 0) {
-    // The common 2x2/2 case, written branch-free so it vectorises.
+  if (IsPlain2x2(g)) {
+    // Branch-free (selects) in PyTorch's scan order: (0,0), then a = (0,1),
+    // b = (1,0), c = (1,1); a later cell wins only if strictly greater.
     for (int64_t oh = 0; oh < g.out_h; ++oh) {
       const T* r0 = x + 2 * oh * w_in;
       const T* r1 = r0 + w_in;
@@ -88,6 +94,15 @@ void MaxPoolPlane(const Pool2dGeometry& g, const T* x, T* y, int32_t* idx) {
       idx[oh * g.out_w + ow] = static_cast<int32_t>(arg);
     }
   }
+}
+
+// One plane: dy [H', W'] and the argmax of each output -> dx [H, W]
+// (overwritten). Zeroing then scattering beat writing each cell once with
+// selects (measured 2x on the 2x2 case): the plane stays in L1.
+template <typename T>
+void MaxPoolPlaneBackward(const Pool2dGeometry& g, const T* dy, const int32_t* idx, T* dx) {
+  std::fill_n(dx, g.in_plane(), T(0));
+  for (int64_t o = 0; o < g.out_plane(); ++o) dx[idx[o]] += dy[o];
 }
 
 // PyTorch's divisor: the window clipped to the padded input, or to the
@@ -237,11 +252,8 @@ void MaxPool2d::Backward(const std::vector<const Tensor*>& x, const Tensor&, con
     const int32_t* idx = argmax_.data();
     cpu::ParallelFor(planes, PlaneGrain(g.in_plane()), [&](int64_t b, int64_t e) {
       for (int64_t p = b; p < e; ++p) {
-        T* d = dxs + p * g.in_plane();
-        const T* s = dys + p * g.out_plane();
-        const int32_t* ip = idx + p * g.out_plane();
-        std::fill_n(d, g.in_plane(), T(0));
-        for (int64_t o = 0; o < g.out_plane(); ++o) d[ip[o]] += s[o];
+        MaxPoolPlaneBackward(g, dys + p * g.out_plane(), idx + p * g.out_plane(),
+                             dxs + p * g.in_plane());
       }
     });
   });

@@ -357,7 +357,6 @@ TEST(Conv2dBuild, BadParamsAreConfigErrors) {
 // hand: ./tests/ops_test --gtest_also_run_disabled_tests
 //   --gtest_filter='*Conv2dBench*'   (threads: CNNFLOW_BENCH_THREADS, default 2)
 TEST(Conv2dBench, DISABLED_FashionMnistConvs) {
-  cpu::PinLibraryThreads();
   const char* env = std::getenv("CNNFLOW_BENCH_THREADS");
   const int threads = env ? std::atoi(env) : 2;
   const int64_t n = 64;
