@@ -20,6 +20,7 @@ Settings (the "best setting" search of bench/README.md):
     --mkldnn on|off        torch.backends.mkldnn.enabled (oneDNN convolutions)
     --channels-last        model and input in torch.channels_last
     --foreach              SGD with foreach=True (multi-tensor update)
+and environment variables (see SEARCH). --search times them all.
 """
 import argparse
 import gzip
@@ -56,30 +57,39 @@ def parse_args():
 
 # Candidate settings for --search: (name, extra environment, extra arguments).
 # OPENBLAS_NUM_THREADS=1 stops OpenBLAS's own pthreads fighting PyTorch's
-# OpenMP threads for the 2 cores; OMP_WAIT_POLICY=PASSIVE makes idle OpenMP
-# threads sleep instead of spin (matters when the machine is shared).
+# OpenMP threads for the 2 cores. MALLOC: glibc's malloc serves blocks over
+# its mmap threshold (128 KiB, raised only when such a block is freed) with a
+# fresh mmap, so every step's multi-MB activations and gradients are new pages
+# to fault in and zero; a fixed 32 MiB threshold (and a trim threshold above
+# it) keeps them on the heap, reused. OMP_WAIT_POLICY=PASSIVE makes idle
+# OpenMP threads sleep instead of spin: slower on an idle machine, much faster
+# when other processes share the cores.
+OBT1 = {"OPENBLAS_NUM_THREADS": "1"}
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
 SEARCH = [
     ("default", {}, []),
-    ("obt1", {"OPENBLAS_NUM_THREADS": "1"}, []),
-    ("obt1+cl", {"OPENBLAS_NUM_THREADS": "1"}, ["--channels-last"]),
-    ("passive", {"OMP_WAIT_POLICY": "PASSIVE"}, []),
-    ("obt1+cl+passive", {"OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"},
-     ["--channels-last"]),
-    ("obt1+cl+passive+foreach", {"OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"},
-     ["--channels-last", "--foreach"]),
+    ("obt1", OBT1, []),
+    ("obt1+cl", OBT1, ["--channels-last"]),
+    ("obt1+cl+malloc", {**OBT1, **MALLOC}, ["--channels-last"]),
+    ("obt1+cl+malloc+passive", {**OBT1, **MALLOC, **PASSIVE}, ["--channels-last"]),
+    ("obt1+cl+malloc+foreach", {**OBT1, **MALLOC}, ["--channels-last", "--foreach"]),
 ]
-# Measured worse everywhere on the reference machine, so not searched by
-# default (--search-all adds them): oneDNN off (ATen's own convolution).
+# Not better on the reference machine, so searched only with --search-all.
 SEARCH_MORE = [
-    ("obt1+nomkldnn", {"OPENBLAS_NUM_THREADS": "1"}, ["--mkldnn", "off"]),
-    ("obt1+cl+foreach", {"OPENBLAS_NUM_THREADS": "1"}, ["--channels-last", "--foreach"]),
+    ("passive", PASSIVE, []),
+    ("obt1+cl+passive", {**OBT1, **PASSIVE}, ["--channels-last"]),
+    ("obt1+nomkldnn", OBT1, ["--mkldnn", "off"]),
 ]
+for lib in ("libjemalloc.so.2", "libtcmalloc_minimal.so.4"):   # when installed
+    if os.path.exists(f"/usr/lib/x86_64-linux-gnu/{lib}"):
+        SEARCH_MORE.append((f"obt1+cl+{lib.split('.')[0]}",
+                            {**OBT1, "LD_PRELOAD": f"/usr/lib/x86_64-linux-gnu/{lib}"},
+                            ["--channels-last"]))
 # OpenBLAS 0.3.21 does not know this CPU model and, unless OPENBLAS_CORETYPE
 # is set, falls back to its Prescott (SSE3) kernels: ~5x slower sgemm.
 if "OPENBLAS_CORETYPE" not in os.environ:
-    SEARCH.append(("obt1+cl+passive+SkylakeX",
-                   {"OPENBLAS_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE",
-                    "OPENBLAS_CORETYPE": "SkylakeX"},
+    SEARCH.append(("obt1+cl+malloc+SkylakeX", {**OBT1, **MALLOC, "OPENBLAS_CORETYPE": "SkylakeX"},
                    ["--channels-last"]))
 
 
@@ -193,7 +203,9 @@ def main():
 
     setting = (f"mkldnn={args.mkldnn} channels_last={int(args.channels_last)} "
                f"foreach={int(args.foreach)} "
-               f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
+               + " ".join(f"{k}={os.environ.get(k, 'unset')}" for k in
+                          ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY",
+                           "MALLOC_MMAP_THRESHOLD_", "LD_PRELOAD")))
 
     if args.epochs > 0:
         xte, yte = load("test")

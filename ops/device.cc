@@ -1,10 +1,8 @@
 #include "ops/device.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
-#include <vector>
 
 #include "ops/device_backend.h"
 #include "ops/error.h"
@@ -33,6 +31,8 @@ std::string Device::ToString() const {
   return StrCat(is_cpu() ? "cpu:" : "cuda:", index);
 }
 
+namespace {
+
 size_t RoundToSizeClass(size_t bytes) {
   // Powers of two up to 1 MiB, then multiples of 1 MiB: little waste for the
   // large activation buffers, few classes for the small ones.
@@ -45,50 +45,42 @@ size_t RoundToSizeClass(size_t bytes) {
   return (bytes + (1u << 20) - 1) & ~static_cast<size_t>((1u << 20) - 1);
 }
 
-namespace {
-
-class HostPool final : public MemoryPool {
- public:
-  ~HostPool() override {
-    for (auto& [size, blocks] : free_)
-      for (void* p : blocks) std::free(p);
-  }
-  void* Allocate(size_t bytes) override {
-    const size_t size = RoundToSizeClass(bytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    in_use_ += size;
-    if (in_use_ > peak_) peak_ = in_use_;
-    auto& list = free_[size];
-    if (!list.empty()) {
-      void* p = list.back();
-      list.pop_back();
-      return p;
-    }
-    void* p = std::aligned_alloc(kAlignment, size);
-    if (p == nullptr) {
-      throw Error(StrCat("host out of memory: asked ", size, " bytes with ", in_use_ - size,
-                         " in use"));
-    }
-    reserved_ += size;
-    return p;
-  }
-  void Release(void* ptr, size_t bytes) override {
-    const size_t size = RoundToSizeClass(bytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    in_use_ -= size;
-    free_[size].push_back(ptr);
-  }
-  size_t bytes_in_use() const override { return in_use_; }
-  size_t peak_bytes_in_use() const override { return peak_; }
-  size_t bytes_reserved() const override { return reserved_; }
-
- private:
-  std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;
-  size_t in_use_ = 0, peak_ = 0, reserved_ = 0;
+// Host memory: never returned to the system while the process runs.
+class HostPool final : public CachingPool {
+ protected:
+  void* RawAllocate(size_t bytes) override { return std::aligned_alloc(kAlignment, bytes); }
+  std::string name() const override { return "host"; }
 };
 
 }  // namespace
+
+void* CachingPool::Allocate(size_t bytes) {
+  const size_t size = RoundToSizeClass(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& list = free_[size];
+  void* p = nullptr;
+  if (!list.empty()) {
+    p = list.back();
+    list.pop_back();
+  } else {
+    p = RawAllocate(size);
+    if (p == nullptr) {
+      throw Error(StrCat(name(), " out of memory: asked ", size, " bytes with ", in_use_,
+                         " in use and ", reserved_, " reserved"));
+    }
+    reserved_ += size;
+  }
+  in_use_ += size;
+  peak_ = std::max(peak_, in_use_);
+  return p;
+}
+
+void CachingPool::Release(void* ptr, size_t bytes) {
+  const size_t size = RoundToSizeClass(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  in_use_ -= size;
+  free_[size].push_back(ptr);
+}
 
 MemoryPool& PoolFor(Device device) {
   if (device.is_cpu()) {

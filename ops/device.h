@@ -5,8 +5,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace cnnflow {
 
@@ -42,6 +45,28 @@ class MemoryPool {
   virtual size_t bytes_in_use() const = 0;
   virtual size_t peak_bytes_in_use() const = 0;
   virtual size_t bytes_reserved() const = 0;
+};
+
+// The pool logic shared by every device: blocks rounded up to size classes,
+// released blocks kept on per-class free lists. A device supplies the raw
+// allocation.
+class CachingPool : public MemoryPool {
+ public:
+  void* Allocate(size_t bytes) override;
+  void Release(void* ptr, size_t bytes) override;
+  size_t bytes_in_use() const override { return in_use_; }
+  size_t peak_bytes_in_use() const override { return peak_; }
+  size_t bytes_reserved() const override { return reserved_; }
+
+ protected:
+  // nullptr when the device is out of memory.
+  virtual void* RawAllocate(size_t bytes) = 0;
+  virtual std::string name() const = 0;  // "host", "cuda:0"
+
+ private:
+  std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;
+  size_t in_use_ = 0, peak_ = 0, reserved_ = 0;
 };
 
 // The pool of a device (created on first use). Host memory for every cpu:K.

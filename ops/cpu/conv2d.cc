@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/parallel.h"
 
@@ -216,22 +217,6 @@ void Col2Im(const Conv2dGeometry& g, const Conv2dScratch& plan, T* col, T* dx) {
       }
     }
   }
-}
-
-// Sum of n values with independent lanes, so the compiler vectorises it
-// without reassociation flags.
-template <typename T>
-T RowSum(const T* p, int64_t n) {
-  constexpr int kLanes = 16;
-  T acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) acc[l] += p[i + l];
-  }
-  T s = 0;
-  for (; i < n; ++i) s += p[i];
-  for (int l = 0; l < kLanes; ++l) s += acc[l];
-  return s;
 }
 
 // x [n, C, H, W], w [K, C/groups, kh, kw], bias [K] or null -> y [n, K, H', W'].

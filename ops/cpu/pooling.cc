@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
 
 namespace cnnflow {
@@ -151,21 +152,6 @@ void AvgPoolPlaneBackward(const Pool2dGeometry& g, bool include_pad, const T* dy
       }
     }
   }
-}
-
-// Sum with independent lanes (vectorises without reassociation flags).
-template <typename T>
-T RowSum(const T* p, int64_t n) {
-  constexpr int kLanes = 16;
-  T acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) acc[l] += p[i + l];
-  }
-  T s = 0;
-  for (; i < n; ++i) s += p[i];
-  for (int l = 0; l < kLanes; ++l) s += acc[l];
-  return s;
 }
 
 std::pair<int64_t, int64_t> PairArg(const char* layer, const Args& args, const std::string& key,

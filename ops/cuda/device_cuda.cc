@@ -5,7 +5,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <vector>
 
 #include "ops/device_backend.h"
 #include "ops/error.h"
@@ -19,54 +18,28 @@
     }                                                                                  \
   } while (0)
 
-namespace cnnflow {
-size_t RoundToSizeClass(size_t bytes);  // ops/device.cc
-}
-
 namespace cnnflow::detail {
 
 namespace {
 
-class CudaCachingPool final : public MemoryPool {
+class CudaCachingPool final : public CachingPool {
  public:
   explicit CudaCachingPool(int index) : index_(index) {}
-  void* Allocate(size_t bytes) override {
-    const size_t size = RoundToSizeClass(bytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& list = free_[size];
+
+ protected:
+  void* RawAllocate(size_t bytes) override {
+    CNNFLOW_CUDA_CHECK(cudaSetDevice(index_));
     void* p = nullptr;
-    if (!list.empty()) {
-      p = list.back();
-      list.pop_back();
-    } else {
-      CNNFLOW_CUDA_CHECK(cudaSetDevice(index_));
-      cudaError_t err = cudaMalloc(&p, size);
-      if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        throw Error(StrCat("cuda:", index_, " out of memory: asked ", size, " bytes, ", in_use_,
-                           " in use, ", reserved_, " reserved (", cudaGetErrorString(err), ")"));
-      }
-      reserved_ += size;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear it: the pool reports the failure
+      return nullptr;
     }
-    in_use_ += size;
-    if (in_use_ > peak_) peak_ = in_use_;
     return p;
   }
-  void Release(void* ptr, size_t bytes) override {
-    const size_t size = RoundToSizeClass(bytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    in_use_ -= size;
-    free_[size].push_back(ptr);
-  }
-  size_t bytes_in_use() const override { return in_use_; }
-  size_t peak_bytes_in_use() const override { return peak_; }
-  size_t bytes_reserved() const override { return reserved_; }
+  std::string name() const override { return StrCat("cuda:", index_); }
 
  private:
   int index_;
-  std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;
-  size_t in_use_ = 0, peak_ = 0, reserved_ = 0;
 };
 
 }  // namespace

@@ -12,19 +12,14 @@
 
 #include "ops/error.h"
 
+#include "tests/test_dir.h"
+
 namespace cnnflow {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string TestDir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) /
-                 (std::string("cnnflow_idx_") + info->name() + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
+using testing::TestDir;
 
 // An IDX file: big-endian magic and dimensions, then `data`; gzip or plain.
 void WriteIdx(const std::string& path, uint32_t magic, const std::vector<uint32_t>& dims,

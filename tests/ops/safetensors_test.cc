@@ -11,20 +11,14 @@
 #include <sstream>
 #include <string>
 
+#include "tests/test_dir.h"
+
 namespace cnnflow {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory per test.
-std::string TestDir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) /
-                 (std::string("cnnflow_st_") + info->name() + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
+using testing::TestDir;
 
 std::string ReadBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

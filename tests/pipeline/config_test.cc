@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/test_dir.h"
+
 namespace cnnflow {
 namespace {
 
@@ -32,12 +34,12 @@ train:
 class ConfigTest : public ::testing::Test {
  protected:
   std::string Write(const std::string& text, const std::string& name = "cfg.yaml") {
-    const fs::path dir = fs::temp_directory_path() / ("cnnflow_config_test_" + std::to_string(getpid()));
-    fs::create_directories(dir);
-    const std::string path = (dir / name).string();
+    if (dir_.empty()) dir_ = testing::TestDir();
+    const std::string path = (fs::path(dir_) / name).string();
     std::ofstream(path) << text;
     return path;
   }
+  std::string dir_;
   static std::string Replace(std::string s, const std::string& from, const std::string& to) {
     const auto pos = s.find(from);
     EXPECT_NE(pos, std::string::npos) << from;

@@ -7,6 +7,7 @@
 
 #include "ops/safetensors.h"
 #include "pipeline/trainer.h"
+#include "tests/test_dir.h"
 
 namespace cnnflow {
 namespace {
@@ -23,8 +24,7 @@ TEST(Training, FashionMnistSubsetLearns) {
   const PassMetrics before = trainer.Evaluate();
   EXPECT_NEAR(before.mean_loss(), std::log(10.0), 0.3) << "an untrained model is near chance";
 
-  const fs::path dir = fs::temp_directory_path() / ("cnnflow_training_test_" + std::to_string(getpid()));
-  fs::remove_all(dir);
+  const fs::path dir = testing::TestDir();
   const EpochReport r = trainer.Train(dir.string());
   EXPECT_EQ(r.train.batches, 200);
   EXPECT_LT(r.test.mean_loss(), 0.6 * before.mean_loss());
