@@ -7,6 +7,9 @@ find_package(dnnl REQUIRED)   # DNNL::dnnl; Debian's build uses GNU OpenMP
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+pkg_check_modules(LMDB REQUIRED IMPORTED_TARGET lmdb)
+pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)
+find_package(OpenCV REQUIRED COMPONENTS core imgproc)
 
 if(CNNFLOW_BUILD_TESTS)
   find_package(GTest REQUIRED)
