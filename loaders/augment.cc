@@ -1,1 +1,171 @@
-// placeholder: being written
+#include "loaders/augment.h"
+
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "ops/error.h"
+#include "ops/random.h"
+
+namespace cnnflow {
+
+ImageSize ResizedSize(int h, int w, int resize_min_side) {
+  if (resize_min_side <= 0 || h <= 0 || w <= 0) return {h, w};
+  if (h <= w) return {resize_min_side, static_cast<int>(int64_t{w} * resize_min_side / h)};
+  return {static_cast<int>(int64_t{h} * resize_min_side / w), resize_min_side};
+}
+
+namespace {
+
+// Offset of an `out`-long window in `size` (padded) pixels.
+int CropOffset(int size, int out, bool random, uint64_t key, uint64_t counter) {
+  const int range = size - out;
+  // Window larger than the image: centred, the extra zeros split as
+  // torchvision's CenterCrop pads (the odd one at the end).
+  if (range < 0) return -((-range) / 2);
+  // Python's round() is round-half-even, as nearbyint in the default mode.
+  if (!random) return static_cast<int>(std::nearbyint(range / 2.0));
+  return std::min(range, static_cast<int>(UniformAt(key, counter) * (range + 1)));
+}
+
+// One pass: crop (with implicit zero padding) + flip + normalise (table) +
+// HWC -> CHW. kC > 0 fixes the channel count at compile time so the channel
+// loop unrolls; kC == 0 reads it from c.
+template <int kC>
+void Gather(const uint8_t* src, int h, int w, int c, int pad, const AugmentParams& p, int out_h,
+            int out_w, const float* lut, int lut_stride, float* out) {
+  const int C = kC > 0 ? kC : c;
+  const int64_t plane = int64_t{out_h} * out_w;
+  // Output columns [x0, x1) read the image; the rest are padding. Source
+  // column of output x: first + x (or first - x when flipped).
+  const int first = p.flip ? p.left + out_w - 1 - pad : p.left - pad;
+  int x0, x1;
+  if (!p.flip) {
+    x0 = std::clamp(-first, 0, out_w);
+    x1 = std::clamp(w - first, x0, out_w);
+  } else {
+    x0 = std::clamp(first - w + 1, 0, out_w);
+    x1 = std::clamp(first + 1, x0, out_w);
+  }
+  const int64_t step = p.flip ? -C : C;
+  float* o[4];
+  const float* l[4];
+  for (int ch = 0; ch < C; ++ch) l[ch] = lut + ch * lut_stride;
+  for (int y = 0; y < out_h; ++y) {
+    const int sy = p.top + y - pad;
+    const bool inside = sy >= 0 && sy < h && x0 < x1;
+    for (int ch = 0; ch < C; ++ch) {
+      o[ch] = out + ch * plane + int64_t{y} * out_w;
+      const float zero = l[ch][0];
+      if (!inside) {
+        std::fill(o[ch], o[ch] + out_w, zero);
+      } else {
+        std::fill(o[ch], o[ch] + x0, zero);
+        std::fill(o[ch] + x1, o[ch] + out_w, zero);
+      }
+    }
+    if (!inside) continue;
+    const int sx0 = p.flip ? first - x0 : first + x0;
+    const uint8_t* px = src + (int64_t{sy} * w + sx0) * C;
+    for (int x = x0; x < x1; ++x, px += step) {
+      for (int ch = 0; ch < C; ++ch) o[ch][x] = l[ch][px[ch]];
+    }
+  }
+}
+
+}  // namespace
+
+AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uint64_t seed,
+                                int64_t epoch, int64_t sample_index) {
+  const uint64_t key = StreamKey(seed, static_cast<uint64_t>(epoch),
+                                 static_cast<uint64_t>(sample_index), kAugmentStream);
+  AugmentParams p;
+  p.top = CropOffset(h + 2 * options.pad, options.out_h, options.random_crop, key, 0);
+  p.left = CropOffset(w + 2 * options.pad, options.out_w, options.random_crop, key, 1);
+  p.flip = options.hflip && UniformAt(key, 2) < 0.5;
+  return p;
+}
+
+Augmenter::Augmenter(AugmentOptions options) : options_(std::move(options)) {
+  const AugmentOptions& o = options_;
+  if (o.out_h <= 0 || o.out_w <= 0) {
+    throw ConfigError(StrCat("augment: output size must be positive, got ", o.out_h, "x", o.out_w));
+  }
+  if (o.pad < 0 || o.resize_min_side < 0) {
+    throw ConfigError(StrCat("augment: pad and resize must be >= 0, got pad ", o.pad, ", resize ",
+                             o.resize_min_side));
+  }
+  const size_t n = std::max<size_t>({o.mean.size(), o.std.size(), 1});
+  if (n > kMaxChannels || (o.mean.size() > 1 && o.mean.size() != n) ||
+      (o.std.size() > 1 && o.std.size() != n)) {
+    throw ConfigError(StrCat("augment: mean (", o.mean.size(), " values) and std (", o.std.size(),
+                             " values) must each have 1 value or one per channel (at most ",
+                             kMaxChannels, ")"));
+  }
+  norm_channels_ = static_cast<int>(n);
+  lut_.resize(n * 256);
+  for (size_t ch = 0; ch < n; ++ch) {
+    const float mean = o.mean.empty() ? 0.f : o.mean[o.mean.size() == 1 ? 0 : ch];
+    const float std = o.std.empty() ? 1.f : o.std[o.std.size() == 1 ? 0 : ch];
+    if (!(std::isfinite(std) && std != 0.f) || !std::isfinite(mean)) {
+      throw ConfigError(StrCat("augment: channel ", ch, " has mean ", mean, ", std ", std,
+                               " (std must be finite and non-zero)"));
+    }
+    for (int v = 0; v < 256; ++v) lut_[ch * 256 + v] = (static_cast<float>(v) / 255.f - mean) / std;
+  }
+}
+
+void Augmenter::Run(const uint8_t* hwc, int h, int w, int c, uint64_t seed, int64_t epoch,
+                    int64_t sample_index, float* chw_out) const {
+  const ImageSize rs = ResizedSize(h, w, options_.resize_min_side);
+  RunWithParams(hwc, h, w, c, DrawAugmentParams(rs.h, rs.w, options_, seed, epoch, sample_index),
+                chw_out);
+}
+
+void Augmenter::RunWithParams(const uint8_t* hwc, int h, int w, int c, const AugmentParams& params,
+                              float* chw_out) const {
+  CNNFLOW_ENFORCE(h > 0 && w > 0 && c >= 1 && c <= kMaxChannels,
+                  "augment: image must be [h, w, c] with c in 1..4, got [", h, ", ", w, ", ", c,
+                  "]");
+  CNNFLOW_ENFORCE(norm_channels_ == 1 || norm_channels_ == c, "augment: mean/std have ",
+                  norm_channels_, " values but the image has ", c, " channels");
+  const uint8_t* src = hwc;
+  const ImageSize rs = ResizedSize(h, w, options_.resize_min_side);
+  // A per-call buffer, not a thread_local: OpenCV's resize runs TBB tasks,
+  // and a waiting thread may pick up another sample's augmentation.
+  std::unique_ptr<uint8_t[]> resized;
+  if (rs.h != h || rs.w != w) {
+    resized.reset(new uint8_t[static_cast<size_t>(rs.h) * rs.w * c]);
+    const cv::Mat in(h, w, CV_8UC(c), const_cast<uint8_t*>(hwc));
+    cv::Mat out(rs.h, rs.w, CV_8UC(c), resized.get());
+    cv::resize(in, out, cv::Size(rs.w, rs.h), 0, 0, cv::INTER_LINEAR);
+    CNNFLOW_ENFORCE(out.data == resized.get(), "cv::resize reallocated its output");
+    src = resized.get();
+  }
+  const int lut_stride = norm_channels_ == 1 ? 0 : 256;
+  const AugmentOptions& o = options_;
+  switch (c) {
+    case 1:
+      Gather<1>(src, rs.h, rs.w, c, o.pad, params, o.out_h, o.out_w, lut_.data(), lut_stride,
+                chw_out);
+      break;
+    case 3:
+      Gather<3>(src, rs.h, rs.w, c, o.pad, params, o.out_h, o.out_w, lut_.data(), lut_stride,
+                chw_out);
+      break;
+    default:
+      Gather<0>(src, rs.h, rs.w, c, o.pad, params, o.out_h, o.out_w, lut_.data(), lut_stride,
+                chw_out);
+  }
+}
+
+void Augment(const uint8_t* hwc, int h, int w, int c, const AugmentOptions& options, uint64_t seed,
+             int64_t epoch, int64_t sample_index, float* chw_out) {
+  Augmenter(options).Run(hwc, h, w, c, seed, epoch, sample_index, chw_out);
+}
+
+}  // namespace cnnflow

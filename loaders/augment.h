@@ -1,1 +1,90 @@
-// placeholder: being written
+// Per-sample image augmentation for the loaders: HWC uint8 (as decoded) ->
+// CHW float, with resize, zero padding, random or centre crop, random
+// horizontal flip and per-channel mean/std normalisation, as torchvision's
+// Resize / RandomCrop(padding) / CenterCrop / RandomHorizontalFlip /
+// ToTensor / Normalize chain.
+//
+// Reproducible whatever the thread count: every random choice is a pure
+// function of (seed, epoch, sample_index) through ops/random.h, never of a
+// shared generator or of the thread that runs it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace cnnflow {
+
+struct AugmentOptions {
+  int out_h = 0;  // sample size written to chw_out: [C, out_h, out_w]
+  int out_w = 0;
+  // > 0: first resize (cv::resize, INTER_LINEAR) so min(h, w) == this; the
+  // long side becomes floor(long * resize_min_side / short), as torchvision.
+  int resize_min_side = 0;
+  // Zero padding on every side before cropping (CIFAR's RandomCrop(32,
+  // padding=4)). Padded pixels are 0 before normalisation.
+  int pad = 0;
+  // Uniform random crop offset; else the centre crop (offset
+  // round-half-even((size - out) / 2), as torchvision's CenterCrop). A crop
+  // larger than the (padded) image is centred and zero-filled.
+  bool random_crop = false;
+  bool hflip = false;  // flip the crop left-right with p = 0.5
+  // Per channel on [0, 1] values: out = (v / 255 - mean[c]) / std[c]. Empty
+  // = mean 0 / std 1; one value applies to every channel.
+  std::vector<float> mean, std;
+};
+
+// The random choices for one sample, in the coordinates of the padded
+// (resized) image: the crop is rows [top, top + out_h), columns [left,
+// left + out_w), then mirrored if flip.
+struct AugmentParams {
+  int top = 0;
+  int left = 0;
+  bool flip = false;
+};
+
+// Distinguishes the augmentation stream from others keyed by the same
+// (seed, epoch, index), e.g. the sampler's.
+inline constexpr uint64_t kAugmentStream = 0x6175676d656e74ULL;  // "augment"
+
+// Size after the optional resize: {h, w}.
+struct ImageSize {
+  int h = 0;
+  int w = 0;
+};
+ImageSize ResizedSize(int h, int w, int resize_min_side);
+
+// The crop / flip drawn for (seed, epoch, sample_index) on an image of h x w
+// (after resize, before padding). Stream: StreamKey(seed, epoch,
+// sample_index, kAugmentStream); counters 0 (top), 1 (left), 2 (flip).
+AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uint64_t seed,
+                                int64_t epoch, int64_t sample_index);
+
+// Options checked once, normalisation tables built once: use one per loader
+// stage. Run() is const and thread-safe.
+class Augmenter {
+ public:
+  // Throws cnnflow::ConfigError on bad options (sizes, std == 0, ...).
+  explicit Augmenter(AugmentOptions options);
+  const AugmentOptions& options() const { return options_; }
+
+  // hwc: [h, w, c] uint8, c in 1..4 -> chw_out: [c, out_h, out_w] float.
+  // Throws cnnflow::Error if c does not match mean/std.
+  void Run(const uint8_t* hwc, int h, int w, int c, uint64_t seed, int64_t epoch,
+           int64_t sample_index, float* chw_out) const;
+  // The same with the random choices given (tests, replay).
+  void RunWithParams(const uint8_t* hwc, int h, int w, int c, const AugmentParams& params,
+                     float* chw_out) const;
+
+ private:
+  static constexpr int kMaxChannels = 4;
+  AugmentOptions options_;
+  int norm_channels_ = 1;  // how many distinct mean/std entries (1 or c)
+  // lut_[c * 256 + v] = (v / 255 - mean[c]) / std[c], computed in float.
+  std::vector<float> lut_;
+};
+
+// One-shot form of Augmenter(options).Run(...): builds the tables per call.
+void Augment(const uint8_t* hwc, int h, int w, int c, const AugmentOptions& options, uint64_t seed,
+             int64_t epoch, int64_t sample_index, float* chw_out);
+
+}  // namespace cnnflow

@@ -1,1 +1,178 @@
-// placeholder: being written
+#include "loaders/jpeg_decoder.h"
+
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "ops/error.h"
+
+namespace cnnflow {
+namespace {
+
+int FileChannels(int colorspace) {
+  switch (colorspace) {
+    case TJCS_GRAY:
+      return 1;
+    case TJCS_CMYK:
+    case TJCS_YCCK:
+      return 4;
+    default:
+      return 3;
+  }
+}
+
+// Limits on what a data record may ask of the decoder: a corrupt header
+// claiming 60000x60000 must fail, not allocate or spin.
+constexpr int kMaxSide = 1 << 15;
+
+}  // namespace
+
+JpegDecoder::JpegDecoder(JpegDecodeOptions options) : options_(options) {
+  handle_ = tjInitDecompress();
+  CNNFLOW_ENFORCE(handle_ != nullptr, "tjInitDecompress failed: ", tjGetErrorStr2(nullptr));
+}
+
+JpegDecoder::~JpegDecoder() {
+  if (handle_ != nullptr) tjDestroy(static_cast<tjhandle>(handle_));
+}
+
+JpegDecoder::JpegDecoder(JpegDecoder&& other) noexcept
+    : handle_(std::exchange(other.handle_, nullptr)), options_(other.options_) {}
+
+JpegDecoder& JpegDecoder::operator=(JpegDecoder&& other) noexcept {
+  if (this != &other) {
+    if (handle_ != nullptr) tjDestroy(static_cast<tjhandle>(handle_));
+    handle_ = std::exchange(other.handle_, nullptr);
+    options_ = other.options_;
+  }
+  return *this;
+}
+
+void JpegDecoder::ResetHandle() {
+  tjhandle fresh = tjInitDecompress();
+  CNNFLOW_ENFORCE(fresh != nullptr, "tjInitDecompress failed: ", tjGetErrorStr2(nullptr));
+  if (handle_ != nullptr) tjDestroy(static_cast<tjhandle>(handle_));
+  handle_ = fresh;
+}
+
+JpegResult JpegDecoder::ReadHeader(const uint8_t* data, size_t size) {
+  JpegResult r;
+  if (data == nullptr || size == 0) {
+    r.error = "empty JPEG buffer";
+    return r;
+  }
+  tjhandle h = static_cast<tjhandle>(handle_);
+  int subsamp = 0, colorspace = 0;
+  if (tjDecompressHeader3(h, data, static_cast<unsigned long>(size), &r.width, &r.height, &subsamp,
+                          &colorspace) != 0) {
+    r.error = StrCat("corrupt JPEG header: ", tjGetErrorStr2(h));
+    // TurboJPEG 2.1 leaves the decompressor mid-header after a failed
+    // tjDecompressHeader3 (no jpeg_abort), and the next header read on the
+    // handle then "succeeds" with 0x0: start over with a fresh handle.
+    ResetHandle();
+    return r;
+  }
+  if (r.width <= 0 || r.height <= 0 || r.width > kMaxSide || r.height > kMaxSide) {
+    r.error = StrCat("corrupt JPEG header: image size ", r.width, "x", r.height,
+                     " out of range (1..", kMaxSide, ")");
+    return r;
+  }
+  r.channels = FileChannels(colorspace);
+  return r;
+}
+
+JpegScale JpegDecoder::PickScale(int width, int height, int target_min_side) {
+  JpegScale best{1, 1, width, height};
+  if (target_min_side <= 0) return best;
+  int n = 0;
+  const tjscalingfactor* factors = tjGetScalingFactors(&n);
+  for (int i = 0; i < n; ++i) {
+    const tjscalingfactor f = factors[i];
+    if (f.num > f.denom) continue;  // never upscale
+    const int w = TJSCALED(width, f), h = TJSCALED(height, f);
+    if (std::min(w, h) < target_min_side) continue;
+    // Smaller ratio than the best so far: f.num / f.denom < best.num / best.denom.
+    if (static_cast<int64_t>(f.num) * best.denom < static_cast<int64_t>(best.num) * f.denom) {
+      best = {f.num, f.denom, w, h};
+    }
+  }
+  return best;
+}
+
+JpegResult JpegDecoder::Decode(const uint8_t* data, size_t size, int out_channels, uint8_t* dst,
+                               size_t dst_capacity, int target_min_side) {
+  if (out_channels != 1 && out_channels != 3) {
+    JpegResult r;
+    r.error = StrCat("invalid JPEG request: out_channels must be 1 or 3, got ", out_channels);
+    return r;
+  }
+  JpegResult r = ReadHeader(data, size);
+  if (!r.ok()) return r;
+  const JpegScale s = PickScale(r.width, r.height, target_min_side);
+  r.width = s.width;
+  r.height = s.height;
+  r.channels = out_channels;
+  r.scale_num = s.num;
+  r.scale_denom = s.denom;
+  const size_t need = static_cast<size_t>(s.width) * s.height * out_channels;
+  if (dst == nullptr || dst_capacity < need) {
+    r.error = StrCat("JPEG destination buffer too small: ", s.width, "x", s.height, "x",
+                     out_channels, " needs ", need, " bytes, have ", dst_capacity);
+    return r;
+  }
+  // Cap progressive scans: a crafted file can otherwise take minutes.
+  int flags = TJFLAG_LIMITSCANS;
+  if (options_.warnings_are_errors) flags |= TJFLAG_STOPONWARNING;
+  if (options_.fast_dct) flags |= TJFLAG_FASTDCT;
+  tjhandle h = static_cast<tjhandle>(handle_);
+  const int pixel_format = out_channels == 1 ? TJPF_GRAY : TJPF_RGB;
+  if (tjDecompress2(h, data, static_cast<unsigned long>(size), dst, s.width,
+                    s.width * out_channels, s.height, pixel_format, flags) != 0) {
+    // Without STOPONWARNING a warning still returns -1, after a full decode.
+    if (!options_.warnings_are_errors && tjGetErrorCode(h) == TJERR_WARNING) {
+      r.warning = tjGetErrorStr2(h);
+    } else {
+      r.error = StrCat("corrupt JPEG: ", tjGetErrorStr2(h));
+    }
+  }
+  return r;
+}
+
+JpegDecoder& ThreadLocalJpegDecoder() {
+  thread_local JpegDecoder decoder;
+  return decoder;
+}
+
+namespace {
+
+struct TjDeleter {
+  void operator()(void* h) const { tjDestroy(static_cast<tjhandle>(h)); }
+};
+
+}  // namespace
+
+std::string EncodeJpeg(const uint8_t* pixels, int width, int height, int channels, int quality,
+                       bool subsample_chroma) {
+  CNNFLOW_ENFORCE(pixels != nullptr && width > 0 && height > 0,
+                  "EncodeJpeg: empty image ", width, "x", height);
+  CNNFLOW_ENFORCE(channels == 1 || channels == 3, "EncodeJpeg: channels must be 1 or 3, got ",
+                  channels);
+  CNNFLOW_ENFORCE(quality >= 1 && quality <= 100, "EncodeJpeg: quality must be 1..100, got ",
+                  quality);
+  thread_local std::unique_ptr<void, TjDeleter> handle(tjInitCompress());
+  tjhandle h = static_cast<tjhandle>(handle.get());
+  CNNFLOW_ENFORCE(h != nullptr, "tjInitCompress failed: ", tjGetErrorStr2(nullptr));
+  const int subsamp = channels == 1 ? TJSAMP_GRAY : (subsample_chroma ? TJSAMP_420 : TJSAMP_444);
+  unsigned char* out = nullptr;
+  unsigned long out_size = 0;
+  const int rc = tjCompress2(h, pixels, width, width * channels, height,
+                             channels == 1 ? TJPF_GRAY : TJPF_RGB, &out, &out_size, subsamp,
+                             quality, 0);
+  std::unique_ptr<unsigned char, void (*)(unsigned char*)> owned(out, tjFree);
+  CNNFLOW_ENFORCE(rc == 0, "tjCompress2 failed: ", tjGetErrorStr2(h));
+  return std::string(reinterpret_cast<const char*>(out), out_size);
+}
+
+}  // namespace cnnflow
