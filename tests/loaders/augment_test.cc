@@ -325,41 +325,5 @@ TEST(AugmentTest, BadOptionsAndInputsThrow) {
   EXPECT_THROW(aug.RunWithParams(img.data(), 4, 4, 1, {}, out.data()), Error);  // 1 channel vs 3
 }
 
-// Per-sample cost; run by hand with --gtest_also_run_disabled_tests.
-TEST(AugmentTest, DISABLED_Speed) {
-  struct Case {
-    const char* name;
-    int h, w;
-    AugmentOptions o;
-  };
-  AugmentOptions cifar;
-  cifar.out_h = cifar.out_w = 32;
-  cifar.pad = 4;
-  cifar.random_crop = cifar.hflip = true;
-  cifar.mean = {0.49f, 0.48f, 0.45f};
-  cifar.std = {0.25f, 0.24f, 0.26f};
-  AugmentOptions imagenet = cifar;
-  imagenet.out_h = imagenet.out_w = 224;
-  imagenet.pad = 0;
-  imagenet.resize_min_side = 256;
-  AugmentOptions crop_only = imagenet;
-  crop_only.resize_min_side = 0;
-  for (const Case& k : {Case{"cifar 32 pad4 crop flip", 32, 32, cifar},
-                        Case{"375x500 resize256 crop224 flip", 375, 500, imagenet},
-                        Case{"256x256 crop224 flip (no resize)", 256, 256, crop_only}}) {
-    const auto img = RandomImage(k.h, k.w, 3, 1);
-    const Augmenter aug(k.o);
-    std::vector<float> out(3 * k.o.out_h * k.o.out_w);
-    const auto t0 = std::chrono::steady_clock::now();
-    int n = 0;
-    double secs = 0;
-    while (secs < 0.5) {
-      for (int j = 0; j < 20; ++j, ++n) aug.Run(img.data(), k.h, k.w, 3, 1, 0, n, out.data());
-      secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    std::printf("augment %s: %.1f us/sample\n", k.name, 1e6 * secs / n);
-  }
-}
-
 }  // namespace
 }  // namespace cnnflow

@@ -325,32 +325,5 @@ TEST(JpegDecoderTest, EncodeRejectsBadArguments) {
   EXPECT_THROW(EncodeJpeg(p.data(), 2, 2, 3, 0), Error);
 }
 
-// Single-thread decode rate; run by hand:
-//   ./tests/loaders_test --gtest_also_run_disabled_tests --gtest_filter='*DecodeSpeed*'
-TEST(JpegDecoderTest, DISABLED_DecodeSpeed) {
-  for (auto [w, h] : {std::pair{32, 32}, {500, 375}}) {
-    // Photo-like: smooth gradients, edges and some noise.
-    Pixels src = Gradient(w, h, 3);
-    Rng rng(1);
-    const Pixels board = Checkerboard(w, h, 3, 16);
-    for (size_t i = 0; i < src.size(); ++i) {
-      src[i] = static_cast<uint8_t>((src[i] + board[i]) / 2 + rng.Below(16));
-    }
-    const std::string jpeg = EncodeJpeg(src.data(), w, h, 3, 90);
-    JpegDecoder dec;
-    Pixels buf(src.size());
-    const auto t0 = std::chrono::steady_clock::now();
-    int n = 0;
-    double secs = 0;
-    while (secs < 1.0) {
-      for (int k = 0; k < 50; ++k, ++n) {
-        ASSERT_TRUE(dec.Decode(Bytes(jpeg), jpeg.size(), 3, buf.data(), buf.size()).ok());
-      }
-      secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-    std::printf("decode %dx%d RGB q90 (%zu bytes): %.0f images/s\n", w, h, jpeg.size(), n / secs);
-  }
-}
-
 }  // namespace
 }  // namespace cnnflow

@@ -1,0 +1,131 @@
+// Kernel micro-benchmarks (Google Benchmark): the Fashion-MNIST model's
+// layers at batch 64, JPEG decoding and augmentation. Rates are per image;
+// GFLOP/s counters use the layers' own FLOP counts.
+//   build/bench/kernels_bench [--benchmark_filter=Conv]
+// Threads: the TBB arena of each benchmark (second argument where given).
+#include <benchmark/benchmark.h>
+
+#include <tbb/global_control.h>
+
+#include <vector>
+
+#include "loaders/augment.h"
+#include "loaders/jpeg_decoder.h"
+#include "ops/layer.h"
+#include "ops/random.h"
+
+namespace cnnflow {
+namespace {
+
+Tensor Random(const Shape& shape, uint64_t seed) {
+  Tensor t = Tensor::Empty(shape);
+  Rng rng(seed);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(rng.Uniform(-1, 1));
+  return t;
+}
+
+// Forward + backward of one layer of the Fashion-MNIST model, batch 64.
+void LayerStep(benchmark::State& state, const char* type, Args args, Shape sample, bool need_dx) {
+  tbb::global_control threads(tbb::global_control::max_allowed_parallelism, state.range(0));
+  const int64_t n = 64;
+  const LayerType* t = LayerRegistry::Get().Find(type);
+  args.FillDefaults(t->schema);
+  auto layer = t->create(type, args);
+  const Shape out = layer->Build({sample}, DType::kF32);
+  Rng rng(1);
+  layer->ResetParameters(rng);
+  Tensor x = Random(sample.WithBatch(n), 2), y = Tensor::Empty(out.WithBatch(n));
+  Tensor dy = Random(out.WithBatch(n), 3), dx = Tensor::Empty(sample.WithBatch(n));
+  for (auto _ : state) {
+    layer->Forward({&x}, y, {});
+    layer->Backward({&x}, y, dy, {need_dx ? &dx : nullptr});
+  }
+  // Backward costs ~2x forward with dx, ~1x without.
+  const double flops = static_cast<double>(layer->ForwardFlops(n)) * (need_dx ? 3 : 2);
+  state.counters["img/s"] = benchmark::Counter(n, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+Args Conv(int64_t out) {
+  Args a;
+  a.Set("out", out);
+  a.Set("kernel", int64_t{3});
+  a.Set("pad", int64_t{1});
+  return a;
+}
+
+void BM_Conv1(benchmark::State& s) { LayerStep(s, "conv2d", Conv(32), {1, 28, 28}, false); }
+void BM_Conv2(benchmark::State& s) { LayerStep(s, "conv2d", Conv(64), {32, 14, 14}, true); }
+void BM_Fc1(benchmark::State& s) {
+  Args a;
+  a.Set("out", int64_t{128});
+  LayerStep(s, "linear", a, {3136}, true);
+}
+void BM_MaxPool1(benchmark::State& s) {
+  Args a;
+  a.Set("kernel", int64_t{2});
+  LayerStep(s, "maxpool2d", a, {32, 28, 28}, true);
+}
+BENCHMARK(BM_Conv1)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(BM_Conv2)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(BM_Fc1)->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(BM_MaxPool1)->Arg(1)->Arg(2)->UseRealTime();
+
+// A photo-like RGB image: gradients, edges and noise.
+std::vector<uint8_t> PhotoLike(int w, int h) {
+  std::vector<uint8_t> px(static_cast<size_t>(w) * h * 3);
+  Rng rng(1);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c) {
+        const int edge = ((x / 16 + y / 16) % 2) * 64;
+        px[(static_cast<size_t>(y) * w + x) * 3 + c] =
+            static_cast<uint8_t>((x * 255 / w + y * 255 / h) / 4 + edge + c * 20 + rng.Below(16));
+      }
+  return px;
+}
+
+// Single-thread TurboJPEG decode of one image, full size.
+void BM_JpegDecode(benchmark::State& state) {
+  const int w = static_cast<int>(state.range(0)), h = static_cast<int>(state.range(1));
+  const std::vector<uint8_t> src = PhotoLike(w, h);
+  const std::string jpeg = EncodeJpeg(src.data(), w, h, 3, 90);
+  JpegDecoder dec;
+  std::vector<uint8_t> buf(src.size());
+  for (auto _ : state) {
+    const JpegResult r = dec.Decode(reinterpret_cast<const uint8_t*>(jpeg.data()), jpeg.size(), 3,
+                                    buf.data(), buf.size());
+    if (!r.ok()) state.SkipWithError(r.error.c_str());
+  }
+  state.counters["img/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["jpeg_bytes"] = static_cast<double>(jpeg.size());
+}
+BENCHMARK(BM_JpegDecode)->Args({32, 32})->Args({500, 375});
+
+// Augmentation of one sample: CIFAR-style (pad 4, random crop, flip) and
+// ImageNet-style (resize min side 256, crop 224, flip).
+void BM_Augment(benchmark::State& state) {
+  const bool imagenet = state.range(0) != 0;
+  const int h = imagenet ? 375 : 32, w = imagenet ? 500 : 32;
+  AugmentOptions o;
+  o.out_h = o.out_w = imagenet ? 224 : 32;
+  o.pad = imagenet ? 0 : 4;
+  o.resize_min_side = imagenet ? 256 : 0;
+  o.random_crop = o.hflip = true;
+  o.mean = {0.49f, 0.48f, 0.45f};
+  o.std = {0.25f, 0.24f, 0.26f};
+  const std::vector<uint8_t> img = PhotoLike(w, h);
+  const Augmenter aug(o);
+  std::vector<float> out(3 * o.out_h * o.out_w);
+  int64_t i = 0;
+  for (auto _ : state) aug.Run(img.data(), h, w, 3, 1, 0, i++, out.data());
+  state.counters["img/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Augment)->Arg(0)->Arg(1);
+
+}  // namespace
+}  // namespace cnnflow
+
+BENCHMARK_MAIN();
