@@ -16,13 +16,13 @@
 #          [--threads T] [--out FILE] [--cnnflow BIN] [--config YAML]
 #          [--fma-peak BIN] [--pytorch-setting "K=V ...|ARGS" ...]
 #          [--keep-openblas-env] [--with-eval]
-# One run with the defaults takes ~2 minutes on an idle 2-core machine, up to
+# One run with the defaults takes ~1.5 minutes on a quiet 2-core machine, up to
 # ~5 when the machine is busy.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REPS=3
-STEPS=300
+STEPS=500
 WARMUP=20
 THREADS=2
 OUT=""
