@@ -192,6 +192,48 @@ TEST(MaxPool2dForward, ManyPlanesForwardAndBackwardMatchNaive) {
   ExpectNear(want, dx, 0, "dx");
 }
 
+// The f32 2x2 path (vectorised where AVX-512 is there) against the f64 one
+// (scalar), with ties, NaNs and rows of 1 to 35 outputs (several vector steps).
+TEST(MaxPool2dForward, Float2x2PathMatchesDoublePathWithTiesAndNans) {
+  for (int64_t w : {2, 6, 14, 28, 32, 34, 70}) {
+    const PoolCase t{2, 3, 6, w, 2, 2, 2, 2, 0, 0};
+    SCOPED_TRACE(CaseName(t));
+    Tensor x64 = Tensor::Empty(InShape(t), DType::kF64);
+    Rng rng(static_cast<uint64_t>(w));
+    for (int64_t i = 0; i < x64.numel(); ++i) {
+      const double u = rng.Uniform();
+      x64.Set(i, u < 0.05 ? std::numeric_limits<double>::quiet_NaN() : std::floor(u * 4));  // many ties
+    }
+    Tensor x32 = x64.Cast(DType::kF32);
+    Tensor dy64 = RandomTensor(OutShape(t), 5, -1, 1, DType::kF64);
+    Tensor dy32 = dy64.Cast(DType::kF32);
+    Tensor dx[2];
+    Tensor y[2];
+    int k = 0;
+    for (DType dtype : {DType::kF64, DType::kF32}) {
+      auto layer = MakeLayer("maxpool2d", PoolArgs(t), {InShape(t).WithoutBatch()}, dtype);
+      const Tensor& x = dtype == DType::kF64 ? x64 : x32;
+      y[k] = RunForward(*layer, {x}, OutShape(t), {});
+      dx[k] = Tensor::Empty(InShape(t), dtype);
+      const Tensor* xp = &x;
+      Tensor* dxp = &dx[k];
+      layer->Backward({xp}, y[k], dtype == DType::kF64 ? dy64 : dy32, {dxp});
+      ++k;
+    }
+    for (int64_t i = 0; i < y[0].numel(); ++i) {
+      if (std::isnan(y[0].At(i))) {
+        EXPECT_TRUE(std::isnan(y[1].At(i))) << i;
+      } else {
+        EXPECT_EQ(y[0].At(i), y[1].At(i)) << i;
+      }
+    }
+    // Same argmax everywhere: the gradient lands on the same cells.
+    for (int64_t i = 0; i < dx[0].numel(); ++i) {
+      EXPECT_NEAR(dx[0].At(i), dx[1].At(i), 1e-6) << i;
+    }
+  }
+}
+
 TEST(MaxPool2dGradient, MatchesFiniteDifferences) {
   for (const PoolCase& t : Cases()) {
     SCOPED_TRACE(CaseName(t));
