@@ -16,7 +16,7 @@ const char* ParamTypeName(ParamType t) {
     case ParamType::kIntList: return "int or list of ints";
     case ParamType::kFloatList: return "float or list of floats";
     case ParamType::kStringList: return "list of strings";
-    case ParamType::kTree: return "mapping";
+    case ParamType::kTree: return "mapping or list";
   }
   return "?";
 }

@@ -84,7 +84,12 @@ void PrintSchema(const std::string& name, const Schema& s) {
 }
 
 int Stages() {
-  std::printf("stage types (graphs/*.yaml nodes):\n");
+  std::printf("config sections (configs/*.yaml):\n");
+  PrintSchema("(top level)", TopLevelSchema());
+  PrintSchema("model", ModelSchema());
+  PrintSchema("train", TrainSchema());
+  PrintSchema("graph", GraphSectionSchema());
+  std::printf("\nstage types (graphs/*.yaml nodes):\n");
   for (const auto& n : StageRegistry::Get().Names()) PrintSchema(n, StageRegistry::Get().Find(n)->schema);
   std::printf("\nlayer types (model.layers):\n");
   for (const auto& n : LayerRegistry::Get().Names()) PrintSchema(n, LayerRegistry::Get().Find(n)->schema);

@@ -22,12 +22,6 @@ void Axpy(double alpha, const Tensor& x, Tensor& y) {
   });
 }
 
-double SumSquares(const Tensor& x) {
-  double s = 0;
-  for (int64_t i = 0; i < x.numel(); ++i) s += x.At(i) * x.At(i);
-  return s;
-}
-
 double MaxAbsDiff(const Tensor& a, const Tensor& b) {
   CNNFLOW_ENFORCE(a.numel() == b.numel(), "MaxAbsDiff of ", a.shape(), " and ", b.shape());
   double m = 0;
