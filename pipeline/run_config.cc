@@ -171,8 +171,13 @@ std::vector<LayerSpec> ParseLayers(const YamlDoc& doc, const YAML::Node& layers)
 // The single {type: {params}} entry of an optimizer mapping.
 void ParseOptimizer(const YamlDoc& doc, const YAML::Node& node, RunConfig& c) {
   if (!node.IsMap() || node.size() != 1) {
-    doc.Fail(node, "train.optimizer", StrCat("expected one optimizer, e.g. {sgd: {lr: 0.01}}; known: ",
-                                             JoinNames(OptimizerTypes())));
+    std::vector<std::string> given;
+    if (node.IsMap())
+      for (const auto& kv : node) given.push_back(kv.first.as<std::string>());
+    doc.Fail(node, "train.optimizer",
+             StrCat("expected one optimizer, e.g. {sgd: {lr: 0.01}}",
+                    given.empty() ? "" : StrCat(", got ", given.size(), " (", JoinNames(given), ")"),
+                    "; known: ", JoinNames(OptimizerTypes())));
   }
   const auto kv = *node.begin();
   c.optimizer = kv.first.as<std::string>();

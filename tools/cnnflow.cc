@@ -119,11 +119,16 @@ int Train(const Options& o) {
   std::signal(SIGTERM, OnSignal);
   EpochReport r = trainer.Train(o.out);
   g_trainer = nullptr;
-  const bool stopped = trainer.state().stop_requested.load();
-  std::printf("%s after epoch %lld: test accuracy %.2f%%, test loss %.4f; run folder %s\n",
-              stopped ? "stopped" : "done", static_cast<long long>(r.epoch),
-              100 * r.test.accuracy(), r.test.mean_loss(), trainer.run_dir().c_str());
-  return stopped ? 130 : 0;
+  if (trainer.state().stop_requested.load()) {
+    std::printf("stopped by a signal in epoch %lld after %lld steps; weights saved in %s\n",
+                static_cast<long long>(r.epoch),
+                static_cast<long long>(trainer.state().global_step), trainer.run_dir().c_str());
+    return 130;
+  }
+  std::printf("done after epoch %lld: test accuracy %.2f%%, test loss %.4f; run folder %s\n",
+              static_cast<long long>(r.epoch), 100 * r.test.accuracy(), r.test.mean_loss(),
+              trainer.run_dir().c_str());
+  return 0;
 }
 
 int Eval(const Options& o) {
