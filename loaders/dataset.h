@@ -6,9 +6,27 @@
 #include <cstdint>
 #include <string>
 
+#include "ops/error.h"
 #include "ops/shape.h"
 
 namespace cnnflow {
+
+// What a read may depend on: augmentation is seeded by (seed, epoch,
+// sample index) and happens only in training passes.
+struct ReadContext {
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  bool train = true;
+};
+
+// The outcome of reading one sample. A bad record (corrupt JPEG, short
+// value, label out of range) is a value, not an exception: the loader
+// stage decides to skip or fail (`on_bad_record`).
+struct ReadResult {
+  int64_t label = -1;
+  std::string error;  // empty: ok
+  bool ok() const { return error.empty(); }
+};
 
 class Dataset {
  public:
@@ -17,10 +35,11 @@ class Dataset {
   // Every sample's shape, [C, H, W] or [C, L].
   virtual Shape sample_shape() const = 0;
   virtual int num_classes() const = 0;
-  // Writes sample `index` as floats in [0, 1] (before normalisation) into
-  // dst (sample_shape().numel() values) and returns its label. Safe to call
-  // from many threads at once.
-  virtual int64_t Read(int64_t index, float* dst) const = 0;
+  // Writes sample `index` as floats (before normalisation) into dst
+  // (sample_shape().numel() values). Safe to call from many threads at once.
+  virtual ReadResult Read(int64_t index, const ReadContext& ctx, float* dst) const = 0;
+  // The record's name in the source (an LMDB key, a file), for reports.
+  virtual std::string Key(int64_t index) const { return StrCat("#", index); }
   // Where the data comes from, for messages.
   virtual std::string description() const = 0;
 };

@@ -131,13 +131,13 @@ std::unique_ptr<IdxDataset> IdxDataset::Open(const std::string& images_path,
   return ds;
 }
 
-int64_t IdxDataset::Read(int64_t index, float* dst) const {
+ReadResult IdxDataset::Read(int64_t index, const ReadContext&, float* dst) const {
   CNNFLOW_ENFORCE(index >= 0 && index < size_, "IDX '", images_path_, "': sample ", index,
                   " out of range [0, ", size_, ")");
   const int64_t n = rows_ * cols_;
   const uint8_t* src = pixels_.data() + index * n;
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]) / 255.f;
-  return labels_[index];
+  return {labels_[index], ""};
 }
 
 std::string IdxDataset::description() const {

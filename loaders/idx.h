@@ -27,7 +27,7 @@ class IdxDataset : public Dataset {
   // The largest label + 1 (at least 1).
   int num_classes() const override { return num_classes_; }
   // dst: rows * cols floats, pixel / 255. Returns the label.
-  int64_t Read(int64_t index, float* dst) const override;
+  ReadResult Read(int64_t index, const ReadContext& ctx, float* dst) const override;
   std::string description() const override;
 
   int64_t rows() const { return rows_; }

@@ -74,7 +74,10 @@ const Schema& DataSchema() {
                               .Required("train", ParamType::kTree, "the training set: {source: ..., ...}")
                               .Optional("test", ParamType::kTree, std::string("{}"), "the test set")
                               .Optional("transform", ParamType::kTree, std::string("[]"),
-                                        "list of transforms: [{normalize: {mean: [...], std: [...]}}]");
+                                        "list of transforms: [{normalize: {mean: [...], std: [...]}}]")
+                              .Choice("on_bad_record", {"fail", "skip"}, "fail",
+                                      "a record that cannot be read (corrupt JPEG, short value, "
+                                      "label out of range): fail the run, or skip and report it");
   return s;
 }
 
@@ -90,12 +93,6 @@ const Schema& NormalizeSchema() {
                               .Required("mean", ParamType::kFloatList, "per-channel mean")
                               .Required("std", ParamType::kFloatList, "per-channel std");
   return s;
-}
-
-// Checks the keys of a section (the schema's kTree values stay as nodes).
-void CheckSection(const YamlDoc& doc, const YAML::Node& node, const Schema& schema,
-                  const std::string& context) {
-  doc.CheckArgs(node, schema, context);
 }
 
 DataSpec ParseSource(const YamlDoc& doc, const YAML::Node& node, const std::string& which) {
@@ -223,7 +220,7 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
 
   // data
   const YAML::Node data = root["data"];
-  CheckSection(doc, data, DataSchema(), "data");
+  const Args data_args = doc.CheckArgs(data, DataSchema(), "data");
   c.data["train"] = ParseSource(doc, data["train"], "train");
   if (data["test"].IsDefined() && !data["test"].IsNull()) c.data["test"] = ParseSource(doc, data["test"], "test");
   if (const YAML::Node t = data["transform"]; t.IsDefined() && !t.IsNull()) {
@@ -290,6 +287,9 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   for (const auto& [k, v] : g.values()) {
     if (!run["graph"].IsMap()) run["graph"] = YAML::Node(YAML::NodeType::Map);
     if (!run["graph"][k].IsDefined()) run["graph"][k] = YAML::Load(ParamValueToString(v));
+  }
+  if (!run["data"]["on_bad_record"].IsDefined()) {
+    run["data"]["on_bad_record"] = data_args.String("on_bad_record");
   }
   for (const auto& [k, v] : t.values()) {
     if (!run["train"][k].IsDefined() && k != "schedule") run["train"][k] = YAML::Load(ParamValueToString(v));

@@ -107,6 +107,7 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   state_.epoch = epoch;
   state_.pass = pass;
   state_.metrics = PassMetrics();
+  state_.bad_records.clear();
   state_.pass_start = std::chrono::steady_clock::now();
   state_.on_batch = [this, pass, epoch](const BatchMessage& m, const PassMetrics& p) {
     if (progress_ == nullptr) return;
@@ -115,6 +116,14 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   };
   RunGraph(graph, state_);
   if (progress_) progress_->EndPass();
+  state_.metrics.skipped = static_cast<int64_t>(state_.bad_records.size());
+  if (progress_ && !state_.bad_records.empty()) {
+    std::string list;
+    for (size_t i = 0; i < state_.bad_records.size() && i < 10; ++i) list += "\n  " + state_.bad_records[i];
+    progress_->Line(StrCat("skipped ", state_.bad_records.size(), " bad record(s) in the ", pass,
+                           " pass of epoch ", epoch + 1, ":", list,
+                           state_.bad_records.size() > 10 ? "\n  ..." : ""));
+  }
   return state_.metrics;
 }
 
@@ -139,7 +148,8 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     cfg << e.c_str() << "\n";
   }
   std::ofstream csv(fs::path(run_dir_) / "metrics.csv");
-  csv << "epoch,train_loss,train_accuracy,test_loss,test_accuracy,images_per_s,seconds,lr\n";
+  csv << "epoch,train_loss,train_accuracy,test_loss,test_accuracy,images_per_s,seconds,lr,"
+         "skipped_records\n";
 
   EpochReport report;
   for (int64_t epoch = 0; epoch < config_.epochs && !state_.stop_requested; ++epoch) {
@@ -149,10 +159,11 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     if (state_.stop_requested) break;
     if (state_.datasets.count("test")) report.test = RunPass(config_.eval_graph, "eval", epoch);
     char row[256];
-    std::snprintf(row, sizeof row, "%lld,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.6g",
+    std::snprintf(row, sizeof row, "%lld,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.6g,%lld",
                   static_cast<long long>(report.epoch), report.train.mean_loss(),
                   report.train.accuracy(), report.test.mean_loss(), report.test.accuracy(),
-                  report.train.samples_per_second(), report.train.seconds, report.lr);
+                  report.train.samples_per_second(), report.train.seconds, report.lr,
+                  static_cast<long long>(report.train.skipped + report.test.skipped));
     csv << row << "\n";
     csv.flush();
     if (progress_) {

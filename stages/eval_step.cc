@@ -17,6 +17,7 @@ class EvalStepStage final : public Stage {
     node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
         g, tbb::flow::serial, [this, &state](const Message& m) {
           return Guarded([&] {
+            if (m->labels.empty()) return m;  // every record was bad and skipped
             ForwardContext ctx{false, state.seed, m->global_step};
             const Tensor& logits = state.model->Forward(m->inputs, ctx);
             LossResult r = SoftmaxCrossEntropy(logits, m->labels.data(), nullptr);

@@ -28,6 +28,7 @@ struct PassMetrics {
   int64_t correct = 0;
   int64_t samples = 0;
   int64_t batches = 0;
+  int64_t skipped = 0;  // bad records left out (on_bad_record: skip)
   double seconds = 0;
   double mean_loss() const { return samples ? loss_sum / static_cast<double>(samples) : 0; }
   double accuracy() const { return samples ? static_cast<double>(correct) / samples : 0; }
@@ -56,6 +57,9 @@ struct RunState {
   int64_t pass_batches = 0;
   PassMetrics metrics;
   std::chrono::steady_clock::time_point pass_start;
+  // Records skipped by `on_bad_record: skip` in this pass ("key: error").
+  std::mutex bad_records_mu;
+  std::vector<std::string> bad_records;
   // Called by the metrics stage after each batch (progress output).
   std::function<void(const BatchMessage&, const PassMetrics&)> on_batch;
 

@@ -29,6 +29,10 @@ class TrainStepStage final : public Stage {
  private:
   static void Step(RunState& s, BatchMessage& m) {
     CNNFLOW_ENFORCE(s.model && s.optimizer && s.schedule, "train_step needs a model and optimizer");
+    if (m.labels.empty()) {  // every record of the batch was bad and skipped
+      s.global_step = m.global_step + 1;
+      return;
+    }
     ForwardContext ctx{true, s.seed, m.global_step};
     s.model->ZeroGrad();
     const Tensor& logits = s.model->Forward(m.inputs, ctx);

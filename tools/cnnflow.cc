@@ -12,6 +12,7 @@
 #include "pipeline/run_config.h"
 #include "pipeline/trainer.h"
 #include "stages/stage.h"
+#include "tools/convert.h"
 
 namespace cnnflow {
 namespace {
@@ -25,6 +26,9 @@ commands:
         evaluate weights (model.safetensors of a run) on the config's test set
   validate CONFIG [--set key=value ...]
         parse, build and shape-check; print the model and the graphs; no training
+  convert --from folder|idx SRC --to LMDB_DIR [options]
+        write a data set as an LMDB of records (cnnflow or Caffe Datum layout);
+        `cnnflow convert -h` lists the options
   stages
         the registered stage types, layer types, data sources and optimizers,
         with their documented parameters
@@ -151,6 +155,9 @@ int Validate(const Options& o) {
 }
 
 int Main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "convert") {
+    return RunConvert(std::vector<std::string>(argv + 2, argv + argc));
+  }
   Options o;
   try {
     o = Parse(argc, argv);

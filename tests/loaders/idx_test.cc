@@ -73,17 +73,17 @@ TEST(IdxDataset, ReadsGzippedImagesAndLabels) {
   EXPECT_EQ(ds->sample_shape(), Shape({1, 2, 3}));
   EXPECT_EQ(ds->num_classes(), 5);
   std::vector<float> x(6);
-  EXPECT_EQ(ds->Read(1, x.data()), 4);
+  EXPECT_EQ(ds->Read(1, {}, x.data()).label, 4);
   for (int k = 0; k < 6; ++k) EXPECT_EQ(x[k], static_cast<float>(40 + k) / 255.f) << k;
-  EXPECT_EQ(ds->Read(2, x.data()), 2);
+  EXPECT_EQ(ds->Read(2, {}, x.data()).label, 2);
   EXPECT_EQ(x[0], 80.f / 255.f);
   EXPECT_EQ(x[5], 1.0f);
-  EXPECT_EQ(ds->Read(0, x.data()), 0);
+  EXPECT_EQ(ds->Read(0, {}, x.data()).label, 0);
   EXPECT_EQ(x[0], 0.0f);
   EXPECT_EQ(ds->pixels(2)[1], 81);
   EXPECT_NE(ds->description().find("img.gz"), std::string::npos);
-  EXPECT_THROW(ds->Read(3, x.data()), Error);
-  EXPECT_THROW(ds->Read(-1, x.data()), Error);
+  EXPECT_THROW(ds->Read(3, {}, x.data()), Error);
+  EXPECT_THROW(ds->Read(-1, {}, x.data()), Error);
 }
 
 TEST(IdxDataset, ReadsUncompressedFiles) {
@@ -94,7 +94,7 @@ TEST(IdxDataset, ReadsUncompressedFiles) {
   EXPECT_EQ(ds->size(), 3);
   EXPECT_EQ(ds->num_classes(), 2);
   std::vector<float> x(6);
-  EXPECT_EQ(ds->Read(1, x.data()), 1);
+  EXPECT_EQ(ds->Read(1, {}, x.data()).label, 1);
   EXPECT_EQ(x[3], 43.f / 255.f);
 }
 
@@ -180,7 +180,7 @@ TEST(IdxDataset, FashionMnistTestSet) {
   }
   for (int c = 0; c < 10; ++c) EXPECT_EQ(count[c], 1000) << c;  // balanced test set
   std::vector<float> x(28 * 28);
-  EXPECT_EQ(ds->Read(0, x.data()), 9);  // the first test image is an ankle boot
+  EXPECT_EQ(ds->Read(0, {}, x.data()).label, 9);  // the first test image is an ankle boot
   float lo = 1, hi = 0;
   for (float v : x) lo = std::min(lo, v), hi = std::max(hi, v);
   EXPECT_EQ(lo, 0.0f);

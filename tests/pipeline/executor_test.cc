@@ -26,11 +26,14 @@ class JitterDataset : public Dataset {
   int64_t size() const override { return n_; }
   Shape sample_shape() const override { return {1, 2, 2}; }
   int num_classes() const override { return 10; }
-  int64_t Read(int64_t index, float* dst) const override {
+  ReadResult Read(int64_t index, const ReadContext&, float* dst) const override {
     std::this_thread::sleep_for(std::chrono::microseconds(50 + Mix64(index) % 400));
     for (int i = 0; i < 4; ++i) dst[i] = static_cast<float>(index);
-    return index % 10;
+    if (bad_every_ > 0 && index % bad_every_ == 3) return {-1, "corrupt record"};
+    return {index % 10, ""};
   }
+  std::string Key(int64_t index) const override { return StrCat("k", index); }
+  int64_t bad_every_ = 0;  // every record with index % bad_every_ == 3 is bad
   std::string description() const override { return "jitter"; }
 
  private:
@@ -189,6 +192,65 @@ train:
               std::string::npos)
         << e.what();
   }
+}
+
+TEST_F(ExecutorTest, BadRecordFailsTheRunNamingItsKey) {
+  auto data = std::make_shared<JitterDataset>(200);
+  data->bad_every_ = 50;  // records 3, 53, 103, 153
+  state.datasets["train"] = data;
+  try {
+    RunGraph(Graph(R"(
+train:
+  nodes:
+    sample: {stage: sampler, batch: 5, shuffle: false}
+    load: {stage: load_batch}
+    record: {stage: test_record}
+  edges: [sample -> load -> record]
+)"),
+             state);
+    FAIL() << "expected an exception";
+  } catch (const StageError& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'load' (load_batch): bad record k3 (sample 3): "
+                                         "corrupt record (on_bad_record: fail)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(ExecutorTest, BadRecordsAreSkippedCountedAndNamed) {
+  auto data = std::make_shared<JitterDataset>(200);
+  data->bad_every_ = 50;
+  state.datasets["train"] = data;
+  int64_t samples = 0;
+  state.on_batch = [&](const BatchMessage& m, const PassMetrics&) {
+    samples += static_cast<int64_t>(m.labels.size());
+    // The kept samples moved up with their labels: a sample's pixels hold
+    // its index, its label is index % 10, and no bad index is left.
+    ASSERT_EQ(m.inputs.dim(0), static_cast<int64_t>(m.labels.size()));
+    for (size_t i = 0; i < m.labels.size(); ++i) {
+      const auto index = static_cast<int64_t>(m.inputs.At(static_cast<int64_t>(i) * 4));
+      EXPECT_EQ(index % 10, m.labels[i]);
+      EXPECT_NE(index % 50, 3);
+    }
+  };
+  RunGraph(Graph(R"(
+train:
+  nodes:
+    sample: {stage: sampler, batch: 5, shuffle: false}
+    prefetch: {stage: prefetch, depth: 4}
+    load: {stage: load_batch, threads: 2, on_bad_record: skip}
+    metrics: {stage: metrics}
+  edges: [sample -> prefetch -> load -> metrics]
+)"),
+           state);
+  EXPECT_EQ(samples, 196);
+  EXPECT_EQ(state.metrics.samples, 196);
+  std::vector<std::string> bad = state.bad_records;
+  std::sort(bad.begin(), bad.end());
+  EXPECT_EQ(bad, (std::vector<std::string>{"k103 (sample 103): corrupt record",
+                                           "k153 (sample 153): corrupt record",
+                                           "k3 (sample 3): corrupt record",
+                                           "k53 (sample 53): corrupt record"}));
 }
 
 TEST(GraphSpec, RejectsUnknownNodeInEdgeAndCycles) {
