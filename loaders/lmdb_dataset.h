@@ -1,0 +1,40 @@
+// The `lmdb` data source: records of an LMDB (cnnflow's layout or Caffe's
+// Datum, as `cnnflow convert` writes them), raw pixels or JPEG, decoded by
+// TurboJPEG into a per-thread buffer and augmented per (seed, epoch,
+// sample) in training passes. A record that cannot be read is a ReadResult
+// error naming the problem (the loader stage skips or fails).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "loaders/augment.h"
+#include "loaders/dataset.h"
+#include "loaders/lmdb_store.h"
+#include "ops/schema.h"
+
+namespace cnnflow {
+
+class LmdbDataset : public Dataset {
+ public:
+  // Args of the `lmdb` source schema (path, shape, num_classes, pad,
+  // random_crop, hflip, resize_min_side). Throws Error naming the path.
+  explicit LmdbDataset(const Args& args);
+
+  int64_t size() const override { return reader_.size(); }
+  Shape sample_shape() const override { return shape_; }
+  int num_classes() const override { return num_classes_; }
+  // [C, H, W] floats in [0, 1] (normalisation is the data transform's).
+  ReadResult Read(int64_t index, const ReadContext& ctx, float* dst) const override;
+  std::string Key(int64_t index) const override;
+  std::string description() const override;
+
+ private:
+  LmdbReader reader_;
+  Shape shape_;
+  int num_classes_ = 0;
+  int resize_min_side_ = 0;
+  std::unique_ptr<Augmenter> train_augment_, eval_augment_;
+};
+
+}  // namespace cnnflow
