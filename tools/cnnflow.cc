@@ -11,6 +11,7 @@
 #include "ops/optimizer.h"
 #include "pipeline/run_config.h"
 #include "pipeline/trainer.h"
+#include "pipeline/tuner.h"
 #include "stages/stage.h"
 #include "tools/convert.h"
 
@@ -24,6 +25,9 @@ commands:
         train the model of CONFIG; writes a run folder (config, metrics.csv, weights)
   eval CONFIG --weights FILE [--set key=value ...]
         evaluate weights (model.safetensors of a run) on the config's test set
+  tune CONFIG [--steps N] [--set key=value ...]
+        time the train graph's loader alone across load threads x prefetch depths,
+        against the training step; recommend a setting and name the bottleneck
   validate CONFIG [--set key=value ...]
         parse, build and shape-check; print the model and the graphs; no training
   convert --from folder|idx SRC --to LMDB_DIR [options]
@@ -38,6 +42,7 @@ commands:
 
 struct Options {
   std::string command, config, weights, out;
+  int64_t steps = 100;
   std::vector<std::string> sets;
 };
 
@@ -58,6 +63,11 @@ Options Parse(int argc, char** argv) {
       o.sets.push_back(a.substr(6));
     } else if (a == "--weights") {
       o.weights = value("--weights");
+    } else if (a == "--steps") {
+      const std::string v = value("--steps");
+      char* end = nullptr;
+      o.steps = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || o.steps <= 0) throw ConfigError("--steps needs a positive count");
     } else if (a == "--out") {
       o.out = value("--out");
     } else if (a == "-h" || a == "--help") {
@@ -148,6 +158,16 @@ int Eval(const Options& o) {
   return 0;
 }
 
+int Tune(const Options& o) {
+  Trainer trainer(LoadRunConfig(o.config, o.sets));
+  std::vector<int64_t> threads;
+  for (int64_t t = 1; t <= trainer.config().threads; ++t) threads.push_back(t);
+  std::printf("tuning the loader of %s: %lld batches of %lld per setting\n", o.config.c_str(),
+              static_cast<long long>(o.steps), static_cast<long long>(trainer.config().batch));
+  std::printf("%s", TuneLoader(trainer, threads, {2, 4, 8}, o.steps).ToString().c_str());
+  return 0;
+}
+
 int Validate(const Options& o) {
   Trainer trainer(LoadRunConfig(o.config, o.sets));
   std::printf("%s: ok\n%s", o.config.c_str(), trainer.Describe().c_str());
@@ -167,7 +187,7 @@ int Main(int argc, char** argv) {
   }
   if (o.command == "help") return std::printf("%s", kUsage), 0;
   if (o.command == "stages") return Stages();
-  if (o.command != "train" && o.command != "eval" && o.command != "validate") {
+  if (o.command != "train" && o.command != "eval" && o.command != "validate" && o.command != "tune") {
     std::fprintf(stderr, "cnnflow: unknown command '%s'\n\n%s", o.command.c_str(), kUsage);
     return 2;
   }
@@ -178,6 +198,7 @@ int Main(int argc, char** argv) {
   try {
     if (o.command == "train") return Train(o);
     if (o.command == "eval") return Eval(o);
+    if (o.command == "tune") return Tune(o);
     return Validate(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "\ncnnflow %s: error: %s\n", o.command.c_str(), e.what());
