@@ -32,6 +32,9 @@ class Trainer {
   EpochReport Train(const std::string& run_dir = "");
   // One evaluation pass over the test set.
   PassMetrics Evaluate();
+  // Runs `graph` once as pass "train" or "eval" of `epoch` (the tuner runs
+  // its own graphs through this too).
+  PassMetrics RunPass(const GraphSpec& graph, const std::string& pass, int64_t epoch);
   // Loads weights (and BN buffers) by name from a safetensors file.
   void LoadWeights(const std::string& path);
 
@@ -48,8 +51,6 @@ class Trainer {
   std::string Describe() const;
 
  private:
-  PassMetrics RunPass(const GraphSpec& graph, const std::string& pass, int64_t epoch);
-
   RunConfig config_;
   std::shared_ptr<void> thread_limit_;  // a tbb::global_control: the run's thread budget
   std::unique_ptr<Model> model_;

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <sstream>
 
-#include "pipeline/executor.h"
 
 namespace cnnflow {
 
@@ -58,16 +57,11 @@ TuneReport TuneLoader(Trainer& trainer, const std::vector<int64_t>& load_threads
   const double batch_mb =
       static_cast<double>(config.batch * state.dataset("train").sample_shape().numel() * 4) / 1e6;
   auto run = [&](const GraphSpec& g) {
-    state.pass = "train";
-    state.metrics = PassMetrics();
-    state.bad_records.clear();
-    state.pass_start = std::chrono::steady_clock::now();
+    const auto start = std::chrono::steady_clock::now();
     const double cpu0 = CpuSeconds();
-    RunGraph(g, state);
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                      state.pass_start)
-                            .count();
-    return std::make_pair(state.metrics.samples / wall, (CpuSeconds() - cpu0) / wall);
+    const PassMetrics m = trainer.RunPass(g, "train", 0);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return std::make_pair(m.samples / wall, (CpuSeconds() - cpu0) / wall);
   };
 
   TuneReport report;
