@@ -63,7 +63,11 @@ const Schema& GraphSectionSchema() {
           .Optional("devices", ParamType::kStringList, std::vector<std::string>{"cpu:0"},
                     "devices: cpu:K or cuda:K")
           .Optional("prefetch", ParamType::kInt, int64_t{4}, "batches prefetched at most")
-          .Optional("load_threads", ParamType::kInt, int64_t{1}, "batches loaded at once");
+          .Optional("prefetch_mb", ParamType::kFloat, 0.0,
+                    "memory budget of the prefetched batches in MB (0: none); caps prefetch")
+          .Optional("load_threads", ParamType::kInt, int64_t{1}, "decode tasks at once")
+          .Optional("autotune", ParamType::kBool, false,
+                    "move load_threads and prefetch during training by measured throughput");
   return s;
 }
 
@@ -282,6 +286,7 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
              "and GPU training are not implemented yet");
   }
   c.graph_template = ResolveProjectPath(g.String("template"), path);
+  c.autotune = g.Bool("autotune");
   // The template reads the run's values, defaults included.
   YAML::Node run = YAML::Clone(root);
   for (const auto& [k, v] : g.values()) {

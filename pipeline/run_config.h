@@ -49,6 +49,7 @@ struct RunConfig {
   std::vector<Device> devices;
   GraphSpec train_graph;
   GraphSpec eval_graph;
+  bool autotune = false;  // graph.autotune
 
   std::string output_dir;
 };

@@ -97,6 +97,8 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   state_.optimizer = optimizer_.get();
   state_.schedule = schedule_.get();
   state_.seed = config_.seed;
+  state_.threads = config_.threads;
+  if (config_.autotune) autotuner_ = std::make_unique<Autotuner>();
   state_.label_smoothing = config_.label_smoothing;
   state_.max_steps = config_.max_steps;
 }
@@ -108,8 +110,23 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   state_.pass = pass;
   state_.metrics = PassMetrics();
   state_.bad_records.clear();
+  state_.knobs.clear();
+  const int64_t batch = pass == "train" ? config_.batch : config_.eval_batch;
+  state_.batch_bytes = batch * state_.dataset(pass == "train" ? "train" : "test").sample_shape().numel() *
+                       static_cast<int64_t>(sizeof(float));
+  Autotuner* tuner = pass == "train" ? autotuner_.get() : nullptr;
+  state_.tuned.clear();  // evaluation runs as configured
+  if (tuner) {
+    state_.tuned = tuner->values();
+    tuner->StartPass();
+  }
   state_.pass_start = std::chrono::steady_clock::now();
-  state_.on_batch = [this, pass, epoch](const BatchMessage& m, const PassMetrics& p) {
+  state_.on_batch = [this, pass, epoch, tuner](const BatchMessage& m, const PassMetrics& p) {
+    if (tuner) {
+      for (const AutotuneDecision& d : tuner->Observe(state_.knobs, p.samples, p.seconds)) {
+        LogAutotune(d);
+      }
+    }
     if (progress_ == nullptr) return;
     progress_->Batch(pass, epoch + 1, config_.epochs, m.index + 1, state_.pass_batches,
                      p.mean_loss(), p.accuracy(), p.samples_per_second(), p.seconds);
@@ -125,6 +142,15 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
                            state_.bad_records.size() > 10 ? "\n  ..." : ""));
   }
   return state_.metrics;
+}
+
+void Trainer::LogAutotune(const AutotuneDecision& d) {
+  if (progress_) progress_->Line(d.ToString());
+  if (autotune_log_) {
+    *autotune_log_ << d.batch << "," << d.action << "," << d.knob << "," << d.from << "," << d.to
+                   << "," << d.rate_before << "," << d.rate_after << ",\"" << d.reason << "\"\n";
+    autotune_log_->flush();
+  }
 }
 
 PassMetrics Trainer::Evaluate() {
@@ -146,6 +172,10 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     YAML::Emitter e;
     e << config_.doc.root();
     cfg << e.c_str() << "\n";
+  }
+  if (autotuner_) {
+    autotune_log_ = std::make_unique<std::ofstream>(fs::path(run_dir_) / "autotune.csv");
+    *autotune_log_ << "batch,action,knob,from,to,images_per_s_before,images_per_s_after,reason\n";
   }
   std::ofstream csv(fs::path(run_dir_) / "metrics.csv");
   csv << "epoch,train_loss,train_accuracy,test_loss,test_accuracy,images_per_s,seconds,lr,"

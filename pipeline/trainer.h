@@ -4,11 +4,14 @@
 //   <output.dir>/<name>-<time>/config.yaml     the resolved config
 //                              metrics.csv     one row per epoch
 //                              model.safetensors  final weights, named by layer
+//                              autotune.csv    the autotuner's moves (graph.autotune)
 #pragma once
 
+#include <fstream>
 #include <memory>
 #include <string>
 
+#include "pipeline/autotune.h"
 #include "pipeline/progress.h"
 #include "pipeline/run_config.h"
 #include "stages/run_state.h"
@@ -51,6 +54,8 @@ class Trainer {
   std::string Describe() const;
 
  private:
+  void LogAutotune(const AutotuneDecision& d);
+
   RunConfig config_;
   std::shared_ptr<void> thread_limit_;  // a tbb::global_control: the run's thread budget
   std::unique_ptr<Model> model_;
@@ -60,6 +65,8 @@ class Trainer {
   int64_t steps_per_epoch_ = 0;
   std::string run_dir_;
   Progress* progress_ = nullptr;
+  std::unique_ptr<Autotuner> autotuner_;  // graph.autotune
+  std::unique_ptr<std::ofstream> autotune_log_;
 };
 
 }  // namespace cnnflow

@@ -1,5 +1,6 @@
 #include "pipeline/yaml_util.h"
 
+#include <cctype>
 #include <fstream>
 #include <sstream>
 
@@ -17,6 +18,79 @@ std::string UnknownNameMessage(const std::string& what, const std::string& name,
   const std::string list = JoinNames(known);
   return StrCat("unknown ", what, " '", name, "'",
                 close.empty() ? "" : StrCat(" (did you mean '", close, "'?)"), "; known: ", list);
+}
+
+namespace {
+
+// The end of the flow collection or scalar that starts at `pos` ('{', '[',
+// a quote or a plain scalar), skipping nested collections and quotes.
+size_t EndOfValue(const std::string& t, size_t pos) {
+  if (t[pos] == '"' || t[pos] == '\'') {
+    const char q = t[pos];
+    for (size_t i = pos + 1; i < t.size(); ++i) {
+      if (q == '"' && t[i] == '\\') ++i;
+      else if (t[i] == q) return i + 1;
+    }
+    return t.size();
+  }
+  if (t[pos] == '{' || t[pos] == '[') {
+    int depth = 0;
+    for (size_t i = pos; i < t.size(); ++i) {
+      const char c = t[i];
+      if (c == '"' || c == '\'') i = EndOfValue(t, i) - 1;
+      else if (c == '{' || c == '[') ++depth;
+      else if ((c == '}' || c == ']') && --depth == 0) return i + 1;
+    }
+    return t.size();
+  }
+  size_t i = pos;  // plain scalar: up to a flow indicator, a comment or the line's end
+  while (i < t.size() && t[i] != '\n' && t[i] != ',' && t[i] != '}' && t[i] != ']' &&
+         !(t[i] == '#' && i > pos && t[i - 1] == ' '))
+    ++i;
+  while (i > pos && t[i - 1] == ' ') --i;
+  return i;
+}
+
+}  // namespace
+
+std::string SetYamlScalar(const std::string& text, const std::string& key, const std::string& value,
+                          const std::string& name) {
+  const auto dot = key.find('.');
+  CNNFLOW_ENFORCE(dot != std::string::npos && key.find('.', dot + 1) == std::string::npos,
+                  "expected section.name, got ", key);
+  const std::string section = key.substr(0, dot), field = key.substr(dot + 1);
+  const YamlDoc doc = YamlDoc::Parse(text, name);
+  const YAML::Node sec = doc.root()[section];
+  std::string out = text;
+  if (!sec.IsDefined() || sec.IsNull()) {
+    if (!out.empty() && out.back() != '\n') out += '\n';
+    out += StrCat(section, ": {", field, ": ", value, "}\n");
+  } else if (!sec.IsMap()) {
+    doc.Fail(sec, section, "expected a mapping to set " + key + " in");
+  } else if (const YAML::Node v = sec[field]; v.IsDefined()) {
+    if (!v.IsScalar() && !v.IsNull()) doc.Fail(v, key, "expected a scalar to replace");
+    const size_t pos = static_cast<size_t>(v.Mark().pos);
+    out.replace(pos, EndOfValue(text, pos) - pos, value);
+  } else {
+    const size_t pos = static_cast<size_t>(sec.Mark().pos);
+    if (text[pos] == '{') {  // flow mapping: add before its closing brace
+      const size_t close = EndOfValue(text, pos) - 1;
+      size_t last = close;
+      while (last > pos + 1 && std::isspace(static_cast<unsigned char>(text[last - 1]))) --last;
+      const bool empty = last == pos + 1;
+      out.insert(last, StrCat(empty ? "" : ", ", field, ": ", value));
+    } else {  // block mapping: a new first line at the keys' indentation
+      const size_t column = static_cast<size_t>(sec.Mark().column);
+      out.insert(pos - column, StrCat(std::string(column, ' '), field, ": ", value, "\n"));
+    }
+  }
+  // The result must parse and hold the value.
+  const YamlDoc check = YamlDoc::Parse(out, name);
+  CNNFLOW_ENFORCE(check.root()[section][field].IsDefined() &&
+                      check.root()[section][field].as<std::string>() ==
+                          YAML::Load(value).as<std::string>(),
+                  name, ": could not set ", key, " in the text");
+  return out;
 }
 
 YamlDoc YamlDoc::Load(const std::string& path) {

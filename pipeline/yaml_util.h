@@ -50,6 +50,14 @@ class YamlDoc {
   std::vector<OverrideNode> overrides_;
 };
 
+// Sets `key` ("section.name") to the YAML scalar `value` in a config's
+// text, keeping everything else (comments, order, layout) as it was: an
+// existing plain scalar is replaced where it stands, a missing key is added
+// to its section (flow `{...}` or block), a missing section is appended.
+// Throws ConfigError if the key's current value is not a scalar.
+std::string SetYamlScalar(const std::string& text, const std::string& key, const std::string& value,
+                          const std::string& name);
+
 // "a, b, c"
 std::string JoinNames(const std::vector<std::string>& names);
 // "unknown X 'y' (did you mean 'z'?); known: a, b, c"

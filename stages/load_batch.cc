@@ -1,19 +1,40 @@
-// load_batch: reads a batch's samples from its data set into one pooled
-// tensor [N, ...] and applies the per-sample transform. Runs `threads`
-// batches at once; a sequencer restores sampler order unless `ordered` is off.
-// A bad record fails the run naming its key, or with `on_bad_record: skip`
-// is left out of its batch and reported at the end of the pass.
+// load_batch: turns a batch of sample indices into one pooled tensor
+// [N, ...] with labels. Inside, three oneTBB nodes:
+//
+//   split -> queue -> limiter -> decode (x threads) -> sequencer
+//
+// split:   allocates the batch tensor from the pool and cuts the batch into
+//          slices of `slice` samples;
+// decode:  reads, decodes, augments and normalises a slice's samples
+//          straight into their rows of the batch tensor; at most `threads`
+//          slices at once (a limiter the autotuner can move). The slice
+//          that finishes a batch assembles it: bad records are dropped (or
+//          fail the run) and the batch goes on;
+// sequencer: restores sampler order unless `ordered` is off.
 #include <tbb/flow_graph.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 
-#include "ops/cpu/parallel.h"
+#include "stages/adjustable_limiter.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
 namespace {
+
+// A batch being loaded, shared by its slices.
+struct BatchWork {
+  Message batch;
+  std::vector<ReadResult> results;  // one per sample
+  std::atomic<int64_t> slices_left{0};
+};
+
+struct Slice {
+  std::shared_ptr<BatchWork> work;
+  int64_t begin = 0, end = 0;
+};
 
 class LoadBatchStage final : public Stage {
  public:
@@ -21,55 +42,98 @@ class LoadBatchStage final : public Stage {
       : Stage(info),
         data_(args.String("data")),
         threads_(args.Int("threads")),
+        slice_(args.Int("slice")),
         ordered_(args.Bool("ordered")),
         skip_bad_(args.String("on_bad_record") == "skip") {
     if (threads_ <= 0) throw ConfigError(StrCat("threads must be > 0, got ", threads_));
+    if (slice_ <= 0) throw ConfigError(StrCat("slice must be > 0, got ", slice_));
   }
 
   StagePorts Build(FlowGraph& g, RunState& state) override {
+    using namespace tbb::flow;
     const Dataset* data = &state.dataset(data_);
-    load_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
-        g, static_cast<size_t>(threads_), [this, data, &state](const Message& m) {
-          return Guarded([&] {
-            Load(*data, state, *m);
-            return m;
+    const std::string knob = info().node + ".threads";
+    int64_t threads = threads_;
+    if (auto it = state.tuned.find(knob); it != state.tuned.end()) threads = it->second;
+    const int64_t max_threads = std::max(threads_, state.threads);
+    threads = std::clamp<int64_t>(threads, 1, max_threads);
+
+    split_ = std::make_unique<multifunction_node<Message, std::tuple<Slice>>>(
+        g, serial, [this, data](const Message& m, auto& out) {
+          Guarded([&] { Split(*data, m, std::get<0>(out)); });
+        });
+    queue_ = std::make_unique<queue_node<Slice>>(g);
+    limiter_ = std::make_unique<AdjustableLimiter<Slice>>(g, threads, max_threads);
+    decode_ = std::make_unique<multifunction_node<Slice, std::tuple<Message>>>(
+        g, unlimited, [this, data, &state](const Slice& s, auto& out) {
+          Guarded([&] {
+            Decode(*data, state, s);
+            limiter_->Release();
+            if (s.work->slices_left.fetch_sub(1) == 1) {
+              Assemble(*data, state, *s.work);
+              std::get<0>(out).try_put(s.work->batch);
+            }
           });
         });
+    make_edge(output_port<0>(*split_), *queue_);
+    make_edge(*queue_, limiter_->node());
+    make_edge(limiter_->node(), *decode_);
+    state.knobs.push_back({knob, threads, 1, max_threads, /*doubling=*/false,
+                           [this](int64_t v) { return limiter_->SetLimit(v); }});
+
     StagePorts ports;
-    ports.input = load_.get();
-    ports.output = load_.get();
+    ports.input = split_.get();
+    ports.output = &output_port<0>(*decode_);
     if (ordered_) {
-      order_ = std::make_unique<tbb::flow::sequencer_node<Message>>(
+      order_ = std::make_unique<sequencer_node<Message>>(
           g, [](const Message& m) { return static_cast<size_t>(m->index); });
-      tbb::flow::make_edge(*load_, *order_);
+      make_edge(output_port<0>(*decode_), *order_);
       ports.output = order_.get();
     }
     return ports;
   }
 
  private:
-  void Load(const Dataset& data, RunState& state, BatchMessage& m) const {
+  template <typename Port>
+  void Split(const Dataset& data, const Message& m, Port& out) const {
+    const auto n = static_cast<int64_t>(m->sample_ids.size());
+    auto work = std::make_shared<BatchWork>();
+    work->batch = m;
+    work->results.resize(static_cast<size_t>(n));
+    m->inputs = Tensor::Empty(data.sample_shape().WithBatch(n), DType::kF32);
+    const int64_t slices = std::max<int64_t>(1, (n + slice_ - 1) / slice_);
+    work->slices_left = slices;
+    for (int64_t b = 0; b < slices; ++b) {
+      out.try_put(Slice{work, b * n / slices, (b + 1) * n / slices});
+    }
+  }
+
+  void Decode(const Dataset& data, const RunState& state, const Slice& s) const {
+    BatchMessage& m = *s.work->batch;
     const Shape sample = data.sample_shape();
-    const int64_t n = static_cast<int64_t>(m.sample_ids.size());
     const int64_t per = sample.numel();
     const ReadContext ctx{state.seed, m.epoch, state.pass == "train"};
-    m.inputs = Tensor::Empty(sample.WithBatch(n), DType::kF32);
-    std::vector<ReadResult> results(static_cast<size_t>(n));
     float* dst = m.inputs.data<float>();
-    cpu::ParallelFor(n, 16, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        results[i] = data.Read(m.sample_ids[i], ctx, dst + i * per);
-        if (results[i].ok()) state.transform.Apply(dst + i * per, sample);
-      }
-    });
-    // Keep the good samples, in order.
+    for (int64_t i = s.begin; i < s.end; ++i) {
+      ReadResult& r = s.work->results[static_cast<size_t>(i)];
+      r = data.Read(m.sample_ids[i], ctx, dst + i * per);
+      if (r.ok()) state.transform.Apply(dst + i * per, sample);
+    }
+  }
+
+  // Keeps the good samples, in order.
+  void Assemble(const Dataset& data, RunState& state, BatchWork& work) const {
+    BatchMessage& m = *work.batch;
+    const int64_t n = static_cast<int64_t>(m.sample_ids.size());
+    const int64_t per = data.sample_shape().numel();
+    float* dst = m.inputs.data<float>();
     int64_t kept = 0;
     m.labels.clear();
     for (int64_t i = 0; i < n; ++i) {
-      const ReadResult& r = results[i];
+      const ReadResult& r = work.results[static_cast<size_t>(i)];
       if (!r.ok()) {
-        const std::string what = StrCat(data.Key(m.sample_ids[i]), " (sample ", m.sample_ids[i],
-                                        "): ", r.error);
+        const std::string what =
+            StrCat(data.Key(m.sample_ids[i]), " (sample ", m.sample_ids[i], "): ", r.error);
         if (!skip_bad_) throw Error(StrCat("bad record ", what, " (on_bad_record: fail)"));
         std::lock_guard<std::mutex> lock(state.bad_records_mu);
         state.bad_records.push_back(what);
@@ -84,9 +148,13 @@ class LoadBatchStage final : public Stage {
 
   std::string data_;
   int64_t threads_;
+  int64_t slice_;
   bool ordered_;
   bool skip_bad_;
-  std::unique_ptr<tbb::flow::function_node<Message, Message>> load_;
+  std::unique_ptr<tbb::flow::multifunction_node<Message, std::tuple<Slice>>> split_;
+  std::unique_ptr<tbb::flow::queue_node<Slice>> queue_;
+  std::unique_ptr<AdjustableLimiter<Slice>> limiter_;
+  std::unique_ptr<tbb::flow::multifunction_node<Slice, std::tuple<Message>>> decode_;
   std::unique_ptr<tbb::flow::sequencer_node<Message>> order_;
 };
 
@@ -94,10 +162,13 @@ class LoadBatchStage final : public Stage {
 
 CNNFLOW_REGISTER_STAGE(
     load_batch, LoadBatchStage,
-    Schema("Reads the batch's samples into one pooled tensor [N, ...] and applies the data "
-           "transform (normalize).")
+    Schema("Reads, decodes and augments a batch's samples into one pooled tensor [N, ...], "
+           "`threads` slices of `slice` samples at once, and applies the data transform "
+           "(normalize).")
         .Optional("data", ParamType::kString, std::string("train"), "which data set (data.<name>)")
-        .Optional("threads", ParamType::kInt, int64_t{1}, "batches loaded at once")
+        .Optional("threads", ParamType::kInt, int64_t{1},
+                  "slices decoded at once (autotune may move it, up to the run's threads)")
+        .Optional("slice", ParamType::kInt, int64_t{32}, "samples per decode task")
         .Optional("ordered", ParamType::kBool, true,
                   "deliver batches in sampler order (else in arrival order)")
         .Choice("on_bad_record", {"fail", "skip"}, "fail",

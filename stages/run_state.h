@@ -35,6 +35,15 @@ struct PassMetrics {
   double samples_per_second() const { return seconds > 0 ? samples / seconds : 0; }
 };
 
+// A setting a stage lets the autotuner move while the graph runs (decode
+// concurrency, prefetch depth), within [min, max].
+struct TunableKnob {
+  std::string name;  // "<node>.<param>", e.g. "load.threads"
+  int64_t value = 0, min = 1, max = 1;
+  bool doubling = false;  // moves by x2 and /2 (depths), else by +-1 (threads)
+  std::function<int64_t(int64_t)> set;  // applies a value, returns the one in force
+};
+
 struct RunState {
   // Data, by name ("train", "test"), and the per-sample transform.
   std::map<std::string, std::shared_ptr<const Dataset>> datasets;
@@ -45,6 +54,7 @@ struct RunState {
   const LrSchedule* schedule = nullptr;
   double label_smoothing = 0;
   uint64_t seed = 0;
+  int64_t threads = 1;  // the run's CPU budget
 
   // Where the run is. The pass's sampler reads these.
   int64_t epoch = 0;
@@ -60,6 +70,14 @@ struct RunState {
   // Records skipped by `on_bad_record: skip` in this pass ("key: error").
   std::mutex bad_records_mu;
   std::vector<std::string> bad_records;
+  // Bytes of one input batch of this pass (batch x sample x 4): what a
+  // prefetch memory budget is counted in.
+  int64_t batch_bytes = 0;
+  // Knobs the stages of the running graph offer (reset before each pass),
+  // and values chosen by autotuning, by knob name, that stages built later
+  // start from.
+  std::vector<TunableKnob> knobs;
+  std::map<std::string, int64_t> tuned;
   // Called by the metrics stage after each batch (progress output).
   std::function<void(const BatchMessage&, const PassMetrics&)> on_batch;
 

@@ -1,8 +1,11 @@
-// The cnnflow command line: train, eval, validate, stages.
+// The cnnflow command line: train, eval, tune, validate, convert, stages.
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -12,6 +15,7 @@
 #include "pipeline/run_config.h"
 #include "pipeline/trainer.h"
 #include "pipeline/tuner.h"
+#include "pipeline/yaml_util.h"
 #include "stages/stage.h"
 #include "tools/convert.h"
 
@@ -25,9 +29,10 @@ commands:
         train the model of CONFIG; writes a run folder (config, metrics.csv, weights)
   eval CONFIG --weights FILE [--set key=value ...]
         evaluate weights (model.safetensors of a run) on the config's test set
-  tune CONFIG [--steps N] [--set key=value ...]
+  tune CONFIG [--steps N] [--write] [--set key=value ...]
         time the train graph's loader alone across load threads x prefetch depths,
-        against the training step; recommend a setting and name the bottleneck
+        against the training step; recommend a setting and name the bottleneck;
+        --write puts the recommended graph.load_threads and graph.prefetch into CONFIG
   validate CONFIG [--set key=value ...]
         parse, build and shape-check; print the model and the graphs; no training
   convert --from folder|idx SRC --to LMDB_DIR [options]
@@ -43,6 +48,7 @@ commands:
 struct Options {
   std::string command, config, weights, out;
   int64_t steps = 100;
+  bool write = false;
   std::vector<std::string> sets;
 };
 
@@ -68,6 +74,8 @@ Options Parse(int argc, char** argv) {
       char* end = nullptr;
       o.steps = std::strtoll(v.c_str(), &end, 10);
       if (v.empty() || *end != '\0' || o.steps <= 0) throw ConfigError("--steps needs a positive count");
+    } else if (a == "--write") {
+      o.write = true;
     } else if (a == "--out") {
       o.out = value("--out");
     } else if (a == "-h" || a == "--help") {
@@ -164,7 +172,24 @@ int Tune(const Options& o) {
   for (int64_t t = 1; t <= trainer.config().threads; ++t) threads.push_back(t);
   std::printf("tuning the loader of %s: %lld batches of %lld per setting\n", o.config.c_str(),
               static_cast<long long>(o.steps), static_cast<long long>(trainer.config().batch));
-  std::printf("%s", TuneLoader(trainer, threads, {2, 4, 8}, o.steps).ToString().c_str());
+  const TuneReport report = TuneLoader(trainer, threads, {2, 4, 8}, o.steps);
+  std::printf("%s", report.ToString().c_str());
+  if (o.write) {
+    const TuneSetting& best = report.settings[report.best];
+    std::ifstream in(o.config);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string edited = SetYamlScalar(text.str(), "graph.load_threads",
+                                       std::to_string(best.load_threads), o.config);
+    edited = SetYamlScalar(edited, "graph.prefetch", std::to_string(best.prefetch), o.config);
+    // Replace the file in one step: a crash leaves the old config or the new one.
+    const std::string tmp = o.config + ".tmp";
+    std::ofstream(tmp, std::ios::binary) << edited;
+    std::filesystem::rename(tmp, o.config);
+    std::printf("wrote graph.load_threads: %lld and graph.prefetch: %lld into %s\n",
+                static_cast<long long>(best.load_threads), static_cast<long long>(best.prefetch),
+                o.config.c_str());
+  }
   return 0;
 }
 

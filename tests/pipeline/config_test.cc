@@ -190,5 +190,40 @@ TEST_F(ConfigTest, AddOfDifferentShapesNamesBothInputs) {
   }
 }
 
+// `cnnflow tune --write`: the setting goes into the text, the rest stays.
+TEST(SetYamlScalar, ReplacesAValueWhereItStandsKeepingComments) {
+  const std::string text =
+      "# my run\nname: x  # named\ngraph: {template: g.yaml, prefetch: 4, load_threads: 1}  # keep\n";
+  std::string out = SetYamlScalar(text, "graph.load_threads", "2", "c.yaml");
+  out = SetYamlScalar(out, "graph.prefetch", "16", "c.yaml");
+  EXPECT_EQ(out,
+            "# my run\nname: x  # named\ngraph: {template: g.yaml, prefetch: 16, load_threads: 2}  # keep\n");
+}
+
+TEST(SetYamlScalar, AddsAMissingKeyToFlowAndBlockSections) {
+  EXPECT_EQ(SetYamlScalar("graph: {devices: [cpu:0]}\nseed: 1\n", "graph.prefetch", "8", "c"),
+            "graph: {devices: [cpu:0], prefetch: 8}\nseed: 1\n");
+  EXPECT_EQ(SetYamlScalar("graph: {}\n", "graph.prefetch", "8", "c"), "graph: {prefetch: 8}\n");
+  EXPECT_EQ(SetYamlScalar("graph:\n  # the template\n  template: g.yaml\nseed: 1\n", "graph.prefetch",
+                          "8", "c"),
+            "graph:\n  # the template\n  prefetch: 8\n  template: g.yaml\nseed: 1\n");
+  EXPECT_EQ(SetYamlScalar("seed: 1", "graph.prefetch", "8", "c"), "seed: 1\ngraph: {prefetch: 8}\n");
+  // Block values, with comments after them.
+  EXPECT_EQ(SetYamlScalar("graph:\n  prefetch: 4   # why\n  load_threads: 1\n", "graph.prefetch",
+                          "2", "c"),
+            "graph:\n  prefetch: 2   # why\n  load_threads: 1\n");
+}
+
+TEST(SetYamlScalar, RefusesToReplaceACollection) {
+  try {
+    SetYamlScalar("graph: {prefetch: [1, 2]}\n", "graph.prefetch", "8", "c.yaml");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("c.yaml:1:19: graph.prefetch: expected a scalar"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace cnnflow

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -27,13 +28,23 @@ class JitterDataset : public Dataset {
   Shape sample_shape() const override { return {1, 2, 2}; }
   int num_classes() const override { return 10; }
   ReadResult Read(int64_t index, const ReadContext&, float* dst) const override {
+    const int64_t now = ++reading_;
+    if (index >= watch_from_) {
+      int64_t seen = max_reading_.load();
+      while (now > seen && !max_reading_.compare_exchange_weak(seen, now)) {
+      }
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(50 + Mix64(index) % 400));
+    --reading_;
     for (int i = 0; i < 4; ++i) dst[i] = static_cast<float>(index);
     if (bad_every_ > 0 && index % bad_every_ == 3) return {-1, "corrupt record"};
     return {index % 10, ""};
   }
   std::string Key(int64_t index) const override { return StrCat("k", index); }
   int64_t bad_every_ = 0;  // every record with index % bad_every_ == 3 is bad
+  // Reads running at once, and the most seen by reads of index >= watch_from_.
+  mutable std::atomic<int64_t> reading_{0}, max_reading_{0};
+  int64_t watch_from_ = 0;
   std::string description() const override { return "jitter"; }
 
  private:
@@ -152,6 +163,90 @@ train:
   EXPECT_LE(state.max_in_flight.load(), 3);
   EXPECT_EQ(state.max_in_flight.load(), 3) << "the consumer is slow: the bound should be reached";
   EXPECT_EQ(state.in_flight.load(), 0);
+}
+
+TEST_F(ExecutorTest, PrefetchMemoryBudgetCapsBatchesInFlight) {
+  state.batch_bytes = 4 * 4 * 4;  // batch 4 x [1, 2, 2] floats = 64 bytes
+  RunGraph(Graph(R"(
+train:
+  nodes:
+    sample: {stage: sampler, batch: 4}
+    prefetch: {stage: prefetch, depth: 8, memory_mb: 0.0002}
+    load: {stage: load_batch, threads: 4}
+    record: {stage: test_record, sleep_us: 3000}
+  edges: [sample -> prefetch -> load -> record]
+)"),
+           state);
+  EXPECT_EQ(g_seen.size(), 50u);
+  // 200 bytes hold 3 batches of 64, though depth allows 8.
+  EXPECT_EQ(state.max_in_flight.load(), 3);
+}
+
+TEST_F(ExecutorTest, PrefetchBudgetSmallerThanABatchIsAnError) {
+  state.batch_bytes = 3'000'000;
+  try {
+    RunGraph(Graph("train:\n  nodes:\n    sample: {stage: sampler, batch: 4}\n"
+                   "    prefetch: {stage: prefetch, memory_mb: 2}\n    record: {stage: test_record}\n"
+                   "  edges: [sample -> prefetch -> record]\n"),
+             state);
+    FAIL() << "expected an error";
+  } catch (const StageError& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'prefetch' (prefetch): memory_mb 2 holds no batch: "
+                                         "one batch is 3 MB"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(ExecutorTest, DecodeConcurrencyIsBoundedByLoadThreads) {
+  auto data = std::make_shared<JitterDataset>(200);
+  state.datasets["train"] = data;
+  RunGraph(Graph(R"(
+train:
+  nodes:
+    sample: {stage: sampler, batch: 8}
+    prefetch: {stage: prefetch, depth: 8}
+    load: {stage: load_batch, threads: 2, slice: 2}
+    record: {stage: test_record}
+  edges: [sample -> prefetch -> load -> record]
+)"),
+           state);
+  EXPECT_EQ(g_seen.size(), 25u);
+  EXPECT_EQ(data->max_reading_.load(), 2) << "4 TBB threads, 2 decode tasks at most";
+}
+
+TEST_F(ExecutorTest, KnobsMoveDecodeConcurrencyWhileRunning) {
+  // Batch 10 lowers load.threads from 4 to 1, then (second run) raises it
+  // from 1 to 4; reads of later batches see the new bound.
+  for (const auto& [from, to] : {std::pair<int64_t, int64_t>{4, 1}, {1, 4}}) {
+    auto data = std::make_shared<JitterDataset>(400);
+    data->watch_from_ = 200;  // batch 20 on: long after the move
+    state.datasets["train"] = data;
+    state.knobs.clear();
+    state.metrics = PassMetrics();
+    state.on_batch = [&, to = to](const BatchMessage& m, const PassMetrics&) {
+      if (m.index != 10) return;
+      for (TunableKnob& k : state.knobs)
+        if (k.name == "load.threads") EXPECT_EQ(k.set(to), to);
+    };
+    state.threads = 4;
+    RunGraph(Graph(StrCat(R"(
+train:
+  nodes:
+    sample: {stage: sampler, batch: 10, shuffle: false}
+    prefetch: {stage: prefetch, depth: 4}
+    load: {stage: load_batch, threads: )", from, R"(, slice: 1}
+    metrics: {stage: metrics}
+  edges: [sample -> prefetch -> load -> metrics]
+)")),
+             state);
+    EXPECT_EQ(state.metrics.samples, 400);
+    if (to == 1) {
+      EXPECT_EQ(data->max_reading_.load(), 1);
+    } else {
+      EXPECT_GE(data->max_reading_.load(), 2);
+    }
+  }
 }
 
 TEST_F(ExecutorTest, ExceptionInNodeNamesTheNodeAndDoesNotHang) {

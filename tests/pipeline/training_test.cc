@@ -2,6 +2,7 @@
 // loss falls far below its start and accuracy is far above chance.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -49,6 +50,49 @@ TEST(Training, FashionMnistSubsetLearns) {
   Trainer fresh(LoadRunConfig("configs/fashion_mnist.yaml", {"threads=2"}));
   fresh.LoadWeights((dir / "model.safetensors").string());
   EXPECT_DOUBLE_EQ(fresh.Evaluate().accuracy(), r.test.accuracy());
+  fs::remove_all(dir);
+}
+
+// Autotuning moves the loader's knobs while training, logs each move, and
+// changes nothing in what is learned: samples, order and augmentation do
+// not depend on how many decode tasks or prefetched batches there are.
+TEST(Training, AutotuneLogsItsMovesAndLeavesTheResultBitwiseUnchanged) {
+  const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=200", "threads=2"};
+  auto with = [&](const std::string& autotune) {
+    std::vector<std::string> o = common;
+    o.push_back("graph.autotune=" + autotune);
+    return o;
+  };
+  const fs::path dir = testing::TestDir();
+  Trainer tuned(LoadRunConfig("configs/fashion_mnist.yaml", with("true")));
+  tuned.Train((dir / "tuned").string());
+  Trainer plain(LoadRunConfig("configs/fashion_mnist.yaml", with("false")));
+  plain.Train((dir / "plain").string());
+  EXPECT_FALSE(fs::exists(dir / "plain" / "autotune.csv"));
+
+  std::ifstream log(dir / "tuned" / "autotune.csv");
+  std::string line;
+  std::getline(log, line);
+  EXPECT_EQ(line, "batch,action,knob,from,to,images_per_s_before,images_per_s_after,reason");
+  int tries = 0;
+  while (std::getline(log, line)) {
+    if (line.find(",try,") == std::string::npos) continue;
+    ++tries;
+    const bool threads = line.find(",load.threads,") != std::string::npos;
+    EXPECT_TRUE(threads || line.find(",prefetch.depth,") != std::string::npos) << line;
+    // load.threads stays within the run's 2 threads.
+    if (threads) EXPECT_TRUE(line.find(",1,2,") != std::string::npos ||
+                             line.find(",2,1,") != std::string::npos) << line;
+  }
+  EXPECT_GE(tries, 1) << "200 batches leave time for a baseline and one move";
+
+  const auto a = tuned.model().StateTensors(), b = plain.model().StateTensors();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto& [name, t] = a[i];
+    const Tensor& u = b[i].second;
+    ASSERT_EQ(std::memcmp(t.data<float>(), u.data<float>(), t.numel() * sizeof(float)), 0) << name;
+  }
   fs::remove_all(dir);
 }
 

@@ -1,0 +1,85 @@
+// Autotuning of the loader during training (`graph.autotune: true`): hill
+// climbing on measured throughput over the knobs the running graph offers
+// (decode concurrency, prefetch depth), each within its bounds (the run's
+// thread budget, the prefetch memory budget).
+//
+// One move at a time: measure a baseline window, move one knob (threads
+// +-1, depth x2 or /2), let the pipeline settle, measure again. A move up
+// is kept only if it gains `gain` (it costs threads or memory); a move down
+// is kept if it loses less than `tolerance` (it frees them). Every move and
+// its reason is reported; when no move is kept in a full round, the tuner
+// settles and stops moving.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "stages/run_state.h"
+
+namespace cnnflow {
+
+struct AutotuneDecision {
+  int64_t batch = 0;  // batches seen (over the whole run) when decided
+  std::string knob;   // empty for "settled"
+  int64_t from = 0, to = 0;
+  double rate_before = 0, rate_after = 0;  // images/s
+  std::string action;  // "try", "keep", "revert", "settled"
+  std::string reason;
+  std::string ToString() const;
+};
+
+struct AutotuneOptions {
+  int64_t window_batches = 16;  // a window is at least this many batches
+  double window_seconds = 1.0;  // and at least this long (noise)
+  int64_t settle_batches = 4;   // skipped after a move and at a pass's start
+  double gain = 0.05;
+  double tolerance = 0.03;
+  int64_t max_moves = 24;       // settle after this many tries in any case
+};
+
+class Autotuner {
+ public:
+  explicit Autotuner(AutotuneOptions opt = {}) : opt_(opt) {}
+
+  // A new pass starts (its graph offers fresh knobs): the first batches
+  // are warm-up and not measured.
+  void StartPass();
+  // After each batch: the pass's knobs and its cumulative samples and
+  // seconds. Returns the decisions taken now (usually none).
+  std::vector<AutotuneDecision> Observe(std::vector<TunableKnob>& knobs, int64_t samples,
+                                        double seconds);
+  bool settled() const { return phase_ == Phase::kSettled; }
+  // The knob values in force, by name (carried into later passes).
+  const std::map<std::string, int64_t>& values() const { return values_; }
+
+ private:
+  enum class Phase { kBaseline, kTrial, kSettled };
+  struct Move {
+    size_t knob;
+    bool up;
+  };
+  std::optional<double> WindowRate(int64_t samples, double seconds);
+  bool NextMove(std::vector<TunableKnob>& knobs, std::vector<AutotuneDecision>& out);
+  int64_t Target(const TunableKnob& k, bool up) const;
+
+  AutotuneOptions opt_;
+  Phase phase_ = Phase::kBaseline;
+  int64_t batches_ = 0;          // over the run
+  int64_t skip_ = 0;             // batches still to skip before measuring
+  int64_t window_batches_ = 0;
+  int64_t window_start_samples_ = 0;
+  double window_start_seconds_ = 0;
+  bool window_open_ = false;
+  double baseline_ = 0;
+  size_t next_candidate_ = 0;    // index into the round's moves
+  size_t tried_in_round_ = 0;
+  int64_t moves_ = 0;
+  std::optional<Move> trial_, last_kept_;
+  int64_t trial_from_ = 0;
+  std::map<std::string, int64_t> values_;
+};
+
+}  // namespace cnnflow
