@@ -13,6 +13,7 @@
 #include <set>
 
 #include "ops/error.h"
+#include "ops/json.h"
 
 namespace cnnflow {
 
@@ -20,315 +21,6 @@ static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; a big-endian host needs byte swaps here");
 
 namespace {
-
-// ------------------------------------------------------------------ JSON
-// Just enough JSON for safetensors headers: objects keep their key order,
-// numbers keep their text (offsets need all 64 bits, not a double).
-
-struct Json {
-  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
-  Kind kind = Kind::kNull;
-  bool boolean = false;
-  std::string text;  // a string's value or a number's literal
-  std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;
-};
-
-const char* KindName(Json::Kind k) {
-  switch (k) {
-    case Json::Kind::kNull:
-      return "null";
-    case Json::Kind::kBool:
-      return "a boolean";
-    case Json::Kind::kNumber:
-      return "a number";
-    case Json::Kind::kString:
-      return "a string";
-    case Json::Kind::kArray:
-      return "an array";
-    case Json::Kind::kObject:
-      return "an object";
-  }
-  return "?";
-}
-
-class JsonParser {
- public:
-  explicit JsonParser(const std::string& s) : s_(s) {}
-
-  // The whole text must be one value (surrounding whitespace allowed).
-  Json ParseDocument() {
-    Json v = ParseValue(0);
-    SkipSpace();
-    if (pos_ != s_.size()) Fail("unexpected text after the JSON value");
-    return v;
-  }
-
- private:
-  static constexpr int kMaxDepth = 64;
-
-  [[noreturn]] void Fail(const std::string& what) const {
-    throw Error(StrCat("bad JSON header at byte ", pos_, ": ", what));
-  }
-
-  void SkipSpace() {
-    while (pos_ < s_.size() &&
-           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
-      ++pos_;
-  }
-
-  bool Consume(const char* word) {
-    const size_t n = std::strlen(word);
-    if (s_.compare(pos_, n, word) != 0) return false;
-    pos_ += n;
-    return true;
-  }
-
-  Json ParseValue(int depth) {
-    if (depth > kMaxDepth) Fail("nested too deeply");
-    SkipSpace();
-    if (pos_ >= s_.size()) Fail("unexpected end of text");
-    Json v;
-    const char c = s_[pos_];
-    if (c == '{') {
-      v.kind = Json::Kind::kObject;
-      ++pos_;
-      SkipSpace();
-      if (pos_ < s_.size() && s_[pos_] == '}') {
-        ++pos_;
-        return v;
-      }
-      std::set<std::string> keys;
-      while (true) {
-        SkipSpace();
-        if (pos_ >= s_.size() || s_[pos_] != '"') Fail("expected a string key");
-        std::string key = ParseString();
-        if (!keys.insert(key).second) Fail(StrCat("duplicate key \"", key, "\""));
-        SkipSpace();
-        if (pos_ >= s_.size() || s_[pos_] != ':') Fail("expected ':'");
-        ++pos_;
-        v.members.emplace_back(std::move(key), ParseValue(depth + 1));
-        SkipSpace();
-        if (pos_ < s_.size() && s_[pos_] == ',') {
-          ++pos_;
-          continue;
-        }
-        if (pos_ < s_.size() && s_[pos_] == '}') {
-          ++pos_;
-          return v;
-        }
-        Fail("expected ',' or '}' in an object");
-      }
-    }
-    if (c == '[') {
-      v.kind = Json::Kind::kArray;
-      ++pos_;
-      SkipSpace();
-      if (pos_ < s_.size() && s_[pos_] == ']') {
-        ++pos_;
-        return v;
-      }
-      while (true) {
-        v.items.push_back(ParseValue(depth + 1));
-        SkipSpace();
-        if (pos_ < s_.size() && s_[pos_] == ',') {
-          ++pos_;
-          continue;
-        }
-        if (pos_ < s_.size() && s_[pos_] == ']') {
-          ++pos_;
-          return v;
-        }
-        Fail("expected ',' or ']' in an array");
-      }
-    }
-    if (c == '"') {
-      v.kind = Json::Kind::kString;
-      v.text = ParseString();
-      return v;
-    }
-    if (Consume("true")) {
-      v.kind = Json::Kind::kBool;
-      v.boolean = true;
-      return v;
-    }
-    if (Consume("false")) {
-      v.kind = Json::Kind::kBool;
-      return v;
-    }
-    if (Consume("null")) return v;
-    if (c == '-' || (c >= '0' && c <= '9')) {
-      v.kind = Json::Kind::kNumber;
-      v.text = ParseNumber();
-      return v;
-    }
-    Fail(StrCat("unexpected character '", c, "'"));
-  }
-
-  bool IsDigit() const { return pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9'; }
-
-  // -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
-  std::string ParseNumber() {
-    const size_t start = pos_;
-    if (s_[pos_] == '-') ++pos_;
-    if (!IsDigit()) Fail("expected a digit");
-    if (s_[pos_] == '0') {
-      ++pos_;
-    } else {
-      while (IsDigit()) ++pos_;
-    }
-    if (pos_ < s_.size() && s_[pos_] == '.') {
-      ++pos_;
-      if (!IsDigit()) Fail("expected a digit after '.'");
-      while (IsDigit()) ++pos_;
-    }
-    if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
-      ++pos_;
-      if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) ++pos_;
-      if (!IsDigit()) Fail("expected a digit in the exponent");
-      while (IsDigit()) ++pos_;
-    }
-    return s_.substr(start, pos_ - start);
-  }
-
-  unsigned Hex4() {
-    if (pos_ + 4 > s_.size()) Fail("truncated \\u escape");
-    unsigned v = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char h = s_[pos_++];
-      v <<= 4;
-      if (h >= '0' && h <= '9') {
-        v |= h - '0';
-      } else if (h >= 'a' && h <= 'f') {
-        v |= h - 'a' + 10;
-      } else if (h >= 'A' && h <= 'F') {
-        v |= h - 'A' + 10;
-      } else {
-        Fail("bad hex digit in \\u escape");
-      }
-    }
-    return v;
-  }
-
-  static void AppendUtf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
-  // At the opening quote; returns the decoded string (UTF-8).
-  std::string ParseString() {
-    ++pos_;
-    std::string out;
-    while (true) {
-      if (pos_ >= s_.size()) Fail("unterminated string");
-      const unsigned char c = static_cast<unsigned char>(s_[pos_++]);
-      if (c == '"') return out;
-      if (c < 0x20) Fail("control character in a string");
-      if (c != '\\') {
-        out += static_cast<char>(c);
-        continue;
-      }
-      if (pos_ >= s_.size()) Fail("unterminated escape");
-      const char e = s_[pos_++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          unsigned cp = Hex4();
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (!Consume("\\u")) Fail("high surrogate without a low one");
-            const unsigned lo = Hex4();
-            if (lo < 0xDC00 || lo > 0xDFFF) Fail("bad low surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            Fail("low surrogate without a high one");
-          }
-          AppendUtf8(out, cp);
-          break;
-        }
-        default:
-          Fail(StrCat("bad escape '\\", e, "'"));
-      }
-    }
-  }
-
-  const std::string& s_;
-  size_t pos_ = 0;
-};
-
-void WriteJsonString(std::string& out, const std::string& s) {
-  out += '"';
-  for (const char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += ch;  // UTF-8 bytes pass through
-        }
-    }
-  }
-  out += '"';
-}
 
 // ------------------------------------------------------------------ helpers
 
@@ -348,21 +40,15 @@ bool ParseDType(const std::string& name, DType* out) {
 
 // A non-negative integer that fits int64, or false.
 bool JsonToIndex(const Json& v, int64_t* out) {
-  if (v.kind != Json::Kind::kNumber || v.text.empty()) return false;
+  if (!v.is_number() || v.number_text().empty()) return false;
   uint64_t x = 0;
-  for (const char c : v.text) {
+  for (const char c : v.number_text()) {
     if (c < '0' || c > '9') return false;  // negative, fraction or exponent
     if (x > (static_cast<uint64_t>(INT64_MAX) - (c - '0')) / 10) return false;
     x = x * 10 + static_cast<uint64_t>(c - '0');
   }
   *out = static_cast<int64_t>(x);
   return true;
-}
-
-const Json* Member(const Json& obj, const char* key) {
-  for (const auto& [k, v] : obj.members)
-    if (k == key) return &v;
-  return nullptr;
 }
 
 // Closes a FILE* on scope exit.
@@ -390,11 +76,66 @@ constexpr uint64_t kMaxHeaderBytes = 100 << 20;  // the Python library's limit
 
 }  // namespace
 
+// ------------------------------------------------------------------ CRC-32
+
+namespace {
+
+// Slicing-by-8 tables for the reflected polynomial 0xEDB88320: eight bytes
+// per step, several times faster than a byte at a time.
+struct Crc32Tables {
+  uint32_t t[8][256];
+  constexpr Crc32Tables() : t{} {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
+  }
+};
+constexpr Crc32Tables kCrc32;
+
+}  // namespace
+
+uint32_t Crc32(const void* data, size_t n, uint32_t crc) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  const auto& t = kCrc32.t;
+  crc = ~crc;
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);  // little-endian (asserted above)
+    const uint32_t lo = static_cast<uint32_t>(w) ^ crc;
+    const uint32_t hi = static_cast<uint32_t>(w >> 32);
+    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^
+          t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^ t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  while (n--) crc = t[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+SafetensorsWritten FileSizeAndCrc32(const std::string& path) {
+  FilePtr f(std::fopen(path.c_str(), "rb"));
+  if (!f) throw Error(StrCat("cannot open '", path, "': ", ErrnoText()));
+  SafetensorsWritten out;
+  std::vector<unsigned char> buf(1 << 20);
+  size_t got;
+  while ((got = std::fread(buf.data(), 1, buf.size(), f.get())) > 0) {
+    out.crc32 = Crc32(buf.data(), got, out.crc32);
+    out.bytes += got;
+  }
+  if (std::ferror(f.get())) throw Error(StrCat("cannot read '", path, "': ", ErrnoText()));
+  return out;
+}
+
 // ------------------------------------------------------------------ save
 
 void SaveSafetensors(const std::string& path,
                      const std::vector<std::pair<std::string, Tensor>>& tensors,
-                     const std::map<std::string, std::string>& metadata) {
+                     const std::map<std::string, std::string>& metadata,
+                     SafetensorsWritten* written) {
   // Host copies first, so a bad tensor fails before anything is written.
   std::vector<Tensor> host;
   std::set<std::string> names;
@@ -420,16 +161,16 @@ void SaveSafetensors(const std::string& path,
     for (const auto& [k, v] : metadata) {
       if (!first) header += ',';
       first = false;
-      WriteJsonString(header, k);
+      AppendJsonString(header, k);
       header += ':';
-      WriteJsonString(header, v);
+      AppendJsonString(header, v);
     }
     header += '}';
   }
   uint64_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (header.size() > 1) header += ',';
-    WriteJsonString(header, tensors[i].first);
+    AppendJsonString(header, tensors[i].first);
     header += StrCat(":{\"dtype\":\"", SafetensorsName(host[i].dtype()), "\",\"shape\":[");
     for (int d = 0; d < host[i].rank(); ++d) header += StrCat(d ? "," : "", host[i].dim(d));
     const uint64_t end = offset + host[i].nbytes();
@@ -444,9 +185,16 @@ void SaveSafetensors(const std::string& path,
     FilePtr f(std::fopen(tmp.c_str(), "wb"));
     if (!f) throw Error(StrCat("cannot create '", tmp, "': ", ErrnoText()));
     const uint64_t n = header.size();  // little-endian on this host (asserted above)
-    WriteAll(f.get(), &n, sizeof n, tmp);
-    WriteAll(f.get(), header.data(), header.size(), tmp);
-    for (const Tensor& t : host) WriteAll(f.get(), t.raw_data(), t.nbytes(), tmp);
+    SafetensorsWritten info;
+    auto put = [&](const void* data, size_t bytes) {
+      WriteAll(f.get(), data, bytes, tmp);
+      if (written) info.crc32 = Crc32(data, bytes, info.crc32);
+      info.bytes += bytes;
+    };
+    put(&n, sizeof n);
+    put(header.data(), header.size());
+    for (const Tensor& t : host) put(t.raw_data(), t.nbytes());
+    if (written) *written = info;
     if (std::fflush(f.get()) != 0 || ::fsync(::fileno(f.get())) != 0) {
       throw Error(StrCat("cannot flush '", tmp, "': ", ErrnoText()));
     }
@@ -514,12 +262,12 @@ SafetensorsFile LoadSafetensors(const std::string& path) {
 
   Json root;
   try {
-    root = JsonParser(header).ParseDocument();
-  } catch (const Error& e) {
-    throw Error(StrCat(pre, e.what()));
+    root = ParseJson(header);
+  } catch (const JsonError& e) {
+    throw Error(StrCat(pre, "bad JSON header: ", e.what()));
   }
-  if (root.kind != Json::Kind::kObject) {
-    throw Error(StrCat(pre, "the header is ", KindName(root.kind), ", expected an object"));
+  if (root.kind() != Json::Kind::kObject) {
+    throw Error(StrCat(pre, "the header is ", JsonKindName(root.kind()), ", expected an object"));
   }
 
   struct Entry {
@@ -530,47 +278,48 @@ SafetensorsFile LoadSafetensors(const std::string& path) {
   };
   SafetensorsFile out;
   std::vector<Entry> entries;
-  for (const auto& [name, info] : root.members) {
+  for (const auto& [name, info] : root.members()) {
     if (name == "__metadata__") {
-      if (info.kind != Json::Kind::kObject) {
-        throw Error(StrCat(pre, "__metadata__ is ", KindName(info.kind), ", expected an object"));
+      if (info.kind() != Json::Kind::kObject) {
+        throw Error(
+            StrCat(pre, "__metadata__ is ", JsonKindName(info.kind()), ", expected an object"));
       }
-      for (const auto& [k, v] : info.members) {
-        if (v.kind != Json::Kind::kString) {
-          throw Error(StrCat(pre, "__metadata__ value of \"", k, "\" is ", KindName(v.kind),
+      for (const auto& [k, v] : info.members()) {
+        if (v.kind() != Json::Kind::kString) {
+          throw Error(StrCat(pre, "__metadata__ value of \"", k, "\" is ", JsonKindName(v.kind()),
                              ", expected a string"));
         }
-        out.metadata[k] = v.text;
+        out.metadata[k] = v.AsString();
       }
       continue;
     }
     const std::string what = StrCat(pre, "tensor '", name, "': ");
-    if (info.kind != Json::Kind::kObject) {
-      throw Error(StrCat(what, "entry is ", KindName(info.kind), ", expected an object"));
+    if (info.kind() != Json::Kind::kObject) {
+      throw Error(StrCat(what, "entry is ", JsonKindName(info.kind()), ", expected an object"));
     }
     Entry e;
     e.name = name;
-    const Json* dtype = Member(info, "dtype");
-    const Json* shape = Member(info, "shape");
-    const Json* offsets = Member(info, "data_offsets");
+    const Json* dtype = info.Find("dtype");
+    const Json* shape = info.Find("shape");
+    const Json* offsets = info.Find("data_offsets");
     if (!dtype || !shape || !offsets) {
       throw Error(StrCat(what, "needs \"dtype\", \"shape\" and \"data_offsets\""));
     }
-    if (dtype->kind != Json::Kind::kString) throw Error(StrCat(what, "dtype is not a string"));
-    if (!ParseDType(dtype->text, &e.dtype)) {
+    if (dtype->kind() != Json::Kind::kString) throw Error(StrCat(what, "dtype is not a string"));
+    if (!ParseDType(dtype->AsString(), &e.dtype)) {
       static const std::set<std::string> kOther = {"BOOL",    "U8",      "I8",  "I16", "U16",
                                                    "I32",     "U32",     "I64", "U64", "F8_E4M3",
                                                    "F8_E5M2", "F8_E8M0", "C64"};
-      if (kOther.count(dtype->text)) {
-        throw Error(StrCat(what, "dtype ", dtype->text,
+      if (kOther.count(dtype->AsString())) {
+        throw Error(StrCat(what, "dtype ", dtype->AsString(),
                            " is not supported by cnnflow (supported: F32, F64, F16, BF16)"));
       }
-      throw Error(StrCat(what, "unknown dtype \"", dtype->text, "\""));
+      throw Error(StrCat(what, "unknown dtype \"", dtype->AsString(), "\""));
     }
-    if (shape->kind != Json::Kind::kArray) throw Error(StrCat(what, "shape is not an array"));
+    if (shape->kind() != Json::Kind::kArray) throw Error(StrCat(what, "shape is not an array"));
     int64_t numel = 1;
     bool overflow = false;
-    for (const Json& d : shape->items) {
+    for (const Json& d : shape->items()) {
       int64_t x;
       if (!JsonToIndex(d, &x)) {
         throw Error(StrCat(what, "shape has an entry that is not a non-negative integer"));
@@ -578,8 +327,8 @@ SafetensorsFile LoadSafetensors(const std::string& path) {
       e.shape.push_back(x);
       overflow |= __builtin_mul_overflow(numel, x, &numel);
     }
-    if (offsets->kind != Json::Kind::kArray || offsets->items.size() != 2 ||
-        !JsonToIndex(offsets->items[0], &e.begin) || !JsonToIndex(offsets->items[1], &e.end)) {
+    if (offsets->kind() != Json::Kind::kArray || offsets->items().size() != 2 ||
+        !JsonToIndex(offsets->items()[0], &e.begin) || !JsonToIndex(offsets->items()[1], &e.end)) {
       throw Error(StrCat(what, "data_offsets must be two non-negative integers [begin, end]"));
     }
     if (e.end < e.begin) {
@@ -593,7 +342,7 @@ SafetensorsFile LoadSafetensors(const std::string& path) {
     int64_t bytes = 0;
     overflow |= __builtin_mul_overflow(numel, static_cast<int64_t>(DTypeSize(e.dtype)), &bytes);
     if (overflow || bytes != e.end - e.begin) {
-      throw Error(StrCat(what, "shape ", Shape(e.shape), " of ", dtype->text, " needs ",
+      throw Error(StrCat(what, "shape ", Shape(e.shape), " of ", dtype->AsString(), " needs ",
                          overflow ? std::string("too many") : StrCat(bytes),
                          " bytes but data_offsets [", e.begin, ", ", e.end, "] hold ",
                          e.end - e.begin));

@@ -9,6 +9,8 @@
 //             start of this section, tensors back to back in the given order.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -18,14 +20,30 @@
 
 namespace cnnflow {
 
+// What SaveSafetensors wrote, for a checkpoint's sidecar to record.
+struct SafetensorsWritten {
+  uint64_t bytes = 0;  // the file's size
+  uint32_t crc32 = 0;  // CRC-32 of the whole file, as Python's zlib.crc32
+};
+
 // Writes `tensors` (any device; contiguous) and string metadata to `path`
 // atomically: to path + ".tmp.<pid>" first, flushed and fsync'ed, then
 // renamed over `path` and the directory fsync'ed, so a crash leaves either
 // the old file or the new one, never a torn one. Names must be unique and
-// not "__metadata__". Throws Error naming the path.
+// not "__metadata__". Fills `written` (when not null) with the file's size
+// and checksum, computed from the bytes as they are written (no second
+// read). Throws Error naming the path.
 void SaveSafetensors(const std::string& path,
                      const std::vector<std::pair<std::string, Tensor>>& tensors,
-                     const std::map<std::string, std::string>& metadata = {});
+                     const std::map<std::string, std::string>& metadata = {},
+                     SafetensorsWritten* written = nullptr);
+
+// CRC-32 (the polynomial of zlib, PNG and Ethernet) of `n` bytes, continuing
+// from `crc` (0 to start): Crc32(b, n2, Crc32(a, n1)) == CRC of a then b.
+uint32_t Crc32(const void* data, size_t n, uint32_t crc = 0);
+// The size and CRC-32 of a whole file, read in chunks. Throws Error naming
+// the path.
+SafetensorsWritten FileSizeAndCrc32(const std::string& path);
 
 struct SafetensorsFile {
   std::map<std::string, std::string> metadata;

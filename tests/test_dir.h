@@ -1,11 +1,14 @@
-// A fresh, empty directory for the running test (named after it and the
-// process, so parallel ctest runs never share one).
+// Files for tests: a fresh, empty directory for the running test (named
+// after it and the process, so parallel ctest runs never share one), and
+// whole-file reads and writes.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace cnnflow::testing {
@@ -19,6 +22,18 @@ inline std::string TestDir() {
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
+}
+
+inline std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+inline void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 }  // namespace cnnflow::testing

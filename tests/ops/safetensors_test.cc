@@ -18,19 +18,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using testing::ReadBytes;
 using testing::TestDir;
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using testing::WriteBytes;
 
 std::string Le64(uint64_t v) {
   std::string s(8, '\0');
