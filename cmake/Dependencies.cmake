@@ -9,6 +9,7 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(LMDB REQUIRED IMPORTED_TARGET lmdb)
 pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)
+pkg_check_modules(PNG REQUIRED IMPORTED_TARGET libpng)
 find_package(OpenCV REQUIRED COMPONENTS core imgproc)
 
 if(CNNFLOW_BUILD_TESTS)

@@ -90,7 +90,23 @@ AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uin
   return p;
 }
 
+void UseSerialOpenCv() {
+  // Debian's OpenCV runs cv::resize & co. on TBB. Called from our own TBB
+  // workers, that work would (1) take threads outside the configured thread
+  // budget (OpenCV keeps its own arena), and (2) make the calling worker wait
+  // inside cv::resize, where TBB may hand it another sample's task: that
+  // task would reuse this thread's thread_local decode buffers while the
+  // outer resize still reads them. The loaders already run one sample per
+  // worker, so OpenCV gains nothing from its own parallelism here.
+  static const bool once = [] {
+    cv::setNumThreads(1);
+    return true;
+  }();
+  (void)once;
+}
+
 Augmenter::Augmenter(AugmentOptions options) : options_(std::move(options)) {
+  UseSerialOpenCv();
   const AugmentOptions& o = options_;
   if (o.out_h <= 0 || o.out_w <= 0) {
     throw ConfigError(StrCat("augment: output size must be positive, got ", o.out_h, "x", o.out_w));

@@ -83,6 +83,10 @@ class Augmenter {
   std::vector<float> lut_;
 };
 
+// cv::setNumThreads(1), once per process (see the .cc for why). Every
+// Augmenter calls it; so does anything else that resizes with OpenCV.
+void UseSerialOpenCv();
+
 // One-shot form of Augmenter(options).Run(...): builds the tables per call.
 void Augment(const uint8_t* hwc, int h, int w, int c, const AugmentOptions& options, uint64_t seed,
              int64_t epoch, int64_t sample_index, float* chw_out);

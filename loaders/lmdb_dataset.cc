@@ -4,7 +4,6 @@
 #include <cstring>
 #include <vector>
 
-#include "loaders/jpeg_decoder.h"
 #include "loaders/record.h"
 #include "loaders/source_registry.h"
 
@@ -33,16 +32,7 @@ LmdbDataset::LmdbDataset(const Args& args) : reader_(args.String("path")) {
                              "state ", Shape(first.shape), ")"));
   }
   shape_ = Shape(shape);
-  resize_min_side_ = static_cast<int>(args.Int("resize_min_side"));
-  AugmentOptions o;
-  o.out_h = static_cast<int>(shape[1]);
-  o.out_w = static_cast<int>(shape[2]);
-  o.resize_min_side = resize_min_side_;
-  eval_augment_ = std::make_unique<Augmenter>(o);  // centre crop, no flip, no padding
-  o.pad = static_cast<int>(args.Int("pad"));
-  o.random_crop = args.Bool("random_crop");
-  o.hflip = args.Bool("hflip");
-  train_augment_ = std::make_unique<Augmenter>(o);
+  decoder_ = std::make_unique<ImageSampleDecoder>(shape_, args);
 }
 
 ReadResult LmdbDataset::Read(int64_t index, const ReadContext& ctx, float* dst) const {
@@ -52,32 +42,29 @@ ReadResult LmdbDataset::Read(int64_t index, const ReadContext& ctx, float* dst) 
   if (r.label < 0 || r.label >= num_classes_) {
     return {-1, StrCat("label ", r.label, " out of range [0, ", num_classes_, ")")};
   }
-  const int channels = static_cast<int>(shape_[0]);
-  thread_local std::vector<uint8_t> hwc;
-  int h = 0, w = 0;
-  if (r.encoding == RecordEncoding::kJpeg) {
-    JpegDecoder& decoder = ThreadLocalJpegDecoder();
-    const JpegResult header = decoder.ReadHeader(r.data, r.size);
-    if (!header.ok()) return {-1, header.error};
-    hwc.resize(static_cast<size_t>(header.width) * header.height * channels);
-    const JpegResult jr =
-        decoder.Decode(r.data, r.size, channels, hwc.data(), hwc.size(), resize_min_side_);
-    if (!jr.ok()) return {-1, jr.error};
-    h = jr.height;
-    w = jr.width;
-  } else if (r.encoding == RecordEncoding::kRaw && r.dtype == RecordDType::kU8 &&
-             r.shape.size() == 3 && r.shape[0] == channels) {
-    h = static_cast<int>(r.shape[1]);
-    w = static_cast<int>(r.shape[2]);
-    hwc.resize(static_cast<size_t>(h) * w * channels);
-    for (int c = 0; c < channels; ++c)  // CHW -> HWC for the augmenter
-      for (int64_t p = 0; p < static_cast<int64_t>(h) * w; ++p) hwc[p * channels + c] = r.data[c * h * w + p];
-  } else {
-    return {-1, StrCat("unsupported record: ", RecordEncodingName(r.encoding), " ",
-                       RecordDTypeName(r.dtype), " ", Shape(r.shape), " for samples of ", shape_,
-                       r.encoding == RecordEncoding::kPng ? " (PNG decoding is not built in yet)" : "")};
+  if (r.encoding == RecordEncoding::kJpeg || r.encoding == RecordEncoding::kPng) {
+    const std::string error = decoder_->DecodeEncoded(r.data, r.size, ctx, index, dst);
+    if (!error.empty()) return {-1, error};
+    return {r.label, ""};
   }
-  (ctx.train ? *train_augment_ : *eval_augment_).Run(hwc.data(), h, w, channels, ctx.seed, ctx.epoch, index, dst);
+  const int channels = decoder_->channels();
+  const int64_t rc = r.shape.size() == 3 ? r.shape[0] : 0;
+  if (r.encoding != RecordEncoding::kRaw || r.dtype != RecordDType::kU8 || (rc != 1 && rc != 3)) {
+    return {-1, StrCat("unsupported record: ", RecordEncodingName(r.encoding), " ",
+                       RecordDTypeName(r.dtype), " ", Shape(r.shape), " for samples of ", shape_)};
+  }
+  const int h = static_cast<int>(r.shape[1]);
+  const int w = static_cast<int>(r.shape[2]);
+  const size_t plane = static_cast<size_t>(h) * w;
+  thread_local std::vector<uint8_t> hwc;
+  hwc.resize(plane * std::max<int64_t>(rc, channels));
+  for (int64_t c = 0; c < rc; ++c) {  // CHW -> HWC for the augmenter
+    for (size_t p = 0; p < plane; ++p) hwc[p * rc + c] = r.data[c * plane + p];
+  }
+  // A gray record in a colour data set (or the reverse), as the decoder
+  // would have given it from the image file.
+  ConvertImageChannels(hwc.data(), plane, static_cast<int>(rc), channels);
+  decoder_->AugmentPixels(hwc.data(), h, w, ctx, index, dst);
   return {r.label, ""};
 }
 
@@ -90,17 +77,14 @@ std::string LmdbDataset::description() const {
 
 CNNFLOW_REGISTER_SOURCE(
     lmdb,
-    Schema("An LMDB of records as `cnnflow convert` writes them (cnnflow layout or Caffe Datum; "
-           "raw uint8 or JPEG), decoded with TurboJPEG; augmentation in training passes only.")
-        .Required("path", ParamType::kString, "the LMDB folder (or data.mdb file)")
-        .Optional("shape", ParamType::kIntList, std::vector<int64_t>{0},
-                  "sample shape [C, H, W] (0: the first record's)")
-        .Optional("num_classes", ParamType::kInt, int64_t{0}, "0: the largest label + 1")
-        .Optional("pad", ParamType::kInt, int64_t{0}, "zero padding before a random crop")
-        .Optional("random_crop", ParamType::kBool, false, "random crop (else centre crop)")
-        .Optional("hflip", ParamType::kBool, false, "random horizontal flip")
-        .Optional("resize_min_side", ParamType::kInt, int64_t{0},
-                  "resize so the shorter side is this before cropping (0: no resize)"),
+    AddImageAugmentParams(
+        Schema("An LMDB of records as `cnnflow convert` writes them (cnnflow layout or Caffe "
+               "Datum; raw uint8, JPEG or PNG), decoded with TurboJPEG / libpng; augmentation in "
+               "training passes only.")
+            .Required("path", ParamType::kString, "the LMDB folder (or data.mdb file)")
+            .Optional("shape", ParamType::kIntList, std::vector<int64_t>{0},
+                      "sample shape [C, H, W] (0: the first record's)")
+            .Optional("num_classes", ParamType::kInt, int64_t{0}, "0: the largest label + 1")),
     [](const Args& a) -> std::shared_ptr<Dataset> { return std::make_shared<LmdbDataset>(a); });
 
 }  // namespace cnnflow

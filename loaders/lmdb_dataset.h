@@ -1,15 +1,16 @@
 // The `lmdb` data source: records of an LMDB (cnnflow's layout or Caffe's
-// Datum, as `cnnflow convert` writes them), raw pixels or JPEG, decoded by
-// TurboJPEG into a per-thread buffer and augmented per (seed, epoch,
-// sample) in training passes. A record that cannot be read is a ReadResult
-// error naming the problem (the loader stage skips or fails).
+// Datum, as `cnnflow convert` writes them), raw pixels, JPEG or PNG, decoded
+// (image_decoder.h: TurboJPEG / libpng) into a per-thread buffer and
+// augmented per (seed, epoch, sample) in training passes. A record that
+// cannot be read is a ReadResult error naming the problem (the loader stage
+// skips or fails).
 #pragma once
 
 #include <memory>
 #include <string>
 
-#include "loaders/augment.h"
 #include "loaders/dataset.h"
+#include "loaders/image_decoder.h"
 #include "loaders/lmdb_store.h"
 #include "ops/schema.h"
 
@@ -33,8 +34,7 @@ class LmdbDataset : public Dataset {
   LmdbReader reader_;
   Shape shape_;
   int num_classes_ = 0;
-  int resize_min_side_ = 0;
-  std::unique_ptr<Augmenter> train_augment_, eval_augment_;
+  std::unique_ptr<ImageSampleDecoder> decoder_;
 };
 
 }  // namespace cnnflow

@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config ccache
   libtbb-dev libyaml-cpp-dev zlib1g-dev libopenblas-dev
-  liblmdb-dev lmdb-utils libturbojpeg0-dev libopencv-dev
+  liblmdb-dev lmdb-utils libturbojpeg0-dev libpng-dev libopencv-dev
   libdnnl-dev ocl-icd-opencl-dev opencl-c-headers
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
@@ -15,7 +15,7 @@ packages=(
 )
 # For bench/: PyTorch on the CPU, side by side with cnnflow.
 if [[ "${CNNFLOW_SETUP_BENCH:-0}" == 1 ]]; then
-  packages+=(python3-torch python3-numpy)
+  packages+=(python3-torch python3-numpy python3-pil python3-lmdb plasma-workspace-wallpapers)
 fi
 
 missing=()
