@@ -10,6 +10,7 @@ pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(LMDB REQUIRED IMPORTED_TARGET lmdb)
 pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)
 pkg_check_modules(PNG REQUIRED IMPORTED_TARGET libpng)
+find_package(MPI REQUIRED COMPONENTS CXX)   # MPI::MPI_CXX, MPIEXEC_EXECUTABLE
 find_package(OpenCV REQUIRED COMPONENTS core imgproc)
 
 if(CNNFLOW_BUILD_TESTS)

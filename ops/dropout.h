@@ -26,8 +26,9 @@ class DropoutLayer : public Layer {
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
 
-  // The random stream of the mask: element i is kept iff
-  // UniformAt(MaskKey(ctx, name), i) >= p. The name is hashed with FNV-1a,
+  // The random stream of the mask: element j of row n is kept iff
+  // UniformAt(MaskKey(ctx, name), s * per_row + j) >= p, where s is the row's
+  // sample id (ctx.sample_ids[n], or n without ids). The name is hashed with FNV-1a,
   // stable across compilers and runs (unlike std::hash).
   static uint64_t MaskKey(const ForwardContext& ctx, const std::string& layer_name);
 

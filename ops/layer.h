@@ -38,6 +38,10 @@ struct ForwardContext {
   bool training = true;
   uint64_t seed = 0;  // with step and the layer's name, seeds dropout masks
   int64_t step = 0;
+  // The data set index of each row of the batch (null: the row number).
+  // Random draws are keyed by it, so a sample gets the same dropout mask
+  // whichever replica, shard or micro-batch it lands in.
+  const int64_t* sample_ids = nullptr;
 };
 
 class Layer {

@@ -124,7 +124,7 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
   return acts_.back();
 }
 
-void Model::Backward(const Tensor& dy) {
+void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_done) {
   const int num = static_cast<int>(layers_.size());
   CNNFLOW_ENFORCE(static_cast<int>(acts_.size()) == num && dy.shape() == acts_.back().shape(),
                   "Backward without a matching Forward: dy ", dy.shape());
@@ -133,7 +133,10 @@ void Model::Backward(const Tensor& dy) {
   std::vector<const Tensor*> ins;
   std::vector<Tensor*> dxs;
   for (int i = num - 1; i >= 0; --i) {
-    if (!grads[i].defined()) continue;  // nothing downstream depends on this layer
+    if (!grads[i].defined()) {  // nothing downstream depends on this layer
+      if (layer_done) layer_done(i);
+      continue;
+    }
     ins.clear();
     dxs.clear();
     std::vector<Tensor> local(input_index_[i].size());
@@ -158,6 +161,7 @@ void Model::Backward(const Tensor& dy) {
       }
     }
     grads[i] = Tensor();
+    if (layer_done) layer_done(i);
   }
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,7 +40,10 @@ class Model {
   // activations that Backward needs.
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx);
   // dy: gradient with respect to Forward's output. Adds into parameter grads.
-  void Backward(const Tensor& dy);
+  // layer_done(i), when given, is called as soon as layer i's parameter
+  // gradients are final (layers go in reverse order): the data-parallel step
+  // starts reducing a gradient bucket while backward goes on.
+  void Backward(const Tensor& dy, const std::function<void(int)>& layer_done = {});
 
   void ZeroGrad();
   int num_layers() const { return static_cast<int>(layers_.size()); }

@@ -1,5 +1,6 @@
 #include "ops/dropout.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/cpu/parallel.h"
@@ -21,14 +22,14 @@ uint64_t HashName(const std::string& s) {
   return h;
 }
 
-// y[i] = x[i] * m[i], m[i] = scale if draw i is kept else 0, for i in [b, e).
-// A function of plain values (no captured references that the stores might
-// alias), so the loop vectorises.
+// y[i] = x[i] * m[i], m[i] = scale if draw (first + i) is kept else 0, for i
+// in [b, e). A function of plain values (no captured references that the
+// stores might alias), so the loop vectorises.
 template <typename T>
 void DropoutKernel(const T* x, T* m, T* y, int64_t b, int64_t e, uint64_t key, uint64_t threshold,
-                   T scale) {
+                   T scale, int64_t first = 0) {
   for (int64_t i = b; i < e; ++i) {
-    const uint64_t bits = Mix64(key ^ Mix64(static_cast<uint64_t>(i))) >> 11;
+    const uint64_t bits = Mix64(key ^ Mix64(static_cast<uint64_t>(first + i))) >> 11;
     const T mi = bits >= threshold ? scale : T(0);
     m[i] = mi;
     y[i] = x[i] * mi;
@@ -77,10 +78,23 @@ void DropoutLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     const T* xs = in.data<T>();
     T* m = mask_.data<T>();
     T* ys = y.data<T>();
-    // Element i's draw depends on i alone, so any split gives the same mask.
-    cpu::ParallelFor(in.numel(), kGrain, [&](int64_t b, int64_t e) {
-      DropoutKernel<T>(xs, m, ys, b, e, key, threshold, scale);
-    });
+    // Element i's draw depends on i (or its sample id) alone, so any split
+    // gives the same mask.
+    if (ctx.sample_ids == nullptr) {
+      cpu::ParallelFor(in.numel(), kGrain, [&](int64_t b, int64_t e) {
+        DropoutKernel<T>(xs, m, ys, b, e, key, threshold, scale);
+      });
+      return;
+    }
+    const int64_t rows = in.dim(0), per = in.numel() / std::max<int64_t>(rows, 1);
+    cpu::ParallelFor(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(per, 1)),
+                     [&](int64_t b, int64_t e) {
+                       for (int64_t n = b; n < e; ++n) {
+                         const int64_t o = n * per;
+                         DropoutKernel<T>(xs + o, m + o, ys + o, 0, per, key, threshold, scale,
+                                          ctx.sample_ids[n] * per);
+                       }
+                     });
   });
 }
 
@@ -108,7 +122,7 @@ CNNFLOW_REGISTER_LAYER(dropout, DropoutLayer,
                        Schema("Inverted dropout (torch.nn.Dropout): in training zeroes each "
                               "element with probability p and scales the rest by 1/(1-p); "
                               "the identity in evaluation. The mask depends only on the seed, "
-                              "the step, the layer name and the element index.")
+                              "the step, the layer name, the sample and the element.")
                            .Optional("p", ParamType::kFloat, 0.5, "probability of zeroing"));
 
 }  // namespace cnnflow

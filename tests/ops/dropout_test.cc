@@ -120,6 +120,33 @@ TEST(Dropout, MaskIsTheDocumentedDraw) {
   EXPECT_NE(DropoutLayer::MaskKey(ctx, "a"), DropoutLayer::MaskKey(ctx, "b"));
 }
 
+TEST(Dropout, SampleIdsKeyTheMaskSoAShardSeesTheSameMaskAsTheWholeBatch) {
+  // A batch of samples {11, 4, 7} and a shard holding only {7}: row 2 of
+  // the batch and row 0 of the shard get the same mask; the documented draw.
+  const Shape per{3, 5};
+  const double p = 0.5;
+  const std::vector<int64_t> ids = {11, 4, 7};
+  ForwardContext ctx = Training(9, 3);
+  auto whole = MakeLayer("dropout", DropoutArgs(p), {per});
+  ctx.sample_ids = ids.data();
+  RunForward(*whole, {Tensor::Full(per.WithBatch(3), 1.0, DType::kF64)}, per.WithBatch(3), ctx);
+  auto shard = MakeLayer("dropout", DropoutArgs(p), {per});
+  ctx.sample_ids = ids.data() + 2;
+  RunForward(*shard, {Tensor::Full(per.WithBatch(1), 1.0, DType::kF64)}, per.WithBatch(1), ctx);
+  const Tensor& a = static_cast<DropoutLayer&>(*whole).mask();
+  const Tensor& b = static_cast<DropoutLayer&>(*shard).mask();
+  const uint64_t key = DropoutLayer::MaskKey(ctx, shard->name());
+  int kept = 0;
+  for (int64_t j = 0; j < per.numel(); ++j) {
+    ASSERT_EQ(a.At(2 * per.numel() + j), b.At(j)) << j;
+    const bool keep = UniformAt(key, static_cast<uint64_t>(7 * per.numel() + j)) >= p;
+    ASSERT_EQ(b.At(j), keep ? 2.0 : 0.0) << j;
+    kept += keep;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(kept, per.numel());
+}
+
 TEST(Dropout, MaskIndependentOfThreadCount) {
   const Shape s{32, 64, 14, 14};  // 401408 elements: many parallel tasks
   auto run = [&](int threads) {

@@ -103,7 +103,9 @@ TEST(Autotuner, NoiseBelowTheGainDoesNotMoveAnything) {
   EXPECT_EQ(p.Count("keep") + p.Count("revert"), p.Count("try"));
   // Moves down lose under 3% here, so they may be kept; moves up never gain 5%.
   for (const auto& d : p.log) {
-    if (d.action == "keep") EXPECT_LT(d.to, d.from) << d.ToString();
+    if (d.action == "keep") {
+      EXPECT_LT(d.to, d.from) << d.ToString();
+    }
   }
 }
 

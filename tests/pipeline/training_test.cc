@@ -81,8 +81,11 @@ TEST(Training, AutotuneLogsItsMovesAndLeavesTheResultBitwiseUnchanged) {
     const bool threads = line.find(",load.threads,") != std::string::npos;
     EXPECT_TRUE(threads || line.find(",prefetch.depth,") != std::string::npos) << line;
     // load.threads stays within the run's 2 threads.
-    if (threads) EXPECT_TRUE(line.find(",1,2,") != std::string::npos ||
-                             line.find(",2,1,") != std::string::npos) << line;
+    if (threads) {
+      EXPECT_TRUE(line.find(",1,2,") != std::string::npos ||
+                  line.find(",2,1,") != std::string::npos)
+          << line;
+    }
   }
   EXPECT_GE(tries, 1) << "200 batches leave time for a baseline and one move";
 

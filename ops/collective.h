@@ -1,0 +1,176 @@
+// In-process collectives: all-reduce, reduce, broadcast and barrier among N
+// participants (CPU replicas) of one process, each calling from its own
+// thread, over buffers in shared memory. Every collective has a timeout and
+// can be aborted, so a replica that fails or stalls never leaves the others
+// hanging. The cross-process layer (MPI) is in ops/collective_mpi.h.
+//
+// Matching: like MPI and NCCL, collectives are matched by call order. Every
+// participant calls the same sequence of collectives on a group; the k-th
+// call of rank 0 meets the k-th call of every other rank. Up to
+// LocalGroup::kMaxInFlight collectives may be in flight at once (e.g. one
+// bucket per thread while backward goes on); if a rank issues collectives
+// from several threads, the order in which its calls *enter* the group is
+// the matching order, so the caller must make that order the same on every
+// rank. A mismatch (different operation, tag, size or root in the k-th call)
+// is detected and fails every participant with a message naming both calls.
+//
+// Failure: after a timeout, an Abort() or a mismatch the group is broken:
+// every participant waiting in it and every later call throws (a
+// CollectiveTimeout or CollectiveAborted naming the collective, its tag and
+// the cause). A collective whose participants have all arrived always runs
+// to completion first, so no thread writes into a buffer whose owner has
+// already returned. Make a new group to go on.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ops/error.h"
+
+namespace cnnflow {
+
+// Base of the errors a collective throws.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A collective did not complete within its timeout (a participant died,
+// stalled or called a different sequence of collectives).
+class CollectiveTimeout : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
+
+// The group was aborted (a participant failed and called Abort(), or the
+// k-th calls of two participants did not match).
+class CollectiveAborted : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
+
+// N participants in one process. Rank r (0..N-1) calls from its own thread;
+// calls block until every participant has arrived and the result is in
+// every participant's buffer.
+//
+// Reduction: once all have arrived, the buffers are split into N cache-line
+// aligned chunks and participant p reduces chunk p of every buffer (a
+// reduce-scatter fused with the copy-back: each element is read once from
+// each buffer and written once to each, no temporary of the full size). The
+// sum is taken in rank order, ((x0 + x1) + x2) + ..., then multiplied by
+// `scale`, so the result is bitwise independent of arrival order and thread
+// timing, and identical on every rank.
+//
+// Waiting spins for a few microseconds, then blocks on a condition variable:
+// replicas may share cores with other work.
+class LocalGroup {
+ public:
+  // Collectives that may be in flight at once (issued by different threads
+  // of each rank); more wait for a free slot (counted in their timeout).
+  static constexpr int kMaxInFlight = 16;
+
+  // size participants; a collective not complete after timeout_s seconds
+  // throws CollectiveTimeout in every waiting participant. `name` prefixes
+  // messages (e.g. "replicas on host1").
+  explicit LocalGroup(int size, double timeout_s = 300.0, std::string name = "local group");
+  ~LocalGroup();
+  LocalGroup(const LocalGroup&) = delete;
+  LocalGroup& operator=(const LocalGroup&) = delete;
+
+  int size() const { return size_; }
+  double timeout_s() const { return timeout_s_; }
+
+  // data[0..count) of every rank becomes (sum over ranks in rank order) *
+  // scale. `tag` names the collective in errors, e.g. "bucket 3
+  // (fc1.weight..conv2.bias)", and must be the same on every rank (it is
+  // part of the mismatch check).
+  //
+  // root_step (optional; only rank 0's is used, the others pass none): run
+  // on rank 0's thread once the in-process sum is in rank 0's buffer and
+  // before the scale and the copy to every rank; the other ranks wait for it
+  // without a timeout, so it must bound its own time. This is the hook for
+  // the cross-process all-reduce (HierarchicalAllReduce). If it throws, every
+  // rank throws the same message and the group is broken.
+  void AllReduceSum(int rank, float* data, int64_t count, const std::string& tag,
+                    float scale = 1.0f, const std::function<void()>& root_step = nullptr);
+
+  // AllReduceSum with scale = 1.0f / size(): the mean over the participants.
+  void AllReduceMean(int rank, float* data, int64_t count, const std::string& tag);
+
+  // root's data[0..count) becomes the sum over ranks (rank order); the other
+  // buffers are read only.
+  void ReduceSum(int rank, int root, float* data, int64_t count, const std::string& tag);
+
+  // root's data[0..count) is copied to every rank's buffer. root_step
+  // (optional, only root's is used) runs on root's thread before the copy,
+  // e.g. to receive the data from another process first.
+  void Broadcast(int rank, int root, float* data, int64_t count, const std::string& tag,
+                 const std::function<void()>& root_step = nullptr);
+  void BroadcastBytes(int rank, int root, void* data, int64_t bytes, const std::string& tag,
+                      const std::function<void()>& root_step = nullptr);
+
+  // Returns once every rank has called Barrier.
+  void Barrier(int rank, const std::string& tag);
+
+  // Breaks the group: every participant waiting in it (except in a
+  // collective that has all its participants and so completes) and every
+  // later call throws CollectiveAborted with `reason`. Call it from a
+  // replica that failed, e.g. with the exception of its backward, so the
+  // others fail at once instead of waiting for the timeout. Thread-safe;
+  // the first reason wins.
+  void Abort(const std::string& reason);
+
+  // Whether the group is broken, and why (empty when not).
+  bool broken() const { return broken_.load(std::memory_order_acquire); }
+  std::string broken_reason() const;
+
+  // How many collectives `rank` has entered (for progress reports and for
+  // tests that order calls from several threads).
+  uint64_t issued(int rank) const;
+
+ private:
+  enum class Op { kAllReduce, kReduce, kBroadcast, kBarrier };
+  struct Slot;
+  struct Call {
+    Op op;
+    int rank;
+    int root;
+    void* data;
+    int64_t count;  // elements (floats) for reductions, bytes for broadcasts
+    float scale;
+    const std::string* tag;
+    const std::function<void()>* root_step;
+  };
+
+  void Run(const Call& call);
+  // Waits, spinning first, until pred() holds or the deadline passes (never,
+  // when deadline is null). Returns pred().
+  template <typename Pred>
+  bool WaitFor(Slot& slot, Pred pred, const std::chrono::steady_clock::time_point* deadline);
+  void Notify(Slot& slot);
+  // Marks the group broken (first reason wins) and wakes every waiter.
+  void Break(bool timeout, const std::string& reason);
+  [[noreturn]] void ThrowBroken(const Call& call, uint64_t seq) const;
+  std::string Describe(const Call& call, uint64_t seq) const;
+  void Compute(Slot& slot, int rank, int phase);
+
+  const int size_;
+  const double timeout_s_;
+  const std::string name_;
+  std::unique_ptr<Slot[]> slots_;
+  std::unique_ptr<std::atomic<uint64_t>[]> next_seq_;  // per rank
+
+  std::atomic<bool> broken_{false};
+  bool broken_by_timeout_ = false;  // guarded by broken_mu_
+  std::string broken_reason_;       // guarded by broken_mu_
+  mutable std::mutex broken_mu_;
+};
+
+}  // namespace cnnflow

@@ -1,0 +1,415 @@
+// Collectives across processes over MPI, and the hierarchical all-reduce
+// (see ops/collective_mpi.h).
+#define OMPI_SKIP_MPICXX 1  // the C API is enough; the C++ bindings are deprecated
+#include "ops/collective_mpi.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace cnnflow {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// MPI counts are int: larger buffers go in pieces.
+constexpr int64_t kMaxPiece = int64_t{1} << 30;
+// Polling: MPI_Test drives Open MPI's progress, so poll hard for a while
+// (a bucket usually completes within it), then sleep between polls so a
+// process waiting for a slow peer does not steal a core from the peer's
+// compute on the same machine.
+constexpr auto kBusyPoll = std::chrono::milliseconds(2);
+constexpr auto kPollSleep = std::chrono::microseconds(50);
+
+Clock::time_point DeadlineIn(double seconds) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+const char* EnvOrNull(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+std::string Hex(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+struct MpiWorld::Comm {
+  MPI_Comm comm = MPI_COMM_NULL;
+};
+
+struct MpiRequest::Impl {
+  std::vector<MPI_Request> requests;
+  std::string op;
+  std::string tag;
+  std::string size;  // "1000 floats"
+  bool done = false;
+};
+
+MpiRequest::MpiRequest() = default;
+MpiRequest::MpiRequest(MpiRequest&&) noexcept = default;
+MpiRequest& MpiRequest::operator=(MpiRequest&&) noexcept = default;
+MpiRequest::~MpiRequest() = default;
+
+bool MpiWorld::LaunchedByMpi() {
+  if (const char* force = EnvOrNull("CNNFLOW_MPI")) {
+    return !(std::strcmp(force, "0") == 0 || std::strcmp(force, "off") == 0 ||
+             std::strcmp(force, "false") == 0);
+  }
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK"}) {
+    if (EnvOrNull(v)) return true;
+  }
+  // An sbatch script also sets SLURM_NTASKS, even for a plain process; only a
+  // job step started by srun sets the step's task count.
+  const char* step_tasks = EnvOrNull("SLURM_STEP_NUM_TASKS");
+  return step_tasks != nullptr && std::atoi(step_tasks) > 1;
+}
+
+MpiWorld& MpiWorld::Get() {
+  static MpiWorld world;
+  return world;
+}
+
+MpiWorld::MpiWorld() : comm_(std::make_unique<Comm>()) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized) {
+    if (!LaunchedByMpi()) return;  // a plain process: no MPI_Init, size 1
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS) Fail("MPI_Init_thread", rc);
+    owned_ = true;
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_SERIALIZED) {
+    throw Error(StrCat("MPI was initialised with thread level ", provided,
+                       "; cnnflow calls MPI from worker threads and needs "
+                       "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE"));
+  }
+  serialize_ = provided < MPI_THREAD_MULTIPLE;
+  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm_->comm);
+  if (rc != MPI_SUCCESS) Fail("MPI_Comm_dup", rc);
+  MPI_Comm_set_errhandler(comm_->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_->comm, &rank_);
+  MPI_Comm_size(comm_->comm, &size_);
+  active_ = true;
+  const char* step_tasks = EnvOrNull("SLURM_STEP_NUM_TASKS");
+  if (step_tasks != nullptr && std::atoi(step_tasks) > size_ && !EnvOrNull("CNNFLOW_MPI")) {
+    throw Error(StrCat("srun started ", step_tasks, " tasks but MPI sees a world of ", size_,
+                       ": Open MPI was not wired up by srun; launch with `srun --mpi=pmix` "
+                       "(or pmi2) or with mpirun"));
+  }
+}
+
+MpiWorld::~MpiWorld() {
+  try {
+    Finalize();
+  } catch (...) {
+  }
+}
+
+void MpiWorld::Finalize() {
+  if (!active_ || finalized_) return;
+  finalized_ = true;
+  active_ = false;
+  if (broken()) {
+    // A collective is still pending on a peer that never came: MPI_Finalize
+    // would wait for it forever. End the whole job instead.
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+  }
+  MPI_Comm_free(&comm_->comm);
+  if (owned_) MPI_Finalize();
+}
+
+void MpiWorld::AbortJob(int exit_code) {
+  if (active_) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+std::string MpiWorld::Where() const { return StrCat("rank ", rank_, " of ", size_); }
+
+void MpiWorld::Fail(const char* call, int code) const {
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  throw Error(StrCat(Where(), ": ", call, " failed: ", std::string(text, len)));
+}
+
+std::unique_lock<std::mutex> MpiWorld::Lock() {
+  return serialize_ ? std::unique_lock<std::mutex>(mpi_mu_)
+                    : std::unique_lock<std::mutex>(mpi_mu_, std::defer_lock);
+}
+
+void MpiWorld::CheckUsable(const std::string& op, const std::string& tag) const {
+  if (!broken()) return;
+  std::lock_guard<std::mutex> lock(broken_mu_);
+  throw CollectiveAborted(StrCat(Where(), ": MPI ", op, " '", tag,
+                                 "' refused, an earlier collective failed: ", broken_reason_));
+}
+
+MpiRequest MpiWorld::StartAllReduceSum(float* data, int64_t count, const std::string& tag) {
+  CheckUsable("AllReduceSum", tag);
+  if (count < 0 || (count > 0 && data == nullptr)) {
+    throw Error(StrCat(Where(), ": MPI AllReduceSum '", tag, "': bad buffer (", count,
+                       " floats at ", static_cast<void*>(data), ")"));
+  }
+  MpiRequest r;
+  r.impl_ = std::make_unique<MpiRequest::Impl>();
+  r.impl_->op = "AllReduceSum";
+  r.impl_->tag = tag;
+  r.impl_->size = StrCat(count, " floats");
+  if (!active_ || size_ == 1) return r;
+  auto lock = Lock();
+  for (int64_t off = 0; off < count; off += kMaxPiece) {
+    const int n = static_cast<int>(std::min(kMaxPiece, count - off));
+    MPI_Request req;
+    const int rc =
+        MPI_Iallreduce(MPI_IN_PLACE, data + off, n, MPI_FLOAT, MPI_SUM, comm_->comm, &req);
+    if (rc != MPI_SUCCESS) Fail("MPI_Iallreduce", rc);
+    r.impl_->requests.push_back(req);
+  }
+  return r;
+}
+
+MpiRequest MpiWorld::StartBroadcastBytes(void* data, int64_t bytes, int root,
+                                         const std::string& tag) {
+  CheckUsable("Broadcast", tag);
+  if (root < 0 || root >= size_ || bytes < 0 || (bytes > 0 && data == nullptr)) {
+    throw Error(StrCat(Where(), ": MPI Broadcast '", tag, "': bad arguments (root ", root, ", ",
+                       bytes, " bytes at ", data, ")"));
+  }
+  MpiRequest r;
+  r.impl_ = std::make_unique<MpiRequest::Impl>();
+  r.impl_->op = "Broadcast";
+  r.impl_->tag = tag;
+  r.impl_->size = StrCat(bytes, " bytes from rank ", root);
+  if (!active_ || size_ == 1) return r;
+  auto lock = Lock();
+  for (int64_t off = 0; off < bytes; off += kMaxPiece) {
+    const int n = static_cast<int>(std::min(kMaxPiece, bytes - off));
+    MPI_Request req;
+    const int rc = MPI_Ibcast(static_cast<char*>(data) + off, n, MPI_BYTE, root, comm_->comm, &req);
+    if (rc != MPI_SUCCESS) Fail("MPI_Ibcast", rc);
+    r.impl_->requests.push_back(req);
+  }
+  return r;
+}
+
+void MpiWorld::Wait(MpiRequest& request, double timeout_s) {
+  MpiRequest::Impl* r = request.impl_.get();
+  if (r == nullptr || r->done) return;
+  if (r->requests.empty()) {
+    r->done = true;
+    return;
+  }
+  const auto start = Clock::now();
+  const auto deadline = DeadlineIn(timeout_s);
+  for (;;) {
+    int flag = 0;
+    {
+      auto lock = Lock();
+      const int rc = MPI_Testall(static_cast<int>(r->requests.size()), r->requests.data(), &flag,
+                                 MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS) Fail("MPI_Testall", rc);
+    }
+    if (flag) {
+      r->done = true;
+      return;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      const std::string msg = StrCat(
+          Where(), ": MPI ", r->op, " '", r->tag, "' (", r->size, ") did not complete within ",
+          timeout_s,
+          " s: a peer process died, stalled or started a different collective; the MPI state "
+          "is now unusable and the job must end");
+      {
+        std::lock_guard<std::mutex> lock(broken_mu_);
+        if (!broken_.load()) broken_reason_ = msg;
+        broken_.store(true);
+      }
+      throw CollectiveTimeout(msg);
+    }
+    if (now - start > kBusyPoll) std::this_thread::sleep_for(kPollSleep);
+  }
+}
+
+void MpiWorld::AllReduceSum(float* data, int64_t count, const std::string& tag, double timeout_s) {
+  MpiRequest r = StartAllReduceSum(data, count, tag);
+  Wait(r, timeout_s);
+}
+
+void MpiWorld::BroadcastBytes(void* data, int64_t bytes, int root, const std::string& tag,
+                              double timeout_s) {
+  MpiRequest r = StartBroadcastBytes(data, bytes, root, tag);
+  Wait(r, timeout_s);
+}
+
+std::vector<uint64_t> MpiWorld::AllGather(uint64_t value, const std::string& tag,
+                                          double timeout_s) {
+  CheckUsable("AllGather", tag);
+  std::vector<uint64_t> all(size_, value);
+  if (!active_ || size_ == 1) return all;
+  MpiRequest r;
+  r.impl_ = std::make_unique<MpiRequest::Impl>();
+  r.impl_->op = "AllGather";
+  r.impl_->tag = tag;
+  r.impl_->size = "1 uint64 per rank";
+  {
+    auto lock = Lock();
+    MPI_Request req;
+    const int rc =
+        MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm_->comm, &req);
+    if (rc != MPI_SUCCESS) Fail("MPI_Iallgather", rc);
+    r.impl_->requests.push_back(req);
+  }
+  Wait(r, timeout_s);
+  return all;
+}
+
+void MpiWorld::Barrier(const std::string& tag, double timeout_s) {
+  CheckUsable("Barrier", tag);
+  if (!active_ || size_ == 1) return;
+  MpiRequest r;
+  r.impl_ = std::make_unique<MpiRequest::Impl>();
+  r.impl_->op = "Barrier";
+  r.impl_->tag = tag;
+  r.impl_->size = "no data";
+  {
+    auto lock = Lock();
+    MPI_Request req;
+    const int rc = MPI_Ibarrier(comm_->comm, &req);
+    if (rc != MPI_SUCCESS) Fail("MPI_Ibarrier", rc);
+    r.impl_->requests.push_back(req);
+  }
+  Wait(r, timeout_s);
+}
+
+void MpiWorld::AgreeOnHash(uint64_t hash, const std::string& what, double timeout_s) {
+  const std::vector<uint64_t> all = AllGather(hash, StrCat("hash of ", what), timeout_s);
+  // Group the ranks by hash, in order of first appearance (rank 0's first).
+  std::vector<std::pair<uint64_t, std::vector<int>>> groups;
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == all[r]; });
+    if (it == groups.end()) {
+      groups.push_back({all[r], {r}});
+    } else {
+      it->second.push_back(r);
+    }
+  }
+  if (groups.size() <= 1) return;
+  std::string msg = StrCat(Where(), ": ", what, " differ across the ", size_, " processes: ");
+  std::vector<int> differ;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::vector<int>& ranks = groups[g].second;
+    msg += g ? "; " : "";
+    msg += ranks.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < ranks.size(); ++i) msg += (i ? ", " : "") + std::to_string(ranks[i]);
+    msg += StrCat(ranks.size() == 1 ? " has " : " have ", Hex(groups[g].first));
+    if (g > 0) differ.insert(differ.end(), ranks.begin(), ranks.end());
+  }
+  std::sort(differ.begin(), differ.end());
+  msg += differ.size() == 1 ? ". Rank " : ". Ranks ";
+  for (size_t i = 0; i < differ.size(); ++i) msg += (i ? ", " : "") + std::to_string(differ[i]);
+  msg += StrCat(" differ", differ.size() == 1 ? "s" : "",
+                " from rank 0; every process must run the same configuration");
+  throw Error(msg);
+}
+
+// ---------------------------------------------------------------------------
+
+HierarchicalAllReduce::HierarchicalAllReduce(LocalGroup& local, MpiWorld& world, double timeout_s)
+    : local_(local), world_(world), timeout_s_(timeout_s) {
+  global_size_ = local.size();
+  if (world.active() && world.size() > 1) {
+    const std::vector<uint64_t> sizes =
+        world.AllGather(static_cast<uint64_t>(local.size()), "local replica counts", timeout_s);
+    global_size_ = 0;
+    for (int r = 0; r < world.size(); ++r) {
+      if (r < world.rank()) global_offset_ += static_cast<int>(sizes[r]);
+      global_size_ += static_cast<int>(sizes[r]);
+    }
+  }
+}
+
+MpiRequest HierarchicalAllReduce::StartInOrder(uint64_t ticket, const std::string& tag,
+                                               const std::function<MpiRequest()>& start) {
+  std::unique_lock<std::mutex> lock(turn_mu_);
+  if (!turn_cv_.wait_until(lock, DeadlineIn(timeout_s_), [&] { return turn_ == ticket; })) {
+    throw CollectiveTimeout(StrCat(
+        world_.Where(), ": '", tag, "' could not start its MPI collective within ", timeout_s_,
+        " s: the collective this process started before it (#", turn_, ") never started"));
+  }
+  MpiRequest r;
+  try {
+    r = start();
+  } catch (...) {
+    ++turn_;
+    turn_cv_.notify_all();
+    throw;
+  }
+  ++turn_;
+  lock.unlock();
+  turn_cv_.notify_all();
+  return r;
+}
+
+void HierarchicalAllReduce::AllReduceSum(int local_rank, float* data, int64_t count,
+                                         const std::string& tag, float scale) {
+  if (!world_.active() || world_.size() == 1) {
+    local_.AllReduceSum(local_rank, data, count, tag, scale);
+    return;
+  }
+  std::function<void()> step;
+  if (local_rank == 0) {
+    const uint64_t ticket = next_ticket_.fetch_add(1);
+    step = [this, ticket, data, count, &tag] {
+      MpiRequest r =
+          StartInOrder(ticket, tag, [&] { return world_.StartAllReduceSum(data, count, tag); });
+      world_.Wait(r, timeout_s_);
+    };
+  }
+  local_.AllReduceSum(local_rank, data, count, tag, scale, step);
+}
+
+void HierarchicalAllReduce::AllReduceMean(int local_rank, float* data, int64_t count,
+                                          const std::string& tag) {
+  AllReduceSum(local_rank, data, count, tag, 1.0f / static_cast<float>(global_size_));
+}
+
+void HierarchicalAllReduce::Broadcast(int local_rank, float* data, int64_t count,
+                                      const std::string& tag) {
+  if (!world_.active() || world_.size() == 1) {
+    local_.Broadcast(local_rank, 0, data, count, tag);
+    return;
+  }
+  std::function<void()> step;
+  if (local_rank == 0) {
+    const uint64_t ticket = next_ticket_.fetch_add(1);
+    step = [this, ticket, data, count, &tag] {
+      MpiRequest r = StartInOrder(ticket, tag, [&] {
+        return world_.StartBroadcastBytes(data, count * static_cast<int64_t>(sizeof(float)), 0,
+                                          tag);
+      });
+      world_.Wait(r, timeout_s_);
+    };
+  }
+  local_.Broadcast(local_rank, 0, data, count, tag, step);
+}
+
+}  // namespace cnnflow

@@ -1,0 +1,175 @@
+// Collectives across processes (MPI), and the hierarchical all-reduce that
+// composes them with the in-process LocalGroup: reduce inside the process,
+// all-reduce across processes by one leader per process, broadcast inside.
+//
+// MPI is initialised only when the process was started by a launcher
+// (mpirun/mpiexec, srun, hydra): a plain single process never calls MPI_Init
+// (Open MPI's singleton start-up is slow) and sees a world of size 1 in
+// which every collective is a no-op.
+//
+// Threads: MPI is initialised with MPI_THREAD_MULTIPLE requested; when the
+// library provides less (SERIALIZED), every MPI call made here is
+// serialised by a mutex, so any thread may call. Collectives across
+// processes are matched by the order in which they are started, as in MPI:
+// every process must start the same sequence.
+//
+// Timeouts: every collective is non-blocking underneath (MPI_I*) and polled
+// against a deadline. A collective that does not complete in time throws
+// CollectiveTimeout naming this rank, the tag and the timeout. MPI cannot
+// cancel a started collective, so the world is then broken: later calls
+// throw, and at exit the job is ended with MPI_Abort (MPI_Finalize would
+// hang on the peer that never came), so a stalled or dead peer never turns
+// into a hang.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ops/collective.h"
+
+namespace cnnflow {
+
+// A started MPI collective; complete it with MpiWorld::Wait.
+class MpiRequest {
+ public:
+  MpiRequest();
+  MpiRequest(MpiRequest&&) noexcept;
+  MpiRequest& operator=(MpiRequest&&) noexcept;
+  ~MpiRequest();  // an unfinished request is leaked: MPI cannot cancel it
+
+ private:
+  friend class MpiWorld;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The processes of the job (MPI_COMM_WORLD, duplicated so that our
+// collectives never mix with anyone else's).
+class MpiWorld {
+ public:
+  // The process's world; the first call initialises MPI when launched by a
+  // launcher (LaunchedByMpi()). Call it first from the main thread, before
+  // starting others (MPI wants MPI_Init on the main thread).
+  static MpiWorld& Get();
+
+  // Whether a launcher started this process: one of OMPI_COMM_WORLD_SIZE
+  // (Open MPI), PMIX_RANK (PMIx, srun --mpi=pmix), PMI_SIZE/PMI_RANK (hydra,
+  // srun --mpi=pmi2), or SLURM_STEP_NUM_TASKS > 1 (an srun step) is set.
+  // CNNFLOW_MPI=0 / =1 overrides the detection.
+  static bool LaunchedByMpi();
+
+  // Whether MPI is initialised and used (false in a plain single process).
+  bool active() const { return active_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // "rank 1 of 2": the prefix of every message.
+  std::string Where() const;
+
+  // data[0..count) becomes the sum over processes (MPI_SUM, in place).
+  void AllReduceSum(float* data, int64_t count, const std::string& tag, double timeout_s);
+  // The split form, so several collectives can be started in a fixed order
+  // and completed later (from any thread).
+  MpiRequest StartAllReduceSum(float* data, int64_t count, const std::string& tag);
+  void Wait(MpiRequest& request, double timeout_s);
+
+  // root's data[0..bytes) is copied to every process.
+  void BroadcastBytes(void* data, int64_t bytes, int root, const std::string& tag,
+                      double timeout_s);
+  MpiRequest StartBroadcastBytes(void* data, int64_t bytes, int root, const std::string& tag);
+  // Every process's value, indexed by rank.
+  std::vector<uint64_t> AllGather(uint64_t value, const std::string& tag, double timeout_s);
+  void Barrier(const std::string& tag, double timeout_s);
+
+  // Start-up check that every process runs the same thing (e.g. a hash of
+  // the graph and parameter shapes, `what` = "graph and parameter shapes").
+  // On a mismatch every process throws the same Error listing which ranks
+  // hold which hash.
+  void AgreeOnHash(uint64_t hash, const std::string& what, double timeout_s);
+
+  // Whether a collective timed out (the MPI state is unusable), and why.
+  bool broken() const { return broken_.load(); }
+
+  // Ends the whole job now (MPI_Abort; std::_Exit in a plain process). For
+  // the program's top level after a collective error; library code throws.
+  [[noreturn]] void AbortJob(int exit_code);
+
+  // MPI_Finalize (or MPI_Abort when broken); also run at exit.
+  void Finalize();
+
+  ~MpiWorld();
+  MpiWorld(const MpiWorld&) = delete;
+  MpiWorld& operator=(const MpiWorld&) = delete;
+
+ private:
+  MpiWorld();
+  void CheckUsable(const std::string& op, const std::string& tag) const;
+  std::unique_lock<std::mutex> Lock();
+  [[noreturn]] void Fail(const char* call, int code) const;
+
+  bool active_ = false;
+  bool owned_ = false;  // we called MPI_Init, so we finalize
+  bool finalized_ = false;
+  bool serialize_ = false;  // provided thread level below MULTIPLE
+  int rank_ = 0;
+  int size_ = 1;
+  struct Comm;  // the MPI_Comm, kept out of this header (mpi.h is heavy)
+  std::unique_ptr<Comm> comm_;
+  std::mutex mpi_mu_;
+  std::atomic<bool> broken_{false};
+  mutable std::mutex broken_mu_;
+  std::string broken_reason_;
+};
+
+// Averages (or sums) gradient buckets over every replica of every process:
+// the LocalGroup's replicas reduce into local rank 0's buffer, local rank 0
+// all-reduces it across processes, and the result is scaled and copied back
+// to every local replica. Every replica of every process ends with the same
+// bits. Collectives are matched by call order (see ops/collective.h); local
+// rank 0's calls fix the order of the MPI collectives, which are started in
+// that order even when several are in flight.
+class HierarchicalAllReduce {
+ public:
+  // Collective across processes (exchanges the local sizes): every process
+  // constructs it at the same point. Processes may have different numbers
+  // of local replicas. timeout_s bounds the MPI part of each collective; the
+  // LocalGroup's own timeout bounds the wait for local replicas.
+  HierarchicalAllReduce(LocalGroup& local, MpiWorld& world, double timeout_s);
+
+  int global_size() const { return global_size_; }
+  // This process's first replica in the global numbering (replicas of
+  // lower ranks come first).
+  int global_offset() const { return global_offset_; }
+
+  // data becomes the sum over all global_size() replicas, times scale.
+  void AllReduceSum(int local_rank, float* data, int64_t count, const std::string& tag,
+                    float scale = 1.0f);
+  // scale = 1.0f / global_size(): DDP's gradient of the mean loss.
+  void AllReduceMean(int local_rank, float* data, int64_t count, const std::string& tag);
+  // Process 0's replica 0's data is copied to every replica of every
+  // process (e.g. the initial parameters).
+  void Broadcast(int local_rank, float* data, int64_t count, const std::string& tag);
+
+ private:
+  // Runs start() when it is `ticket`'s turn, so MPI collectives start in
+  // local rank 0's call order on every process.
+  MpiRequest StartInOrder(uint64_t ticket, const std::string& tag,
+                          const std::function<MpiRequest()>& start);
+
+  LocalGroup& local_;
+  MpiWorld& world_;
+  const double timeout_s_;
+  int global_size_ = 1;
+  int global_offset_ = 0;
+  std::atomic<uint64_t> next_ticket_{0};
+  uint64_t turn_ = 0;  // guarded by turn_mu_
+  std::mutex turn_mu_;
+  std::condition_variable turn_cv_;
+};
+
+}  // namespace cnnflow

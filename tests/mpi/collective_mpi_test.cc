@@ -1,0 +1,269 @@
+// The MPI collectives across real processes. Run by ctest as
+//   mpiexec -n 2 collective_mpi_test              all checks; exit 0 when all pass
+//   mpiexec -n 2 collective_mpi_test --early-exit rank 1 leaves without joining an
+//     all-reduce; rank 0 must fail within the timeout with the promised message
+//     (the job then ends through MPI_Abort, so ctest matches the output).
+// A plain main, no GoogleTest: every rank runs the same checks, the failure
+// counts are gathered, and every rank prints its verdict.
+#include "ops/collective_mpi.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ops/collective.h"
+
+namespace cnnflow {
+namespace {
+
+constexpr double kTimeout = 20.0;  // only reached when something is broken
+int g_rank = 0;
+int g_checks = 0;
+int g_failures = 0;
+
+#define CHECK(cond, ...)                                                                        \
+  do {                                                                                          \
+    ++g_checks;                                                                                 \
+    if (!(cond)) {                                                                              \
+      ++g_failures;                                                                             \
+      std::fprintf(stderr, "rank %d: FAILED %s:%d: %s %s\n", g_rank, __FILE__, __LINE__, #cond, \
+                   ::cnnflow::StrCat("" __VA_OPT__(, ) __VA_ARGS__).c_str());                   \
+    }                                                                                           \
+  } while (0)
+
+std::vector<float> RandomData(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+uint64_t HashBytes(const void* data, size_t n) {  // FNV-1a
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i)
+    h = (h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  return h;
+}
+
+bool Contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// Rank-dependent integers whose sum is exact in float: the formula is the
+// reference.
+void AllReduceMatchesTheFormula(MpiWorld& world) {
+  const int p = world.size();
+  for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000003}}) {
+    std::vector<float> v(count);
+    for (int64_t i = 0; i < count; ++i) v[i] = (world.rank() + 1) * 1000.0f + i % 1000;
+    world.AllReduceSum(v.data(), count, StrCat("formula ", count), kTimeout);
+    int bad = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const float want = 1000.0f * p * (p + 1) / 2 + static_cast<float>(p * (i % 1000));
+      if (v[i] != want && bad++ == 0) {
+        CHECK(v[i] == want, "count ", count, " element ", i, ": ", v[i], " vs ", want);
+      }
+    }
+    CHECK(bad == 0, count, " floats: ", bad, " wrong elements");
+  }
+  // Two in flight, started in the same order on every rank, completed in
+  // the opposite order.
+  std::vector<float> a(5000, world.rank() + 1.0f), b(300, 10.0f * (world.rank() + 1));
+  MpiRequest ra = world.StartAllReduceSum(a.data(), a.size(), "in flight a");
+  MpiRequest rb = world.StartAllReduceSum(b.data(), b.size(), "in flight b");
+  world.Wait(rb, kTimeout);
+  world.Wait(ra, kTimeout);
+  const float ranks_sum = p * (p + 1) / 2.0f;
+  CHECK(a[0] == ranks_sum && a[4999] == ranks_sum, a[0], " ", a[4999]);
+  CHECK(b[0] == 10 * ranks_sum && b[299] == 10 * ranks_sum, b[0], " ", b[299]);
+}
+
+void BroadcastAndGather(MpiWorld& world) {
+  std::string s(1001, '.');
+  if (world.rank() == 1) s = std::string(1000, 'y') + "!";
+  world.BroadcastBytes(s.data(), s.size(), 1, "config text", kTimeout);
+  CHECK(s == std::string(1000, 'y') + "!", s.substr(0, 20));
+  const auto all = world.AllGather(100 + world.rank(), "ranks", kTimeout);
+  CHECK(static_cast<int>(all.size()) == world.size());
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) CHECK(all[r] == 100u + r, all[r]);
+  world.Barrier("barrier", kTimeout);
+}
+
+void HashAgreement(MpiWorld& world) {
+  try {
+    world.AgreeOnHash(0x1234abcd, "graph and parameter shapes", kTimeout);
+    CHECK(true);
+  } catch (const std::exception& e) {
+    CHECK(false, "equal hashes were refused: ", e.what());
+  }
+  // Rank 1 runs a different graph: every rank must fail, naming it.
+  const uint64_t mine = world.rank() == 1 ? 0xbad : 0x1234abcd;
+  std::string msg;
+  try {
+    world.AgreeOnHash(mine, "graph and parameter shapes", kTimeout);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  CHECK(Contains(msg, "graph and parameter shapes differ across the 2 processes"), msg);
+  CHECK(Contains(msg, "rank 0 has 0x000000001234abcd; rank 1 has 0x0000000000000bad"), msg);
+  CHECK(Contains(msg, "Rank 1 differs from rank 0"), msg);
+  CHECK(Contains(msg, StrCat("rank ", world.rank(), " of 2")), msg);
+}
+
+// 2 processes x 2 local replicas against one process with 4 replicas.
+void Hierarchical(MpiWorld& world) {
+  const int kLocal = 2;
+  LocalGroup local(kLocal, kTimeout, "replicas");
+  HierarchicalAllReduce hier(local, world, kTimeout);
+  CHECK(hier.global_size() == kLocal * world.size(), hier.global_size());
+  CHECK(hier.global_offset() == kLocal * world.rank(), hier.global_offset());
+  const int global = hier.global_size();
+
+  for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{100003}}) {
+    // Every process can make every replica's data, so each computes the
+    // single-process reference itself.
+    std::vector<std::vector<float>> all(global);
+    for (int g = 0; g < global; ++g) all[g] = RandomData(count, 500 + g);
+    std::vector<std::vector<float>> flat = all;
+    LocalGroup one_process(global, kTimeout, "reference");
+    std::vector<std::thread> threads;
+    for (int g = 0; g < global; ++g) {
+      threads.emplace_back(
+          [&, g] { one_process.AllReduceSum(g, flat[g].data(), count, "reference"); });
+    }
+    for (auto& t : threads) t.join();
+    threads.clear();
+
+    std::vector<std::vector<float>> sum(kLocal), mean(kLocal);
+    for (int l = 0; l < kLocal; ++l) sum[l] = mean[l] = all[hier.global_offset() + l];
+    for (int l = 0; l < kLocal; ++l) {
+      threads.emplace_back([&, l] {
+        hier.AllReduceSum(l, sum[l].data(), count, StrCat("bucket sum ", count));
+        hier.AllReduceMean(l, mean[l].data(), count, StrCat("bucket mean ", count));
+      });
+    }
+    for (auto& t : threads) t.join();
+
+    // Summed in a different order than the single process, so within the
+    // rounding of a 4-term float sum: |error| <= 3 eps sum |x_g|.
+    int bad = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      double abs_sum = 0;
+      for (int g = 0; g < global; ++g) abs_sum += std::fabs(all[g][i]);
+      const double tol = 3 * std::numeric_limits<float>::epsilon() * abs_sum;
+      if (std::fabs(static_cast<double>(sum[0][i]) - flat[0][i]) > tol && bad++ == 0) {
+        CHECK(false, "element ", i, ": hierarchical ", sum[0][i], " vs one process ", flat[0][i]);
+      }
+      // The mean is the sum scaled by 1/4 (exact for a power of two).
+      if (mean[0][i] != sum[0][i] * 0.25f && bad++ == 0) {
+        CHECK(false, "element ", i, ": mean ", mean[0][i], " vs sum / 4 ", sum[0][i] * 0.25f);
+      }
+    }
+    CHECK(bad == 0, count, " floats: ", bad, " elements off");
+    // Every replica of every process holds the same bits.
+    CHECK(std::memcmp(sum[0].data(), sum[1].data(), count * sizeof(float)) == 0);
+    CHECK(std::memcmp(mean[0].data(), mean[1].data(), count * sizeof(float)) == 0);
+    try {
+      world.AgreeOnHash(HashBytes(sum[0].data(), count * sizeof(float)), "hierarchical results",
+                        kTimeout);
+      CHECK(true);
+    } catch (const std::exception& e) {
+      CHECK(false, e.what());
+    }
+  }
+
+  // Broadcast from process 0's replica 0 to every replica.
+  std::vector<std::vector<float>> p(kLocal);
+  for (int l = 0; l < kLocal; ++l) p[l] = RandomData(1001, 900 + hier.global_offset() + l);
+  const std::vector<float> want = RandomData(1001, 900);
+  std::vector<std::thread> threads;
+  for (int l = 0; l < kLocal; ++l) {
+    threads.emplace_back([&, l] { hier.Broadcast(l, p[l].data(), 1001, "parameters"); });
+  }
+  for (auto& t : threads) t.join();
+  for (int l = 0; l < kLocal; ++l) CHECK(p[l] == want, "replica ", l, " after broadcast");
+}
+
+// The path a training step takes: 2 local replicas average a bucket through
+// the hierarchical all-reduce; rank 1 leaves after start-up. Both replicas
+// of rank 0 must fail within the 1 s timeout, naming the rank and the bucket.
+int EarlyExit(MpiWorld& world) {
+  LocalGroup local(2, 1.0, "replicas");
+  HierarchicalAllReduce hier(local, world, 1.0);
+  if (world.rank() == 1) {
+    std::printf("rank 1: leaving early, without joining the all-reduce\n");
+    std::fflush(stdout);
+    return 0;
+  }
+  std::vector<std::thread> threads;
+  std::vector<std::string> results(2);
+  for (int l = 0; l < 2; ++l) {
+    threads.emplace_back([&, l] {
+      std::vector<float> v(1000, 1.0f);
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        hier.AllReduceMean(l, v.data(), v.size(), "bucket 3 (fc1.weight..conv2.bias)");
+        results[l] = "the all-reduce completed without rank 1";
+      } catch (const CollectiveTimeout& e) {
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        char head[64];
+        std::snprintf(head, sizeof(head), "CollectiveTimeout after %.1f s: ", s);
+        results[l] = head + std::string(e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int l = 0; l < 2; ++l) std::printf("rank 0 replica %d: %s\n", l, results[l].c_str());
+  std::fflush(stdout);
+  world.AbortJob(3);  // the MPI state is broken: end the job (what cnnflow train does)
+}
+
+int Main(int argc, char** argv) {
+  MpiWorld& world = MpiWorld::Get();
+  g_rank = world.rank();
+  if (!world.active() || world.size() != 2) {
+    std::fprintf(stderr, "collective_mpi_test: run me with `mpiexec -n 2` (world size %d)\n",
+                 world.size());
+    return 2;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--early-exit") == 0) return EarlyExit(world);
+
+  const std::pair<const char*, std::function<void(MpiWorld&)>> tests[] = {
+      {"AllReduceMatchesTheFormula", AllReduceMatchesTheFormula},
+      {"BroadcastAndGather", BroadcastAndGather},
+      {"HashAgreement", HashAgreement},
+      {"Hierarchical", Hierarchical},
+  };
+  for (const auto& [name, fn] : tests) {
+    const int before = g_failures;
+    try {
+      fn(world);
+    } catch (const std::exception& e) {
+      // The other rank may be waiting in a collective: end the job rather
+      // than leave it to its timeout.
+      std::fprintf(stderr, "rank %d: %s threw: %s\n", g_rank, name, e.what());
+      world.AbortJob(1);
+    }
+    std::printf("rank %d: %s %s\n", g_rank, name, g_failures == before ? "passed" : "FAILED");
+  }
+  const auto failures = world.AllGather(g_failures, "failure counts", kTimeout);
+  uint64_t total = 0;
+  for (uint64_t f : failures) total += f;
+  std::printf("rank %d: %d checks, %d failed here, %llu failed on all ranks\n", g_rank, g_checks,
+              g_failures, static_cast<unsigned long long>(total));
+  return total == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace cnnflow
+
+int main(int argc, char** argv) { return cnnflow::Main(argc, argv); }
