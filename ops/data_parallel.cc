@@ -1,0 +1,270 @@
+#include "ops/data_parallel.h"
+
+#include <cmath>
+
+#include "ops/loss.h"
+
+namespace cnnflow {
+
+std::vector<Bucket> LayoutBuckets(Model& model, double bucket_mb) {
+  const auto params = model.NamedParameters();
+  // Layer of each parameter, in NamedParameters order (layer order).
+  std::vector<int> layer_of;
+  for (int i = 0; i < model.num_layers(); ++i)
+    for (size_t k = 0; k < model.layer(i).parameters().size(); ++k) layer_of.push_back(i);
+  const auto limit = static_cast<int64_t>(bucket_mb * 1e6 / sizeof(float));
+  std::vector<Bucket> buckets;
+  Bucket cur;
+  std::string first, last;
+  auto close = [&] {
+    if (cur.params.empty()) return;
+    cur.tag = StrCat("bucket ", buckets.size(), " (", first, "..", last, ")");
+    buckets.push_back(std::move(cur));
+    cur = Bucket();
+  };
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+    const int64_t n = params[i].param->value.numel();
+    if (!cur.params.empty() && cur.numel + n > limit) close();
+    if (cur.params.empty()) first = params[i].name;
+    last = params[i].name;
+    cur.params.push_back(i);
+    cur.numel += n;
+    if (cur.layers.empty() || cur.layers.back() != layer_of[i]) cur.layers.push_back(layer_of[i]);
+  }
+  close();
+  return buckets;
+}
+
+struct ReplicaSet::Replica {
+  int rank = 0;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<tbb::task_arena> arena;
+  std::vector<Tensor> bucket_grads;              // flat, one per bucket
+  std::vector<std::vector<int>> layer_buckets;   // layer -> buckets it fills
+  std::vector<int> layers_left;                  // per bucket, this backward
+  StepTimeline timeline;
+  // The communication thread and its queue.
+  std::thread comm;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> queue;
+  bool busy = false;
+  bool stop = false;
+  std::exception_ptr error;
+};
+
+ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_shape,
+                       uint64_t seed, InitScheme init, const std::string& optimizer,
+                       const Args& optimizer_args, const DataParallelOptions& options,
+                       MpiWorld& world)
+    : options_(options), start_(std::chrono::steady_clock::now()) {
+  CNNFLOW_ENFORCE(options.replicas >= 1, "replicas must be >= 1, got ", options.replicas);
+  const bool collective = options.replicas > 1 || world.active();
+  if (collective) {
+    group_ = std::make_unique<LocalGroup>(options.replicas, options.timeout_s,
+                                          StrCat("replicas of ", world.Where()));
+    allreduce_ = std::make_unique<HierarchicalAllReduce>(*group_, world, options.timeout_s);
+  }
+  for (int r = 0; r < options.replicas; ++r) {
+    auto rep = std::make_unique<Replica>();
+    rep->rank = r;
+    rep->model = Model::Build(layers, input_shape, DType::kF32, seed, init);
+    if (options.replicas > 1) {
+      rep->arena = std::make_unique<tbb::task_arena>(std::max(1, options.threads_per_replica));
+    }
+    replicas_.push_back(std::move(rep));
+  }
+  buckets_ = LayoutBuckets(*replicas_[0]->model, options.bucket_mb);
+  for (auto& rep : replicas_) {
+    // Each gradient becomes a view into its bucket's flat buffer.
+    auto params = rep->model->NamedParameters();
+    rep->layer_buckets.assign(rep->model->num_layers(), {});
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      Tensor flat = Tensor::Zeros(Shape({buckets_[b].numel}), DType::kF32);
+      int64_t offset = 0;
+      for (int i : buckets_[b].params) {
+        Parameter& p = *params[i].param;
+        const int64_t n = p.value.numel();
+        p.grad = flat.Slice(offset, offset + n).Reshape(p.value.shape());
+        offset += n;
+      }
+      for (int l : buckets_[b].layers) rep->layer_buckets[l].push_back(static_cast<int>(b));
+      rep->bucket_grads.push_back(flat);
+    }
+    rep->layers_left.assign(buckets_.size(), 0);
+    rep->timeline.reduce_begin.assign(buckets_.size(), 0);
+    rep->timeline.reduce_end.assign(buckets_.size(), 0);
+    rep->optimizer = MakeOptimizer(optimizer, optimizer_args, rep->model->NamedParameters());
+    if (collective) rep->comm = std::thread([this, r = rep.get()] { CommLoop(*r); });
+  }
+  // The same seed built the same parameters; the broadcast makes sure, and
+  // covers processes started with different seeds.
+  if (collective) {
+    for (auto& rep : replicas_) {
+      for (auto& [name, t] : rep->model->StateTensors()) {
+        Post(rep->rank, [this, r = rep->rank, name = name, t = t]() mutable {
+          allreduce_->Broadcast(r, t.data<float>(), t.numel(), "initial " + name);
+        });
+      }
+    }
+    for (auto& rep : replicas_) Drain(rep->rank);
+  }
+}
+
+ReplicaSet::~ReplicaSet() {
+  bool busy = false;
+  for (auto& rep : replicas_) {
+    std::lock_guard<std::mutex> lock(rep->mu);
+    busy |= rep->busy || !rep->queue.empty();
+  }
+  if (busy && group_) group_->Abort("the replicas are shutting down");
+  for (auto& rep : replicas_) {
+    if (!rep->comm.joinable()) continue;
+    {
+      std::lock_guard<std::mutex> lock(rep->mu);
+      rep->stop = true;
+    }
+    rep->cv.notify_all();
+    rep->comm.join();
+  }
+}
+
+Model& ReplicaSet::model(int r) { return *replicas_[r]->model; }
+Optimizer& ReplicaSet::optimizer(int r) { return *replicas_[r]->optimizer; }
+const StepTimeline& ReplicaSet::timeline(int r) const { return replicas_[r]->timeline; }
+
+double ReplicaSet::Now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void ReplicaSet::CommLoop(Replica& rep) {
+  for (;;) {
+    std::function<void()> fn;
+    {
+      std::unique_lock<std::mutex> lock(rep.mu);
+      rep.cv.wait(lock, [&] { return rep.stop || !rep.queue.empty(); });
+      if (rep.queue.empty()) return;  // stop
+      fn = std::move(rep.queue.front());
+      rep.queue.pop_front();
+      rep.busy = true;
+    }
+    try {
+      if (!rep.error) fn();  // after an error, the rest is dropped
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(rep.mu);
+      rep.error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(rep.mu);
+      rep.busy = false;
+    }
+    rep.cv.notify_all();
+  }
+}
+
+void ReplicaSet::Post(int r, std::function<void()> fn) {
+  Replica& rep = *replicas_[r];
+  if (!rep.comm.joinable()) {  // one replica, one process: nothing to talk to
+    fn();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(rep.mu);
+    rep.queue.push_back(std::move(fn));
+  }
+  rep.cv.notify_all();
+}
+
+void ReplicaSet::Drain(int r) {
+  Replica& rep = *replicas_[r];
+  if (!rep.comm.joinable()) return;
+  std::unique_lock<std::mutex> lock(rep.mu);
+  rep.cv.wait(lock, [&] { return rep.queue.empty() && !rep.busy; });
+  if (rep.error) {
+    std::exception_ptr e = rep.error;
+    rep.error = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void ReplicaSet::Abort(const std::string& reason) {
+  if (group_) group_->Abort(reason);
+}
+
+ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int64_t* labels,
+                                               const ForwardContext& ctx, double grad_scale,
+                                               double label_smoothing, bool reduce) {
+  Replica& rep = *replicas_[r];
+  Result result;
+  auto run = [&] {
+    Model& m = *rep.model;
+    const Tensor& logits = m.Forward(x, ctx);
+    Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype());
+    const LossResult loss = SoftmaxCrossEntropy(logits, labels, &dlogits, grad_scale, label_smoothing);
+    if (!std::isfinite(loss.loss)) {
+      throw Error(StrCat("loss is ", loss.loss, " at step ", ctx.step,
+                         ": lower the learning rate or check the data"));
+    }
+    result.loss_sum = loss.loss * static_cast<double>(x.dim(0));
+    result.correct = loss.correct;
+    rep.timeline.backward_begin = Now();
+    if (!reduce || !rep.comm.joinable()) {
+      m.Backward(dlogits);
+    } else {
+      for (size_t b = 0; b < buckets_.size(); ++b)
+        rep.layers_left[b] = static_cast<int>(buckets_[b].layers.size());
+      m.Backward(dlogits, [&](int layer) {
+        for (int b : rep.layer_buckets[layer]) {
+          if (--rep.layers_left[b] != 0) continue;
+          Post(r, [this, r, b, &rep] {
+            rep.timeline.reduce_begin[b] = Now();
+            Tensor& g = rep.bucket_grads[b];
+            allreduce_->AllReduceSum(r, g.data<float>(), g.numel(), buckets_[b].tag);
+            rep.timeline.reduce_end[b] = Now();
+          });
+        }
+      });
+    }
+    rep.timeline.backward_end = Now();
+  };
+  try {
+    if (rep.arena) {
+      rep.arena->execute(run);
+    } else {
+      run();
+    }
+  } catch (const std::exception& e) {
+    Abort(StrCat("replica ", global_offset() + r, " failed: ", e.what()));
+    throw;
+  }
+  return result;
+}
+
+void ReplicaSet::Step(int r, double lr) {
+  Replica& rep = *replicas_[r];
+  const double wait_begin = Now();
+  Drain(r);
+  rep.timeline.wait_seconds = Now() - wait_begin;
+  auto step = [&] { rep.optimizer->Step(lr); };
+  if (rep.arena) {
+    rep.arena->execute(step);
+  } else {
+    step();
+  }
+  if (options_.broadcast_buffers && rep.comm.joinable()) {
+    for (int i = 0; i < rep.model->num_layers(); ++i) {
+      Layer& l = rep.model->layer(i);
+      for (Buffer& b : l.buffers()) {
+        Tensor t = b.value;
+        Post(r, [this, r, t, tag = StrCat("buffer ", l.name(), ".", b.name)]() mutable {
+          allreduce_->Broadcast(r, t.data<float>(), t.numel(), tag);
+        });
+      }
+    }
+    Drain(r);
+  }
+  for (Tensor& g : rep.bucket_grads) g.Zero();
+}
+
+}  // namespace cnnflow

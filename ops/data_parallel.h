@@ -1,0 +1,134 @@
+// Data parallelism: N replicas of a model in this process (and, through
+// HierarchicalAllReduce, in every process of an MPI job), each training on
+// its shard of the global batch, kept identical by averaging gradients.
+//
+// As PyTorch's DistributedDataParallel does:
+//  - parameters start identical (broadcast from replica 0 of process 0);
+//  - gradients are grouped into buckets of about `bucket_mb`, in reverse
+//    layer order (the order backward produces them); each parameter's grad
+//    is a view into its bucket's flat buffer, so nothing is copied;
+//  - a bucket is handed to the replica's communication thread the moment
+//    backward has finished its layers, and is all-reduced while backward
+//    goes on with earlier layers;
+//  - every replica steps its own optimizer with the same reduced gradient,
+//    so the replicas stay bitwise identical without sending parameters;
+//  - BatchNorm running statistics are broadcast from replica 0 after each
+//    step (`broadcast_buffers`); SyncBN statistics travel the same way.
+//
+// Every collective of a replica is issued by its one communication thread,
+// in the order the replica's compute thread asked for them; that order is
+// the same on every replica, which is what matching collectives by call
+// order (ops/collective.h) needs.
+//
+// Gradient semantics: the loss gradient of each replica is scaled by
+// 1 / (global batch), and buckets are SUMMED, so the result is exactly the
+// gradient of the mean loss over the global batch, even for a last batch
+// whose shards differ in size. Accumulation (ForwardBackward with
+// reduce = false) adds into the same buffers and reduces on the last one.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <tbb/task_arena.h>
+
+#include "ops/collective.h"
+#include "ops/collective_mpi.h"
+#include "ops/model.h"
+#include "ops/optimizer.h"
+
+namespace cnnflow {
+
+struct DataParallelOptions {
+  int replicas = 1;           // in this process
+  int threads_per_replica = 1;
+  double bucket_mb = 25;
+  bool broadcast_buffers = true;
+  bool sync_bn = false;
+  double timeout_s = 300;     // every collective
+};
+
+// Which parameters share a bucket: Model::NamedParameters() indices, in
+// reverse layer order, cut when a bucket reaches bucket_mb (a parameter is
+// never split).
+struct Bucket {
+  std::vector<int> params;
+  int64_t numel = 0;
+  std::vector<int> layers;  // layers whose parameters are in it
+  std::string tag;          // "bucket 0 (fc2.bias..fc1.weight)"
+};
+std::vector<Bucket> LayoutBuckets(Model& model, double bucket_mb);
+
+// When a replica's step spent its time, for reports and tests (seconds on
+// the steady clock since the ReplicaSet was made).
+struct StepTimeline {
+  double backward_begin = 0, backward_end = 0;
+  std::vector<double> reduce_begin, reduce_end;  // per bucket
+  double wait_seconds = 0;  // Step() waiting for reductions after backward
+};
+
+class ReplicaSet {
+ public:
+  // Builds the replicas (same seed: identical initial parameters, then a
+  // broadcast from replica 0 of process 0 makes sure) and their optimizers.
+  // `world` may be inactive (a single process).
+  ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_shape, uint64_t seed,
+             InitScheme init, const std::string& optimizer, const Args& optimizer_args,
+             const DataParallelOptions& options, MpiWorld& world);
+  ~ReplicaSet();
+
+  int size() const { return static_cast<int>(replicas_.size()); }
+  // Replicas over all processes, and this process's first one.
+  int global_size() const { return allreduce_ ? allreduce_->global_size() : 1; }
+  int global_offset() const { return allreduce_ ? allreduce_->global_offset() : 0; }
+  Model& model(int r = 0);
+  Optimizer& optimizer(int r = 0);
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const DataParallelOptions& options() const { return options_; }
+
+  struct Result {
+    double loss_sum = 0;  // sum over the shard's samples
+    int64_t correct = 0;
+  };
+  // Replica r: forward and backward of its shard x [n, ...] with labels.
+  // grad_scale multiplies the summed loss gradient (1 / global batch, over
+  // accumulated micro-batches too). With reduce, each bucket is all-reduced
+  // as soon as backward has filled it. Runs in the replica's task arena.
+  // Throws (after aborting the other replicas' collectives) on a non-finite
+  // loss.
+  Result ForwardBackward(int r, const Tensor& x, const int64_t* labels, const ForwardContext& ctx,
+                         double grad_scale, double label_smoothing, bool reduce);
+  // Replica r: waits for its reductions, steps its optimizer with lr,
+  // broadcasts BN buffers, zeroes its gradients.
+  void Step(int r, double lr);
+  // Aborts every replica's collectives (a replica failed).
+  void Abort(const std::string& reason);
+
+  const StepTimeline& timeline(int r) const;
+
+ private:
+  struct Replica;
+  // Runs fn on replica r's communication thread (after what is queued).
+  void Post(int r, std::function<void()> fn);
+  // Waits until replica r's communication queue is empty; rethrows its error.
+  void Drain(int r);
+  double Now() const;
+  void CommLoop(Replica& rep);
+
+  DataParallelOptions options_;
+  std::vector<Bucket> buckets_;
+  std::unique_ptr<LocalGroup> group_;
+  std::unique_ptr<HierarchicalAllReduce> allreduce_;
+  std::vector<std::unique_ptr<Replica>> replicas_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace cnnflow

@@ -1,0 +1,227 @@
+// Data parallelism in one process (ops/data_parallel.h): the invariants of
+// DESIGN.md that hold without a graph around them.
+//  1. N replicas x batch B == 1 replica x batch N*B (SGD and Adam, dropout
+//     included: masks are keyed by sample id).
+//  3. Accumulating K micro-batches of B == one step of K*B.
+// Bucketing: with small buckets, the first reduction starts before backward
+// ends. Replicas stay bitwise identical.
+#include "ops/data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "ops/random.h"
+
+namespace cnnflow {
+namespace {
+
+LayerSpec L(std::string name, std::string type, std::vector<std::pair<std::string, ParamValue>> args = {}) {
+  LayerSpec s{std::move(name), std::move(type), {}, {}};
+  for (auto& [k, v] : args) s.args.Set(k, v);
+  return s;
+}
+
+// A small CNN of every kind of layer the invariant covers (no BatchNorm:
+// its batch statistics depend on the shard).
+std::vector<LayerSpec> Net() {
+  return {L("conv1", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+          L("relu1", "relu"),
+          L("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
+          L("flatten", "flatten"),
+          L("fc1", "linear", {{"out", int64_t{16}}}),
+          L("relu2", "relu"),
+          L("drop", "dropout", {{"p", 0.25}}),
+          L("fc2", "linear", {{"out", int64_t{5}}})};
+}
+const Shape kInput{2, 8, 8};
+
+struct Data {
+  Tensor x;
+  std::vector<int64_t> labels, ids;
+};
+Data Batch(int64_t n, uint64_t seed) {
+  Data d;
+  d.x = Tensor::Empty(kInput.WithBatch(n), DType::kF32);
+  Rng rng(seed);
+  for (int64_t i = 0; i < d.x.numel(); ++i) d.x.data<float>()[i] = static_cast<float>(rng.Uniform() * 2 - 1);
+  for (int64_t i = 0; i < n; ++i) {
+    d.labels.push_back(static_cast<int64_t>(rng.NextU64() % 5));
+    d.ids.push_back(static_cast<int64_t>(seed * 1000 + i));
+  }
+  return d;
+}
+
+Args Opt(const std::string& type) {
+  Args a;
+  a.Set("lr", 0.05);
+  if (type == "sgd") a.Set("momentum", 0.9);
+  a.FillDefaults(OptimizerSchema(type));
+  return a;
+}
+
+std::unique_ptr<ReplicaSet> Make(int replicas, const std::string& opt, double bucket_mb = 25,
+                                 const std::vector<LayerSpec>& net = Net()) {
+  DataParallelOptions o;
+  o.replicas = replicas;
+  o.bucket_mb = bucket_mb;
+  o.timeout_s = 20;
+  return std::make_unique<ReplicaSet>(net, kInput, 7, InitScheme::kPytorchDefault, opt, Opt(opt),
+                                      o, MpiWorld::Get());
+}
+
+// One optimizer step of `set` on `micro` micro-batches (each cut into equal
+// shards, one per replica, run on the replicas' own threads).
+void TrainStep(ReplicaSet& set, const std::vector<Data>& micro, int64_t step) {
+  int64_t total = 0;
+  for (const Data& d : micro) total += d.x.dim(0);
+  const int n = set.size();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      for (size_t k = 0; k < micro.size(); ++k) {
+        const Data& d = micro[k];
+        const int64_t b = d.x.dim(0) * r / n, e = d.x.dim(0) * (r + 1) / n;
+        ForwardContext ctx{true, 3, step, d.ids.data() + b};
+        set.ForwardBackward(r, d.x.Slice(b, e), d.labels.data() + b, ctx, 1.0 / total, 0,
+                            /*reduce=*/k + 1 == micro.size());
+      }
+      set.Step(r, 0.05);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+double MaxRelDiff(Model& a, Model& b) {
+  double worst = 0;
+  auto pa = a.NamedParameters(), pb = b.NamedParameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const Tensor& x = pa[i].param->value;
+    const Tensor& y = pb[i].param->value;
+    double scale = 0;
+    for (int64_t j = 0; j < x.numel(); ++j) scale = std::max(scale, std::fabs(double(x.data<float>()[j])));
+    for (int64_t j = 0; j < x.numel(); ++j) {
+      worst = std::max(worst, std::fabs(double(x.data<float>()[j]) - y.data<float>()[j]) / scale);
+    }
+  }
+  return worst;
+}
+
+bool Bitwise(Model& a, Model& b) {
+  auto pa = a.NamedParameters(), pb = b.NamedParameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    if (std::memcmp(pa[i].param->value.raw_data(), pb[i].param->value.raw_data(),
+                    pa[i].param->value.nbytes()) != 0)
+      return false;
+  }
+  return true;
+}
+
+TEST(DataParallel, BucketsGoInReverseLayerOrderAndRespectTheSize) {
+  // 250 floats: fc2 (85) and fc1.bias (16) fit together, fc1.weight (1536)
+  // is a bucket of its own (never split), then conv1 (6 + 108).
+  auto set = Make(1, "sgd", /*bucket_mb=*/0.001);
+  const auto& b = set->buckets();
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].tag, "bucket 0 (fc2.bias..fc1.bias)");
+  EXPECT_EQ(b[1].tag, "bucket 1 (fc1.weight..fc1.weight)");
+  EXPECT_EQ(b[2].tag, "bucket 2 (conv1.bias..conv1.weight)");
+  EXPECT_EQ(b[1].numel, 1536);
+  int64_t total = 0;
+  for (const Bucket& k : b) total += k.numel;
+  EXPECT_EQ(total, set->model().NumParameters());
+  auto one = Make(1, "sgd");
+  ASSERT_EQ(one->buckets().size(), 1u);
+  EXPECT_EQ(one->buckets()[0].tag, "bucket 0 (fc2.bias..conv1.weight)");
+}
+
+// Invariant 1, for SGD with momentum and for Adam, over several steps, with
+// several bucket sizes; the replicas stay bitwise identical to each other.
+TEST(DataParallel, NReplicasOfBEqualOneReplicaOfNB) {
+  for (const std::string opt : {"sgd", "adam"}) {
+    for (int n : {2, 3}) {
+      SCOPED_TRACE(opt + " x" + std::to_string(n));
+      auto single = Make(1, opt);
+      auto multi = Make(n, opt, /*bucket_mb=*/0.002);
+      for (int step = 0; step < 4; ++step) {
+        const std::vector<Data> batch = {Batch(6 * n, 100 + step)};
+        TrainStep(*single, batch, step);
+        TrainStep(*multi, batch, step);
+      }
+      // Float sums in a different order: a few ulps per step.
+      EXPECT_LT(MaxRelDiff(single->model(), multi->model()), 2e-5);
+      auto fresh = Make(1, opt);
+      EXPECT_GT(MaxRelDiff(single->model(), fresh->model()), 1e-3) << "training moved the weights";
+      for (int r = 1; r < n; ++r) EXPECT_TRUE(Bitwise(multi->model(0), multi->model(r))) << r;
+    }
+  }
+}
+
+// Invariant 3: two micro-batches of B then one step == one step of 2B.
+TEST(DataParallel, AccumulatingKMicroBatchesEqualsOneBigBatch) {
+  for (int n : {1, 2}) {
+    SCOPED_TRACE(n);
+    auto big = Make(n, "sgd");
+    auto acc = Make(n, "sgd");
+    for (int step = 0; step < 3; ++step) {
+      const Data whole = Batch(8 * n, 200 + step);
+      Data a, b;
+      a.x = whole.x.Slice(0, 4 * n);
+      b.x = whole.x.Slice(4 * n, 8 * n);
+      a.labels.assign(whole.labels.begin(), whole.labels.begin() + 4 * n);
+      b.labels.assign(whole.labels.begin() + 4 * n, whole.labels.end());
+      a.ids.assign(whole.ids.begin(), whole.ids.begin() + 4 * n);
+      b.ids.assign(whole.ids.begin() + 4 * n, whole.ids.end());
+      TrainStep(*big, {whole}, step);
+      TrainStep(*acc, {a, b}, step);
+    }
+    EXPECT_LT(MaxRelDiff(big->model(), acc->model()), 2e-5);
+  }
+}
+
+TEST(DataParallel, FirstBucketIsReducedBeforeBackwardEnds) {
+  // Two wide convolutions: backward goes on for milliseconds after the
+  // small last layer's bucket is full.
+  const std::vector<LayerSpec> net = {
+      L("conv1", "conv2d", {{"out", int64_t{32}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      L("relu1", "relu"),
+      L("conv2", "conv2d", {{"out", int64_t{32}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      L("relu2", "relu"), L("flatten", "flatten"), L("fc", "linear", {{"out", int64_t{5}}})};
+  auto set = Make(2, "sgd", /*bucket_mb=*/0.001, net);
+  for (int step = 0; step < 3; ++step) TrainStep(*set, {Batch(256, 300 + step)}, step);
+  const StepTimeline& t0 = set->timeline(0);
+  const StepTimeline& t1 = set->timeline(1);
+  const double first_reduce = std::min(t0.reduce_begin[0], t1.reduce_begin[0]);
+  const double backward_end = std::max(t0.backward_end, t1.backward_end);
+  EXPECT_LT(first_reduce, backward_end);
+  const size_t last = set->buckets().size() - 1;
+  EXPECT_GE(t0.reduce_begin[last], t0.reduce_begin[0]);
+}
+
+TEST(DataParallel, AFailingReplicaAbortsTheOthersInsteadOfHanging) {
+  auto set = Make(2, "sgd");
+  Data d = Batch(8, 5);
+  d.labels[1] = 99;  // in replica 0's shard: the loss fails
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ForwardContext ctx{true, 3, 0, d.ids.data() + 4 * r};
+        set->ForwardBackward(r, d.x.Slice(4 * r, 4 * r + 4), d.labels.data() + 4 * r, ctx, 0.125, 0, true);
+        set->Step(r, 0.1);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NE(errors[0].find("99"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("replica 0 failed: "), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("99"), std::string::npos) << errors[1];
+}
+
+}  // namespace
+}  // namespace cnnflow
