@@ -7,9 +7,20 @@
 // and the running statistics updated with the unbiased variance:
 //   running = (1 - momentum) * running + momentum * batch_stat;
 // in evaluation the running statistics are used.
+//
+// Synchronised BatchNorm (torch.nn.SyncBatchNorm), for data parallelism:
+// when ForwardContext::sync_sum is set in training, every replica's layer
+// normalises with the statistics of the GLOBAL batch (all replicas'
+// shards). Forward makes two sync_sum calls, backward one; every replica
+// must make them (same model, same mode), each with its own shard, which
+// may be uneven or hold a single value per channel (only the global count
+// must exceed 1). Sums are taken in double and travel as float hi/lo
+// pairs (see ops/cpu/batch_norm.cc). Parameter gradients stay local sums
+// (the data-parallel all-reduce adds them later). Eval ignores sync_sum.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,8 +39,10 @@ class BatchNormLayer : public Layer {
   Shape Build(const std::vector<Shape>& inputs, DType dtype) override;
   void ResetParameters(Rng& rng) override;
   void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext& ctx) override;
-  // Training: the full batch-norm backward (through the batch statistics);
-  // evaluation: the affine map with the running statistics.
+  // Training: the full batch-norm backward (through the batch statistics,
+  // global ones if the forward was synced: then it calls the forward's
+  // sync_sum once, unless dx is not wanted); evaluation: the affine map
+  // with the running statistics.
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
   int64_t ForwardFlops(int64_t n) const override { return 2 * n * channels_ * spatial_; }
@@ -46,8 +59,13 @@ class BatchNormLayer : public Layer {
   int64_t spatial_ = 1;  // product of the dims after C (1 for [C])
   // Per-forward state: which statistics were used, per channel.
   bool last_training_ = false;
+  const std::function<void(float*, int64_t)>* sync_sum_ = nullptr;  // training + synced
+  int64_t local_count_ = 0;  // values per channel in this layer's input
+  double count_ = 0;         // values per channel the statistics came from
   std::vector<double> mean_;
   std::vector<double> inv_std_;
+  std::vector<float> sync_buf_;  // packed sums sent through sync_sum_
+  std::vector<double> shift_;    // per-channel pass-1 mean (synced forward)
 };
 
 }  // namespace cnnflow

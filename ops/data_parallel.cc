@@ -44,6 +44,9 @@ struct ReplicaSet::Replica {
   std::vector<std::vector<int>> layer_buckets;   // layer -> buckets it fills
   std::vector<int> layers_left;                  // per bucket, this backward
   StepTimeline timeline;
+  // SyncBN's all-reduce, through the communication thread like every
+  // collective of this replica (so the order is the same on every replica).
+  std::function<void(float*, int64_t)> sync_sum;
   // The communication thread and its queue.
   std::thread comm;
   std::mutex mu;
@@ -96,7 +99,13 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     rep->timeline.reduce_begin.assign(buckets_.size(), 0);
     rep->timeline.reduce_end.assign(buckets_.size(), 0);
     rep->optimizer = MakeOptimizer(optimizer, optimizer_args, rep->model->NamedParameters());
-    if (collective) rep->comm = std::thread([this, r = rep.get()] { CommLoop(*r); });
+    if (collective) {
+      rep->comm = std::thread([this, r = rep.get()] { CommLoop(*r); });
+      rep->sync_sum = [this, r = rep->rank](float* data, int64_t count) {
+        Post(r, [this, r, data, count] { allreduce_->AllReduceSum(r, data, count, "sync_bn"); });
+        Drain(r);
+      };
+    }
   }
   // The same seed built the same parameters; the broadcast makes sure, and
   // covers processes started with different seeds.
@@ -197,9 +206,24 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
                                                double label_smoothing, bool reduce) {
   Replica& rep = *replicas_[r];
   Result result;
+  auto post = [this, r, &rep](int b) {
+    Post(r, [this, r, b, &rep] {
+      rep.timeline.reduce_begin[b] = Now();
+      Tensor& g = rep.bucket_grads[b];
+      allreduce_->AllReduceSum(r, g.data<float>(), g.numel(), buckets_[b].tag);
+      rep.timeline.reduce_end[b] = Now();
+    });
+  };
+  if (x.dim(0) == 0) {  // an empty shard still takes part in the reduction
+    if (reduce && rep.comm.joinable())
+      for (size_t b = 0; b < buckets_.size(); ++b) post(static_cast<int>(b));
+    return result;
+  }
   auto run = [&] {
     Model& m = *rep.model;
-    const Tensor& logits = m.Forward(x, ctx);
+    ForwardContext c = ctx;
+    if (options_.sync_bn && rep.comm.joinable()) c.sync_sum = &rep.sync_sum;
+    const Tensor& logits = m.Forward(x, c);
     Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype());
     const LossResult loss = SoftmaxCrossEntropy(logits, labels, &dlogits, grad_scale, label_smoothing);
     if (!std::isfinite(loss.loss)) {
@@ -215,15 +239,8 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
       for (size_t b = 0; b < buckets_.size(); ++b)
         rep.layers_left[b] = static_cast<int>(buckets_[b].layers.size());
       m.Backward(dlogits, [&](int layer) {
-        for (int b : rep.layer_buckets[layer]) {
-          if (--rep.layers_left[b] != 0) continue;
-          Post(r, [this, r, b, &rep] {
-            rep.timeline.reduce_begin[b] = Now();
-            Tensor& g = rep.bucket_grads[b];
-            allreduce_->AllReduceSum(r, g.data<float>(), g.numel(), buckets_[b].tag);
-            rep.timeline.reduce_end[b] = Now();
-          });
-        }
+        for (int b : rep.layer_buckets[layer])
+          if (--rep.layers_left[b] == 0) post(b);
       });
     }
     rep.timeline.backward_end = Now();

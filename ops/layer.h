@@ -42,6 +42,10 @@ struct ForwardContext {
   // Random draws are keyed by it, so a sample gets the same dropout mask
   // whichever replica, shard or micro-batch it lands in.
   const int64_t* sample_ids = nullptr;
+  // SyncBN: sums data[0..count) over the replicas in place (blocking; every
+  // replica makes the same calls in the same order). Null: no sync. A layer
+  // that uses it in backward keeps the pointer from its forward.
+  const std::function<void(float* data, int64_t count)>* sync_sum = nullptr;
 };
 
 class Layer {

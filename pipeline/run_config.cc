@@ -39,7 +39,14 @@ const Schema& TrainSchema() {
           .Optional("schedule", ParamType::kTree, std::string("{}"), "learning-rate schedule")
           .Optional("eval_batch", ParamType::kInt, int64_t{1000}, "batch size for evaluation")
           .Optional("max_steps", ParamType::kInt, int64_t{0},
-                    "stop each pass after this many batches (0: whole epochs)");
+                    "stop each pass after this many batches (0: whole epochs)")
+          .Optional("accumulate", ParamType::kInt, int64_t{1},
+                    "batches whose gradients add up before one optimizer step")
+          .Optional("checkpoint_every", ParamType::kInt, int64_t{0},
+                    "write a checkpoint every this many optimizer steps (0: at the end "
+                    "of each epoch only)")
+          .Optional("keep_checkpoints", ParamType::kInt, int64_t{3},
+                    "checkpoints kept in the run folder (the newest)");
   return s;
 }
 
@@ -58,7 +65,7 @@ const Schema& ModelSchema() {
 const Schema& GraphSectionSchema() {
   static const Schema s =
       Schema("Which dataflow graph runs, on which devices; its keys fill $graph.* in the template.")
-          .Optional("template", ParamType::kString, std::string("graphs/single_device.yaml"),
+          .Optional("template", ParamType::kString, std::string("graphs/data_parallel.yaml"),
                     "graph template file")
           .Optional("devices", ParamType::kStringList, std::vector<std::string>{"cpu:0"},
                     "devices: cpu:K or cuda:K")
@@ -67,7 +74,16 @@ const Schema& GraphSectionSchema() {
                     "memory budget of the prefetched batches in MB (0: none); caps prefetch")
           .Optional("load_threads", ParamType::kInt, int64_t{1}, "decode tasks at once")
           .Optional("autotune", ParamType::kBool, false,
-                    "move load_threads and prefetch during training by measured throughput");
+                    "move load_threads and prefetch during training by measured throughput")
+          .Optional("bucket_mb", ParamType::kFloat, 25.0,
+                    "gradient bucket size: each is all-reduced as soon as backward filled it")
+          .Optional("broadcast_buffers", ParamType::kBool, true,
+                    "copy BatchNorm running statistics from replica 0 after each step")
+          .Optional("sync_bn", ParamType::kBool, false,
+                    "BatchNorm statistics over the global batch (all replicas)")
+          .Optional("collective_timeout_s", ParamType::kFloat, 300.0,
+                    "a gradient reduction not done in this time fails the run, naming the "
+                    "missing replica or process");
   return s;
 }
 
@@ -264,6 +280,11 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   c.batch = t.Int("batch");
   c.eval_batch = t.Int("eval_batch");
   c.max_steps = t.Int("max_steps");
+  c.accumulate = t.Int("accumulate");
+  c.checkpoint_every = t.Int("checkpoint_every");
+  c.keep_checkpoints = t.Int("keep_checkpoints");
+  if (c.accumulate <= 0) doc.Fail(train["accumulate"], "train.accumulate", "must be > 0");
+  if (c.checkpoint_every < 0) doc.Fail(train["checkpoint_every"], "train.checkpoint_every", "must be >= 0");
   if (c.epochs <= 0) doc.Fail(train["epochs"], "train.epochs", "must be > 0");
   if (c.batch <= 0) doc.Fail(train["batch"], "train.batch", "must be > 0");
   if (c.eval_batch <= 0) doc.Fail(train["eval_batch"], "train.eval_batch", "must be > 0");
@@ -280,19 +301,36 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
       doc.Fail(graph["devices"], "graph.devices", e.what());
     }
   }
-  if (c.devices.size() != 1 || !c.devices[0].is_cpu()) {
-    doc.Fail(graph["devices"], "graph.devices",
-             "this build trains on one CPU device (cpu:0); data parallelism over several devices "
-             "and GPU training are not implemented yet");
+  for (size_t i = 0; i < c.devices.size(); ++i) {
+    if (!c.devices[i].is_cpu()) {
+      doc.Fail(graph["devices"], "graph.devices",
+               StrCat(c.devices[i].ToString(), ": GPU training is not implemented yet; use cpu:K"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (c.devices[j] == c.devices[i]) {
+        doc.Fail(graph["devices"], "graph.devices", StrCat(c.devices[i].ToString(), " is listed twice"));
+      }
+    }
+  }
+  if (c.devices.empty()) doc.Fail(graph["devices"], "graph.devices", "needs at least one device");
+  c.bucket_mb = g.Float("bucket_mb");
+  c.broadcast_buffers = g.Bool("broadcast_buffers");
+  c.sync_bn = g.Bool("sync_bn");
+  c.collective_timeout_s = g.Float("collective_timeout_s");
+  if (c.bucket_mb <= 0) doc.Fail(graph["bucket_mb"], "graph.bucket_mb", "must be > 0");
+  if (c.collective_timeout_s <= 0) {
+    doc.Fail(graph["collective_timeout_s"], "graph.collective_timeout_s", "must be > 0");
   }
   c.graph_template = ResolveProjectPath(g.String("template"), path);
   c.autotune = g.Bool("autotune");
-  // The template reads the run's values, defaults included.
+  // The template reads the run's values, defaults included, and
+  // graph.replicas (the number of devices).
   YAML::Node run = YAML::Clone(root);
   for (const auto& [k, v] : g.values()) {
     if (!run["graph"].IsMap()) run["graph"] = YAML::Node(YAML::NodeType::Map);
     if (!run["graph"][k].IsDefined()) run["graph"][k] = YAML::Load(ParamValueToString(v));
   }
+  run["graph"]["replicas"] = static_cast<int64_t>(c.devices.size());
   if (!run["data"]["on_bad_record"].IsDefined()) {
     run["data"]["on_bad_record"] = data_args.String("on_bad_record");
   }

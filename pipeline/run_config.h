@@ -41,6 +41,9 @@ struct RunConfig {
   int64_t batch = 64;       // per replica
   int64_t eval_batch = 1000;
   int64_t max_steps = 0;    // per pass; 0: whole epochs
+  int64_t accumulate = 1;   // batches per optimizer step
+  int64_t checkpoint_every = 0;  // optimizer steps; 0: at epoch ends
+  int64_t keep_checkpoints = 3;
   std::string optimizer;    // "sgd", ...
   Args optimizer_args;
   Args schedule_args;
@@ -50,6 +53,11 @@ struct RunConfig {
   GraphSpec train_graph;
   GraphSpec eval_graph;
   bool autotune = false;  // graph.autotune
+  // Data parallelism (graph.*).
+  double bucket_mb = 25;
+  bool broadcast_buffers = true;
+  bool sync_bn = false;
+  double collective_timeout_s = 300;
 
   std::string output_dir;
 };

@@ -13,6 +13,7 @@
 #include "loaders/sampler.h"
 #include "loaders/source_registry.h"
 #include "ops/safetensors.h"
+#include "pipeline/checkpoint.h"
 #include "pipeline/executor.h"
 
 namespace cnnflow {
@@ -44,8 +45,34 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   thread_limit_ = std::make_shared<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, static_cast<size_t>(config_.threads));
 
+  MpiWorld& world = MpiWorld::Get();
+  state_.process_rank = world.rank();
+  state_.process_count = world.size();
+  const int replicas = static_cast<int>(config_.devices.size());
+  if (config_.threads < replicas) {
+    throw ConfigError(StrCat(config_.doc.path(), ": ", replicas, " CPU replicas need at least ",
+                             replicas, " threads (threads: ", config_.threads, ")"));
+  }
+  // Every process must run the same config (and so the same graph and
+  // parameter shapes): a mismatch fails on every rank at once.
+  config_hash_ = ConfigHash(ResolvedConfigText());
+  if (world.active()) {
+    world.AgreeOnHash(std::stoull(config_hash_, nullptr, 16), "the resolved config",
+                      config_.collective_timeout_s);
+  }
+
   // The model first: a shape error is reported before any data is read.
-  model_ = Model::Build(config_.layers, config_.input_shape, DType::kF32, config_.seed, config_.init);
+  DataParallelOptions dp;
+  dp.replicas = replicas;
+  dp.threads_per_replica = config_.threads / replicas;
+  dp.bucket_mb = config_.bucket_mb;
+  dp.broadcast_buffers = config_.broadcast_buffers;
+  dp.sync_bn = config_.sync_bn;
+  dp.timeout_s = config_.collective_timeout_s;
+  replicas_ = std::make_unique<ReplicaSet>(config_.layers, config_.input_shape, config_.seed,
+                                           config_.init, config_.optimizer, config_.optimizer_args,
+                                           dp, world);
+  model_ = &replicas_->model(0);
   for (const auto& [name, spec] : config_.data) {
     const SourceType* type = SourceRegistry::Get().Find(spec.source);
     CNNFLOW_ENFORCE(type != nullptr, "unknown source ", spec.source);
@@ -73,10 +100,15 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
                             ")"));
   }
 
-  steps_per_epoch_ = ShardedSampler::NumBatches(train.size(), config_.batch, false);
-  if (config_.max_steps > 0) steps_per_epoch_ = std::min(steps_per_epoch_, config_.max_steps);
+  // Optimizer steps per epoch: this process's shard in batches of
+  // batch x replicas, accumulate batches a step.
+  const int64_t shard = (train.size() + state_.process_count - 1) / state_.process_count;
+  int64_t batches = ShardedSampler::NumBatches(shard, config_.batch * replicas, false);
+  if (config_.max_steps > 0) batches = std::min(batches, config_.max_steps);
+  steps_per_epoch_ = (batches + config_.accumulate - 1) / config_.accumulate;
   const Args& s = config_.schedule_args;
-  const int64_t global_batch = config_.batch * static_cast<int64_t>(config_.devices.size());
+  const int64_t global_batch =
+      config_.batch * replicas * state_.process_count * config_.accumulate;
   LrScheduleOptions lr;
   lr.base_lr = config_.optimizer_args.Float("lr");
   if (s.String("scale_lr") == "linear") {
@@ -91,10 +123,10 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   lr.gamma = s.Float("gamma");
   lr.min_lr = s.Float("min_lr");
   schedule_ = std::make_unique<LrSchedule>(lr);
-  optimizer_ = MakeOptimizer(config_.optimizer, config_.optimizer_args, model_->NamedParameters());
 
-  state_.model = model_.get();
-  state_.optimizer = optimizer_.get();
+  state_.replicas = replicas_.get();
+  state_.model = model_;
+  state_.accumulate = config_.accumulate;
   state_.schedule = schedule_.get();
   state_.seed = config_.seed;
   state_.threads = config_.threads;
@@ -111,7 +143,8 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   state_.metrics = PassMetrics();
   state_.bad_records.clear();
   state_.knobs.clear();
-  const int64_t batch = pass == "train" ? config_.batch : config_.eval_batch;
+  const int64_t batch =
+      pass == "train" ? config_.batch * replicas_->size() : config_.eval_batch;
   state_.batch_bytes = batch * state_.dataset(pass == "train" ? "train" : "test").sample_shape().numel() *
                        static_cast<int64_t>(sizeof(float));
   Autotuner* tuner = pass == "train" ? autotuner_.get() : nullptr;
@@ -131,8 +164,16 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
     progress_->Batch(pass, epoch + 1, config_.epochs, m.index + 1, state_.pass_batches,
                      p.mean_loss(), p.accuracy(), p.samples_per_second(), p.seconds);
   };
+  state_.sampled = 0;
   RunGraph(graph, state_);
   if (progress_) progress_->EndPass();
+  // Every batch must come out: one that does not is held by a node (a bug),
+  // and would silently be missing from training.
+  if (state_.metrics.batches != state_.sampled) {
+    throw Error(StrCat("graph '", graph.name, "' of ", graph.file, " ended with ",
+                       state_.sampled - state_.metrics.batches, " of ", state_.sampled,
+                       " batches not delivered to its end"));
+  }
   state_.metrics.skipped = static_cast<int64_t>(state_.bad_records.size());
   if (progress_ && !state_.bad_records.empty()) {
     std::string list;
@@ -162,40 +203,169 @@ PassMetrics Trainer::Evaluate() {
   return m;
 }
 
+std::string Trainer::ResolvedConfigText() const {
+  std::ostringstream os;
+  for (const auto& o : config_.overrides) os << "# --set " << o << "\n";
+  YAML::Emitter e;
+  e << config_.doc.root();
+  os << e.c_str() << "\n";
+  return os.str();
+}
+
+namespace {
+
+const std::vector<std::string> kMetricsColumns = {
+    "epoch",        "train_loss", "train_accuracy", "test_loss", "test_accuracy",
+    "images_per_s", "seconds",    "lr",             "skipped_records"};
+
+std::string MetricsRow(const std::vector<double>& v) {
+  char row[320];
+  std::snprintf(row, sizeof row, "%lld,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.6g,%lld",
+                static_cast<long long>(v[0]), v[1], v[2], v[3], v[4], v[5], v[6], v[7],
+                static_cast<long long>(v[8]));
+  return row;
+}
+
+// Adds a segment's totals to a pass's.
+void Accumulate(PassMetrics& total, const PassMetrics& part) {
+  total.loss_sum += part.loss_sum;
+  total.correct += part.correct;
+  total.samples += part.samples;
+  total.batches += part.batches;
+  total.skipped += part.skipped;
+  total.seconds += part.seconds;
+}
+
+}  // namespace
+
+void Trainer::Resume(const std::string& run_dir) {
+  std::vector<std::string> warnings;
+  std::optional<LoadedCheckpoint> ck = FindLatestCheckpoint(run_dir, &warnings);
+  for (const auto& w : warnings)
+    if (progress_) progress_->Line("resume: " + w);
+  if (!ck) {
+    throw Error(StrCat(run_dir, ": no valid checkpoint to resume from",
+                       warnings.empty() ? "" : " (" + JoinNames(warnings) + ")"));
+  }
+  const CheckpointState& st = ck->state;
+  if (st.config_hash != config_hash_) {
+    throw ConfigError(StrCat(ck->sidecar_path, ": was written by a different config (hash ",
+                             st.config_hash, ", this one is ", config_hash_,
+                             "); resume with the same config and --set options (see ", run_dir,
+                             "/config.yaml)"));
+  }
+  for (int r = 0; r < replicas_->size(); ++r) {
+    LoadTensors(replicas_->model(r), ck->model_tensors, ck->data_path);
+    Optimizer& opt = replicas_->optimizer(r);
+    opt.LoadStateTensors(ck->optimizer_tensors);
+    opt.set_step_count(st.optimizer_step);
+  }
+  start_epoch_ = st.epoch;
+  batch_in_epoch_ = st.batch_in_epoch;
+  state_.global_step = st.global_step;
+  state_.batches_done = std::stoll(st.extra.at("batches_done"));
+  metrics_rows_ = st.metrics_rows;
+  partial_train_ = PassMetrics();
+  if (auto it = st.extra.find("partial_train"); it != st.extra.end()) {
+    std::istringstream in(it->second);
+    in >> partial_train_.loss_sum >> partial_train_.correct >> partial_train_.samples >>
+        partial_train_.batches >> partial_train_.skipped >> partial_train_.seconds;
+  }
+  run_dir_ = run_dir;
+  resumed_ = true;
+  if (progress_) {
+    progress_->Line(StrCat("resuming ", ck->data_path, ": epoch ", st.epoch + 1, ", batch ",
+                           st.batch_in_epoch, ", step ", st.global_step));
+  }
+}
+
+void Trainer::SaveCheckpoint(int64_t epoch, const PassMetrics& partial) {
+  if (state_.process_rank != 0) return;
+  CheckpointState st;
+  st.epoch = epoch;
+  st.batch_in_epoch = batch_in_epoch_;
+  st.global_step = state_.global_step;
+  st.optimizer_step = replicas_->optimizer(0).step_count();
+  st.lr_step = state_.global_step;
+  st.seed = config_.seed;
+  st.config_hash = config_hash_;
+  st.extra["batches_done"] = std::to_string(state_.batches_done);
+  std::ostringstream p;
+  p.precision(17);
+  p << partial.loss_sum << " " << partial.correct << " " << partial.samples << " "
+    << partial.batches << " " << partial.skipped << " " << partial.seconds;
+  st.extra["partial_train"] = p.str();
+  st.metrics_columns = kMetricsColumns;
+  st.metrics_rows = metrics_rows_;
+  WriteCheckpoint(run_dir_, st, model_->StateTensors(), replicas_->optimizer(0).StateTensors(),
+                  static_cast<int>(config_.keep_checkpoints));
+}
+
 EpochReport Trainer::Train(const std::string& run_dir) {
-  run_dir_ = run_dir.empty() ? MakeRunDir(config_.output_dir, config_.name) : run_dir;
-  fs::create_directories(run_dir_);
-  {
-    std::ofstream cfg(fs::path(run_dir_) / "config.yaml");
-    cfg << "# resolved config of run " << config_.name << " (from " << config_.doc.path() << ")\n";
-    for (const auto& o : config_.overrides) cfg << "# --set " << o << "\n";
-    YAML::Emitter e;
-    e << config_.doc.root();
-    cfg << e.c_str() << "\n";
+  const bool writer = state_.process_rank == 0;  // only rank 0 writes files
+  if (!resumed_) run_dir_ = run_dir.empty() ? MakeRunDir(config_.output_dir, config_.name) : run_dir;
+  std::unique_ptr<std::ofstream> csv;
+  if (writer) {
+    fs::create_directories(run_dir_);
+    if (!resumed_) {
+      std::ofstream cfg(fs::path(run_dir_) / "config.yaml");
+      cfg << "# resolved config of run " << config_.name << " (from " << config_.doc.path() << ")\n"
+          << ResolvedConfigText();
+    }
+    if (autotuner_) {
+      autotune_log_ = std::make_unique<std::ofstream>(fs::path(run_dir_) / "autotune.csv",
+                                                      resumed_ ? std::ios::app : std::ios::trunc);
+      if (!resumed_) {
+        *autotune_log_ << "batch,action,knob,from,to,images_per_s_before,images_per_s_after,reason\n";
+      }
+    }
+    // metrics.csv: rebuilt from the checkpoint's rows on resume.
+    csv = std::make_unique<std::ofstream>(fs::path(run_dir_) / "metrics.csv");
+    for (size_t i = 0; i < kMetricsColumns.size(); ++i) *csv << (i ? "," : "") << kMetricsColumns[i];
+    *csv << "\n";
+    for (const auto& r : metrics_rows_) *csv << MetricsRow(r) << "\n";
+    csv->flush();
   }
-  if (autotuner_) {
-    autotune_log_ = std::make_unique<std::ofstream>(fs::path(run_dir_) / "autotune.csv");
-    *autotune_log_ << "batch,action,knob,from,to,images_per_s_before,images_per_s_after,reason\n";
-  }
-  std::ofstream csv(fs::path(run_dir_) / "metrics.csv");
-  csv << "epoch,train_loss,train_accuracy,test_loss,test_accuracy,images_per_s,seconds,lr,"
-         "skipped_records\n";
 
   EpochReport report;
-  for (int64_t epoch = 0; epoch < config_.epochs && !state_.stop_requested; ++epoch) {
+  // Optimizer steps between checkpoints, in batches (whole accumulation windows).
+  const int64_t every = config_.checkpoint_every * config_.accumulate;
+  for (int64_t epoch = start_epoch_; epoch < config_.epochs && !state_.stop_requested; ++epoch) {
     report.epoch = epoch + 1;
-    report.train = RunPass(config_.train_graph, "train", epoch);
+    PassMetrics train = partial_train_;
+    partial_train_ = PassMetrics();
+    // The train pass, in segments that end at checkpoints.
+    for (;;) {
+      state_.start_batch = batch_in_epoch_;
+      state_.stop_batch = every > 0 ? (batch_in_epoch_ / every + 1) * every : 0;
+      const int64_t before = state_.batches_done;
+      Accumulate(train, RunPass(config_.train_graph, "train", epoch));
+      batch_in_epoch_ += state_.batches_done - before;
+      state_.start_batch = state_.stop_batch = 0;
+      if (batch_in_epoch_ >= state_.pass_batches) break;
+      SaveCheckpoint(epoch, train);  // mid-epoch: every N steps, or stopped by a signal
+      if (state_.stop_requested) break;
+    }
+    report.train = train;
     report.lr = schedule_->At(std::max<int64_t>(state_.global_step - 1, 0));
     if (state_.stop_requested) break;
+    batch_in_epoch_ = 0;
     if (state_.datasets.count("test")) report.test = RunPass(config_.eval_graph, "eval", epoch);
-    char row[256];
-    std::snprintf(row, sizeof row, "%lld,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.6g,%lld",
-                  static_cast<long long>(report.epoch), report.train.mean_loss(),
-                  report.train.accuracy(), report.test.mean_loss(), report.test.accuracy(),
-                  report.train.samples_per_second(), report.train.seconds, report.lr,
-                  static_cast<long long>(report.train.skipped + report.test.skipped));
-    csv << row << "\n";
-    csv.flush();
+    const std::vector<double> row = {static_cast<double>(report.epoch),
+                                     report.train.mean_loss(),
+                                     report.train.accuracy(),
+                                     report.test.mean_loss(),
+                                     report.test.accuracy(),
+                                     report.train.seconds > 0 ? report.train.samples / report.train.seconds : 0,
+                                     report.train.seconds,
+                                     report.lr,
+                                     static_cast<double>(report.train.skipped + report.test.skipped)};
+    metrics_rows_.push_back(row);
+    if (csv) {
+      *csv << MetricsRow(row) << "\n";
+      csv->flush();
+    }
+    SaveCheckpoint(epoch + 1, PassMetrics());
     if (progress_) {
       progress_->Line(StrCat("epoch ", report.epoch, "/", config_.epochs, ": train loss ",
                              report.train.mean_loss(), ", test loss ", report.test.mean_loss(),
@@ -203,16 +373,20 @@ EpochReport Trainer::Train(const std::string& run_dir) {
                              static_cast<int64_t>(report.train.samples_per_second()), " img/s"));
     }
   }
-  SaveSafetensors((fs::path(run_dir_) / "model.safetensors").string(), model_->StateTensors(),
-                  {{"config", config_.name}, {"epochs", std::to_string(report.epoch)},
-                   {"format", "pt"}});
+  if (writer) {
+    SaveSafetensors((fs::path(run_dir_) / "model.safetensors").string(), model_->StateTensors(),
+                    {{"config", config_.name}, {"epochs", std::to_string(report.epoch)},
+                     {"format", "pt"}});
+  }
   return report;
 }
 
-void Trainer::LoadWeights(const std::string& path) {
-  SafetensorsFile file = LoadSafetensors(path);
-  for (auto& [name, tensor] : model_->StateTensors()) {
-    const Tensor* t = file.Find(name);
+void Trainer::LoadTensors(Model& model, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                          const std::string& path) {
+  for (auto& [name, tensor] : model.StateTensors()) {
+    const Tensor* t = nullptr;
+    for (const auto& [n, v] : tensors)
+      if (n == name) t = &v;
     if (t == nullptr) throw Error(StrCat(path, ": has no tensor '", name, "' that the model needs"));
     if (t->shape() != tensor.shape()) {
       throw ShapeError(StrCat(path, ": '", name, "' has shape ", t->shape(), ", the model needs ",
@@ -221,6 +395,14 @@ void Trainer::LoadWeights(const std::string& path) {
     Tensor dst = tensor;
     dst.CopyFrom(t->dtype() == tensor.dtype() ? *t : t->Cast(tensor.dtype()));
   }
+}
+
+void Trainer::LoadWeights(const std::string& path) {
+  SafetensorsFile file = LoadSafetensors(path);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, tensor] : model_->StateTensors())
+    if (const Tensor* t = file.Find(name)) tensors.emplace_back(name, *t);
+  for (int r = 0; r < replicas_->size(); ++r) LoadTensors(replicas_->model(r), tensors, path);
 }
 
 std::string Trainer::Describe() const {

@@ -30,9 +30,15 @@ class Trainer {
   explicit Trainer(RunConfig config);
   ~Trainer();
 
-  // Trains all epochs; writes the run folder (under `run_dir` if given).
-  // Returns the last epoch's report.
+  // Trains all epochs (from where Resume left, if called); writes the run
+  // folder (under `run_dir` if given; only process 0 of an MPI job writes),
+  // a checkpoint after each epoch and every train.checkpoint_every steps,
+  // and one when a stop is requested. Returns the last epoch's report.
   EpochReport Train(const std::string& run_dir = "");
+  // Continues the run in `run_dir` from its newest valid checkpoint:
+  // weights, optimizer state, epoch, batch, step. The config must be the
+  // one the checkpoint was written with (its hash is checked).
+  void Resume(const std::string& run_dir);
   // One evaluation pass over the test set.
   PassMetrics Evaluate();
   // Runs `graph` once as pass "train" or "eval" of `epoch` (the tuner runs
@@ -42,6 +48,7 @@ class Trainer {
   void LoadWeights(const std::string& path);
 
   Model& model() { return *model_; }
+  ReplicaSet& replicas() { return *replicas_; }
   RunState& state() { return state_; }
   const RunConfig& config() const { return config_; }
   const std::string& run_dir() const { return run_dir_; }
@@ -55,15 +62,26 @@ class Trainer {
 
  private:
   void LogAutotune(const AutotuneDecision& d);
+  void SaveCheckpoint(int64_t epoch, const PassMetrics& partial);
+  std::string ResolvedConfigText() const;
+  static void LoadTensors(Model& model, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                          const std::string& path);
 
   RunConfig config_;
   std::shared_ptr<void> thread_limit_;  // a tbb::global_control: the run's thread budget
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::string config_hash_;
+  std::unique_ptr<ReplicaSet> replicas_;  // each with its optimizer
+  Model* model_ = nullptr;                // replica 0's
   std::unique_ptr<LrSchedule> schedule_;
   RunState state_;
   int64_t steps_per_epoch_ = 0;
   std::string run_dir_;
+  // Where training stands (moved by Resume and Train).
+  bool resumed_ = false;
+  int64_t start_epoch_ = 0;
+  int64_t batch_in_epoch_ = 0;
+  PassMetrics partial_train_;  // the resumed epoch's totals so far
+  std::vector<std::vector<double>> metrics_rows_;
   Progress* progress_ = nullptr;
   std::unique_ptr<Autotuner> autotuner_;  // graph.autotune
   std::unique_ptr<std::ofstream> autotune_log_;

@@ -86,7 +86,7 @@ class LoadBatchStage final : public Stage {
     ports.output = &output_port<0>(*decode_);
     if (ordered_) {
       order_ = std::make_unique<sequencer_node<Message>>(
-          g, [](const Message& m) { return static_cast<size_t>(m->index); });
+          g, [](const Message& m) { return static_cast<size_t>(m->sequence); });
       make_edge(output_port<0>(*decode_), *order_);
       ports.output = order_.get();
     }
@@ -141,9 +141,13 @@ class LoadBatchStage final : public Stage {
       }
       if (kept != i) std::copy_n(dst + i * per, per, dst + kept * per);
       m.labels.push_back(r.label);
+      m.sample_ids[kept] = m.sample_ids[i];
       ++kept;
     }
-    if (kept != n) m.inputs = m.inputs.Slice(0, kept);
+    if (kept != n) {
+      m.inputs = m.inputs.Slice(0, kept);
+      m.sample_ids.resize(kept);
+    }
   }
 
   std::string data_;

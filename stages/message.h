@@ -14,9 +14,11 @@ namespace cnnflow {
 struct BatchMessage {
   // Set by the sampler.
   int64_t epoch = 0;
-  int64_t index = 0;        // batch number within the epoch: the sequencing key
+  int64_t index = 0;        // batch number within the epoch
+  int64_t sequence = 0;     // position in this run of the graph: the sequencing key
   int64_t global_step = 0;  // optimizer steps before this batch, over all epochs
-  std::vector<int64_t> sample_ids;
+  int64_t micro_step = 0;   // batches before this one, over all epochs
+  std::vector<int64_t> sample_ids;  // the loader drops those of bad records
   // Set by the loader.
   Tensor inputs;  // [N, C, H, W] or [N, C, L]
   std::vector<int64_t> labels;
@@ -24,6 +26,8 @@ struct BatchMessage {
   double loss = 0;  // mean over the batch
   int64_t correct = 0;
   double lr = 0;
+  std::vector<double> replica_loss;  // loss sums of the replicas' shards
+  std::vector<int64_t> replica_correct;
 };
 
 using Message = std::shared_ptr<BatchMessage>;

@@ -16,8 +16,8 @@
 #include "loaders/dataset.h"
 #include "loaders/transform.h"
 #include "ops/lr_schedule.h"
+#include "ops/data_parallel.h"
 #include "ops/model.h"
-#include "ops/optimizer.h"
 #include "stages/message.h"
 
 namespace cnnflow {
@@ -48,23 +48,31 @@ struct RunState {
   // Data, by name ("train", "test"), and the per-sample transform.
   std::map<std::string, std::shared_ptr<const Dataset>> datasets;
   SampleTransform transform;
-  // The model and how it learns.
+  // The model and how it learns: the replicas (each with its optimizer),
+  // and replica 0's model, which evaluation and checkpoints use.
+  ReplicaSet* replicas = nullptr;
   Model* model = nullptr;
-  Optimizer* optimizer = nullptr;
   const LrSchedule* schedule = nullptr;
+  int64_t accumulate = 1;  // micro-batches per optimizer step
   double label_smoothing = 0;
   uint64_t seed = 0;
   int64_t threads = 1;  // the run's CPU budget
 
   // Where the run is. The pass's sampler reads these.
   int64_t epoch = 0;
-  int64_t global_step = 0;  // optimizer steps done so far
+  int64_t global_step = 0;   // optimizer steps done so far
+  int64_t batches_done = 0;  // micro-batches trained so far (keys dropout)
+  // This process in an MPI job (the sampler's shard).
+  int process_rank = 0, process_count = 1;
   int64_t max_steps = 0;    // stop a pass after this many batches (0: whole epoch)
+  int64_t start_batch = 0;  // the pass starts at this batch (a resumed epoch)
+  int64_t stop_batch = 0;   // and stops before this one (0: at its end)
   std::atomic<bool> stop_requested{false};
 
   // The pass being run (reset by the trainer before each graph run).
   std::string pass;  // "train" or "eval"
   int64_t pass_batches = 0;
+  int64_t sampled = 0;  // batches the sampler emitted in this run of the graph
   PassMetrics metrics;
   std::chrono::steady_clock::time_point pass_start;
   // Records skipped by `on_bad_record: skip` in this pass ("key: error").

@@ -15,7 +15,7 @@ class SamplerStage final : public Stage {
   SamplerStage(const StageInfo& info, const Args& args)
       : Stage(info),
         data_(args.String("data")),
-        batch_(args.Int("batch")),
+        batch_(args.Int("batch") * std::max<int64_t>(1, args.Int("replicas"))),
         shuffle_(args.Bool("shuffle")),
         drop_last_(args.Bool("drop_last")) {
     if (batch_ <= 0) throw ConfigError(StrCat("batch must be > 0, got ", batch_));
@@ -27,23 +27,36 @@ class SamplerStage final : public Stage {
     opt.dataset_size = data.size();
     opt.shuffle = shuffle_;
     opt.seed = state.seed;
+    if (state.pass == "train") {  // every process evaluates the whole set
+      opt.rank = state.process_rank;
+      opt.world_size = state.process_count;
+    }
     ShardedSampler sampler(opt);
     order_ = sampler.EpochIndices(state.epoch);
     batches_ = ShardedSampler::NumBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_);
     if (state.max_steps > 0) batches_ = std::min(batches_, state.max_steps);
     state.pass_batches = batches_;
+    next_ = std::min(state.start_batch, batches_);  // a resumed epoch skips what was trained
+    const int64_t start = next_;
     const int64_t first_step = state.global_step;
+    const int64_t first_batch = state.batches_done;
+    const int64_t k = std::max<int64_t>(1, state.accumulate);
     node_ = std::make_unique<tbb::flow::input_node<Message>>(
-        g, [this, &state, first_step](tbb::flow_control& fc) -> Message {
+        g, [this, &state, first_step, first_batch, k, start](tbb::flow_control& fc) -> Message {
           return Guarded([&]() -> Message {
-            if (next_ >= batches_ || state.stop_requested.load()) {
+            // A stop request ends the pass at an optimizer step's boundary.
+            if (next_ >= batches_ || (state.stop_batch > 0 && next_ >= state.stop_batch) ||
+                (state.stop_requested.load() && next_ % k == 0)) {
               fc.stop();
               return nullptr;
             }
             auto m = std::make_shared<BatchMessage>();
             m->epoch = state.epoch;
             m->index = next_;
-            m->global_step = first_step + next_;
+            m->sequence = next_ - start;
+            ++state.sampled;
+            m->global_step = first_step + (next_ - start) / k;
+            m->micro_step = first_batch + (next_ - start);
             const int64_t begin = next_ * batch_;
             const int64_t end = std::min<int64_t>(begin + batch_, static_cast<int64_t>(order_.size()));
             m->sample_ids.assign(order_.begin() + begin, order_.begin() + end);
@@ -73,7 +86,9 @@ CNNFLOW_REGISTER_STAGE(
     sampler, SamplerStage,
     Schema("Source of a pass: this epoch's order of a data set, reshuffled from (seed, epoch), "
            "cut into batches of sample indices.")
-        .Required("batch", ParamType::kInt, "samples per batch")
+        .Required("batch", ParamType::kInt, "samples per batch (per replica)")
+        .Optional("replicas", ParamType::kInt, int64_t{1},
+                  "replicas in this process: a batch holds `batch` samples for each")
         .Optional("data", ParamType::kString, std::string("train"), "which data set (data.<name>)")
         .Optional("shuffle", ParamType::kBool, true, "reshuffle every epoch")
         .Optional("drop_last", ParamType::kBool, false, "drop the last incomplete batch"));

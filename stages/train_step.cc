@@ -1,10 +1,20 @@
-// train_step: one optimizer step per batch on one device: forward, softmax
-// cross-entropy, backward, then the optimizer with the scheduled LR.
-#include <cmath>
-
+// train_step: forward, loss, backward and optimizer steps of the run's
+// replicas (ops/data_parallel.h). Inside, N + 2 oneTBB nodes:
+//
+//   split -> replica 0 .. replica N-1 -> gather
+//
+// split:   hands the batch to every replica (each takes its rows);
+// replica: forward and backward of its shard in its own task arena; its
+//          gradient buckets are all-reduced while backward goes on; at the
+//          last micro-batch of an accumulation window, waits for the
+//          reductions and steps its optimizer. Serial per replica: batch
+//          k + 1 starts after batch k's step;
+// gather:  once every replica is done with a batch, sums the loss and the
+//          correct count and passes the batch on.
 #include <tbb/flow_graph.h>
 
-#include "ops/loss.h"
+#include <map>
+
 #include "stages/run_state.h"
 #include "stages/stage.h"
 
@@ -16,47 +26,95 @@ class TrainStepStage final : public Stage {
   TrainStepStage(const StageInfo& info, const Args&) : Stage(info) {}
 
   StagePorts Build(FlowGraph& g, RunState& state) override {
-    node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
-        g, tbb::flow::serial, [this, &state](const Message& m) {
-          return Guarded([&] {
-            Step(state, *m);
-            return m;
+    using namespace tbb::flow;
+    CNNFLOW_ENFORCE(state.replicas && state.schedule, "train_step needs replicas and a schedule");
+    const int n = state.replicas->size();
+    split_ = std::make_unique<function_node<Message, Message>>(g, serial, [n](const Message& m) {
+      m->replica_loss.assign(n, 0.0);
+      m->replica_correct.assign(n, 0);
+      return m;
+    });
+    gather_ = std::make_unique<multifunction_node<Message, std::tuple<Message>>>(
+        g, serial, [this, n, &state](const Message& m, auto& out) {
+          Guarded([&] {
+            if (++arrived_[m->index] < n) return;
+            arrived_.erase(m->index);
+            double loss = 0;
+            m->correct = 0;
+            for (int r = 0; r < n; ++r) {
+              loss += m->replica_loss[r];
+              m->correct += m->replica_correct[r];
+            }
+            m->loss = m->labels.empty() ? 0 : loss / static_cast<double>(m->labels.size());
+            state.batches_done = m->micro_step + 1;
+            if (EndsWindow(state, *m)) state.global_step = m->global_step + 1;
+            std::get<0>(out).try_put(m);
           });
         });
-    return PortsOf(*node_);
+    for (int r = 0; r < n; ++r) {
+      replicas_.push_back(std::make_unique<function_node<Message, Message>>(
+          g, serial, [this, r, &state](const Message& m) {
+            return Guarded([&] {
+              Step(state, r, *m);
+              return m;
+            });
+          }));
+      make_edge(*split_, *replicas_.back());
+      make_edge(*replicas_.back(), *gather_);
+    }
+    StagePorts ports;
+    ports.input = split_.get();
+    ports.output = &output_port<0>(*gather_);
+    return ports;
   }
 
  private:
-  static void Step(RunState& s, BatchMessage& m) {
-    CNNFLOW_ENFORCE(s.model && s.optimizer && s.schedule, "train_step needs a model and optimizer");
-    if (m.labels.empty()) {  // every record of the batch was bad and skipped
-      s.global_step = m.global_step + 1;
-      return;
-    }
-    ForwardContext ctx{true, s.seed, m.global_step};
-    s.model->ZeroGrad();
-    const Tensor& logits = s.model->Forward(m.inputs, ctx);
-    Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype());
-    LossResult r = SoftmaxCrossEntropy(logits, m.labels.data(), &dlogits, -1, s.label_smoothing);
-    if (!std::isfinite(r.loss)) {
-      throw Error(StrCat("loss is ", r.loss, " at step ", m.global_step, " (epoch ", m.epoch + 1,
-                         ", batch ", m.index + 1, "): lower the learning rate or check the data"));
-    }
-    s.model->Backward(dlogits);
-    m.lr = s.schedule->At(m.global_step);
-    s.optimizer->Step(m.lr);
-    m.loss = r.loss;
-    m.correct = r.correct;
-    s.global_step = m.global_step + 1;
+  // Whether batch m is the last micro-batch of its accumulation window (or
+  // of the pass).
+  static bool EndsWindow(const RunState& s, const BatchMessage& m) {
+    return (m.index + 1) % s.accumulate == 0 || m.index + 1 == s.pass_batches;
   }
 
-  std::unique_ptr<tbb::flow::function_node<Message, Message>> node_;
+  static void Step(RunState& s, int r, BatchMessage& m) {
+    ReplicaSet& set = *s.replicas;
+    const int n = set.size();
+    const int64_t rows = static_cast<int64_t>(m.labels.size());
+    const int64_t b = rows * r / n, e = rows * (r + 1) / n;
+    // The gradient of the mean loss over the window's batches of all
+    // replicas of all processes; buckets are summed.
+    const int64_t first = m.index - m.index % s.accumulate;
+    const int64_t window = std::min(s.accumulate, s.pass_batches - first);
+    const double global_rows = static_cast<double>(rows) * s.process_count;
+    const double scale = rows > 0 ? 1.0 / (global_rows * static_cast<double>(window)) : 0.0;
+    ForwardContext ctx;
+    ctx.training = true;
+    ctx.seed = s.seed;
+    ctx.step = m.micro_step;
+    ctx.sample_ids = m.sample_ids.data() + b;
+    const bool reduce = EndsWindow(s, m);
+    const ReplicaSet::Result res =
+        set.ForwardBackward(r, m.inputs.Slice(b, e), m.labels.data() + b, ctx, scale,
+                            s.label_smoothing, reduce);
+    m.replica_loss[r] = res.loss_sum;
+    m.replica_correct[r] = res.correct;
+    if (reduce) {
+      m.lr = s.schedule->At(m.global_step);
+      set.Step(r, m.lr);
+    }
+  }
+
+  std::unique_ptr<tbb::flow::function_node<Message, Message>> split_;
+  std::vector<std::unique_ptr<tbb::flow::function_node<Message, Message>>> replicas_;
+  std::unique_ptr<tbb::flow::multifunction_node<Message, std::tuple<Message>>> gather_;
+  std::map<int64_t, int> arrived_;  // replicas done, by batch index
 };
 
 }  // namespace
 
 CNNFLOW_REGISTER_STAGE(train_step, TrainStepStage,
-                       Schema("Forward, loss, backward and one optimizer step per batch, on one "
-                              "device (the model's)."));
+                       Schema("Forward, loss and backward of each replica on its shard of the "
+                              "batch, gradient buckets all-reduced while backward goes on, then "
+                              "one optimizer step per replica (every `train.accumulate` "
+                              "batches)."));
 
 }  // namespace cnnflow

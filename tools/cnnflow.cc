@@ -1,4 +1,9 @@
 // The cnnflow command line: train, eval, tune, validate, convert, stages.
+#include <pthread.h>
+#include <semaphore.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -7,9 +12,11 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loaders/source_registry.h"
+#include "ops/collective_mpi.h"
 #include "ops/layer.h"
 #include "ops/optimizer.h"
 #include "pipeline/run_config.h"
@@ -25,8 +32,10 @@ namespace {
 constexpr const char* kUsage = R"(usage: cnnflow COMMAND [ARGS]
 
 commands:
-  train CONFIG [--set key=value ...] [--out RUN_DIR]
-        train the model of CONFIG; writes a run folder (config, metrics.csv, weights)
+  train CONFIG [--set key=value ...] [--out RUN_DIR] [--resume RUN_DIR]
+        train the model of CONFIG; writes a run folder (config, metrics.csv, weights,
+        checkpoints/); --resume continues a run from its newest valid checkpoint.
+        Under mpirun/srun, every process trains its shard (rank 0 writes the files)
   eval CONFIG --weights FILE [--set key=value ...]
         evaluate weights (model.safetensors of a run) on the config's test set
   tune CONFIG [--steps N] [--write] [--set key=value ...]
@@ -46,7 +55,7 @@ commands:
 )";
 
 struct Options {
-  std::string command, config, weights, out;
+  std::string command, config, weights, out, resume;
   int64_t steps = 100;
   bool write = false;
   std::vector<std::string> sets;
@@ -78,6 +87,8 @@ Options Parse(int argc, char** argv) {
       o.write = true;
     } else if (a == "--out") {
       o.out = value("--out");
+    } else if (a == "--resume") {
+      o.resume = value("--resume");
     } else if (a == "-h" || a == "--help") {
       o.command = "help";
     } else if (!a.empty() && a[0] == '-') {
@@ -124,32 +135,77 @@ int Stages() {
   return 0;
 }
 
-std::atomic<Trainer*> g_trainer{nullptr};
+// Ctrl-C / SIGTERM: finish the step, checkpoint, exit 130. The signals are
+// blocked in every thread the run creates (the mask is set before any of
+// them starts), so a signal handler never interrupts a kernel, an
+// allocator or a collective. One watcher thread keeps them unblocked: the
+// handler only counts and posts a semaphore, and the watcher asks the
+// trainer to stop. A second signal ends the process at once.
+std::atomic<int> g_signals{0};
+sem_t g_signal_sem;
 
 extern "C" void OnSignal(int sig) {
-  // First Ctrl-C: finish the step, save, exit 130. A second one kills.
-  if (Trainer* t = g_trainer.load()) t->RequestStop();
-  std::signal(sig, SIG_DFL);
+  if (g_signals.fetch_add(1) > 0) _exit(128 + sig);
+  sem_post(&g_signal_sem);
+}
+
+void BlockStopSignals() {
+  sem_init(&g_signal_sem, 0, 0);
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+void WatchSignals(Trainer& trainer) {
+  std::thread([&trainer] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    while (sem_wait(&g_signal_sem) != 0) {
+    }
+    std::fprintf(stderr, "\ncnnflow: stopping: finishing the step and saving a checkpoint "
+                 "(signal again to quit at once)\n");
+    trainer.RequestStop();
+  }).detach();
 }
 
 int Train(const Options& o) {
+  // Before any thread of the run exists (TBB's, MPI's, the replicas'), so
+  // that they inherit the mask (see WatchSignals).
+  BlockStopSignals();
+  MpiWorld::Get();
   Trainer trainer(LoadRunConfig(o.config, o.sets));
+  const bool rank0 = trainer.state().process_rank == 0;
   Progress progress = Progress::ForStderr();
-  trainer.set_progress(&progress);
-  g_trainer = &trainer;
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
+  if (rank0) trainer.set_progress(&progress);
+  if (!o.resume.empty()) trainer.Resume(o.resume);
+  WatchSignals(trainer);
   EpochReport r = trainer.Train(o.out);
-  g_trainer = nullptr;
   if (trainer.state().stop_requested.load()) {
-    std::printf("stopped by a signal in epoch %lld after %lld steps; weights saved in %s\n",
-                static_cast<long long>(r.epoch),
-                static_cast<long long>(trainer.state().global_step), trainer.run_dir().c_str());
+    if (rank0) {
+      std::printf("stopped by a signal in epoch %lld after %lld steps; checkpoint in %s "
+                  "(continue with --resume %s)\n",
+                  static_cast<long long>(r.epoch),
+                  static_cast<long long>(trainer.state().global_step), trainer.run_dir().c_str(),
+                  trainer.run_dir().c_str());
+    }
     return 130;
   }
-  std::printf("done after epoch %lld: test accuracy %.2f%%, test loss %.4f; run folder %s\n",
-              static_cast<long long>(r.epoch), 100 * r.test.accuracy(), r.test.mean_loss(),
-              trainer.run_dir().c_str());
+  if (rank0) {
+    std::printf("done after epoch %lld: test accuracy %.2f%%, test loss %.4f; run folder %s\n",
+                static_cast<long long>(r.epoch), 100 * r.test.accuracy(), r.test.mean_loss(),
+                trainer.run_dir().c_str());
+  }
   return 0;
 }
 

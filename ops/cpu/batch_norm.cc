@@ -25,9 +25,57 @@ inline double SumLanes(int64_t len, F&& f) {
          tail;
 }
 
+// SumLanes of d(i) and of d(i)^2 in one pass over the data.
+template <typename F>
+inline void SumLanesAndSquares(int64_t len, F&& d, double* sum, double* sum_sq) {
+  double l1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    for (int k = 0; k < 8; ++k) {
+      const double v = d(i + k);
+      l1[k] += v;
+      l2[k] += v * v;
+    }
+  }
+  double t1 = 0, t2 = 0;
+  for (; i < len; ++i) {
+    const double v = d(i);
+    t1 += v;
+    t2 += v * v;
+  }
+  *sum += ((l1[0] + l1[1]) + (l1[2] + l1[3])) + ((l1[4] + l1[5]) + (l1[6] + l1[7])) + t1;
+  *sum_sq += ((l2[0] + l2[1]) + (l2[2] + l2[3])) + ((l2[4] + l2[5]) + (l2[6] + l2[7])) + t2;
+}
+
 // Channels per parallel task: enough elements that scheduling is noise.
 int64_t ChannelGrain(int64_t per_channel) {
   return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(per_channel, 1));
+}
+
+// SyncBN sums travel as float (ForwardContext::sync_sum). A double v is
+// sent as the pair hi = float(v), lo = float(v - hi): with one replica (or
+// an identity sync, as in the f64 gradient checks) v comes back to ~48
+// bits; over N replicas the error is that of the float sum of the hi parts,
+// ~N * 2^-24 relative, about the precision of f32 data itself. The mean is
+// then corrected by a second pass around the pass-1 mean, so its error is
+// relative to the spread of the data, not to |mean|.
+inline void PutSplit(double v, float* hi, float* lo) {
+  *hi = static_cast<float>(v);
+  *lo = static_cast<float>(v - static_cast<double>(*hi));
+}
+inline double GetSplit(float hi, float lo) {
+  return static_cast<double>(hi) + static_cast<double>(lo);
+}
+
+// A count as two floats, count = a * 4096 + b with 0 <= b < 4096: the sums
+// over replicas stay exact integers up to 2^24 * 4096 = 2^36 values.
+constexpr int64_t kCountBase = 4096;
+inline void PutCount(int64_t count, float* out) {
+  out[0] = static_cast<float>(count / kCountBase);
+  out[1] = static_cast<float>(count % kCountBase);
+}
+inline double GetCount(const float* in) {
+  return static_cast<double>(in[0]) * kCountBase + static_cast<double>(in[1]);
 }
 
 }  // namespace
@@ -81,15 +129,22 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   const Tensor& in = *x[0];
   const int64_t n = in.dim(0);
   const int64_t c_n = channels_, s_n = spatial_;
-  const int64_t m = n * s_n;  // values per channel
+  const int64_t m = n * s_n;  // values per channel (this replica's shard)
   CNNFLOW_ENFORCE(in.numel() == n * c_n * s_n && y.numel() == in.numel(), "batchnorm ", name(),
                   ": input ", in.shape(), " output ", y.shape());
   last_training_ = ctx.training;
-  if (ctx.training && m <= 1) {
+  sync_sum_ = ctx.training ? ctx.sync_sum : nullptr;
+  if (sync_sum_ != nullptr && !*sync_sum_) {
+    throw Error(StrCat("batchnorm ", name(), ": ForwardContext::sync_sum points to an empty "
+                       "function"));
+  }
+  if (ctx.training && sync_sum_ == nullptr && m <= 1) {
     throw Error(StrCat("batchnorm ", name(),
                        ": expected more than 1 value per channel when training, got input ",
                        in.shape()));
   }
+  local_count_ = m;
+  count_ = static_cast<double>(m);
   mean_.resize(c_n);
   inv_std_.resize(c_n);
   DispatchFloat(in.dtype(), [&](auto* tag) {
@@ -100,53 +155,111 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     const T* beta = affine_ ? parameters()[1].value.data<T>() : nullptr;
     T* rmean = buffers()[0].value.data<T>();
     T* rvar = buffers()[1].value.data<T>();
-    const bool training = ctx.training;
     const double momentum = momentum_, eps = eps_;
     // Channels are independent: each task owns whole channels, so every
     // statistic is one serial-order sum (deterministic for any split).
-    cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        double mean, var;
-        if (training) {
-          double sum = 0;
-          for (int64_t i = 0; i < n; ++i) {
-            const T* row = xs + (i * c_n + c) * s_n;
-            sum += SumLanes(s_n, [&](int64_t k) { return static_cast<double>(row[k]); });
-          }
-          mean = sum / static_cast<double>(m);
-          double sq = 0;  // two passes: no cancellation in E[x^2] - E[x]^2
-          for (int64_t i = 0; i < n; ++i) {
-            const T* row = xs + (i * c_n + c) * s_n;
-            sq += SumLanes(s_n, [&](int64_t k) {
-              const double d = static_cast<double>(row[k]) - mean;
-              return d * d;
-            });
-          }
-          var = sq / static_cast<double>(m);
-          // PyTorch updates the running variance with the unbiased estimate.
-          const double unbiased = sq / static_cast<double>(m - 1);
-          rmean[c] = static_cast<T>((1 - momentum) * rmean[c] + momentum * mean);
-          rvar[c] = static_cast<T>((1 - momentum) * rvar[c] + momentum * unbiased);
-        } else {
-          mean = static_cast<double>(rmean[c]);
-          var = static_cast<double>(rvar[c]);
-        }
-        const double inv_std = 1.0 / std::sqrt(var + eps);
-        mean_[c] = mean;
-        inv_std_[c] = inv_std;
-        // y = (x - mean) * a + beta with a = gamma / std (subtracting first
-        // keeps f32 precise when |mean| >> std).
-        const T tm = static_cast<T>(mean);
-        const T a =
-            static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std);
-        const T b = beta != nullptr ? beta[c] : T(0);
-        for (int64_t i = 0; i < n; ++i) {
-          const T* row = xs + (i * c_n + c) * s_n;
-          T* out = ys + (i * c_n + c) * s_n;
-          for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
-        }
+    auto sum_x = [&](int64_t c) {
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const T* row = xs + (i * c_n + c) * s_n;
+        sum += SumLanes(s_n, [&](int64_t k) { return static_cast<double>(row[k]); });
       }
-    });
+      return sum;
+    };
+    // sum(x - shift) and sum((x - shift)^2), shift ~ the mean: the second
+    // pass that avoids the cancellation of E[x^2] - E[x]^2; the first sum
+    // corrects the mean for the rounding of shift.
+    auto centred_sums = [&](int64_t c, double shift, double* s1, double* s2) {
+      *s1 = 0;
+      *s2 = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const T* row = xs + (i * c_n + c) * s_n;
+        SumLanesAndSquares(
+            s_n, [&](int64_t k) { return static_cast<double>(row[k]) - shift; }, s1, s2);
+      }
+    };
+    // y = (x - mean) * a + beta with a = gamma / std (subtracting first
+    // keeps f32 precise when |mean| >> std).
+    auto normalise = [&](int64_t c, double mean, double var) {
+      const double inv_std = 1.0 / std::sqrt(var + eps);
+      mean_[c] = mean;
+      inv_std_[c] = inv_std;
+      const T tm = static_cast<T>(mean);
+      const T a =
+          static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std);
+      const T b = beta != nullptr ? beta[c] : T(0);
+      for (int64_t i = 0; i < n; ++i) {
+        const T* row = xs + (i * c_n + c) * s_n;
+        T* out = ys + (i * c_n + c) * s_n;
+        for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
+      }
+    };
+    // Batch statistics from the (global) count and centred sums; updates
+    // the running statistics, then normalises this replica's rows.
+    auto finish = [&](int64_t c, double count, double shift, double s1, double s2) {
+      const double d = s1 / count;
+      const double mean = shift + d;
+      const double ss = std::max(s2 - s1 * d, 0.0);  // sum((x - mean)^2)
+      // PyTorch updates the running variance with the unbiased estimate.
+      rmean[c] = static_cast<T>((1 - momentum) * rmean[c] + momentum * mean);
+      rvar[c] = static_cast<T>((1 - momentum) * rvar[c] + momentum * (ss / (count - 1)));
+      normalise(c, mean, ss / count);
+    };
+
+    if (!ctx.training) {
+      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          normalise(c, static_cast<double>(rmean[c]), static_cast<double>(rvar[c]));
+        }
+      });
+    } else if (sync_sum_ == nullptr) {
+      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          const double shift = sum_x(c) / static_cast<double>(m);
+          double s1, s2;
+          centred_sums(c, shift, &s1, &s2);
+          finish(c, static_cast<double>(m), shift, s1, s2);
+        }
+      });
+    } else {
+      // Pass 1: [sum x (hi C, lo C), count (2)] -> the global count and a
+      // per-channel shift (the mean up to the float rounding of the sum).
+      sync_buf_.assign(2 * c_n + 2, 0.0f);
+      float* buf = sync_buf_.data();
+      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) PutSplit(sum_x(c), &buf[c], &buf[c_n + c]);
+      });
+      PutCount(m, &buf[2 * c_n]);
+      (*sync_sum_)(buf, 2 * c_n + 2);
+      const double count = GetCount(&buf[2 * c_n]);
+      if (!(count > 1)) {
+        throw Error(StrCat("batchnorm ", name(),
+                           ": expected more than 1 value per channel over the synced replicas "
+                           "when training, got ",
+                           count, " (this replica's input ", in.shape(), ")"));
+      }
+      count_ = count;
+      shift_.resize(c_n);
+      for (int64_t c = 0; c < c_n; ++c) shift_[c] = GetSplit(buf[c], buf[c_n + c]) / count;
+      // Pass 2: [sum(x - shift) (hi, lo), sum((x - shift)^2) (hi, lo)].
+      sync_buf_.assign(4 * c_n, 0.0f);
+      buf = sync_buf_.data();
+      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          double s1, s2;
+          centred_sums(c, shift_[c], &s1, &s2);
+          PutSplit(s1, &buf[c], &buf[c_n + c]);
+          PutSplit(s2, &buf[2 * c_n + c], &buf[3 * c_n + c]);
+        }
+      });
+      (*sync_sum_)(buf, 4 * c_n);
+      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          finish(c, count, shift_[c], GetSplit(buf[c], buf[c_n + c]),
+                 GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]));
+        }
+      });
+    }
   });
 }
 
@@ -156,8 +269,10 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
   const int64_t n = in.dim(0);
   const int64_t c_n = channels_, s_n = spatial_;
   const int64_t m = n * s_n;
-  CNNFLOW_ENFORCE(dy.numel() == in.numel() && static_cast<int64_t>(mean_.size()) == c_n,
-                  "batchnorm ", name(), ": backward without a matching forward, dy ", dy.shape());
+  CNNFLOW_ENFORCE(dy.numel() == in.numel() && static_cast<int64_t>(mean_.size()) == c_n &&
+                      m == local_count_,
+                  "batchnorm ", name(), ": backward without a matching forward, x ", in.shape(),
+                  " dy ", dy.shape());
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xs = in.data<T>();
@@ -167,43 +282,77 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
     T* dgamma = affine_ ? parameters()[0].grad.data<T>() : nullptr;
     T* dbeta = affine_ ? parameters()[1].grad.data<T>() : nullptr;
     const bool training = last_training_;
+    const double inv_count = 1.0 / count_;
+    // This replica's sum(dy) and sum(dy * xhat), xhat = (x - mean) * inv_std;
+    // the parameter gradients are these LOCAL sums.
+    auto local_sums = [&](int64_t c, double* sum_dy, double* sum_dy_xhat) {
+      const double mean = mean_[c];
+      double s = 0, sxc = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const T* row = xs + (i * c_n + c) * s_n;
+        const T* grow = g + (i * c_n + c) * s_n;
+        s += SumLanes(s_n, [&](int64_t k) { return static_cast<double>(grow[k]); });
+        sxc += SumLanes(s_n, [&](int64_t k) {
+          return static_cast<double>(grow[k]) * (static_cast<double>(row[k]) - mean);
+        });
+      }
+      *sum_dy = s;
+      *sum_dy_xhat = sxc * inv_std_[c];
+      if (dgamma != nullptr) {
+        dgamma[c] += static_cast<T>(*sum_dy_xhat);
+        dbeta[c] += static_cast<T>(s);
+      }
+    };
+    // dx = gamma * inv_std * (dy - mean(dy) - xhat * mean(dy * xhat)) with the
+    // means over the (global) batch, written as dx = dy * k + (x - mean) * u + v:
+    // per-channel constants, a short inner loop.
+    auto input_grad = [&](int64_t c, double sum_dy, double sum_dy_xhat) {
+      const double inv_std = inv_std_[c];
+      const double scale = (gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std;
+      const T tk = static_cast<T>(scale);
+      const T tu = static_cast<T>(-scale * inv_std * sum_dy_xhat * inv_count);
+      const T tv = static_cast<T>(-scale * sum_dy * inv_count);
+      const T tm = static_cast<T>(mean_[c]);
+      for (int64_t i = 0; i < n; ++i) {
+        const T* row = xs + (i * c_n + c) * s_n;
+        const T* grow = g + (i * c_n + c) * s_n;
+        T* out = d + (i * c_n + c) * s_n;
+        for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk + (row[k] - tm) * tu + tv;
+      }
+    };
+
+    if (training && sync_sum_ != nullptr && d != nullptr) {
+      // One call: [sum dy (hi C, lo C), sum dy * xhat (hi C, lo C)].
+      sync_buf_.assign(4 * c_n, 0.0f);
+      float* buf = sync_buf_.data();
+      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          double sum_dy, sum_dy_xhat;
+          local_sums(c, &sum_dy, &sum_dy_xhat);
+          PutSplit(sum_dy, &buf[c], &buf[c_n + c]);
+          PutSplit(sum_dy_xhat, &buf[2 * c_n + c], &buf[3 * c_n + c]);
+        }
+      });
+      (*sync_sum_)(buf, 4 * c_n);
+      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          input_grad(c, GetSplit(buf[c], buf[c_n + c]),
+                     GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]));
+        }
+      });
+      return;
+    }
     cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
-        const double mean = mean_[c], inv_std = inv_std_[c];
-        // sum(dy) and sum(dy * xhat), xhat = (x - mean) * inv_std.
-        double sum_dy = 0, sum_dy_xc = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          const T* row = xs + (i * c_n + c) * s_n;
-          const T* grow = g + (i * c_n + c) * s_n;
-          sum_dy += SumLanes(s_n, [&](int64_t k) { return static_cast<double>(grow[k]); });
-          sum_dy_xc += SumLanes(s_n, [&](int64_t k) {
-            return static_cast<double>(grow[k]) * (static_cast<double>(row[k]) - mean);
-          });
-        }
-        const double sum_dy_xhat = sum_dy_xc * inv_std;
-        if (dgamma != nullptr) {
-          dgamma[c] += static_cast<T>(sum_dy_xhat);
-          dbeta[c] += static_cast<T>(sum_dy);
-        }
+        double sum_dy, sum_dy_xhat;
+        local_sums(c, &sum_dy, &sum_dy_xhat);
         if (d == nullptr) continue;
-        const double scale = (gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std;
         if (training) {
-          // dx = gamma * inv_std * (dy - mean(dy) - xhat * mean(dy * xhat)), written as
-          // dx = dy * k + (x - mean) * u + v: per-channel constants, a short inner loop.
-          const double inv_m = 1.0 / static_cast<double>(m);
-          const T tk = static_cast<T>(scale);
-          const T tu = static_cast<T>(-scale * inv_std * sum_dy_xhat * inv_m);
-          const T tv = static_cast<T>(-scale * sum_dy * inv_m);
-          const T tm = static_cast<T>(mean);
-          for (int64_t i = 0; i < n; ++i) {
-            const T* row = xs + (i * c_n + c) * s_n;
-            const T* grow = g + (i * c_n + c) * s_n;
-            T* out = d + (i * c_n + c) * s_n;
-            for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk + (row[k] - tm) * tu + tv;
-          }
+          input_grad(c, sum_dy, sum_dy_xhat);
         } else {
           // The running statistics are constants: only the affine map remains.
-          const T tk = static_cast<T>(scale);
+          const T tk = static_cast<T>(
+              (gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std_[c]);
           for (int64_t i = 0; i < n; ++i) {
             const T* grow = g + (i * c_n + c) * s_n;
             T* out = d + (i * c_n + c) * s_n;

@@ -63,9 +63,10 @@ Args Opt(const std::string& type) {
 }
 
 std::unique_ptr<ReplicaSet> Make(int replicas, const std::string& opt, double bucket_mb = 25,
-                                 const std::vector<LayerSpec>& net = Net()) {
+                                 const std::vector<LayerSpec>& net = Net(), bool sync_bn = false) {
   DataParallelOptions o;
   o.replicas = replicas;
+  o.sync_bn = sync_bn;
   o.bucket_mb = bucket_mb;
   o.timeout_s = 20;
   return std::make_unique<ReplicaSet>(net, kInput, 7, InitScheme::kPytorchDefault, opt, Opt(opt),
@@ -157,6 +158,38 @@ TEST(DataParallel, NReplicasOfBEqualOneReplicaOfNB) {
       for (int r = 1; r < n; ++r) EXPECT_TRUE(Bitwise(multi->model(0), multi->model(r))) << r;
     }
   }
+}
+
+std::vector<LayerSpec> NetWithBatchNorm() {
+  return {L("conv1", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+          L("bn1", "batchnorm"), L("relu1", "relu"), L("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
+          L("flatten", "flatten"), L("fc", "linear", {{"out", int64_t{5}}})};
+}
+
+// Invariant 1 with BatchNorm: with sync_bn the replicas normalise with the
+// global batch's statistics, so they match one replica on the whole batch
+// (weights and running statistics).
+TEST(DataParallel, SyncBatchNormReplicasEqualOneReplicaOfTheWholeBatch) {
+  auto single = Make(1, "sgd", 25, NetWithBatchNorm());
+  auto multi = Make(2, "sgd", 0.002, NetWithBatchNorm(), /*sync_bn=*/true);
+  auto plain = Make(2, "sgd", 0.002, NetWithBatchNorm(), /*sync_bn=*/false);
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<Data> batch = {Batch(10, 400 + step)};
+    TrainStep(*single, batch, step);
+    TrainStep(*multi, batch, step);
+    TrainStep(*plain, batch, step);
+  }
+  EXPECT_LT(MaxRelDiff(single->model(), multi->model()), 2e-5);
+  EXPECT_GT(MaxRelDiff(single->model(), plain->model()), 1e-4)
+      << "without sync, shard statistics differ: the check above has teeth";
+  auto stats = [](Model& m) { return m.FindLayer("bn1")->buffers()[0].value; };  // running_mean
+  for (int64_t c = 0; c < 6; ++c) {
+    EXPECT_NEAR(stats(single->model()).At(c), stats(multi->model()).At(c), 1e-5) << c;
+  }
+  // broadcast_buffers: replica 1 holds replica 0's running statistics.
+  EXPECT_EQ(std::memcmp(stats(plain->model(0)).raw_data(), stats(plain->model(1)).raw_data(),
+                        stats(plain->model(0)).nbytes()),
+            0);
 }
 
 // Invariant 3: two micro-batches of B then one step == one step of 2B.

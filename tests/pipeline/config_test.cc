@@ -74,7 +74,7 @@ TEST_F(ConfigTest, GoodConfigLoadsWithDefaults) {
 TEST_F(ConfigTest, MisspeltKeySuggestsTheKnownOne) {
   EXPECT_EQ(ErrorOf(Replace(kGood, "  epochs: 1", "  epohcs: 1")),
             ":12:3: train: unknown key 'epohcs' (did you mean 'epochs'?); known: epochs, batch, "
-            "optimizer, schedule, eval_batch, max_steps");
+            "optimizer, schedule, eval_batch, max_steps, accumulate, checkpoint_every, keep_checkpoints");
 }
 
 TEST_F(ConfigTest, MisspeltLayerParameter) {

@@ -227,7 +227,9 @@ TEST_F(ExecutorTest, KnobsMoveDecodeConcurrencyWhileRunning) {
     state.on_batch = [&, to = to](const BatchMessage& m, const PassMetrics&) {
       if (m.index != 10) return;
       for (TunableKnob& k : state.knobs)
-        if (k.name == "load.threads") EXPECT_EQ(k.set(to), to);
+        if (k.name == "load.threads") {
+          EXPECT_EQ(k.set(to), to);
+        }
     };
     state.threads = 4;
     RunGraph(Graph(StrCat(R"(
