@@ -175,6 +175,18 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
                        " batches not delivered to its end"));
   }
   state_.metrics.skipped = static_cast<int64_t>(state_.bad_records.size());
+  // In an MPI job each process trained its shard: report the whole.
+  MpiWorld& world = MpiWorld::Get();
+  if (pass == "train" && world.active()) {
+    PassMetrics& m = state_.metrics;
+    float totals[4] = {static_cast<float>(m.loss_sum), static_cast<float>(m.correct),
+                       static_cast<float>(m.samples), static_cast<float>(m.skipped)};
+    world.AllReduceSum(totals, 4, "train metrics", config_.collective_timeout_s);
+    m.loss_sum = totals[0];
+    m.correct = std::llround(totals[1]);
+    m.samples = std::llround(totals[2]);
+    m.skipped = std::llround(totals[3]);
+  }
   if (progress_ && !state_.bad_records.empty()) {
     std::string list;
     for (size_t i = 0; i < state_.bad_records.size() && i < 10; ++i) list += "\n  " + state_.bad_records[i];
