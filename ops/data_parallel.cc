@@ -44,6 +44,7 @@ struct ReplicaSet::Replica {
   std::vector<std::vector<int>> layer_buckets;   // layer -> buckets it fills
   std::vector<int> layers_left;                  // per bucket, this backward
   StepTimeline timeline;
+  Counters counters;
   // SyncBN's all-reduce, through the communication thread like every
   // collective of this replica (so the order is the same on every replica).
   std::function<void(float*, int64_t)> sync_sum;
@@ -142,6 +143,10 @@ ReplicaSet::~ReplicaSet() {
 Model& ReplicaSet::model(int r) { return *replicas_[r]->model; }
 Optimizer& ReplicaSet::optimizer(int r) { return *replicas_[r]->optimizer; }
 const StepTimeline& ReplicaSet::timeline(int r) const { return replicas_[r]->timeline; }
+const ReplicaSet::Counters& ReplicaSet::counters(int r) const { return replicas_[r]->counters; }
+void ReplicaSet::ResetCounters() {
+  for (auto& rep : replicas_) rep->counters = Counters();
+}
 
 double ReplicaSet::Now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -245,12 +250,14 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     }
     rep.timeline.backward_end = Now();
   };
+  const double begin = Now();
   try {
     if (rep.arena) {
       rep.arena->execute(run);
     } else {
       run();
     }
+    rep.counters.compute_seconds += Now() - begin;
   } catch (const std::exception& e) {
     Abort(StrCat("replica ", global_offset() + r, " failed: ", e.what()));
     throw;
@@ -263,13 +270,18 @@ void ReplicaSet::Step(int r, double lr) {
   const double wait_begin = Now();
   Drain(r);
   rep.timeline.wait_seconds = Now() - wait_begin;
+  rep.counters.reduce_wait_seconds += rep.timeline.wait_seconds;
+  const double step_begin = Now();
   auto step = [&] { rep.optimizer->Step(lr); };
   if (rep.arena) {
     rep.arena->execute(step);
   } else {
     step();
   }
+  rep.counters.compute_seconds += Now() - step_begin;
+  ++rep.counters.steps;
   if (options_.broadcast_buffers && rep.comm.joinable()) {
+    const double broadcast_begin = Now();
     for (int i = 0; i < rep.model->num_layers(); ++i) {
       Layer& l = rep.model->layer(i);
       for (Buffer& b : l.buffers()) {
@@ -280,6 +292,7 @@ void ReplicaSet::Step(int r, double lr) {
       }
     }
     Drain(r);
+    rep.counters.reduce_wait_seconds += Now() - broadcast_begin;
   }
   for (Tensor& g : rep.bucket_grads) g.Zero();
 }

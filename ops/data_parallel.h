@@ -113,6 +113,14 @@ class ReplicaSet {
   void Abort(const std::string& reason);
 
   const StepTimeline& timeline(int r) const;
+  // Where replica r's time went since the last ResetCounters (benchmarks).
+  struct Counters {
+    double compute_seconds = 0;      // forward, backward, optimizer step
+    double reduce_wait_seconds = 0;  // waiting for reductions after backward
+    int64_t steps = 0;               // optimizer steps
+  };
+  const Counters& counters(int r) const;
+  void ResetCounters();
 
  private:
   struct Replica;

@@ -19,6 +19,7 @@
 #include "ops/collective_mpi.h"
 #include "ops/layer.h"
 #include "ops/optimizer.h"
+#include "pipeline/bench.h"
 #include "pipeline/run_config.h"
 #include "pipeline/trainer.h"
 #include "pipeline/tuner.h"
@@ -42,6 +43,10 @@ commands:
         time the train graph's loader alone across load threads x prefetch depths,
         against the training step; recommend a setting and name the bottleneck;
         --write puts the recommended graph.load_threads and graph.prefetch into CONFIG
+  bench CONFIG [--max-steps S] [--devices 1,2,...] [--warmup W] [--csv FILE] [--set ...]
+        data-parallel scaling: S timed steps per replica count at a fixed per-replica
+        batch; images/s, speedup, efficiency, all-reduce and data-wait shares (under
+        mpirun: across the processes too)
   validate CONFIG [--set key=value ...]
         parse, build and shape-check; print the model and the graphs; no training
   convert --from folder|idx SRC --to LMDB_DIR [options]
@@ -55,11 +60,20 @@ commands:
 )";
 
 struct Options {
-  std::string command, config, weights, out, resume;
+  std::string command, config, weights, out, resume, csv;
+  std::vector<int> devices = {1, 2};
+  int64_t warmup = 10;
   int64_t steps = 100;
   bool write = false;
   std::vector<std::string> sets;
 };
+
+int64_t ParseCount(const char* flag, const std::string& v) {
+  char* end = nullptr;
+  const long long n = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n <= 0) throw ConfigError(StrCat(flag, " needs a positive count, got '", v, "'"));
+  return n;
+}
 
 Options Parse(int argc, char** argv) {
   Options o;
@@ -79,10 +93,19 @@ Options Parse(int argc, char** argv) {
     } else if (a == "--weights") {
       o.weights = value("--weights");
     } else if (a == "--steps") {
-      const std::string v = value("--steps");
-      char* end = nullptr;
-      o.steps = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || o.steps <= 0) throw ConfigError("--steps needs a positive count");
+      o.steps = ParseCount("--steps", value("--steps"));
+    } else if (a == "--max-steps") {
+      o.steps = ParseCount("--max-steps", value("--max-steps"));
+    } else if (a == "--warmup") {
+      o.warmup = ParseCount("--warmup", value("--warmup"));
+    } else if (a == "--csv") {
+      o.csv = value("--csv");
+    } else if (a == "--devices") {
+      o.devices.clear();
+      std::stringstream list(value("--devices"));
+      for (std::string item; std::getline(list, item, ',');) {
+        o.devices.push_back(static_cast<int>(ParseCount("--devices", item)));
+      }
     } else if (a == "--write") {
       o.write = true;
     } else if (a == "--out") {
@@ -249,6 +272,29 @@ int Tune(const Options& o) {
   return 0;
 }
 
+int Bench(const Options& o) {
+  MpiWorld& world = MpiWorld::Get();
+  BenchOptions b;
+  b.config = o.config;
+  b.overrides = o.sets;
+  b.devices = o.devices;
+  b.steps = o.steps;
+  b.warmup = o.warmup;
+  const std::vector<BenchRow> rows = RunScalingBench(b);
+  if (world.rank() != 0) return 0;
+  std::printf("%s: %lld timed steps after %lld warm-up, %lld samples per replica per step\n%s",
+              o.config.c_str(), static_cast<long long>(o.steps), static_cast<long long>(o.warmup),
+              static_cast<long long>(rows[0].batch / rows[0].devices / rows[0].processes),
+              BenchTable(rows).c_str());
+  std::printf("every row shares the config's thread budget among its replicas; allreduce: waiting "
+              "for gradient reductions after backward; data wait: the step idle between batches\n");
+  if (!o.csv.empty()) {
+    std::ofstream(o.csv) << BenchCsv(rows);
+    std::printf("wrote %s\n", o.csv.c_str());
+  }
+  return 0;
+}
+
 int Validate(const Options& o) {
   Trainer trainer(LoadRunConfig(o.config, o.sets));
   std::printf("%s: ok\n%s", o.config.c_str(), trainer.Describe().c_str());
@@ -268,7 +314,8 @@ int Main(int argc, char** argv) {
   }
   if (o.command == "help") return std::printf("%s", kUsage), 0;
   if (o.command == "stages") return Stages();
-  if (o.command != "train" && o.command != "eval" && o.command != "validate" && o.command != "tune") {
+  if (o.command != "train" && o.command != "eval" && o.command != "validate" && o.command != "tune" &&
+      o.command != "bench") {
     std::fprintf(stderr, "cnnflow: unknown command '%s'\n\n%s", o.command.c_str(), kUsage);
     return 2;
   }
@@ -280,6 +327,7 @@ int Main(int argc, char** argv) {
     if (o.command == "train") return Train(o);
     if (o.command == "eval") return Eval(o);
     if (o.command == "tune") return Tune(o);
+    if (o.command == "bench") return Bench(o);
     return Validate(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "\ncnnflow %s: error: %s\n", o.command.c_str(), e.what());

@@ -1,0 +1,80 @@
+#include "pipeline/bench.h"
+
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "pipeline/trainer.h"
+
+namespace cnnflow {
+
+std::vector<BenchRow> RunScalingBench(const BenchOptions& o) {
+  std::vector<BenchRow> rows;
+  for (int d : o.devices) {
+    CNNFLOW_ENFORCE(d >= 1, "device counts must be >= 1, got ", d);
+    std::string list;
+    for (int i = 0; i < d; ++i) list += StrCat(i ? ", " : "", "cpu:", i);
+    std::vector<std::string> sets = o.overrides;
+    sets.push_back("graph.devices=[" + list + "]");
+    sets.push_back("train.accumulate=1");
+    Trainer trainer(LoadRunConfig(o.config, sets));
+    RunState& state = trainer.state();
+    const GraphSpec& graph = trainer.config().train_graph;
+    // Warm-up: pools, caches, thread start-up, first-touch of the buffers.
+    state.max_steps = o.warmup;
+    trainer.RunPass(graph, "train", 0);
+    trainer.replicas().ResetCounters();
+    state.max_steps = o.steps;
+    const auto begin = std::chrono::steady_clock::now();
+    const PassMetrics m = trainer.RunPass(graph, "train", 1);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    const ReplicaSet::Counters& c = trainer.replicas().counters(0);
+    BenchRow r;
+    r.devices = d;
+    r.processes = state.process_count;
+    r.steps = m.batches;
+    r.batch = trainer.config().batch * d * state.process_count;
+    r.images_per_s = static_cast<double>(m.samples) / wall;
+    r.allreduce_share = c.reduce_wait_seconds / wall;
+    r.data_wait_share = std::max(0.0, 1.0 - (c.compute_seconds + c.reduce_wait_seconds) / wall);
+    rows.push_back(r);
+  }
+  const BenchRow& base = rows.front();
+  for (BenchRow& r : rows) {
+    r.speedup = r.images_per_s / base.images_per_s;
+    r.efficiency = r.speedup * (base.devices * base.processes) /
+                   static_cast<double>(r.devices * r.processes);
+  }
+  return rows;
+}
+
+std::string BenchTable(const std::vector<BenchRow>& rows) {
+  std::ostringstream os;
+  char line[200];
+  std::snprintf(line, sizeof line, "%9s %9s %6s %7s %10s %8s %10s %10s %10s\n", "processes",
+                "replicas", "steps", "batch", "images/s", "speedup", "efficiency", "allreduce",
+                "data wait");
+  os << line;
+  for (const BenchRow& r : rows) {
+    std::snprintf(line, sizeof line, "%9d %9d %6lld %7lld %10.0f %7.2fx %9.0f%% %9.1f%% %9.1f%%\n",
+                  r.processes, r.devices, static_cast<long long>(r.steps),
+                  static_cast<long long>(r.batch), r.images_per_s, r.speedup, 100 * r.efficiency,
+                  100 * r.allreduce_share, 100 * r.data_wait_share);
+    os << line;
+  }
+  return os.str();
+}
+
+std::string BenchCsv(const std::vector<BenchRow>& rows) {
+  std::ostringstream os;
+  os << "processes,replicas,steps,global_batch,images_per_s,speedup,efficiency,allreduce_share,"
+        "data_wait_share\n";
+  for (const BenchRow& r : rows) {
+    os << r.processes << "," << r.devices << "," << r.steps << "," << r.batch << ","
+       << r.images_per_s << "," << r.speedup << "," << r.efficiency << "," << r.allreduce_share
+       << "," << r.data_wait_share << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace cnnflow
