@@ -124,12 +124,13 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
   return acts_.back();
 }
 
-void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_done) {
+void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_done, Tensor* dx) {
   const int num = static_cast<int>(layers_.size());
   CNNFLOW_ENFORCE(static_cast<int>(acts_.size()) == num && dy.shape() == acts_.back().shape(),
                   "Backward without a matching Forward: dy ", dy.shape());
   std::vector<Tensor> grads(num);
   grads[num - 1] = dy;
+  bool dx_written = false;
   std::vector<const Tensor*> ins;
   std::vector<Tensor*> dxs;
   for (int i = num - 1; i >= 0; --i) {
@@ -144,7 +145,12 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
       const int j = input_index_[i][k];
       ins.push_back(j < 0 ? &input_ : &acts_[j]);
       if (j < 0) {
-        dxs.push_back(nullptr);  // no gradient for the data
+        if (dx == nullptr) {
+          dxs.push_back(nullptr);  // no gradient for the data
+        } else {
+          local[k] = Tensor::Empty(input_.shape(), dtype_, input_.device());
+          dxs.push_back(&local[k]);
+        }
       } else {
         local[k] = Tensor::Empty(acts_[j].shape(), dtype_, acts_[j].device());
         dxs.push_back(&local[k]);
@@ -153,7 +159,16 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
     layers_[i]->Backward(ins, acts_[i], grads[i], dxs);
     for (size_t k = 0; k < input_index_[i].size(); ++k) {
       const int j = input_index_[i][k];
-      if (j < 0) continue;
+      if (j < 0) {
+        if (dx == nullptr) continue;
+        if (dx_written) {
+          AddInPlace(*dx, local[k]);
+        } else {
+          *dx = local[k];
+          dx_written = true;
+        }
+        continue;
+      }
       if (grads[j].defined()) {
         AddInPlace(grads[j], local[k]);  // fan-out: gradients sum
       } else {
@@ -163,6 +178,7 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
     grads[i] = Tensor();
     if (layer_done) layer_done(i);
   }
+  if (dx != nullptr && !dx_written) *dx = Tensor::Zeros(input_.shape(), dtype_);
 }
 
 void Model::ZeroGrad() {

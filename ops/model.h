@@ -42,8 +42,11 @@ class Model {
   // dy: gradient with respect to Forward's output. Adds into parameter grads.
   // layer_done(i), when given, is called as soon as layer i's parameter
   // gradients are final (layers go in reverse order): the data-parallel step
-  // starts reducing a gradient bucket while backward goes on.
-  void Backward(const Tensor& dy, const std::function<void(int)>& layer_done = {});
+  // starts reducing a gradient bucket while backward goes on. dx, when
+  // given, receives the gradient with respect to Forward's input (a
+  // pipeline stage passes it to the previous stage).
+  void Backward(const Tensor& dy, const std::function<void(int)>& layer_done = {},
+                Tensor* dx = nullptr);
 
   void ZeroGrad();
   int num_layers() const { return static_cast<int>(layers_.size()); }

@@ -48,6 +48,63 @@ std::vector<BenchRow> RunScalingBench(const BenchOptions& o) {
   return rows;
 }
 
+namespace {
+
+// Images/s of `steps` training steps after `warmup`.
+double TimeSteps(Trainer& trainer, int64_t warmup, int64_t steps) {
+  RunState& state = trainer.state();
+  const GraphSpec& graph = trainer.config().train_graph;
+  state.max_steps = warmup;
+  trainer.RunPass(graph, "train", 0);
+  state.max_steps = steps;
+  const auto begin = std::chrono::steady_clock::now();
+  const PassMetrics m = trainer.RunPass(graph, "train", 1);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  return static_cast<double>(m.samples) / wall;
+}
+
+}  // namespace
+
+PipelineBench RunPipelineBench(const BenchOptions& o) {
+  PipelineBench b;
+  {
+    std::vector<std::string> sets = o.overrides;
+    for (const char* s : {"graph.pipeline={}", "graph.devices=[cpu:0]",
+                          "graph.template=graphs/data_parallel.yaml"})
+      sets.push_back(s);
+    Trainer single(LoadRunConfig(o.config, sets));
+    b.single_images_per_s = TimeSteps(single, o.warmup, o.steps);
+  }
+  Trainer pipe(LoadRunConfig(o.config, o.overrides));
+  CNNFLOW_ENFORCE(pipe.pipeline() != nullptr, o.config, " has no graph.pipeline");
+  b.pipeline_images_per_s = TimeSteps(pipe, o.warmup, o.steps);  // stats: the timed pass
+  b.bubble = pipe.pipeline()->bubble();
+  b.theoretical_bubble = pipe.pipeline()->theoretical_bubble();
+  b.stages = pipe.pipeline()->num_stages();
+  b.microbatches = static_cast<int>(pipe.config().microbatches);
+  b.schedule = pipe.config().pipeline_schedule;
+  return b;
+}
+
+std::string PipelineBench::ToString() const {
+  std::ostringstream os;
+  char line[200];
+  std::snprintf(line, sizeof line, "  one device (all threads): %8.0f images/s\n", single_images_per_s);
+  os << line;
+  std::snprintf(line, sizeof line, "  pipeline (%d stages, %d micro-batches, %s): %8.0f images/s (%.2fx)\n",
+                stages, microbatches, schedule.c_str(), pipeline_images_per_s,
+                pipeline_images_per_s / single_images_per_s);
+  os << line;
+  os << "  idle share per stage (measured):";
+  for (size_t s = 0; s < bubble.size(); ++s) {
+    std::snprintf(line, sizeof line, "%s stage %zu %.0f%%", s ? "," : "", s, 100 * bubble[s]);
+    os << line;
+  }
+  std::snprintf(line, sizeof line, "\n  theoretical bubble (S-1)/(M+S-1): %.0f%%\n", 100 * theoretical_bubble);
+  os << line;
+  return os.str();
+}
+
 std::string BenchTable(const std::vector<BenchRow>& rows) {
   std::ostringstream os;
   char line[200];

@@ -34,6 +34,19 @@ struct BenchOptions {
 
 // Runs the benchmark (collective under MPI: every process calls it).
 std::vector<BenchRow> RunScalingBench(const BenchOptions& options);
+
+// A pipeline config (graph.pipeline) against the same model on one device
+// with the whole thread budget: images/s of both, and each stage's measured
+// idle share next to the schedule's theoretical bubble.
+struct PipelineBench {
+  double single_images_per_s = 0, pipeline_images_per_s = 0;
+  std::vector<double> bubble;  // measured, per stage
+  double theoretical_bubble = 0;
+  int stages = 0, microbatches = 0;
+  std::string schedule;
+  std::string ToString() const;
+};
+PipelineBench RunPipelineBench(const BenchOptions& options);
 std::string BenchTable(const std::vector<BenchRow>& rows);
 std::string BenchCsv(const std::vector<BenchRow>& rows);
 

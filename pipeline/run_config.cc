@@ -81,6 +81,9 @@ const Schema& GraphSectionSchema() {
                     "copy BatchNorm running statistics from replica 0 after each step")
           .Optional("sync_bn", ParamType::kBool, false,
                     "BatchNorm statistics over the global batch (all replicas)")
+          .Optional("pipeline", ParamType::kTree, std::string("{}"),
+                    "model parallelism: {stages: [[layer, ...], ...] or auto, microbatches: M, "
+                    "schedule: 1f1b | gpipe}; one stage per device")
           .Optional("collective_timeout_s", ParamType::kFloat, 300.0,
                     "a gradient reduction not done in this time fails the run, naming the "
                     "missing replica or process");
@@ -211,6 +214,39 @@ YAML::Node Section(const YAML::Node& root, const char* key) {
   return n.IsDefined() && !n.IsNull() ? n : YAML::Node(YAML::NodeType::Map);
 }
 
+void ParsePipeline(const YamlDoc& doc, const YAML::Node& pipe, RunConfig& c) {
+  static const Schema schema =
+      Schema("Pipeline model parallelism.")
+          .Required("stages", ParamType::kTree, "[[layer, ...], ...] (one list per device) or auto")
+          .Optional("microbatches", ParamType::kInt, int64_t{4}, "micro-batches per batch")
+          .Choice("schedule", {"1f1b", "gpipe"}, "1f1b", "the order of forwards and backwards");
+  if (!pipe.IsMap()) doc.Fail(pipe, "graph.pipeline", "expected a mapping {stages: ..., microbatches: M}");
+  const Args a = doc.CheckArgs(pipe, schema, "graph.pipeline");
+  c.pipeline = true;
+  c.microbatches = a.Int("microbatches");
+  c.pipeline_schedule = a.String("schedule");
+  if (c.microbatches < 1) doc.Fail(pipe["microbatches"], "graph.pipeline.microbatches", "must be >= 1");
+  const YAML::Node st = pipe["stages"];
+  if (st.IsScalar() && st.as<std::string>() == "auto") {
+    c.pipeline_stages.clear();  // cut by the trainer, one stage per device
+  } else if (st.IsSequence()) {
+    for (const auto& stage : st) {
+      if (!stage.IsSequence() || stage.size() == 0) {
+        doc.Fail(stage, "graph.pipeline.stages", "each stage is a non-empty list of layer names");
+      }
+      c.pipeline_stages.emplace_back();
+      for (const auto& name : stage) c.pipeline_stages.back().push_back(name.as<std::string>());
+    }
+    if (c.pipeline_stages.size() != c.devices.size()) {
+      doc.Fail(st, "graph.pipeline.stages",
+               StrCat(c.pipeline_stages.size(), " stages but ", c.devices.size(),
+                      " devices in graph.devices: one stage per device"));
+    }
+  } else {
+    doc.Fail(st, "graph.pipeline.stages", "expected a list of layer lists, or auto");
+  }
+}
+
 }  // namespace
 
 std::string ResolveProjectPath(const std::string& path, const std::string& config_path) {
@@ -321,7 +357,16 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   if (c.collective_timeout_s <= 0) {
     doc.Fail(graph["collective_timeout_s"], "graph.collective_timeout_s", "must be > 0");
   }
-  c.graph_template = ResolveProjectPath(g.String("template"), path);
+  const YAML::Node pipe = graph["pipeline"];
+  if (pipe.IsDefined() && !pipe.IsNull() && !(pipe.IsMap() && pipe.size() == 0)) {
+    ParsePipeline(doc, pipe, c);
+    if (c.accumulate != 1) doc.Fail(pipe, "graph.pipeline", "train.accumulate must be 1 with a pipeline");
+  }
+  // A pipeline runs on its own template unless the config names one.
+  const std::string tmpl_name = graph["template"].IsDefined() || !c.pipeline
+                                    ? g.String("template")
+                                    : std::string("graphs/pipeline_parallel.yaml");
+  c.graph_template = ResolveProjectPath(tmpl_name, path);
   c.autotune = g.Bool("autotune");
   // The template reads the run's values, defaults included, and
   // graph.replicas (the number of devices).

@@ -58,6 +58,12 @@ struct RunConfig {
   bool broadcast_buffers = true;
   bool sync_bn = false;
   double collective_timeout_s = 300;
+  // Pipeline model parallelism (graph.pipeline): one stage per device;
+  // empty stages with pipeline on: cut automatically by FLOPs.
+  bool pipeline = false;
+  std::vector<std::vector<std::string>> pipeline_stages;
+  int64_t microbatches = 4;
+  std::string pipeline_schedule = "1f1b";
 
   std::string output_dir;
 };

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "loaders/sampler.h"
@@ -62,17 +63,35 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   }
 
   // The model first: a shape error is reported before any data is read.
-  DataParallelOptions dp;
-  dp.replicas = replicas;
-  dp.threads_per_replica = config_.threads / replicas;
-  dp.bucket_mb = config_.bucket_mb;
-  dp.broadcast_buffers = config_.broadcast_buffers;
-  dp.sync_bn = config_.sync_bn;
-  dp.timeout_s = config_.collective_timeout_s;
-  replicas_ = std::make_unique<ReplicaSet>(config_.layers, config_.input_shape, config_.seed,
-                                           config_.init, config_.optimizer, config_.optimizer_args,
-                                           dp, world);
-  model_ = &replicas_->model(0);
+  if (config_.pipeline) {
+    PipelineOptions po;
+    po.stages = config_.pipeline_stages;
+    if (po.stages.empty()) {  // stages: auto
+      auto whole = Model::Build(config_.layers, config_.input_shape, DType::kF32, config_.seed,
+                                config_.init);
+      po.stages = BalancedCut(*whole, replicas);
+    }
+    po.microbatches = static_cast<int>(config_.microbatches);
+    po.schedule = ParsePipelineSchedule(config_.pipeline_schedule);
+    po.threads_per_stage = config_.threads / replicas;
+    pipeline_ = std::make_unique<PipelineModel>(config_.layers, config_.input_shape, config_.seed,
+                                                config_.init, config_.optimizer,
+                                                config_.optimizer_args, po);
+    model_ = &pipeline_->full();
+  } else {
+    DataParallelOptions dp;
+    dp.replicas = replicas;
+    dp.threads_per_replica = config_.threads / replicas;
+    dp.bucket_mb = config_.bucket_mb;
+    dp.broadcast_buffers = config_.broadcast_buffers;
+    dp.sync_bn = config_.sync_bn;
+    dp.timeout_s = config_.collective_timeout_s;
+    replicas_ = std::make_unique<ReplicaSet>(config_.layers, config_.input_shape, config_.seed,
+                                             config_.init, config_.optimizer,
+                                             config_.optimizer_args, dp, world);
+    model_ = &replicas_->model(0);
+  }
+  const int data_replicas = replicas_ ? replicas : 1;  // a pipeline is one replica
   for (const auto& [name, spec] : config_.data) {
     const SourceType* type = SourceRegistry::Get().Find(spec.source);
     CNNFLOW_ENFORCE(type != nullptr, "unknown source ", spec.source);
@@ -103,12 +122,12 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   // Optimizer steps per epoch: this process's shard in batches of
   // batch x replicas, accumulate batches a step.
   const int64_t shard = (train.size() + state_.process_count - 1) / state_.process_count;
-  int64_t batches = ShardedSampler::NumBatches(shard, config_.batch * replicas, false);
+  int64_t batches = ShardedSampler::NumBatches(shard, config_.batch * data_replicas, false);
   if (config_.max_steps > 0) batches = std::min(batches, config_.max_steps);
   steps_per_epoch_ = (batches + config_.accumulate - 1) / config_.accumulate;
   const Args& s = config_.schedule_args;
   const int64_t global_batch =
-      config_.batch * replicas * state_.process_count * config_.accumulate;
+      config_.batch * data_replicas * state_.process_count * config_.accumulate;
   LrScheduleOptions lr;
   lr.base_lr = config_.optimizer_args.Float("lr");
   if (s.String("scale_lr") == "linear") {
@@ -125,6 +144,7 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   schedule_ = std::make_unique<LrSchedule>(lr);
 
   state_.replicas = replicas_.get();
+  state_.pipeline = pipeline_.get();
   state_.model = model_;
   state_.accumulate = config_.accumulate;
   state_.schedule = schedule_.get();
@@ -144,7 +164,7 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   state_.bad_records.clear();
   state_.knobs.clear();
   const int64_t batch =
-      pass == "train" ? config_.batch * replicas_->size() : config_.eval_batch;
+      pass == "train" ? config_.batch * (replicas_ ? replicas_->size() : 1) : config_.eval_batch;
   state_.batch_bytes = batch * state_.dataset(pass == "train" ? "train" : "test").sample_shape().numel() *
                        static_cast<int64_t>(sizeof(float));
   Autotuner* tuner = pass == "train" ? autotuner_.get() : nullptr;
@@ -165,6 +185,7 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
                      p.mean_loss(), p.accuracy(), p.samples_per_second(), p.seconds);
   };
   state_.sampled = 0;
+  if (pipeline_) pipeline_->ResetStats();
   RunGraph(graph, state_);
   if (progress_) progress_->EndPass();
   // Every batch must come out: one that does not is held by a node (a bug),
@@ -175,6 +196,14 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
                        " batches not delivered to its end"));
   }
   state_.metrics.skipped = static_cast<int64_t>(state_.bad_records.size());
+  if (pass == "train" && pipeline_ && progress_ && state_.metrics.batches > 0) {
+    std::string measured;
+    for (double b : pipeline_->bubble()) measured += StrCat(measured.empty() ? "" : ", ", static_cast<int>(100 * b + 0.5), "%");
+    progress_->Line(StrCat("pipeline: ", pipeline_->num_stages(), " stages, ",
+                           config_.microbatches, " micro-batches (", config_.pipeline_schedule,
+                           "): idle share per stage ", measured, "; theoretical bubble ",
+                           static_cast<int>(100 * pipeline_->theoretical_bubble() + 0.5), "%"));
+  }
   // In an MPI job each process trained its shard: report the whole.
   MpiWorld& world = MpiWorld::Get();
   if (pass == "train" && world.active()) {
@@ -266,11 +295,10 @@ void Trainer::Resume(const std::string& run_dir) {
                              "); resume with the same config and --set options (see ", run_dir,
                              "/config.yaml)"));
   }
-  for (int r = 0; r < replicas_->size(); ++r) {
-    LoadTensors(replicas_->model(r), ck->model_tensors, ck->data_path);
-    Optimizer& opt = replicas_->optimizer(r);
-    opt.LoadStateTensors(ck->optimizer_tensors);
-    opt.set_step_count(st.optimizer_step);
+  for (Model* m : Models()) LoadTensors(*m, ck->model_tensors, ck->data_path);
+  for (Optimizer* opt : Optimizers()) {
+    opt->LoadStateTensors(ck->optimizer_tensors);
+    opt->set_step_count(st.optimizer_step);
   }
   start_epoch_ = st.epoch;
   batch_in_epoch_ = st.batch_in_epoch;
@@ -297,7 +325,7 @@ void Trainer::SaveCheckpoint(int64_t epoch, const PassMetrics& partial) {
   st.epoch = epoch;
   st.batch_in_epoch = batch_in_epoch_;
   st.global_step = state_.global_step;
-  st.optimizer_step = replicas_->optimizer(0).step_count();
+  st.optimizer_step = Optimizers()[0]->step_count();
   st.lr_step = state_.global_step;
   st.seed = config_.seed;
   st.config_hash = config_hash_;
@@ -309,7 +337,13 @@ void Trainer::SaveCheckpoint(int64_t epoch, const PassMetrics& partial) {
   st.extra["partial_train"] = p.str();
   st.metrics_columns = kMetricsColumns;
   st.metrics_rows = metrics_rows_;
-  WriteCheckpoint(run_dir_, st, model_->StateTensors(), replicas_->optimizer(0).StateTensors(),
+  // Replicas hold identical state: replica 0's; pipeline stages: all.
+  std::vector<std::pair<std::string, Tensor>> optimizer_state;
+  for (Optimizer* opt : Optimizers()) {
+    for (auto& t : opt->StateTensors()) optimizer_state.push_back(t);
+    if (replicas_) break;
+  }
+  WriteCheckpoint(run_dir_, st, model_->StateTensors(), optimizer_state,
                   static_cast<int>(config_.keep_checkpoints));
 }
 
@@ -393,6 +427,23 @@ EpochReport Trainer::Train(const std::string& run_dir) {
   return report;
 }
 
+std::vector<Model*> Trainer::Models() {
+  if (pipeline_) return {&pipeline_->full()};  // the stages share its storage
+  std::vector<Model*> v;
+  for (int r = 0; r < replicas_->size(); ++r) v.push_back(&replicas_->model(r));
+  return v;
+}
+
+std::vector<Optimizer*> Trainer::Optimizers() {
+  std::vector<Optimizer*> v;
+  if (pipeline_) {
+    for (int s = 0; s < pipeline_->num_stages(); ++s) v.push_back(&pipeline_->optimizer(s));
+  } else {
+    for (int r = 0; r < replicas_->size(); ++r) v.push_back(&replicas_->optimizer(r));
+  }
+  return v;
+}
+
 void Trainer::LoadTensors(Model& model, const std::vector<std::pair<std::string, Tensor>>& tensors,
                           const std::string& path) {
   for (auto& [name, tensor] : model.StateTensors()) {
@@ -414,7 +465,7 @@ void Trainer::LoadWeights(const std::string& path) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, tensor] : model_->StateTensors())
     if (const Tensor* t = file.Find(name)) tensors.emplace_back(name, *t);
-  for (int r = 0; r < replicas_->size(); ++r) LoadTensors(replicas_->model(r), tensors, path);
+  for (Model* m : Models()) LoadTensors(*m, tensors, path);
 }
 
 std::string Trainer::Describe() const {
@@ -438,6 +489,38 @@ std::string Trainer::Describe() const {
   }
   os << "  total parameters: " << m.NumParameters() << ", forward "
      << m.ForwardFlops(1) / 1e6 << " MFLOPs per sample\n";
+  if (pipeline_) {
+    os << "pipeline: " << pipeline_->num_stages() << " stages, " << config_.microbatches
+       << " micro-batches, schedule " << config_.pipeline_schedule << "\n";
+    std::map<std::string, int> index;
+    for (int i = 0; i < m.num_layers(); ++i) index[m.layer(i).name()] = i;
+    double lo = 1e300, hi = 0;
+    int lo_s = 0, hi_s = 0;
+    for (int s = 0; s < pipeline_->num_stages(); ++s) {
+      int64_t params = 0;
+      double flops = 0;
+      for (const std::string& name : pipeline_->stage_layers(s)) {
+        Layer& l = m.layer(index[name]);
+        for (auto& p : l.parameters()) params += p.value.numel();
+        flops += static_cast<double>(l.ForwardFlops(1));
+      }
+      if (flops < lo) lo = flops, lo_s = s;
+      if (flops > hi) hi = flops, hi_s = s;
+      std::snprintf(line, sizeof line, "  stage %d on %-6s %-40s %10lld params %10.3f MFLOPs/sample\n",
+                    s, config_.devices[s].ToString().c_str(),
+                    (pipeline_->stage_layers(s).front() + ".." + pipeline_->stage_layers(s).back()).c_str(),
+                    static_cast<long long>(params), flops / 1e6);
+      os << line;
+    }
+    if (lo > 0 && hi / lo > 1.5) {
+      os << "  warning: unbalanced cut: stage " << hi_s << " has " << static_cast<int>(hi / lo * 10) / 10.0
+         << "x the forward FLOPs of stage " << lo_s
+         << "; the pipeline runs at the pace of its slowest stage"
+         << (config_.pipeline_stages.empty()
+                 ? " (this is already the most even cut of these layers)\n"
+                 : " (graph.pipeline.stages: auto finds the most even cut)\n");
+    }
+  }
   os << "train graph (" << config_.train_graph.file << "):\n" << config_.train_graph.ToString();
   os << "eval graph:\n" << config_.eval_graph.ToString();
   os << "threads: " << config_.threads << ", devices:";

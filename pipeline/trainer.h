@@ -48,7 +48,8 @@ class Trainer {
   void LoadWeights(const std::string& path);
 
   Model& model() { return *model_; }
-  ReplicaSet& replicas() { return *replicas_; }
+  ReplicaSet& replicas() { return *replicas_; }   // data parallel (no graph.pipeline)
+  PipelineModel* pipeline() { return pipeline_.get(); }  // graph.pipeline, else null
   RunState& state() { return state_; }
   const RunConfig& config() const { return config_; }
   const std::string& run_dir() const { return run_dir_; }
@@ -64,6 +65,8 @@ class Trainer {
   void LogAutotune(const AutotuneDecision& d);
   void SaveCheckpoint(int64_t epoch, const PassMetrics& partial);
   std::string ResolvedConfigText() const;
+  std::vector<Model*> Models();          // every model instance that holds weights
+  std::vector<Optimizer*> Optimizers();
   static void LoadTensors(Model& model, const std::vector<std::pair<std::string, Tensor>>& tensors,
                           const std::string& path);
 
@@ -71,6 +74,7 @@ class Trainer {
   std::shared_ptr<void> thread_limit_;  // a tbb::global_control: the run's thread budget
   std::string config_hash_;
   std::unique_ptr<ReplicaSet> replicas_;  // each with its optimizer
+  std::unique_ptr<PipelineModel> pipeline_;  // instead, with graph.pipeline
   Model* model_ = nullptr;                // replica 0's
   std::unique_ptr<LrSchedule> schedule_;
   RunState state_;

@@ -18,6 +18,7 @@
 #include "ops/lr_schedule.h"
 #include "ops/data_parallel.h"
 #include "ops/model.h"
+#include "ops/pipeline_model.h"
 #include "stages/message.h"
 
 namespace cnnflow {
@@ -51,6 +52,7 @@ struct RunState {
   // The model and how it learns: the replicas (each with its optimizer),
   // and replica 0's model, which evaluation and checkpoints use.
   ReplicaSet* replicas = nullptr;
+  PipelineModel* pipeline = nullptr;  // instead of replicas, with graph.pipeline
   Model* model = nullptr;
   const LrSchedule* schedule = nullptr;
   int64_t accumulate = 1;  // micro-batches per optimizer step

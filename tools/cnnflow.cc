@@ -280,6 +280,15 @@ int Bench(const Options& o) {
   b.devices = o.devices;
   b.steps = o.steps;
   b.warmup = o.warmup;
+  if (LoadRunConfig(o.config, o.sets).pipeline) {
+    const PipelineBench p = RunPipelineBench(b);
+    if (world.rank() == 0) {
+      std::printf("%s: %lld timed steps after %lld warm-up\n%s", o.config.c_str(),
+                  static_cast<long long>(o.steps), static_cast<long long>(o.warmup),
+                  p.ToString().c_str());
+    }
+    return 0;
+  }
   const std::vector<BenchRow> rows = RunScalingBench(b);
   if (world.rank() != 0) return 0;
   std::printf("%s: %lld timed steps after %lld warm-up, %lld samples per replica per step\n%s",

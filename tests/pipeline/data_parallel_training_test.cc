@@ -74,15 +74,13 @@ TEST(DataParallelTraining, TwoReplicasAndAccumulationMatchOneBigBatch) {
   }
 }
 
-TEST(DataParallelTraining, ResumedRunEndsBitwiseEqualToTheUninterruptedOne) {
-  // 2 epochs of 20 steps, 2 replicas, a checkpoint every 7 steps, all kept.
-  const std::vector<std::string> config = {
-      "train.epochs=2", "train.max_steps=20", "threads=2", "train.batch=32",
-      "graph.devices=[cpu:0, cpu:1]", "train.checkpoint_every=7", "train.keep_checkpoints=0"};
-  const fs::path dir = testing::TestDir();
+// Trains `config` straight, and again from its step-14 checkpoint; the final
+// weights must be bitwise equal (in dir/straight and dir/resumed).
+void ExpectResumeIsExact(const char* config_file, const std::vector<std::string>& config,
+                         const fs::path& dir) {
   const fs::path straight = dir / "straight", resumed = dir / "resumed";
   {
-    Trainer t(LoadRunConfig(kConfig, config));
+    Trainer t(LoadRunConfig(config_file, config));
     t.Train(straight.string());
   }
   // A run that died after step 14 (mid-epoch 1): its later files are gone.
@@ -93,7 +91,7 @@ TEST(DataParallelTraining, ResumedRunEndsBitwiseEqualToTheUninterruptedOne) {
   }
   fs::remove(resumed / "model.safetensors");
   {
-    Trainer t(LoadRunConfig(kConfig, config));
+    Trainer t(LoadRunConfig(config_file, config));
     t.Resume(resumed.string());
     EXPECT_EQ(t.state().global_step, 14);
     t.Train();
@@ -123,6 +121,16 @@ TEST(DataParallelTraining, ResumedRunEndsBitwiseEqualToTheUninterruptedOne) {
   };
   EXPECT_EQ(column(straight / "metrics.csv", 4), column(resumed / "metrics.csv", 4));
   EXPECT_EQ(column(resumed / "metrics.csv", 4).size(), 2u);
+}
+
+TEST(DataParallelTraining, ResumedRunEndsBitwiseEqualToTheUninterruptedOne) {
+  // 2 epochs of 20 steps, 2 replicas, a checkpoint every 7 steps, all kept.
+  const std::vector<std::string> config = {
+      "train.epochs=2", "train.max_steps=20", "threads=2", "train.batch=32",
+      "graph.devices=[cpu:0, cpu:1]", "train.checkpoint_every=7", "train.keep_checkpoints=0"};
+  const fs::path dir = testing::TestDir();
+  const fs::path resumed = dir / "resumed";
+  ExpectResumeIsExact(kConfig, config, dir);
 
   // Another config is refused, naming both hashes.
   Trainer other(LoadRunConfig(kConfig, With(config, {"train.optimizer={sgd: {lr: 0.02}}"})));
@@ -133,6 +141,35 @@ TEST(DataParallelTraining, ResumedRunEndsBitwiseEqualToTheUninterruptedOne) {
     EXPECT_NE(std::string(e.what()).find("was written by a different config"), std::string::npos)
         << e.what();
   }
+  fs::remove_all(dir);
+}
+
+// Invariant 2 through the graph: the pipeline config (2 stages, 4
+// micro-batches) trains like one device, for both schedules; and its
+// checkpoints (every stage's optimizer state) resume exactly.
+TEST(PipelineTraining, PipelineMatchesOneDeviceAndResumesExactly) {
+  const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=12", "threads=2"};
+  Trainer one(LoadRunConfig(kConfig, common));
+  one.RunPass(one.config().train_graph, "train", 0);
+  for (const std::string schedule : {"1f1b", "gpipe"}) {
+    Trainer pipe(LoadRunConfig("configs/fashion_mnist_pipeline.yaml",
+                               With(common, {"graph.pipeline.schedule=" + schedule})));
+    ASSERT_NE(pipe.pipeline(), nullptr);
+    pipe.RunPass(pipe.config().train_graph, "train", 0);
+    EXPECT_EQ(pipe.state().global_step, 12);
+    EXPECT_LT(MaxRelDiff(one.model(), pipe.model()), 1e-4) << schedule;
+    const std::vector<int> held = pipe.pipeline()->max_held();
+    if (schedule == "1f1b") {
+      EXPECT_EQ(held, (std::vector<int>{2, 1}));
+    } else {
+      EXPECT_EQ(held, (std::vector<int>{4, 4}));
+    }
+  }
+  const fs::path dir = testing::TestDir();
+  ExpectResumeIsExact("configs/fashion_mnist_pipeline.yaml",
+                      {"train.epochs=2", "train.max_steps=20", "train.checkpoint_every=7",
+                       "train.keep_checkpoints=0", "train.optimizer={adam: {lr: 0.001}}"},
+                      dir);
   fs::remove_all(dir);
 }
 

@@ -1,0 +1,122 @@
+// Pipeline model parallelism: the model's layers cut into S stages, each
+// with its own thread share (a task arena: one "device"), fed by M
+// micro-batches per batch. Stage s runs its actions -- forward or backward
+// of micro-batch i -- in the order of the schedule:
+//   gpipe: every forward, then every backward (a stage holds M
+//          micro-batches of activations);
+//   1f1b:  S - s - 1 forwards to fill the pipe, then one forward and one
+//          backward in turn, then the remaining backwards (a stage holds at
+//          most S - s <= S micro-batches).
+// An action waits for its input: forward (s, i) for forward (s - 1, i),
+// backward (s, i) for backward (s + 1, i). The step's driver (the
+// pipeline_step stage) runs the actions as a dependency graph; this class
+// holds the stages and does the work of each action.
+//
+// Gradients of the micro-batches add up (each scaled by 1 / batch), then
+// every stage's optimizer steps once: the same update as the unsplit model
+// on the whole batch -- except BatchNorm, whose statistics are those of
+// each micro-batch (as in GPipe), i.e. the unsplit model accumulating over
+// the same M micro-batches.
+//
+// Each stage keeps one model instance per micro-batch it may hold at once
+// (activations and per-forward layer state live in the instance); all
+// instances, and the full model that evaluation and checkpoints use, share
+// the same parameter, gradient and buffer storage.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <tbb/task_arena.h>
+
+#include "ops/model.h"
+#include "ops/optimizer.h"
+
+namespace cnnflow {
+
+enum class PipelineSchedule { kGpipe, kOneFOneB };
+PipelineSchedule ParsePipelineSchedule(const std::string& name);  // "gpipe", "1f1b"
+
+struct PipelineAction {
+  bool forward = true;
+  int microbatch = 0;
+};
+// Stage `stage`'s actions, in order.
+std::vector<PipelineAction> StageSchedule(PipelineSchedule schedule, int stage, int stages,
+                                          int microbatches);
+
+// Cuts the model's layers into `stages` contiguous runs of about equal
+// forward FLOPs (the most expensive stage as cheap as possible).
+std::vector<std::vector<std::string>> BalancedCut(const Model& model, int stages);
+
+struct PipelineOptions {
+  std::vector<std::vector<std::string>> stages;  // layer names per stage
+  int microbatches = 4;
+  PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
+  int threads_per_stage = 1;
+};
+
+class PipelineModel {
+ public:
+  // Builds the full model (so parameters start as the unsplit model's) and
+  // the stages; throws ConfigError when the cut is not contiguous, misses
+  // or repeats a layer, or a layer reads across a cut other than the
+  // previous stage's output.
+  PipelineModel(const std::vector<LayerSpec>& layers, const Shape& input_shape, uint64_t seed,
+                InitScheme init, const std::string& optimizer, const Args& optimizer_args,
+                PipelineOptions options);
+  ~PipelineModel();
+
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  const PipelineOptions& options() const { return options_; }
+  Model& full() { return *full_; }
+  Model& stage_model(int s);
+  Optimizer& optimizer(int s);
+  const std::vector<std::string>& stage_layers(int s) const { return options_.stages[s]; }
+
+  struct Result {
+    double loss_sum = 0;
+    int64_t correct = 0;
+  };
+  // One optimizer step on a batch: BeginStep cuts it into micro-batches
+  // (returns how many: fewer than options().microbatches when the batch is
+  // smaller), the driver runs every action of the schedule, EndStep steps
+  // the optimizers.
+  int BeginStep(const Tensor& x, const int64_t* labels, const ForwardContext& ctx, double grad_scale,
+                double label_smoothing);
+  void Forward(int stage, int microbatch);
+  void Backward(int stage, int microbatch);
+  Result EndStep(double lr);
+
+  // Accounting since the last ResetStats: busy seconds per stage, and the
+  // most micro-batches of activations a stage held at once.
+  std::vector<double> busy_seconds() const;
+  std::vector<int> max_held() const;
+  double step_seconds() const { return step_seconds_; }  // BeginStep to EndStep, summed
+  // Measured idle share of each stage, and the schedule's theoretical
+  // bubble (S - 1) / (M + S - 1).
+  std::vector<double> bubble() const;
+  double theoretical_bubble() const;
+  void ResetStats();
+
+ private:
+  struct Stage;
+  PipelineOptions options_;
+  std::unique_ptr<Model> full_;
+  std::vector<std::unique_ptr<Stage>> stages_;
+  // The step in progress.
+  Tensor x_;
+  const int64_t* labels_ = nullptr;
+  ForwardContext ctx_;
+  double grad_scale_ = 0, label_smoothing_ = 0;
+  int m_ = 0;
+  std::vector<int64_t> begin_;  // micro-batch i: rows [begin_[i], begin_[i + 1])
+  std::vector<Result> results_;
+  std::chrono::steady_clock::time_point step_begin_;
+  double step_seconds_ = 0;
+};
+
+}  // namespace cnnflow

@@ -1,0 +1,269 @@
+// Pipeline model parallelism (ops/pipeline_model.h), invariant 2 of
+// DESIGN.md: S stages x M micro-batches == the unsplit model on the batch,
+// for both schedules; with BatchNorm, == the unsplit model accumulating over
+// the same micro-batches (per-micro-batch statistics). 1F1B holds at most
+// S - s micro-batches in stage s. Cut errors are clear.
+#include "ops/pipeline_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ops/loss.h"
+#include "ops/random.h"
+
+namespace cnnflow {
+namespace {
+
+LayerSpec L(std::string name, std::string type, std::vector<std::pair<std::string, ParamValue>> args = {},
+            std::vector<std::string> inputs = {}) {
+  LayerSpec s{std::move(name), std::move(type), {}, std::move(inputs)};
+  for (auto& [k, v] : args) s.args.Set(k, v);
+  return s;
+}
+
+std::vector<LayerSpec> Net(bool bn) {
+  std::vector<LayerSpec> v = {
+      L("conv1", "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})};
+  if (bn) v.push_back(L("bn1", "batchnorm"));
+  for (auto& l : std::vector<LayerSpec>{
+           L("relu1", "relu"), L("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
+           L("conv2", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+           L("relu2", "relu"), L("flatten", "flatten"), L("fc1", "linear", {{"out", int64_t{12}}}),
+           L("relu3", "relu"), L("fc2", "linear", {{"out", int64_t{5}}})})
+    v.push_back(l);
+  return v;
+}
+const Shape kInput{2, 8, 8};
+
+std::vector<std::vector<std::string>> Cut(const std::vector<LayerSpec>& net, std::vector<int> sizes) {
+  std::vector<std::vector<std::string>> out;
+  size_t k = 0;
+  for (int n : sizes) {
+    out.emplace_back();
+    for (int i = 0; i < n; ++i) out.back().push_back(net[k++].name);
+  }
+  return out;
+}
+
+Args Sgd() {
+  Args a;
+  a.Set("lr", 0.1);
+  a.Set("momentum", 0.9);
+  a.FillDefaults(OptimizerSchema("sgd"));
+  return a;
+}
+
+struct Batch {
+  Tensor x;
+  std::vector<int64_t> labels, ids;
+};
+Batch MakeBatch(int64_t n, uint64_t seed) {
+  Batch b;
+  b.x = Tensor::Empty(kInput.WithBatch(n), DType::kF32);
+  Rng rng(seed);
+  for (int64_t i = 0; i < b.x.numel(); ++i) b.x.data<float>()[i] = static_cast<float>(rng.Uniform(-1, 1));
+  for (int64_t i = 0; i < n; ++i) {
+    b.labels.push_back(static_cast<int64_t>(rng.NextU64() % 5));
+    b.ids.push_back(i);
+  }
+  return b;
+}
+
+// Runs every action of one step, each as soon as its inputs are ready
+// (stages taken in turn): a sequential driver with the schedule's order.
+void PipelineStep(PipelineModel& p, const Batch& b, int64_t step) {
+  ForwardContext ctx{true, 1, step, b.ids.data()};
+  const int m = p.BeginStep(b.x, b.labels.data(), ctx, 1.0 / b.x.dim(0), 0);
+  const int s_count = p.num_stages();
+  std::vector<std::vector<PipelineAction>> plan;
+  for (int s = 0; s < s_count; ++s) plan.push_back(StageSchedule(p.options().schedule, s, s_count, m));
+  std::vector<size_t> next(s_count, 0);
+  std::vector<std::vector<bool>> fdone(s_count, std::vector<bool>(m)), bdone = fdone;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < s_count; ++s) {
+      if (next[s] == plan[s].size()) continue;
+      const PipelineAction a = plan[s][next[s]];
+      const bool ready = a.forward ? (s == 0 || fdone[s - 1][a.microbatch])
+                                   : (s + 1 == s_count || bdone[s + 1][a.microbatch]);
+      if (!ready) continue;
+      if (a.forward) {
+        p.Forward(s, a.microbatch);
+        fdone[s][a.microbatch] = true;
+      } else {
+        p.Backward(s, a.microbatch);
+        bdone[s][a.microbatch] = true;
+      }
+      ++next[s];
+      progress = true;
+    }
+  }
+  for (int s = 0; s < s_count; ++s) ASSERT_EQ(next[s], plan[s].size()) << "stage " << s << " stuck";
+  p.EndStep(0.1);
+}
+
+// The unsplit model: gradients of `parts` micro-batches added, one step.
+void ReferenceStep(Model& model, Optimizer& opt, const Batch& b, int parts, int64_t step) {
+  model.ZeroGrad();
+  const int64_t n = b.x.dim(0);
+  for (int i = 0; i < parts; ++i) {
+    const int64_t lo = n * i / parts, hi = n * (i + 1) / parts;
+    ForwardContext ctx{true, 1, step, b.ids.data() + lo};
+    const Tensor& y = model.Forward(b.x.Slice(lo, hi), ctx);
+    Tensor dy = Tensor::Empty(y.shape(), y.dtype());
+    SoftmaxCrossEntropy(y, b.labels.data() + lo, &dy, 1.0 / n);
+    model.Backward(dy);
+  }
+  opt.Step(0.1);
+}
+
+double MaxRelDiff(Model& a, Model& b) {
+  double worst = 0;
+  auto pa = a.NamedParameters(), pb = b.NamedParameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const float* x = pa[i].param->value.data<float>();
+    const float* y = pb[i].param->value.data<float>();
+    double scale = 1e-12;
+    for (int64_t j = 0; j < pa[i].param->value.numel(); ++j) scale = std::max(scale, std::fabs(double(x[j])));
+    for (int64_t j = 0; j < pa[i].param->value.numel(); ++j)
+      worst = std::max(worst, std::fabs(double(x[j]) - y[j]) / scale);
+  }
+  return worst;
+}
+
+void ExpectPipelineMatches(bool bn, std::vector<int> sizes, int m, PipelineSchedule schedule,
+                           int64_t batch) {
+  const auto net = Net(bn);
+  PipelineOptions o;
+  o.stages = Cut(net, sizes);
+  o.microbatches = m;
+  o.schedule = schedule;
+  PipelineModel p(net, kInput, 3, InitScheme::kPytorchDefault, "sgd", Sgd(), o);
+  auto ref = Model::Build(net, kInput, DType::kF32, 3);
+  auto opt = MakeOptimizer("sgd", Sgd(), ref->NamedParameters());
+  ASSERT_LT(MaxRelDiff(p.full(), *ref), 1e-30) << "the same initial parameters";
+  for (int step = 0; step < 3; ++step) {
+    const Batch b = MakeBatch(batch, 50 + step);
+    PipelineStep(p, b, step);
+    // Without BN the split does not matter: one pass over the whole batch.
+    ReferenceStep(*ref, *opt, b, bn ? static_cast<int>(std::min<int64_t>(m, batch)) : 1, step);
+  }
+  EXPECT_LT(MaxRelDiff(p.full(), *ref), 2e-5);
+  auto fresh = Model::Build(net, kInput, DType::kF32, 3);
+  EXPECT_GT(MaxRelDiff(p.full(), *fresh), 1e-3) << "training moved the weights";
+  const std::vector<int> held = p.max_held();
+  const int s_count = static_cast<int>(sizes.size());
+  for (int s = 0; s < s_count; ++s) {
+    if (schedule == PipelineSchedule::kOneFOneB) {
+      EXPECT_LE(held[s], s_count - s) << "stage " << s;
+      EXPECT_LE(held[s], s_count);
+    } else {
+      EXPECT_EQ(held[s], std::min<int64_t>(m, batch)) << "stage " << s;
+    }
+  }
+}
+
+TEST(PipelineModel, TwoAndThreeStagesMatchTheUnsplitModel) {
+  const int layers = static_cast<int>(Net(false).size());  // 10
+  for (auto schedule : {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB}) {
+    for (int m : {1, 4, 5}) {
+      SCOPED_TRACE(StrCat(schedule == PipelineSchedule::kGpipe ? "gpipe" : "1f1b", " m=", m));
+      ExpectPipelineMatches(false, {4, layers - 4}, m, schedule, 12);
+      ExpectPipelineMatches(false, {2, 5, layers - 7}, m, schedule, 13);
+    }
+  }
+}
+
+TEST(PipelineModel, WithBatchNormMatchesAccumulationOverTheMicroBatches) {
+  const int layers = static_cast<int>(Net(true).size());
+  for (auto schedule : {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB}) {
+    ExpectPipelineMatches(true, {3, layers - 3}, 4, schedule, 16);
+    ExpectPipelineMatches(true, {1, 4, layers - 5}, 3, schedule, 12);
+  }
+}
+
+TEST(PipelineModel, OneFOneBScheduleShape) {
+  // Stage 0 of 3 with 5 micro-batches: F0 F1, then F2 B0 F3 B1 F4 B2, then B3 B4.
+  std::string got;
+  for (const auto& a : StageSchedule(PipelineSchedule::kOneFOneB, 0, 3, 5))
+    got += StrCat(a.forward ? "F" : "B", a.microbatch, " ");
+  EXPECT_EQ(got, "F0 F1 F2 B0 F3 B1 F4 B2 B3 B4 ");
+  got.clear();
+  for (const auto& a : StageSchedule(PipelineSchedule::kOneFOneB, 2, 3, 5))
+    got += StrCat(a.forward ? "F" : "B", a.microbatch, " ");
+  EXPECT_EQ(got, "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 ");
+}
+
+TEST(PipelineModel, BadCutsAreClearErrors) {
+  const auto net = Net(false);
+  auto expect = [&](std::vector<std::vector<std::string>> stages, const std::string& what) {
+    PipelineOptions o;
+    o.stages = std::move(stages);
+    try {
+      PipelineModel p(net, kInput, 3, InitScheme::kPytorchDefault, "sgd", Sgd(), o);
+      FAIL() << "expected: " << what;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect({{"conv1", "pool1"}, {"relu1"}}, "layer 'pool1' is out of order");
+  expect({{"conv1", "relu1", "pool1"}}, "pipeline stages leave out layer 'conv2'");
+  expect({{"conv1", "relu1", "nope"}}, "no layer 'nope'");
+  auto res = Net(false);
+  res[5].inputs = {"pool1"};  // relu2 reads pool1 (stage 0) from stage 1
+  PipelineOptions o;
+  o.stages = {{"conv1", "relu1", "pool1"}, {"conv2", "relu2", "flatten", "fc1", "relu3", "fc2"}};
+  try {
+    PipelineModel p(res, kInput, 3, InitScheme::kPytorchDefault, "sgd", Sgd(), o);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("reads 'pool1' from another stage"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PipelineModel, BalancedCutMinimisesTheLargestStage) {
+  auto model = Model::Build(Net(false), kInput, DType::kF32, 3);
+  for (int s = 1; s <= 4; ++s) {
+    const auto cut = BalancedCut(*model, s);
+    ASSERT_EQ(static_cast<int>(cut.size()), s);
+    // Cost of the largest stage, and the brute-force best over every cut.
+    std::vector<double> flops;
+    for (int i = 0; i < model->num_layers(); ++i) flops.push_back(double(model->layer(i).ForwardFlops(1)));
+    auto worst = [&](const std::vector<int>& bounds) {
+      double w = 0;
+      for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+        double c = 0;
+        for (int i = bounds[k]; i < bounds[k + 1]; ++i) c += flops[i];
+        w = std::max(w, c);
+      }
+      return w;
+    };
+    std::vector<int> bounds = {0};
+    int k = 0;
+    for (const auto& st : cut) bounds.push_back(k += static_cast<int>(st.size()));
+    ASSERT_EQ(bounds.back(), model->num_layers());
+    double best = 1e300;
+    const int n = model->num_layers();
+    std::function<void(std::vector<int>&, int)> search = [&](std::vector<int>& b, int left) {
+      if (left == 1) {
+        b.push_back(n);
+        best = std::min(best, worst(b));
+        b.pop_back();
+        return;
+      }
+      for (int i = b.back() + 1; i <= n - left + 1; ++i) {
+        b.push_back(i);
+        search(b, left - 1);
+        b.pop_back();
+      }
+    };
+    std::vector<int> start = {0};
+    search(start, s);
+    EXPECT_DOUBLE_EQ(worst(bounds), best) << s << " stages";
+  }
+}
+
+}  // namespace
+}  // namespace cnnflow
