@@ -339,7 +339,10 @@ int Main(int argc, char** argv) {
     if (o.command == "bench") return Bench(o);
     return Validate(o);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\ncnnflow %s: error: %s\n", o.command.c_str(), e.what());
+    // In an MPI job every rank reports its own error, naming itself.
+    const MpiWorld& world = MpiWorld::Get();
+    const std::string rank = world.active() ? StrCat("rank ", world.rank(), " of ", world.size(), ": ") : "";
+    std::fprintf(stderr, "\ncnnflow %s: %serror: %s\n", o.command.c_str(), rank.c_str(), e.what());
     return 1;
   }
 }
