@@ -16,6 +16,9 @@
 #include "loaders/jpeg_decoder.h"
 #include "loaders/lmdb_store.h"
 #include "loaders/record.h"
+#include "loaders/series_dataset.h"
+#include "loaders/ts_format.h"
+#include "loaders/wav.h"
 #include "ops/error.h"
 #include "ops/random.h"
 
@@ -47,17 +50,32 @@ void HwcToChw(const uint8_t* hwc, size_t plane, int c, std::string* chw) {
 }  // namespace
 
 void ValidateConvertOptions(ConvertOptions* o) {
-  if (o->from != "folder" && o->from != "idx") {
+  if (o->from != "folder" && o->from != "idx" && o->from != "ts" && o->from != "wav") {
     throw ConfigError(o->from.empty()
-                          ? "--from folder|idx is required"
-                          : StrCat("--from must be folder or idx, got '", o->from, "'"));
+                          ? "--from folder|idx|ts|wav is required"
+                          : StrCat("--from must be folder, idx, ts or wav, got '", o->from, "'"));
   }
   if (o->src.empty()) throw ConfigError(StrCat("SRC is required (--from ", o->from, " SRC)"));
   if (o->to.empty()) throw ConfigError("--to LMDB_DIR is required");
   if (o->format != "cnnflow" && o->format != "caffe") {
     throw ConfigError(StrCat("--format must be cnnflow or caffe, got '", o->format, "'"));
   }
-  if (o->from == "idx") {
+  const bool series = o->from == "ts" || o->from == "wav";
+  if (o->from != "wav" && (!o->select.empty() || o->label_regex != ConvertOptions().label_regex)) {
+    throw ConfigError("--label-regex and --select apply to --from wav only");
+  }
+  if (series) {
+    if (o->format != "cnnflow") {
+      throw ConfigError(StrCat("--format ", o->format, ": a Caffe Datum holds images; --from ",
+                               o->from, " writes f32 [C, L] series in the cnnflow layout only"));
+    }
+    if (!o->labels.empty()) throw ConfigError("--labels applies to --from idx only");
+    if (o->encoded == 1) throw ConfigError("--encoded applies to image folders only");
+    if (o->resize_h > 0 || o->resize_w > 0) throw ConfigError("--resize applies to images only");
+    if (o->from == "wav" && o->label_regex.empty())
+      throw ConfigError("--label-regex must not be empty");
+    o->encoded = 0;
+  } else if (o->from == "idx") {
     if (o->labels.empty()) throw ConfigError("--from idx needs --labels IDX_LABELS");
     if (o->encoded == 1) throw ConfigError("--encoded applies to image folders only");
     o->encoded = 0;
@@ -102,9 +120,19 @@ ConvertSummary ConvertToLmdb(const ConvertOptions& options, const ConvertProgres
 
   ImageFolder folder;
   std::unique_ptr<IdxDataset> idx;
+  TsFile ts;
+  WavFolder wav;
   ConvertSummary summary;
   int64_t count = 0;
-  if (o.from == "folder") {
+  if (o.from == "ts") {
+    ts = ReadTsFile(o.src);
+    count = ts.size();
+    summary.classes = static_cast<int64_t>(ts.class_labels.size());
+  } else if (o.from == "wav") {
+    wav = ScanWavFolder(o.src, o.label_regex, o.select);
+    count = static_cast<int64_t>(wav.paths.size());
+    summary.classes = static_cast<int64_t>(wav.classes.size());
+  } else if (o.from == "folder") {
     folder = ScanImageFolder(o.src);
     count = static_cast<int64_t>(folder.entries.size());
     summary.classes = static_cast<int64_t>(folder.classes.size());
@@ -121,9 +149,34 @@ ConvertSummary ConvertToLmdb(const ConvertOptions& options, const ConvertProgres
   LmdbWriter writer(o.to, wopts);
 
   std::vector<uint8_t> file, hwc, resized;
+  std::vector<float> audio;
   std::string payload;
   RecordView rec;
   for (const int64_t src_index : order) {
+    if (!ts.cases.empty() || !wav.paths.empty()) {  // a series: raw f32 [C, L]
+      rec.encoding = RecordEncoding::kRaw;
+      rec.dtype = RecordDType::kF32;
+      const float* values = nullptr;
+      if (!ts.cases.empty()) {
+        rec.label = ts.labels[src_index];
+        rec.shape = {ts.channels, ts.lengths[src_index]};
+        values = ts.cases[src_index].data();
+      } else {
+        const std::string& path = wav.paths[src_index];
+        audio = ReadWav(path);  // Error naming the file
+        rec.label = wav.labels[src_index];
+        rec.shape = {1, static_cast<int64_t>(audio.size())};
+        values = audio.data();
+      }
+      rec.data = reinterpret_cast<const uint8_t*>(values);
+      rec.size = static_cast<size_t>(rec.shape[0] * rec.shape[1]) * sizeof(float);
+      const std::string value = EncodeCnnflowRecord(rec);
+      writer.Put(LmdbWriter::IndexKey(summary.records), value);
+      summary.value_bytes += value.size();
+      ++summary.records;
+      if (progress) progress(summary.records, total);
+      continue;
+    }
     rec.dtype = RecordDType::kU8;
     // The pixels to store raw or re-encode: HWC [h, w, c]. Left null when
     // the record keeps the file's bytes.

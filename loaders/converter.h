@@ -1,9 +1,12 @@
-// Converting a data set (an image folder or IDX files) into a new LMDB of
-// records (record.h), like Caffe's convert_imageset: the library behind
-// `cnnflow convert`, which only parses flags, draws progress and prints the
-// summary. Images are read by their magic bytes (JPEG or PNG, image_decoder.h)
-// and either kept as they are (encoded) or decoded to raw uint8 CHW pixels;
-// an optional resize gives every image the same exact size.
+// Converting a data set (an image folder, IDX files, a UCR/UEA .ts file or a
+// folder of WAV files) into a new LMDB of records (record.h), like Caffe's
+// convert_imageset: the library behind `cnnflow convert`, which only parses
+// flags, draws progress and prints the summary. Images are read by their
+// magic bytes (JPEG or PNG, image_decoder.h) and either kept as they are
+// (encoded) or decoded to raw uint8 CHW pixels; an optional resize gives
+// every image the same exact size. Series (ts, wav) become raw f32 [C, L]
+// records at their own length (cnnflow layout only: a Caffe Datum is an
+// image), fitted to the sample length when read (series_dataset.h).
 #pragma once
 
 #include <cstdint>
@@ -14,13 +17,20 @@
 namespace cnnflow {
 
 struct ConvertOptions {
-  std::string from;                // "folder" (SRC/<class>/<image>) or "idx"
-  std::string src;                 // the folder root, or the IDX images file
-  std::string labels;              // the IDX labels file (idx only)
+  // "folder" (SRC/<class>/<image>), "idx", "ts" (SRC = a .ts file) or
+  // "wav" (SRC = a folder of .wav files).
+  std::string from;
+  std::string src;     // the folder root, the IDX images file, the .ts file
+  std::string labels;  // the IDX labels file (idx only)
+  // wav only (series_dataset.h ScanWavFolder): the class from the file name
+  // (first capture group), and the files to convert (empty: all).
+  std::string label_regex = "^([^_]+)_";
+  std::string select;
   std::string to;                  // the new LMDB directory
   std::string format = "cnnflow";  // record layout: "cnnflow" or "caffe" (Datum)
   // 1: keep the image files' bytes (JPEG / PNG); 0: raw uint8 CHW pixels;
-  // -1: the source's default (folder: encoded; idx: raw, the only choice).
+  // -1: the source's default (folder: encoded; idx, ts, wav: raw, the only
+  // choice).
   int encoded = -1;
   bool shuffle = false;  // write in a random order (Fisher-Yates with Rng(seed))
   uint64_t seed = 0;

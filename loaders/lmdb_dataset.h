@@ -1,9 +1,11 @@
 // The `lmdb` data source: records of an LMDB (cnnflow's layout or Caffe's
 // Datum, as `cnnflow convert` writes them), raw pixels, JPEG or PNG, decoded
 // (image_decoder.h: TurboJPEG / libpng) into a per-thread buffer and
-// augmented per (seed, epoch, sample) in training passes. A record that
-// cannot be read is a ReadResult error naming the problem (the loader stage
-// skips or fails).
+// augmented per (seed, epoch, sample) in training passes. Records of raw
+// f32 [C, L] series (`cnnflow convert --from ts|wav`, any length each) are
+// fitted to the sample length as the `ts` / `wav` sources do
+// (series_dataset.h: fit, standardize). A record that cannot be read is a
+// ReadResult error naming the problem (the loader stage skips or fails).
 #pragma once
 
 #include <memory>
@@ -12,6 +14,7 @@
 #include "loaders/dataset.h"
 #include "loaders/image_decoder.h"
 #include "loaders/lmdb_store.h"
+#include "loaders/series_dataset.h"
 #include "ops/schema.h"
 
 namespace cnnflow {
@@ -19,13 +22,16 @@ namespace cnnflow {
 class LmdbDataset : public Dataset {
  public:
   // Args of the `lmdb` source schema (path, shape, num_classes, pad,
-  // random_crop, hflip, resize_min_side). Throws Error naming the path.
+  // random_crop, hflip, resize_min_side, fit, standardize). Series mode when
+  // `shape` is [C, L] or, without shape, the first record is [C, L] (then L
+  // = the longest record's). Throws Error naming the path.
   explicit LmdbDataset(const Args& args);
 
   int64_t size() const override { return reader_.size(); }
   Shape sample_shape() const override { return shape_; }
   int num_classes() const override { return num_classes_; }
-  // [C, H, W] floats in [0, 1] (normalisation is the data transform's).
+  // [C, H, W] floats in [0, 1], or [C, L] series (normalisation is the
+  // data transform's).
   ReadResult Read(int64_t index, const ReadContext& ctx, float* dst) const override;
   std::string Key(int64_t index) const override;
   std::string description() const override;
@@ -34,7 +40,9 @@ class LmdbDataset : public Dataset {
   LmdbReader reader_;
   Shape shape_;
   int num_classes_ = 0;
-  std::unique_ptr<ImageSampleDecoder> decoder_;
+  std::unique_ptr<ImageSampleDecoder> decoder_;  // image mode only
+  bool series_ = false;
+  SeriesOptions series_options_;  // series mode only
 };
 
 }  // namespace cnnflow

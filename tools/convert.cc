@@ -17,13 +17,23 @@ namespace cnnflow {
 namespace {
 
 constexpr const char* kConvertUsage =
-    R"(usage: cnnflow convert --from folder|idx SRC --to LMDB_DIR [options]
+    R"(usage: cnnflow convert --from folder|idx|ts|wav SRC --to LMDB_DIR [options]
 
   --from folder SRC   SRC/<class>/<image>: .jpg/.jpeg/.png, classes sorted by name
   --from idx SRC      SRC = IDX images file (gzip or plain); needs --labels
+  --from ts SRC       SRC = a UCR/UEA .ts file: raw f32 [C, L] records, one per
+                      case at its own length, label = index in @classLabel
+  --from wav SRC      SRC = a folder of 16-bit PCM .wav files: raw f32 [1, L]
+                      records (stereo averaged), classes from the file names
+  --label-regex R     wav: the class is R's first capture group in the file
+                      name (default '^([^_]+)_'; classes sorted as numbers if
+                      all are integers, else by name)
+  --select R          wav: convert only the files whose name matches R
+                      (FSDD test split: '_[0-4]\.wav$')
   --to LMDB_DIR       the new LMDB (written as LMDB_DIR.tmp, renamed when done)
   --labels FILE       IDX labels file (idx only)
-  --format F          record layout: cnnflow (default) or caffe (Datum protobuf)
+  --format F          record layout: cnnflow (default) or caffe (Datum
+                      protobuf; images only)
   --encoded           keep the image file's bytes (JPEG/PNG) as they are
                       (the default for folders)
   --raw               decode to raw uint8 CHW pixels (JPEG or PNG; default for idx)
@@ -77,6 +87,10 @@ ConvertOptions ParseArgs(const std::vector<std::string>& args) {
       o.to = value();
     } else if (a == "--labels") {
       o.labels = value();
+    } else if (a == "--label-regex") {
+      o.label_regex = value();
+    } else if (a == "--select") {
+      o.select = value();
     } else if (a == "--format") {
       o.format = value();
     } else if (a == "--seed") {
@@ -158,6 +172,7 @@ int Convert(const ConvertOptions& o) {
   });
   if (bar) bar->End();
   std::string layout = StrCat(o.format, " ", sum.encoded ? "encoded" : "raw");
+  if (o.from == "ts" || o.from == "wav") layout += " f32 [C, L] series";
   if (o.resize_h > 0) {
     layout += StrCat(", resized to ", o.resize_h, "x", o.resize_w);
     if (sum.reencoded) layout += StrCat(" (re-encoded as JPEG quality ", o.jpeg_quality, ")");

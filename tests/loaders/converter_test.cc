@@ -423,7 +423,7 @@ TEST(ConvertOptionsTest, BadOptionsAreConfigErrors) {
   check(bad, "--encoded applies to image folders only");
   bad = o;
   bad.from = "csv";
-  check(bad, "--from must be folder or idx");
+  check(bad, "--from must be folder, idx, ts or wav");
 }
 
 }  // namespace
