@@ -213,7 +213,22 @@ void PipelineModel::Backward(int s, int i) {
   st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
 
-PipelineModel::Result PipelineModel::EndStep(double lr) {
+PipelineModel::Result PipelineModel::EndStep(double lr,
+                                             const std::function<void(float*, int64_t)>& reduce_sum) {
+  if (reduce_sum) {
+    auto params = full_->NamedParameters();
+    int64_t total = 0;
+    for (auto& p : params) total += p.param->grad.numel();
+    Tensor flat = Tensor::Empty(Shape({total}), DType::kF32);
+    float* f = flat.data<float>();
+    for (auto& p : params) f = std::copy_n(p.param->grad.data<float>(), p.param->grad.numel(), f);
+    reduce_sum(flat.data<float>(), total);
+    f = flat.data<float>();
+    for (auto& p : params) {
+      std::copy_n(f, p.param->grad.numel(), p.param->grad.data<float>());
+      f += p.param->grad.numel();
+    }
+  }
   for (auto& st : stages_) st->arena->execute([&] { st->optimizer->Step(lr); });
   full_->ZeroGrad();
   Result total;

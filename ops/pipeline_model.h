@@ -26,6 +26,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,7 +90,9 @@ class PipelineModel {
                 double label_smoothing);
   void Forward(int stage, int microbatch);
   void Backward(int stage, int microbatch);
-  Result EndStep(double lr);
+  // reduce_sum, when given, sums the gradients of every parameter (one flat
+  // buffer) across data-parallel replicas of this pipeline before the step.
+  Result EndStep(double lr, const std::function<void(float*, int64_t)>& reduce_sum = {});
 
   // Accounting since the last ResetStats: busy seconds per stage, and the
   // most micro-batches of activations a stage held at once.

@@ -49,6 +49,7 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   MpiWorld& world = MpiWorld::Get();
   state_.process_rank = world.rank();
   state_.process_count = world.size();
+  state_.collective_timeout_s = config_.collective_timeout_s;
   const int replicas = static_cast<int>(config_.devices.size());
   if (config_.threads < replicas) {
     throw ConfigError(StrCat(config_.doc.path(), ": ", replicas, " CPU replicas need at least ",

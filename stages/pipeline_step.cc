@@ -14,6 +14,7 @@
 
 #include <map>
 
+#include "ops/collective_mpi.h"
 #include "ops/pipeline_model.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
@@ -99,7 +100,16 @@ class PipelineStepStage final : public Stage {
       if (!graph) graph = std::make_unique<ActionGraph>(p, micro);
       graph->Run();
       m.lr = s.schedule->At(m.global_step);
-      const PipelineModel::Result r = p.EndStep(m.lr);
+      // In an MPI job each process is a data-parallel replica of the
+      // pipeline: gradients are summed across them before the step.
+      MpiWorld& world = MpiWorld::Get();
+      std::function<void(float*, int64_t)> reduce;
+      if (world.active()) {
+        reduce = [&world, &s](float* data, int64_t count) {
+          world.AllReduceSum(data, count, "pipeline gradients", s.collective_timeout_s);
+        };
+      }
+      const PipelineModel::Result r = p.EndStep(m.lr, reduce);
       m.loss = r.loss_sum / static_cast<double>(rows);
       m.correct = r.correct;
     }

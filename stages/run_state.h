@@ -66,6 +66,7 @@ struct RunState {
   int64_t batches_done = 0;  // micro-batches trained so far (keys dropout)
   // This process in an MPI job (the sampler's shard).
   int process_rank = 0, process_count = 1;
+  double collective_timeout_s = 300;
   int64_t max_steps = 0;    // stop a pass after this many batches (0: whole epoch)
   int64_t start_batch = 0;  // the pass starts at this batch (a resumed epoch)
   int64_t stop_batch = 0;   // and stops before this one (0: at its end)
