@@ -202,6 +202,14 @@ void ReplicaSet::Drain(int r) {
   }
 }
 
+bool ReplicaSet::AgreeStop(int r, bool stop_requested) {
+  if (!allreduce_) return stop_requested;
+  float flag = stop_requested ? 1.0f : 0.0f;
+  Post(r, [this, r, &flag] { allreduce_->AllReduceSum(r, &flag, 1, "stop request"); });
+  Drain(r);
+  return flag > 0;
+}
+
 void ReplicaSet::Abort(const std::string& reason) {
   if (group_) group_->Abort(reason);
 }

@@ -109,6 +109,10 @@ class ReplicaSet {
   // Replica r: waits for its reductions, steps its optimizer with lr,
   // broadcasts BN buffers, zeroes its gradients.
   void Step(int r, double lr);
+  // Replica r's part of agreeing, across every replica of every process,
+  // whether any of them was asked to stop; all get the same answer (so all
+  // stop after the same step). Call at the same step on every replica.
+  bool AgreeStop(int r, bool stop_requested);
   // Aborts every replica's collectives (a replica failed).
   void Abort(const std::string& reason);
 

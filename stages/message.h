@@ -26,6 +26,7 @@ struct BatchMessage {
   double loss = 0;  // mean over the batch
   int64_t correct = 0;
   double lr = 0;
+  bool dropped = false;  // not trained: every process agreed to stop before it
   std::vector<double> replica_loss;  // loss sums of the replicas' shards
   std::vector<int64_t> replica_correct;
 };

@@ -88,6 +88,12 @@ class PipelineStepStage final : public Stage {
  private:
   void Step(RunState& s, BatchMessage& m) {
     PipelineModel& p = *s.pipeline;
+    const int64_t stop_after = s.stop_after_step.load();
+    if (stop_after >= 0 && m.global_step > stop_after) {  // every process stopped before it
+      m.dropped = true;
+      m.labels.clear();
+      return;
+    }
     const auto rows = static_cast<int64_t>(m.labels.size());
     if (rows > 0) {
       ForwardContext ctx;
@@ -115,6 +121,15 @@ class PipelineStepStage final : public Stage {
     }
     s.batches_done = m.micro_step + 1;
     s.global_step = m.global_step + 1;
+    MpiWorld& world = MpiWorld::Get();
+    if (world.active()) {  // all processes stop after the same step (see train_step)
+      float stop = s.stop_requested.load() ? 1.0f : 0.0f;
+      world.AllReduceSum(&stop, 1, "stop request", s.collective_timeout_s);
+      if (stop > 0) {
+        s.stop_after_step = m.global_step;
+        s.stop_requested = true;
+      }
+    }
   }
 
   std::map<int, std::unique_ptr<ActionGraph>> graphs_;  // by micro-batch count

@@ -71,6 +71,9 @@ struct RunState {
   int64_t start_batch = 0;  // the pass starts at this batch (a resumed epoch)
   int64_t stop_batch = 0;   // and stops before this one (0: at its end)
   std::atomic<bool> stop_requested{false};
+  // In an MPI job: the last step every process trains once they agreed to
+  // stop (batches already sampled beyond it are dropped); -1: none.
+  std::atomic<int64_t> stop_after_step{-1};
 
   // The pass being run (reset by the trainer before each graph run).
   std::string pass;  // "train" or "eval"

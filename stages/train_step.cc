@@ -46,8 +46,13 @@ class TrainStepStage final : public Stage {
               m->correct += m->replica_correct[r];
             }
             m->loss = m->labels.empty() ? 0 : loss / static_cast<double>(m->labels.size());
-            state.batches_done = m->micro_step + 1;
-            if (EndsWindow(state, *m)) state.global_step = m->global_step + 1;
+            if (m->dropped) {  // counts nowhere: the run stopped before it
+              m->labels.clear();
+              m->correct = 0;
+            } else {
+              state.batches_done = m->micro_step + 1;
+              if (EndsWindow(state, *m)) state.global_step = m->global_step + 1;
+            }
             std::get<0>(out).try_put(m);
           });
         });
@@ -77,6 +82,11 @@ class TrainStepStage final : public Stage {
 
   static void Step(RunState& s, int r, BatchMessage& m) {
     ReplicaSet& set = *s.replicas;
+    const int64_t stop_after = s.stop_after_step.load();
+    if (stop_after >= 0 && m.global_step > stop_after) {
+      m.dropped = true;
+      return;
+    }
     const int n = set.size();
     const int64_t rows = static_cast<int64_t>(m.labels.size());
     const int64_t b = rows * r / n, e = rows * (r + 1) / n;
@@ -100,6 +110,13 @@ class TrainStepStage final : public Stage {
     if (reduce) {
       m.lr = s.schedule->At(m.global_step);
       set.Step(r, m.lr);
+      // Under MPI a signal may reach some processes only, or at different
+      // steps: they agree after each step, so that all stop after the same
+      // one (else their collectives would no longer match).
+      if (s.process_count > 1 && set.AgreeStop(r, s.stop_requested.load())) {
+        s.stop_after_step = m.global_step;
+        s.stop_requested = true;
+      }
     }
   }
 
