@@ -42,28 +42,10 @@ std::string MakeRunDir(const std::string& parent, const std::string& name) {
 
 }  // namespace
 
-Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
-  thread_limit_ = std::make_shared<tbb::global_control>(
-      tbb::global_control::max_allowed_parallelism, static_cast<size_t>(config_.threads));
-
-  MpiWorld& world = MpiWorld::Get();
-  state_.process_rank = world.rank();
-  state_.process_count = world.size();
-  state_.collective_timeout_s = config_.collective_timeout_s;
+// The replicas (data parallel), or the pipeline's stages (graph.pipeline),
+// each device getting an equal share of the thread budget.
+void Trainer::BuildModel(MpiWorld& world) {
   const int replicas = static_cast<int>(config_.devices.size());
-  if (config_.threads < replicas) {
-    throw ConfigError(StrCat(config_.doc.path(), ": ", replicas, " CPU replicas need at least ",
-                             replicas, " threads (threads: ", config_.threads, ")"));
-  }
-  // Every process must run the same config (and so the same graph and
-  // parameter shapes): a mismatch fails on every rank at once.
-  config_hash_ = ConfigHash(ResolvedConfigText());
-  if (world.active()) {
-    world.AgreeOnHash(std::stoull(config_hash_, nullptr, 16), "the resolved config",
-                      config_.collective_timeout_s);
-  }
-
-  // The model first: a shape error is reported before any data is read.
   if (config_.pipeline) {
     PipelineOptions po;
     po.stages = config_.pipeline_stages;
@@ -92,6 +74,31 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
                                              config_.optimizer_args, dp, world);
     model_ = &replicas_->model(0);
   }
+}
+
+Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
+  thread_limit_ = std::make_shared<tbb::global_control>(
+      tbb::global_control::max_allowed_parallelism, static_cast<size_t>(config_.threads));
+
+  MpiWorld& world = MpiWorld::Get();
+  state_.process_rank = world.rank();
+  state_.process_count = world.size();
+  state_.collective_timeout_s = config_.collective_timeout_s;
+  const int replicas = static_cast<int>(config_.devices.size());
+  if (config_.threads < replicas) {
+    throw ConfigError(StrCat(config_.doc.path(), ": ", replicas, " CPU replicas need at least ",
+                             replicas, " threads (threads: ", config_.threads, ")"));
+  }
+  // Every process must run the same config (and so the same graph and
+  // parameter shapes): a mismatch fails on every rank at once.
+  config_hash_ = ConfigHash(ResolvedConfigText());
+  if (world.active()) {
+    world.AgreeOnHash(std::stoull(config_hash_, nullptr, 16), "the resolved config",
+                      config_.collective_timeout_s);
+  }
+
+  // The model first: a shape error is reported before any data is read.
+  BuildModel(world);
   const int data_replicas = replicas_ ? replicas : 1;  // a pipeline is one replica
   for (const auto& [name, spec] : config_.data) {
     const SourceType* type = SourceRegistry::Get().Find(spec.source);

@@ -62,6 +62,7 @@ class Trainer {
   std::string Describe() const;
 
  private:
+  void BuildModel(MpiWorld& world);
   void LogAutotune(const AutotuneDecision& d);
   void SaveCheckpoint(int64_t epoch, const PassMetrics& partial);
   std::string ResolvedConfigText() const;
