@@ -1,6 +1,7 @@
 #include "pipeline/trainer.h"
 
 #include <tbb/global_control.h>
+#include <tbb/task_arena.h>
 
 #include <chrono>
 #include <cmath>
@@ -79,6 +80,7 @@ void Trainer::BuildModel(MpiWorld& world) {
 Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   thread_limit_ = std::make_shared<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, static_cast<size_t>(config_.threads));
+  arena_ = std::make_unique<tbb::task_arena>(config_.threads);
 
   MpiWorld& world = MpiWorld::Get();
   state_.process_rank = world.rank();
@@ -130,7 +132,8 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   // Optimizer steps per epoch: this process's shard in batches of
   // batch x replicas, accumulate batches a step.
   const int64_t shard = (train.size() + state_.process_count - 1) / state_.process_count;
-  int64_t batches = ShardedSampler::NumBatches(shard, config_.batch * data_replicas, false);
+  int64_t batches =
+      ShardedSampler::NumBatches(shard, config_.batch * data_replicas, /*drop_last=*/config_.sync_bn);
   if (config_.max_steps > 0) batches = std::min(batches, config_.max_steps);
   steps_per_epoch_ = (batches + config_.accumulate - 1) / config_.accumulate;
   const Args& s = config_.schedule_args;
@@ -194,7 +197,10 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   };
   state_.sampled = 0;
   if (pipeline_) pipeline_->ResetStats();
-  RunGraph(graph, state_);
+  // In an arena of exactly the run's threads: replicas block while they wait
+  // for each other, so each needs a thread of its own, even where `threads`
+  // exceeds the cores (the default arena has one slot per core).
+  arena_->execute([&] { RunGraph(graph, state_); });
   if (progress_) progress_->EndPass();
   // Every batch must come out: one that does not is held by a node (a bug),
   // and would silently be missing from training.

@@ -11,6 +11,8 @@
 #include <memory>
 #include <string>
 
+#include <tbb/task_arena.h>
+
 #include "pipeline/autotune.h"
 #include "pipeline/progress.h"
 #include "pipeline/run_config.h"
@@ -73,6 +75,7 @@ class Trainer {
 
   RunConfig config_;
   std::shared_ptr<void> thread_limit_;  // a tbb::global_control: the run's thread budget
+  std::unique_ptr<tbb::task_arena> arena_;  // the graph runs in it, `threads` slots
   std::string config_hash_;
   std::unique_ptr<ReplicaSet> replicas_;  // each with its optimizer
   std::unique_ptr<PipelineModel> pipeline_;  // instead, with graph.pipeline

@@ -173,5 +173,36 @@ TEST(PipelineTraining, PipelineMatchesOneDeviceAndResumesExactly) {
   fs::remove_all(dir);
 }
 
+// More replicas than cores, with SyncBN (every replica blocks in each
+// BatchNorm until all arrive): each needs a thread of its own, which the
+// run's arena of `threads` slots gives, whatever the core count.
+TEST(DataParallelTraining, ThreeSyncBnReplicasOnTwoCoresDoNotDeadlock) {
+  const fs::path dir = testing::TestDir();
+  const std::string config = (dir / "bn.yaml").string();
+  std::ofstream(config) << R"(name: bn3
+seed: 1
+threads: 3
+data:
+  train: {source: idx, images: /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz,
+          labels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz}
+model:
+  input: [1, 28, 28]
+  layers:
+    - {name: conv1, conv2d: {out: 4, kernel: 3, pad: 1, bias: false}}
+    - {name: bn1, batchnorm: {}}
+    - {name: relu1, relu: {}}
+    - {name: pool1, maxpool2d: {kernel: 4}}
+    - {name: flatten, flatten: {}}
+    - {name: fc, linear: {out: 10}}
+train: {epochs: 1, batch: 10, max_steps: 4, optimizer: {sgd: {lr: 0.1}}}
+graph: {devices: [cpu:0, cpu:1, cpu:2], sync_bn: true, collective_timeout_s: 30}
+)";
+  Trainer t(LoadRunConfig(config));
+  const PassMetrics m = t.RunPass(t.config().train_graph, "train", 0);
+  EXPECT_EQ(m.samples, 4 * 30);
+  EXPECT_EQ(t.state().global_step, 4);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace cnnflow
