@@ -540,6 +540,31 @@ std::string Trainer::Describe() const {
   os << "threads: " << config_.threads << ", devices:";
   for (const auto& d : config_.devices) os << " " << d.ToString();
   os << ", steps per epoch: " << steps_per_epoch_ << "\n";
+
+  // Memory known before the run: the prefetched input batches (bounded by
+  // the prefetch stage) and, per replica, activations and parameter state.
+  const int replicas = replicas_ ? replicas_->size() : 1;
+  const double batch_mb = static_cast<double>(config_.batch * replicas * m.input_shape().numel()) *
+                          sizeof(float) / 1e6;
+  for (const NodeSpec& n : config_.train_graph.nodes) {
+    if (n.stage != "prefetch") continue;
+    int64_t depth = n.args.Int("depth");
+    const double budget = n.args.Float("memory_mb");
+    if (budget > 0) depth = std::min<int64_t>(depth, static_cast<int64_t>(budget / batch_mb));
+    std::snprintf(line, sizeof line,
+                  "memory: prefetched batches <= %.1f MB (%lld x %.2f MB)", depth * batch_mb,
+                  static_cast<long long>(depth), batch_mb);
+    os << line;
+  }
+  double acts = 0;
+  for (int i = 0; i < m.num_layers(); ++i) acts += static_cast<double>(m.output_shape(i).numel());
+  const double act_mb = acts * config_.batch * sizeof(float) / 1e6;
+  const double state_mb = static_cast<double>(m.NumParameters()) * sizeof(float) * 4 / 1e6;
+  std::snprintf(line, sizeof line,
+                "; per replica: activations ~%.1f MB (batch %lld), parameters + gradients + "
+                "optimizer state ~%.1f MB\n",
+                act_mb, static_cast<long long>(config_.batch), state_mb);
+  os << line;
   return os.str();
 }
 
