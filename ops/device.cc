@@ -63,10 +63,13 @@ void* CachingPool::Allocate(size_t bytes) {
     p = list.back();
     list.pop_back();
   } else {
-    p = RawAllocate(size);
+    p = limit_ > 0 && reserved_ + size > limit_ ? nullptr : RawAllocate(size);
     if (p == nullptr) {
+      const std::string* who = AllocationScope::Current();
       throw Error(StrCat(name(), " out of memory: asked ", size, " bytes with ", in_use_,
-                         " in use and ", reserved_, " reserved"));
+                         " in use and ", reserved_, " reserved",
+                         limit_ > 0 ? StrCat(" (limit ", limit_, ")") : std::string(),
+                         who ? StrCat(", for ", *who) : std::string()));
     }
     reserved_ += size;
   }
@@ -74,6 +77,26 @@ void* CachingPool::Allocate(size_t bytes) {
   peak_ = std::max(peak_, in_use_);
   return p;
 }
+
+void CachingPool::set_limit_bytes(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_ = bytes;
+}
+
+void CachingPool::ResetPeak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_ = in_use_;
+}
+
+namespace {
+thread_local const AllocationScope* g_scope = nullptr;
+}  // namespace
+
+AllocationScope::AllocationScope(std::string what) : what_(std::move(what)), outer_(g_scope) {
+  g_scope = this;
+}
+AllocationScope::~AllocationScope() { g_scope = outer_; }
+const std::string* AllocationScope::Current() { return g_scope ? &g_scope->what_ : nullptr; }
 
 void CachingPool::Release(void* ptr, size_t bytes) {
   const size_t size = RoundToSizeClass(bytes);

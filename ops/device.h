@@ -45,6 +45,26 @@ class MemoryPool {
   virtual size_t bytes_in_use() const = 0;
   virtual size_t peak_bytes_in_use() const = 0;
   virtual size_t bytes_reserved() const = 0;
+  // Caps the bytes held from the system (0: no cap): a device's memory
+  // budget, and how tests provoke an out-of-memory error.
+  virtual void set_limit_bytes(size_t bytes) = 0;
+  virtual void ResetPeak() = 0;
+};
+
+// Names what the current thread is allocating for ("layer 'conv2' (conv2d)
+// forward"), so that an out-of-memory error can say who asked. Scopes nest;
+// the innermost is reported.
+class AllocationScope {
+ public:
+  explicit AllocationScope(std::string what);
+  ~AllocationScope();
+  AllocationScope(const AllocationScope&) = delete;
+  AllocationScope& operator=(const AllocationScope&) = delete;
+  static const std::string* Current();  // null outside any scope
+
+ private:
+  std::string what_;
+  const AllocationScope* outer_;
 };
 
 // The pool logic shared by every device: blocks rounded up to size classes,
@@ -57,6 +77,8 @@ class CachingPool : public MemoryPool {
   size_t bytes_in_use() const override { return in_use_; }
   size_t peak_bytes_in_use() const override { return peak_; }
   size_t bytes_reserved() const override { return reserved_; }
+  void set_limit_bytes(size_t bytes) override;
+  void ResetPeak() override;
 
  protected:
   // nullptr when the device is out of memory.
@@ -66,7 +88,7 @@ class CachingPool : public MemoryPool {
  private:
   std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;
-  size_t in_use_ = 0, peak_ = 0, reserved_ = 0;
+  size_t in_use_ = 0, peak_ = 0, reserved_ = 0, limit_ = 0;
 };
 
 // The pool of a device (created on first use). Host memory for every cpu:K.

@@ -387,6 +387,8 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     csv->flush();
   }
 
+  MemoryPool& pool = PoolFor(Device::Cpu());
+  pool.ResetPeak();
   EpochReport report;
   // Optimizer steps between checkpoints, in batches (whole accumulation windows).
   const int64_t every = config_.checkpoint_every * config_.accumulate;
@@ -432,6 +434,10 @@ EpochReport Trainer::Train(const std::string& run_dir) {
                              ", test accuracy ", 100 * report.test.accuracy(), "%, ",
                              static_cast<int64_t>(report.train.samples_per_second()), " img/s"));
     }
+  }
+  if (progress_) {
+    progress_->Line(StrCat("peak memory: ", pool.peak_bytes_in_use() / 1000000, " MB in use, ",
+                           pool.bytes_reserved() / 1000000, " MB held (host pool)"));
   }
   if (writer) {
     SaveSafetensors((fs::path(run_dir_) / "model.safetensors").string(), model_->StateTensors(),

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "ops/cpu/elementwise.h"
+#include "ops/device.h"
 #include "tests/ops/gradient_check.h"
 
 namespace cnnflow {
@@ -126,6 +127,39 @@ TEST(Model, UnknownLayerTypeAndBadInputsAreConfigErrors) {
   } catch (const ConfigError& e) {
     EXPECT_STREQ(e.what(), "layer 'r' reads 'nope', which is not an earlier layer");
   }
+}
+
+}  // namespace
+}  // namespace cnnflow
+
+namespace cnnflow {
+namespace {
+
+// Out of memory names the layer that asked (the pool capped to provoke it),
+// and the pool recovers once the cap is lifted.
+TEST(Model, OutOfMemoryNamesTheLayerThatAsked) {
+  auto model = Model::Build({L("conv1", "conv2d", {{"out", int64_t{64}}, {"kernel", int64_t{3}},
+                                                   {"pad", int64_t{1}}})},
+                            {3, 61, 67}, DType::kF32, 1);
+  MemoryPool& pool = PoolFor(Device::Cpu());
+  struct Uncap {
+    MemoryPool& p;
+    ~Uncap() { p.set_limit_bytes(0); }
+  } uncap{pool};
+  const Tensor x = Tensor::Zeros(Shape({7, 3, 61, 67}), DType::kF32);
+  pool.set_limit_bytes(pool.bytes_reserved() + 1024);  // nothing new fits
+  try {
+    model->Forward(x, ForwardContext{});
+    FAIL() << "expected out of memory";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("host out of memory: asked"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("for layer 'conv1' (conv2d) forward, output [7, 64, 61, 67]"),
+              std::string::npos)
+        << msg;
+  }
+  pool.set_limit_bytes(0);
+  EXPECT_EQ(model->Forward(x, ForwardContext{}).shape(), Shape({7, 64, 61, 67}));
 }
 
 }  // namespace
