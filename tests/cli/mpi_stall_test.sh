@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A rank that stalls mid-training (SIGSTOP): the other fails within
+# graph.collective_timeout_s with a message naming the collective and the
+# bucket, and the job ends instead of hanging.
+#   usage: mpi_stall_test.sh MPIEXEC CNNFLOW_BINARY
+set -u
+mpiexec="$1"
+cnnflow="$2"
+out=$(mktemp -d)
+rank1=""
+trap '[[ -n "$rank1" ]] && kill -CONT "$rank1" 2>/dev/null; rm -rf "$out"' EXIT
+timeout 120 "$mpiexec" -n 2 --oversubscribe "$cnnflow" train configs/fashion_mnist.yaml \
+  --set train.epochs=1 --set threads=1 --set graph.collective_timeout_s=3 --out "$out/run" \
+  > "$out/log" 2>&1 &
+launcher=$!
+for _ in $(seq 1 300); do
+  if grep -q "train epoch 1/1" "$out/log" 2>/dev/null; then
+    for p in $(pgrep -f "cnnflow train configs/fashion_mnist.yaml"); do
+      tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && rank1=$p
+    done
+    [[ -n "$rank1" ]] && break
+  fi
+  sleep 0.1
+done
+[[ -n "$rank1" ]] || { cat "$out/log"; echo "FAIL: rank 1 not found"; exit 1; }
+start=$(date +%s)
+kill -STOP "$rank1"
+wait "$launcher"
+status=$?
+elapsed=$(( $(date +%s) - start ))
+grep "error" "$out/log" | head -n 2
+[[ $status -ne 0 && $status -ne 124 ]] || { echo "FAIL: exit status $status (124: hung)"; exit 1; }
+grep -q "rank 0 of 2: error: .*MPI AllReduceSum 'bucket 0 (.*)' .*did not complete within 3 s" "$out/log" ||
+  { echo "FAIL: rank 0 did not report the stalled collective"; exit 1; }
+(( elapsed < 60 )) || { echo "FAIL: took ${elapsed} s"; exit 1; }
+echo "PASS: a stalled rank failed the job in ${elapsed} s, naming the bucket"
