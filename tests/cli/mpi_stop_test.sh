@@ -4,6 +4,7 @@
 # writes a checkpoint, both exit 130; `--resume` under mpirun finishes.
 #   usage: mpi_stop_test.sh MPIEXEC CNNFLOW_BINARY
 set -u
+source "$(dirname "$0")/mpi_lib.sh"
 mpiexec="$1"
 cnnflow="$2"
 out=$(mktemp -d)
@@ -12,18 +13,7 @@ sets=(--set train.epochs=1 --set train.max_steps=400 --set threads=1)
 "$mpiexec" -n 2 --oversubscribe "$cnnflow" train configs/fashion_mnist.yaml "${sets[@]}" \
   --out "$out/run" > "$out/log" 2>&1 &
 launcher=$!
-# Rank 1's process: a child of the launcher with OMPI_COMM_WORLD_RANK=1.
-rank1=""
-for _ in $(seq 1 300); do
-  if grep -q "train epoch 1/1" "$out/log" 2>/dev/null; then
-    for p in $(pgrep -f "cnnflow train configs/fashion_mnist.yaml"); do
-      tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1" && rank1=$p
-    done
-    [[ -n "$rank1" ]] && break
-  fi
-  sleep 0.1
-done
-[[ -n "$rank1" ]] || { cat "$out/log"; echo "FAIL: rank 1 not found"; exit 1; }
+rank1=$(wait_for_rank1 "$launcher" "$out/log") || exit 1
 kill -TERM "$rank1"
 wait "$launcher"
 status=$?
