@@ -1,21 +1,49 @@
 #!/usr/bin/python3
-"""PyTorch reference for cnnflow's training benchmark (issue 2).
+"""PyTorch reference for cnnflow's training benchmarks (issues 2 and 6).
 
-Trains the "two-layer CNN + FC" of configs/fashion_mnist.yaml on the real
-Fashion-MNIST with Debian's CPU PyTorch, fed the fastest way PyTorch allows:
-the whole set normalised once into one float tensor, shuffled batches sliced
-from it with index_select (no DataLoader, no worker processes).
+Trains, in eager mode, the same models as cnnflow's configs:
+  --model mlp2      the "two-layer CNN + FC" of configs/fashion_mnist.yaml
+                    (conv 1->32 3x3 pad 1, ReLU, maxpool 2; conv 32->64, ReLU,
+                    maxpool 2; linear 3136->128, ReLU; linear 128->10), batch 64
+  --model resnet18  the CIFAR ResNet-18 of configs/resnet18_cifar.yaml (3x3
+                    stem conv 64 + BN + ReLU, 4 stages x 2 BasicBlocks, 1x1
+                    conv + BN shortcuts at stride 2, global average pool,
+                    linear 512->10), batch 256
+with SGD momentum 0.9 as in those configs (mlp2 lr 0.01; resnet18 lr 0.1,
+weight decay 5e-4) and softmax cross-entropy.
 
-Run it with Debian's interpreter, which has torch:
+Data (--source):
+  idx        the real Fashion-MNIST (mlp2 only; the default for mlp2): the
+             whole set normalised once into one float tensor, shuffled
+             batches sliced from it with index_select inside the timed loop
+             (no DataLoader, no worker processes), the fastest way PyTorch
+             allows on a CPU
+  synthetic  (the default for resnet18, and what bench/gpu_vs_pytorch.sh
+             uses) --pool-batches batches made once, like cnnflow's
+             `synthetic` source: unit-variance uniform noise plus a per-class
+             channel mean, labels uniform over 10 classes
+--feed host (default): batches live in host memory (pinned on a GPU) and each
+step copies its batch to the device with non_blocking=True, as cnnflow does;
+--feed device: the batches are made on the device once (no copy in the loop).
+
+Run it with Debian's interpreter on the build machine (it has torch 1.13, CPU):
     /usr/bin/python3 bench/pytorch_train.py --threads 2 --steps 300
     /usr/bin/python3 bench/pytorch_train.py --threads 2 --epochs 10   # accuracy
+    /usr/bin/python3 bench/pytorch_train.py --model resnet18 --device cpu --steps 3
+and on the GPU machine with its python3 (torch 2.x, CUDA):
+    python3 bench/pytorch_train.py --model resnet18 --device cuda --precision bf16
 
 Throughput mode (default): --warmup W untimed steps, then --steps S timed
-steps; prints one line
-    pytorch images_per_s=... threads=... steps=... batch=... setting=... ...
-Accuracy mode (--epochs E > 0): E full epochs, test accuracy after each.
+steps (on a GPU: synchronised before and after); prints one line
+    pytorch model=... precision=... device=... batch=... images_per_s=... threads=... ...
+Accuracy mode (--epochs E > 0, --source idx): E full epochs, test accuracy
+after each.
 
-Settings (the "best setting" search of bench/README.md):
+Precision: fp32 (PyTorch's defaults: cuDNN convolutions may use TF32, matmuls
+do not; printed as tf32_conv / tf32_matmul), bf16 (autocast), fp16 (autocast
++ GradScaler; GPU only). On a GPU torch.backends.cudnn.benchmark = True.
+
+CPU settings (the "best setting" search of bench/README.md):
     --openblas-threads N   sets OPENBLAS_NUM_THREADS before torch is imported
     --mkldnn on|off        torch.backends.mkldnn.enabled (oneDNN convolutions)
     --channels-last        model and input in torch.channels_last
@@ -32,15 +60,31 @@ import time
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["mlp2", "resnet18"], default="mlp2",
+                   help="mlp2: configs/fashion_mnist.yaml's model; resnet18: "
+                        "configs/resnet18_cifar.yaml's")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="bf16/fp16: torch.autocast (fp16 with a GradScaler, GPU only)")
+    p.add_argument("--source", choices=["idx", "synthetic"], default=None,
+                   help="data: the real Fashion-MNIST (mlp2 only; its default) or synthetic "
+                        "batches (resnet18's default)")
+    p.add_argument("--feed", choices=["host", "device"], default="host",
+                   help="host: batches in (pinned) host memory, copied to the device each step "
+                        "with non_blocking=True, as cnnflow does; device: made on the device once")
+    p.add_argument("--pool-batches", type=int, default=16,
+                   help="synthetic: distinct batches made up front and cycled through")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--steps", type=int, default=300, help="timed steps")
     p.add_argument("--warmup", type=int, default=30, help="untimed steps first")
     p.add_argument("--epochs", type=int, default=0,
                    help="> 0: accuracy run of E full epochs instead of timing")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--batch", type=int, default=None, help="default: mlp2 64, resnet18 256")
+    p.add_argument("--lr", type=float, default=None, help="default: mlp2 0.01, resnet18 0.1")
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help="default: mlp2 0, resnet18 5e-4")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--openblas-threads", type=int, default=None,
                    help="set OPENBLAS_NUM_THREADS (before torch loads OpenBLAS)")
@@ -52,7 +96,24 @@ def parse_args():
                         "alternating, and print the median of each and the best")
     p.add_argument("--search-all", action="store_true", help="--search, with SEARCH_MORE too")
     p.add_argument("--reps", type=int, default=3, help="repetitions per candidate in --search")
-    return p.parse_args()
+    a = p.parse_args()
+    # The configs' settings (configs/fashion_mnist.yaml, configs/resnet18_cifar.yaml).
+    defaults = {"mlp2": (64, 0.01, 0.0), "resnet18": (256, 0.1, 5e-4)}[a.model]
+    if a.batch is None:
+        a.batch = defaults[0]
+    if a.lr is None:
+        a.lr = defaults[1]
+    if a.weight_decay is None:
+        a.weight_decay = defaults[2]
+    if a.source is None:
+        a.source = "idx" if a.model == "mlp2" else "synthetic"
+    if a.source == "idx" and a.model != "mlp2":
+        p.error("--source idx (Fashion-MNIST, 1x28x28) fits --model mlp2 only")
+    if a.precision == "fp16" and a.device != "cuda":
+        p.error("--precision fp16 needs --device cuda (CPU autocast is bf16 only)")
+    if a.epochs > 0 and a.source != "idx":
+        p.error("--epochs (accuracy) needs --source idx")
+    return a
 
 
 # Candidate settings for --search: (name, extra environment, extra arguments).
@@ -100,7 +161,8 @@ def search(args):
     import subprocess
     base = [sys.executable, os.path.abspath(__file__), "--threads", str(args.threads),
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
-            "--data", args.data]
+            "--data", args.data, "--model", args.model, "--source", args.source,
+            "--device", args.device, "--precision", args.precision]
     got = {name: [] for name, _, _ in cands}
     for r in range(args.reps):
         for name, env, extra in cands:                  # alternate: one of each per round
@@ -129,6 +191,7 @@ if args.search or args.search_all:
 if args.openblas_threads is not None:
     os.environ["OPENBLAS_NUM_THREADS"] = str(args.openblas_threads)
 
+
 import numpy as np  # noqa: E402  (after the environment is set)
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -156,7 +219,22 @@ def load(split):
     return x, y
 
 
+def synthetic(shape, classes, n, gen, separation=1.0):
+    """n samples as cnnflow's `synthetic` source makes them (same distribution,
+    not the same values): uniform noise in [-sqrt 3, sqrt 3) plus, for class k
+    and channel c, separation * (2 ((k + c) mod K) + 1 - K) / K."""
+    y = torch.randint(0, classes, (n,), generator=gen)
+    x = (torch.rand((n,) + tuple(shape), generator=gen) * 2 - 1) * 3 ** 0.5
+    k = torch.arange(classes).unsqueeze(1)
+    c = torch.arange(shape[0]).unsqueeze(0)
+    means = separation * (2 * ((k + c) % classes) + 1 - classes).float() / classes  # K x C
+    x += means[y].reshape((n, shape[0]) + (1,) * (len(shape) - 1))
+    return x, y
+
+
 class Net(nn.Module):
+    """The "two-layer CNN + FC" of configs/fashion_mnist.yaml (--model mlp2)."""
+
     def __init__(self):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
@@ -172,33 +250,121 @@ class Net(nn.Module):
         return self.fc2(x)
 
 
+class BasicBlock(nn.Module):
+    """conv3x3 (stride s) -> BN -> ReLU -> conv3x3 -> BN, + the input or its
+    1x1 conv (stride s) + BN projection, -> ReLU (torchvision's BasicBlock)."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                      nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)), inplace=True)
+        out = self.bn2(self.conv2(out))
+        out = out + (x if self.down is None else self.down(x))
+        return F.relu(out, inplace=True)
+
+
+class ResNet18(nn.Module):
+    """The CIFAR ResNet-18 of configs/resnet18_cifar.yaml (--model resnet18)."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        blocks, cin = [], 64
+        for stage, cout in enumerate([64, 128, 256, 512]):
+            for b in range(2):
+                blocks.append(BasicBlock(cin, cout, 2 if stage > 0 and b == 0 else 1))
+                cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(512, classes)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)), inplace=True)
+        x = self.blocks(x)
+        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+        return self.fc(x)
+
+
 def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     torch.backends.mkldnn.enabled = args.mkldnn == "on"
+    cuda = args.device == "cuda"
+    if cuda:
+        if not torch.cuda.is_available():
+            sys.exit("pytorch_train.py: --device cuda but torch.cuda.is_available() is False")
+        torch.backends.cudnn.benchmark = True
+    dev = torch.device(args.device)
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
-
-    xtr, ytr = load("train")
-    if args.channels_last:
-        xtr = xtr.contiguous(memory_format=fmt)
-    model = Net().to(memory_format=fmt)
+    model = (Net() if args.model == "mlp2" else ResNet18()).to(dev, memory_format=fmt)
     sgd_kw = {"foreach": True} if args.foreach else {}
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, **sgd_kw)
-    n, b = xtr.shape[0], args.batch
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                          weight_decay=args.weight_decay, **sgd_kw)
+    b = args.batch
     gen = torch.Generator().manual_seed(args.seed)
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    scaler = None
+    if args.precision == "fp16":
+        amp = getattr(torch, "amp", None)
+        scaler = (amp.GradScaler("cuda") if amp is not None and hasattr(amp, "GradScaler")
+                  else torch.cuda.amp.GradScaler())
 
-    def batches():
-        while True:
-            perm = torch.randperm(n, generator=gen)
-            for i in range(0, n - b + 1, b):          # drop the last partial batch
-                idx = perm[i:i + b]
-                yield xtr.index_select(0, idx), ytr.index_select(0, idx)
+    def to_dev(x, y):  # pinned host -> device, asynchronous; a no-op on the CPU
+        return (x.to(dev, non_blocking=True, memory_format=fmt) if cuda else x,
+                y.to(dev, non_blocking=True) if cuda else y)
+
+    if args.source == "idx":
+        xtr, ytr = load("train")
+        if args.channels_last:
+            xtr = xtr.contiguous(memory_format=fmt)
+        n = xtr.shape[0]
+
+        def batches():  # host batches (the CPU benchmark's feeding)
+            while True:
+                perm = torch.randperm(n, generator=gen)
+                for i in range(0, n - b + 1, b):          # drop the last partial batch
+                    idx = perm[i:i + b]
+                    yield to_dev(xtr.index_select(0, idx), ytr.index_select(0, idx))
+    else:
+        shape = (1, 28, 28) if args.model == "mlp2" else (3, 32, 32)
+        pool = []
+        for _ in range(args.pool_batches):
+            x, y = synthetic(shape, 10, b, gen)
+            x = x.contiguous(memory_format=fmt)
+            if cuda and args.feed == "device":
+                x, y = to_dev(x, y)
+            elif cuda:
+                x, y = x.pin_memory(), y.pin_memory()
+            pool.append((x, y))
+
+        def batches():
+            while True:
+                for x, y in pool:
+                    yield to_dev(x, y) if args.feed == "host" else (x, y)
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+        if half is not None:
+            with torch.autocast(device_type=args.device, dtype=half):
+                loss = F.cross_entropy(model(x), y)
+        else:
+            loss = F.cross_entropy(model(x), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
         return loss
 
     setting = (f"mkldnn={args.mkldnn} channels_last={int(args.channels_last)} "
@@ -206,11 +372,17 @@ def main():
                + " ".join(f"{k}={os.environ.get(k, 'unset')}" for k in
                           ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY",
                            "MALLOC_MMAP_THRESHOLD_", "LD_PRELOAD")))
+    if cuda:
+        setting += (f" gpu={torch.cuda.get_device_name(0).replace(' ', '_')}"
+                    f" cudnn={torch.backends.cudnn.version()}"
+                    f" tf32_conv={int(torch.backends.cudnn.allow_tf32)}"
+                    f" tf32_matmul={int(torch.backends.cuda.matmul.allow_tf32)}")
 
     if args.epochs > 0:
         xte, yte = load("test")
         if args.channels_last:
             xte = xte.contiguous(memory_format=fmt)
+        xte, yte = xte.to(dev), yte.to(dev)
         it = batches()
         per_epoch = n // b
         for epoch in range(1, args.epochs + 1):
@@ -218,8 +390,7 @@ def main():
             t0 = time.perf_counter()
             total = 0.0
             for _ in range(per_epoch):
-                x, y = next(it)
-                total += step(x, y).item()
+                total += step(*next(it)).item()
             dt = time.perf_counter() - t0
             model.eval()
             correct = 0
@@ -234,19 +405,29 @@ def main():
 
     it = batches()
     model.train()
-    for _ in range(args.warmup):
-        step(*next(it))
-    # Batches are sliced inside the timed loop: feeding is part of training.
+    first = None
+    for i in range(args.warmup):
+        loss = step(*next(it))
+        if i == 0:
+            first = loss.item()
+    if cuda:
+        torch.cuda.synchronize()
+    # Batches are sliced (idx) or copied to the device (--feed host) inside
+    # the timed loop: feeding is part of training.
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(args.steps):
         loss = step(*next(it))
-    loss.item()
+    if cuda:
+        torch.cuda.synchronize()
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     # cpu_s: CPU seconds of all this process's threads; on a shared machine
     # cpu_s/seconds well under `threads` means it was kept waiting.
-    print(f"pytorch images_per_s={args.steps * b / dt:.1f} threads={args.threads} "
-          f"steps={args.steps} warmup={args.warmup} batch={b} seconds={dt:.3f} cpu_s={cpu:.3f} "
-          f"loss={loss.item():.4f} torch={torch.__version__} {setting}", flush=True)
+    feed = f"feed={args.feed if cuda else 'host'}" if args.source == "synthetic" else "feed=index_select"
+    print(f"pytorch model={args.model} precision={args.precision} device={args.device} batch={b} "
+          f"images_per_s={args.steps * b / dt:.1f} threads={args.threads} steps={args.steps} "
+          f"warmup={args.warmup} seconds={dt:.3f} cpu_s={cpu:.3f} "
+          f"first_loss={first if first is not None else float('nan'):.4f} loss={loss.item():.4f} "
+          f"source={args.source} {feed} torch={torch.__version__} {setting}", flush=True)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ class BatchNormLayer : public Layer {
   int64_t ForwardFlops(int64_t n) const override { return 2 * n * channels_ * spatial_; }
 
   int64_t channels() const { return channels_; }
+  double momentum() const { return momentum_; }
+  double eps() const { return eps_; }
+  bool affine() const { return affine_; }
 
  private:
   void InitState();  // weight 1, bias 0, running_mean 0, running_var 1

@@ -140,6 +140,14 @@ void MpiWorld::AbortJob(int exit_code) {
   std::_Exit(exit_code);
 }
 
+int MpiWorld::local_rank() const {
+  if (!active_) return 0;
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  }
+  return 0;
+}
+
 std::string MpiWorld::Where() const { return StrCat("rank ", rank_, " of ", size_); }
 
 void MpiWorld::Fail(const char* call, int code) const {

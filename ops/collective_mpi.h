@@ -68,6 +68,10 @@ class MpiWorld {
   bool active() const { return active_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // This process's rank among those on its node, from the launcher
+  // (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, MPI_LOCALRANKID); 0 when
+  // not launched or not said. Picks the GPU of a one-GPU-per-process job.
+  int local_rank() const;
   // "rank 1 of 2": the prefix of every message.
   std::string Where() const;
 

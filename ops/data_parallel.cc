@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/nccl_comm.h"
 #include "ops/loss.h"
 
 namespace cnnflow {
@@ -37,6 +39,7 @@ std::vector<Bucket> LayoutBuckets(Model& model, double bucket_mb) {
 
 struct ReplicaSet::Replica {
   int rank = 0;
+  Device device;
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<tbb::task_arena> arena;
@@ -64,8 +67,26 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
                        MpiWorld& world)
     : options_(options), start_(std::chrono::steady_clock::now()) {
   CNNFLOW_ENFORCE(options.replicas >= 1, "replicas must be >= 1, got ", options.replicas);
+  if (options_.devices.empty()) options_.devices.assign(options.replicas, Device::Cpu());
+  CNNFLOW_ENFORCE(static_cast<int>(options_.devices.size()) == options.replicas, "replicas ",
+                  options.replicas, " but ", options_.devices.size(), " devices");
+  const bool gpu = options_.devices[0].is_cuda();
+  for (const Device& d : options_.devices) {
+    CNNFLOW_ENFORCE(d.is_cuda() == gpu, "replicas on CPUs and GPUs at once are not supported");
+  }
+  if (gpu && options.replicas > 1) {
+    throw ConfigError(StrCat("one GPU per process (", options.replicas,
+                             " GPUs listed): run one process per GPU under mpirun"));
+  }
+  if (gpu && options.sync_bn) {
+    throw ConfigError("sync_bn is not implemented for GPU replicas yet");
+  }
   const bool collective = options.replicas > 1 || world.active();
-  if (collective) {
+  if (collective && gpu) {
+    std::vector<int> indices;
+    for (const Device& d : options_.devices) indices.push_back(d.index);
+    nccl_ = std::make_unique<NcclGroup>(indices, world, options.timeout_s);
+  } else if (collective) {
     group_ = std::make_unique<LocalGroup>(options.replicas, options.timeout_s,
                                           StrCat("replicas of ", world.Where()));
     allreduce_ = std::make_unique<HierarchicalAllReduce>(*group_, world, options.timeout_s);
@@ -73,7 +94,8 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
   for (int r = 0; r < options.replicas; ++r) {
     auto rep = std::make_unique<Replica>();
     rep->rank = r;
-    rep->model = Model::Build(layers, input_shape, DType::kF32, seed, init);
+    rep->device = options_.devices[r];
+    rep->model = Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device);
     if (options.replicas > 1) {
       rep->arena = std::make_unique<tbb::task_arena>(std::max(1, options.threads_per_replica));
     }
@@ -85,7 +107,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     auto params = rep->model->NamedParameters();
     rep->layer_buckets.assign(rep->model->num_layers(), {});
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      Tensor flat = Tensor::Zeros(Shape({buckets_[b].numel}), DType::kF32);
+      Tensor flat = Tensor::Zeros(Shape({buckets_[b].numel}), DType::kF32, rep->device);
       int64_t offset = 0;
       for (int i : buckets_[b].params) {
         Parameter& p = *params[i].param;
@@ -100,7 +122,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     rep->timeline.reduce_begin.assign(buckets_.size(), 0);
     rep->timeline.reduce_end.assign(buckets_.size(), 0);
     rep->optimizer = MakeOptimizer(optimizer, optimizer_args, rep->model->NamedParameters());
-    if (collective) {
+    if (collective && !gpu) {
       rep->comm = std::thread([this, r = rep.get()] { CommLoop(*r); });
       rep->sync_sum = [this, r = rep->rank](float* data, int64_t count) {
         Post(r, [this, r, data, count] { allreduce_->AllReduceSum(r, data, count, "sync_bn"); });
@@ -110,7 +132,14 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
   }
   // The same seed built the same parameters; the broadcast makes sure, and
   // covers processes started with different seeds.
-  if (collective) {
+  if (nccl_) {
+    for (auto& rep : replicas_) {
+      for (auto& [name, t] : rep->model->StateTensors()) {
+        nccl_->Broadcast(rep->rank, t.data<float>(), t.numel(), 0, "initial " + name);
+      }
+      nccl_->Wait(rep->rank);
+    }
+  } else if (collective) {
     for (auto& rep : replicas_) {
       for (auto& [name, t] : rep->model->StateTensors()) {
         Post(rep->rank, [this, r = rep->rank, name = name, t = t]() mutable {
@@ -129,6 +158,14 @@ ReplicaSet::~ReplicaSet() {
     busy |= rep->busy || !rep->queue.empty();
   }
   if (busy && group_) group_->Abort("the replicas are shutting down");
+  if (nccl_) {
+    // Collectives still in flight (a failed step) must not outlive their buffers.
+    try {
+      for (auto& rep : replicas_) nccl_->Wait(rep->rank);
+    } catch (const std::exception&) {
+      nccl_->Abort("the replicas are shutting down");
+    }
+  }
   for (auto& rep : replicas_) {
     if (!rep->comm.joinable()) continue;
     {
@@ -139,6 +176,18 @@ ReplicaSet::~ReplicaSet() {
     rep->comm.join();
   }
 }
+
+int ReplicaSet::global_size() const {
+  if (nccl_) return nccl_->global_size();
+  return allreduce_ ? allreduce_->global_size() : 1;
+}
+
+int ReplicaSet::global_offset() const {
+  if (nccl_) return nccl_->global_offset();
+  return allreduce_ ? allreduce_->global_offset() : 0;
+}
+
+Device ReplicaSet::device(int r) const { return replicas_[r]->device; }
 
 Model& ReplicaSet::model(int r) { return *replicas_[r]->model; }
 Optimizer& ReplicaSet::optimizer(int r) { return *replicas_[r]->optimizer; }
@@ -203,6 +252,12 @@ void ReplicaSet::Drain(int r) {
 }
 
 bool ReplicaSet::AgreeStop(int r, bool stop_requested) {
+  if (nccl_) {
+    Tensor flag = Tensor::Full(Shape({1}), stop_requested ? 1.0 : 0.0).To(replicas_[r]->device);
+    nccl_->AllReduceSum(r, flag.data<float>(), 1, "stop request");
+    nccl_->Wait(r);
+    return flag.To(Device::Cpu()).At(0) > 0;
+  }
   if (!allreduce_) return stop_requested;
   float flag = stop_requested ? 1.0f : 0.0f;
   Post(r, [this, r, &flag] { allreduce_->AllReduceSum(r, &flag, 1, "stop request"); });
@@ -212,14 +267,22 @@ bool ReplicaSet::AgreeStop(int r, bool stop_requested) {
 
 void ReplicaSet::Abort(const std::string& reason) {
   if (group_) group_->Abort(reason);
+  if (nccl_) nccl_->Abort(reason);
 }
 
 ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int64_t* labels,
                                                const ForwardContext& ctx, double grad_scale,
-                                               double label_smoothing, bool reduce) {
+                                               double label_smoothing, bool reduce,
+                                               const int64_t* device_labels) {
   Replica& rep = *replicas_[r];
   Result result;
+  const bool gpu = rep.device.is_cuda();
   auto post = [this, r, &rep](int b) {
+    if (nccl_) {  // NCCL runs on its own stream: no thread needed
+      Tensor& g = rep.bucket_grads[b];
+      nccl_->AllReduceSum(r, g.data<float>(), g.numel(), buckets_[b].tag);
+      return;
+    }
     Post(r, [this, r, b, &rep] {
       rep.timeline.reduce_begin[b] = Now();
       Tensor& g = rep.bucket_grads[b];
@@ -227,8 +290,9 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
       rep.timeline.reduce_end[b] = Now();
     });
   };
+  const bool reducing = reduce && (rep.comm.joinable() || nccl_);
   if (x.dim(0) == 0) {  // an empty shard still takes part in the reduction
-    if (reduce && rep.comm.joinable())
+    if (reducing)
       for (size_t b = 0; b < buckets_.size(); ++b) post(static_cast<int>(b));
     return result;
   }
@@ -236,9 +300,27 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     Model& m = *rep.model;
     ForwardContext c = ctx;
     if (options_.sync_bn && rep.comm.joinable()) c.sync_sum = &rep.sync_sum;
-    const Tensor& logits = m.Forward(x, c);
-    Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype());
-    const LossResult loss = SoftmaxCrossEntropy(logits, labels, &dlogits, grad_scale, label_smoothing);
+    LossResult loss;
+    Tensor dlogits;
+    if (gpu) {
+      Tensor xd = x;
+      Tensor labels_gpu;  // f64 storage of the int64 labels (same size)
+      if (!x.device().is_cuda()) {
+        xd = x.To(rep.device);
+        labels_gpu = Tensor::Empty(Shape({x.dim(0)}), DType::kF64, rep.device);
+        CopyBytes(rep.device, labels_gpu.raw_data(), Device::Cpu(), labels,
+                  static_cast<size_t>(x.dim(0)) * sizeof(int64_t));
+        device_labels = static_cast<const int64_t*>(labels_gpu.raw_data());
+      }
+      CNNFLOW_ENFORCE(device_labels != nullptr, "a GPU shard needs its labels on the GPU");
+      const Tensor& logits = m.Forward(xd, c);
+      dlogits = Tensor::Empty(logits.shape(), logits.dtype(), rep.device);
+      loss = cuda::SoftmaxCrossEntropy(logits, device_labels, &dlogits, grad_scale, label_smoothing);
+    } else {
+      const Tensor& logits = m.Forward(x, c);
+      dlogits = Tensor::Empty(logits.shape(), logits.dtype());
+      loss = SoftmaxCrossEntropy(logits, labels, &dlogits, grad_scale, label_smoothing);
+    }
     if (!std::isfinite(loss.loss)) {
       throw Error(StrCat("loss is ", loss.loss, " at step ", ctx.step,
                          ": lower the learning rate or check the data"));
@@ -246,7 +328,7 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     result.loss_sum = loss.loss * static_cast<double>(x.dim(0));
     result.correct = loss.correct;
     rep.timeline.backward_begin = Now();
-    if (!reduce || !rep.comm.joinable()) {
+    if (!reducing) {
       m.Backward(dlogits);
     } else {
       for (size_t b = 0; b < buckets_.size(); ++b)
@@ -275,6 +357,10 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
 
 void ReplicaSet::Step(int r, double lr) {
   Replica& rep = *replicas_[r];
+  if (nccl_) {
+    StepGpu(r, lr);
+    return;
+  }
   const double wait_begin = Now();
   Drain(r);
   rep.timeline.wait_seconds = Now() - wait_begin;
@@ -303,6 +389,31 @@ void ReplicaSet::Step(int r, double lr) {
     rep.counters.reduce_wait_seconds += Now() - broadcast_begin;
   }
   for (Tensor& g : rep.bucket_grads) g.Zero();
+}
+
+// A GPU replica's step: BN buffers broadcast (this step's forward updated
+// them) after the gradient buckets, one host wait for all of it (which is
+// also where a stalled peer becomes an error), then the optimizer.
+void ReplicaSet::StepGpu(int r, double lr) {
+  Replica& rep = *replicas_[r];
+  const double wait_begin = Now();
+  if (options_.broadcast_buffers) {
+    for (int i = 0; i < rep.model->num_layers(); ++i) {
+      Layer& l = rep.model->layer(i);
+      for (Buffer& b : l.buffers()) {
+        nccl_->Broadcast(r, b.value.data<float>(), b.value.numel(), 0,
+                         StrCat("buffer ", l.name(), ".", b.name));
+      }
+    }
+  }
+  nccl_->Wait(r);
+  rep.timeline.wait_seconds = Now() - wait_begin;
+  rep.counters.reduce_wait_seconds += rep.timeline.wait_seconds;
+  const double step_begin = Now();
+  rep.optimizer->Step(lr);
+  for (Tensor& g : rep.bucket_grads) g.Zero();
+  rep.counters.compute_seconds += Now() - step_begin;
+  ++rep.counters.steps;
 }
 
 }  // namespace cnnflow

@@ -47,13 +47,20 @@
 
 namespace cnnflow {
 
+class NcclGroup;
+
 struct DataParallelOptions {
   int replicas = 1;           // in this process
+  // The device of each replica (empty: all cpu). GPU replicas run their
+  // kernels on their GPU's stream and reduce with NCCL (ops/cuda/nccl_comm.h)
+  // instead of the host collectives: one GPU per process, as PyTorch DDP
+  // recommends (more GPUs: more processes under mpirun).
   int threads_per_replica = 1;
   double bucket_mb = 25;
   bool broadcast_buffers = true;
   bool sync_bn = false;
   double timeout_s = 300;     // every collective
+  std::vector<Device> devices;
 };
 
 // Which parameters share a bucket: Model::NamedParameters() indices, in
@@ -87,8 +94,10 @@ class ReplicaSet {
 
   int size() const { return static_cast<int>(replicas_.size()); }
   // Replicas over all processes, and this process's first one.
-  int global_size() const { return allreduce_ ? allreduce_->global_size() : 1; }
-  int global_offset() const { return allreduce_ ? allreduce_->global_offset() : 0; }
+  int global_size() const;
+  int global_offset() const;
+  // The device of replica r's model.
+  Device device(int r = 0) const;
   Model& model(int r = 0);
   Optimizer& optimizer(int r = 0);
   const std::vector<Bucket>& buckets() const { return buckets_; }
@@ -99,13 +108,17 @@ class ReplicaSet {
     int64_t correct = 0;
   };
   // Replica r: forward and backward of its shard x [n, ...] with labels.
+  // For a GPU replica, x may be on its GPU already (then `device_labels`
+  // holds the labels in GPU memory: see ops/batch_stager.h); a host x is
+  // copied first.
   // grad_scale multiplies the summed loss gradient (1 / global batch, over
   // accumulated micro-batches too). With reduce, each bucket is all-reduced
   // as soon as backward has filled it. Runs in the replica's task arena.
   // Throws (after aborting the other replicas' collectives) on a non-finite
   // loss.
   Result ForwardBackward(int r, const Tensor& x, const int64_t* labels, const ForwardContext& ctx,
-                         double grad_scale, double label_smoothing, bool reduce);
+                         double grad_scale, double label_smoothing, bool reduce,
+                         const int64_t* device_labels = nullptr);
   // Replica r: waits for its reductions, steps its optimizer with lr,
   // broadcasts BN buffers, zeroes its gradients.
   void Step(int r, double lr);
@@ -134,11 +147,13 @@ class ReplicaSet {
   void Drain(int r);
   double Now() const;
   void CommLoop(Replica& rep);
+  void StepGpu(int r, double lr);
 
   DataParallelOptions options_;
   std::vector<Bucket> buckets_;
   std::unique_ptr<LocalGroup> group_;
   std::unique_ptr<HierarchicalAllReduce> allreduce_;
+  std::unique_ptr<NcclGroup> nccl_;  // GPU replicas, when there is anyone to talk to
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::chrono::steady_clock::time_point start_;
 };

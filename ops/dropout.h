@@ -38,6 +38,8 @@ class DropoutLayer : public Layer {
 
  private:
   double p_;
+
+ protected:  // the CUDA class (ops/cuda/elementwise.cu) keeps the same state
   // Per-forward state.
   bool last_training_ = false;
   Tensor mask_;

@@ -8,6 +8,15 @@
 //      The schema documents the YAML parameters; Class's constructor takes
 //      (const std::string& layer_name, const Args& args).
 //   3. tests/ops/<name>_test.cc: a gradient check and a naive reference.
+//
+// A layer that runs on a GPU has a CUDA class too (ops/cuda/<name>_*.cc),
+// usually derived from the CPU class to share its Build and parameters,
+// registered with CNNFLOW_REGISTER_CUDA_LAYER(name, CudaClass). A model
+// built for `cuda:K` makes every layer from its CUDA class, builds and
+// initialises it on the host exactly as on the CPU (same values from the
+// same seed), then moves its parameters and buffers to the GPU. Its
+// Forward/Backward get tensors on that GPU and issue work on its compute
+// stream (ops/cuda/context.h).
 #pragma once
 
 #include <functional>
@@ -83,6 +92,10 @@ class Layer {
   std::vector<Parameter>& parameters() { return params_; }
   std::vector<Buffer>& buffers() { return buffers_; }
 
+  // Moves parameters, gradients and buffers to `device` (after Build and
+  // ResetParameters). A layer holding more device state overrides it.
+  virtual void MoveTo(Device device);
+
  protected:
   Parameter& AddParameter(std::string name, const Shape& shape, DType dtype);
   Buffer& AddBuffer(std::string name, Tensor value);
@@ -98,7 +111,8 @@ using LayerFactory = std::function<std::unique_ptr<Layer>(const std::string&, co
 struct LayerType {
   std::string type;
   Schema schema;
-  LayerFactory create;
+  LayerFactory create;       // the CPU class
+  LayerFactory create_cuda;  // the CUDA class; empty when it has none
 };
 
 // Registered layer types, by name.
@@ -106,21 +120,33 @@ class LayerRegistry {
  public:
   static LayerRegistry& Get();
   void Register(LayerType t);
+  // The CUDA class of a type (registration order across files is free).
+  void RegisterCuda(const std::string& type, LayerFactory create);
   // nullptr when unknown.
   const LayerType* Find(const std::string& type) const;
   std::vector<std::string> Names() const;
 
  private:
   std::vector<LayerType> types_;
+  std::vector<std::pair<std::string, LayerFactory>> cuda_;  // until the type registers
 };
 
 struct LayerRegistration {
   LayerRegistration(const char* type, Schema schema, LayerFactory create);
 };
+struct CudaLayerRegistration {
+  CudaLayerRegistration(const char* type, LayerFactory create);
+};
 
 #define CNNFLOW_REGISTER_LAYER(type_name, Class, schema_expr)                                \
   static ::cnnflow::LayerRegistration cnnflow_layer_registration_##type_name(               \
       #type_name, schema_expr, [](const std::string& n, const ::cnnflow::Args& a) {        \
+        return std::unique_ptr<::cnnflow::Layer>(new Class(n, a));                         \
+      })
+
+#define CNNFLOW_REGISTER_CUDA_LAYER(type_name, Class)                                       \
+  static ::cnnflow::CudaLayerRegistration cnnflow_cuda_layer_registration_##type_name(      \
+      #type_name, [](const std::string& n, const ::cnnflow::Args& a) {                     \
         return std::unique_ptr<::cnnflow::Layer>(new Class(n, a));                         \
       })
 

@@ -28,6 +28,7 @@ class LinearLayer : public Layer {
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
+  bool has_bias() const { return has_bias_; }
 
  private:
   int64_t in_;  // 0 until Build when not given

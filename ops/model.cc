@@ -29,10 +29,15 @@ void InitWeight(Tensor& w, InitScheme scheme, Rng& rng) {
 }  // namespace
 
 std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
-                                    DType dtype, uint64_t seed, InitScheme init) {
+                                    DType dtype, uint64_t seed, InitScheme init, Device device) {
+  if (device.is_cuda() && device.index >= CudaDeviceCount()) {
+    throw Error(StrCat("cannot build the model on ", device.ToString(), ": ", CudaDeviceCount(),
+                       " usable GPUs found", CudaAvailable() ? "" : " (no GPU, no CUDA driver, or a build without CUDA)"));
+  }
   std::unique_ptr<Model> m(new Model());
   m->input_shape_ = input_shape;
   m->dtype_ = dtype;
+  m->device_ = device;
   std::map<std::string, int> index;  // layer name -> position
   const LayerRegistry& registry = LayerRegistry::Get();
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -49,7 +54,13 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
     }
     Args args = s.args;
     args.FillDefaults(type->schema);
-    std::unique_ptr<Layer> layer = type->create(s.name, args);
+    if (device.is_cuda() && !type->create_cuda) {
+      throw ConfigError(StrCat("layer '", s.name, "': layer type '", s.type,
+                               "' has no CUDA kernels yet, so the model cannot run on ",
+                               device.ToString()));
+    }
+    std::unique_ptr<Layer> layer =
+        device.is_cuda() ? type->create_cuda(s.name, args) : type->create(s.name, args);
 
     std::vector<std::string> in_names = s.inputs;
     if (in_names.empty()) in_names.push_back(i == 0 ? kModelInput : specs[i - 1].name);
@@ -100,6 +111,7 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
       for (auto& p : m->layers_[i]->parameters())
         if (p.name == "weight" && p.value.rank() >= 2) InitWeight(p.value, init, rng);
     }
+    if (device.is_cuda()) m->layers_[i]->MoveTo(device);
   }
   return m;
 }
@@ -182,7 +194,7 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
     grads[i] = Tensor();
     if (layer_done) layer_done(i);
   }
-  if (dx != nullptr && !dx_written) *dx = Tensor::Zeros(input_.shape(), dtype_);
+  if (dx != nullptr && !dx_written) *dx = Tensor::Zeros(input_.shape(), dtype_, input_.device());
 }
 
 void Model::ZeroGrad() {

@@ -31,10 +31,14 @@ enum class InitScheme { kPytorchDefault, kXavierUniform, kKaimingNormal };
 class Model {
  public:
   // Builds and shape-checks the layers for samples of `input_shape`
-  // ([C, H, W] or [C, L]) and initialises parameters from `seed`.
+  // ([C, H, W] or [C, L]) and initialises parameters from `seed`. On a GPU
+  // every layer is its CUDA class, initialised on the host to the same
+  // values as on the CPU, then moved (ConfigError for a layer type without
+  // a CUDA class).
   static std::unique_ptr<Model> Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                       DType dtype = DType::kF32, uint64_t seed = 0,
-                                      InitScheme init = InitScheme::kPytorchDefault);
+                                      InitScheme init = InitScheme::kPytorchDefault,
+                                      Device device = Device::Cpu());
 
   // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
   // activations that Backward needs.
@@ -58,6 +62,7 @@ class Model {
   const Shape& output_shape() const { return out_shapes_.back(); }
   const std::vector<std::string>& inputs_of(int i) const { return input_names_[i]; }
   DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
 
   // Every parameter, in layer order, named "<layer>.<param>" (no wrapper
   // prefix), the way PyTorch's state_dict names them.
@@ -79,6 +84,7 @@ class Model {
   std::vector<Shape> out_shapes_;
   Shape input_shape_;
   DType dtype_ = DType::kF32;
+  Device device_;
   // Per-forward state.
   Tensor input_;
   std::vector<Tensor> acts_;

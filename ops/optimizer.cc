@@ -7,6 +7,7 @@
 #include <map>
 
 #include "ops/cpu/parallel.h"
+#include "ops/cuda/kernels.h"
 #include "ops/error.h"
 
 namespace cnnflow {
@@ -31,6 +32,33 @@ HostParam ToHost(const Parameter& p) {
 
 void WriteBack(Parameter& p, const HostParam& h) {
   if (h.copied) p.value.CopyFrom(h.value);
+}
+
+// An f32 parameter whose value and gradient are on one GPU is updated there
+// by the fused kernels (ops/cuda/kernels.h); any other (f64 on a GPU, mixed
+// devices) goes through host copies.
+bool UpdatedOnGpu(const Parameter& p) {
+  return p.value.device().is_cuda() && p.grad.device() == p.value.device() &&
+         p.value.dtype() == DType::kF32;
+}
+
+// State lives where the update runs; state restored from a checkpoint is
+// on the host until the first GPU step moves it.
+void MoveState(std::vector<Tensor>& state, Device device) {
+  for (Tensor& t : state) {
+    if (t.device() != device) t = t.To(device);
+  }
+}
+
+cuda::ParamSlot Slot(Parameter& p, std::vector<Tensor>& state, bool first) {
+  cuda::ParamSlot slot;
+  slot.value = p.value.data<float>();
+  slot.grad = p.grad.data<float>();
+  slot.state0 = state.size() > 0 ? state[0].data<float>() : nullptr;
+  slot.state1 = state.size() > 1 ? state[1].data<float>() : nullptr;
+  slot.numel = p.value.numel();
+  slot.first = first;
+  return slot;
 }
 
 void CheckNonNegative(const char* optimizer, const char* name, double v) {
@@ -179,8 +207,21 @@ void SgdUpdate(T* p, const T* grad, T* buf, bool first, int64_t n, const SgdOpti
 
 void Sgd::Step(double lr) {
   ++step_count_;
+  std::map<int, std::vector<cuda::ParamSlot>> gpu;  // by GPU index
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& param = *params_[i].param;
+    if (UpdatedOnGpu(param)) {
+      const Device dev = param.value.device();
+      bool first = false;
+      if (options_.momentum != 0 && state_[i].empty()) {
+        state_[i].push_back(Tensor::Zeros(param.value.shape(), param.value.dtype(), dev));
+        first = true;
+      }
+      MoveState(state_[i], dev);
+      gpu[dev.index].push_back(Slot(param, state_[i], first));
+      continue;
+    }
+    MoveState(state_[i], Device::Cpu());
     HostParam h = ToHost(param);
     bool first = false;
     if (options_.momentum != 0 && state_[i].empty()) {
@@ -193,6 +234,10 @@ void Sgd::Step(double lr) {
       SgdUpdate<T>(h.value.data<T>(), h.grad.data<T>(), buf, first, h.value.numel(), options_, lr);
     });
     WriteBack(param, h);
+  }
+  for (const auto& [index, slots] : gpu) {
+    cuda::SgdStep(Device::Cuda(index), slots, lr, options_.momentum, options_.dampening,
+                  options_.nesterov, options_.weight_decay);
   }
 }
 
@@ -312,8 +357,20 @@ void Adam::Step(double lr) {
   s.eps = options_.eps;
   s.step_size = lr / (1 - std::pow(options_.beta1, t));
   s.bc2_sqrt = std::sqrt(1 - std::pow(options_.beta2, t));
+  std::map<int, std::vector<cuda::ParamSlot>> gpu;  // by GPU index
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& param = *params_[i].param;
+    if (UpdatedOnGpu(param)) {
+      const Device dev = param.value.device();
+      if (state_[i].empty()) {
+        state_[i].push_back(Tensor::Zeros(param.value.shape(), param.value.dtype(), dev));
+        state_[i].push_back(Tensor::Zeros(param.value.shape(), param.value.dtype(), dev));
+      }
+      MoveState(state_[i], dev);
+      gpu[dev.index].push_back(Slot(param, state_[i], false));
+      continue;
+    }
+    MoveState(state_[i], Device::Cpu());
     HostParam h = ToHost(param);
     if (state_[i].empty()) {
       state_[i].push_back(Tensor::Zeros(h.value.shape(), h.value.dtype()));
@@ -325,6 +382,10 @@ void Adam::Step(double lr) {
                     state_[i][1].data<T>(), h.value.numel(), s);
     });
     WriteBack(param, h);
+  }
+  for (const auto& [index, slots] : gpu) {
+    cuda::AdamStep(Device::Cuda(index), slots, lr, options_.beta1, options_.beta2, options_.eps,
+                   options_.weight_decay, decoupled_, step_count_);
   }
 }
 

@@ -67,6 +67,7 @@ class AvgPool2d : public Pool2dBase {
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
   int64_t ForwardFlops(int64_t n) const override;
+  bool count_include_pad() const { return count_include_pad_; }
 
  private:
   bool count_include_pad_ = true;

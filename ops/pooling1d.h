@@ -68,6 +68,7 @@ class AvgPool1d : public Pool1dBase {
   // dy: [N, C, L'] -> dx[0]: [N, C, L].
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
+  bool count_include_pad() const { return count_include_pad_; }
 
  private:
   bool count_include_pad_ = true;

@@ -87,6 +87,19 @@ Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
+Tensor Tensor::FromStorage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
+  CNNFLOW_ENFORCE(storage != nullptr, "FromStorage without storage");
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = storage->device();
+  t.strides_ = ContiguousStrides(shape);
+  CNNFLOW_ENFORCE(t.nbytes() <= storage->bytes(), "a tensor of ", shape, " (", t.nbytes(),
+                  " bytes) does not fit a storage of ", storage->bytes(), " bytes");
+  t.storage_ = std::move(storage);
+  return t;
+}
+
 Tensor Tensor::Zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = Empty(shape, dtype, device);
   t.Zero();

@@ -22,6 +22,9 @@ class Tensor {
                       Device device = Device::Cpu());
   static Tensor Zeros(const Shape& shape, DType dtype = DType::kF32,
                       Device device = Device::Cpu());
+  // A contiguous tensor of `shape` over the start of `storage` (which must
+  // hold it), sharing it.
+  static Tensor FromStorage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype);
   // A host f32/f64 tensor with every element set to `value`.
   static Tensor Full(const Shape& shape, double value, DType dtype = DType::kF32);
 

@@ -10,10 +10,13 @@ namespace cnnflow {
 
 std::vector<BenchRow> RunScalingBench(const BenchOptions& o) {
   std::vector<BenchRow> rows;
+  // The device kind (cpu or cuda) is the config's; the bench varies the count.
+  const Device first = LoadRunConfig(o.config, o.overrides).devices[0];
+  const char* kind = first.is_cuda() ? "cuda" : "cpu";
   for (int d : o.devices) {
     CNNFLOW_ENFORCE(d >= 1, "device counts must be >= 1, got ", d);
     std::string list;
-    for (int i = 0; i < d; ++i) list += StrCat(i ? ", " : "", "cpu:", i);
+    for (int i = 0; i < d; ++i) list += StrCat(i ? ", " : "", kind, ":", first.index + i);
     std::vector<std::string> sets = o.overrides;
     sets.push_back("graph.devices=[" + list + "]");
     sets.push_back("train.accumulate=1");

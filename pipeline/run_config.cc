@@ -338,9 +338,8 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     }
   }
   for (size_t i = 0; i < c.devices.size(); ++i) {
-    if (!c.devices[i].is_cpu()) {
-      doc.Fail(graph["devices"], "graph.devices",
-               StrCat(c.devices[i].ToString(), ": GPU training is not implemented yet; use cpu:K"));
+    if (c.devices[i].is_cuda() != c.devices[0].is_cuda()) {
+      doc.Fail(graph["devices"], "graph.devices", "list either CPUs or GPUs, not both");
     }
     for (size_t j = 0; j < i; ++j) {
       if (c.devices[j] == c.devices[i]) {
@@ -349,6 +348,11 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     }
   }
   if (c.devices.empty()) doc.Fail(graph["devices"], "graph.devices", "needs at least one device");
+  if (c.devices[0].is_cuda() && c.devices.size() > 1) {
+    doc.Fail(graph["devices"], "graph.devices",
+             StrCat(c.devices.size(), " GPUs: one GPU per process; list one (cuda:K) and launch "
+                    "one process per GPU with mpirun (each takes cuda:K + its local rank)"));
+  }
   c.bucket_mb = g.Float("bucket_mb");
   c.broadcast_buffers = g.Bool("broadcast_buffers");
   c.sync_bn = g.Bool("sync_bn");
@@ -361,6 +365,10 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   if (pipe.IsDefined() && !pipe.IsNull() && !(pipe.IsMap() && pipe.size() == 0)) {
     ParsePipeline(doc, pipe, c);
     if (c.accumulate != 1) doc.Fail(pipe, "graph.pipeline", "train.accumulate must be 1 with a pipeline");
+    if (c.devices[0].is_cuda()) doc.Fail(pipe, "graph.pipeline", "pipelines run on CPU devices only so far");
+  }
+  if (c.sync_bn && c.devices[0].is_cuda()) {
+    doc.Fail(graph["sync_bn"], "graph.sync_bn", "not implemented for GPU replicas yet");
   }
   // A pipeline runs on its own template unless the config names one.
   const std::string tmpl_name = graph["template"].IsDefined() || !c.pipeline

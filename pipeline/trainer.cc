@@ -70,6 +70,16 @@ void Trainer::BuildModel(MpiWorld& world) {
     dp.broadcast_buffers = config_.broadcast_buffers;
     dp.sync_bn = config_.sync_bn;
     dp.timeout_s = config_.collective_timeout_s;
+    dp.devices = config_.devices;
+    if (dp.devices[0].is_cuda()) {
+      // One GPU per process: under mpirun each takes the next one on its node.
+      dp.devices[0].index += world.local_rank();
+      if (dp.devices[0].index >= CudaDeviceCount()) {
+        throw ConfigError(StrCat(world.Where(), " would use ", dp.devices[0].ToString(), " but ",
+                                 CudaDeviceCount(), " GPUs were found",
+                                 CudaDeviceCount() == 0 && !CudaAvailable() ? " (no usable GPU or CUDA driver)" : ""));
+      }
+    }
     replicas_ = std::make_unique<ReplicaSet>(config_.layers, config_.input_shape, config_.seed,
                                              config_.init, config_.optimizer,
                                              config_.optimizer_args, dp, world);
@@ -87,7 +97,7 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   state_.process_count = world.size();
   state_.collective_timeout_s = config_.collective_timeout_s;
   const int replicas = static_cast<int>(config_.devices.size());
-  if (config_.threads < replicas) {
+  if (config_.threads < replicas && config_.devices[0].is_cpu()) {
     throw ConfigError(StrCat(config_.doc.path(), ": ", replicas, " CPU replicas need at least ",
                              replicas, " threads (threads: ", config_.threads, ")"));
   }

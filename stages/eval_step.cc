@@ -2,6 +2,7 @@
 // dropout), loss and correct predictions; no gradients.
 #include <tbb/flow_graph.h>
 
+#include "ops/cuda/kernels.h"
 #include "ops/loss.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
@@ -19,8 +20,20 @@ class EvalStepStage final : public Stage {
           return Guarded([&] {
             if (m->labels.empty()) return m;  // every record was bad and skipped
             ForwardContext ctx{false, state.seed, m->global_step};
-            const Tensor& logits = state.model->Forward(m->inputs, ctx);
-            LossResult r = SoftmaxCrossEntropy(logits, m->labels.data(), nullptr);
+            const Device device = state.model->device();
+            LossResult r;
+            if (device.is_cuda()) {
+              const Tensor& logits = state.model->Forward(m->inputs.To(device), ctx);
+              Tensor labels = Tensor::Empty(Shape({static_cast<int64_t>(m->labels.size())}),
+                                            DType::kF64, device);  // int64 bits
+              CopyBytes(device, labels.raw_data(), Device::Cpu(), m->labels.data(),
+                        m->labels.size() * sizeof(int64_t));
+              r = cuda::SoftmaxCrossEntropy(logits, static_cast<const int64_t*>(labels.raw_data()),
+                                            nullptr);
+            } else {
+              const Tensor& logits = state.model->Forward(m->inputs, ctx);
+              r = SoftmaxCrossEntropy(logits, m->labels.data(), nullptr);
+            }
             m->loss = r.loss;
             m->correct = r.correct;
             return m;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "ops/batch_stager.h"
 #include "ops/tensor.h"
 
 namespace cnnflow {
@@ -22,6 +23,9 @@ struct BatchMessage {
   // Set by the loader.
   Tensor inputs;  // [N, C, H, W] or [N, C, L]
   std::vector<int64_t> labels;
+  // Set by the step's split for GPU replicas: each replica's rows, on their
+  // way to its GPU (null for a CPU replica or an empty shard).
+  std::vector<std::shared_ptr<BatchStager::Staged>> staged;
   // Set by the step.
   double loss = 0;  // mean over the batch
   int64_t correct = 0;

@@ -3,7 +3,10 @@
 //
 //   split -> replica 0 .. replica N-1 -> gather
 //
-// split:   hands the batch to every replica (each takes its rows);
+// split:   hands the batch to every replica (each takes its rows); for GPU
+//          replicas it starts copying each replica's rows to its GPU
+//          (ops/batch_stager.h), so that copy runs while the replica is
+//          still computing the previous batch;
 // replica: forward and backward of its shard in its own task arena; its
 //          gradient buckets are all-reduced while backward goes on; at the
 //          last micro-batch of an accumulation window, waits for the
@@ -29,10 +32,25 @@ class TrainStepStage final : public Stage {
     using namespace tbb::flow;
     CNNFLOW_ENFORCE(state.replicas && state.schedule, "train_step needs replicas and a schedule");
     const int n = state.replicas->size();
-    split_ = std::make_unique<function_node<Message, Message>>(g, serial, [n](const Message& m) {
-      m->replica_loss.assign(n, 0.0);
-      m->replica_correct.assign(n, 0);
-      return m;
+    stagers_.clear();
+    for (int r = 0; r < n; ++r) {
+      const Device d = state.replicas->device(r);
+      stagers_.push_back(d.is_cuda() ? std::make_unique<BatchStager>(d) : nullptr);
+    }
+    split_ = std::make_unique<function_node<Message, Message>>(g, serial, [this, n](const Message& m) {
+      return Guarded([&] {
+        m->replica_loss.assign(n, 0.0);
+        m->replica_correct.assign(n, 0);
+        m->staged.assign(n, nullptr);
+        const int64_t rows = static_cast<int64_t>(m->labels.size());
+        for (int r = 0; r < n; ++r) {
+          const auto [b, e] = ShardRows(rows, r, n);
+          if (stagers_[r] && e > b) {
+            m->staged[r] = stagers_[r]->Stage(m->inputs.Slice(b, e), m->labels.data() + b);
+          }
+        }
+        return m;
+      });
     });
     gather_ = std::make_unique<multifunction_node<Message, std::tuple<Message>>>(
         g, serial, [this, n, &state](const Message& m, auto& out) {
@@ -80,6 +98,11 @@ class TrainStepStage final : public Stage {
     return (m.index + 1) % s.accumulate == 0 || m.index + 1 == s.pass_batches;
   }
 
+  // Replica r's rows [b, e) of a batch of `rows` split over n replicas.
+  static std::pair<int64_t, int64_t> ShardRows(int64_t rows, int r, int n) {
+    return {rows * r / n, rows * (r + 1) / n};
+  }
+
   static void Step(RunState& s, int r, BatchMessage& m) {
     ReplicaSet& set = *s.replicas;
     const int64_t stop_after = s.stop_after_step.load();
@@ -89,7 +112,7 @@ class TrainStepStage final : public Stage {
     }
     const int n = set.size();
     const int64_t rows = static_cast<int64_t>(m.labels.size());
-    const int64_t b = rows * r / n, e = rows * (r + 1) / n;
+    const auto [b, e] = ShardRows(rows, r, n);
     // The gradient of the mean loss over the window's batches of all
     // replicas of all processes; buckets are summed.
     const int64_t first = m.index - m.index % s.accumulate;
@@ -102,9 +125,13 @@ class TrainStepStage final : public Stage {
     ctx.step = m.micro_step;
     ctx.sample_ids = m.sample_ids.data() + b;
     const bool reduce = EndsWindow(s, m);
+    std::shared_ptr<BatchStager::Staged> staged = std::move(m.staged[r]);
+    if (staged) staged->WaitForCopy();
     const ReplicaSet::Result res =
-        set.ForwardBackward(r, m.inputs.Slice(b, e), m.labels.data() + b, ctx, scale,
-                            s.label_smoothing, reduce);
+        set.ForwardBackward(r, staged ? staged->inputs() : m.inputs.Slice(b, e),
+                            m.labels.data() + b, ctx, scale, s.label_smoothing, reduce,
+                            staged ? staged->labels() : nullptr);
+    if (staged) staged->Release();  // every kernel that reads the rows is issued
     m.replica_loss[r] = res.loss_sum;
     m.replica_correct[r] = res.correct;
     if (reduce) {
@@ -120,6 +147,7 @@ class TrainStepStage final : public Stage {
     }
   }
 
+  std::vector<std::unique_ptr<BatchStager>> stagers_;  // per replica; null on a CPU
   std::unique_ptr<tbb::flow::function_node<Message, Message>> split_;
   std::vector<std::unique_ptr<tbb::flow::function_node<Message, Message>>> replicas_;
   std::unique_ptr<tbb::flow::multifunction_node<Message, std::tuple<Message>>> gather_;

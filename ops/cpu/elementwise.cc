@@ -3,14 +3,16 @@
 #include <cmath>
 
 #include "ops/cpu/parallel.h"
+#include "ops/cuda/kernels.h"
 
 namespace cnnflow {
 
 void AddInPlace(Tensor& y, const Tensor& x) { Axpy(1.0, x, y); }
 
 void Axpy(double alpha, const Tensor& x, Tensor& y) {
-  CNNFLOW_ENFORCE(x.shape() == y.shape() && x.dtype() == y.dtype(), "Axpy of ", x.shape(), " into ",
-                  y.shape());
+  CNNFLOW_ENFORCE(x.shape() == y.shape() && x.dtype() == y.dtype() && x.device() == y.device(),
+                  "Axpy of ", x.shape(), " into ", y.shape());
+  if (y.device().is_cuda()) return cuda::Axpy(static_cast<float>(alpha), x, y);
   DispatchFloat(y.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xs = x.data<T>();

@@ -6,17 +6,10 @@
 #include <memory>
 #include <mutex>
 
+#include "ops/cuda/context.h"
+#include "ops/cuda/cuda_check.h"
 #include "ops/device_backend.h"
 #include "ops/error.h"
-
-#define CNNFLOW_CUDA_CHECK(call)                                                       \
-  do {                                                                                 \
-    cudaError_t err_ = (call);                                                         \
-    if (err_ != cudaSuccess) {                                                         \
-      throw ::cnnflow::Error(::cnnflow::StrCat(#call, " failed: ", cudaGetErrorString(err_), \
-                                               " (", __FILE__, ":", __LINE__, ")"));   \
-    }                                                                                  \
-  } while (0)
 
 namespace cnnflow::detail {
 
@@ -71,16 +64,31 @@ MemoryPool& CudaPool(int index) {
   return *p;
 }
 
+// Copies run on the GPU's compute stream (context.h), so they come after
+// every kernel issued before them. The host waits for a copy to the host (to
+// read it at once) and for one from pinned host memory (which the caller
+// may reuse at once); from pageable memory cudaMemcpyAsync has taken the
+// data before it returns.
 void CudaCopy(Device dst_device, void* dst, Device src_device, const void* src, size_t bytes) {
-  cudaMemcpyKind kind = cudaMemcpyDefault;  // unified addressing works out the direction
-  if (dst_device.is_cuda()) CNNFLOW_CUDA_CHECK(cudaSetDevice(dst_device.index));
-  else CNNFLOW_CUDA_CHECK(cudaSetDevice(src_device.index));
-  CNNFLOW_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+  const Device gpu = dst_device.is_cuda() ? dst_device : src_device;
+  CudaContext& ctx = CudaContext::For(gpu);
+  if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device) {
+    // Peer copy: the source's pending work must be done too.
+    CudaContext::Get(src_device.index).Synchronize();
+  }
+  CNNFLOW_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ctx.stream()));
+  bool wait = dst_device.is_cpu() || dst_device != src_device;
+  if (src_device.is_cpu()) {
+    cudaPointerAttributes attr{};
+    wait = cudaPointerGetAttributes(&attr, src) != cudaSuccess || attr.type != cudaMemoryTypeUnregistered;
+    (void)cudaGetLastError();
+  }
+  if (wait) ctx.Synchronize();
 }
 
 void CudaZero(int index, void* ptr, size_t bytes) {
-  CNNFLOW_CUDA_CHECK(cudaSetDevice(index));
-  CNNFLOW_CUDA_CHECK(cudaMemset(ptr, 0, bytes));
+  CudaContext& ctx = CudaContext::For(Device::Cuda(index));
+  CNNFLOW_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, ctx.stream()));
 }
 
 }  // namespace cnnflow::detail

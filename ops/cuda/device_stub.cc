@@ -1,15 +1,16 @@
 // The CUDA backend of a build without CUDA: no GPU, and a clear error if one
 // is asked for.
+#include "ops/batch_stager.h"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/nccl_comm.h"
 #include "ops/device_backend.h"
 #include "ops/error.h"
 
 namespace cnnflow::detail {
 
-namespace {
 [[noreturn]] void NoCuda() {
   throw Error("this cnnflow was built without CUDA (CNNFLOW_WITH_CUDA=OFF): no cuda device");
 }
-}  // namespace
 
 bool CudaBuilt() { return false; }
 int CudaDeviceCountImpl() { return 0; }
@@ -18,3 +19,54 @@ void CudaCopy(Device, void*, Device, const void*, size_t) { NoCuda(); }
 void CudaZero(int, void*, size_t) { NoCuda(); }
 
 }  // namespace cnnflow::detail
+
+namespace cnnflow::cuda {
+
+void Axpy(float, const Tensor&, Tensor&) { detail::NoCuda(); }
+void Scale(Tensor&, float) { detail::NoCuda(); }
+LossResult SoftmaxCrossEntropy(const Tensor&, const int64_t*, Tensor*, double, double) {
+  detail::NoCuda();
+}
+void SgdStep(Device, const std::vector<ParamSlot>&, double, double, double, bool, double) {
+  detail::NoCuda();
+}
+void AdamStep(Device, const std::vector<ParamSlot>&, double, double, double, double, double, bool,
+              int64_t) {
+  detail::NoCuda();
+}
+
+}  // namespace cnnflow::cuda
+
+namespace cnnflow {
+
+struct BatchStager::Slot {};
+BatchStager::BatchStager(Device device) : device_(device) { detail::NoCuda(); }
+BatchStager::~BatchStager() = default;
+std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor&, const int64_t*) {
+  detail::NoCuda();
+}
+int BatchStager::slots() const { return 0; }
+void BatchStager::Free(Slot*) {}
+void BatchStager::Staged::WaitForCopy() const { detail::NoCuda(); }
+void BatchStager::Staged::Release() { slot_ = nullptr; }
+
+}  // namespace cnnflow
+
+namespace cnnflow {
+
+struct NcclGroup::Replica {};
+struct NcclGroup::Pending {};
+NcclGroup::UniqueId NcclGroup::NewUniqueId() { detail::NoCuda(); }
+NcclGroup::NcclGroup(const std::vector<int>&, MpiWorld&, double) { detail::NoCuda(); }
+NcclGroup::NcclGroup(const std::vector<int>&, int, int, const UniqueId&, double) {
+  detail::NoCuda();
+}
+NcclGroup::~NcclGroup() = default;
+int NcclGroup::device(int r) const { return devices_.at(r); }
+void NcclGroup::AllReduceSum(int, float*, int64_t, const std::string&, float) { detail::NoCuda(); }
+void NcclGroup::Broadcast(int, float*, int64_t, int, const std::string&) { detail::NoCuda(); }
+void NcclGroup::Wait(int) { detail::NoCuda(); }
+void NcclGroup::Abort(const std::string&) {}
+std::string NcclGroup::broken_reason() const { return {}; }
+
+}  // namespace cnnflow

@@ -2,6 +2,8 @@
 // suggest the closest known name. Each case asserts on the message text.
 #include "pipeline/run_config.h"
 
+#include "ops/model.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -222,6 +224,34 @@ TEST(SetYamlScalar, RefusesToReplaceACollection) {
     EXPECT_NE(std::string(e.what()).find("c.yaml:1:19: graph.prefetch: expected a scalar"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// GPU runs: one GPU per process, no CPU/GPU mixes, and the modes not built
+// for GPUs yet refused up front with the key that asks for them.
+TEST_F(ConfigTest, GpuDeviceListsAreCheckedBeforeTheRun) {
+  RunConfig c = LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0]"});
+  ASSERT_EQ(c.devices.size(), 1u);
+  EXPECT_TRUE(c.devices[0].is_cuda());
+  EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:0, cuda:1]"}).find("one GPU per process"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cpu:0, cuda:0]"}).find("either CPUs or GPUs"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:0]", "graph.sync_bn=true"}).find("graph.sync_bn"),
+            std::string::npos);
+}
+
+// Without a usable GPU (here; or a build without CUDA) a GPU model is a
+// clear error naming the device, not a crash inside CUDA.
+TEST_F(ConfigTest, WithoutAGpuAGpuModelIsAnErrorNamingTheDevice) {
+  if (CudaAvailable()) GTEST_SKIP() << "a GPU is present: the error case cannot happen";
+  RunConfig c = LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0]"});
+  try {
+    Model::Build(c.layers, c.input_shape, DType::kF32, 1, InitScheme::kPytorchDefault,
+                 Device::Cuda(0));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
   }
 }
 

@@ -1,0 +1,251 @@
+// cuDNN kernels of batchnorm (the CUDA class of ops/batch_norm.h), with the
+// CPU layer's semantics, in CUDNN_BATCHNORM_SPATIAL mode (statistics per
+// channel over N and every spatial position):
+//  - samples [C, H, W] run as [N, C, H, W]; [C, L] as [N, C, 1, L]; [C] as
+//    [N, C, 1, 1] (one value per sample and channel);
+//  - training: cudnnBatchNormalizationForwardTraining with
+//    exponentialAverageFactor = momentum (running = (1 - momentum) * running
+//    + momentum * batch statistic); cuDNN updates the running variance with
+//    the unbiased batch variance, as the CPU layer (and PyTorch) do. The
+//    batch mean and inverse standard deviation are kept for backward;
+//  - evaluation: cudnnBatchNormalizationForwardInference on the running
+//    statistics; its backward is the affine map with those constants, built
+//    from cuDNN calls (cuDNN's backward is the training one only);
+//  - parameter gradients are ADDED (betaParamDiff = 1); affine: false uses
+//    device constants weight 1 / bias 0 and a scratch for the unwanted
+//    parameter gradients;
+//  - SyncBN (ForwardContext::sync_sum) is not supported on a GPU: an Error.
+// Running buffers are updated in place on the device. f32 only (cuDNN wants
+// f32 statistics for f16 data; mixed precision would keep them f32).
+#include <cudnn.h>
+
+#include <climits>
+#include <string>
+#include <vector>
+
+#include "ops/batch_norm.h"
+#include "ops/cuda/context.h"
+#include "ops/cuda/cuda_check.h"
+
+namespace cnnflow {
+
+namespace detail {
+
+// The 4D NCHW dims cuDNN sees for a batchnorm input [N, C], [N, C, L] or
+// [N, C, H, W]: [N, C, 1, 1], [N, C, 1, L], [N, C, H, W]. Empty for any
+// other rank. Plain C++ so a test can check it without a GPU.
+std::vector<int64_t> BatchNormCudnnDims(const std::vector<int64_t>& shape) {
+  switch (shape.size()) {
+    case 2:
+      return {shape[0], shape[1], 1, 1};
+    case 3:
+      return {shape[0], shape[1], 1, shape[2]};
+    case 4:
+      return shape;
+    default:
+      return {};
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+const float kOne = 1.0f;
+const float kZero = 0.0f;
+constexpr cudnnBatchNormMode_t kMode = CUDNN_BATCHNORM_SPATIAL;
+
+class BatchNormCudnn : public BatchNormLayer {
+ public:
+  using BatchNormLayer::BatchNormLayer;
+  ~BatchNormCudnn() override {
+    if (x_desc_) cudnnDestroyTensorDescriptor(x_desc_);
+    if (bn_desc_) cudnnDestroyTensorDescriptor(bn_desc_);
+    if (mul_desc_) cudnnDestroyOpTensorDescriptor(mul_desc_);
+  }
+
+  void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext& ctx) override;
+  void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
+                const std::vector<Tensor*>& dx) override;
+
+ private:
+  // "batchnorm 'name'", for messages (made once: Forward runs every step).
+  const std::string& Label() const {
+    if (label_.empty()) label_ = StrCat("batchnorm '", name(), "'");
+    return label_;
+  }
+  // Checks x, sets the descriptors for its shape (when it changed) and
+  // makes the device state (first call on a device).
+  void Prepare(const Tensor& x);
+  const void* Scale() { return affine() ? parameters()[0].value.raw_data() : ones_.raw_data(); }
+  const void* Bias() { return affine() ? parameters()[1].value.raw_data() : zeros_.raw_data(); }
+  void EvalBackward(CudaContext& ctx, const Tensor& x, const Tensor& dy, Tensor* dx);
+
+  cudnnTensorDescriptor_t x_desc_ = nullptr;   // x, y, dy, dx
+  cudnnTensorDescriptor_t bn_desc_ = nullptr;  // [1, C, 1, 1] f32
+  cudnnOpTensorDescriptor_t mul_desc_ = nullptr;
+  std::vector<int64_t> dims_;  // what x_desc_ describes
+  // Device state, [C] f32 each: constants for affine: false and for the
+  // evaluation backward, the forward's batch statistics, and a scratch for
+  // parameter gradients nobody wants ([2C]).
+  Tensor ones_, zeros_, save_mean_, save_inv_std_, param_scratch_;
+  // What the last forward did, for backward.
+  bool last_training_ = false;
+  int64_t last_n_ = -1;
+  mutable std::string label_;
+};
+
+void BatchNormCudnn::Prepare(const Tensor& x) {
+  const int64_t c = channels();
+  CNNFLOW_ENFORCE(x.dtype() == DType::kF32, Label(), ": the GPU batchnorm takes f32 tensors, got ",
+                  DTypeName(x.dtype()));
+  CNNFLOW_ENFORCE(x.is_contiguous(), Label(), ": needs a contiguous input, got ", x.shape());
+  const std::vector<int64_t> dims = detail::BatchNormCudnnDims(x.shape().dims());
+  CNNFLOW_ENFORCE(!dims.empty() && dims[1] == c, Label(), ": expected [N, ", c,
+                  ", ...] input (rank 2 to 4), got ", x.shape());
+  for (int64_t d : dims) {
+    CNNFLOW_ENFORCE(d <= INT_MAX, Label(), ": input ", x.shape(), " too large for cuDNN");
+  }
+  const Device dev = x.device();
+  if (x_desc_ == nullptr) {
+    CNNFLOW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc_));
+    CNNFLOW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bn_desc_));
+    CNNFLOW_CUDNN_CHECK(cudnnCreateOpTensorDescriptor(&mul_desc_));
+    CNNFLOW_CUDNN_CHECK(cudnnSetOpTensorDescriptor(mul_desc_, CUDNN_OP_TENSOR_MUL, CUDNN_DATA_FLOAT,
+                                                   CUDNN_PROPAGATE_NAN));
+  }
+  if (dims != dims_) {
+    CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
+        x_desc_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, static_cast<int>(dims[0]),
+        static_cast<int>(dims[1]), static_cast<int>(dims[2]), static_cast<int>(dims[3])));
+    CNNFLOW_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bn_desc_, x_desc_, kMode));
+    dims_ = dims;
+  }
+  if (!ones_.defined() || ones_.device() != dev) {
+    // Once per device (a blocking copy), never in the steady state.
+    ones_ = Tensor::Full(Shape{c}, 1.0, DType::kF32).To(dev);
+    zeros_ = Tensor::Zeros(Shape{c}, DType::kF32, dev);
+    save_mean_ = Tensor::Zeros(Shape{c}, DType::kF32, dev);
+    save_inv_std_ = Tensor::Zeros(Shape{c}, DType::kF32, dev);
+    param_scratch_ = Tensor::Empty(Shape{2 * c}, DType::kF32, dev);
+  }
+  for (auto& b : buffers()) {
+    CNNFLOW_ENFORCE(b.value.device() == dev && b.value.dtype() == DType::kF32, Label(), ": buffer ",
+                    b.name, " is ", DTypeName(b.value.dtype()), " on ", b.value.device().ToString(),
+                    ", the input on ", dev.ToString());
+  }
+  for (auto& p : parameters()) {
+    CNNFLOW_ENFORCE(p.value.device() == dev && p.value.dtype() == DType::kF32, Label(),
+                    ": parameter ", p.name, " is ", DTypeName(p.value.dtype()), " on ",
+                    p.value.device().ToString(), ", the input on ", dev.ToString());
+  }
+}
+
+void BatchNormCudnn::Forward(const std::vector<const Tensor*>& x, Tensor& y,
+                             const ForwardContext& ctx) {
+  CNNFLOW_ENFORCE(x.size() == 1, Label(), " takes one input");
+  const Tensor& in = *x[0];
+  CudaContext& cuda = CudaContext::For(in.device());
+  Prepare(in);
+  CNNFLOW_ENFORCE(y.is_contiguous() && y.shape() == in.shape() && y.dtype() == in.dtype(), Label(),
+                  ": output ", y.shape(), " does not match the input ", in.shape());
+  const int64_t n = in.dim(0);
+  const int64_t m = n * dims_[2] * dims_[3];  // values per channel
+  last_training_ = ctx.training;
+  last_n_ = n;
+  float* rmean = buffers()[0].value.data<float>();
+  float* rvar = buffers()[1].value.data<float>();
+  if (!ctx.training) {
+    CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+        cuda.cudnn(), kMode, &kOne, &kZero, x_desc_, in.raw_data(), x_desc_, y.raw_data(), bn_desc_,
+        Scale(), Bias(), rmean, rvar, eps()));
+    return;
+  }
+  if (ctx.sync_sum != nullptr) {
+    throw Error(StrCat(Label(),
+                       ": synchronised BatchNorm (sync_bn / ForwardContext::sync_sum) "
+                       "is not supported on a GPU (",
+                       in.device().ToString(), "); train with sync_bn off on GPUs"));
+  }
+  if (m <= 1) {
+    throw Error(StrCat(
+        Label(), ": expected more than 1 value per channel when training, got input ", in.shape()));
+  }
+  CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+      cuda.cudnn(), kMode, &kOne, &kZero, x_desc_, in.raw_data(), x_desc_, y.raw_data(), bn_desc_,
+      Scale(), Bias(), momentum(), rmean, rvar, eps(), save_mean_.raw_data(),
+      save_inv_std_.raw_data()));
+}
+
+void BatchNormCudnn::Backward(const std::vector<const Tensor*>& x, const Tensor& /*y*/,
+                              const Tensor& dy, const std::vector<Tensor*>& dx) {
+  CNNFLOW_ENFORCE(x.size() == 1, Label(), " takes one input");
+  const Tensor& in = *x[0];
+  CudaContext& cuda = CudaContext::For(in.device());
+  Prepare(in);
+  CNNFLOW_ENFORCE(in.dim(0) == last_n_, Label(), ": backward without a matching forward, x ",
+                  in.shape());
+  CNNFLOW_ENFORCE(dy.is_contiguous() && dy.shape() == in.shape() && dy.dtype() == in.dtype(),
+                  Label(), ": output gradient ", dy.shape(), " does not match the input ",
+                  in.shape());
+  Tensor* d = dx.empty() ? nullptr : dx[0];
+  if (d != nullptr) {
+    CNNFLOW_ENFORCE(d->is_contiguous() && d->shape() == in.shape() && d->dtype() == in.dtype(),
+                    Label(), ": input gradient ", d->shape(), " does not match the input ",
+                    in.shape());
+  }
+  if (d == nullptr && !affine()) return;  // nothing wanted
+  if (!last_training_) {
+    EvalBackward(cuda, in, dy, d);
+    return;
+  }
+  // cuDNN always writes dx: a pooled scratch when the caller wants none.
+  Tensor scratch_dx;
+  if (d == nullptr) {
+    scratch_dx = Tensor::Empty(in.shape(), in.dtype(), in.device());
+    d = &scratch_dx;
+  }
+  void* dscale = affine() ? parameters()[0].grad.raw_data() : param_scratch_.raw_data();
+  void* dbias =
+      affine() ? parameters()[1].grad.raw_data() : param_scratch_.data<float>() + channels();
+  const float* beta_param = affine() ? &kOne : &kZero;  // accumulate real gradients
+  CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+      cuda.cudnn(), kMode, &kOne, &kZero, &kOne, beta_param, x_desc_, in.raw_data(), x_desc_,
+      dy.raw_data(), x_desc_, d->raw_data(), bn_desc_, Scale(), dscale, dbias, eps(),
+      save_mean_.raw_data(), save_inv_std_.raw_data()));
+}
+
+// The evaluation backward, with r = 1 / sqrt(running_var + eps):
+//   dx = dy * weight * r                 (ForwardInference on dy, mean 0)
+//   dweight += sum(dy * (x - running_mean) * r)
+//   dbias += sum(dy)                     (sums over N and space:
+//                                         cudnnConvolutionBackwardBias)
+void BatchNormCudnn::EvalBackward(CudaContext& cuda, const Tensor& x, const Tensor& dy,
+                                  Tensor* dx) {
+  cudnnHandle_t h = cuda.cudnn();
+  float* rmean = buffers()[0].value.data<float>();
+  float* rvar = buffers()[1].value.data<float>();
+  if (dx != nullptr) {
+    CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+        h, kMode, &kOne, &kZero, x_desc_, dy.raw_data(), x_desc_, dx->raw_data(), bn_desc_, Scale(),
+        zeros_.raw_data(), zeros_.raw_data(), rvar, eps()));
+  }
+  if (!affine()) return;
+  Tensor xhat = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  Tensor prod = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+      h, kMode, &kOne, &kZero, x_desc_, x.raw_data(), x_desc_, xhat.raw_data(), bn_desc_,
+      ones_.raw_data(), zeros_.raw_data(), rmean, rvar, eps()));
+  CNNFLOW_CUDNN_CHECK(cudnnOpTensor(h, mul_desc_, &kOne, x_desc_, xhat.raw_data(), &kOne, x_desc_,
+                                    dy.raw_data(), &kZero, x_desc_, prod.raw_data()));
+  CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kOne, x_desc_, prod.raw_data(), &kOne,
+                                                   bn_desc_, parameters()[0].grad.raw_data()));
+  CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kOne, x_desc_, dy.raw_data(), &kOne,
+                                                   bn_desc_, parameters()[1].grad.raw_data()));
+}
+
+}  // namespace
+
+CNNFLOW_REGISTER_CUDA_LAYER(batchnorm, BatchNormCudnn);
+
+}  // namespace cnnflow

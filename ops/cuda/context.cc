@@ -1,0 +1,83 @@
+#include "ops/cuda/context.h"
+
+#include <map>
+#include <mutex>
+
+#include "ops/cuda/cuda_check.h"
+
+namespace cnnflow {
+
+namespace detail {
+const char* CublasStatusName(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    default: return "unknown cuBLAS status";
+  }
+}
+}  // namespace detail
+
+CudaContext& CudaContext::Get(int device) {
+  static std::mutex mu;
+  // Never destroyed: handles outliving static destruction order is harmless,
+  // destroying them after the driver has unloaded is not.
+  static auto* contexts = new std::map<int, std::unique_ptr<CudaContext>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& c = (*contexts)[device];
+  if (!c) {
+    CNNFLOW_ENFORCE(device >= 0 && device < CudaDeviceCount(), "no device cuda:", device, " (",
+                    CudaDeviceCount(), " GPUs found)");
+    c.reset(new CudaContext(device));
+  }
+  return *c;
+}
+
+CudaContext& CudaContext::For(Device device) {
+  CNNFLOW_ENFORCE(device.is_cuda(), "a CUDA kernel was given a tensor on ", device.ToString());
+  CudaContext& c = Get(device.index);
+  c.Activate();
+  return c;
+}
+
+CudaContext::CudaContext(int device) : device_(device) {
+  CNNFLOW_CUDA_CHECK(cudaSetDevice(device));
+  CNNFLOW_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CNNFLOW_CUDNN_CHECK(cudnnCreate(&cudnn_));
+  CNNFLOW_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+  CNNFLOW_CUBLAS_CHECK(cublasCreate(&cublas_));
+  CNNFLOW_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  // fp32 GEMMs stay fp32 (no TF32) unless a precision mode asks otherwise.
+  CNNFLOW_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+}
+
+CudaContext::~CudaContext() {
+  cudaSetDevice(device_);
+  if (cublas_) cublasDestroy(cublas_);
+  if (cudnn_) cudnnDestroy(cudnn_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void* CudaContext::Workspace(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (!workspace_ || workspace_->bytes() < bytes) {
+    // The old block may still be in use by issued work: the pool hands it
+    // out again only to later work on this same stream (see the header).
+    workspace_.reset();
+    workspace_ = std::make_unique<Storage>(Device::Cuda(device_), bytes);
+  }
+  return workspace_->data();
+}
+
+void CudaContext::Activate() const { CNNFLOW_CUDA_CHECK(cudaSetDevice(device_)); }
+
+void CudaContext::Synchronize() const { CNNFLOW_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+}  // namespace cnnflow

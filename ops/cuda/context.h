@@ -1,0 +1,68 @@
+// What the CUDA kernels of one GPU share: its compute stream and the cuDNN
+// and cuBLAS handles bound to it, and a workspace for cuDNN.
+//
+// Ordering rule: every kernel, cuDNN and cuBLAS call of a device runs on
+// its ONE compute stream, in the order the host issues it. So memory from
+// the device's caching pool (ops/device.h) may be released as soon as the
+// host has issued the last kernel that uses it: the next user of the block
+// runs after it on the same stream. Work on another stream (a copy stream,
+// NCCL's stream) orders itself against the compute stream with events and
+// uses memory that is not returned to the pool while it runs.
+//
+// One host thread drives a device's compute stream at a time (a replica or
+// a pipeline stage per device); the handles are not for concurrent use.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstddef>
+#include <memory>
+
+#include "ops/device.h"
+
+namespace cnnflow {
+
+class CudaContext {
+ public:
+  // The context of GPU `device` (made on first use; lives until exit).
+  static CudaContext& Get(int device);
+  // The context of a CUDA tensor's device; makes it the current device.
+  static CudaContext& For(Device device);
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  cudnnHandle_t cudnn() const { return cudnn_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  // Scratch device memory of at least `bytes` for the next call on the
+  // compute stream (grows, never shrinks; valid until the next Workspace).
+  void* Workspace(size_t bytes);
+  size_t workspace_bytes() const { return workspace_ ? workspace_->bytes() : 0; }
+  // Makes this the calling thread's current device.
+  void Activate() const;
+  // Blocks until the compute stream has done all that was issued.
+  void Synchronize() const;
+
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+ private:
+  explicit CudaContext(int device);
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<Storage> workspace_;
+};
+
+// Threads per block and the grid size for an elementwise kernel over n
+// items (grid-stride loops cover the rest).
+inline constexpr int kCudaThreads = 256;
+inline unsigned CudaBlocks(long long n) {
+  const long long b = (n + kCudaThreads - 1) / kCudaThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 4 ? 65535 * 4 : b));
+}
+
+}  // namespace cnnflow

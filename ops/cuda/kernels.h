@@ -1,0 +1,48 @@
+// CUDA entry points that device-independent code calls (the model's
+// gradient sums, the training step's loss, the optimizers). Plain C++: no
+// CUDA types, so ops/ can include it in any build; a build without CUDA
+// throws from each (ops/cuda/device_stub.cc). Every call issues work on the
+// tensors' GPU's compute stream (ops/cuda/context.h) and returns without
+// waiting, unless it says otherwise.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ops/loss.h"
+#include "ops/tensor.h"
+
+namespace cnnflow::cuda {
+
+// y += alpha * x (same shape, f32, same GPU).
+void Axpy(float alpha, const Tensor& x, Tensor& y);
+// y *= alpha (f32).
+void Scale(Tensor& y, float alpha);
+
+// Softmax cross-entropy as ops/loss.h's, on GPU logits [N, K] (f32) with
+// `labels` N int64 values in GPU memory. Waits for the result (the loss and
+// the count of correct rows come back to the host); a label outside [0, K)
+// is reported then, as the CPU's does.
+LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tensor* dlogits,
+                               double grad_scale = -1, double label_smoothing = 0.0);
+
+// One parameter for a fused optimizer step: value, gradient and the state
+// tensors (f32, one GPU; state1 only for Adam). `first`: the state was just
+// created and holds zeros (SGD's momentum buffer starts as the gradient).
+struct ParamSlot {
+  float* value = nullptr;
+  const float* grad = nullptr;
+  float* state0 = nullptr;  // SGD: momentum_buffer (null without momentum); Adam: exp_avg
+  float* state1 = nullptr;  // Adam: exp_avg_sq
+  int64_t numel = 0;
+  bool first = false;
+};
+// torch.optim.SGD's update (ops/optimizer.h) of every slot, in a few kernel
+// launches for all of them (multi-tensor apply).
+void SgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
+             double dampening, bool nesterov, double weight_decay);
+// torch.optim.Adam / AdamW (decoupled) at step `step` (counted from 1).
+void AdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
+              double beta2, double eps, double weight_decay, bool decoupled, int64_t step);
+
+}  // namespace cnnflow::cuda

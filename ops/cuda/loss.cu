@@ -1,0 +1,214 @@
+// Softmax cross-entropy on a GPU (ops/cuda/kernels.h): the math of
+// ops/cpu/softmax_cross_entropy.cc (double accumulation, label smoothing,
+// grad_scale < 0 = 1/N) with a warp per row. Deterministic: each row's loss
+// goes to a per-row buffer that one block then sums in a fixed order (no
+// float atomics); the sums and the first bad label come back in one small
+// copy.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "ops/cuda/context.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/kernels.h"
+
+namespace cnnflow::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = kCudaThreads / kWarp;
+constexpr int kReduceThreads = 256;
+
+// What comes back to the host. bad_row starts at all ones (memset) and
+// takes the smallest row with a label outside [0, K).
+struct LossOut {
+  double loss_sum;
+  long long correct;
+  unsigned long long bad_row;
+  long long bad_label;
+};
+
+struct LossScalars {
+  double scale;  // of the gradient
+  double eps;    // label smoothing
+  double off;    // target mass of every class: eps / K
+  double on;     // of the label: 1 - eps + off
+};
+
+// The larger value; on a tie the lower index (the CPU's first argmax).
+__device__ __forceinline__ void ArgMaxCombine(float& v, int64_t& i, float v2, int64_t i2) {
+  if (v2 > v || (v2 == v && i2 < i)) {
+    v = v2;
+    i = i2;
+  }
+}
+
+// A butterfly sum: every lane ends with the same value (a + b == b + a).
+__device__ __forceinline__ double WarpSum(double v) {
+  for (int s = kWarp / 2; s > 0; s /= 2) v += __shfl_xor_sync(0xffffffffu, v, s);
+  return v;
+}
+
+__global__ void SoftmaxCrossEntropyRows(const float* z, const int64_t* labels, float* dz, int64_t n,
+                                        int64_t k, LossScalars s, double* row_loss,
+                                        int* row_correct, LossOut* out) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp; r < n;
+       r += warps) {
+    const float* row = z + r * k;
+    float* drow = dz != nullptr ? dz + r * k : nullptr;
+    const int64_t y = labels[r];
+    // A bad label: reported by the host after the wait; the row's dlogits stay unwritten.
+    if (y < 0 || y >= k) {  // warp-uniform
+      if (lane == 0) {
+        atomicMin(&out->bad_row, static_cast<unsigned long long>(r));
+        row_loss[r] = 0;
+        row_correct[r] = 0;
+      }
+      continue;
+    }
+    // Lane 0 starts at element 0 and only moves to real elements, so its
+    // index is valid whatever the values (NaN, -inf); all lanes take it.
+    float best = lane < k ? row[lane] : -INFINITY;
+    int64_t arg = lane < k ? lane : LLONG_MAX;
+    for (int64_t j = lane + kWarp; j < k; j += kWarp) ArgMaxCombine(best, arg, row[j], j);
+    for (int s2 = kWarp / 2; s2 > 0; s2 /= 2) {
+      const float v2 = __shfl_xor_sync(0xffffffffu, best, s2);
+      const int64_t i2 = __shfl_xor_sync(0xffffffffu, arg, s2);
+      ArgMaxCombine(best, arg, v2, i2);
+    }
+    arg = __shfl_sync(0xffffffffu, arg, 0);
+    const double mx = static_cast<double>(row[arg]);
+    double sum_exp = 0, sum_z = 0;
+    for (int64_t j = lane; j < k; j += kWarp) {
+      const double v = static_cast<double>(row[j]);
+      sum_exp += exp(v - mx);
+      sum_z += v;
+    }
+    sum_exp = WarpSum(sum_exp);
+    sum_z = WarpSum(sum_z);
+    const double lse = mx + log(sum_exp);
+    if (lane == 0) {
+      // -sum_j target_j * log p_j with log p_j = z_j - lse.
+      const double nll = lse - static_cast<double>(row[y]);
+      row_loss[r] =
+          s.eps > 0 ? (1.0 - s.eps) * nll + s.off * (static_cast<double>(k) * lse - sum_z) : nll;
+      row_correct[r] = arg == y ? 1 : 0;
+    }
+    if (drow != nullptr) {
+      for (int64_t j = lane; j < k; j += kWarp) {
+        const double p = exp(static_cast<double>(row[j]) - lse);
+        drow[j] = static_cast<float>(s.scale * (p - (j == y ? s.on : s.off)));
+      }
+    }
+  }
+}
+
+// One block: thread t sums rows t, t + T, ... in order, then a tree over the
+// threads; the order depends on n alone, so the sum is the same every run.
+__global__ void SumRows(const double* row_loss, const int* row_correct, const int64_t* labels,
+                        int64_t n, LossOut* out) {
+  __shared__ double loss[kReduceThreads];
+  __shared__ long long correct[kReduceThreads];
+  const int t = threadIdx.x;
+  double l = 0;
+  long long c = 0;
+  for (int64_t r = t; r < n; r += kReduceThreads) {
+    l += row_loss[r];
+    c += row_correct[r];
+  }
+  loss[t] = l;
+  correct[t] = c;
+  __syncthreads();
+  for (int s = kReduceThreads / 2; s > 0; s /= 2) {
+    if (t < s) {
+      loss[t] += loss[t + s];
+      correct[t] += correct[t + s];
+    }
+    __syncthreads();
+  }
+  if (t == 0) {
+    out->loss_sum = loss[0];
+    out->correct = correct[0];
+    const unsigned long long bad = out->bad_row;
+    out->bad_label = bad < static_cast<unsigned long long>(n) ? labels[bad] : 0;
+  }
+}
+
+}  // namespace
+
+LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tensor* dlogits,
+                               double grad_scale, double label_smoothing) {
+  if (logits.rank() != 2) {
+    throw ShapeError(StrCat("softmax cross-entropy expects logits [N, K], got ", logits.shape()));
+  }
+  if (!logits.device().is_cuda() || logits.dtype() != DType::kF32) {
+    throw Error(StrCat("GPU softmax cross-entropy takes f32 logits on a GPU, got ",
+                       DTypeName(logits.dtype()), " on ", logits.device().ToString()));
+  }
+  CNNFLOW_ENFORCE(logits.is_contiguous(), "softmax cross-entropy: logits ", logits.shape(),
+                  " are not contiguous");
+  const int64_t n = logits.dim(0), k = logits.dim(1);
+  CNNFLOW_ENFORCE(k > 0, "softmax cross-entropy over ", k, " classes");
+  CNNFLOW_ENFORCE(label_smoothing >= 0.0 && label_smoothing <= 1.0,
+                  "label_smoothing must be in [0, 1], got ", label_smoothing);
+  if (dlogits != nullptr) {
+    CNNFLOW_ENFORCE(dlogits->shape() == logits.shape() && dlogits->dtype() == logits.dtype() &&
+                        dlogits->device() == logits.device() && dlogits->is_contiguous(),
+                    "dlogits ", dlogits->shape(), " ", DTypeName(dlogits->dtype()), " on ",
+                    dlogits->device().ToString(), " for logits ", logits.shape(), " ",
+                    DTypeName(logits.dtype()), " on ", logits.device().ToString());
+  }
+  LossResult result;
+  if (n == 0) return result;
+  CNNFLOW_ENFORCE(labels != nullptr, "softmax cross-entropy: no labels for ", n, " rows");
+  {
+    cudaPointerAttributes attr{};
+    CNNFLOW_CUDA_CHECK(cudaPointerGetAttributes(&attr, labels));
+    // Device, managed or pinned (mapped) memory: the kernel reads it.
+    if (attr.type == cudaMemoryTypeUnregistered) {
+      throw Error(StrCat("GPU softmax cross-entropy: the labels of logits ", logits.shape(),
+                         " are in pageable host memory; they must be in GPU memory"));
+    }
+  }
+  LossScalars s;
+  s.scale = grad_scale < 0 ? 1.0 / static_cast<double>(n) : grad_scale;
+  s.eps = label_smoothing;
+  s.off = s.eps / static_cast<double>(k);
+  s.on = 1.0 - s.eps + s.off;
+
+  CudaContext& c = CudaContext::For(logits.device());
+  // Scratch: the result, then the per-row losses and correct flags. Freed to
+  // the pool after the wait below.
+  const size_t head = 64;
+  const size_t bytes = head + static_cast<size_t>(n) * (sizeof(double) + sizeof(int));
+  Storage scratch(logits.device(), bytes);
+  auto* base = static_cast<char*>(scratch.data());
+  auto* out = reinterpret_cast<LossOut*>(base);
+  auto* row_loss = reinterpret_cast<double*>(base + head);
+  auto* row_correct = reinterpret_cast<int*>(base + head + static_cast<size_t>(n) * sizeof(double));
+  CNNFLOW_CUDA_CHECK(cudaMemsetAsync(&out->bad_row, 0xff, sizeof(out->bad_row), c.stream()));
+  const int64_t blocks64 = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+  const unsigned blocks = static_cast<unsigned>(blocks64 < 65535 * 4 ? blocks64 : 65535 * 4);
+  SoftmaxCrossEntropyRows<<<blocks, kCudaThreads, 0, c.stream()>>>(
+      logits.data<float>(), labels, dlogits != nullptr ? dlogits->data<float>() : nullptr, n, k, s,
+      row_loss, row_correct, out);
+  CNNFLOW_CUDA_CHECK_LAUNCH();
+  SumRows<<<1, kReduceThreads, 0, c.stream()>>>(row_loss, row_correct, labels, n, out);
+  CNNFLOW_CUDA_CHECK_LAUNCH();
+  LossOut host{};
+  CNNFLOW_CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof(host), cudaMemcpyDeviceToHost, c.stream()));
+  c.Synchronize();
+  if (host.bad_row < static_cast<unsigned long long>(n)) {
+    throw Error(StrCat("label ", host.bad_label, " at index ", host.bad_row,
+                       " is out of range [0, ", k, ") for logits ", logits.shape()));
+  }
+  result.loss = host.loss_sum / static_cast<double>(n);
+  result.correct = host.correct;
+  return result;
+}
+
+}  // namespace cnnflow::cuda

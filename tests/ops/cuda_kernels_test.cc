@@ -1,0 +1,527 @@
+// The own CUDA kernels against the CPU: the relu, add, flatten, dropout and
+// linear layers (through gpu_check.h's CompareWithCpu), softmax
+// cross-entropy, the fused SGD / Adam / AdamW steps and Axpy / Scale. Every
+// test needs a GPU and skips without one.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/kernels.h"
+#include "ops/dropout.h"
+#include "ops/loss.h"
+#include "ops/optimizer.h"
+#include "tests/ops/gpu_check.h"
+#include "tests/ops/gradient_check.h"
+
+namespace cnnflow {
+namespace {
+
+using testing::CompareWithCpu;
+using testing::NormalisedError;
+using testing::RandomTensor;
+using testing::Spec;
+
+const Device kGpu = Device::Cuda(0);
+
+// Prints every figure, so a failure says which part is off.
+std::string Describe(const testing::GpuCpuComparison& c) {
+  return StrCat("output ", c.output, ", input grad ", c.input_grad, ", param grad ", c.param_grad,
+                " (worst: '", c.worst_param, "'), buffers ", c.buffer);
+}
+
+// int64 labels copied into GPU memory (the GPU loss reads them there).
+struct DeviceLabels {
+  explicit DeviceLabels(const std::vector<int64_t>& host)
+      : storage(kGpu, std::max<size_t>(1, host.size()) * sizeof(int64_t)) {
+    CopyBytes(kGpu, storage.data(), Device::Cpu(), host.data(), host.size() * sizeof(int64_t));
+  }
+  const int64_t* get() const { return static_cast<const int64_t*>(storage.data()); }
+  Storage storage;
+};
+
+// ---------------------------------------------------------------- layers
+
+TEST(ReluGPU, MatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const auto c = CompareWithCpu({Spec("relu1", "relu")}, Shape{3, 5, 7}, 6);
+  EXPECT_LE(c.output, 1e-6) << Describe(c);
+  EXPECT_LE(c.input_grad, 1e-6) << Describe(c);
+}
+
+TEST(ReluGPU, OddSizeTakesTheScalarTail) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  // 3 * 7 = 21 elements per sample: not a multiple of 4.
+  const auto c = CompareWithCpu({Spec("relu1", "relu")}, Shape{3, 7}, 5);
+  EXPECT_LE(c.output, 1e-6) << Describe(c);
+  EXPECT_LE(c.input_grad, 1e-6) << Describe(c);
+}
+
+TEST(AddGPU, ResidualModelMatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  // fc1's output feeds relu1 and the add: its gradient is the sum of two
+  // (Model::Backward's fan-out, through cuda::Axpy).
+  const auto c = CompareWithCpu(
+      {Spec("fc1", "linear", {{"out", int64_t{9}}}), Spec("relu1", "relu"),
+       Spec("fc2", "linear", {{"out", int64_t{9}}}), Spec("sum", "add", {}, {"fc2", "fc1"}),
+       Spec("fc3", "linear", {{"out", int64_t{4}}})},
+      Shape{11}, 6);
+  EXPECT_LE(c.output, 1e-4) << Describe(c);
+  EXPECT_LE(c.input_grad, 1e-4) << Describe(c);
+  EXPECT_LE(c.param_grad, 1e-4) << Describe(c);
+}
+
+TEST(AddGPU, BothInputsFromTheModelInput) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  // dx = dy + dy: both gradients of the add land on the input.
+  const auto c = CompareWithCpu({Spec("twice", "add", {}, {"input", "input"})}, Shape{2, 9}, 3);
+  EXPECT_LE(c.output, 1e-6) << Describe(c);
+  EXPECT_LE(c.input_grad, 1e-6) << Describe(c);
+}
+
+TEST(FlattenGPU, MatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const auto c = CompareWithCpu(
+      {Spec("flat", "flatten"), Spec("fc", "linear", {{"out", int64_t{5}}})}, Shape{2, 3, 4}, 5);
+  EXPECT_LE(c.output, 1e-4) << Describe(c);
+  EXPECT_LE(c.input_grad, 1e-4) << Describe(c);
+  EXPECT_LE(c.param_grad, 1e-4) << Describe(c);
+  const auto alone = CompareWithCpu({Spec("flat", "flatten")}, Shape{3, 2, 5}, 4);
+  EXPECT_EQ(alone.output, 0) << Describe(alone);
+  EXPECT_EQ(alone.input_grad, 0) << Describe(alone);
+}
+
+TEST(DropoutGPU, TrainingMaskEqualsCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  // The same mask bit for bit: the outputs and gradients are products of the
+  // same floats, so they match exactly.
+  const auto c = CompareWithCpu({Spec("drop", "dropout", {{"p", 0.3}})}, Shape{4, 9}, 7, true);
+  EXPECT_EQ(c.output, 0) << Describe(c);
+  EXPECT_EQ(c.input_grad, 0) << Describe(c);
+}
+
+TEST(DropoutGPU, EvaluationIsTheIdentity) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const auto c = CompareWithCpu({Spec("drop", "dropout", {{"p", 0.5}})}, Shape{13}, 3, false);
+  EXPECT_EQ(c.output, 0) << Describe(c);
+  EXPECT_EQ(c.input_grad, 0) << Describe(c);
+}
+
+// One dropout layer of each class, built as a model would build them.
+struct DropoutPair {
+  std::unique_ptr<Layer> cpu, gpu;
+};
+
+DropoutPair MakeDropoutPair(double p, const Shape& sample) {
+  const LayerType* t = LayerRegistry::Get().Find("dropout");
+  if (t == nullptr || !t->create_cuda) throw Error("dropout has no CUDA class registered");
+  Args args;
+  args.Set("p", p);
+  args.FillDefaults(t->schema);
+  DropoutPair d{t->create("drop", args), t->create_cuda("drop", args)};
+  d.cpu->Build({sample}, DType::kF32);
+  d.gpu->Build({sample}, DType::kF32);
+  d.gpu->MoveTo(kGpu);
+  return d;
+}
+
+TEST(DropoutGPU, SampleIdsGiveTheCpuMask) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  // 300 rows: more than one launch's table of ids; ids far apart, large and
+  // repeated, so a mask keyed by the row number would differ.
+  const Shape sample{37};
+  const int64_t rows = 300;
+  std::vector<int64_t> ids(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    ids[r] = (r * 7919 + 13) % 1000003 + (r % 5 == 0 ? 50000000 : 0);
+  ids[7] = ids[3];
+  for (const double p : {0.1, 0.5, 0.9}) {
+    DropoutPair d = MakeDropoutPair(p, sample);
+    const Tensor x = RandomTensor(sample.WithBatch(rows), 21, -1, 1, DType::kF32);
+    ForwardContext ctx;
+    ctx.seed = 99;
+    ctx.step = 12;
+    ctx.sample_ids = ids.data();
+    Tensor y_cpu = Tensor::Empty(x.shape());
+    d.cpu->Forward({&x}, y_cpu, ctx);
+    const Tensor xg = x.To(kGpu);
+    Tensor y_gpu = Tensor::Empty(x.shape(), DType::kF32, kGpu);
+    d.gpu->Forward({&xg}, y_gpu, ctx);
+    const Tensor& mask_cpu = static_cast<DropoutLayer&>(*d.cpu).mask();
+    const Tensor mask_gpu = static_cast<DropoutLayer&>(*d.gpu).mask().To(Device::Cpu());
+    ASSERT_EQ(mask_gpu.shape(), mask_cpu.shape());
+    int64_t differ = 0, first = -1, kept = 0;
+    for (int64_t i = 0; i < mask_cpu.numel(); ++i) {
+      if (mask_cpu.At(i) != mask_gpu.At(i)) {
+        if (first < 0) first = i;
+        ++differ;
+      }
+      kept += mask_cpu.At(i) != 0;
+    }
+    EXPECT_EQ(differ, 0) << "p " << p << ": " << differ << " mask elements differ, first at row "
+                         << first / 37 << " element " << first % 37;
+    // The mask is really random (not all kept or all dropped).
+    EXPECT_GT(kept, 0) << "p " << p;
+    EXPECT_LT(kept, mask_cpu.numel()) << "p " << p;
+    EXPECT_EQ(NormalisedError(y_cpu, y_gpu), 0) << "p " << p;
+    // Backward: dx = dy * mask, the same on both.
+    const Tensor dy = RandomTensor(x.shape(), 22, -1, 1, DType::kF32);
+    Tensor dx_cpu = Tensor::Empty(x.shape());
+    Tensor dx_gpu = Tensor::Empty(x.shape(), DType::kF32, kGpu);
+    const Tensor dyg = dy.To(kGpu);
+    d.cpu->Backward({&x}, y_cpu, dy, {&dx_cpu});
+    d.gpu->Backward({&xg}, y_gpu, dyg, {&dx_gpu});
+    EXPECT_EQ(NormalisedError(dx_cpu, dx_gpu), 0) << "p " << p;
+  }
+}
+
+TEST(LinearGPU, MatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  // A sample of rank 3 (F = 60 after the implicit flatten), odd sizes.
+  const auto c = CompareWithCpu({Spec("fc", "linear", {{"out", int64_t{13}}})}, Shape{3, 4, 5}, 7);
+  EXPECT_LE(c.output, 1e-4) << Describe(c);
+  EXPECT_LE(c.input_grad, 1e-4) << Describe(c);
+  EXPECT_LE(c.param_grad, 1e-4) << Describe(c);
+}
+
+TEST(LinearGPU, WithoutBiasAndStacked) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const auto c =
+      CompareWithCpu({Spec("fc1", "linear", {{"out", int64_t{33}}, {"bias", false}}),
+                      Spec("relu", "relu"), Spec("fc2", "linear", {{"out", int64_t{10}}})},
+                     Shape{70}, 65);
+  EXPECT_LE(c.output, 1e-4) << Describe(c);
+  EXPECT_LE(c.input_grad, 1e-4) << Describe(c);
+  EXPECT_LE(c.param_grad, 1e-4) << Describe(c);
+}
+
+TEST(LinearGPU, GradientsAccumulate) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  // Two backward passes add: dW after two equals twice dW after one.
+  auto gpu = Model::Build({Spec("fc", "linear", {{"out", int64_t{6}}})}, Shape{5}, DType::kF32, 3,
+                          InitScheme::kPytorchDefault, kGpu);
+  const Tensor x = RandomTensor(Shape{4, 5}, 4, -1, 1, DType::kF32).To(kGpu);
+  const Tensor dy = RandomTensor(Shape{4, 6}, 5, -1, 1, DType::kF32).To(kGpu);
+  ForwardContext ctx;
+  gpu->ZeroGrad();
+  gpu->Forward(x, ctx);
+  gpu->Backward(dy, {});
+  std::vector<Tensor> once;
+  for (auto& np : gpu->NamedParameters()) once.push_back(np.param->grad.To(Device::Cpu()));
+  gpu->Forward(x, ctx);
+  gpu->Backward(dy, {});
+  auto params = gpu->NamedParameters();
+  ASSERT_EQ(params.size(), 2u);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor twice = params[i].param->grad.To(Device::Cpu());
+    for (int64_t k = 0; k < twice.numel(); ++k) {
+      // Not bitwise: the bias adds the rows onto the first sum one by one.
+      EXPECT_NEAR(twice.At(k), 2 * once[i].At(k), 1e-5) << params[i].name << " element " << k;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- loss
+
+void ExpectLossMatches(int64_t n, int64_t k, double grad_scale, double smoothing, uint64_t seed) {
+  SCOPED_TRACE(StrCat("N ", n, " K ", k, " grad_scale ", grad_scale, " smoothing ", smoothing));
+  Tensor logits = RandomTensor(Shape{n, k}, seed, -4, 4, DType::kF32);
+  std::vector<int64_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) labels[i] = (i * 5 + 3) % k;
+  // Row 0: all equal (the argmax is the first, so label 0 is correct);
+  // row 1: the label holds the max, so some rows are surely correct.
+  for (int64_t j = 0; j < k; ++j) logits.Set(j, 0.25);
+  labels[0] = 0;
+  if (n > 1) logits.Set(k + labels[1], 10.0);
+  Tensor d_cpu = Tensor::Empty(logits.shape());
+  const LossResult cpu = SoftmaxCrossEntropy(logits, labels.data(), &d_cpu, grad_scale, smoothing);
+  const Tensor lg = logits.To(kGpu);
+  Tensor d_gpu = Tensor::Empty(logits.shape(), DType::kF32, kGpu);
+  const DeviceLabels dl(labels);
+  const LossResult gpu = cuda::SoftmaxCrossEntropy(lg, dl.get(), &d_gpu, grad_scale, smoothing);
+  EXPECT_NEAR(gpu.loss, cpu.loss, 1e-9 * std::max(1.0, std::abs(cpu.loss))) << "loss";
+  EXPECT_EQ(gpu.correct, cpu.correct) << "correct count";
+  EXPECT_GE(cpu.correct, n > 1 ? 2 : 1);
+  EXPECT_LE(NormalisedError(d_cpu, d_gpu), 1e-6) << "dlogits";
+  // Without dlogits: the same loss.
+  const LossResult no_grad =
+      cuda::SoftmaxCrossEntropy(lg, dl.get(), nullptr, grad_scale, smoothing);
+  EXPECT_EQ(no_grad.loss, gpu.loss);
+  EXPECT_EQ(no_grad.correct, gpu.correct);
+}
+
+TEST(SoftmaxCrossEntropyGPU, MatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  ExpectLossMatches(37, 10, -1, 0.0, 1);
+  ExpectLossMatches(37, 10, 0.5, 0.1, 2);
+  ExpectLossMatches(1, 3, -1, 0.2, 3);
+  // K larger than a warp, N over many blocks.
+  ExpectLossMatches(1000, 100, -1, 0.0, 4);
+  ExpectLossMatches(257, 1001, 1.0 / 512, 0.3, 5);
+}
+
+TEST(SoftmaxCrossEntropyGPU, IsDeterministic) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const Tensor logits = RandomTensor(Shape{4099, 17}, 8, -3, 3, DType::kF32).To(kGpu);
+  std::vector<int64_t> labels(4099);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>(i % 17);
+  const DeviceLabels dl(labels);
+  const LossResult a = cuda::SoftmaxCrossEntropy(logits, dl.get(), nullptr);
+  for (int i = 0; i < 5; ++i) {
+    const LossResult b = cuda::SoftmaxCrossEntropy(logits, dl.get(), nullptr);
+    EXPECT_EQ(a.loss, b.loss) << "run " << i;  // bitwise
+    EXPECT_EQ(a.correct, b.correct);
+  }
+}
+
+TEST(SoftmaxCrossEntropyGPU, BadLabelNamesRowAndValue) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const Tensor logits = RandomTensor(Shape{12, 11}, 9, -1, 1, DType::kF32).To(kGpu);
+  std::vector<int64_t> labels(12, 1);
+  labels[5] = 11;  // == K
+  labels[9] = -1;
+  const DeviceLabels dl(labels);
+  Tensor d = Tensor::Empty(logits.shape(), DType::kF32, kGpu);
+  try {
+    cuda::SoftmaxCrossEntropy(logits, dl.get(), &d);
+    FAIL() << "an out-of-range label was not reported";
+  } catch (const Error& e) {
+    // The first bad row, as the CPU reports it.
+    EXPECT_NE(std::string(e.what()).find("label 11 at index 5 is out of range [0, 11)"),
+              std::string::npos)
+        << e.what();
+  }
+  labels[5] = 1;
+  const DeviceLabels negative(labels);
+  try {
+    cuda::SoftmaxCrossEntropy(logits, negative.get(), nullptr);
+    FAIL() << "a negative label was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("label -1 at index 9"), std::string::npos) << e.what();
+  }
+  // Labels left in pageable host memory are refused, not read by the kernel.
+  EXPECT_THROW(cuda::SoftmaxCrossEntropy(logits, labels.data(), nullptr), Error);
+  // The device is still usable afterwards.
+  labels[9] = 2;
+  const DeviceLabels good(labels);
+  EXPECT_NO_THROW(cuda::SoftmaxCrossEntropy(logits, good.get(), &d));
+}
+
+// ---------------------------------------------------------------- optimizers
+
+// Parameter sizes: odd ones, one over a chunk (16384), many small ones (more
+// than a launch's table holds), and one over a launch's blocks (320 chunks).
+std::vector<int64_t> ParamSizes(bool with_huge) {
+  std::vector<int64_t> sizes = {1, 7, 16384, 16385, 70001, 3, 130};
+  for (int i = 0; i < 60; ++i) sizes.push_back(1 + (i * 37) % 300);
+  if (with_huge) sizes.push_back(320 * 16384 + 4099);
+  return sizes;
+}
+
+// The same parameters twice, on the host and on the GPU.
+struct ParamSet {
+  std::vector<Parameter> cpu, gpu;
+  explicit ParamSet(const std::vector<int64_t>& sizes) {
+    cpu.reserve(sizes.size());
+    gpu.reserve(sizes.size());
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const Tensor v = RandomTensor(Shape{sizes[i]}, 100 + i, -1, 1, DType::kF32);
+      cpu.push_back({"weight", v, Tensor::Zeros(v.shape())});
+      gpu.push_back({"weight", v.To(kGpu), Tensor::Zeros(v.shape(), DType::kF32, kGpu)});
+    }
+  }
+  std::vector<NamedParameter> Named(std::vector<Parameter>& ps) {
+    std::vector<NamedParameter> out;
+    for (size_t i = 0; i < ps.size(); ++i) out.push_back({StrCat("p", i), &ps[i]});
+    return out;
+  }
+  void SetGrads(uint64_t seed) {
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      const Tensor g = RandomTensor(cpu[i].value.shape(), seed * 1000 + i, -1, 1, DType::kF32);
+      cpu[i].grad.CopyFrom(g);
+      gpu[i].grad.CopyFrom(g);
+    }
+  }
+};
+
+// Three steps on both; then every value and state tensor must agree.
+void ExpectSameSteps(ParamSet& ps, Optimizer& on_cpu, Optimizer& on_gpu, double tol) {
+  for (int step = 1; step <= 3; ++step) {
+    ps.SetGrads(step);
+    const double lr = 0.05 * step;  // the schedule changes lr between steps
+    on_cpu.Step(lr);
+    on_gpu.Step(lr);
+  }
+  for (size_t i = 0; i < ps.cpu.size(); ++i) {
+    ASSERT_EQ(ps.gpu[i].value.device(), kGpu);
+    EXPECT_LE(NormalisedError(ps.cpu[i].value, ps.gpu[i].value), tol)
+        << "parameter p" << i << " of " << ps.cpu[i].value.numel() << " elements";
+  }
+  const auto sc = on_cpu.StateTensors();
+  const auto sg = on_gpu.StateTensors();
+  ASSERT_EQ(sc.size(), sg.size());
+  for (size_t i = 0; i < sc.size(); ++i) {
+    ASSERT_EQ(sc[i].first, sg[i].first);
+    EXPECT_EQ(sg[i].second.device(), kGpu) << sg[i].first;
+    EXPECT_LE(NormalisedError(sc[i].second, sg[i].second), tol) << "state " << sc[i].first;
+  }
+}
+
+TEST(SgdGPU, FusedStepMatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* what;
+    SgdOptions o;
+  };
+  const std::vector<Case> cases = {
+      {"plain", {0, 0, false, 0}},
+      {"momentum", {0.9, 0, false, 0}},
+      {"momentum + dampening + weight decay", {0.8, 0.3, false, 0.01}},
+      {"nesterov + weight decay", {0.9, 0, true, 0.05}},
+      {"weight decay, no momentum", {0, 0, false, 0.1}},
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    SCOPED_TRACE(cases[k].what);
+    ParamSet ps(ParamSizes(/*with_huge=*/k == 1));
+    Sgd on_cpu(ps.Named(ps.cpu), cases[k].o);
+    Sgd on_gpu(ps.Named(ps.gpu), cases[k].o);
+    ExpectSameSteps(ps, on_cpu, on_gpu, 1e-5);
+    EXPECT_EQ(on_gpu.StateTensors().size(), cases[k].o.momentum != 0 ? ps.gpu.size() : 0u);
+  }
+}
+
+TEST(SgdGPU, HostStateFromACheckpointMovesToTheGpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  ParamSet ps({5, 17});
+  const SgdOptions o{0.9, 0, false, 0};
+  Sgd on_cpu(ps.Named(ps.cpu), o);
+  Sgd on_gpu(ps.Named(ps.gpu), o);
+  // A momentum buffer restored from host tensors: not the first step any more.
+  std::vector<std::pair<std::string, Tensor>> state;
+  for (size_t i = 0; i < ps.cpu.size(); ++i) {
+    state.emplace_back(StrCat("p", i, ".momentum_buffer"),
+                       RandomTensor(ps.cpu[i].value.shape(), 50 + i, -1, 1, DType::kF32));
+  }
+  ASSERT_EQ(on_cpu.LoadStateTensors(state), 2);
+  ASSERT_EQ(on_gpu.LoadStateTensors(state), 2);
+  ExpectSameSteps(ps, on_cpu, on_gpu, 1e-5);
+}
+
+TEST(AdamGPU, FusedStepMatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  for (const bool decoupled : {false, true}) {
+    for (const double wd : {0.0, 0.02}) {
+      SCOPED_TRACE(StrCat(decoupled ? "adamw" : "adam", " weight decay ", wd));
+      ParamSet ps(ParamSizes(/*with_huge=*/decoupled && wd > 0));
+      AdamOptions o;
+      o.weight_decay = wd;
+      Adam on_cpu(ps.Named(ps.cpu), o, decoupled);
+      Adam on_gpu(ps.Named(ps.gpu), o, decoupled);
+      ExpectSameSteps(ps, on_cpu, on_gpu, 1e-5);
+      EXPECT_EQ(on_gpu.StateTensors().size(), 2 * ps.gpu.size());
+    }
+  }
+}
+
+TEST(AdamGPU, AdamWClassAndBetas) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  ParamSet ps({33, 16384 * 2 + 1});
+  AdamOptions o;
+  o.beta1 = 0.5;
+  o.beta2 = 0.9;
+  o.eps = 1e-6;
+  o.weight_decay = 0.1;
+  AdamW on_cpu(ps.Named(ps.cpu), o);
+  AdamW on_gpu(ps.Named(ps.gpu), o);
+  ExpectSameSteps(ps, on_cpu, on_gpu, 1e-5);
+}
+
+TEST(OptimizerKernelsGPU, DirectCallsMatchTheFormulas) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  // One element, worked by hand: SGD with momentum 0.5 from buf = 2 (not
+  // first): buf = 0.5 * 2 + 1 * g = 1 + 0.5 = 1.5, p = 1 - 0.1 * 1.5 = 0.85.
+  Tensor p = Tensor::Full(Shape{1}, 1.0).To(kGpu);
+  Tensor g = Tensor::Full(Shape{1}, 0.5).To(kGpu);
+  Tensor buf = Tensor::Full(Shape{1}, 2.0).To(kGpu);
+  cuda::ParamSlot s;
+  s.value = p.data<float>();
+  s.grad = g.data<float>();
+  s.state0 = buf.data<float>();
+  s.numel = 1;
+  cuda::SgdStep(kGpu, {s}, 0.1, 0.5, 0.0, false, 0.0);
+  EXPECT_FLOAT_EQ(p.To(Device::Cpu()).At(0), 0.85f);
+  EXPECT_FLOAT_EQ(buf.To(Device::Cpu()).At(0), 1.5f);
+  // first: buf = g = 0.5, p = 0.85 - 0.1 * 0.5 = 0.8.
+  s.first = true;
+  cuda::SgdStep(kGpu, {s}, 0.1, 0.5, 0.0, false, 0.0);
+  EXPECT_FLOAT_EQ(p.To(Device::Cpu()).At(0), 0.8f);
+  EXPECT_FLOAT_EQ(buf.To(Device::Cpu()).At(0), 0.5f);
+  // An empty slot list and zero-size slots are no-ops.
+  EXPECT_NO_THROW(cuda::SgdStep(kGpu, {}, 0.1, 0, 0, false, 0));
+  cuda::ParamSlot empty;
+  EXPECT_NO_THROW(cuda::AdamStep(kGpu, {empty}, 0.1, 0.9, 0.999, 1e-8, 0, false, 1));
+  // Adam's first step moves each element by about lr against its gradient's sign.
+  Tensor m = Tensor::Zeros(Shape{1}, DType::kF32, kGpu);
+  Tensor v = Tensor::Zeros(Shape{1}, DType::kF32, kGpu);
+  s.state0 = m.data<float>();
+  s.state1 = v.data<float>();
+  cuda::AdamStep(kGpu, {s}, 0.01, 0.9, 0.999, 1e-8, 0, false, 1);
+  EXPECT_NEAR(p.To(Device::Cpu()).At(0), 0.8 - 0.01, 1e-6);
+}
+
+// ---------------------------------------------------------------- Axpy, Scale
+
+TEST(AxpyScaleGPU, MatchHost) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  for (const int64_t n : {int64_t{1}, int64_t{6}, int64_t{1001}, int64_t{1} << 20}) {
+    SCOPED_TRACE(StrCat("n ", n));
+    const Tensor x = RandomTensor(Shape{n}, 1, -1, 1, DType::kF32);
+    const Tensor y = RandomTensor(Shape{n}, 2, -1, 1, DType::kF32);
+    Tensor yg = y.To(kGpu);
+    cuda::Axpy(-0.75f, x.To(kGpu), yg);
+    cuda::Scale(yg, 3.0f);
+    const Tensor got = yg.To(Device::Cpu());
+    for (int64_t i = 0; i < n; ++i) {
+      const float want =
+          (static_cast<float>(y.At(i)) + -0.75f * static_cast<float>(x.At(i))) * 3.0f;
+      ASSERT_NEAR(got.At(i), want, 1e-6) << "element " << i;
+    }
+  }
+}
+
+TEST(AxpyScaleGPU, UnalignedViews) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  // Rows 1.. of a [5, 3] tensor start 12 bytes in: not float4-aligned.
+  const Tensor x = RandomTensor(Shape{5, 3}, 3, -1, 1, DType::kF32);
+  const Tensor y = RandomTensor(Shape{5, 3}, 4, -1, 1, DType::kF32);
+  const Tensor xg = x.To(kGpu);
+  Tensor yg = y.To(kGpu);
+  Tensor ys = yg.Slice(1, 5);
+  cuda::Axpy(2.0f, xg.Slice(0, 4), ys);
+  cuda::Scale(ys, 0.5f);
+  const Tensor got = yg.To(Device::Cpu());
+  for (int64_t i = 0; i < 15; ++i) {
+    const float want =
+        i < 3 ? static_cast<float>(y.At(i))
+              : (static_cast<float>(y.At(i)) + 2.0f * static_cast<float>(x.At(i - 3))) * 0.5f;
+    EXPECT_NEAR(got.At(i), want, 1e-6) << "element " << i;
+  }
+}
+
+TEST(AxpyScaleGPU, RejectHostAndF64Tensors) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  Tensor host = Tensor::Zeros(Shape{4});
+  Tensor gpu = Tensor::Zeros(Shape{4}, DType::kF32, kGpu);
+  EXPECT_THROW(cuda::Axpy(1.0f, host, gpu), Error);
+  EXPECT_THROW(cuda::Scale(host, 2.0f), Error);
+  Tensor f64 = Tensor::Zeros(Shape{4}, DType::kF64, kGpu);
+  EXPECT_THROW(cuda::Scale(f64, 2.0f), Error);
+  Tensor other = Tensor::Zeros(Shape{5}, DType::kF32, kGpu);
+  EXPECT_THROW(cuda::Axpy(1.0f, other, gpu), Error);
+}
+
+}  // namespace
+}  // namespace cnnflow

@@ -1,0 +1,97 @@
+// GPU against CPU: runs the same small model on the CPU and on cuda:0 (same
+// seed, so the same parameters; the same input and output gradient) and
+// reports normalised errors of the output, the input gradient, every
+// parameter gradient and every buffer, for the GPU tests of each layer.
+// GPU tests carry GPU in their names and skip without one.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ops/device.h"
+#include "ops/model.h"
+#include "tests/ops/gradient_check.h"
+
+#define CNNFLOW_SKIP_WITHOUT_GPU()                                                       \
+  do {                                                                                    \
+    if (!::cnnflow::CudaAvailable()) {                                                    \
+      GTEST_SKIP() << "no GPU found (" << ::cnnflow::CudaDeviceCount() << " CUDA devices" \
+                   << "): GPU test skipped";                                              \
+    }                                                                                     \
+  } while (0)
+
+namespace cnnflow::testing {
+
+inline LayerSpec Spec(std::string name, std::string type,
+                      std::vector<std::pair<std::string, ParamValue>> args = {},
+                      std::vector<std::string> inputs = {}) {
+  LayerSpec s{std::move(name), std::move(type), {}, std::move(inputs)};
+  for (auto& [k, v] : args) s.args.Set(k, v);
+  return s;
+}
+
+// max |gpu - cpu| / max(max |cpu|, 1e-6): scale-free, so one threshold per
+// layer fits any input size.
+inline double NormalisedError(const Tensor& cpu, const Tensor& gpu) {
+  const Tensor g = gpu.To(Device::Cpu());
+  EXPECT_EQ(cpu.shape(), g.shape());
+  double diff = 0, scale = 1e-6;
+  for (int64_t i = 0; i < cpu.numel(); ++i) {
+    diff = std::max(diff, std::abs(cpu.At(i) - g.At(i)));
+    scale = std::max(scale, std::abs(cpu.At(i)));
+  }
+  return diff / scale;
+}
+
+struct GpuCpuComparison {
+  double output = 0;       // normalised error of the model's output
+  double input_grad = 0;   // of the gradient with respect to the input
+  double param_grad = 0;   // largest over the parameters
+  double buffer = 0;       // largest over the buffers (BN running statistics)
+  std::string worst_param;
+};
+
+// Forward (training or eval) and backward of `specs` on a batch of n samples
+// of `sample_shape`, on the CPU and on cuda:0, in f32.
+inline GpuCpuComparison CompareWithCpu(const std::vector<LayerSpec>& specs,
+                                       const Shape& sample_shape, int64_t n, bool training = true,
+                                       uint64_t seed = 5) {
+  auto cpu = Model::Build(specs, sample_shape, DType::kF32, seed);
+  auto gpu = Model::Build(specs, sample_shape, DType::kF32, seed,
+                          InitScheme::kPytorchDefault, Device::Cuda(0));
+  const Tensor x = RandomTensor(sample_shape.WithBatch(n), seed + 1, -1, 1, DType::kF32);
+  ForwardContext ctx;
+  ctx.training = training;
+  ctx.seed = seed;
+  ctx.step = 3;
+  const Tensor y_cpu = cpu->Forward(x, ctx).Clone();
+  const Tensor y_gpu = gpu->Forward(x.To(Device::Cuda(0)), ctx).Clone();
+  const Tensor dy = RandomTensor(y_cpu.shape(), seed + 2, -1, 1, DType::kF32);
+  Tensor dx_cpu, dx_gpu;
+  cpu->Backward(dy, {}, &dx_cpu);
+  gpu->Backward(dy.To(Device::Cuda(0)), {}, &dx_gpu);
+
+  GpuCpuComparison c;
+  c.output = NormalisedError(y_cpu, y_gpu);
+  c.input_grad = NormalisedError(dx_cpu, dx_gpu);
+  auto pc = cpu->NamedParameters();
+  auto pg = gpu->NamedParameters();
+  for (size_t i = 0; i < pc.size(); ++i) {
+    EXPECT_EQ(pg[i].param->value.device(), Device::Cuda(0)) << pc[i].name;
+    const double e = NormalisedError(pc[i].param->grad, pg[i].param->grad);
+    if (e >= c.param_grad) {
+      c.param_grad = e;
+      c.worst_param = pc[i].name;
+    }
+  }
+  auto sc = cpu->StateTensors();
+  auto sg = gpu->StateTensors();
+  for (size_t i = 0; i < sc.size(); ++i) c.buffer = std::max(c.buffer, NormalisedError(sc[i].second, sg[i].second));
+  return c;
+}
+
+}  // namespace cnnflow::testing
