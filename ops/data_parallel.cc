@@ -48,6 +48,7 @@ struct ReplicaSet::Replica {
   std::vector<int> layers_left;                  // per bucket, this backward
   StepTimeline timeline;
   Counters counters;
+  std::unique_ptr<LossScaler> scaler;  // f16 only
   // SyncBN's all-reduce, through the communication thread like every
   // collective of this replica (so the order is the same on every replica).
   std::function<void(float*, int64_t)> sync_sum;
@@ -95,7 +96,9 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     auto rep = std::make_unique<Replica>();
     rep->rank = r;
     rep->device = options_.devices[r];
-    rep->model = Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device);
+    rep->model = Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device,
+                              options.compute);
+    if (options.compute == DType::kF16) rep->scaler = std::make_unique<LossScaler>();
     if (options.replicas > 1) {
       rep->arena = std::make_unique<tbb::task_arena>(std::max(1, options.threads_per_replica));
     }
@@ -315,7 +318,8 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
       CNNFLOW_ENFORCE(device_labels != nullptr, "a GPU shard needs its labels on the GPU");
       const Tensor& logits = m.Forward(xd, c);
       dlogits = Tensor::Empty(logits.shape(), logits.dtype(), rep.device);
-      loss = cuda::SoftmaxCrossEntropy(logits, device_labels, &dlogits, grad_scale, label_smoothing);
+      const double scale = rep.scaler ? grad_scale * rep.scaler->scale() : grad_scale;
+      loss = cuda::SoftmaxCrossEntropy(logits, device_labels, &dlogits, scale, label_smoothing);
     } else {
       const Tensor& logits = m.Forward(x, c);
       dlogits = Tensor::Empty(logits.shape(), logits.dtype());
@@ -366,14 +370,13 @@ void ReplicaSet::Step(int r, double lr) {
   rep.timeline.wait_seconds = Now() - wait_begin;
   rep.counters.reduce_wait_seconds += rep.timeline.wait_seconds;
   const double step_begin = Now();
-  auto step = [&] { rep.optimizer->Step(lr); };
+  auto step = [&] { ApplyStep(rep, lr); };
   if (rep.arena) {
     rep.arena->execute(step);
   } else {
     step();
   }
   rep.counters.compute_seconds += Now() - step_begin;
-  ++rep.counters.steps;
   if (options_.broadcast_buffers && rep.comm.joinable()) {
     const double broadcast_begin = Now();
     for (int i = 0; i < rep.model->num_layers(); ++i) {
@@ -388,6 +391,23 @@ void ReplicaSet::Step(int r, double lr) {
     Drain(r);
     rep.counters.reduce_wait_seconds += Now() - broadcast_begin;
   }
+}
+
+void ReplicaSet::ApplyStep(Replica& rep, double lr) {
+  bool take = true;
+  if (rep.scaler) {
+    std::vector<Tensor*> grads;
+    for (Tensor& g : rep.bucket_grads) grads.push_back(&g);
+    const bool found_inf =
+        cuda::UnscaleAndFindNonFinite(grads, static_cast<float>(1.0 / rep.scaler->scale()));
+    take = rep.scaler->Update(found_inf);  // the same on every replica: grads are reduced
+  }
+  if (take) {
+    rep.optimizer->Step(lr);
+  } else {
+    ++rep.counters.skipped_steps;
+  }
+  ++rep.counters.steps;
   for (Tensor& g : rep.bucket_grads) g.Zero();
 }
 
@@ -410,10 +430,8 @@ void ReplicaSet::StepGpu(int r, double lr) {
   rep.timeline.wait_seconds = Now() - wait_begin;
   rep.counters.reduce_wait_seconds += rep.timeline.wait_seconds;
   const double step_begin = Now();
-  rep.optimizer->Step(lr);
-  for (Tensor& g : rep.bucket_grads) g.Zero();
+  ApplyStep(rep, lr);
   rep.counters.compute_seconds += Now() - step_begin;
-  ++rep.counters.steps;
 }
 
 }  // namespace cnnflow

@@ -42,6 +42,7 @@
 
 #include "ops/collective.h"
 #include "ops/collective_mpi.h"
+#include "ops/loss_scaler.h"
 #include "ops/model.h"
 #include "ops/optimizer.h"
 
@@ -61,6 +62,10 @@ struct DataParallelOptions {
   bool sync_bn = false;
   double timeout_s = 300;     // every collective
   std::vector<Device> devices;
+  // Mixed precision on GPUs (ops/model.h): activations in f16 or bf16 over
+  // f32 parameters. f16 also scales the loss dynamically (ops/loss_scaler.h):
+  // a step whose reduced gradients hold an inf or NaN is skipped.
+  DType compute = DType::kF32;
 };
 
 // Which parameters share a bucket: Model::NamedParameters() indices, in
@@ -135,6 +140,7 @@ class ReplicaSet {
     double compute_seconds = 0;      // forward, backward, optimizer step
     double reduce_wait_seconds = 0;  // waiting for reductions after backward
     int64_t steps = 0;               // optimizer steps
+    int64_t skipped_steps = 0;       // of those, skipped by the f16 loss scaler
   };
   const Counters& counters(int r) const;
   void ResetCounters();
@@ -148,6 +154,9 @@ class ReplicaSet {
   double Now() const;
   void CommLoop(Replica& rep);
   void StepGpu(int r, double lr);
+  // The optimizer step after the reductions, unless the f16 loss scaler
+  // found an inf or NaN in the gradients (then skipped); zeroes the grads.
+  void ApplyStep(Replica& rep, double lr);
 
   DataParallelOptions options_;
   std::vector<Bucket> buckets_;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "ops/cpu/elementwise.h"
+#include "ops/cuda/kernels.h"
 
 namespace cnnflow {
 
@@ -29,14 +30,22 @@ void InitWeight(Tensor& w, InitScheme scheme, Rng& rng) {
 }  // namespace
 
 std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
-                                    DType dtype, uint64_t seed, InitScheme init, Device device) {
+                                    DType dtype, uint64_t seed, InitScheme init, Device device,
+                                    std::optional<DType> compute) {
   if (device.is_cuda() && device.index >= CudaDeviceCount()) {
     throw Error(StrCat("cannot build the model on ", device.ToString(), ": ", CudaDeviceCount(),
                        " usable GPUs found", CudaAvailable() ? "" : " (no GPU, no CUDA driver, or a build without CUDA)"));
   }
+  const DType act = compute.value_or(dtype);
+  if (act != dtype && (device.is_cpu() || dtype != DType::kF32 ||
+                       (act != DType::kF16 && act != DType::kBF16))) {
+    throw ConfigError(StrCat("mixed precision computes in f16 or bf16 over f32 parameters on a GPU; got ",
+                             DTypeName(act), " over ", DTypeName(dtype), " on ", device.ToString()));
+  }
   std::unique_ptr<Model> m(new Model());
   m->input_shape_ = input_shape;
   m->dtype_ = dtype;
+  m->compute_ = act;
   m->device_ = device;
   std::map<std::string, int> index;  // layer name -> position
   const LayerRegistry& registry = LayerRegistry::Get();
@@ -122,7 +131,17 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
                             input_shape_.ToString().substr(1)));
   }
   const int64_t n = x.dim(0);
-  input_ = x;
+  if (x.dtype() != compute_) {  // the f32 batch of a mixed-precision model
+    CNNFLOW_ENFORCE(x.device().is_cuda(), "a ", DTypeName(compute_), " model got a ",
+                    DTypeName(x.dtype()), " batch on ", x.device().ToString());
+    if (!input_.defined() || input_.shape() != x.shape() || input_.dtype() != compute_ ||
+        input_.device() != x.device()) {
+      input_ = Tensor::Empty(x.shape(), compute_, x.device());
+    }
+    cuda::Cast(x, input_);
+  } else {
+    input_ = x;
+  }
   acts_.resize(layers_.size());
   std::vector<const Tensor*> ins;
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -132,7 +151,7 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
     const Shape shape = out_shapes_[i].WithBatch(n);
     const AllocationScope scope(StrCat("layer '", layers_[i]->name(), "' (", layers_[i]->type(),
                                        ") forward, output ", shape));
-    if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, dtype_, x.device());
+    if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, compute_, x.device());
     layers_[i]->Forward(ins, y, ctx);
   }
   return acts_.back();
@@ -164,11 +183,11 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
         if (dx == nullptr) {
           dxs.push_back(nullptr);  // no gradient for the data
         } else {
-          local[k] = Tensor::Empty(input_.shape(), dtype_, input_.device());
+          local[k] = Tensor::Empty(input_.shape(), compute_, input_.device());
           dxs.push_back(&local[k]);
         }
       } else {
-        local[k] = Tensor::Empty(acts_[j].shape(), dtype_, acts_[j].device());
+        local[k] = Tensor::Empty(acts_[j].shape(), compute_, acts_[j].device());
         dxs.push_back(&local[k]);
       }
     }
@@ -194,7 +213,7 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
     grads[i] = Tensor();
     if (layer_done) layer_done(i);
   }
-  if (dx != nullptr && !dx_written) *dx = Tensor::Zeros(input_.shape(), dtype_, input_.device());
+  if (dx != nullptr && !dx_written) *dx = Tensor::Zeros(input_.shape(), compute_, input_.device());
 }
 
 void Model::ZeroGrad() {

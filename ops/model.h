@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,10 +36,17 @@ class Model {
   // every layer is its CUDA class, initialised on the host to the same
   // values as on the CPU, then moved (ConfigError for a layer type without
   // a CUDA class).
+  //
+  // Mixed precision (GPU only): with `compute` f16 or bf16, parameters,
+  // gradients and buffers stay in `dtype` (f32: the master weights) and
+  // activations are in `compute`: Forward casts its input, every layer
+  // gets and gives `compute` tensors, keeps half copies of the weights it
+  // needs, and adds its parameter gradients into the f32 ones.
   static std::unique_ptr<Model> Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                       DType dtype = DType::kF32, uint64_t seed = 0,
                                       InitScheme init = InitScheme::kPytorchDefault,
-                                      Device device = Device::Cpu());
+                                      Device device = Device::Cpu(),
+                                      std::optional<DType> compute = std::nullopt);
 
   // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
   // activations that Backward needs.
@@ -62,6 +70,7 @@ class Model {
   const Shape& output_shape() const { return out_shapes_.back(); }
   const std::vector<std::string>& inputs_of(int i) const { return input_names_[i]; }
   DType dtype() const { return dtype_; }
+  DType compute_dtype() const { return compute_; }
   Device device() const { return device_; }
 
   // Every parameter, in layer order, named "<layer>.<param>" (no wrapper
@@ -84,6 +93,7 @@ class Model {
   std::vector<Shape> out_shapes_;
   Shape input_shape_;
   DType dtype_ = DType::kF32;
+  DType compute_ = DType::kF32;  // of the activations
   Device device_;
   // Per-forward state.
   Tensor input_;

@@ -39,13 +39,14 @@ class Optimizer {
 
   // One update of every bound parameter with learning rate `lr`; counts
   // the step first (Adam's bias correction uses the count after it).
-  // Parameters on a GPU are updated through host copies (slow; a CUDA
-  // kernel belongs in ops/cuda/ when needed).
+  // f32 parameters on a GPU are updated there by fused multi-tensor
+  // kernels (ops/cuda/kernels.h), their state kept on the GPU.
   virtual void Step(double lr) = 0;
 
   // The optimizer's state for a checkpoint, named "<param>.<state>"; state
   // is created at the first Step (as PyTorch does), so this is empty before
-  // it. The tensors share storage with the optimizer (host, contiguous).
+  // it. The tensors share storage with the optimizer (contiguous, on the
+  // parameters' device).
   std::vector<std::pair<std::string, Tensor>> StateTensors() const;
   // Restores state from a checkpoint's tensors: for each parameter, either
   // all of its state tensors are present (copied in; shape checked, dtype

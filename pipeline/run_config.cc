@@ -81,6 +81,9 @@ const Schema& GraphSectionSchema() {
                     "copy BatchNorm running statistics from replica 0 after each step")
           .Optional("sync_bn", ParamType::kBool, false,
                     "BatchNorm statistics over the global batch (all replicas)")
+          .Optional("precision", ParamType::kString, std::string("fp32"),
+                    "fp32, or mixed precision on GPUs: bf16 | fp16 (activations in half, f32 "
+                    "master weights; fp16 with dynamic loss scaling)")
           .Optional("pipeline", ParamType::kTree, std::string("{}"),
                     "model parallelism: {stages: [[layer, ...], ...] or auto, microbatches: M, "
                     "schedule: 1f1b | gpipe}; one stage per device")
@@ -366,6 +369,17 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     ParsePipeline(doc, pipe, c);
     if (c.accumulate != 1) doc.Fail(pipe, "graph.pipeline", "train.accumulate must be 1 with a pipeline");
     if (c.devices[0].is_cuda()) doc.Fail(pipe, "graph.pipeline", "pipelines run on CPU devices only so far");
+  }
+  const std::string precision = g.String("precision");
+  if (precision == "bf16" || precision == "fp16") {
+    c.compute = precision == "bf16" ? DType::kBF16 : DType::kF16;
+    if (!c.devices[0].is_cuda()) {
+      doc.Fail(graph["precision"], "graph.precision",
+               StrCat(precision, " is mixed precision on GPUs; CPU devices train in fp32"));
+    }
+  } else if (precision != "fp32") {
+    doc.Fail(graph["precision"], "graph.precision",
+             StrCat("'", precision, "': expected fp32, bf16 or fp16"));
   }
   if (c.sync_bn && c.devices[0].is_cuda()) {
     doc.Fail(graph["sync_bn"], "graph.sync_bn", "not implemented for GPU replicas yet");

@@ -57,6 +57,7 @@ struct RunConfig {
   double bucket_mb = 25;
   bool broadcast_buffers = true;
   bool sync_bn = false;
+  DType compute = DType::kF32;  // graph.precision: the activations' type
   double collective_timeout_s = 300;
   // Pipeline model parallelism (graph.pipeline): one stage per device;
   // empty stages with pipeline on: cut automatically by FLOPs.

@@ -71,6 +71,7 @@ void Trainer::BuildModel(MpiWorld& world) {
     dp.sync_bn = config_.sync_bn;
     dp.timeout_s = config_.collective_timeout_s;
     dp.devices = config_.devices;
+    dp.compute = config_.compute;
     if (dp.devices[0].is_cuda()) {
       // One GPU per process: under mpirun each takes the next one on its node.
       dp.devices[0].index += world.local_rank();
@@ -399,6 +400,8 @@ EpochReport Trainer::Train(const std::string& run_dir) {
 
   MemoryPool& pool = PoolFor(Device::Cpu());
   pool.ResetPeak();
+  const Device device = model_->device();
+  if (device.is_cuda()) PoolFor(device).ResetPeak();
   EpochReport report;
   // Optimizer steps between checkpoints, in batches (whole accumulation windows).
   const int64_t every = config_.checkpoint_every * config_.accumulate;
@@ -448,6 +451,16 @@ EpochReport Trainer::Train(const std::string& run_dir) {
   if (progress_) {
     progress_->Line(StrCat("peak memory: ", pool.peak_bytes_in_use() / 1000000, " MB in use, ",
                            pool.bytes_reserved() / 1000000, " MB held (host pool)"));
+    if (device.is_cuda()) {
+      MemoryPool& gpu = PoolFor(device);
+      progress_->Line(StrCat("peak memory on ", device.ToString(), ": ",
+                             gpu.peak_bytes_in_use() / 1000000, " MB in use, ",
+                             gpu.bytes_reserved() / 1000000, " MB held"));
+    }
+    if (replicas_ && replicas_->counters(0).skipped_steps > 0) {
+      progress_->Line(StrCat("fp16 loss scaling skipped ", replicas_->counters(0).skipped_steps,
+                             " steps with inf/NaN gradients"));
+    }
   }
   if (writer) {
     SaveSafetensors((fs::path(run_dir_) / "model.safetensors").string(), model_->StateTensors(),

@@ -15,8 +15,13 @@
 //    device constants weight 1 / bias 0 and a scratch for the unwanted
 //    parameter gradients;
 //  - SyncBN (ForwardContext::sync_sum) is not supported on a GPU: an Error.
-// Running buffers are updated in place on the device. f32 only (cuDNN wants
-// f32 statistics for f16 data; mixed precision would keep them f32).
+// Running buffers are updated in place on the device.
+// Mixed precision: x, y, dy, dx are f16 or bf16, while the weight, bias,
+// their gradients, the running and the saved statistics stay f32 (cuDNN's
+// bnScaleBiasMeanVarDesc is f32 for half data: cudnnDeriveBNTensorDescriptor
+// says so, and Prepare checks it), so cuDNN reads and ADDS the f32
+// parameters and gradients directly. The evaluation backward's parameter
+// gradients run on f32 copies of x and dy (see EvalBackward).
 #include <cudnn.h>
 
 #include <climits>
@@ -26,14 +31,13 @@
 #include "ops/batch_norm.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cudnn_util.h"
+#include "ops/cuda/kernels.h"
 
 namespace cnnflow {
 
 namespace detail {
 
-// The 4D NCHW dims cuDNN sees for a batchnorm input [N, C], [N, C, L] or
-// [N, C, H, W]: [N, C, 1, 1], [N, C, 1, L], [N, C, H, W]. Empty for any
-// other rank. Plain C++ so a test can check it without a GPU.
 std::vector<int64_t> BatchNormCudnnDims(const std::vector<int64_t>& shape) {
   switch (shape.size()) {
     case 2:
@@ -51,16 +55,17 @@ std::vector<int64_t> BatchNormCudnnDims(const std::vector<int64_t>& shape) {
 
 namespace {
 
-const float kOne = 1.0f;
-const float kZero = 0.0f;
+using detail::kCudnnOne;
+using detail::kCudnnZero;
 constexpr cudnnBatchNormMode_t kMode = CUDNN_BATCHNORM_SPATIAL;
 
 class BatchNormCudnn : public BatchNormLayer {
  public:
   using BatchNormLayer::BatchNormLayer;
   ~BatchNormCudnn() override {
-    if (x_desc_) cudnnDestroyTensorDescriptor(x_desc_);
-    if (bn_desc_) cudnnDestroyTensorDescriptor(bn_desc_);
+    for (auto* d : {x_desc_, x32_desc_, bn_desc_}) {
+      if (d) cudnnDestroyTensorDescriptor(d);
+    }
     if (mul_desc_) cudnnDestroyOpTensorDescriptor(mul_desc_);
   }
 
@@ -69,11 +74,7 @@ class BatchNormCudnn : public BatchNormLayer {
                 const std::vector<Tensor*>& dx) override;
 
  private:
-  // "batchnorm 'name'", for messages (made once: Forward runs every step).
-  const std::string& Label() const {
-    if (label_.empty()) label_ = StrCat("batchnorm '", name(), "'");
-    return label_;
-  }
+  const std::string& Label() const { return label_.Of(*this); }
   // Checks x, sets the descriptors for its shape (when it changed) and
   // makes the device state (first call on a device).
   void Prepare(const Tensor& x);
@@ -81,10 +82,12 @@ class BatchNormCudnn : public BatchNormLayer {
   const void* Bias() { return affine() ? parameters()[1].value.raw_data() : zeros_.raw_data(); }
   void EvalBackward(CudaContext& ctx, const Tensor& x, const Tensor& dy, Tensor* dx);
 
-  cudnnTensorDescriptor_t x_desc_ = nullptr;   // x, y, dy, dx
-  cudnnTensorDescriptor_t bn_desc_ = nullptr;  // [1, C, 1, 1] f32
+  cudnnTensorDescriptor_t x_desc_ = nullptr;    // x, y, dy, dx (their dtype)
+  cudnnTensorDescriptor_t x32_desc_ = nullptr;  // the same dims in f32
+  cudnnTensorDescriptor_t bn_desc_ = nullptr;   // [1, C, 1, 1] f32
   cudnnOpTensorDescriptor_t mul_desc_ = nullptr;
   std::vector<int64_t> dims_;  // what x_desc_ describes
+  DType dtype_ = DType::kF32;  // and in which type
   // Device state, [C] f32 each: constants for affine: false and for the
   // evaluation backward, the forward's batch statistics, and a scratch for
   // parameter gradients nobody wants ([2C]).
@@ -92,13 +95,12 @@ class BatchNormCudnn : public BatchNormLayer {
   // What the last forward did, for backward.
   bool last_training_ = false;
   int64_t last_n_ = -1;
-  mutable std::string label_;
+  detail::LayerLabel label_;
 };
 
 void BatchNormCudnn::Prepare(const Tensor& x) {
   const int64_t c = channels();
-  CNNFLOW_ENFORCE(x.dtype() == DType::kF32, Label(), ": the GPU batchnorm takes f32 tensors, got ",
-                  DTypeName(x.dtype()));
+  const cudnnDataType_t type = detail::CudnnDataTypeOf(x.dtype(), Label());
   CNNFLOW_ENFORCE(x.is_contiguous(), Label(), ": needs a contiguous input, got ", x.shape());
   const std::vector<int64_t> dims = detail::BatchNormCudnnDims(x.shape().dims());
   CNNFLOW_ENFORCE(!dims.empty() && dims[1] == c, Label(), ": expected [N, ", c,
@@ -108,18 +110,31 @@ void BatchNormCudnn::Prepare(const Tensor& x) {
   }
   const Device dev = x.device();
   if (x_desc_ == nullptr) {
-    CNNFLOW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc_));
-    CNNFLOW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bn_desc_));
+    for (auto* d : {&x_desc_, &x32_desc_, &bn_desc_}) {
+      CNNFLOW_CUDNN_CHECK(cudnnCreateTensorDescriptor(d));
+    }
     CNNFLOW_CUDNN_CHECK(cudnnCreateOpTensorDescriptor(&mul_desc_));
     CNNFLOW_CUDNN_CHECK(cudnnSetOpTensorDescriptor(mul_desc_, CUDNN_OP_TENSOR_MUL, CUDNN_DATA_FLOAT,
                                                    CUDNN_PROPAGATE_NAN));
   }
-  if (dims != dims_) {
-    CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-        x_desc_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, static_cast<int>(dims[0]),
-        static_cast<int>(dims[1]), static_cast<int>(dims[2]), static_cast<int>(dims[3])));
+  if (dims != dims_ || x.dtype() != dtype_) {
+    const int d[4] = {static_cast<int>(dims[0]), static_cast<int>(dims[1]),
+                      static_cast<int>(dims[2]), static_cast<int>(dims[3])};
+    CNNFLOW_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(x_desc_, CUDNN_TENSOR_NCHW, type, d[0], d[1], d[2], d[3]));
+    CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x32_desc_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                                   d[0], d[1], d[2], d[3]));
     CNNFLOW_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bn_desc_, x_desc_, kMode));
+    // The statistics and parameters are f32 whatever x is: cuDNN must agree.
+    cudnnDataType_t bn_type = CUDNN_DATA_FLOAT;
+    int n = 0, ch = 0, h = 0, w = 0, sn = 0, sc = 0, sh = 0, sw = 0;
+    CNNFLOW_CUDNN_CHECK(
+        cudnnGetTensor4dDescriptor(bn_desc_, &bn_type, &n, &ch, &h, &w, &sn, &sc, &sh, &sw));
+    CNNFLOW_ENFORCE(bn_type == CUDNN_DATA_FLOAT, Label(), ": for ", DTypeName(x.dtype()),
+                    " data cuDNN derives scale/bias/mean/var of cuDNN type ",
+                    static_cast<int>(bn_type), ", not f32 (which this layer keeps them in)");
     dims_ = dims;
+    dtype_ = x.dtype();
   }
   if (!ones_.defined() || ones_.device() != dev) {
     // Once per device (a blocking copy), never in the steady state.
@@ -157,8 +172,8 @@ void BatchNormCudnn::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   float* rvar = buffers()[1].value.data<float>();
   if (!ctx.training) {
     CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-        cuda.cudnn(), kMode, &kOne, &kZero, x_desc_, in.raw_data(), x_desc_, y.raw_data(), bn_desc_,
-        Scale(), Bias(), rmean, rvar, eps()));
+        cuda.cudnn(), kMode, &kCudnnOne, &kCudnnZero, x_desc_, in.raw_data(), x_desc_, y.raw_data(),
+        bn_desc_, Scale(), Bias(), rmean, rvar, eps()));
     return;
   }
   if (ctx.sync_sum != nullptr) {
@@ -172,8 +187,8 @@ void BatchNormCudnn::Forward(const std::vector<const Tensor*>& x, Tensor& y,
         Label(), ": expected more than 1 value per channel when training, got input ", in.shape()));
   }
   CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-      cuda.cudnn(), kMode, &kOne, &kZero, x_desc_, in.raw_data(), x_desc_, y.raw_data(), bn_desc_,
-      Scale(), Bias(), momentum(), rmean, rvar, eps(), save_mean_.raw_data(),
+      cuda.cudnn(), kMode, &kCudnnOne, &kCudnnZero, x_desc_, in.raw_data(), x_desc_, y.raw_data(),
+      bn_desc_, Scale(), Bias(), momentum(), rmean, rvar, eps(), save_mean_.raw_data(),
       save_inv_std_.raw_data()));
 }
 
@@ -208,10 +223,10 @@ void BatchNormCudnn::Backward(const std::vector<const Tensor*>& x, const Tensor&
   void* dscale = affine() ? parameters()[0].grad.raw_data() : param_scratch_.raw_data();
   void* dbias =
       affine() ? parameters()[1].grad.raw_data() : param_scratch_.data<float>() + channels();
-  const float* beta_param = affine() ? &kOne : &kZero;  // accumulate real gradients
+  const float* beta_param = affine() ? &kCudnnOne : &kCudnnZero;  // accumulate real gradients
   CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-      cuda.cudnn(), kMode, &kOne, &kZero, &kOne, beta_param, x_desc_, in.raw_data(), x_desc_,
-      dy.raw_data(), x_desc_, d->raw_data(), bn_desc_, Scale(), dscale, dbias, eps(),
+      cuda.cudnn(), kMode, &kCudnnOne, &kCudnnZero, &kCudnnOne, beta_param, x_desc_, in.raw_data(),
+      x_desc_, dy.raw_data(), x_desc_, d->raw_data(), bn_desc_, Scale(), dscale, dbias, eps(),
       save_mean_.raw_data(), save_inv_std_.raw_data()));
 }
 
@@ -220,6 +235,10 @@ void BatchNormCudnn::Backward(const std::vector<const Tensor*>& x, const Tensor&
 //   dweight += sum(dy * (x - running_mean) * r)
 //   dbias += sum(dy)                     (sums over N and space:
 //                                         cudnnConvolutionBackwardBias)
+// The parameter gradients are computed on f32 x and dy (copies under mixed
+// precision), so every call there sees f32 only: cuDNN's op-tensor and
+// bias-sum calls are not documented for half data with f32 sums, and a
+// backward in evaluation mode is rare.
 void BatchNormCudnn::EvalBackward(CudaContext& cuda, const Tensor& x, const Tensor& dy,
                                   Tensor* dx) {
   cudnnHandle_t h = cuda.cudnn();
@@ -227,21 +246,31 @@ void BatchNormCudnn::EvalBackward(CudaContext& cuda, const Tensor& x, const Tens
   float* rvar = buffers()[1].value.data<float>();
   if (dx != nullptr) {
     CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-        h, kMode, &kOne, &kZero, x_desc_, dy.raw_data(), x_desc_, dx->raw_data(), bn_desc_, Scale(),
-        zeros_.raw_data(), zeros_.raw_data(), rvar, eps()));
+        h, kMode, &kCudnnOne, &kCudnnZero, x_desc_, dy.raw_data(), x_desc_, dx->raw_data(),
+        bn_desc_, Scale(), zeros_.raw_data(), zeros_.raw_data(), rvar, eps()));
   }
   if (!affine()) return;
-  Tensor xhat = Tensor::Empty(x.shape(), x.dtype(), x.device());
-  Tensor prod = Tensor::Empty(x.shape(), x.dtype(), x.device());
+  Tensor x32 = x, dy32 = dy;
+  if (x.dtype() != DType::kF32) {
+    x32 = Tensor::Empty(x.shape(), DType::kF32, x.device());
+    dy32 = Tensor::Empty(dy.shape(), DType::kF32, dy.device());
+    cuda::Cast(x, x32);
+    cuda::Cast(dy, dy32);
+  }
+  Tensor xhat = Tensor::Empty(x.shape(), DType::kF32, x.device());
+  Tensor prod = Tensor::Empty(x.shape(), DType::kF32, x.device());
   CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-      h, kMode, &kOne, &kZero, x_desc_, x.raw_data(), x_desc_, xhat.raw_data(), bn_desc_,
-      ones_.raw_data(), zeros_.raw_data(), rmean, rvar, eps()));
-  CNNFLOW_CUDNN_CHECK(cudnnOpTensor(h, mul_desc_, &kOne, x_desc_, xhat.raw_data(), &kOne, x_desc_,
-                                    dy.raw_data(), &kZero, x_desc_, prod.raw_data()));
-  CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kOne, x_desc_, prod.raw_data(), &kOne,
-                                                   bn_desc_, parameters()[0].grad.raw_data()));
-  CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kOne, x_desc_, dy.raw_data(), &kOne,
-                                                   bn_desc_, parameters()[1].grad.raw_data()));
+      h, kMode, &kCudnnOne, &kCudnnZero, x32_desc_, x32.raw_data(), x32_desc_, xhat.raw_data(),
+      bn_desc_, ones_.raw_data(), zeros_.raw_data(), rmean, rvar, eps()));
+  CNNFLOW_CUDNN_CHECK(cudnnOpTensor(h, mul_desc_, &kCudnnOne, x32_desc_, xhat.raw_data(),
+                                    &kCudnnOne, x32_desc_, dy32.raw_data(), &kCudnnZero, x32_desc_,
+                                    prod.raw_data()));
+  CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kCudnnOne, x32_desc_, prod.raw_data(),
+                                                   &kCudnnOne, bn_desc_,
+                                                   parameters()[0].grad.raw_data()));
+  CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kCudnnOne, x32_desc_, dy32.raw_data(),
+                                                   &kCudnnOne, bn_desc_,
+                                                   parameters()[1].grad.raw_data()));
 }
 
 }  // namespace

@@ -9,17 +9,23 @@
 // search (cudnnFind*AlgorithmEx on the real buffers, which blocks the host:
 // once per batch size) and cached; the workspace comes from
 // CudaContext::Workspace. Steady-state calls only issue work on the
-// device's compute stream: no allocation, no host synchronisation.
+// device's compute stream: no host synchronisation.
 //
 // Precision: f32 convolutions run with CUDNN_DEFAULT_MATH, which lets cuDNN
 // use TF32 tensor cores on Ampere and later (PyTorch's default,
 // torch.backends.cudnn.allow_tf32 = True); algorithms that would convert
-// f32 data down to f16 are never chosen. f16/bf16 tensors (mixed precision)
-// search with CUDNN_TENSOR_OP_MATH and accumulate in f32.
+// f32 data down to f16 are never chosen.
+// Mixed precision (x, y, dy, dx in f16 or bf16; parameters and their
+// gradients f32, ops/model.h): cuDNN computes on half copies of the weight
+// and bias, refreshed every forward, with CUDNN_TENSOR_OP_MATH and an f32
+// compute type (f32 accumulation). The weight gradient comes out in half
+// into a scratch and is added into the f32 gradient (cuda::AddCast); the
+// bias gradient is summed by cuDNN in f32 from an f32 copy of dy, straight
+// into the f32 gradient (f32 in and out is the combination cuDNN surely
+// supports; biased convolutions are rare in mixed-precision nets).
 #include <cudnn.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstddef>
 #include <map>
 #include <string>
@@ -29,16 +35,13 @@
 #include "ops/conv2d.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cudnn_util.h"
+#include "ops/cuda/kernels.h"
 
 namespace cnnflow {
 
 namespace detail {
 
-// The index of the algorithm to use among cuDNN's search results (sorted
-// fastest first): the first that succeeded, fits in `workspace_limit`
-// bytes and, when `allow_down_conversion` is false, is not
-// CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION. -1 when none qualifies. Plain
-// ints so a test can call it without cuDNN's headers.
 int PickCudnnAlgo(const int* status, const int* math_type, const size_t* memory, int count,
                   size_t workspace_limit, bool allow_down_conversion) {
   for (int i = 0; i < count; ++i) {
@@ -57,36 +60,16 @@ int PickCudnnAlgo(const int* status, const int* math_type, const size_t* memory,
 
 namespace {
 
+using detail::CudnnInt;
+using detail::kCudnnOne;
+using detail::kCudnnZero;
+
 // The most workspace an algorithm search may use: fast algorithms (FFT,
 // Winograd) ask for a lot, but the block stays with the context for good.
 constexpr size_t kMaxSearchWorkspace = size_t{1} << 30;
 
-const float kOne = 1.0f;
-const float kZero = 0.0f;
-
-cudnnDataType_t ConvDataType(DType t, const std::string& layer) {
-  switch (t) {
-    case DType::kF32:
-      return CUDNN_DATA_FLOAT;
-    case DType::kF16:
-      return CUDNN_DATA_HALF;
-    case DType::kBF16:
-      return CUDNN_DATA_BFLOAT16;
-    default:
-      throw Error(StrCat(layer,
-                         ": the GPU convolution takes f32 tensors (f16/bf16 for mixed "
-                         "precision), got ",
-                         DTypeName(t)));
-  }
-}
-
-int ToInt(int64_t v, const char* what, const std::string& layer) {
-  CNNFLOW_ENFORCE(v >= 0 && v <= INT_MAX, layer, ": ", what, " ", v,
-                  " is too large for cuDNN (int dimensions)");
-  return static_cast<int>(v);
-}
-
-// Picks among `count` search results; throws naming the layer when none fits.
+// Picks among `count` search results; throws naming the layer when none
+// fits.
 template <typename Perf>
 const Perf& Pick(const std::vector<Perf>& perf, int count, size_t limit, cudnnDataType_t type,
                  const std::string& layer, const char* pass) {
@@ -98,7 +81,7 @@ const Perf& Pick(const std::vector<Perf>& perf, int count, size_t limit, cudnnDa
     memory[i] = perf[i].memory;
   }
   const int i = detail::PickCudnnAlgo(status.data(), math.data(), memory.data(), count, limit,
-                                      type != CUDNN_DATA_FLOAT);
+                                      detail::CudnnMayDownConvert(type));
   if (i < 0) {
     throw Error(StrCat(layer, ": cuDNN found no usable ", pass, " algorithm (", count,
                        " tried, workspace limit ", limit, " bytes)"));
@@ -129,8 +112,28 @@ void* SearchWorkspace(CudaContext& ctx, size_t* bytes) {
   return nullptr;
 }
 
-// The cuDNN state of one convolution layer: descriptors and the chosen
-// algorithms per batch size.
+// The algorithm chosen for one pass and batch size.
+struct AlgoChoice {
+  bool found = false;
+  int algo = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  size_t workspace = 0;
+};
+
+// `master` (f32) in x's dtype: itself when they agree, else `copy`
+// (allocated on first use) refreshed from it.
+const Tensor& ComputeCopy(const Tensor& master, const Tensor& x, Tensor* copy) {
+  if (master.dtype() == x.dtype()) return master;
+  if (!copy->defined() || copy->dtype() != x.dtype() || copy->device() != x.device() ||
+      copy->shape() != master.shape()) {
+    *copy = Tensor::Empty(master.shape(), x.dtype(), x.device());
+  }
+  cuda::Cast(master, *copy);
+  return *copy;
+}
+
+// The cuDNN state of one convolution layer: descriptors, the chosen
+// algorithms per batch size, and the half copies of the parameters.
 class CudnnConv {
  public:
   CudnnConv() = default;
@@ -139,57 +142,66 @@ class CudnnConv {
   CudnnConv& operator=(const CudnnConv&) = delete;
 
   // x: [N, C, H, W] (or [N, C, L] with H = 1), w: the weight, bias: [K] or
-  // null -> y: [N, K, H', W'] (overwritten).
+  // null (both f32) -> y: [N, K, H', W'] (overwritten), in x's dtype.
   void Forward(const std::string& layer, const Conv2dGeometry& g, const Tensor& x, const Tensor& w,
                const Tensor* bias, Tensor& y);
-  // dy: [N, K, H', W'] -> dx (overwritten; null: skipped); adds into dw and
-  // db (null: no bias).
+  // dy: [N, K, H', W'] (x's dtype) -> dx (overwritten; null: skipped);
+  // adds into dw and db (f32; db null: no bias).
   void Backward(const std::string& layer, const Conv2dGeometry& g, const Tensor& x, const Tensor& w,
                 const Tensor& dy, Tensor* dx, Tensor& dw, Tensor* db);
 
  private:
-  struct Choice {
-    bool found = false;
-    int algo = 0;
-    cudnnMathType_t math = CUDNN_DEFAULT_MATH;
-    size_t workspace = 0;
-  };
   struct Algos {
-    Choice fwd, bwd_data, bwd_filter;
+    AlgoChoice fwd, bwd_data, bwd_filter;
   };
   enum Pass { kFwd = 0, kBwdData = 1, kBwdFilter = 2 };
 
   // Makes the descriptors (first call) and sets them for a batch of n
   // (when n or the dtype changed); returns the batch's algorithm slot.
+  // w: the weight cuDNN computes with (x's dtype).
   Algos& Prepare(CudaContext& ctx, const std::string& layer, const Conv2dGeometry& g,
                  const Tensor& x, const Tensor& w);
-  void FindForward(CudaContext& ctx, const std::string& layer, const Tensor& x, const Tensor& w,
-                   Tensor& y, Choice& c);
-  void FindBackwardData(CudaContext& ctx, const std::string& layer, const Tensor& w,
-                        const Tensor& dy, Tensor& dx, Choice& c);
-  void FindBackwardFilter(CudaContext& ctx, const std::string& layer, const Tensor& x,
-                          const Tensor& dy, const Tensor& w, Choice& c);
+  // One algorithm search: sizes every algorithm's workspace to size the
+  // search's, lets cuDNN time them on the real buffers and picks.
+  // workspace_size(algo, &bytes) and find(requested, &count, perf,
+  // workspace, bytes) call the pass's cuDNN functions.
+  template <typename Perf, typename SizeFn, typename FindFn>
+  AlgoChoice Search(CudaContext& ctx, const std::string& layer, const char* pass, Pass p,
+                    int algo_count, int max_count, SizeFn workspace_size, FindFn find);
+  AlgoChoice FindForward(CudaContext& ctx, const std::string& layer, const Tensor& x,
+                         const Tensor& w, Tensor& y);
+  AlgoChoice FindBackwardData(CudaContext& ctx, const std::string& layer, const Tensor& w,
+                              const Tensor& dy, Tensor& dx);
+  AlgoChoice FindBackwardFilter(CudaContext& ctx, const std::string& layer, const Tensor& x,
+                                const Tensor& dy, const Tensor& w);
   // The math type the search starts from.
   cudnnMathType_t SearchMath() const {
     return type_ == CUDNN_DATA_FLOAT ? CUDNN_DEFAULT_MATH : CUDNN_TENSOR_OP_MATH;
   }
 
+  // x, y, filter and bias in the compute dtype; y32 and bias32 in f32 for
+  // the bias gradient.
   cudnnTensorDescriptor_t x_desc_ = nullptr, y_desc_ = nullptr, bias_desc_ = nullptr;
+  cudnnTensorDescriptor_t y32_desc_ = nullptr, bias32_desc_ = nullptr;
   cudnnFilterDescriptor_t w_desc_ = nullptr;
   cudnnConvolutionDescriptor_t conv_desc_[3] = {nullptr, nullptr, nullptr};
   bool created_ = false;
   bool static_set_ = false;  // filter, convolution and bias descriptors
   cudnnDataType_t type_ = CUDNN_DATA_FLOAT;
+  DType dtype_ = DType::kF32;  // what type_ stands for
   int64_t desc_n_ = -1;
   int device_ = -1;
   std::map<int64_t, Algos> algos_;  // by batch size
+  // Mixed precision: the weight and bias in the compute dtype, refreshed by
+  // each Forward and used by the Backward after it.
+  Tensor w_half_, b_half_;
 };
 
 CudnnConv::~CudnnConv() {
   // Destroy calls cannot fail in a way worth reporting from a destructor.
-  if (x_desc_) cudnnDestroyTensorDescriptor(x_desc_);
-  if (y_desc_) cudnnDestroyTensorDescriptor(y_desc_);
-  if (bias_desc_) cudnnDestroyTensorDescriptor(bias_desc_);
+  for (auto* d : {x_desc_, y_desc_, bias_desc_, y32_desc_, bias32_desc_}) {
+    if (d) cudnnDestroyTensorDescriptor(d);
+  }
   if (w_desc_) cudnnDestroyFilterDescriptor(w_desc_);
   for (auto* d : conv_desc_) {
     if (d) cudnnDestroyConvolutionDescriptor(d);
@@ -206,13 +218,13 @@ CudnnConv::Algos& CudnnConv::Prepare(CudaContext& ctx, const std::string& layer,
                   "]");
   CNNFLOW_ENFORCE(w.device() == x.device(), layer, ": weight on ", w.device().ToString(),
                   ", input on ", x.device().ToString());
-  const cudnnDataType_t type = ConvDataType(x.dtype(), layer);
+  const cudnnDataType_t type = detail::CudnnDataTypeOf(x.dtype(), layer);
   CNNFLOW_ENFORCE(w.dtype() == x.dtype(), layer, ": weight is ", DTypeName(w.dtype()), ", input ",
                   DTypeName(x.dtype()));
   if (!created_) {
-    CNNFLOW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc_));
-    CNNFLOW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_desc_));
-    CNNFLOW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bias_desc_));
+    for (auto* d : {&x_desc_, &y_desc_, &bias_desc_, &y32_desc_, &bias32_desc_}) {
+      CNNFLOW_CUDNN_CHECK(cudnnCreateTensorDescriptor(d));
+    }
     CNNFLOW_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc_));
     for (auto& d : conv_desc_) CNNFLOW_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
     created_ = true;
@@ -221,275 +233,279 @@ CudnnConv::Algos& CudnnConv::Prepare(CudaContext& ctx, const std::string& layer,
     algos_.clear();
     device_ = ctx.device();
   }
+  const int k = CudnnInt(g.out_channels, layer, "output channels");
   if (!static_set_ || type != type_) {
     type_ = type;
+    dtype_ = x.dtype();
     // Half data accumulates in f32 (PyTorch's choice too).
     const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
     CNNFLOW_CUDNN_CHECK(cudnnSetFilter4dDescriptor(
-        w_desc_, type, CUDNN_TENSOR_NCHW, ToInt(g.out_channels, "output channels", layer),
-        ToInt(g.in_per_group(), "input channels per group", layer),
-        ToInt(g.kernel_h, "kernel height", layer), ToInt(g.kernel_w, "kernel width", layer)));
+        w_desc_, type, CUDNN_TENSOR_NCHW, k,
+        CudnnInt(g.in_per_group(), layer, "input channels per group"),
+        CudnnInt(g.kernel_h, layer, "kernel height"), CudnnInt(g.kernel_w, layer, "kernel width")));
     for (auto* d : conv_desc_) {
       CNNFLOW_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
-          d, ToInt(g.pad_h, "pad", layer), ToInt(g.pad_w, "pad", layer),
-          ToInt(g.stride_h, "stride", layer), ToInt(g.stride_w, "stride", layer),
-          ToInt(g.dilation_h, "dilation", layer), ToInt(g.dilation_w, "dilation", layer),
+          d, CudnnInt(g.pad_h, layer, "pad"), CudnnInt(g.pad_w, layer, "pad"),
+          CudnnInt(g.stride_h, layer, "stride"), CudnnInt(g.stride_w, layer, "stride"),
+          CudnnInt(g.dilation_h, layer, "dilation"), CudnnInt(g.dilation_w, layer, "dilation"),
           CUDNN_CROSS_CORRELATION, compute));
-      CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, ToInt(g.groups, "groups", layer)));
+      CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, CudnnInt(g.groups, layer, "groups")));
       CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(d, SearchMath()));
     }
-    CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias_desc_, CUDNN_TENSOR_NCHW, type, 1,
-                                                   static_cast<int>(g.out_channels), 1, 1));
+    CNNFLOW_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(bias_desc_, CUDNN_TENSOR_NCHW, type, 1, k, 1, 1));
+    CNNFLOW_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(bias32_desc_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, k, 1, 1));
     static_set_ = true;
     desc_n_ = -1;
     algos_.clear();
   }
   if (n != desc_n_) {
-    const int ni = ToInt(n, "batch size", layer);
+    const int ni = CudnnInt(n, layer, "batch size");
+    const int oh = CudnnInt(g.out_h, layer, "output height");
+    const int ow = CudnnInt(g.out_w, layer, "output width");
     CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-        x_desc_, CUDNN_TENSOR_NCHW, type, ni, ToInt(g.in_channels, "input channels", layer),
-        ToInt(g.in_h, "input height", layer), ToInt(g.in_w, "input width", layer)));
-    CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-        y_desc_, CUDNN_TENSOR_NCHW, type, ni, static_cast<int>(g.out_channels),
-        ToInt(g.out_h, "output height", layer), ToInt(g.out_w, "output width", layer)));
-    int on = 0, oc = 0, oh = 0, ow = 0;
+        x_desc_, CUDNN_TENSOR_NCHW, type, ni, CudnnInt(g.in_channels, layer, "input channels"),
+        CudnnInt(g.in_h, layer, "input height"), CudnnInt(g.in_w, layer, "input width")));
+    CNNFLOW_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(y_desc_, CUDNN_TENSOR_NCHW, type, ni, k, oh, ow));
+    CNNFLOW_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(y32_desc_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, ni, k, oh, ow));
+    int on = 0, oc = 0, ch = 0, cw = 0;
     CNNFLOW_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv_desc_[kFwd], x_desc_, w_desc_,
-                                                              &on, &oc, &oh, &ow));
-    if (on != ni || oc != g.out_channels || oh != g.out_h || ow != g.out_w) {
-      throw Error(StrCat(layer, ": cuDNN's output shape [", on, ", ", oc, ", ", oh, ", ", ow,
-                         "] differs from the layer's [", n, ", ", g.out_channels, ", ", g.out_h,
-                         ", ", g.out_w, "]"));
+                                                              &on, &oc, &ch, &cw));
+    if (on != ni || oc != k || ch != oh || cw != ow) {
+      throw Error(StrCat(layer, ": cuDNN's output shape [", on, ", ", oc, ", ", ch, ", ", cw,
+                         "] differs from the layer's [", n, ", ", k, ", ", oh, ", ", ow, "]"));
     }
     desc_n_ = n;
   }
   return algos_[n];
 }
 
-void CudnnConv::FindForward(CudaContext& ctx, const std::string& layer, const Tensor& x,
-                            const Tensor& w, Tensor& y, Choice& c) {
+template <typename Perf, typename SizeFn, typename FindFn>
+AlgoChoice CudnnConv::Search(CudaContext& ctx, const std::string& layer, const char* pass, Pass p,
+                             int algo_count, int max_count, SizeFn workspace_size, FindFn find) {
+  cudnnConvolutionDescriptor_t conv = conv_desc_[p];
+  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, SearchMath()));
+  size_t wanted = 0;
+  for (int a = 0; a < algo_count; ++a) {
+    size_t b = 0;
+    if (workspace_size(a, &b) == CUDNN_STATUS_SUCCESS) wanted = std::max(wanted, b);
+  }
+  size_t budget = SearchBudget(wanted);
+  void* ws = SearchWorkspace(ctx, &budget);
+  std::vector<Perf> perf(std::max(max_count, 1));
+  int count = 0;
+  const cudnnStatus_t found = find(static_cast<int>(perf.size()), &count, perf.data(), ws, budget);
+  if (found != CUDNN_STATUS_SUCCESS) {
+    throw Error(StrCat(layer, ": cuDNN's ", pass, " algorithm search failed: ",
+                       cudnnGetErrorString(found), " (", DTypeName(dtype_), " data)"));
+  }
+  const Perf& best = Pick(perf, count, budget, type_, layer, pass);
+  AlgoChoice c;
+  c.algo = static_cast<int>(best.algo);
+  c.math = best.mathType;
+  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, c.math));
+  size_t need = 0;
+  const cudnnStatus_t sized = workspace_size(c.algo, &need);
+  if (sized != CUDNN_STATUS_SUCCESS) {
+    throw Error(StrCat(layer, ": cuDNN cannot size the workspace of its chosen ", pass,
+                       " algorithm ", c.algo, ": ", cudnnGetErrorString(sized)));
+  }
+  c.workspace = std::max(need, best.memory);
+  c.found = true;
+  return c;
+}
+
+AlgoChoice CudnnConv::FindForward(CudaContext& ctx, const std::string& layer, const Tensor& x,
+                                  const Tensor& w, Tensor& y) {
   cudnnHandle_t h = ctx.cudnn();
   cudnnConvolutionDescriptor_t conv = conv_desc_[kFwd];
-  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, SearchMath()));
-  size_t wanted = 0;
-  for (int a = 0; a < CUDNN_CONVOLUTION_FWD_ALGO_COUNT; ++a) {
-    size_t b = 0;
-    if (cudnnGetConvolutionForwardWorkspaceSize(h, x_desc_, w_desc_, conv, y_desc_,
-                                                static_cast<cudnnConvolutionFwdAlgo_t>(a),
-                                                &b) == CUDNN_STATUS_SUCCESS) {
-      wanted = std::max(wanted, b);
-    }
-  }
-  size_t budget = SearchBudget(wanted);
-  void* ws = SearchWorkspace(ctx, &budget);
   int max_count = 0;
   CNNFLOW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
-  std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(std::max(max_count, 1));
-  int count = 0;
-  // Writes y: the forward pass overwrites it next.
-  CNNFLOW_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
-      h, x_desc_, x.raw_data(), w_desc_, w.raw_data(), conv, y_desc_, y.raw_data(),
-      static_cast<int>(perf.size()), &count, perf.data(), ws, budget));
-  const auto& best = Pick(perf, count, budget, type_, layer, "forward");
-  c.algo = static_cast<int>(best.algo);
-  c.math = best.mathType;
-  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, c.math));
-  size_t need = 0;
-  CNNFLOW_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, x_desc_, w_desc_, conv, y_desc_,
-                                                              best.algo, &need));
-  c.workspace = std::max(need, best.memory);
-  c.found = true;
+  return Search<cudnnConvolutionFwdAlgoPerf_t>(
+      ctx, layer, "forward", kFwd, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, max_count,
+      [&](int a, size_t* bytes) {
+        return cudnnGetConvolutionForwardWorkspaceSize(
+            h, x_desc_, w_desc_, conv, y_desc_, static_cast<cudnnConvolutionFwdAlgo_t>(a), bytes);
+      },
+      // Writes y: the forward pass overwrites it next.
+      [&](int requested, int* count, cudnnConvolutionFwdAlgoPerf_t* perf, void* ws, size_t bytes) {
+        return cudnnFindConvolutionForwardAlgorithmEx(h, x_desc_, x.raw_data(), w_desc_,
+                                                      w.raw_data(), conv, y_desc_, y.raw_data(),
+                                                      requested, count, perf, ws, bytes);
+      });
 }
 
-void CudnnConv::FindBackwardData(CudaContext& ctx, const std::string& layer, const Tensor& w,
-                                 const Tensor& dy, Tensor& dx, Choice& c) {
+AlgoChoice CudnnConv::FindBackwardData(CudaContext& ctx, const std::string& layer, const Tensor& w,
+                                       const Tensor& dy, Tensor& dx) {
   cudnnHandle_t h = ctx.cudnn();
   cudnnConvolutionDescriptor_t conv = conv_desc_[kBwdData];
-  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, SearchMath()));
-  size_t wanted = 0;
-  for (int a = 0; a < CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT; ++a) {
-    size_t b = 0;
-    if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, w_desc_, y_desc_, conv, x_desc_,
-                                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(a),
-                                                     &b) == CUDNN_STATUS_SUCCESS) {
-      wanted = std::max(wanted, b);
-    }
-  }
-  size_t budget = SearchBudget(wanted);
-  void* ws = SearchWorkspace(ctx, &budget);
   int max_count = 0;
   CNNFLOW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
-  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(std::max(max_count, 1));
-  int count = 0;
-  // Writes dx: the backward pass overwrites it next.
-  CNNFLOW_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
-      h, w_desc_, w.raw_data(), y_desc_, dy.raw_data(), conv, x_desc_, dx.raw_data(),
-      static_cast<int>(perf.size()), &count, perf.data(), ws, budget));
-  const auto& best = Pick(perf, count, budget, type_, layer, "backward-data");
-  c.algo = static_cast<int>(best.algo);
-  c.math = best.mathType;
-  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, c.math));
-  size_t need = 0;
-  CNNFLOW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, w_desc_, y_desc_, conv,
-                                                                   x_desc_, best.algo, &need));
-  c.workspace = std::max(need, best.memory);
-  c.found = true;
+  return Search<cudnnConvolutionBwdDataAlgoPerf_t>(
+      ctx, layer, "backward-data", kBwdData, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, max_count,
+      [&](int a, size_t* bytes) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(
+            h, w_desc_, y_desc_, conv, x_desc_, static_cast<cudnnConvolutionBwdDataAlgo_t>(a),
+            bytes);
+      },
+      // Writes dx: the backward pass overwrites it next.
+      [&](int requested, int* count, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* ws,
+          size_t bytes) {
+        return cudnnFindConvolutionBackwardDataAlgorithmEx(
+            h, w_desc_, w.raw_data(), y_desc_, dy.raw_data(), conv, x_desc_, dx.raw_data(),
+            requested, count, perf, ws, bytes);
+      });
 }
 
-void CudnnConv::FindBackwardFilter(CudaContext& ctx, const std::string& layer, const Tensor& x,
-                                   const Tensor& dy, const Tensor& w, Choice& c) {
+AlgoChoice CudnnConv::FindBackwardFilter(CudaContext& ctx, const std::string& layer,
+                                         const Tensor& x, const Tensor& dy, const Tensor& w) {
   cudnnHandle_t h = ctx.cudnn();
   cudnnConvolutionDescriptor_t conv = conv_desc_[kBwdFilter];
-  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, SearchMath()));
-  size_t wanted = 0;
-  for (int a = 0; a < CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT; ++a) {
-    size_t b = 0;
-    if (cudnnGetConvolutionBackwardFilterWorkspaceSize(
-            h, x_desc_, y_desc_, conv, w_desc_, static_cast<cudnnConvolutionBwdFilterAlgo_t>(a),
-            &b) == CUDNN_STATUS_SUCCESS) {
-      wanted = std::max(wanted, b);
-    }
-  }
-  size_t budget = SearchBudget(wanted);
-  void* ws = SearchWorkspace(ctx, &budget);
   int max_count = 0;
   CNNFLOW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
-  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(std::max(max_count, 1));
-  int count = 0;
   // The search overwrites its dw: a scratch one, since the real gradient
   // accumulates. The search blocks, so the scratch may go back at once.
   Tensor scratch = Tensor::Empty(w.shape(), w.dtype(), w.device());
-  CNNFLOW_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-      h, x_desc_, x.raw_data(), y_desc_, dy.raw_data(), conv, w_desc_, scratch.raw_data(),
-      static_cast<int>(perf.size()), &count, perf.data(), ws, budget));
-  const auto& best = Pick(perf, count, budget, type_, layer, "backward-filter");
-  c.algo = static_cast<int>(best.algo);
-  c.math = best.mathType;
-  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, c.math));
-  size_t need = 0;
-  CNNFLOW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x_desc_, y_desc_, conv,
-                                                                     w_desc_, best.algo, &need));
-  c.workspace = std::max(need, best.memory);
-  c.found = true;
+  return Search<cudnnConvolutionBwdFilterAlgoPerf_t>(
+      ctx, layer, "backward-filter", kBwdFilter, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, max_count,
+      [&](int a, size_t* bytes) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            h, x_desc_, y_desc_, conv, w_desc_, static_cast<cudnnConvolutionBwdFilterAlgo_t>(a),
+            bytes);
+      },
+      [&](int requested, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* ws,
+          size_t bytes) {
+        return cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            h, x_desc_, x.raw_data(), y_desc_, dy.raw_data(), conv, w_desc_, scratch.raw_data(),
+            requested, count, perf, ws, bytes);
+      });
 }
 
 void CudnnConv::Forward(const std::string& layer, const Conv2dGeometry& g, const Tensor& x,
                         const Tensor& w, const Tensor* bias, Tensor& y) {
   CudaContext& ctx = CudaContext::For(x.device());
-  Algos& a = Prepare(ctx, layer, g, x, w);
+  detail::CudnnDataTypeOf(x.dtype(), layer);  // a clear error before any cast
+  // Mixed precision: cuDNN computes with half copies of the f32 master
+  // parameters, refreshed here (the optimizer has changed them).
+  const Tensor& wc = ComputeCopy(w, x, &w_half_);
+  const Tensor* bc = bias == nullptr ? nullptr : &ComputeCopy(*bias, x, &b_half_);
+  Algos& a = Prepare(ctx, layer, g, x, wc);
   CNNFLOW_ENFORCE(y.is_contiguous() && y.dtype() == x.dtype() &&
                       y.numel() == x.dim(0) * g.out_channels * g.out_plane(),
-                  layer, ": output ", y.shape(), " does not match [N, ", g.out_channels, ", ",
-                  g.out_h, ", ", g.out_w, "]");
-  if (!a.fwd.found) FindForward(ctx, layer, x, w, y, a.fwd);
+                  layer, ": output ", y.shape(), " (", DTypeName(y.dtype()),
+                  ") does not match [N, ", g.out_channels, ", ", g.out_h, ", ", g.out_w, "] in ",
+                  DTypeName(x.dtype()));
+  if (!a.fwd.found) a.fwd = FindForward(ctx, layer, x, wc, y);
   cudnnHandle_t h = ctx.cudnn();
   // Each batch size may have chosen another math type: set it every call
   // (a host-side field of the descriptor).
   CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_[kFwd], a.fwd.math));
   void* ws = ctx.Workspace(a.fwd.workspace);
-  CNNFLOW_CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, x_desc_, x.raw_data(), w_desc_,
-                                              w.raw_data(), conv_desc_[kFwd],
-                                              static_cast<cudnnConvolutionFwdAlgo_t>(a.fwd.algo),
-                                              ws, a.fwd.workspace, &kZero, y_desc_, y.raw_data()));
-  if (bias != nullptr) {
-    CNNFLOW_CUDNN_CHECK(
-        cudnnAddTensor(h, &kOne, bias_desc_, bias->raw_data(), &kOne, y_desc_, y.raw_data()));
+  CNNFLOW_CUDNN_CHECK(
+      cudnnConvolutionForward(h, &kCudnnOne, x_desc_, x.raw_data(), w_desc_, wc.raw_data(),
+                              conv_desc_[kFwd], static_cast<cudnnConvolutionFwdAlgo_t>(a.fwd.algo),
+                              ws, a.fwd.workspace, &kCudnnZero, y_desc_, y.raw_data()));
+  if (bc != nullptr) {
+    CNNFLOW_CUDNN_CHECK(cudnnAddTensor(h, &kCudnnOne, bias_desc_, bc->raw_data(), &kCudnnOne,
+                                       y_desc_, y.raw_data()));
   }
 }
 
 void CudnnConv::Backward(const std::string& layer, const Conv2dGeometry& g, const Tensor& x,
                          const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw, Tensor* db) {
   CudaContext& ctx = CudaContext::For(x.device());
-  Algos& a = Prepare(ctx, layer, g, x, w);
+  const bool mixed = x.dtype() != w.dtype();
+  if (mixed) {
+    CNNFLOW_ENFORCE(
+        w_half_.defined() && w_half_.dtype() == x.dtype() && w_half_.device() == x.device(), layer,
+        ": backward in ", DTypeName(x.dtype()),
+        " without a forward in it (no half copy of the weight)");
+  }
+  const Tensor& wc = mixed ? w_half_ : w;
+  Algos& a = Prepare(ctx, layer, g, x, wc);
   CNNFLOW_ENFORCE(dy.is_contiguous() && dy.dtype() == x.dtype() &&
                       dy.numel() == x.dim(0) * g.out_channels * g.out_plane(),
-                  layer, ": output gradient ", dy.shape(), " does not match [N, ", g.out_channels,
-                  ", ", g.out_h, ", ", g.out_w, "]");
+                  layer, ": output gradient ", dy.shape(), " (", DTypeName(dy.dtype()),
+                  ") does not match [N, ", g.out_channels, ", ", g.out_h, ", ", g.out_w, "] in ",
+                  DTypeName(x.dtype()));
   cudnnHandle_t h = ctx.cudnn();
   if (dx != nullptr) {
     CNNFLOW_ENFORCE(dx->is_contiguous() && dx->numel() == x.numel() && dx->dtype() == x.dtype(),
-                    layer, ": input gradient ", dx->shape(), " does not match the input ",
-                    x.shape());
-    if (!a.bwd_data.found) FindBackwardData(ctx, layer, w, dy, *dx, a.bwd_data);
+                    layer, ": input gradient ", dx->shape(), " (", DTypeName(dx->dtype()),
+                    ") does not match the input ", x.shape(), " (", DTypeName(x.dtype()), ")");
+    if (!a.bwd_data.found) a.bwd_data = FindBackwardData(ctx, layer, wc, dy, *dx);
     CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_[kBwdData], a.bwd_data.math));
     void* ws = ctx.Workspace(a.bwd_data.workspace);
     CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardData(
-        h, &kOne, w_desc_, w.raw_data(), y_desc_, dy.raw_data(), conv_desc_[kBwdData],
+        h, &kCudnnOne, w_desc_, wc.raw_data(), y_desc_, dy.raw_data(), conv_desc_[kBwdData],
         static_cast<cudnnConvolutionBwdDataAlgo_t>(a.bwd_data.algo), ws, a.bwd_data.workspace,
-        &kZero, x_desc_, dx->raw_data()));
+        &kCudnnZero, x_desc_, dx->raw_data()));
   }
-  CNNFLOW_ENFORCE(dw.is_contiguous() && dw.numel() == w.numel() && dw.device() == x.device(), layer,
-                  ": weight gradient ", dw.shape(), " does not match the weight ", w.shape());
-  if (!a.bwd_filter.found) FindBackwardFilter(ctx, layer, x, dy, w, a.bwd_filter);
+  CNNFLOW_ENFORCE(dw.is_contiguous() && dw.numel() == w.numel() && dw.device() == x.device() &&
+                      dw.dtype() == w.dtype(),
+                  layer, ": weight gradient ", dw.shape(), " (", DTypeName(dw.dtype()),
+                  ") does not match the weight ", w.shape(), " (", DTypeName(w.dtype()), ")");
+  if (!a.bwd_filter.found) a.bwd_filter = FindBackwardFilter(ctx, layer, x, dy, wc);
   CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_[kBwdFilter], a.bwd_filter.math));
   void* ws = ctx.Workspace(a.bwd_filter.workspace);
-  // beta = 1: parameter gradients accumulate (ops/layer.h).
+  // Parameter gradients accumulate (ops/layer.h): beta = 1 in f32; in mixed
+  // precision cuDNN writes a half scratch that is added in f32.
+  Tensor dw_half;
+  if (mixed) dw_half = Tensor::Empty(w.shape(), x.dtype(), x.device());
   CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-      h, &kOne, x_desc_, x.raw_data(), y_desc_, dy.raw_data(), conv_desc_[kBwdFilter],
+      h, &kCudnnOne, x_desc_, x.raw_data(), y_desc_, dy.raw_data(), conv_desc_[kBwdFilter],
       static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.bwd_filter.algo), ws, a.bwd_filter.workspace,
-      &kOne, w_desc_, dw.raw_data()));
+      mixed ? &kCudnnZero : &kCudnnOne, w_desc_, mixed ? dw_half.raw_data() : dw.raw_data()));
+  if (mixed) cuda::AddCast(dw_half, dw);
   if (db != nullptr) {
-    CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kOne, y_desc_, dy.raw_data(), &kOne,
-                                                     bias_desc_, db->raw_data()));
+    CNNFLOW_ENFORCE(db->is_contiguous() && db->numel() == g.out_channels &&
+                        db->dtype() == DType::kF32 && db->device() == x.device(),
+                    layer, ": bias gradient ", db->shape(), " (", DTypeName(db->dtype()),
+                    ") is not ", g.out_channels, " f32 values on ", x.device().ToString());
+    // Summed in f32 into the f32 gradient (see the top of the file).
+    Tensor dy32 = dy;
+    if (mixed) {
+      dy32 = Tensor::Empty(dy.shape(), DType::kF32, dy.device());
+      cuda::Cast(dy, dy32);
+    }
+    CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kCudnnOne, y32_desc_, dy32.raw_data(),
+                                                     &kCudnnOne, bias32_desc_, db->raw_data()));
   }
 }
 
-// conv2d on cuDNN: Conv2d's parameters, shape rule and initialisation.
-class Conv2dCudnn : public Conv2d {
+// conv2d / conv1d on cuDNN: the CPU class's parameters, shape rule and
+// initialisation. conv1d's [N, C, L] is [N, C, 1, L] to cuDNN and its
+// weight [K, C/groups, k] a [K, C/groups, 1, k] filter (same memory).
+template <typename Base>
+class ConvCudnn : public Base {
  public:
-  using Conv2d::Conv2d;
+  using Base::Base;
 
   void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) override {
-    CNNFLOW_ENFORCE(x.size() == 1, "conv2d '", name(), "' takes one input");
-    const Tensor* bias = has_bias() ? &parameters()[1].value : nullptr;
-    conv_.Forward(Label(), geometry(), *x[0], parameters()[0].value, bias, y);
+    CNNFLOW_ENFORCE(x.size() == 1 && x[0] != nullptr, Label(), " takes one input");
+    const Tensor* bias = this->has_bias() ? &this->parameters()[1].value : nullptr;
+    conv_.Forward(Label(), this->geometry(), *x[0], this->parameters()[0].value, bias, y);
   }
   void Backward(const std::vector<const Tensor*>& x, const Tensor&, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override {
+    CNNFLOW_ENFORCE(x.size() == 1 && x[0] != nullptr, Label(), " takes one input");
     Tensor* dxp = dx.empty() ? nullptr : dx[0];
-    Tensor* db = has_bias() ? &parameters()[1].grad : nullptr;
-    conv_.Backward(Label(), geometry(), *x[0], parameters()[0].value, dy, dxp, parameters()[0].grad,
-                   db);
+    Tensor* db = this->has_bias() ? &this->parameters()[1].grad : nullptr;
+    conv_.Backward(Label(), this->geometry(), *x[0], this->parameters()[0].value, dy, dxp,
+                   this->parameters()[0].grad, db);
   }
 
  private:
-  // "<type> 'name'", for messages (made once: Forward runs every step).
-  const std::string& Label() const {
-    if (label_.empty()) label_ = StrCat(type(), " '", name(), "'");
-    return label_;
-  }
-  mutable std::string label_;
+  const std::string& Label() const { return label_.Of(*this); }
+  detail::LayerLabel label_;
   CudnnConv conv_;
 };
 
-// conv1d on cuDNN: [N, C, L] is [N, C, 1, L] to cuDNN, the weight
-// [K, C/groups, k] a [K, C/groups, 1, k] filter (same memory).
-class Conv1dCudnn : public Conv1d {
- public:
-  using Conv1d::Conv1d;
-
-  void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) override {
-    CNNFLOW_ENFORCE(x.size() == 1 && x[0]->rank() == 3, "conv1d '", name(),
-                    "' takes one [N, C, L] input");
-    const Tensor* bias = has_bias() ? &parameters()[1].value : nullptr;
-    conv_.Forward(Label(), geometry(), *x[0], parameters()[0].value, bias, y);
-  }
-  void Backward(const std::vector<const Tensor*>& x, const Tensor&, const Tensor& dy,
-                const std::vector<Tensor*>& dx) override {
-    Tensor* dxp = dx.empty() ? nullptr : dx[0];
-    Tensor* db = has_bias() ? &parameters()[1].grad : nullptr;
-    conv_.Backward(Label(), geometry(), *x[0], parameters()[0].value, dy, dxp, parameters()[0].grad,
-                   db);
-  }
-
- private:
-  // "<type> 'name'", for messages (made once: Forward runs every step).
-  const std::string& Label() const {
-    if (label_.empty()) label_ = StrCat(type(), " '", name(), "'");
-    return label_;
-  }
-  mutable std::string label_;
-  CudnnConv conv_;
-};
+using Conv2dCudnn = ConvCudnn<Conv2d>;
+using Conv1dCudnn = ConvCudnn<Conv1d>;
 
 }  // namespace
 

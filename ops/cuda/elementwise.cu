@@ -1,13 +1,18 @@
-// Elementwise CUDA kernels and the layers made of them: Axpy and Scale
-// (ops/cuda/kernels.h), relu, add, flatten and dropout on a GPU (same
-// semantics as ops/cpu/*.cc; dropout draws the CPU's mask bit for bit), and
-// the bias helpers of the linear layer (ops/cuda/elementwise.h).
+// Elementwise CUDA kernels and the layers made of them: Axpy, Scale, Cast
+// and AddCast (ops/cuda/kernels.h), relu, add, flatten and dropout on a GPU
+// (same semantics as ops/cpu/*.cc; dropout draws the CPU's mask bit for
+// bit), and the bias helpers of the linear layer (ops/cuda/elementwise.h).
+// The layers run in f32 or, under mixed precision, in f16/bf16 (the dtype
+// of their tensors): half values are computed in f32 and rounded once.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ops/add.h"
@@ -41,7 +46,45 @@ void CheckSameGpu(const Tensor& a, const Tensor& b, const std::string& what) {
                   b.device().ToString());
 }
 
+// A contiguous f32, f16 or bf16 tensor on a GPU, or an Error naming `what`.
+void CheckGpuFloat(const Tensor& t, const std::string& what) {
+  if (!t.device().is_cuda()) {
+    throw Error(
+        StrCat(what, " is on ", t.device().ToString(), "; a CUDA kernel needs a GPU tensor"));
+  }
+  if (t.dtype() != DType::kF32 && t.dtype() != DType::kF16 && t.dtype() != DType::kBF16) {
+    throw Error(StrCat(what, " is ", DTypeName(t.dtype()), "; CUDA kernels take f32, f16 or bf16"));
+  }
+  CNNFLOW_ENFORCE(t.is_contiguous(), what, " ", t.shape(), " is not contiguous");
+}
+
+void CheckSameType(const Tensor& a, const Tensor& b, const std::string& what) {
+  CNNFLOW_ENFORCE(a.dtype() == b.dtype(), what, ": ", DTypeName(a.dtype()), " and ",
+                  DTypeName(b.dtype()), " tensors");
+}
+
+// Calls fn with a null pointer of the element type of f32, f16 or bf16.
+template <typename Fn>
+void DispatchGpuFloat(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::kF32:
+      fn(static_cast<float*>(nullptr));
+      return;
+    case DType::kF16:
+      fn(static_cast<__half*>(nullptr));
+      return;
+    case DType::kBF16:
+      fn(static_cast<__nv_bfloat16*>(nullptr));
+      return;
+    default:
+      throw Error(StrCat("no CUDA kernel for dtype ", DTypeName(t)));
+  }
+}
+
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+using cuda::FromFloat;
+using cuda::ToFloat;
 
 // ------------------------------------------------------------ elementwise map
 
@@ -130,6 +173,85 @@ struct MulOp {
   }
 };
 
+// Half-precision (and generic) functors: computed in f32, rounded once. The
+// vector form takes elements 4i .. 4i+3 one by one (no alignment needed).
+#define CNNFLOW_VECTOR_BY_SCALARS                          \
+  __device__ void Vector(int64_t i) const {                \
+    for (int64_t k = 4 * i; k < 4 * i + 4; ++k) Scalar(k); \
+  }
+
+template <typename T>
+struct AxpyT {
+  const T* x;
+  T* y;
+  float alpha;
+  __device__ void Scalar(int64_t i) const {
+    y[i] = FromFloat<T>(ToFloat(y[i]) + alpha * ToFloat(x[i]));
+  }
+  CNNFLOW_VECTOR_BY_SCALARS
+};
+
+template <typename S, typename D>
+struct CastT {
+  const S* src;
+  D* dst;
+  __device__ void Scalar(int64_t i) const { dst[i] = FromFloat<D>(ToFloat(src[i])); }
+  CNNFLOW_VECTOR_BY_SCALARS
+};
+
+template <typename S>
+struct AddCastT {
+  const S* src;
+  float* dst;
+  __device__ void Scalar(int64_t i) const { dst[i] += ToFloat(src[i]); }
+  CNNFLOW_VECTOR_BY_SCALARS
+};
+
+// Relu keeps x itself (exact in any type); NaN -> 0 as the CPU.
+template <typename T>
+struct ReluForwardT {
+  const T* x;
+  T* y;
+  __device__ void Scalar(int64_t i) const { y[i] = ToFloat(x[i]) > 0.f ? x[i] : FromFloat<T>(0.f); }
+  CNNFLOW_VECTOR_BY_SCALARS
+};
+
+template <typename T>
+struct ReluBackwardT {
+  const T* y;
+  const T* dy;
+  T* dx;
+  __device__ void Scalar(int64_t i) const {
+    dx[i] = ToFloat(y[i]) > 0.f ? dy[i] : FromFloat<T>(0.f);
+  }
+  CNNFLOW_VECTOR_BY_SCALARS
+};
+
+template <typename T>
+struct AddT {
+  const T* a;
+  const T* b;
+  T* y;
+  __device__ void Scalar(int64_t i) const { y[i] = FromFloat<T>(ToFloat(a[i]) + ToFloat(b[i])); }
+  CNNFLOW_VECTOR_BY_SCALARS
+};
+
+// The half dropout's backward: the mask holds 0 or the rounded scale, so
+// it only says kept or not; the multiplier is the f32 scale.
+template <typename T>
+struct DropoutBackwardT {
+  const T* dy;
+  const T* m;
+  T* dx;
+  float scale;
+  __device__ void Scalar(int64_t i) const {
+    dx[i] = FromFloat<T>(ToFloat(dy[i]) * (ToFloat(m[i]) != 0.f ? scale : 0.f));
+  }
+  CNNFLOW_VECTOR_BY_SCALARS
+};
+
+#undef CNNFLOW_VECTOR_BY_SCALARS
+
 // Grid-stride over n elements: float4 groups first when `vec`, then the tail.
 template <typename Op>
 __global__ void MapKernel(Op op, int64_t n, bool vec) {
@@ -177,14 +299,17 @@ __device__ __forceinline__ float DropoutMultiplier(uint64_t key, uint64_t c, uin
 }
 
 // Without sample ids the counter of element i is i.
-__global__ void DropoutFlatKernel(const float* x, float* m, float* y, int64_t n, uint64_t key,
+// (T = float: m = mi, y = x * mi exactly as the CPU; a half type rounds
+// both once.)
+template <typename T>
+__global__ void DropoutFlatKernel(const T* x, T* m, T* y, int64_t n, uint64_t key,
                                   uint64_t threshold, float scale) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     const float mi = DropoutMultiplier(key, static_cast<uint64_t>(i), threshold, scale);
-    m[i] = mi;
-    y[i] = x[i] * mi;
+    m[i] = FromFloat<T>(mi);
+    y[i] = FromFloat<T>(ToFloat(x[i]) * mi);
   }
 }
 
@@ -196,7 +321,8 @@ struct RowStarts {
   int64_t first[kIdRows];
 };
 
-__global__ void DropoutRowsKernel(const float* x, float* m, float* y, int64_t per, RowStarts starts,
+template <typename T>
+__global__ void DropoutRowsKernel(const T* x, T* m, T* y, int64_t per, RowStarts starts,
                                   uint64_t key, uint64_t threshold, float scale) {
   const int64_t o = static_cast<int64_t>(blockIdx.y) * per;
   const int64_t first = starts.first[blockIdx.y];
@@ -205,29 +331,32 @@ __global__ void DropoutRowsKernel(const float* x, float* m, float* y, int64_t pe
        j += stride) {
     // The CPU computes the counter as int64 first + j, then casts.
     const float mi = DropoutMultiplier(key, static_cast<uint64_t>(first + j), threshold, scale);
-    m[o + j] = mi;
-    y[o + j] = x[o + j] * mi;
+    m[o + j] = FromFloat<T>(mi);
+    y[o + j] = FromFloat<T>(ToFloat(x[o + j]) * mi);
   }
 }
 
 // ------------------------------------------------------------ linear's bias
 
-__global__ void BroadcastRowsKernel(const float* bias, float* y, int64_t rows, int64_t cols) {
+template <typename T>
+__global__ void BroadcastRowsKernel(const float* bias, T* y, int64_t rows, int64_t cols) {
   const int64_t n = rows * cols;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    y[i] = bias[i % cols];
+    y[i] = FromFloat<T>(bias[i % cols]);
   }
 }
 
-// One thread per column; the rows in order (coalesced across the threads).
-__global__ void AddColumnSumsKernel(const float* g, float* sum, int64_t rows, int64_t cols) {
+// One thread per column; the rows in order (coalesced across the threads),
+// accumulated in f32 whatever T.
+template <typename T>
+__global__ void AddColumnSumsKernel(const T* g, float* sum, int64_t rows, int64_t cols) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < cols;
        o += stride) {
     float acc = sum[o];
-    for (int64_t r = 0; r < rows; ++r) acc += g[r * cols + o];
+    for (int64_t r = 0; r < rows; ++r) acc += ToFloat(g[r * cols + o]);
     sum[o] = acc;
   }
 }
@@ -241,29 +370,51 @@ class CudaReluLayer : public ReluLayer {
   void Forward(const std::vector<const Tensor*>& x, Tensor& y,
                const ForwardContext& /*ctx*/) override {
     const Tensor& in = *x[0];
-    CheckGpuF32(in, StrCat("relu '", name(), "' input"));
-    CheckGpuF32(y, StrCat("relu '", name(), "' output"));
+    CheckGpuFloat(in, StrCat("relu '", name(), "' input"));
+    CheckGpuFloat(y, StrCat("relu '", name(), "' output"));
     CheckSameGpu(in, y, StrCat("relu '", name(), "'"));
+    CheckSameType(in, y, StrCat("relu '", name(), "'"));
     CNNFLOW_ENFORCE(in.numel() == y.numel(), "relu ", name(), ": ", in.shape(), " -> ", y.shape());
     CudaContext& c = CudaContext::For(in.device());
-    const float* xs = in.data<float>();
-    float* ys = y.data<float>();
-    LaunchMap(ReluForwardOp{xs, ys}, in.numel(), Aligned16(xs) && Aligned16(ys), c.stream());
+    if (in.dtype() == DType::kF32) {
+      const float* xs = in.data<float>();
+      float* ys = y.data<float>();
+      LaunchMap(ReluForwardOp{xs, ys}, in.numel(), Aligned16(xs) && Aligned16(ys), c.stream());
+      return;
+    }
+    DispatchGpuFloat(in.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      LaunchMap(
+          ReluForwardT<T>{static_cast<const T*>(in.raw_data()), static_cast<T*>(y.raw_data())},
+          in.numel(), true, c.stream());
+    });
   }
 
   void Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override {
     if (dx[0] == nullptr) return;
-    CheckGpuF32(dy, StrCat("relu '", name(), "' dy"));
-    CheckGpuF32(*dx[0], StrCat("relu '", name(), "' dx"));
+    CheckGpuFloat(dy, StrCat("relu '", name(), "' dy"));
+    CheckGpuFloat(*dx[0], StrCat("relu '", name(), "' dx"));
+    CheckSameType(y, dy, StrCat("relu '", name(), "' y and dy"));
+    CheckSameType(dy, *dx[0], StrCat("relu '", name(), "' dy and dx"));
     CNNFLOW_ENFORCE(dy.numel() == y.numel() && dx[0]->numel() == y.numel(), "relu ", name(),
                     ": dy ", dy.shape(), " y ", y.shape());
     CudaContext& c = CudaContext::For(y.device());
-    const float* ys = y.data<float>();
-    const float* g = dy.data<float>();
-    float* d = dx[0]->data<float>();
-    LaunchMap(ReluBackwardOp{ys, g, d}, y.numel(), Aligned16(ys) && Aligned16(g) && Aligned16(d),
-              c.stream());
+    if (y.dtype() == DType::kF32) {
+      const float* ys = y.data<float>();
+      const float* g = dy.data<float>();
+      float* d = dx[0]->data<float>();
+      LaunchMap(ReluBackwardOp{ys, g, d}, y.numel(), Aligned16(ys) && Aligned16(g) && Aligned16(d),
+                c.stream());
+      return;
+    }
+    DispatchGpuFloat(y.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      LaunchMap(ReluBackwardT<T>{static_cast<const T*>(y.raw_data()),
+                                 static_cast<const T*>(dy.raw_data()),
+                                 static_cast<T*>(dx[0]->raw_data())},
+                y.numel(), true, c.stream());
+    });
   }
 };
 
@@ -277,26 +428,38 @@ class CudaAddLayer : public AddLayer {
     const Tensor& b = *x[1];
     CNNFLOW_ENFORCE(a.shape() == b.shape() && a.numel() == y.numel(), "add ", name(), ": ",
                     a.shape(), " + ", b.shape(), " -> ", y.shape());
-    CheckGpuF32(a, StrCat("add '", name(), "' input 0"));
-    CheckGpuF32(b, StrCat("add '", name(), "' input 1"));
-    CheckGpuF32(y, StrCat("add '", name(), "' output"));
+    CheckGpuFloat(a, StrCat("add '", name(), "' input 0"));
+    CheckGpuFloat(b, StrCat("add '", name(), "' input 1"));
+    CheckGpuFloat(y, StrCat("add '", name(), "' output"));
     CheckSameGpu(a, b, StrCat("add '", name(), "'"));
     CheckSameGpu(a, y, StrCat("add '", name(), "'"));
+    CheckSameType(a, b, StrCat("add '", name(), "' inputs"));
+    CheckSameType(a, y, StrCat("add '", name(), "' input and output"));
     CudaContext& c = CudaContext::For(a.device());
-    const float* as = a.data<float>();
-    const float* bs = b.data<float>();
-    float* ys = y.data<float>();
-    LaunchMap(AddOp{as, bs, ys}, a.numel(), Aligned16(as) && Aligned16(bs) && Aligned16(ys),
-              c.stream());
+    if (a.dtype() == DType::kF32) {
+      const float* as = a.data<float>();
+      const float* bs = b.data<float>();
+      float* ys = y.data<float>();
+      LaunchMap(AddOp{as, bs, ys}, a.numel(), Aligned16(as) && Aligned16(bs) && Aligned16(ys),
+                c.stream());
+      return;
+    }
+    DispatchGpuFloat(a.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      LaunchMap(AddT<T>{static_cast<const T*>(a.raw_data()), static_cast<const T*>(b.raw_data()),
+                        static_cast<T*>(y.raw_data())},
+                a.numel(), true, c.stream());
+    });
   }
 
   void Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& /*y*/, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override {
-    CheckGpuF32(dy, StrCat("add '", name(), "' dy"));
+    CheckGpuFloat(dy, StrCat("add '", name(), "' dy"));
     CudaContext& c = CudaContext::For(dy.device());
     for (Tensor* d : dx) {
       if (d == nullptr) continue;
-      CheckGpuF32(*d, StrCat("add '", name(), "' dx"));
+      CheckGpuFloat(*d, StrCat("add '", name(), "' dx"));
+      CheckSameType(dy, *d, StrCat("add '", name(), "' dy and dx"));
       CNNFLOW_ENFORCE(d->numel() == dy.numel(), "add ", name(), ": dy ", dy.shape(), " dx ",
                       d->shape());
       CopyAsync(dy, *d, c.stream());
@@ -311,8 +474,9 @@ class CudaFlattenLayer : public FlattenLayer {
   void Forward(const std::vector<const Tensor*>& x, Tensor& y,
                const ForwardContext& /*ctx*/) override {
     const Tensor& in = *x[0];
-    CheckGpuF32(in, StrCat("flatten '", name(), "' input"));
-    CheckGpuF32(y, StrCat("flatten '", name(), "' output"));
+    CheckGpuFloat(in, StrCat("flatten '", name(), "' input"));
+    CheckGpuFloat(y, StrCat("flatten '", name(), "' output"));
+    CheckSameType(in, y, StrCat("flatten '", name(), "'"));
     CNNFLOW_ENFORCE(in.numel() == y.numel(), "flatten ", name(), ": ", in.shape(), " -> ",
                     y.shape());
     // Same bytes, another shape: a device-to-device copy, ordered on the stream.
@@ -322,23 +486,27 @@ class CudaFlattenLayer : public FlattenLayer {
   void Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& /*y*/, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override {
     if (dx[0] == nullptr) return;
-    CheckGpuF32(dy, StrCat("flatten '", name(), "' dy"));
-    CheckGpuF32(*dx[0], StrCat("flatten '", name(), "' dx"));
+    CheckGpuFloat(dy, StrCat("flatten '", name(), "' dy"));
+    CheckGpuFloat(*dx[0], StrCat("flatten '", name(), "' dx"));
+    CheckSameType(dy, *dx[0], StrCat("flatten '", name(), "' dy and dx"));
     CNNFLOW_ENFORCE(dx[0]->numel() == dy.numel(), "flatten ", name(), ": dy ", dy.shape(), " dx ",
                     dx[0]->shape());
     CopyAsync(dy, *dx[0], CudaContext::For(dy.device()).stream());
   }
 };
 
+// In f16/bf16 the mask is in the compute dtype too (0 or the rounded
+// scale): the keep/drop decisions are the f32 ones; y and dx use the f32 scale.
 class CudaDropoutLayer : public DropoutLayer {
  public:
   using DropoutLayer::DropoutLayer;
 
   void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext& ctx) override {
     const Tensor& in = *x[0];
-    CheckGpuF32(in, StrCat("dropout '", name(), "' input"));
-    CheckGpuF32(y, StrCat("dropout '", name(), "' output"));
+    CheckGpuFloat(in, StrCat("dropout '", name(), "' input"));
+    CheckGpuFloat(y, StrCat("dropout '", name(), "' output"));
     CheckSameGpu(in, y, StrCat("dropout '", name(), "'"));
+    CheckSameType(in, y, StrCat("dropout '", name(), "'"));
     CNNFLOW_ENFORCE(in.numel() == y.numel(), "dropout ", name(), ": ", in.shape(), " -> ",
                     y.shape());
     CudaContext& c = CudaContext::For(in.device());
@@ -356,37 +524,41 @@ class CudaDropoutLayer : public DropoutLayer {
     const uint64_t key = MaskKey(ctx, name());
     // As ops/cpu/dropout.cc: kept iff (bits >> 11) >= ceil(p * 2^53).
     const uint64_t threshold = static_cast<uint64_t>(std::ceil(p() * 0x1.0p53));
-    const float scale = p() < 1.0 ? static_cast<float>(1.0 / (1.0 - p())) : 0.f;
-    const float* xs = in.data<float>();
-    float* m = mask_.data<float>();
-    float* ys = y.data<float>();
-    if (ctx.sample_ids == nullptr) {
-      DropoutFlatKernel<<<CudaBlocks(n), kCudaThreads, 0, c.stream()>>>(xs, m, ys, n, key,
-                                                                        threshold, scale);
-      CNNFLOW_CUDA_CHECK_LAUNCH();
-      return;
-    }
-    const int64_t rows = in.dim(0), per = n / std::max<int64_t>(rows, 1);
-    for (int64_t r0 = 0; r0 < rows; r0 += kIdRows) {
-      const int64_t count = std::min<int64_t>(kIdRows, rows - r0);
-      RowStarts starts;
-      for (int64_t r = 0; r < count; ++r) starts.first[r] = ctx.sample_ids[r0 + r] * per;
-      // Enough blocks along a row to keep the GPU busy, few for short rows.
-      const unsigned bx = static_cast<unsigned>(
-          std::max<int64_t>(1, std::min<int64_t>(CudaBlocks(per), 4096 / count)));
-      const dim3 grid(bx, static_cast<unsigned>(count));
-      const int64_t o = r0 * per;
-      DropoutRowsKernel<<<grid, kCudaThreads, 0, c.stream()>>>(xs + o, m + o, ys + o, per, starts,
-                                                               key, threshold, scale);
-      CNNFLOW_CUDA_CHECK_LAUNCH();
-    }
+    const float scale = KeptScale();
+    DispatchGpuFloat(in.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      const T* xs = static_cast<const T*>(in.raw_data());
+      T* m = static_cast<T*>(mask_.raw_data());
+      T* ys = static_cast<T*>(y.raw_data());
+      if (ctx.sample_ids == nullptr) {
+        DropoutFlatKernel<T>
+            <<<CudaBlocks(n), kCudaThreads, 0, c.stream()>>>(xs, m, ys, n, key, threshold, scale);
+        CNNFLOW_CUDA_CHECK_LAUNCH();
+        return;
+      }
+      const int64_t rows = in.dim(0), per = n / std::max<int64_t>(rows, 1);
+      for (int64_t r0 = 0; r0 < rows; r0 += kIdRows) {
+        const int64_t count = std::min<int64_t>(kIdRows, rows - r0);
+        RowStarts starts;
+        for (int64_t r = 0; r < count; ++r) starts.first[r] = ctx.sample_ids[r0 + r] * per;
+        // Enough blocks along a row to keep the GPU busy, few for short rows.
+        const unsigned bx = static_cast<unsigned>(
+            std::max<int64_t>(1, std::min<int64_t>(CudaBlocks(per), 4096 / count)));
+        const dim3 grid(bx, static_cast<unsigned>(count));
+        const int64_t o = r0 * per;
+        DropoutRowsKernel<T><<<grid, kCudaThreads, 0, c.stream()>>>(xs + o, m + o, ys + o, per,
+                                                                    starts, key, threshold, scale);
+        CNNFLOW_CUDA_CHECK_LAUNCH();
+      }
+    });
   }
 
   void Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& /*y*/, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override {
     if (dx[0] == nullptr) return;
-    CheckGpuF32(dy, StrCat("dropout '", name(), "' dy"));
-    CheckGpuF32(*dx[0], StrCat("dropout '", name(), "' dx"));
+    CheckGpuFloat(dy, StrCat("dropout '", name(), "' dy"));
+    CheckGpuFloat(*dx[0], StrCat("dropout '", name(), "' dx"));
+    CheckSameType(dy, *dx[0], StrCat("dropout '", name(), "' dy and dx"));
     CNNFLOW_ENFORCE(dx[0]->numel() == dy.numel(), "dropout ", name(), ": dy ", dy.shape(), " dx ",
                     dx[0]->shape());
     CudaContext& c = CudaContext::For(dy.device());
@@ -394,14 +566,31 @@ class CudaDropoutLayer : public DropoutLayer {
       CopyAsync(dy, *dx[0], c.stream());
       return;
     }
-    CNNFLOW_ENFORCE(dy.shape() == mask_.shape() && dy.device() == mask_.device(), "dropout ",
-                    name(), ": dy ", dy.shape(), " on ", dy.device().ToString(),
-                    " but the last forward was ", mask_.shape(), " on ", mask_.device().ToString());
-    const float* g = dy.data<float>();
-    const float* m = mask_.data<float>();
-    float* d = dx[0]->data<float>();
-    LaunchMap(MulOp{g, m, d}, dy.numel(), Aligned16(g) && Aligned16(m) && Aligned16(d), c.stream());
+    CNNFLOW_ENFORCE(
+        dy.shape() == mask_.shape() && dy.device() == mask_.device() && dy.dtype() == mask_.dtype(),
+        "dropout ", name(), ": dy ", dy.shape(), " ", DTypeName(dy.dtype()), " on ",
+        dy.device().ToString(), " but the last forward was ", mask_.shape(), " ",
+        DTypeName(mask_.dtype()), " on ", mask_.device().ToString());
+    if (dy.dtype() == DType::kF32) {
+      const float* g = dy.data<float>();
+      const float* m = mask_.data<float>();
+      float* d = dx[0]->data<float>();
+      LaunchMap(MulOp{g, m, d}, dy.numel(), Aligned16(g) && Aligned16(m) && Aligned16(d),
+                c.stream());
+      return;
+    }
+    DispatchGpuFloat(dy.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      LaunchMap(DropoutBackwardT<T>{static_cast<const T*>(dy.raw_data()),
+                                    static_cast<const T*>(mask_.raw_data()),
+                                    static_cast<T*>(dx[0]->raw_data()), KeptScale()},
+                dy.numel(), true, c.stream());
+    });
   }
+
+ private:
+  // The multiplier of a kept element, as ops/cpu/dropout.cc's (in f32).
+  float KeptScale() const { return p() < 1.0 ? static_cast<float>(1.0 / (1.0 - p())) : 0.f; }
 };
 
 }  // namespace
@@ -411,14 +600,23 @@ class CudaDropoutLayer : public DropoutLayer {
 namespace cuda {
 
 void Axpy(float alpha, const Tensor& x, Tensor& y) {
-  CheckGpuF32(x, "Axpy's x");
-  CheckGpuF32(y, "Axpy's y");
+  CheckGpuFloat(x, "Axpy's x");
+  CheckGpuFloat(y, "Axpy's y");
   CheckSameGpu(x, y, "Axpy");
+  CheckSameType(x, y, "Axpy");
   CNNFLOW_ENFORCE(x.shape() == y.shape(), "Axpy of ", x.shape(), " into ", y.shape());
   CudaContext& c = CudaContext::For(y.device());
-  const float* xs = x.data<float>();
-  float* ys = y.data<float>();
-  LaunchMap(AxpyOp{xs, ys, alpha}, y.numel(), Aligned16(xs) && Aligned16(ys), c.stream());
+  if (y.dtype() == DType::kF32) {
+    const float* xs = x.data<float>();
+    float* ys = y.data<float>();
+    LaunchMap(AxpyOp{xs, ys, alpha}, y.numel(), Aligned16(xs) && Aligned16(ys), c.stream());
+    return;
+  }
+  DispatchGpuFloat(y.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    LaunchMap(AxpyT<T>{static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), alpha},
+              y.numel(), true, c.stream());
+  });
 }
 
 void Scale(Tensor& y, float alpha) {
@@ -428,16 +626,76 @@ void Scale(Tensor& y, float alpha) {
   LaunchMap(ScaleOp{ys, alpha}, y.numel(), Aligned16(ys), c.stream());
 }
 
+void Cast(const Tensor& src, Tensor& dst) {
+  CheckGpuFloat(src, "Cast's source");
+  CheckGpuFloat(dst, "Cast's destination");
+  CheckSameGpu(src, dst, "Cast");
+  CNNFLOW_ENFORCE(src.numel() == dst.numel(), "Cast of ", src.shape(), " ", DTypeName(src.dtype()),
+                  " into ", dst.shape(), " ", DTypeName(dst.dtype()));
+  CudaContext& c = CudaContext::For(dst.device());
+  if (src.dtype() == dst.dtype()) {
+    CopyAsync(src, dst, c.stream());
+    return;
+  }
+  DispatchGpuFloat(src.dtype(), [&](auto* stag) {
+    using S = std::remove_pointer_t<decltype(stag)>;
+    DispatchGpuFloat(dst.dtype(), [&](auto* dtag) {
+      using D = std::remove_pointer_t<decltype(dtag)>;
+      LaunchMap(CastT<S, D>{static_cast<const S*>(src.raw_data()), static_cast<D*>(dst.raw_data())},
+                src.numel(), true, c.stream());
+    });
+  });
+}
+
+void AddCast(const Tensor& src, Tensor& dst) {
+  CheckGpuFloat(src, "AddCast's source");
+  CheckGpuF32(dst, "AddCast's destination");
+  CheckSameGpu(src, dst, "AddCast");
+  CNNFLOW_ENFORCE(src.numel() == dst.numel(), "AddCast of ", src.shape(), " ",
+                  DTypeName(src.dtype()), " into ", dst.shape());
+  CudaContext& c = CudaContext::For(dst.device());
+  if (src.dtype() == DType::kF32) {
+    // dst += 1 * src, the f32 Axpy (its float4 path).
+    const float* xs = src.data<float>();
+    float* ys = dst.data<float>();
+    LaunchMap(AxpyOp{xs, ys, 1.f}, dst.numel(), Aligned16(xs) && Aligned16(ys), c.stream());
+    return;
+  }
+  DispatchGpuFloat(src.dtype(), [&](auto* tag) {
+    using S = std::remove_pointer_t<decltype(tag)>;
+    LaunchMap(AddCastT<S>{static_cast<const S*>(src.raw_data()), dst.data<float>()}, dst.numel(),
+              true, c.stream());
+  });
+}
+
 void BroadcastRows(const float* bias, float* y, int64_t rows, int64_t cols, cudaStream_t stream) {
+  BroadcastRows(bias, y, DType::kF32, rows, cols, stream);
+}
+
+void BroadcastRows(const float* bias, void* y, DType y_type, int64_t rows, int64_t cols,
+                   cudaStream_t stream) {
   if (rows * cols == 0) return;
-  BroadcastRowsKernel<<<CudaBlocks(rows * cols), kCudaThreads, 0, stream>>>(bias, y, rows, cols);
-  CNNFLOW_CUDA_CHECK_LAUNCH();
+  DispatchGpuFloat(y_type, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    BroadcastRowsKernel<T><<<CudaBlocks(rows * cols), kCudaThreads, 0, stream>>>(
+        bias, static_cast<T*>(y), rows, cols);
+    CNNFLOW_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void AddColumnSums(const float* g, float* sum, int64_t rows, int64_t cols, cudaStream_t stream) {
+  AddColumnSums(g, DType::kF32, sum, rows, cols, stream);
+}
+
+void AddColumnSums(const void* g, DType g_type, float* sum, int64_t rows, int64_t cols,
+                   cudaStream_t stream) {
   if (cols == 0) return;
-  AddColumnSumsKernel<<<CudaBlocks(cols), kCudaThreads, 0, stream>>>(g, sum, rows, cols);
-  CNNFLOW_CUDA_CHECK_LAUNCH();
+  DispatchGpuFloat(g_type, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    AddColumnSumsKernel<T>
+        <<<CudaBlocks(cols), kCudaThreads, 0, stream>>>(static_cast<const T*>(g), sum, rows, cols);
+    CNNFLOW_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace cuda

@@ -14,12 +14,26 @@
 
 namespace cnnflow::cuda {
 
-// y += alpha * x (same shape, f32, same GPU).
+// y += alpha * x (same shape, dtype f32, f16 or bf16, same GPU; half
+// precision is computed in f32 and rounded once).
 void Axpy(float alpha, const Tensor& x, Tensor& y);
 // y *= alpha (f32).
 void Scale(Tensor& y, float alpha);
 
-// Softmax cross-entropy as ops/loss.h's, on GPU logits [N, K] (f32) with
+// Mixed precision (graph.precision: bf16 | fp16; see ops/model.h).
+// dst = src converted (f32, f16, bf16 in any direction; same element count,
+// same GPU; round to nearest even).
+void Cast(const Tensor& src, Tensor& dst);
+// dst += src, src in f16/bf16/f32, dst f32 (a half-precision parameter
+// gradient added into the f32 one).
+void AddCast(const Tensor& src, Tensor& dst);
+// Multiplies every f32 tensor by inv_scale in place and returns whether any
+// element (before scaling) is inf or NaN; waits for the answer (as
+// torch._amp_foreach_non_finite_check_and_unscale_). The tensors are on one GPU.
+bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale);
+
+// Softmax cross-entropy as ops/loss.h's, on GPU logits [N, K] (f32, f16 or
+// bf16; computed in f32/f64 whatever the type; dlogits in the logits' type) with
 // `labels` N int64 values in GPU memory. Waits for the result (the loss and
 // the count of correct rows come back to the host); a label outside [0, K)
 // is reported then, as the CPU's does.

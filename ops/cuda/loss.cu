@@ -1,17 +1,19 @@
 // Softmax cross-entropy on a GPU (ops/cuda/kernels.h): the math of
 // ops/cpu/softmax_cross_entropy.cc (double accumulation, label smoothing,
-// grad_scale < 0 = 1/N) with a warp per row. Deterministic: each row's loss
-// goes to a per-row buffer that one block then sums in a fixed order (no
-// float atomics); the sums and the first bad label come back in one small
-// copy.
+// grad_scale < 0 = 1/N) with a warp per row, on f32, f16 or bf16 logits
+// (read exactly into f32; dlogits rounded once into the logits' type). Deterministic: each row's
+// loss goes to a per-row buffer that one block then sums in a fixed order (no float atomics); the
+// sums and the first bad label come back in one small copy.
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/elementwise.h"
 #include "ops/cuda/kernels.h"
 
 namespace cnnflow::cuda {
@@ -51,15 +53,16 @@ __device__ __forceinline__ double WarpSum(double v) {
   return v;
 }
 
-__global__ void SoftmaxCrossEntropyRows(const float* z, const int64_t* labels, float* dz, int64_t n,
+template <typename T>
+__global__ void SoftmaxCrossEntropyRows(const T* z, const int64_t* labels, T* dz, int64_t n,
                                         int64_t k, LossScalars s, double* row_loss,
                                         int* row_correct, LossOut* out) {
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp; r < n;
        r += warps) {
-    const float* row = z + r * k;
-    float* drow = dz != nullptr ? dz + r * k : nullptr;
+    const T* row = z + r * k;
+    T* drow = dz != nullptr ? dz + r * k : nullptr;
     const int64_t y = labels[r];
     // A bad label: reported by the host after the wait; the row's dlogits stay unwritten.
     if (y < 0 || y >= k) {  // warp-uniform
@@ -72,19 +75,19 @@ __global__ void SoftmaxCrossEntropyRows(const float* z, const int64_t* labels, f
     }
     // Lane 0 starts at element 0 and only moves to real elements, so its
     // index is valid whatever the values (NaN, -inf); all lanes take it.
-    float best = lane < k ? row[lane] : -INFINITY;
+    float best = lane < k ? ToFloat(row[lane]) : -INFINITY;
     int64_t arg = lane < k ? lane : LLONG_MAX;
-    for (int64_t j = lane + kWarp; j < k; j += kWarp) ArgMaxCombine(best, arg, row[j], j);
+    for (int64_t j = lane + kWarp; j < k; j += kWarp) ArgMaxCombine(best, arg, ToFloat(row[j]), j);
     for (int s2 = kWarp / 2; s2 > 0; s2 /= 2) {
       const float v2 = __shfl_xor_sync(0xffffffffu, best, s2);
       const int64_t i2 = __shfl_xor_sync(0xffffffffu, arg, s2);
       ArgMaxCombine(best, arg, v2, i2);
     }
     arg = __shfl_sync(0xffffffffu, arg, 0);
-    const double mx = static_cast<double>(row[arg]);
+    const double mx = static_cast<double>(ToFloat(row[arg]));
     double sum_exp = 0, sum_z = 0;
     for (int64_t j = lane; j < k; j += kWarp) {
-      const double v = static_cast<double>(row[j]);
+      const double v = static_cast<double>(ToFloat(row[j]));
       sum_exp += exp(v - mx);
       sum_z += v;
     }
@@ -93,15 +96,15 @@ __global__ void SoftmaxCrossEntropyRows(const float* z, const int64_t* labels, f
     const double lse = mx + log(sum_exp);
     if (lane == 0) {
       // -sum_j target_j * log p_j with log p_j = z_j - lse.
-      const double nll = lse - static_cast<double>(row[y]);
+      const double nll = lse - static_cast<double>(ToFloat(row[y]));
       row_loss[r] =
           s.eps > 0 ? (1.0 - s.eps) * nll + s.off * (static_cast<double>(k) * lse - sum_z) : nll;
       row_correct[r] = arg == y ? 1 : 0;
     }
     if (drow != nullptr) {
       for (int64_t j = lane; j < k; j += kWarp) {
-        const double p = exp(static_cast<double>(row[j]) - lse);
-        drow[j] = static_cast<float>(s.scale * (p - (j == y ? s.on : s.off)));
+        const double p = exp(static_cast<double>(ToFloat(row[j])) - lse);
+        drow[j] = FromFloat<T>(static_cast<float>(s.scale * (p - (j == y ? s.on : s.off))));
       }
     }
   }
@@ -145,8 +148,10 @@ LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tens
   if (logits.rank() != 2) {
     throw ShapeError(StrCat("softmax cross-entropy expects logits [N, K], got ", logits.shape()));
   }
-  if (!logits.device().is_cuda() || logits.dtype() != DType::kF32) {
-    throw Error(StrCat("GPU softmax cross-entropy takes f32 logits on a GPU, got ",
+  const DType type = logits.dtype();
+  if (!logits.device().is_cuda() ||
+      (type != DType::kF32 && type != DType::kF16 && type != DType::kBF16)) {
+    throw Error(StrCat("GPU softmax cross-entropy takes f32, f16 or bf16 logits on a GPU, got ",
                        DTypeName(logits.dtype()), " on ", logits.device().ToString()));
   }
   CNNFLOW_ENFORCE(logits.is_contiguous(), "softmax cross-entropy: logits ", logits.shape(),
@@ -193,10 +198,25 @@ LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tens
   CNNFLOW_CUDA_CHECK(cudaMemsetAsync(&out->bad_row, 0xff, sizeof(out->bad_row), c.stream()));
   const int64_t blocks64 = (n + kRowsPerBlock - 1) / kRowsPerBlock;
   const unsigned blocks = static_cast<unsigned>(blocks64 < 65535 * 4 ? blocks64 : 65535 * 4);
-  SoftmaxCrossEntropyRows<<<blocks, kCudaThreads, 0, c.stream()>>>(
-      logits.data<float>(), labels, dlogits != nullptr ? dlogits->data<float>() : nullptr, n, k, s,
-      row_loss, row_correct, out);
-  CNNFLOW_CUDA_CHECK_LAUNCH();
+  auto launch = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    SoftmaxCrossEntropyRows<T><<<blocks, kCudaThreads, 0, c.stream()>>>(
+        static_cast<const T*>(logits.raw_data()), labels,
+        dlogits != nullptr ? static_cast<T*>(dlogits->raw_data()) : nullptr, n, k, s, row_loss,
+        row_correct, out);
+    CNNFLOW_CUDA_CHECK_LAUNCH();
+  };
+  switch (type) {
+    case DType::kF16:
+      launch(static_cast<__half*>(nullptr));
+      break;
+    case DType::kBF16:
+      launch(static_cast<__nv_bfloat16*>(nullptr));
+      break;
+    default:
+      launch(static_cast<float*>(nullptr));
+      break;
+  }
   SumRows<<<1, kReduceThreads, 0, c.stream()>>>(row_loss, row_correct, labels, n, out);
   CNNFLOW_CUDA_CHECK_LAUNCH();
   LossOut host{};

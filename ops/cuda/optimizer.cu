@@ -1,6 +1,7 @@
 // Fused optimizer steps on a GPU (ops/cuda/kernels.h): torch.optim.SGD and
 // Adam/AdamW with ops/optimizer.cc's exact order of operations, over many
-// parameters in a few launches. As PyTorch's multi_tensor_apply, a launch
+// parameters in a few launches; and the loss scaler's unscale-and-check of
+// the gradients (UnscaleAndFindNonFinite), the same way. As PyTorch's multi_tensor_apply, a launch
 // gets a table (by value, in its kernel parameters) of up to kMaxTensors
 // parameters and kMaxBlocks (parameter, chunk) pairs, one block per chunk.
 #include <cuda_runtime.h>
@@ -32,6 +33,7 @@ struct TensorTable {
 
 using SgdTable = TensorTable<3, 48>;
 using AdamTable = TensorTable<4, 36>;
+using UnscaleTable = TensorTable<1, 110>;
 
 struct SgdScalars {
   float wd, mu, one_minus_d, neg_lr;
@@ -44,6 +46,8 @@ struct AdamScalars {
 
 static_assert(sizeof(SgdTable) + sizeof(SgdScalars) < 4000, "SGD table too large for a launch");
 static_assert(sizeof(AdamTable) + sizeof(AdamScalars) < 4000, "Adam table too large for a launch");
+static_assert(sizeof(UnscaleTable) + sizeof(float) + sizeof(int*) < 4000,
+              "unscale table too large for a launch");
 
 // ops/optimizer.cc's SgdRange, one element.
 __global__ void SgdKernel(SgdTable t, SgdScalars s) {
@@ -86,6 +90,23 @@ __global__ void AdamKernel(AdamTable t, AdamScalars s) {
     const float denom = sqrtf(vk) / s.bc2_sqrt + s.eps;  // sqrtf, / : correctly rounded
     p[k] = p0 * s.decay + s.neg_step * (mk / denom);
   }
+}
+
+// g *= inv_scale for every element, and *found = 1 if any element was inf
+// or NaN before. Every element is scaled whatever is found (as PyTorch's
+// _amp_foreach_non_finite_check_and_unscale_; the step is skipped anyway).
+__global__ void UnscaleKernel(UnscaleTable t, float inv_scale, int* found) {
+  const int ti = t.block_tensor[blockIdx.x];
+  const int64_t begin = static_cast<int64_t>(t.block_chunk[blockIdx.x]) * kChunk;
+  const int64_t end = min(t.numel[ti], begin + kChunk);
+  float* __restrict__ g = t.ptr[0][ti];
+  bool bad = false;
+  for (int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
+    const float v = g[k];
+    bad |= !isfinite(v);
+    g[k] = v * inv_scale;
+  }
+  if (bad) *found = 1;  // any writer of the same 1 will do
 }
 
 // Packs the slots into tables and launches `launch(table, blocks)` whenever
@@ -183,6 +204,49 @@ void AdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, dou
     AdamKernel<<<blocks, kCudaThreads, 0, c.stream()>>>(tab, s);
     CNNFLOW_CUDA_CHECK_LAUNCH();
   });
+}
+
+bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale) {
+  std::vector<ParamSlot> slots;
+  slots.reserve(grads.size());
+  Device device;
+  bool have_device = false;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Tensor* g = grads[i];
+    CNNFLOW_ENFORCE(g != nullptr && g->defined(), "UnscaleAndFindNonFinite: gradient ", i,
+                    " is missing");
+    if (!g->device().is_cuda() || g->dtype() != DType::kF32) {
+      throw Error(StrCat("UnscaleAndFindNonFinite: gradient ", i, " ", g->shape(), " is ",
+                         DTypeName(g->dtype()), " on ", g->device().ToString(),
+                         "; it takes f32 GPU tensors"));
+    }
+    CNNFLOW_ENFORCE(g->is_contiguous(), "UnscaleAndFindNonFinite: gradient ", i, " ", g->shape(),
+                    " is not contiguous");
+    if (!have_device) {
+      device = g->device();
+      have_device = true;
+    }
+    CNNFLOW_ENFORCE(g->device() == device, "UnscaleAndFindNonFinite: gradient ", i, " is on ",
+                    g->device().ToString(), ", gradient 0 on ", device.ToString());
+    ParamSlot s;
+    s.value = g->data<float>();
+    s.numel = g->numel();
+    slots.push_back(s);
+  }
+  if (!have_device) return false;
+  CudaContext& c = CudaContext::For(device);
+  Storage flag(device, sizeof(int));
+  int* found = static_cast<int*>(flag.data());
+  CNNFLOW_CUDA_CHECK(cudaMemsetAsync(found, 0, sizeof(int), c.stream()));
+  MultiTensorApply<UnscaleTable, 1, 110>(slots, [&](const UnscaleTable& t, int blocks) {
+    UnscaleKernel<<<blocks, kCudaThreads, 0, c.stream()>>>(t, inv_scale, found);
+    CNNFLOW_CUDA_CHECK_LAUNCH();
+  });
+  int host = 0;
+  CNNFLOW_CUDA_CHECK(
+      cudaMemcpyAsync(&host, found, sizeof(int), cudaMemcpyDeviceToHost, c.stream()));
+  c.Synchronize();
+  return host != 0;
 }
 
 }  // namespace cnnflow::cuda

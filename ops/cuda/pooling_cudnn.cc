@@ -12,45 +12,28 @@
 //  - global_avgpool: an average pool whose window is the whole plane;
 //  - 1D layers: [N, C, L] is [N, C, 1, L] with a 1 x k window.
 // None of the CPU layers has an option cuDNN cannot express (no ceil_mode).
-// Descriptors are made once and re-set only when the shape changes.
+// Tensors are f32, or f16/bf16 under mixed precision (cuDNN pools half
+// data as it is: a max is exact, an average is summed in f32 and rounded
+// once). Descriptors are made once and re-set only when the shape or dtype
+// changes. One class template serves the five layer types (PoolCudnn).
 #include <cudnn.h>
 
-#include <climits>
 #include <string>
 #include <vector>
 
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cudnn_util.h"
 #include "ops/pooling.h"
 #include "ops/pooling1d.h"
 
 namespace cnnflow {
 namespace {
 
-const float kOne = 1.0f;
-const float kZero = 0.0f;
+using detail::kCudnnOne;
+using detail::kCudnnZero;
 
-cudnnDataType_t PoolDataType(DType t, const std::string& layer) {
-  switch (t) {
-    case DType::kF32:
-      return CUDNN_DATA_FLOAT;
-    case DType::kF16:
-      return CUDNN_DATA_HALF;
-    case DType::kBF16:
-      return CUDNN_DATA_BFLOAT16;
-    default:
-      throw Error(StrCat(layer,
-                         ": GPU pooling takes f32 tensors (f16/bf16 for mixed "
-                         "precision), got ",
-                         DTypeName(t)));
-  }
-}
-
-int ToInt(int64_t v, const std::string& layer) {
-  CNNFLOW_ENFORCE(v >= 0 && v <= INT_MAX, layer, ": dimension ", v,
-                  " is too large for cuDNN (int dimensions)");
-  return static_cast<int>(v);
-}
+int ToInt(int64_t v, const std::string& layer) { return detail::CudnnInt(v, layer, "dimension"); }
 
 // A pooling window and the shapes it maps: x [n, c, h, w] -> y [n, c, out_h, out_w].
 struct PoolSpec {
@@ -85,8 +68,8 @@ class CudnnPool {
   void Forward(const std::string& layer, const PoolSpec& spec, const Tensor& x, Tensor& y) {
     CudaContext& ctx = CudaContext::For(x.device());
     Prepare(layer, spec, x, y, "output");
-    CNNFLOW_CUDNN_CHECK(cudnnPoolingForward(ctx.cudnn(), pool_desc_, &kOne, x_desc_, x.raw_data(),
-                                            &kZero, y_desc_, y.raw_data()));
+    CNNFLOW_CUDNN_CHECK(cudnnPoolingForward(ctx.cudnn(), pool_desc_, &kCudnnOne, x_desc_,
+                                            x.raw_data(), &kCudnnZero, y_desc_, y.raw_data()));
   }
 
   // dx (overwritten) from dy, with the forward's x and y (max pooling finds
@@ -97,9 +80,9 @@ class CudnnPool {
     Prepare(layer, spec, x, y, "output");
     Check(layer, dy, spec.n * spec.c * spec.out_h * spec.out_w, spec.dtype, "output gradient");
     Check(layer, dx, x.numel(), spec.dtype, "input gradient");
-    CNNFLOW_CUDNN_CHECK(cudnnPoolingBackward(ctx.cudnn(), pool_desc_, &kOne, y_desc_, y.raw_data(),
-                                             y_desc_, dy.raw_data(), x_desc_, x.raw_data(), &kZero,
-                                             x_desc_, dx.raw_data()));
+    CNNFLOW_CUDNN_CHECK(cudnnPoolingBackward(ctx.cudnn(), pool_desc_, &kCudnnOne, y_desc_,
+                                             y.raw_data(), y_desc_, dy.raw_data(), x_desc_,
+                                             x.raw_data(), &kCudnnZero, x_desc_, dx.raw_data()));
   }
 
  private:
@@ -131,7 +114,7 @@ class CudnnPool {
       changed = true;
     }
     if (!shape_set_ || !spec.SameShape(spec_)) {
-      const cudnnDataType_t type = PoolDataType(spec.dtype, layer);
+      const cudnnDataType_t type = detail::CudnnDataTypeOf(spec.dtype, layer);
       CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc_, CUDNN_TENSOR_NCHW, type,
                                                      ToInt(spec.n, layer), ToInt(spec.c, layer),
                                                      ToInt(spec.h, layer), ToInt(spec.w, layer)));
@@ -202,155 +185,72 @@ cudnnPoolingMode_t AvgMode(bool count_include_pad) {
                            : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
 }
 
-Tensor* GradOut(const std::vector<Tensor*>& dx) { return dx.empty() ? nullptr : dx[0]; }
-
 // One input, as every pooling layer takes.
 const Tensor& OneInput(const std::vector<const Tensor*>& x, const std::string& layer) {
   CNNFLOW_ENFORCE(x.size() == 1 && x[0] != nullptr, layer, " takes one input");
   return *x[0];
 }
 
-class MaxPool2dCudnn : public MaxPool2d {
- public:
-  using MaxPool2d::MaxPool2d;
-  void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) override {
-    const Tensor& in = OneInput(x, Label());
-    pool_.Forward(Label(), Spec2d(CUDNN_POOLING_MAX_DETERMINISTIC, geometry(), in), in, y);
-  }
-  void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
-                const std::vector<Tensor*>& dx) override {
-    Tensor* d = GradOut(dx);
-    if (d == nullptr) return;
-    const Tensor& in = OneInput(x, Label());
-    pool_.Backward(Label(), Spec2d(CUDNN_POOLING_MAX_DETERMINISTIC, geometry(), in), in, y, dy, *d);
-  }
-
- private:
-  // "<type> 'name'", for messages (made once: Forward runs every step).
-  const std::string& Label() const {
-    if (label_.empty()) label_ = StrCat(type(), " '", name(), "'");
-    return label_;
-  }
-  mutable std::string label_;
-  CudnnPool pool_;
-};
-
-class AvgPool2dCudnn : public AvgPool2d {
- public:
-  using AvgPool2d::AvgPool2d;
-  void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) override {
-    const Tensor& in = OneInput(x, Label());
-    pool_.Forward(Label(), Spec2d(AvgMode(count_include_pad()), geometry(), in), in, y);
-  }
-  void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
-                const std::vector<Tensor*>& dx) override {
-    Tensor* d = GradOut(dx);
-    if (d == nullptr) return;
-    const Tensor& in = OneInput(x, Label());
-    pool_.Backward(Label(), Spec2d(AvgMode(count_include_pad()), geometry(), in), in, y, dy, *d);
-  }
-
- private:
-  // "<type> 'name'", for messages (made once: Forward runs every step).
-  const std::string& Label() const {
-    if (label_.empty()) label_ = StrCat(type(), " '", name(), "'");
-    return label_;
-  }
-  mutable std::string label_;
-  CudnnPool pool_;
-};
-
+// Spec makers: the window and shapes of each layer type for input x.
+PoolSpec MaxPool2dSpec(const MaxPool2d& l, const Tensor& x) {
+  return Spec2d(CUDNN_POOLING_MAX_DETERMINISTIC, l.geometry(), x);
+}
+PoolSpec AvgPool2dSpec(const AvgPool2d& l, const Tensor& x) {
+  return Spec2d(AvgMode(l.count_include_pad()), l.geometry(), x);
+}
+PoolSpec MaxPool1dSpec(const MaxPool1d& l, const Tensor& x) {
+  return Spec1d(CUDNN_POOLING_MAX_DETERMINISTIC, l.geometry(), x);
+}
+PoolSpec AvgPool1dSpec(const AvgPool1d& l, const Tensor& x) {
+  return Spec1d(AvgMode(l.count_include_pad()), l.geometry(), x);
+}
 // The mean of each plane: an average pool whose window is the plane,
 // [N, C, H, W] or [N, C, L] (as [N, C, 1, L]) -> [N, C] (as [N, C, 1, 1]).
-class GlobalAvgPoolCudnn : public GlobalAvgPool {
+PoolSpec GlobalAvgPoolSpec(const GlobalAvgPool& l, const Tensor& x) {
+  CNNFLOW_ENFORCE(x.rank() == 3 || x.rank() == 4, l.type(), " '", l.name(),
+                  "' expects [N, C, H, W] or [N, C, L] input, got ", x.shape());
+  PoolSpec s;
+  s.mode = CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING;
+  s.n = x.dim(0);
+  s.c = x.dim(1);
+  s.h = x.rank() == 4 ? x.dim(2) : 1;
+  s.w = x.dim(x.rank() - 1);
+  s.kernel_h = s.stride_h = s.h;
+  s.kernel_w = s.stride_w = s.w;
+  s.out_h = s.out_w = 1;
+  s.dtype = x.dtype();
+  return s;
+}
+
+// A pooling layer on cuDNN: the CPU class `Base` (parameters, Build, shape
+// rule) with Forward and Backward on cuDNN; MakeSpec gives the window.
+template <typename Base, PoolSpec (*MakeSpec)(const Base&, const Tensor&)>
+class PoolCudnn : public Base {
  public:
-  using GlobalAvgPool::GlobalAvgPool;
+  using Base::Base;
+
   void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) override {
     const Tensor& in = OneInput(x, Label());
-    pool_.Forward(Label(), Spec(in), in, y);
+    pool_.Forward(Label(), MakeSpec(*this, in), in, y);
   }
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override {
-    Tensor* d = GradOut(dx);
-    if (d == nullptr) return;
+    if (dx.empty() || dx[0] == nullptr) return;  // no parameters: nothing else to do
     const Tensor& in = OneInput(x, Label());
-    pool_.Backward(Label(), Spec(in), in, y, dy, *d);
+    pool_.Backward(Label(), MakeSpec(*this, in), in, y, dy, *dx[0]);
   }
 
  private:
-  // "<type> 'name'", for messages (made once: Forward runs every step).
-  const std::string& Label() const {
-    if (label_.empty()) label_ = StrCat(type(), " '", name(), "'");
-    return label_;
-  }
-  mutable std::string label_;
-  PoolSpec Spec(const Tensor& x) const {
-    CNNFLOW_ENFORCE(x.rank() == 3 || x.rank() == 4, Label(),
-                    " expects [N, C, H, W] or [N, C, L] input, got ", x.shape());
-    PoolSpec s;
-    s.mode = CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING;
-    s.n = x.dim(0);
-    s.c = x.dim(1);
-    s.h = x.rank() == 4 ? x.dim(2) : 1;
-    s.w = x.dim(x.rank() - 1);
-    s.kernel_h = s.stride_h = s.h;
-    s.kernel_w = s.stride_w = s.w;
-    s.out_h = s.out_w = 1;
-    s.dtype = x.dtype();
-    return s;
-  }
+  const std::string& Label() const { return label_.Of(*this); }
+  detail::LayerLabel label_;
   CudnnPool pool_;
 };
 
-class MaxPool1dCudnn : public MaxPool1d {
- public:
-  using MaxPool1d::MaxPool1d;
-  void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) override {
-    const Tensor& in = OneInput(x, Label());
-    pool_.Forward(Label(), Spec1d(CUDNN_POOLING_MAX_DETERMINISTIC, geometry(), in), in, y);
-  }
-  void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
-                const std::vector<Tensor*>& dx) override {
-    Tensor* d = GradOut(dx);
-    if (d == nullptr) return;
-    const Tensor& in = OneInput(x, Label());
-    pool_.Backward(Label(), Spec1d(CUDNN_POOLING_MAX_DETERMINISTIC, geometry(), in), in, y, dy, *d);
-  }
-
- private:
-  // "<type> 'name'", for messages (made once: Forward runs every step).
-  const std::string& Label() const {
-    if (label_.empty()) label_ = StrCat(type(), " '", name(), "'");
-    return label_;
-  }
-  mutable std::string label_;
-  CudnnPool pool_;
-};
-
-class AvgPool1dCudnn : public AvgPool1d {
- public:
-  using AvgPool1d::AvgPool1d;
-  void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) override {
-    const Tensor& in = OneInput(x, Label());
-    pool_.Forward(Label(), Spec1d(AvgMode(count_include_pad()), geometry(), in), in, y);
-  }
-  void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
-                const std::vector<Tensor*>& dx) override {
-    Tensor* d = GradOut(dx);
-    if (d == nullptr) return;
-    const Tensor& in = OneInput(x, Label());
-    pool_.Backward(Label(), Spec1d(AvgMode(count_include_pad()), geometry(), in), in, y, dy, *d);
-  }
-
- private:
-  // "<type> 'name'", for messages (made once: Forward runs every step).
-  const std::string& Label() const {
-    if (label_.empty()) label_ = StrCat(type(), " '", name(), "'");
-    return label_;
-  }
-  mutable std::string label_;
-  CudnnPool pool_;
-};
+using MaxPool2dCudnn = PoolCudnn<MaxPool2d, MaxPool2dSpec>;
+using AvgPool2dCudnn = PoolCudnn<AvgPool2d, AvgPool2dSpec>;
+using GlobalAvgPoolCudnn = PoolCudnn<GlobalAvgPool, GlobalAvgPoolSpec>;
+using MaxPool1dCudnn = PoolCudnn<MaxPool1d, MaxPool1dSpec>;
+using AvgPool1dCudnn = PoolCudnn<AvgPool1d, AvgPool1dSpec>;
 
 }  // namespace
 

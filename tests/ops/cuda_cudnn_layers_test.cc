@@ -2,11 +2,15 @@
 // batch_norm_cudnn.cc): every layer's forward and backward on cuda:0
 // against the CPU layer on the same inputs and parameters (normalised
 // errors, tests/ops/gpu_check.h), BN's running statistics, batch-size
-// changes, the no-input-gradient path and SyncBN's refusal. GPU tests skip
-// without a GPU; the host-side parts (registration, Build of the CUDA
-// classes, the algorithm pick, BN's 4D view) run in any CUDA build.
+// changes, the no-input-gradient path and SyncBN's refusal; then every
+// layer again in mixed precision (bf16 and f16 activations over f32
+// parameters) against the CPU's f32. GPU tests skip without a GPU; the
+// host-side parts (registration, Build of the CUDA classes, the algorithm
+// pick, BN's 4D view, the helpers of ops/cuda/cudnn_util.h) run in any
+// CUDA build.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -20,12 +24,7 @@
 #if defined(CNNFLOW_WITH_CUDA)
 #include <cudnn.h>
 
-namespace cnnflow::detail {
-// Defined in ops/cuda/conv_cudnn.cc and ops/cuda/batch_norm_cudnn.cc.
-int PickCudnnAlgo(const int* status, const int* math_type, const size_t* memory, int count,
-                  size_t workspace_limit, bool allow_down_conversion);
-std::vector<int64_t> BatchNormCudnnDims(const std::vector<int64_t>& shape);
-}  // namespace cnnflow::detail
+#include "ops/cuda/cudnn_util.h"
 #endif
 
 namespace cnnflow::testing {
@@ -38,6 +37,13 @@ using Ints = std::vector<int64_t>;
 constexpr double kConvTol = 1e-2;
 constexpr double kPoolTol = 1e-4;
 constexpr double kBnTol = 1e-4;
+// Mixed precision against the CPU's f32 (tests/ops/gpu_check.h): inputs,
+// weights and results rounded to 8 (bf16) or 11 (f16) significant bits,
+// sums in f32.
+constexpr double kBf16Tol = 3e-2;
+constexpr double kF16Tol = 5e-3;
+
+double HalfTol(DType compute) { return compute == DType::kBF16 ? kBf16Tol : kF16Tol; }
 
 std::string Describe(const GpuCpuComparison& c) {
   std::ostringstream os;
@@ -58,44 +64,70 @@ void ExpectMatches(const GpuCpuComparison& c, double tol, const std::string& wha
 }
 
 void CheckOne(const LayerSpec& spec, const Shape& sample, int64_t n, double tol,
-              bool training = true) {
-  ExpectMatches(CompareWithCpu({spec}, sample, n, training), tol,
-                StrCat(spec.type, " on ", sample.WithBatch(n), training ? " (train)" : " (eval)"));
+              bool training = true, DType compute = DType::kF32) {
+  ExpectMatches(CompareWithCpu({spec}, sample, n, training, /*seed=*/5, compute), tol,
+                StrCat(spec.type, " on ", sample.WithBatch(n), " in ", DTypeName(compute),
+                       training ? " (train)" : " (eval)"));
 }
 
-// The same model on the CPU and on cuda:0, kept across several steps (the
-// one-shot CompareWithCpu cannot change the batch size or the mode).
+// The same model on the CPU (f32) and on cuda:0 (computing in `compute`),
+// kept across several steps (the one-shot CompareWithCpu cannot change the
+// batch size or the mode, nor take a chosen input).
 struct ModelPair {
   std::unique_ptr<Model> cpu, gpu;
   Shape sample;
+  DType compute;
 
-  ModelPair(const std::vector<LayerSpec>& specs, const Shape& sample_shape, uint64_t seed = 5)
+  ModelPair(const std::vector<LayerSpec>& specs, const Shape& sample_shape, uint64_t seed = 5,
+            DType compute_dtype = DType::kF32)
       : cpu(Model::Build(specs, sample_shape, DType::kF32, seed)),
         gpu(Model::Build(specs, sample_shape, DType::kF32, seed, InitScheme::kPytorchDefault,
-                         Device::Cuda(0))),
-        sample(sample_shape) {}
+                         Device::Cuda(0), compute_dtype)),
+        sample(sample_shape),
+        compute(compute_dtype) {}
 
-  // One forward + backward on both (grads zeroed first); want_dx: whether
-  // the input gradient is asked for (else only parameter gradients).
+  // An f32 host tensor on cuda:0 in the compute dtype (what the GPU
+  // model's Backward takes; its Forward casts the f32 input itself).
+  Tensor ToGpu(const Tensor& t) const {
+    Tensor g = t.To(Device::Cuda(0));
+    if (compute == DType::kF32) return g;
+    Tensor h = Tensor::Empty(t.shape(), compute, Device::Cuda(0));
+    cuda::Cast(g, h);
+    return h;
+  }
+
+  // One forward + backward on both of a random batch of n (grads zeroed
+  // first); want_dx: whether the input gradient is asked for (else only
+  // parameter gradients).
   GpuCpuComparison Step(int64_t n, bool training, uint64_t seed, bool want_dx = true) {
+    return Run(RandomTensor(sample.WithBatch(n), seed, -1, 1, DType::kF32), training, seed,
+               want_dx);
+  }
+
+  // The same on the host f32 batch x, with a random output gradient.
+  GpuCpuComparison Run(const Tensor& x, bool training, uint64_t seed, bool want_dx = true) {
     cpu->ZeroGrad();
     gpu->ZeroGrad();
-    const Tensor x = RandomTensor(sample.WithBatch(n), seed, -1, 1, DType::kF32);
     ForwardContext ctx;
     ctx.training = training;
     ctx.seed = seed;
     const Tensor y_cpu = cpu->Forward(x, ctx).Clone();
-    const Tensor y_gpu = gpu->Forward(x.To(Device::Cuda(0)), ctx).Clone();
+    const Tensor y_gpu = ToF32(gpu->Forward(x.To(Device::Cuda(0)), ctx));
+    EXPECT_EQ(y_gpu.dtype(), DType::kF32);
     const Tensor dy = RandomTensor(y_cpu.shape(), seed + 1, -1, 1, DType::kF32);
     Tensor dx_cpu, dx_gpu;
     cpu->Backward(dy, {}, want_dx ? &dx_cpu : nullptr);
-    gpu->Backward(dy.To(Device::Cuda(0)), {}, want_dx ? &dx_gpu : nullptr);
+    gpu->Backward(ToGpu(dy), {}, want_dx ? &dx_gpu : nullptr);
     GpuCpuComparison c;
     c.output = NormalisedError(y_cpu, y_gpu);
-    if (want_dx) c.input_grad = NormalisedError(dx_cpu, dx_gpu);
+    if (want_dx) {
+      EXPECT_EQ(dx_gpu.dtype(), compute) << "the input gradient is not in the compute dtype";
+      c.input_grad = NormalisedError(dx_cpu, ToF32(dx_gpu));
+    }
     auto pc = cpu->NamedParameters();
     auto pg = gpu->NamedParameters();
     for (size_t i = 0; i < pc.size(); ++i) {
+      EXPECT_EQ(pg[i].param->grad.dtype(), DType::kF32) << pc[i].name << ": gradient not f32";
       const double e = NormalisedError(pc[i].param->grad, pg[i].param->grad);
       if (e >= c.param_grad) {
         c.param_grad = e;
@@ -110,6 +142,31 @@ struct ModelPair {
     return c;
   }
 };
+
+// Two forward + backward passes without ZeroGrad: the GPU must add into
+// the parameter gradients, as the CPU does (in mixed precision: the half
+// result added into the f32 gradient).
+void CheckConvGradientsAccumulate(DType compute, double tol) {
+  auto specs = std::vector<LayerSpec>{
+      Spec("c", "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})};
+  ModelPair m(specs, Shape{2, 6, 6}, 5, compute);
+  const Tensor x = RandomTensor(Shape{3, 2, 6, 6}, 21, -1, 1, DType::kF32);
+  ForwardContext ctx;
+  for (int k = 0; k < 2; ++k) {
+    const Tensor y = m.cpu->Forward(x, ctx).Clone();
+    m.gpu->Forward(x.To(Device::Cuda(0)), ctx);
+    const Tensor dy = RandomTensor(y.shape(), 30 + k, -1, 1, DType::kF32);
+    m.cpu->Backward(dy);
+    m.gpu->Backward(m.ToGpu(dy));
+  }
+  auto pc = m.cpu->NamedParameters();
+  auto pg = m.gpu->NamedParameters();
+  for (size_t i = 0; i < pc.size(); ++i) {
+    EXPECT_LT(NormalisedError(pc[i].param->grad, pg[i].param->grad), tol)
+        << pc[i].name << " in " << DTypeName(compute)
+        << ": the GPU gradient after two backward passes is not their sum";
+  }
+}
 
 // ---------------------------------------------------------------- conv2d
 
@@ -179,25 +236,7 @@ TEST(Conv2dGPU, WeightGradientsWithoutInputGradient) {
 
 TEST(Conv2dGPU, GradientsAccumulateOverCalls) {
   CNNFLOW_SKIP_WITHOUT_GPU();
-  // Two backward passes without ZeroGrad: the GPU must add, as the CPU does.
-  auto specs = std::vector<LayerSpec>{
-      Spec("c", "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})};
-  ModelPair m(specs, Shape{2, 6, 6});
-  const Tensor x = RandomTensor(Shape{3, 2, 6, 6}, 21, -1, 1, DType::kF32);
-  ForwardContext ctx;
-  for (int k = 0; k < 2; ++k) {
-    const Tensor y = m.cpu->Forward(x, ctx).Clone();
-    m.gpu->Forward(x.To(Device::Cuda(0)), ctx);
-    const Tensor dy = RandomTensor(y.shape(), 30 + k, -1, 1, DType::kF32);
-    m.cpu->Backward(dy);
-    m.gpu->Backward(dy.To(Device::Cuda(0)));
-  }
-  auto pc = m.cpu->NamedParameters();
-  auto pg = m.gpu->NamedParameters();
-  for (size_t i = 0; i < pc.size(); ++i) {
-    EXPECT_LT(NormalisedError(pc[i].param->grad, pg[i].param->grad), kConvTol)
-        << pc[i].name << ": the GPU gradient after two backward passes is not their sum";
-  }
+  CheckConvGradientsAccumulate(DType::kF32, kConvTol);
 }
 
 // ---------------------------------------------------------------- conv1d
@@ -301,12 +340,13 @@ TEST(AvgPool1dGPU, MatchesCpu) {
 
 // Training step (output, gradients, running statistics), then an
 // evaluation step on the trained running statistics.
-void CheckBatchNorm(const LayerSpec& spec, const Shape& sample, int64_t n) {
-  ModelPair m({spec}, sample);
-  const std::string what = StrCat("batchnorm on ", sample.WithBatch(n));
-  ExpectMatches(m.Step(n, true, 7), kBnTol, what + " (train)");
-  ExpectMatches(m.Step(n, true, 9), kBnTol, what + " (train, second step)");
-  ExpectMatches(m.Step(n, false, 13), kBnTol, what + " (eval)");
+void CheckBatchNorm(const LayerSpec& spec, const Shape& sample, int64_t n,
+                    DType compute = DType::kF32, double tol = kBnTol) {
+  ModelPair m({spec}, sample, 5, compute);
+  const std::string what = StrCat("batchnorm on ", sample.WithBatch(n), " in ", DTypeName(compute));
+  ExpectMatches(m.Step(n, true, 7), tol, what + " (train)");
+  ExpectMatches(m.Step(n, true, 9), tol, what + " (train, second step)");
+  ExpectMatches(m.Step(n, false, 13), tol, what + " (eval)");
 }
 
 TEST(BatchNormGPU, Planes4dMatchCpu) {
@@ -391,6 +431,161 @@ TEST(CudnnLayersGPU, SmallCnnMatchesCpu) {
   ExpectMatches(m.Step(6, false, 43), 3 * kConvTol, "conv-bn-pool CNN (eval)");
 }
 
+// ---------------------------------------------------------------- mixed precision
+
+// Every layer with bf16 / f16 activations over f32 parameters (Model::Build
+// with a compute dtype) against the CPU layer in f32.
+class HalfPrecisionGPU : public ::testing::TestWithParam<DType> {
+ protected:
+  DType compute() const { return GetParam(); }
+  double tol() const { return HalfTol(GetParam()); }
+};
+
+// [N, C, ...] values ((37 i) mod 255 - 127) / 128: exact in bf16 and f16,
+// and distinct within any 255 consecutive elements, so no two cells of a
+// max-pooling window tie after rounding (a tie the CPU's f32 does not see
+// would send the gradient to another cell).
+Tensor DistinctExactValues(const Shape& shape) {
+  Tensor t = Tensor::Empty(shape, DType::kF32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.Set(i, static_cast<double>((37 * i) % 255 - 127) / 128);
+  return t;
+}
+
+TEST_P(HalfPrecisionGPU, Conv2dMatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  CheckOne(Spec("c", "conv2d", {{"out", int64_t{8}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+           Shape{3, 9, 9}, 4, tol(), true, compute());
+  CheckOne(Spec("c", "conv2d",
+                {{"out", int64_t{6}},
+                 {"kernel", Ints{3, 2}},
+                 {"stride", Ints{2, 1}},
+                 {"pad", Ints{1, 2}},
+                 {"dilation", Ints{2, 1}}}),
+           Shape{4, 11, 10}, 3, tol(), true, compute());
+  CheckOne(Spec("c", "conv2d",
+                {{"out", int64_t{9}},
+                 {"kernel", int64_t{3}},
+                 {"pad", int64_t{1}},
+                 {"groups", int64_t{3}}}),
+           Shape{6, 8, 8}, 4, tol(), true, compute());
+  CheckOne(Spec("c", "conv2d", {{"out", int64_t{5}}, {"kernel", int64_t{3}}, {"bias", false}}),
+           Shape{2, 7, 7}, 3, tol(), true, compute());
+  CheckOne(Spec("c", "conv2d", {{"out", int64_t{16}}, {"kernel", int64_t{1}}}), Shape{12, 5, 5}, 4,
+           tol(), /*training=*/false, compute());
+}
+
+TEST_P(HalfPrecisionGPU, Conv2dBatchSizesAndNoInputGradient) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  ModelPair m(
+      {Spec("c", "conv2d", {{"out", int64_t{8}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})},
+      Shape{4, 10, 10}, 5, compute());
+  uint64_t seed = 11;
+  for (int64_t n : {4, 7, 1, 4}) {
+    ExpectMatches(m.Step(n, true, seed++), tol(),
+                  StrCat("conv2d in ", DTypeName(compute()), " with batch ", n));
+  }
+  ExpectMatches(m.Step(5, true, 3, /*want_dx=*/false), tol(),
+                StrCat("conv2d in ", DTypeName(compute()), " without dx"));
+}
+
+TEST_P(HalfPrecisionGPU, Conv2dGradientsAccumulateInF32) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  CheckConvGradientsAccumulate(compute(), tol());
+}
+
+TEST_P(HalfPrecisionGPU, Conv1dMatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  CheckOne(Spec("c", "conv1d", {{"out", int64_t{6}}, {"kernel", int64_t{5}}, {"pad", int64_t{2}}}),
+           Shape{3, 30}, 4, tol(), true, compute());
+  CheckOne(Spec("c", "conv1d",
+                {{"out", int64_t{8}},
+                 {"kernel", int64_t{3}},
+                 {"stride", int64_t{2}},
+                 {"dilation", int64_t{2}},
+                 {"pad", int64_t{1}},
+                 {"groups", int64_t{2}}}),
+           Shape{4, 41}, 3, tol(), true, compute());
+}
+
+TEST_P(HalfPrecisionGPU, MaxPoolMatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  struct Case {
+    LayerSpec spec;
+    Shape sample;
+  };
+  const std::vector<Case> cases = {
+      {Spec("p", "maxpool2d", {{"kernel", int64_t{2}}}), Shape{3, 8, 10}},
+      {Spec("p", "maxpool2d",
+            {{"kernel", int64_t{3}}, {"stride", int64_t{2}}, {"pad", int64_t{1}}}),
+       Shape{2, 9, 8}},
+      {Spec("p", "maxpool1d",
+            {{"kernel", int64_t{3}}, {"stride", int64_t{2}}, {"pad", int64_t{1}}}),
+       Shape{3, 21}},
+  };
+  for (const Case& c : cases) {
+    ModelPair m({c.spec}, c.sample, 5, compute());
+    ExpectMatches(m.Run(DistinctExactValues(c.sample.WithBatch(3)), true, 8), tol(),
+                  StrCat(c.spec.type, " on ", c.sample.WithBatch(3), " in ", DTypeName(compute())));
+  }
+}
+
+TEST_P(HalfPrecisionGPU, AveragePoolsMatchCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  CheckOne(
+      Spec("p", "avgpool2d", {{"kernel", int64_t{3}}, {"stride", int64_t{2}}, {"pad", int64_t{1}}}),
+      Shape{3, 9, 9}, 3, tol(), true, compute());
+  CheckOne(Spec("p", "avgpool2d",
+                {{"kernel", int64_t{3}},
+                 {"stride", int64_t{2}},
+                 {"pad", int64_t{1}},
+                 {"count_include_pad", false}}),
+           Shape{3, 9, 8}, 3, tol(), true, compute());
+  CheckOne(Spec("g", "global_avgpool"), Shape{5, 7, 6}, 4, tol(), true, compute());
+  CheckOne(Spec("g", "global_avgpool"), Shape{4, 33}, 3, tol(), true, compute());
+  CheckOne(
+      Spec("p", "avgpool1d", {{"kernel", int64_t{4}}, {"stride", int64_t{2}}, {"pad", int64_t{2}}}),
+      Shape{3, 19}, 3, tol(), true, compute());
+}
+
+TEST_P(HalfPrecisionGPU, BatchNormMatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  // Train, train again (running statistics), then eval with its backward.
+  CheckBatchNorm(Spec("bn", "batchnorm"), Shape{4, 6, 5}, 5, compute(), tol());
+  CheckBatchNorm(Spec("bn", "batchnorm"), Shape{3, 17}, 4, compute(), tol());
+  CheckBatchNorm(Spec("bn", "batchnorm"), Shape{10}, 6, compute(), tol());
+  CheckBatchNorm(Spec("bn", "batchnorm", {{"affine", false}}), Shape{3, 4, 4}, 3, compute(), tol());
+}
+
+TEST_P(HalfPrecisionGPU, BatchNormParameterGradientsWithoutInputGradient) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  ModelPair m({Spec("bn", "batchnorm")}, Shape{3, 5, 5}, 5, compute());
+  ExpectMatches(m.Step(4, true, 5, /*want_dx=*/false), tol(), "batchnorm train without dx");
+  ExpectMatches(m.Step(4, false, 6, /*want_dx=*/false), tol(), "batchnorm eval without dx");
+}
+
+TEST_P(HalfPrecisionGPU, SmallCnnMatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  // Average pools only: after BN, rounded values tie in max windows where
+  // the CPU's f32 ones do not (see DistinctExactValues).
+  const std::vector<LayerSpec> specs = {
+      Spec("conv1", "conv2d", {{"out", int64_t{8}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("bn1", "batchnorm"),
+      Spec("pool1", "avgpool2d", {{"kernel", int64_t{2}}}),
+      Spec("conv2", "conv2d", {{"out", int64_t{12}}, {"kernel", int64_t{3}}, {"bias", false}}),
+      Spec("gap", "global_avgpool"),
+  };
+  ModelPair m(specs, Shape{3, 14, 14}, 5, compute());
+  // Rounding errors of three layers add up and pass through BN: 2x.
+  ExpectMatches(m.Step(6, true, 41), 2 * tol(), "conv-bn-pool CNN (train)");
+  ExpectMatches(m.Step(6, false, 43), 2 * tol(), "conv-bn-pool CNN (eval)");
+}
+
+INSTANTIATE_TEST_SUITE_P(MixedPrecision, HalfPrecisionGPU,
+                         ::testing::Values(DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
 // ---------------------------------------------------------------- host side
 
 TEST(CudnnLayers, EveryTypeHasACudaClass) {
@@ -474,6 +669,51 @@ TEST(CudnnLayers, AlgorithmPickSkipsFailedOversizedAndDownConverting) {
   // Only failures: none.
   EXPECT_EQ(detail::PickCudnnAlgo(status, math, memory, 1, 1000, true), -1);
   EXPECT_EQ(detail::PickCudnnAlgo(status, math, memory, 0, 1000, true), -1);
+#endif
+}
+
+TEST(CudnnLayers, OnlyF16MayConvertDown) {
+#if !defined(CNNFLOW_WITH_CUDA)
+  GTEST_SKIP() << "built without CUDA";
+#else
+  EXPECT_TRUE(detail::CudnnMayDownConvert(CUDNN_DATA_HALF));
+  EXPECT_FALSE(detail::CudnnMayDownConvert(CUDNN_DATA_FLOAT)) << "f32 would lose precision";
+  EXPECT_FALSE(detail::CudnnMayDownConvert(CUDNN_DATA_BFLOAT16)) << "bf16 would lose range";
+#endif
+}
+
+TEST(CudnnLayers, DataTypesDimensionsAndLabels) {
+#if !defined(CNNFLOW_WITH_CUDA)
+  GTEST_SKIP() << "built without CUDA";
+#else
+  EXPECT_EQ(detail::CudnnDataTypeOf(DType::kF32, "l"), CUDNN_DATA_FLOAT);
+  EXPECT_EQ(detail::CudnnDataTypeOf(DType::kF16, "l"), CUDNN_DATA_HALF);
+  EXPECT_EQ(detail::CudnnDataTypeOf(DType::kBF16, "l"), CUDNN_DATA_BFLOAT16);
+  try {
+    detail::CudnnDataTypeOf(DType::kF64, "conv2d 'c1'");
+    FAIL() << "f64 should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("conv2d 'c1'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("f64"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(detail::CudnnInt(INT_MAX, "l", "batch size"), INT_MAX);
+  try {
+    detail::CudnnInt(int64_t{INT_MAX} + 1, "maxpool2d 'p'", "batch size");
+    FAIL() << "a dimension over INT_MAX should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("maxpool2d 'p'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("batch size"), std::string::npos) << e.what();
+  }
+  // The label of a CUDA layer names its type and name, and is kept.
+  Args args;
+  args.Set("kernel", int64_t{2});
+  const LayerType* lt = LayerRegistry::Get().Find("maxpool2d");
+  ASSERT_NE(lt, nullptr);
+  args.FillDefaults(lt->schema);
+  auto layer = lt->create_cuda("pool7", args);
+  detail::LayerLabel label;
+  EXPECT_EQ(label.Of(*layer), "maxpool2d 'pool7'");
+  EXPECT_EQ(&label.Of(*layer), &label.Of(*layer));
 #endif
 }
 

@@ -1,11 +1,16 @@
 // The own CUDA kernels against the CPU: the relu, add, flatten, dropout and
-// linear layers (through gpu_check.h's CompareWithCpu), softmax
-// cross-entropy, the fused SGD / Adam / AdamW steps and Axpy / Scale. Every
-// test needs a GPU and skips without one.
+// linear layers (through gpu_check.h's CompareWithCpu, in f32 and in
+// f16/bf16 mixed precision), softmax cross-entropy, the fused SGD / Adam /
+// AdamW steps, Axpy / Scale, Cast / AddCast and the loss scaler's
+// UnscaleAndFindNonFinite. GPU tests skip without a GPU; the host
+// references of f16/bf16 rounding are tested here on the CPU too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfenv>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -522,6 +527,542 @@ TEST(AxpyScaleGPU, RejectHostAndF64Tensors) {
   Tensor other = Tensor::Zeros(Shape{5}, DType::kF32, kGpu);
   EXPECT_THROW(cuda::Axpy(1.0f, other, gpu), Error);
 }
+
+// ---------------------------------------------------------------- mixed precision
+
+// Host references of f32 <-> f16 / bf16 (round to nearest even), written
+// from the formats' definitions, independent of CUDA's conversions.
+uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float BitsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t HostToBf16(float f) {
+  const uint32_t u = FloatBits(f);
+  if (std::isnan(f)) return static_cast<uint16_t>((u >> 16) | 0x40);  // stays a (quiet) NaN
+  // Add just under half an ulp, plus one when the kept part is odd: ties to even.
+  return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+float HostFromBf16(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
+
+uint16_t HostToF16(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000);
+  const uint32_t a = u & 0x7fffffff;
+  if (a > 0x7f800000) return sign | 0x7e00;   // NaN
+  if (a >= 0x477ff000) return sign | 0x7c00;  // >= 65520 (half-way above 65504): inf
+  if (a < 0x38800000) {
+    // Below 2^-14: a multiple of 2^-24 (subnormal; 0x400 is the smallest
+    // normal, whose encoding follows on). x * 2^24 is exact; nearbyint
+    // rounds half to even in the default rounding mode.
+    const float units = std::nearbyint(BitsFloat(a) * 16777216.0f);
+    return sign | static_cast<uint16_t>(units);
+  }
+  const uint32_t exp = (a >> 23) - 127 + 15, mant = a & 0x7fffff;
+  uint32_t h = (exp << 10) | (mant >> 13);
+  const uint32_t rest = mant & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;  // a carry moves into the exponent
+  return sign | static_cast<uint16_t>(h);
+}
+float HostFromF16(uint16_t h) {
+  const float sign = (h & 0x8000) ? -1.f : 1.f;
+  const int exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(mant), -24);
+  if (exp == 31) return mant ? std::numeric_limits<float>::quiet_NaN() : sign * INFINITY;
+  return sign * std::ldexp(static_cast<float>(1024 + mant), exp - 25);
+}
+
+uint16_t HostTo(DType t, float f) { return t == DType::kF16 ? HostToF16(f) : HostToBf16(f); }
+float HostFrom(DType t, uint16_t h) { return t == DType::kF16 ? HostFromF16(h) : HostFromBf16(h); }
+
+// The references themselves, on known values (CPU: runs everywhere).
+TEST(HalfReference, KnownValues) {
+  ASSERT_EQ(std::fegetround(), FE_TONEAREST);
+  EXPECT_EQ(HostToF16(1.0f), 0x3c00);
+  EXPECT_EQ(HostToF16(-2.0f), 0xc000);
+  EXPECT_EQ(HostToF16(65504.0f), 0x7bff);
+  EXPECT_EQ(HostToF16(65519.0f), 0x7bff);
+  EXPECT_EQ(HostToF16(65520.0f), 0x7c00);
+  EXPECT_EQ(HostToF16(std::ldexp(1.0f, -24)), 0x0001);         // smallest subnormal
+  EXPECT_EQ(HostToF16(std::ldexp(1.0f, -25)), 0x0000);         // a tie: to even (0)
+  EXPECT_EQ(HostToF16(std::ldexp(3.0f, -25)), 0x0002);         // 1.5 units: to even (2)
+  EXPECT_EQ(HostToF16(std::ldexp(1023.5f, -24)), 0x0400);      // rounds up to the smallest normal
+  EXPECT_EQ(HostToF16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // a tie: to even
+  EXPECT_EQ(HostToF16(1.0f + std::ldexp(3.0f, -11)), 0x3c02);  // a tie: to even (up)
+  EXPECT_EQ(HostToF16(2047.5f), 0x6800);                       // carry into the exponent: 2048
+  EXPECT_TRUE(std::isnan(HostFromF16(HostToF16(NAN))));
+  EXPECT_EQ(HostToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(HostToBf16(BitsFloat(0x3f808000)), 0x3f80);  // a tie: to even
+  EXPECT_EQ(HostToBf16(BitsFloat(0x3f818000)), 0x3f82);  // a tie: to even (up)
+  EXPECT_EQ(HostToBf16(BitsFloat(0x3f808001)), 0x3f81);
+  EXPECT_EQ(HostToBf16(BitsFloat(0x7f7fffff)), 0x7f80);  // FLT_MAX: inf
+  EXPECT_TRUE(std::isnan(HostFromBf16(HostToBf16(NAN))));
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const uint16_t b = static_cast<uint16_t>(h);
+    if (!std::isnan(HostFromF16(b))) {
+      ASSERT_EQ(HostToF16(HostFromF16(b)), b) << "f16 " << h;
+    }
+    if (!std::isnan(HostFromBf16(b))) {
+      ASSERT_EQ(HostToBf16(HostFromBf16(b)), b) << "bf16 " << h;
+    }
+  }
+  EXPECT_EQ(HostFromF16(0x3555), 0.333251953125f);
+}
+
+// Host bits <-> GPU tensors of any 2-byte or 4-byte type.
+Tensor Upload16(const std::vector<uint16_t>& bits, DType t) {
+  Tensor g = Tensor::Empty(Shape{static_cast<int64_t>(bits.size())}, t, kGpu);
+  CopyBytes(kGpu, g.raw_data(), Device::Cpu(), bits.data(), bits.size() * 2);
+  return g;
+}
+std::vector<uint16_t> Download16(const Tensor& g) {
+  std::vector<uint16_t> bits(static_cast<size_t>(g.numel()));
+  CopyBytes(Device::Cpu(), bits.data(), g.device(), g.raw_data(), bits.size() * 2);
+  return bits;
+}
+Tensor UploadF32(const std::vector<float>& v) {
+  Tensor g = Tensor::Empty(Shape{static_cast<int64_t>(v.size())}, DType::kF32, kGpu);
+  CopyBytes(kGpu, g.raw_data(), Device::Cpu(), v.data(), v.size() * 4);
+  return g;
+}
+std::vector<float> DownloadF32(const Tensor& g) {
+  std::vector<float> v(static_cast<size_t>(g.numel()));
+  CopyBytes(Device::Cpu(), v.data(), g.device(), g.raw_data(), v.size() * 4);
+  return v;
+}
+
+// f32 values that exercise rounding: ties, subnormals, overflow, specials,
+// and random values of many magnitudes.
+std::vector<float> CastProbe() {
+  std::vector<float> v = {0.f,
+                          -0.f,
+                          1.f,
+                          -1.f,
+                          65504.f,
+                          65519.f,
+                          65520.f,
+                          1e6f,
+                          -1e30f,
+                          std::ldexp(1.f, -24),
+                          std::ldexp(1.f, -25),
+                          std::ldexp(3.f, -25),
+                          std::ldexp(1023.5f, -24),
+                          1.f + std::ldexp(1.f, -11),
+                          1.f + std::ldexp(3.f, -11),
+                          BitsFloat(0x3f808000),
+                          BitsFloat(0x3f818000),
+                          BitsFloat(0x7f7fffff),
+                          std::ldexp(1.f, -130),
+                          INFINITY,
+                          -INFINITY,
+                          NAN};
+  const Tensor r = RandomTensor(Shape{5000}, 77, -1, 1, DType::kF32);
+  for (int64_t i = 0; i < r.numel(); ++i) {
+    v.push_back(static_cast<float>(r.At(i)) * std::ldexp(1.f, static_cast<int>(i % 60) - 30));
+  }
+  return v;
+}
+
+TEST(CastGPU, F32ToHalfMatchesHostRounding) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const std::vector<float> v = CastProbe();
+  const Tensor src = UploadF32(v);
+  for (const DType t : {DType::kF16, DType::kBF16}) {
+    Tensor dst = Tensor::Empty(src.shape(), t, kGpu);
+    cuda::Cast(src, dst);
+    const std::vector<uint16_t> got = Download16(dst);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (std::isnan(v[i])) {
+        EXPECT_TRUE(std::isnan(HostFrom(t, got[i]))) << DTypeName(t) << " of NaN";
+        continue;
+      }
+      ASSERT_EQ(got[i], HostTo(t, v[i])) << DTypeName(t) << " of " << v[i] << " (bits 0x"
+                                         << std::hex << FloatBits(v[i]) << ") at " << std::dec << i;
+    }
+  }
+}
+
+TEST(CastGPU, EveryHalfValueToF32AndBack) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  std::vector<uint16_t> all(0x10000);
+  for (uint32_t h = 0; h < 0x10000; ++h) all[h] = static_cast<uint16_t>(h);
+  for (const DType t : {DType::kF16, DType::kBF16}) {
+    const Tensor half = Upload16(all, t);
+    Tensor f = Tensor::Empty(half.shape(), DType::kF32, kGpu);
+    cuda::Cast(half, f);
+    Tensor back = Tensor::Empty(half.shape(), t, kGpu);
+    cuda::Cast(f, back);
+    const std::vector<float> wide = DownloadF32(f);
+    const std::vector<uint16_t> again = Download16(back);
+    for (uint32_t h = 0; h < 0x10000; ++h) {
+      const float want = HostFrom(t, all[h]);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(wide[h])) << DTypeName(t) << " 0x" << std::hex << h;
+        continue;
+      }
+      ASSERT_EQ(FloatBits(wide[h]), FloatBits(want)) << DTypeName(t) << " 0x" << std::hex << h;
+      ASSERT_EQ(again[h], all[h]) << DTypeName(t) << " round trip of 0x" << std::hex << h;
+    }
+  }
+}
+
+TEST(CastGPU, HalfToHalfAndSameType) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  std::vector<uint16_t> all(0x10000);
+  for (uint32_t h = 0; h < 0x10000; ++h) all[h] = static_cast<uint16_t>(h);
+  for (const DType from : {DType::kF16, DType::kBF16}) {
+    const DType to = from == DType::kF16 ? DType::kBF16 : DType::kF16;
+    const Tensor src = Upload16(all, from);
+    Tensor dst = Tensor::Empty(src.shape(), to, kGpu);
+    cuda::Cast(src, dst);
+    const std::vector<uint16_t> got = Download16(dst);
+    for (uint32_t h = 0; h < 0x10000; ++h) {
+      const float v = HostFrom(from, all[h]);  // exact in f32, so one rounding
+      if (std::isnan(v)) continue;
+      ASSERT_EQ(got[h], HostTo(to, v))
+          << DTypeName(from) << " 0x" << std::hex << h << " to " << DTypeName(to);
+    }
+    // Same type: a copy.
+    Tensor same = Tensor::Empty(src.shape(), from, kGpu);
+    cuda::Cast(src, same);
+    EXPECT_EQ(Download16(same), all) << DTypeName(from);
+  }
+  // Mismatched sizes and f64 are refused.
+  Tensor a = Tensor::Zeros(Shape{4}, DType::kF32, kGpu);
+  Tensor b = Tensor::Empty(Shape{5}, DType::kF16, kGpu);
+  EXPECT_THROW(cuda::Cast(a, b), Error);
+  Tensor d = Tensor::Zeros(Shape{4}, DType::kF64, kGpu);
+  EXPECT_THROW(cuda::Cast(d, a), Error);
+}
+
+TEST(AddCastGPU, AddsHalfAndF32IntoF32) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const int64_t n = 70003;
+  const Tensor base = RandomTensor(Shape{n}, 31, -2, 2, DType::kF32);
+  const Tensor add = RandomTensor(Shape{n}, 32, -2, 2, DType::kF32);
+  std::vector<float> b(n), a(n);
+  for (int64_t i = 0; i < n; ++i) {
+    b[i] = static_cast<float>(base.At(i));
+    a[i] = static_cast<float>(add.At(i));
+  }
+  for (const DType t : {DType::kF16, DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(t));
+    Tensor dst = UploadF32(b);
+    std::vector<float> src_value(n);
+    Tensor src;
+    if (t == DType::kF32) {
+      src_value = a;
+      src = UploadF32(a);
+    } else {
+      std::vector<uint16_t> bits(n);
+      for (int64_t i = 0; i < n; ++i) {
+        bits[i] = HostTo(t, a[i]);
+        src_value[i] = HostFrom(t, bits[i]);
+      }
+      src = Upload16(bits, t);
+    }
+    cuda::AddCast(src, dst);
+    cuda::AddCast(src, dst);  // adds, not overwrites
+    const std::vector<float> got = DownloadF32(dst);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got[i], (b[i] + src_value[i]) + src_value[i]) << "element " << i;
+    }
+  }
+  Tensor half_dst = Tensor::Zeros(Shape{3}, DType::kF16, kGpu);
+  EXPECT_THROW(cuda::AddCast(Tensor::Zeros(Shape{3}, DType::kF32, kGpu), half_dst), Error);
+}
+
+// Gradients of many sizes: over a chunk (16384), more tensors than one
+// launch's table (110).
+std::vector<int64_t> UnscaleSizes() {
+  std::vector<int64_t> sizes = {1, 7, 16384, 70001, 3};
+  for (int i = 0; i < 130; ++i) sizes.push_back(1 + (i * 53) % 257);
+  return sizes;
+}
+
+struct GradSet {
+  std::vector<std::vector<float>> host;
+  std::vector<Tensor> gpu;
+  explicit GradSet(const std::vector<int64_t>& sizes) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const Tensor r = RandomTensor(Shape{sizes[i]}, 400 + i, -1000, 1000, DType::kF32);
+      std::vector<float> v(sizes[i]);
+      for (int64_t k = 0; k < sizes[i]; ++k) v[k] = static_cast<float>(r.At(k));
+      host.push_back(v);
+    }
+  }
+  void Upload() {
+    gpu.clear();
+    for (const auto& v : host) gpu.push_back(UploadF32(v));
+  }
+  std::vector<Tensor*> Pointers() {
+    std::vector<Tensor*> p;
+    for (Tensor& t : gpu) p.push_back(&t);
+    return p;
+  }
+  // Every element (finite or not) is the host value times inv_scale.
+  void ExpectScaled(float inv_scale) const {
+    for (size_t i = 0; i < gpu.size(); ++i) {
+      const std::vector<float> got = DownloadF32(gpu[i]);
+      for (size_t k = 0; k < got.size(); ++k) {
+        const float want = host[i][k] * inv_scale;
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(got[k])) << "tensor " << i << " element " << k;
+        } else {
+          ASSERT_EQ(got[k], want) << "tensor " << i << " element " << k << " of " << got.size();
+        }
+      }
+    }
+  }
+};
+
+TEST(UnscaleGPU, FiniteGradientsAreScaledExactly) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  for (const float inv_scale : {1.0f / 65536, 0.3f, 1.0f}) {
+    SCOPED_TRACE(StrCat("inv_scale ", inv_scale));
+    GradSet g(UnscaleSizes());
+    g.Upload();
+    EXPECT_FALSE(cuda::UnscaleAndFindNonFinite(g.Pointers(), inv_scale));
+    g.ExpectScaled(inv_scale);
+  }
+  EXPECT_FALSE(cuda::UnscaleAndFindNonFinite({}, 0.5f));
+}
+
+TEST(UnscaleGPU, FindsInfAndNanAnywhere) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const std::vector<int64_t> sizes = UnscaleSizes();
+  struct Where {
+    size_t tensor;
+    int64_t element;
+  };
+  // The first element; beyond the first chunk of a tensor; the last element
+  // of a tensor in the second launch (tensor index > 110).
+  const std::vector<Where> places = {
+      {0, 0}, {3, 70000}, {3, 16384}, {2, 16383}, {sizes.size() - 1, sizes.back() - 1}, {120, 0}};
+  const float inv_scale = 1.0f / 1024;
+  for (const Where& w : places) {
+    for (const float bad : {INFINITY, -INFINITY, NAN}) {
+      SCOPED_TRACE(StrCat(bad, " in tensor ", w.tensor, " element ", w.element));
+      GradSet g(sizes);
+      g.host[w.tensor][w.element] = bad;
+      g.Upload();
+      EXPECT_TRUE(cuda::UnscaleAndFindNonFinite(g.Pointers(), inv_scale));
+      // PyTorch's semantics: everything is multiplied even so.
+      g.ExpectScaled(inv_scale);
+      // The flag does not stick: the same (finite) gradients again are clean.
+      g.host[w.tensor][w.element] = 1.0f;
+      g.Upload();
+      EXPECT_FALSE(cuda::UnscaleAndFindNonFinite(g.Pointers(), inv_scale));
+    }
+  }
+  Tensor host = Tensor::Zeros(Shape{3});
+  EXPECT_THROW(cuda::UnscaleAndFindNonFinite({&host}, 1.0f), Error);
+  Tensor half = Tensor::Zeros(Shape{3}, DType::kF16, kGpu);
+  EXPECT_THROW(cuda::UnscaleAndFindNonFinite({&half}, 1.0f), Error);
+}
+
+TEST(AxpyHalfGPU, MatchesHostRounding) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  // alpha * x is exact in f32 for a half x and alpha = -0.75, so the sum is
+  // rounded once to f32 and once to the type on both sides: bitwise equal.
+  const float alpha = -0.75f;
+  for (const DType t : {DType::kF16, DType::kBF16}) {
+    for (const int64_t n : {int64_t{1}, int64_t{1001}, (int64_t{1} << 16) + 3}) {
+      SCOPED_TRACE(StrCat(DTypeName(t), " n ", n));
+      const Tensor xr = RandomTensor(Shape{n}, 61, -8, 8, DType::kF32);
+      const Tensor yr = RandomTensor(Shape{n}, 62, -8, 8, DType::kF32);
+      std::vector<uint16_t> xb(n), yb(n);
+      for (int64_t i = 0; i < n; ++i) {
+        xb[i] = HostTo(t, static_cast<float>(xr.At(i)));
+        yb[i] = HostTo(t, static_cast<float>(yr.At(i)));
+      }
+      const Tensor x = Upload16(xb, t);
+      Tensor y = Upload16(yb, t);
+      cuda::Axpy(alpha, x, y);
+      const std::vector<uint16_t> got = Download16(y);
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = HostFrom(t, yb[i]) + alpha * HostFrom(t, xb[i]);
+        ASSERT_EQ(got[i], HostTo(t, want)) << "element " << i;
+      }
+    }
+  }
+  // x and y of different types are refused.
+  Tensor y32 = Tensor::Zeros(Shape{4}, DType::kF32, kGpu);
+  EXPECT_THROW(cuda::Axpy(1.0f, Tensor::Zeros(Shape{4}, DType::kF16, kGpu), y32), Error);
+}
+
+void ExpectHalfLossMatches(DType t, int64_t n, int64_t k, double grad_scale, double smoothing,
+                           uint64_t seed) {
+  SCOPED_TRACE(StrCat(DTypeName(t), " N ", n, " K ", k, " grad_scale ", grad_scale, " smoothing ",
+                      smoothing));
+  const Tensor raw = RandomTensor(Shape{n, k}, seed, -4, 4, DType::kF32);
+  // The CPU gets the rounded values the GPU reads.
+  std::vector<uint16_t> bits(n * k);
+  Tensor logits = Tensor::Empty(Shape{n, k});
+  for (int64_t i = 0; i < n * k; ++i) {
+    bits[i] = HostTo(t, static_cast<float>(raw.At(i)));
+    logits.Set(i, HostFrom(t, bits[i]));
+  }
+  std::vector<int64_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) labels[i] = (i * 5 + 3) % k;
+  Tensor d_cpu = Tensor::Empty(logits.shape());
+  const LossResult cpu = SoftmaxCrossEntropy(logits, labels.data(), &d_cpu, grad_scale, smoothing);
+  const Tensor lg = Upload16(bits, t).Reshape(Shape{n, k});
+  Tensor d_gpu = Tensor::Empty(Shape{n, k}, t, kGpu);
+  const DeviceLabels dl(labels);
+  const LossResult gpu = cuda::SoftmaxCrossEntropy(lg, dl.get(), &d_gpu, grad_scale, smoothing);
+  EXPECT_NEAR(gpu.loss, cpu.loss, 1e-9 * std::max(1.0, std::abs(cpu.loss))) << "loss";
+  EXPECT_EQ(gpu.correct, cpu.correct) << "correct count";
+  // dlogits: the CPU's f32 value rounded to the type, within one unit in the
+  // last place of the type (a double -> f32 -> half rounding may differ by one).
+  const std::vector<uint16_t> got = Download16(d_gpu);
+  const float ulp = t == DType::kF16 ? std::ldexp(1.f, -10) : std::ldexp(1.f, -7);
+  const float tiny = t == DType::kF16 ? std::ldexp(1.f, -24) : 0.f;
+  for (int64_t i = 0; i < n * k; ++i) {
+    const float want = static_cast<float>(d_cpu.At(i));
+    ASSERT_LE(std::abs(HostFrom(t, got[i]) - want), ulp * std::abs(want) + tiny)
+        << "dlogits row " << i / k << " column " << i % k << ": GPU " << HostFrom(t, got[i])
+        << ", CPU " << want;
+  }
+}
+
+TEST(SoftmaxCrossEntropyGPU, HalfLogitsMatchCpuOnTheRoundedValues) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  for (const DType t : {DType::kF16, DType::kBF16}) {
+    ExpectHalfLossMatches(t, 37, 10, -1, 0.0, 1);
+    ExpectHalfLossMatches(t, 257, 1001, 1.0 / 512, 0.3, 5);
+    ExpectHalfLossMatches(t, 1000, 100, 1024.0 / 1000, 0.1, 4);  // a loss scale in the gradient
+  }
+  // dlogits of another type than the logits are refused.
+  const Tensor lg = Tensor::Zeros(Shape{2, 3}, DType::kBF16, kGpu);
+  Tensor d = Tensor::Empty(Shape{2, 3}, DType::kF32, kGpu);
+  const DeviceLabels dl({0, 1});
+  EXPECT_THROW(cuda::SoftmaxCrossEntropy(lg, dl.get(), &d), Error);
+}
+
+// Each layer in bf16 and f16 against the CPU in f32 (the contract's
+// thresholds: ~3e-2 for bf16, ~5e-3 for f16, normalised).
+double HalfTolerance(DType t) { return t == DType::kBF16 ? 3e-2 : 5e-3; }
+
+class HalfLayersGPU : public ::testing::TestWithParam<DType> {};
+
+TEST_P(HalfLayersGPU, Relu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const DType t = GetParam();
+  const auto c = CompareWithCpu({Spec("relu1", "relu")}, Shape{3, 7}, 5, true, 5, t);
+  EXPECT_LE(c.output, HalfTolerance(t)) << Describe(c);
+  EXPECT_LE(c.input_grad, HalfTolerance(t)) << Describe(c);
+}
+
+TEST_P(HalfLayersGPU, ResidualAdd) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const DType t = GetParam();
+  const auto c = CompareWithCpu(
+      {Spec("fc1", "linear", {{"out", int64_t{9}}}), Spec("relu1", "relu"),
+       Spec("fc2", "linear", {{"out", int64_t{9}}}), Spec("sum", "add", {}, {"fc2", "fc1"}),
+       Spec("fc3", "linear", {{"out", int64_t{4}}})},
+      Shape{11}, 6, true, 5, t);
+  EXPECT_LE(c.output, HalfTolerance(t)) << Describe(c);
+  EXPECT_LE(c.input_grad, HalfTolerance(t)) << Describe(c);
+  EXPECT_LE(c.param_grad, HalfTolerance(t)) << Describe(c);
+}
+
+TEST_P(HalfLayersGPU, FlattenAndLinear) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const DType t = GetParam();
+  const auto c =
+      CompareWithCpu({Spec("flat", "flatten"), Spec("fc", "linear", {{"out", int64_t{13}}})},
+                     Shape{3, 4, 5}, 7, true, 5, t);
+  EXPECT_LE(c.output, HalfTolerance(t)) << Describe(c);
+  EXPECT_LE(c.input_grad, HalfTolerance(t)) << Describe(c);
+  EXPECT_LE(c.param_grad, HalfTolerance(t)) << Describe(c);
+}
+
+TEST_P(HalfLayersGPU, LinearWithoutBiasStacked) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const DType t = GetParam();
+  // Sizes that are multiples of 8 and not (tensor-core and fallback paths).
+  const auto c =
+      CompareWithCpu({Spec("fc1", "linear", {{"out", int64_t{64}}, {"bias", false}}),
+                      Spec("relu", "relu"), Spec("fc2", "linear", {{"out", int64_t{10}}})},
+                     Shape{72}, 65, true, 5, t);
+  EXPECT_LE(c.output, HalfTolerance(t)) << Describe(c);
+  EXPECT_LE(c.input_grad, HalfTolerance(t)) << Describe(c);
+  EXPECT_LE(c.param_grad, HalfTolerance(t)) << Describe(c);
+}
+
+TEST_P(HalfLayersGPU, LinearEvalForward) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const DType t = GetParam();
+  const auto c =
+      CompareWithCpu({Spec("fc", "linear", {{"out", int64_t{8}}})}, Shape{16}, 4, false, 9, t);
+  EXPECT_LE(c.output, HalfTolerance(t)) << Describe(c);
+  EXPECT_LE(c.param_grad, HalfTolerance(t)) << Describe(c);
+}
+
+TEST_P(HalfLayersGPU, DropoutTrainingAndEval) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const DType t = GetParam();
+  const auto c =
+      CompareWithCpu({Spec("drop", "dropout", {{"p", 0.3}})}, Shape{4, 9}, 7, true, 5, t);
+  EXPECT_LE(c.output, HalfTolerance(t)) << Describe(c);
+  EXPECT_LE(c.input_grad, HalfTolerance(t)) << Describe(c);
+  const auto e = CompareWithCpu({Spec("drop", "dropout", {{"p", 0.5}})}, Shape{13}, 3, false, 5, t);
+  EXPECT_LE(e.output, HalfTolerance(t)) << Describe(e);
+  EXPECT_LE(e.input_grad, HalfTolerance(t)) << Describe(e);
+}
+
+TEST_P(HalfLayersGPU, DropoutKeepsTheCpuDecisions) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const DType t = GetParam();
+  const Shape sample{37};
+  const int64_t rows = 300;
+  std::vector<int64_t> ids(rows);
+  for (int64_t r = 0; r < rows; ++r) ids[r] = (r * 7919 + 13) % 1000003;
+  DropoutPair d = MakeDropoutPair(0.4, sample);
+  const Tensor x = RandomTensor(sample.WithBatch(rows), 21, -1, 1, DType::kF32);
+  for (const bool with_ids : {false, true}) {
+    SCOPED_TRACE(with_ids ? "sample ids" : "no sample ids");
+    ForwardContext ctx;
+    ctx.seed = 99;
+    ctx.step = 12;
+    ctx.sample_ids = with_ids ? ids.data() : nullptr;
+    Tensor y_cpu = Tensor::Empty(x.shape());
+    d.cpu->Forward({&x}, y_cpu, ctx);
+    Tensor xh = Tensor::Empty(x.shape(), t, kGpu);
+    cuda::Cast(x.To(kGpu), xh);
+    Tensor yh = Tensor::Empty(x.shape(), t, kGpu);
+    d.gpu->Forward({&xh}, yh, ctx);
+    const Tensor& mask_cpu = static_cast<DropoutLayer&>(*d.cpu).mask();
+    const Tensor& mask_gpu = static_cast<DropoutLayer&>(*d.gpu).mask();
+    ASSERT_EQ(mask_gpu.dtype(), t);
+    const std::vector<uint16_t> m = Download16(mask_gpu);
+    const std::vector<uint16_t> y = Download16(yh);
+    int64_t differ = 0, first = -1;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      if ((mask_cpu.At(i) != 0) != (HostFrom(t, m[i]) != 0)) {
+        if (first < 0) first = i;
+        ++differ;
+      }
+      // y = the rounded x times the f32 scale, rounded once.
+      const float xr = HostFrom(t, HostTo(t, static_cast<float>(x.At(i))));
+      const uint16_t want = HostTo(t, xr * static_cast<float>(mask_cpu.At(i)));
+      ASSERT_EQ(y[i], want) << "y element " << i;
+    }
+    EXPECT_EQ(differ, 0) << differ << " keep/drop decisions differ, first at " << first;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, HalfLayersGPU, ::testing::Values(DType::kF16, DType::kBF16),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(DTypeName(i.param));
+                         });
 
 }  // namespace
 }  // namespace cnnflow

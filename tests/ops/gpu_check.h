@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/cuda/kernels.h"
 #include "ops/device.h"
 #include "ops/model.h"
 #include "tests/ops/gradient_check.h"
@@ -47,6 +48,14 @@ inline double NormalisedError(const Tensor& cpu, const Tensor& gpu) {
   return diff / scale;
 }
 
+// An f32 copy of a GPU tensor of any float type.
+inline Tensor ToF32(const Tensor& t) {
+  if (t.dtype() == DType::kF32) return t.Clone();
+  Tensor f = Tensor::Empty(t.shape(), DType::kF32, t.device());
+  cuda::Cast(t, f);
+  return f;
+}
+
 struct GpuCpuComparison {
   double output = 0;       // normalised error of the model's output
   double input_grad = 0;   // of the gradient with respect to the input
@@ -56,24 +65,32 @@ struct GpuCpuComparison {
 };
 
 // Forward (training or eval) and backward of `specs` on a batch of n samples
-// of `sample_shape`, on the CPU and on cuda:0, in f32.
+// of `sample_shape`, on the CPU in f32 and on cuda:0 computing in `compute`
+// (f32, or f16/bf16 with f32 parameters: mixed precision).
 inline GpuCpuComparison CompareWithCpu(const std::vector<LayerSpec>& specs,
                                        const Shape& sample_shape, int64_t n, bool training = true,
-                                       uint64_t seed = 5) {
+                                       uint64_t seed = 5, DType compute = DType::kF32) {
   auto cpu = Model::Build(specs, sample_shape, DType::kF32, seed);
   auto gpu = Model::Build(specs, sample_shape, DType::kF32, seed,
-                          InitScheme::kPytorchDefault, Device::Cuda(0));
+                          InitScheme::kPytorchDefault, Device::Cuda(0), compute);
   const Tensor x = RandomTensor(sample_shape.WithBatch(n), seed + 1, -1, 1, DType::kF32);
   ForwardContext ctx;
   ctx.training = training;
   ctx.seed = seed;
   ctx.step = 3;
   const Tensor y_cpu = cpu->Forward(x, ctx).Clone();
-  const Tensor y_gpu = gpu->Forward(x.To(Device::Cuda(0)), ctx).Clone();
+  const Tensor y_gpu = ToF32(gpu->Forward(x.To(Device::Cuda(0)), ctx));
   const Tensor dy = RandomTensor(y_cpu.shape(), seed + 2, -1, 1, DType::kF32);
   Tensor dx_cpu, dx_gpu;
   cpu->Backward(dy, {}, &dx_cpu);
-  gpu->Backward(dy.To(Device::Cuda(0)), {}, &dx_gpu);
+  Tensor dy_gpu = dy.To(Device::Cuda(0));
+  if (compute != DType::kF32) {
+    Tensor half = Tensor::Empty(dy.shape(), compute, Device::Cuda(0));
+    cuda::Cast(dy_gpu, half);
+    dy_gpu = half;
+  }
+  gpu->Backward(dy_gpu, {}, &dx_gpu);
+  dx_gpu = ToF32(dx_gpu);
 
   GpuCpuComparison c;
   c.output = NormalisedError(y_cpu, y_gpu);

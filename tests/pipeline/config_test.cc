@@ -239,6 +239,12 @@ TEST_F(ConfigTest, GpuDeviceListsAreCheckedBeforeTheRun) {
             std::string::npos);
   EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:0]", "graph.sync_bn=true"}).find("graph.sync_bn"),
             std::string::npos);
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0]", "graph.precision=bf16"}).compute,
+            DType::kBF16);
+  EXPECT_NE(ErrorOf(kGood, {"graph.precision=fp16"}).find("CPU devices train in fp32"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:0]", "graph.precision=f16"}).find("expected fp32, bf16 or fp16"),
+            std::string::npos);
 }
 
 // Without a usable GPU (here; or a build without CUDA) a GPU model is a
