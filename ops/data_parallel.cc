@@ -8,6 +8,13 @@
 
 namespace cnnflow {
 
+void CheckLossFinite(double loss, int64_t step) {
+  if (!std::isfinite(loss)) {
+    throw Error(StrCat("loss is ", loss, " at step ", step,
+                       ": lower the learning rate or check the data"));
+  }
+}
+
 std::vector<Bucket> LayoutBuckets(Model& model, double bucket_mb) {
   const auto params = model.NamedParameters();
   // Layer of each parameter, in NamedParameters order (layer order).
@@ -49,6 +56,7 @@ struct ReplicaSet::Replica {
   StepTimeline timeline;
   Counters counters;
   std::unique_ptr<LossScaler> scaler;  // f16 only
+  std::unique_ptr<cuda::IdleMeter> idle;  // GPU only
   // SyncBN's all-reduce, through the communication thread like every
   // collective of this replica (so the order is the same on every replica).
   std::function<void(float*, int64_t)> sync_sum;
@@ -99,6 +107,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     rep->model = Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device,
                               options.compute);
     if (options.compute == DType::kF16) rep->scaler = std::make_unique<LossScaler>();
+    if (rep->device.is_cuda()) rep->idle = std::make_unique<cuda::IdleMeter>(rep->device);
     if (options.replicas > 1) {
       rep->arena = std::make_unique<tbb::task_arena>(std::max(1, options.threads_per_replica));
     }
@@ -197,7 +206,10 @@ Optimizer& ReplicaSet::optimizer(int r) { return *replicas_[r]->optimizer; }
 const StepTimeline& ReplicaSet::timeline(int r) const { return replicas_[r]->timeline; }
 const ReplicaSet::Counters& ReplicaSet::counters(int r) const { return replicas_[r]->counters; }
 void ReplicaSet::ResetCounters() {
-  for (auto& rep : replicas_) rep->counters = Counters();
+  for (auto& rep : replicas_) {
+    rep->counters = Counters();
+    if (rep->idle) rep->idle->Reset();
+  }
 }
 
 double ReplicaSet::Now() const {
@@ -316,21 +328,22 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
         device_labels = static_cast<const int64_t*>(labels_gpu.raw_data());
       }
       CNNFLOW_ENFORCE(device_labels != nullptr, "a GPU shard needs its labels on the GPU");
+      rep.idle->StartOfWork();
       const Tensor& logits = m.Forward(xd, c);
       dlogits = Tensor::Empty(logits.shape(), logits.dtype(), rep.device);
       const double scale = rep.scaler ? grad_scale * rep.scaler->scale() : grad_scale;
-      loss = cuda::SoftmaxCrossEntropy(logits, device_labels, &dlogits, scale, label_smoothing);
+      result.pending =
+          cuda::SoftmaxCrossEntropyAsync(logits, device_labels, &dlogits, scale, label_smoothing);
     } else {
       const Tensor& logits = m.Forward(x, c);
       dlogits = Tensor::Empty(logits.shape(), logits.dtype());
       loss = SoftmaxCrossEntropy(logits, labels, &dlogits, grad_scale, label_smoothing);
     }
-    if (!std::isfinite(loss.loss)) {
-      throw Error(StrCat("loss is ", loss.loss, " at step ", ctx.step,
-                         ": lower the learning rate or check the data"));
+    if (!result.pending) {
+      CheckLossFinite(loss.loss, ctx.step);
+      result.loss_sum = loss.loss * static_cast<double>(x.dim(0));
+      result.correct = loss.correct;
     }
-    result.loss_sum = loss.loss * static_cast<double>(x.dim(0));
-    result.correct = loss.correct;
     rep.timeline.backward_begin = Now();
     if (!reducing) {
       m.Backward(dlogits);
@@ -343,6 +356,7 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
       });
     }
     rep.timeline.backward_end = Now();
+    if (rep.idle) rep.idle->EndOfWork();
   };
   const double begin = Now();
   try {
@@ -409,6 +423,10 @@ void ReplicaSet::ApplyStep(Replica& rep, double lr) {
   }
   ++rep.counters.steps;
   for (Tensor& g : rep.bucket_grads) g.Zero();
+  if (rep.idle) {
+    rep.idle->EndOfWork();
+    rep.counters.gpu_idle_seconds = rep.idle->idle_seconds();
+  }
 }
 
 // A GPU replica's step: BN buffers broadcast (this step's forward updated

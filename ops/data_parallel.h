@@ -42,6 +42,7 @@
 
 #include "ops/collective.h"
 #include "ops/collective_mpi.h"
+#include "ops/cuda/kernels.h"
 #include "ops/loss_scaler.h"
 #include "ops/model.h"
 #include "ops/optimizer.h"
@@ -79,6 +80,9 @@ struct Bucket {
 };
 std::vector<Bucket> LayoutBuckets(Model& model, double bucket_mb);
 
+// Throws the training error for a non-finite loss at `step` (optimizer steps).
+void CheckLossFinite(double loss, int64_t step);
+
 // When a replica's step spent its time, for reports and tests (seconds on
 // the steady clock since the ReplicaSet was made).
 struct StepTimeline {
@@ -111,6 +115,10 @@ class ReplicaSet {
   struct Result {
     double loss_sum = 0;  // sum over the shard's samples
     int64_t correct = 0;
+    // A GPU replica's loss, still on its way back: the caller reads it when
+    // it needs it (loss_sum = Get().loss * rows), so the host never waits
+    // for the GPU in the middle of a step. Null on a CPU replica.
+    std::shared_ptr<cuda::PendingLoss> pending;
   };
   // Replica r: forward and backward of its shard x [n, ...] with labels.
   // For a GPU replica, x may be on its GPU already (then `device_labels`
@@ -120,7 +128,7 @@ class ReplicaSet {
   // accumulated micro-batches too). With reduce, each bucket is all-reduced
   // as soon as backward has filled it. Runs in the replica's task arena.
   // Throws (after aborting the other replicas' collectives) on a non-finite
-  // loss.
+  // loss (a GPU replica: when the pending loss is read).
   Result ForwardBackward(int r, const Tensor& x, const int64_t* labels, const ForwardContext& ctx,
                          double grad_scale, double label_smoothing, bool reduce,
                          const int64_t* device_labels = nullptr);
@@ -141,6 +149,9 @@ class ReplicaSet {
     double reduce_wait_seconds = 0;  // waiting for reductions after backward
     int64_t steps = 0;               // optimizer steps
     int64_t skipped_steps = 0;       // of those, skipped by the f16 loss scaler
+    // A GPU replica: its GPU's idle time between steps (waiting for the host
+    // or the next batch), measured on the GPU.
+    double gpu_idle_seconds = 0;
   };
   const Counters& counters(int r) const;
   void ResetCounters();

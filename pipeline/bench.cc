@@ -39,7 +39,10 @@ std::vector<BenchRow> RunScalingBench(const BenchOptions& o) {
     r.batch = trainer.config().batch * d * state.process_count;
     r.images_per_s = static_cast<double>(m.samples) / wall;
     r.allreduce_share = c.reduce_wait_seconds / wall;
-    r.data_wait_share = std::max(0.0, 1.0 - (c.compute_seconds + c.reduce_wait_seconds) / wall);
+    // A GPU runs ahead of its host: what counts is the GPU idle between steps.
+    r.data_wait_share = first.is_cuda()
+                            ? c.gpu_idle_seconds / wall
+                            : std::max(0.0, 1.0 - (c.compute_seconds + c.reduce_wait_seconds) / wall);
     rows.push_back(r);
   }
   const BenchRow& base = rows.front();

@@ -402,6 +402,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
   pool.ResetPeak();
   const Device device = model_->device();
   if (device.is_cuda()) PoolFor(device).ResetPeak();
+  double train_seconds = 0;  // this run's training passes
   EpochReport report;
   // Optimizer steps between checkpoints, in batches (whole accumulation windows).
   const int64_t every = config_.checkpoint_every * config_.accumulate;
@@ -422,6 +423,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
       if (state_.stop_requested) break;
     }
     report.train = train;
+    train_seconds += train.seconds;
     report.lr = schedule_->At(std::max<int64_t>(state_.global_step - 1, 0));
     if (state_.stop_requested) break;
     batch_in_epoch_ = 0;
@@ -456,6 +458,11 @@ EpochReport Trainer::Train(const std::string& run_dir) {
       progress_->Line(StrCat("peak memory on ", device.ToString(), ": ",
                              gpu.peak_bytes_in_use() / 1000000, " MB in use, ",
                              gpu.bytes_reserved() / 1000000, " MB held"));
+    }
+    if (replicas_ && device.is_cuda() && train_seconds > 0) {
+      const double idle = replicas_->counters(0).gpu_idle_seconds;
+      progress_->Line(StrCat("GPU idle between steps (waiting for the host or the data): ",
+                             static_cast<int>(100 * idle / train_seconds), "% of training time"));
     }
     if (replicas_ && replicas_->counters(0).skipped_steps > 0) {
       progress_->Line(StrCat("fp16 loss scaling skipped ", replicas_->counters(0).skipped_steps,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops/batch_stager.h"
+#include "ops/cuda/kernels.h"
 #include "ops/tensor.h"
 
 namespace cnnflow {
@@ -32,6 +33,8 @@ struct BatchMessage {
   double lr = 0;
   bool dropped = false;  // not trained: every process agreed to stop before it
   std::vector<double> replica_loss;  // loss sums of the replicas' shards
+  // GPU replicas' losses on their way back (read by the step's gather).
+  std::vector<std::shared_ptr<cuda::PendingLoss>> replica_pending;
   std::vector<int64_t> replica_correct;
 };
 

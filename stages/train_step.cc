@@ -42,6 +42,7 @@ class TrainStepStage final : public Stage {
         m->replica_loss.assign(n, 0.0);
         m->replica_correct.assign(n, 0);
         m->staged.assign(n, nullptr);
+        m->replica_pending.assign(n, nullptr);
         const int64_t rows = static_cast<int64_t>(m->labels.size());
         for (int r = 0; r < n; ++r) {
           const auto [b, e] = ShardRows(rows, r, n);
@@ -57,6 +58,18 @@ class TrainStepStage final : public Stage {
           Guarded([&] {
             if (++arrived_[m->index] < n) return;
             arrived_.erase(m->index);
+            // GPU losses are read here, off the replicas' threads, so the
+            // replicas go on issuing the next batch meanwhile.
+            for (int r = 0; r < n; ++r) {
+              if (!m->replica_pending[r]) continue;
+              const LossResult lr = m->replica_pending[r]->Get();
+              m->replica_pending[r].reset();
+              CheckLossFinite(lr.loss, m->global_step);
+              const int64_t rows = static_cast<int64_t>(m->labels.size());
+              const auto [b, e] = ShardRows(rows, r, n);
+              m->replica_loss[r] = lr.loss * static_cast<double>(e - b);
+              m->replica_correct[r] = lr.correct;
+            }
             double loss = 0;
             m->correct = 0;
             for (int r = 0; r < n; ++r) {
@@ -134,6 +147,7 @@ class TrainStepStage final : public Stage {
     if (staged) staged->Release();  // every kernel that reads the rows is issued
     m.replica_loss[r] = res.loss_sum;
     m.replica_correct[r] = res.correct;
+    m.replica_pending[r] = res.pending;
     if (reduce) {
       m.lr = s.schedule->At(m.global_step);
       set.Step(r, m.lr);

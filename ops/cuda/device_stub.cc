@@ -30,6 +30,21 @@ bool UnscaleAndFindNonFinite(const std::vector<Tensor*>&, float) { detail::NoCud
 LossResult SoftmaxCrossEntropy(const Tensor&, const int64_t*, Tensor*, double, double) {
   detail::NoCuda();
 }
+struct PendingLoss::Impl {};
+struct IdleMeter::Impl {};
+IdleMeter::IdleMeter(Device) { detail::NoCuda(); }
+IdleMeter::~IdleMeter() = default;
+void IdleMeter::EndOfWork() {}
+void IdleMeter::StartOfWork() {}
+double IdleMeter::idle_seconds() { return 0; }
+void IdleMeter::Reset() {}
+PendingLoss::PendingLoss(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PendingLoss::~PendingLoss() = default;
+LossResult PendingLoss::Get() { detail::NoCuda(); }
+std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor&, const int64_t*, Tensor*,
+                                                      double, double) {
+  detail::NoCuda();
+}
 void SgdStep(Device, const std::vector<ParamSlot>&, double, double, double, bool, double) {
   detail::NoCuda();
 }

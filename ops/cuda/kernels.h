@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ops/loss.h"
@@ -40,6 +41,29 @@ bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale)
 LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tensor* dlogits,
                                double grad_scale = -1, double label_smoothing = 0.0);
 
+// The same without waiting: the loss and the correct count come back
+// through pinned memory while the host goes on issuing backward; Get()
+// waits for them (and reports a bad label then). A training step that reads
+// its loss later keeps the GPU fed (no host sync per step).
+class PendingLoss {
+ public:
+  struct Impl;
+  explicit PendingLoss(std::unique_ptr<Impl> impl);
+  ~PendingLoss();
+  PendingLoss(const PendingLoss&) = delete;
+  PendingLoss& operator=(const PendingLoss&) = delete;
+  // Waits (once) and returns the result; later calls return it again.
+  LossResult Get();
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  bool done_ = false;
+  LossResult result_;
+};
+std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, const int64_t* labels,
+                                                      Tensor* dlogits, double grad_scale = -1,
+                                                      double label_smoothing = 0.0);
+
 // One parameter for a fused optimizer step: value, gradient and the state
 // tensors (f32, one GPU; state1 only for Adam). `first`: the state was just
 // created and holds zeros (SGD's momentum buffer starts as the gradient).
@@ -58,5 +82,25 @@ void SgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, doub
 // torch.optim.Adam / AdamW (decoupled) at step `step` (counted from 1).
 void AdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
               double beta2, double eps, double weight_decay, bool decoupled, int64_t step);
+
+// How long a GPU's compute stream sat idle between the end of one step's
+// work and the start of the next (waiting for the host or the next batch):
+// the data-wait share of a GPU run, measured on the GPU with events.
+class IdleMeter {
+ public:
+  explicit IdleMeter(Device device);
+  ~IdleMeter();
+  IdleMeter(const IdleMeter&) = delete;
+  IdleMeter& operator=(const IdleMeter&) = delete;
+  void EndOfWork();    // after a step's last kernel was issued
+  void StartOfWork();  // before the next step's first kernel
+  // Idle seconds of the gaps that have completed (never waits).
+  double idle_seconds();
+  void Reset();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace cnnflow::cuda

@@ -3,13 +3,16 @@
 // grad_scale < 0 = 1/N) with a warp per row, on f32, f16 or bf16 logits
 // (read exactly into f32; dlogits rounded once into the logits' type). Deterministic: each row's
 // loss goes to a per-row buffer that one block then sums in a fixed order (no float atomics); the
-// sums and the first bad label come back in one small copy.
+// sums and the first bad label come back in one small copy into pinned memory, which the host
+// reads when it needs them (PendingLoss).
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
@@ -141,10 +144,48 @@ __global__ void SumRows(const double* row_loss, const int* row_correct, const in
   }
 }
 
+// Pinned landing places for results on their way back, with the event that
+// says they arrived; reused (cudaHostAlloc and event creation are slow).
+struct ResultSlot {
+  LossOut* host = nullptr;
+  cudaEvent_t done = nullptr;
+};
+
+std::mutex slots_mu;
+std::vector<ResultSlot*>* free_slots = new std::vector<ResultSlot*>();  // never freed
+
+ResultSlot* AcquireSlot() {
+  {
+    std::lock_guard<std::mutex> lock(slots_mu);
+    if (!free_slots->empty()) {
+      ResultSlot* s = free_slots->back();
+      free_slots->pop_back();
+      return s;
+    }
+  }
+  auto* s = new ResultSlot();
+  CNNFLOW_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s->host), sizeof(LossOut),
+                                   cudaHostAllocDefault));
+  CNNFLOW_CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
+  return s;
+}
+
+void ReleaseSlot(ResultSlot* s) {
+  std::lock_guard<std::mutex> lock(slots_mu);
+  free_slots->push_back(s);
+}
+
 }  // namespace
 
-LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tensor* dlogits,
-                               double grad_scale, double label_smoothing) {
+struct PendingLoss::Impl {
+  int64_t rows = 0, classes = 0;
+  Shape shape;
+  ResultSlot* slot = nullptr;
+};
+
+std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, const int64_t* labels,
+                                                      Tensor* dlogits, double grad_scale,
+                                                      double label_smoothing) {
   if (logits.rank() != 2) {
     throw ShapeError(StrCat("softmax cross-entropy expects logits [N, K], got ", logits.shape()));
   }
@@ -167,8 +208,11 @@ LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tens
                     dlogits->device().ToString(), " for logits ", logits.shape(), " ",
                     DTypeName(logits.dtype()), " on ", logits.device().ToString());
   }
-  LossResult result;
-  if (n == 0) return result;
+  auto impl = std::make_unique<PendingLoss::Impl>();
+  impl->rows = n;
+  impl->classes = k;
+  impl->shape = logits.shape();
+  if (n == 0) return std::make_unique<PendingLoss>(std::move(impl));
   CNNFLOW_ENFORCE(labels != nullptr, "softmax cross-entropy: no labels for ", n, " rows");
   {
     cudaPointerAttributes attr{};
@@ -186,8 +230,8 @@ LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tens
   s.on = 1.0 - s.eps + s.off;
 
   CudaContext& c = CudaContext::For(logits.device());
-  // Scratch: the result, then the per-row losses and correct flags. Freed to
-  // the pool after the wait below.
+  // Scratch: the result, then the per-row losses and correct flags. Back to
+  // the pool at the end of this call: only work on this stream reuses it.
   const size_t head = 64;
   const size_t bytes = head + static_cast<size_t>(n) * (sizeof(double) + sizeof(int));
   Storage scratch(logits.device(), bytes);
@@ -219,16 +263,43 @@ LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tens
   }
   SumRows<<<1, kReduceThreads, 0, c.stream()>>>(row_loss, row_correct, labels, n, out);
   CNNFLOW_CUDA_CHECK_LAUNCH();
-  LossOut host{};
-  CNNFLOW_CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof(host), cudaMemcpyDeviceToHost, c.stream()));
-  c.Synchronize();
+  impl->slot = AcquireSlot();
+  CNNFLOW_CUDA_CHECK(cudaMemcpyAsync(impl->slot->host, out, sizeof(LossOut), cudaMemcpyDeviceToHost,
+                                     c.stream()));
+  CNNFLOW_CUDA_CHECK(cudaEventRecord(impl->slot->done, c.stream()));
+  return std::make_unique<PendingLoss>(std::move(impl));
+}
+
+PendingLoss::PendingLoss(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+PendingLoss::~PendingLoss() {
+  if (impl_ && impl_->slot) {
+    cudaEventSynchronize(impl_->slot->done);  // the copy must not land in a reused slot
+    ReleaseSlot(impl_->slot);
+  }
+}
+
+LossResult PendingLoss::Get() {
+  if (done_) return result_;
+  done_ = true;
+  if (impl_->slot == nullptr) return result_;  // no rows
+  CNNFLOW_CUDA_CHECK(cudaEventSynchronize(impl_->slot->done));
+  const LossOut host = *impl_->slot->host;
+  ReleaseSlot(impl_->slot);
+  impl_->slot = nullptr;
+  const int64_t n = impl_->rows;
   if (host.bad_row < static_cast<unsigned long long>(n)) {
     throw Error(StrCat("label ", host.bad_label, " at index ", host.bad_row,
-                       " is out of range [0, ", k, ") for logits ", logits.shape()));
+                       " is out of range [0, ", impl_->classes, ") for logits ", impl_->shape));
   }
-  result.loss = host.loss_sum / static_cast<double>(n);
-  result.correct = host.correct;
-  return result;
+  result_.loss = host.loss_sum / static_cast<double>(n);
+  result_.correct = host.correct;
+  return result_;
+}
+
+LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tensor* dlogits,
+                               double grad_scale, double label_smoothing) {
+  return SoftmaxCrossEntropyAsync(logits, labels, dlogits, grad_scale, label_smoothing)->Get();
 }
 
 }  // namespace cnnflow::cuda
