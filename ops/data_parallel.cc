@@ -106,7 +106,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     rep->device = options_.devices[r];
     rep->model = Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device,
                               options.compute);
-    if (options.compute == DType::kF16) rep->scaler = std::make_unique<LossScaler>();
+    if (options.compute == DType::kF16) rep->scaler = std::make_unique<LossScaler>(options.loss_scaler);
     if (rep->device.is_cuda()) rep->idle = std::make_unique<cuda::IdleMeter>(rep->device);
     if (options.replicas > 1) {
       rep->arena = std::make_unique<tbb::task_arena>(std::max(1, options.threads_per_replica));
@@ -200,6 +200,10 @@ int ReplicaSet::global_offset() const {
 }
 
 Device ReplicaSet::device(int r) const { return replicas_[r]->device; }
+
+double ReplicaSet::loss_scale(int r) const {
+  return replicas_[r]->scaler ? replicas_[r]->scaler->scale() : 1.0;
+}
 
 Model& ReplicaSet::model(int r) { return *replicas_[r]->model; }
 Optimizer& ReplicaSet::optimizer(int r) { return *replicas_[r]->optimizer; }

@@ -67,6 +67,7 @@ struct DataParallelOptions {
   // f32 parameters. f16 also scales the loss dynamically (ops/loss_scaler.h):
   // a step whose reduced gradients hold an inf or NaN is skipped.
   DType compute = DType::kF32;
+  LossScalerOptions loss_scaler;  // f16 only
 };
 
 // Which parameters share a bucket: Model::NamedParameters() indices, in
@@ -111,6 +112,8 @@ class ReplicaSet {
   Optimizer& optimizer(int r = 0);
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const DataParallelOptions& options() const { return options_; }
+  // Replica r's f16 loss scale (1 without loss scaling).
+  double loss_scale(int r = 0) const;
 
   struct Result {
     double loss_sum = 0;  // sum over the shard's samples

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "ops/random.h"
+#include "tests/ops/gpu_check.h"
 
 namespace cnnflow {
 namespace {
@@ -254,6 +255,103 @@ TEST(DataParallel, AFailingReplicaAbortsTheOthersInsteadOfHanging) {
   EXPECT_NE(errors[0].find("99"), std::string::npos) << errors[0];
   EXPECT_NE(errors[1].find("replica 0 failed: "), std::string::npos) << errors[1];
   EXPECT_NE(errors[1].find("99"), std::string::npos) << errors[1];
+}
+
+// ------------------------------------------------------------ GPU replicas
+// (skipped without a GPU; see tests/ops/gpu_check.h)
+
+std::vector<LayerSpec> NetWithBn() {
+  return {L("conv1", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+          L("bn1", "batchnorm"),
+          L("relu1", "relu"),
+          L("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
+          L("flatten", "flatten"),
+          L("fc1", "linear", {{"out", int64_t{16}}}),
+          L("relu2", "relu"),
+          L("drop", "dropout", {{"p", 0.25}}),
+          L("fc2", "linear", {{"out", int64_t{5}}})};
+}
+
+std::unique_ptr<ReplicaSet> MakeOnGpu(const std::string& opt, DType compute,
+                                      const std::vector<LayerSpec>& net,
+                                      LossScalerOptions scaler = {}) {
+  DataParallelOptions o;
+  o.devices = {Device::Cuda(0)};
+  o.compute = compute;
+  o.loss_scaler = scaler;
+  o.timeout_s = 20;
+  return std::make_unique<ReplicaSet>(net, kInput, 7, InitScheme::kPytorchDefault, opt, Opt(opt),
+                                      o, MpiWorld::Get());
+}
+
+// Host copies of every parameter, in order.
+std::vector<Tensor> HostParams(Model& m) {
+  std::vector<Tensor> out;
+  for (auto& p : m.NamedParameters()) out.push_back(p.param->value.To(Device::Cpu()));
+  return out;
+}
+
+double MaxRelDiff(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double scale = 1e-12;
+    for (int64_t j = 0; j < a[i].numel(); ++j) scale = std::max(scale, std::fabs(a[i].At(j)));
+    for (int64_t j = 0; j < a[i].numel(); ++j) {
+      worst = std::max(worst, std::fabs(a[i].At(j) - b[i].At(j)) / scale);
+    }
+  }
+  return worst;
+}
+
+// Issue 6: 1 GPU replica == the CPU replica after a few steps (TF32
+// convolutions: float noise well under 1e-2), and in bf16 within bf16's noise.
+TEST(DataParallelGPU, OneGpuReplicaTracksTheCpuReplica) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  for (const std::string opt : {"sgd", "adam"}) {
+    for (DType compute : {DType::kF32, DType::kBF16}) {
+      auto cpu = Make(1, opt, 25, NetWithBn());
+      auto gpu = MakeOnGpu(opt, compute, NetWithBn());
+      const std::vector<Tensor> initial = HostParams(cpu->model());
+      for (int64_t step = 0; step < 4; ++step) {
+        const std::vector<Data> batch = {Batch(16, 50 + step)};
+        TrainStep(*cpu, batch, step);
+        TrainStep(*gpu, batch, step);
+      }
+      const std::vector<Tensor> after = HostParams(cpu->model());
+      EXPECT_GT(MaxRelDiff(initial, after), 1e-2) << opt << ": the steps moved the weights";
+      const double limit = compute == DType::kF32 ? 3e-3 : 5e-2;
+      EXPECT_LT(MaxRelDiff(after, HostParams(gpu->model())), limit)
+          << opt << " " << DTypeName(compute);
+      // BN running statistics came along too.
+      EXPECT_LT(MaxRelDiff({cpu->model().FindLayer("bn1")->buffers()[0].value},
+                           {gpu->model().FindLayer("bn1")->buffers()[0].value.To(Device::Cpu())}),
+                limit);
+    }
+  }
+}
+
+// fp16's dynamic loss scaling: a scale that overflows f16 makes every step's
+// gradients inf, so each step is skipped (weights unchanged) and the scale
+// halved; a sane scale trains.
+TEST(DataParallelGPU, Fp16LossScalerSkipsOverflowingStepsAndBacksOff) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  LossScalerOptions huge;
+  huge.init_scale = std::ldexp(1.0, 100);
+  auto gpu = MakeOnGpu("sgd", DType::kF16, Net(), huge);
+  const std::vector<Tensor> initial = HostParams(gpu->model());
+  for (int64_t step = 0; step < 3; ++step) TrainStep(*gpu, {Batch(16, 70 + step)}, step);
+  EXPECT_EQ(gpu->counters(0).steps, 3);
+  EXPECT_EQ(gpu->counters(0).skipped_steps, 3);
+  EXPECT_EQ(gpu->loss_scale(0), std::ldexp(1.0, 97));
+  EXPECT_EQ(MaxRelDiff(initial, HostParams(gpu->model())), 0.0);
+
+  // PyTorch's default start (2^16) may overflow a step or two, as there.
+  auto sane = MakeOnGpu("sgd", DType::kF16, Net());
+  for (int64_t step = 0; step < 6; ++step) TrainStep(*sane, {Batch(16, 70 + step)}, step);
+  const int64_t skipped = sane->counters(0).skipped_steps;
+  EXPECT_LT(skipped, 3);
+  EXPECT_EQ(sane->loss_scale(0), std::ldexp(65536.0, -static_cast<int>(skipped)));
+  EXPECT_GT(MaxRelDiff(initial, HostParams(sane->model())), 1e-3);
 }
 
 }  // namespace
