@@ -260,16 +260,11 @@ TEST(DataParallel, AFailingReplicaAbortsTheOthersInsteadOfHanging) {
 // ------------------------------------------------------------ GPU replicas
 // (skipped without a GPU; see tests/ops/gpu_check.h)
 
+// Net() with a BatchNorm after conv1 (one replica: no shard statistics).
 std::vector<LayerSpec> NetWithBn() {
-  return {L("conv1", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          L("bn1", "batchnorm"),
-          L("relu1", "relu"),
-          L("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
-          L("flatten", "flatten"),
-          L("fc1", "linear", {{"out", int64_t{16}}}),
-          L("relu2", "relu"),
-          L("drop", "dropout", {{"p", 0.25}}),
-          L("fc2", "linear", {{"out", int64_t{5}}})};
+  std::vector<LayerSpec> net = Net();
+  net.insert(net.begin() + 1, L("bn1", "batchnorm"));
+  return net;
 }
 
 std::unique_ptr<ReplicaSet> MakeOnGpu(const std::string& opt, DType compute,
