@@ -18,8 +18,12 @@ ShardedSampler::ShardedSampler(SamplerOptions options) : options_(options) {
   if (o.dataset_size < 0) {
     throw ConfigError(StrCat("sampler: negative dataset size ", o.dataset_size));
   }
-  num_samples_ = o.drop_last ? o.dataset_size / o.world_size
-                             : (o.dataset_size + o.world_size - 1) / o.world_size;
+  if (o.uneven) {
+    num_samples_ = (o.dataset_size - o.rank + o.world_size - 1) / o.world_size;
+  } else {
+    num_samples_ = o.drop_last ? o.dataset_size / o.world_size
+                               : (o.dataset_size + o.world_size - 1) / o.world_size;
+  }
 }
 
 std::vector<int64_t> ShardedSampler::EpochIndices(int64_t epoch) const {
@@ -35,7 +39,7 @@ std::vector<int64_t> ShardedSampler::EpochIndices(int64_t epoch) const {
     }
   }
   const int64_t total = num_samples_ * o.world_size;
-  if (total > n) {
+  if (total > n && !o.uneven) {
     // Pad by repeating from the start, as often as needed (torch does too).
     order.reserve(total);
     for (int64_t i = 0; static_cast<int64_t>(order.size()) < total; ++i) order.push_back(order[i]);

@@ -20,6 +20,10 @@ struct SamplerOptions {
   // order by repeating its first indices (each rank gets ceil(n / world));
   // true drops the tail (each rank gets floor(n / world)).
   bool drop_last = false;
+  // Neither: rank r takes positions r, r + world, ... < n, so every sample is
+  // read exactly once and the shards differ by at most one (evaluation:
+  // nothing counted twice, nothing left out). Overrides drop_last.
+  bool uneven = false;
 };
 
 class ShardedSampler {
@@ -30,8 +34,8 @@ class ShardedSampler {
 
   // This rank's indices for `epoch` (num_samples() of them): a Fisher-Yates
   // shuffle of 0..n-1 with Rng(seed, epoch) (identity when !shuffle), padded
-  // or cut to a multiple of world_size, then every world_size-th position
-  // from rank.
+  // or cut to a multiple of world_size (unless uneven), then every
+  // world_size-th position from rank.
   std::vector<int64_t> EpochIndices(int64_t epoch) const;
   // Per rank per epoch.
   int64_t num_samples() const { return num_samples_; }

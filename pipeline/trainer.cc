@@ -229,13 +229,13 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
                            "): idle share per stage ", measured, "; theoretical bubble ",
                            static_cast<int>(100 * pipeline_->theoretical_bubble() + 0.5), "%"));
   }
-  // In an MPI job each process trained its shard: report the whole.
+  // In an MPI job each process trained or evaluated its shard: report the whole.
   MpiWorld& world = MpiWorld::Get();
-  if (pass == "train" && world.active()) {
+  if (world.active()) {
     PassMetrics& m = state_.metrics;
     float totals[4] = {static_cast<float>(m.loss_sum), static_cast<float>(m.correct),
                        static_cast<float>(m.samples), static_cast<float>(m.skipped)};
-    world.AllReduceSum(totals, 4, "train metrics", config_.collective_timeout_s);
+    world.AllReduceSum(totals, 4, pass + " metrics", config_.collective_timeout_s);
     m.loss_sum = totals[0];
     m.correct = std::llround(totals[1]);
     m.samples = std::llround(totals[2]);

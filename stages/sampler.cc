@@ -27,10 +27,11 @@ class SamplerStage final : public Stage {
     opt.dataset_size = data.size();
     opt.shuffle = shuffle_;
     opt.seed = state.seed;
-    if (state.pass == "train") {  // every process evaluates the whole set
-      opt.rank = state.process_rank;
-      opt.world_size = state.process_count;
-    }
+    // Each process trains (padded, as DistributedSampler) and evaluates
+    // (every sample once) its shard; the trainer sums the metrics.
+    opt.rank = state.process_rank;
+    opt.world_size = state.process_count;
+    opt.uneven = state.pass != "train";
     ShardedSampler sampler(opt);
     order_ = sampler.EpochIndices(state.epoch);
     batches_ = ShardedSampler::NumBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_);

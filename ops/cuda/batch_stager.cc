@@ -75,12 +75,14 @@ std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor& inputs,
     if (slot->pinned) CNNFLOW_CUDA_CHECK(cudaFreeHost(slot->pinned));
     slot->pinned = nullptr;
     slot->device.reset();
-    CNNFLOW_CUDA_CHECK(cudaHostAlloc(&slot->pinned, need, cudaHostAllocDefault));
+    CNNFLOW_CUDA_CHECK(cudaHostAlloc(&slot->pinned, need, cudaHostAllocPortable));
     // A pool block may have been released with compute work still pending on
     // it; the copy stream is not ordered after that work, so wait for it
-    // (once per slot, not per batch).
-    ctx.Synchronize();
+    // (once per slot, not per batch). Allocate first, then wait: the replica's
+    // thread may free a block between a wait and an allocation, and only work
+    // issued before the wait is covered.
     slot->device = std::make_shared<Storage>(device_, need);
+    ctx.Synchronize();
     if (!slot->copied) CNNFLOW_CUDA_CHECK(cudaEventCreateWithFlags(&slot->copied, cudaEventDisableTiming));
     if (!slot->released) CNNFLOW_CUDA_CHECK(cudaEventCreateWithFlags(&slot->released, cudaEventDisableTiming));
     slot->capacity = need;

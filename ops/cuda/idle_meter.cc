@@ -15,6 +15,9 @@ struct IdleMeter::Impl {
   double idle = 0;
 
   cudaEvent_t Record() {
+    // First: an event belongs to the device current when it is created, and
+    // this thread may have driven another GPU last.
+    const cudaStream_t stream = CudaContext::For(device).stream();
     cudaEvent_t e = nullptr;
     if (!spare.empty()) {
       e = spare.back();
@@ -22,7 +25,7 @@ struct IdleMeter::Impl {
     } else {
       CNNFLOW_CUDA_CHECK(cudaEventCreate(&e));  // with timing
     }
-    CNNFLOW_CUDA_CHECK(cudaEventRecord(e, CudaContext::For(device).stream()));
+    CNNFLOW_CUDA_CHECK(cudaEventRecord(e, stream));
     return e;
   }
   void Collect() {

@@ -10,6 +10,8 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -145,34 +147,41 @@ __global__ void SumRows(const double* row_loss, const int* row_correct, const in
 }
 
 // Pinned landing places for results on their way back, with the event that
-// says they arrived; reused (cudaHostAlloc and event creation are slow).
+// says they arrived; reused (cudaHostAlloc and event creation are slow). An
+// event belongs to the device current at its creation and can be recorded
+// only on that device's streams, so the free slots are kept per device.
 struct ResultSlot {
+  int device = 0;
   LossOut* host = nullptr;
   cudaEvent_t done = nullptr;
 };
 
 std::mutex slots_mu;
-std::vector<ResultSlot*>* free_slots = new std::vector<ResultSlot*>();  // never freed
+// By device index; never freed.
+std::map<int, std::vector<ResultSlot*>>* free_slots = new std::map<int, std::vector<ResultSlot*>>();
 
-ResultSlot* AcquireSlot() {
+// A slot of `device`, which must be the current device.
+ResultSlot* AcquireSlot(int device) {
   {
     std::lock_guard<std::mutex> lock(slots_mu);
-    if (!free_slots->empty()) {
-      ResultSlot* s = free_slots->back();
-      free_slots->pop_back();
+    std::vector<ResultSlot*>& free = (*free_slots)[device];
+    if (!free.empty()) {
+      ResultSlot* s = free.back();
+      free.pop_back();
       return s;
     }
   }
-  auto* s = new ResultSlot();
+  auto s = std::make_unique<ResultSlot>();
+  s->device = device;
   CNNFLOW_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s->host), sizeof(LossOut),
-                                   cudaHostAllocDefault));
+                                   cudaHostAllocPortable));
   CNNFLOW_CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
-  return s;
+  return s.release();
 }
 
 void ReleaseSlot(ResultSlot* s) {
   std::lock_guard<std::mutex> lock(slots_mu);
-  free_slots->push_back(s);
+  (*free_slots)[s->device].push_back(s);
 }
 
 }  // namespace
@@ -222,6 +231,11 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
       throw Error(StrCat("GPU softmax cross-entropy: the labels of logits ", logits.shape(),
                          " are in pageable host memory; they must be in GPU memory"));
     }
+    // Another GPU's memory is not readable here (no peer access is enabled).
+    if (attr.type == cudaMemoryTypeDevice && attr.device != logits.device().index) {
+      throw Error(StrCat("GPU softmax cross-entropy: the labels of logits ", logits.shape(), " on ",
+                         logits.device().ToString(), " are on cuda:", attr.device));
+    }
   }
   LossScalars s;
   s.scale = grad_scale < 0 ? 1.0 / static_cast<double>(n) : grad_scale;
@@ -263,7 +277,7 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
   }
   SumRows<<<1, kReduceThreads, 0, c.stream()>>>(row_loss, row_correct, labels, n, out);
   CNNFLOW_CUDA_CHECK_LAUNCH();
-  impl->slot = AcquireSlot();
+  impl->slot = AcquireSlot(c.device());
   CNNFLOW_CUDA_CHECK(cudaMemcpyAsync(impl->slot->host, out, sizeof(LossOut), cudaMemcpyDeviceToHost,
                                      c.stream()));
   CNNFLOW_CUDA_CHECK(cudaEventRecord(impl->slot->done, c.stream()));

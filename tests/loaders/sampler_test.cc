@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -121,6 +122,33 @@ TEST(ShardedSampler, RejectsBadRanks) {
   EXPECT_THROW(ShardedSampler({.dataset_size = 10, .rank = 2, .world_size = 2}), ConfigError);
   EXPECT_THROW(ShardedSampler({.dataset_size = 10, .world_size = 0}), ConfigError);
   EXPECT_THROW(ShardedSampler({.dataset_size = -1}), ConfigError);
+}
+
+// Evaluation shards: every sample exactly once, shard sizes within one,
+// also when the world is larger than the set.
+TEST(ShardedSampler, UnevenShardsReadEverySampleExactlyOnce) {
+  for (int64_t n : {0, 3, 10, 101}) {
+    for (int world : {1, 2, 3, 4, 7}) {
+      SamplerOptions o{.dataset_size = n, .seed = 9, .world_size = world};
+      o.drop_last = true;  // overridden
+      o.uneven = true;
+      const auto shards = AllShards(o, 2);
+      std::vector<int64_t> all;
+      size_t lo = SIZE_MAX, hi = 0;
+      for (int r = 0; r < world; ++r) {
+        o.rank = r;
+        EXPECT_EQ(ShardedSampler(o).num_samples(), static_cast<int64_t>(shards[r].size()));
+        lo = std::min(lo, shards[r].size());
+        hi = std::max(hi, shards[r].size());
+        all.insert(all.end(), shards[r].begin(), shards[r].end());
+      }
+      EXPECT_LE(hi - lo, 1u) << n << " over " << world;
+      std::sort(all.begin(), all.end());
+      std::vector<int64_t> want(n);
+      std::iota(want.begin(), want.end(), 0);
+      EXPECT_EQ(all, want) << n << " over " << world;
+    }
+  }
 }
 
 }  // namespace
