@@ -76,7 +76,8 @@ void Trainer::BuildModel(MpiWorld& world) {
       // One GPU per process: under mpirun each takes the next one on its node.
       dp.devices[0].index += world.local_rank();
       if (dp.devices[0].index >= CudaDeviceCount()) {
-        throw ConfigError(StrCat(world.Where(), " would use ", dp.devices[0].ToString(), " but ",
+        throw ConfigError(StrCat(world.active() ? world.Where() : std::string("this process"),
+                                 " would use ", dp.devices[0].ToString(), " but ",
                                  CudaDeviceCount(), " GPUs were found",
                                  CudaDeviceCount() == 0 && !CudaAvailable() ? " (no usable GPU or CUDA driver)" : ""));
       }

@@ -305,8 +305,18 @@ int Bench(const Options& o) {
 }
 
 int Validate(const Options& o) {
-  Trainer trainer(LoadRunConfig(o.config, o.sets));
-  std::printf("%s: ok\n%s", o.config.c_str(), trainer.Describe().c_str());
+  RunConfig config = LoadRunConfig(o.config, o.sets);
+  // A GPU config checked where there is no GPU (a login node): the model,
+  // shapes and graph are checked on the CPU instead.
+  std::string note;
+  if (config.devices[0].is_cuda() && config.devices[0].index >= CudaDeviceCount()) {
+    note = StrCat("note: ", config.devices[0].ToString(), " is not here (", CudaDeviceCount(),
+                  " GPUs found): checked on the CPU in fp32\n");
+    config.devices = {Device::Cpu()};
+    config.compute = DType::kF32;
+  }
+  Trainer trainer(std::move(config));
+  std::printf("%s: ok\n%s%s", o.config.c_str(), note.c_str(), trainer.Describe().c_str());
   return 0;
 }
 

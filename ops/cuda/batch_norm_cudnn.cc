@@ -108,6 +108,9 @@ void BatchNormCudnn::Prepare(const Tensor& x) {
   for (int64_t d : dims) {
     CNNFLOW_ENFORCE(d <= INT_MAX, Label(), ": input ", x.shape(), " too large for cuDNN");
   }
+  // cuDNN refuses a smaller epsilon (0.0 in cuDNN 9; the layer wants > 0).
+  CNNFLOW_ENFORCE(eps() >= CUDNN_BN_MIN_EPSILON, Label(), ": eps ", eps(),
+                  " is below cuDNN's minimum ", CUDNN_BN_MIN_EPSILON);
   const Device dev = x.device();
   if (x_desc_ == nullptr) {
     for (auto* d : {&x_desc_, &x32_desc_, &bn_desc_}) {

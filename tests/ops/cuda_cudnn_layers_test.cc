@@ -396,6 +396,47 @@ TEST(BatchNormGPU, ParameterGradientsWithoutInputGradient) {
   ExpectMatches(m.Step(4, false, 6, /*want_dx=*/false), kBnTol, "batchnorm eval without dx");
 }
 
+// Two training steps, then two evaluation steps, each pair without
+// ZeroGrad, at two batch sizes: BN's parameter gradients must add up
+// (betaParamDiff = 1, and beta = 1 of the evaluation backward's sums) as
+// the CPU's do, and a new batch size must re-set the descriptors.
+void CheckBatchNormGradientsAccumulate(DType compute, double tol) {
+  ModelPair m({Spec("bn", "batchnorm")}, Shape{3, 4, 5}, 5, compute);
+  for (const bool training : {true, false}) {
+    m.cpu->ZeroGrad();
+    m.gpu->ZeroGrad();
+    ForwardContext ctx;
+    ctx.training = training;
+    for (int k = 0; k < 2; ++k) {
+      const Tensor x = RandomTensor(Shape{4 + 2 * k, 3, 4, 5}, 50 + k, -1, 1, DType::kF32);
+      const Tensor y = m.cpu->Forward(x, ctx).Clone();
+      m.gpu->Forward(x.To(Device::Cuda(0)), ctx);
+      const Tensor dy = RandomTensor(y.shape(), 60 + k, -1, 1, DType::kF32);
+      m.cpu->Backward(dy);
+      m.gpu->Backward(m.ToGpu(dy));
+    }
+    auto pc = m.cpu->NamedParameters();
+    auto pg = m.gpu->NamedParameters();
+    ASSERT_EQ(pc.size(), pg.size());
+    for (size_t i = 0; i < pc.size(); ++i) {
+      EXPECT_LT(NormalisedError(pc[i].param->grad, pg[i].param->grad), tol)
+          << pc[i].name << " in " << DTypeName(compute) << (training ? " (train)" : " (eval)")
+          << ": the GPU gradient after two backward passes is not their sum";
+    }
+    auto sc = m.cpu->StateTensors();
+    auto sg = m.gpu->StateTensors();
+    for (size_t i = 0; i < sc.size(); ++i) {
+      EXPECT_LT(NormalisedError(sc[i].second, sg[i].second), tol)
+          << sc[i].first << " in " << DTypeName(compute) << " after batches of 4 and 6";
+    }
+  }
+}
+
+TEST(BatchNormGPU, GradientsAccumulateOverCalls) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  CheckBatchNormGradientsAccumulate(DType::kF32, kBnTol);
+}
+
 TEST(BatchNormGPU, SyncBatchNormIsRefused) {
   CNNFLOW_SKIP_WITHOUT_GPU();
   auto gpu = Model::Build({Spec("bn", "batchnorm")}, Shape{2, 3, 3}, DType::kF32, 1,
@@ -554,6 +595,11 @@ TEST_P(HalfPrecisionGPU, BatchNormMatchesCpu) {
   CheckBatchNorm(Spec("bn", "batchnorm"), Shape{3, 17}, 4, compute(), tol());
   CheckBatchNorm(Spec("bn", "batchnorm"), Shape{10}, 6, compute(), tol());
   CheckBatchNorm(Spec("bn", "batchnorm", {{"affine", false}}), Shape{3, 4, 4}, 3, compute(), tol());
+}
+
+TEST_P(HalfPrecisionGPU, BatchNormGradientsAccumulateInF32) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  CheckBatchNormGradientsAccumulate(compute(), tol());
 }
 
 TEST_P(HalfPrecisionGPU, BatchNormParameterGradientsWithoutInputGradient) {

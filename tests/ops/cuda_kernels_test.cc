@@ -8,13 +8,16 @@
 
 #include <algorithm>
 #include <cfenv>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ops/batch_stager.h"
 #include "ops/cuda/kernels.h"
 #include "ops/dropout.h"
 #include "ops/loss.h"
@@ -1063,6 +1066,153 @@ INSTANTIATE_TEST_SUITE_P(Precisions, HalfLayersGPU, ::testing::Values(DType::kF1
                          [](const ::testing::TestParamInfo<DType>& i) {
                            return std::string(DTypeName(i.param));
                          });
+
+// ---------------------------------------------------------------- async loss, staging, idle
+
+// Labels in the memory of GPU `device`.
+struct LabelsOn {
+  LabelsOn(int device, const std::vector<int64_t>& host)
+      : storage(Device::Cuda(device), std::max<size_t>(1, host.size()) * sizeof(int64_t)) {
+    CopyBytes(Device::Cuda(device), storage.data(), Device::Cpu(), host.data(),
+              host.size() * sizeof(int64_t));
+  }
+  const int64_t* get() const { return static_cast<const int64_t*>(storage.data()); }
+  Storage storage;
+};
+
+// Many losses in flight at once, on every GPU in turn, read back in reverse
+// order: each must be its own (the pinned result slots and their events are
+// reused, per device: an event recorded on another GPU's stream fails).
+TEST(SoftmaxCrossEntropyGPU, AsyncResultsInFlightOnEveryGpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const int gpus = CudaDeviceCount();
+  const int64_t n = 33, k = 7;
+  std::vector<int64_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) labels[i] = (i * 3) % k;
+  std::vector<std::unique_ptr<LabelsOn>> dl;
+  for (int d = 0; d < gpus; ++d) dl.push_back(std::make_unique<LabelsOn>(d, labels));
+  for (int round = 0; round < 2; ++round) {  // round 1 reuses the slots of round 0
+    std::vector<LossResult> want;
+    std::vector<std::unique_ptr<cuda::PendingLoss>> pending;
+    for (int i = 0; i < 12; ++i) {
+      const int d = i % gpus;
+      const Tensor logits = RandomTensor(Shape{n, k}, 100 + i, -3 + i, 3 + 2 * i, DType::kF32);
+      want.push_back(SoftmaxCrossEntropy(logits, labels.data(), nullptr));
+      pending.push_back(cuda::SoftmaxCrossEntropyAsync(logits.To(Device::Cuda(d)),
+                                                       dl[d]->get(), nullptr));
+    }
+    for (int i = 11; i >= 0; --i) {
+      const LossResult got = pending[i]->Get();
+      EXPECT_NEAR(got.loss, want[i].loss, 1e-9 * std::max(1.0, std::abs(want[i].loss)))
+          << "round " << round << ", loss " << i << " on cuda:" << i % gpus;
+      EXPECT_EQ(got.correct, want[i].correct) << "round " << round << ", loss " << i;
+      EXPECT_EQ(pending[i]->Get().loss, got.loss) << "a second Get differs";
+    }
+  }
+  if (gpus < 2) GTEST_SKIP() << "one GPU: the cross-device part (labels on cuda:1) is skipped";
+  const Tensor logits = RandomTensor(Shape{n, k}, 5, -1, 1, DType::kF32).To(Device::Cuda(0));
+  try {
+    cuda::SoftmaxCrossEntropy(logits, dl[1]->get(), nullptr);
+    FAIL() << "labels on cuda:1 were accepted for logits on cuda:0";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("are on cuda:1"), std::string::npos) << e.what();
+  }
+}
+
+// Host rows staged to the GPU, read there on the compute stream: every batch
+// arrives intact, and a slot released behind a long queue of compute work is
+// not overwritten by the next batch's copy before that work has read it.
+TEST(BatchStagerGPU, SlotReuseWaitsForTheReadersOfTheLastBatch) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  BatchStager stager(kGpu);
+  const Shape shape{64, 3, 32, 32};
+  std::vector<int64_t> labels_a(64), labels_b(64);
+  for (int i = 0; i < 64; ++i) labels_a[i] = i, labels_b[i] = 1000 + i;
+  const Tensor a = RandomTensor(shape, 11, -1, 1, DType::kF32);
+  const Tensor b = RandomTensor(shape, 12, 2, 3, DType::kF32);
+  // Milliseconds of compute-stream work ahead of the read of batch a.
+  Tensor busy = Tensor::Zeros(Shape{int64_t{1} << 27}, DType::kF32, kGpu);
+  Tensor seen = Tensor::Empty(shape, DType::kF32, kGpu);
+
+  auto sa = stager.Stage(a, labels_a.data());
+  sa->WaitForCopy();
+  for (int i = 0; i < 40; ++i) cuda::Scale(busy, 1.0f);
+  cuda::Cast(sa->inputs(), seen);  // same dtype: a copy on the compute stream
+  Tensor seen_labels = Tensor::Empty(Shape{64}, DType::kF64, kGpu);
+  CopyBytes(kGpu, seen_labels.raw_data(), kGpu, sa->labels(), 64 * sizeof(int64_t));
+  sa->Release();
+  auto sb = stager.Stage(b, labels_b.data());  // reuses the slot of a
+  EXPECT_EQ(stager.slots(), 1) << "a released slot was not reused";
+  sb->WaitForCopy();
+
+  const Tensor got_a = seen.To(Device::Cpu());
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    if (got_a.At(i) != a.At(i)) {
+      if (first < 0) first = i;
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0) << bad << " of " << a.numel() << " values of batch a were not a's when the "
+                    << "compute stream read them (first at " << first
+                    << "): the next batch's copy did not wait for the slot's release";
+  std::vector<int64_t> la(64);
+  CopyBytes(Device::Cpu(), la.data(), kGpu, seen_labels.raw_data(), 64 * sizeof(int64_t));
+  EXPECT_EQ(la, labels_a);
+
+  const Tensor got_b = sb->inputs().To(Device::Cpu());
+  std::vector<int64_t> lb(64);
+  CopyBytes(Device::Cpu(), lb.data(), kGpu, sb->labels(), 64 * sizeof(int64_t));
+  EXPECT_EQ(lb, labels_b);
+  for (int64_t i = 0; i < b.numel(); ++i) ASSERT_EQ(got_b.At(i), b.At(i)) << "batch b element " << i;
+
+  // Two in flight: a second slot; then a larger batch grows a slot.
+  auto sc = stager.Stage(a.Slice(0, 10), labels_a.data());
+  EXPECT_EQ(stager.slots(), 2);
+  sb->Release();
+  sc->Release();
+  const Tensor big = RandomTensor(Shape{200, 3, 32, 32}, 13, -5, 5, DType::kF32);
+  std::vector<int64_t> labels_big(200, 7);
+  auto sd = stager.Stage(big, labels_big.data());
+  sd->WaitForCopy();
+  const Tensor got_d = sd->inputs().To(Device::Cpu());
+  ASSERT_EQ(got_d.shape(), big.shape());
+  for (int64_t i = 0; i < big.numel(); ++i) ASSERT_EQ(got_d.At(i), big.At(i)) << "grown slot, element " << i;
+  sd->Release();
+}
+
+// Waits until the compute stream of t's GPU has done all issued work (a copy
+// to the host runs on it, after that work, and is waited for).
+void WaitForGpu(const Tensor& t) { (void)t.Slice(0, 1).To(Device::Cpu()); }
+
+// The gap between EndOfWork and StartOfWork on an idle GPU is measured; a
+// gap the GPU spent busy is not.
+TEST(IdleMeterGPU, MeasuresHostGapsNotBusyTime) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  cuda::IdleMeter meter(kGpu);
+  Tensor t = Tensor::Zeros(Shape{1 << 20}, DType::kF32, kGpu);
+  cuda::Scale(t, 2.0f);
+  meter.EndOfWork();
+  WaitForGpu(t);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  meter.StartOfWork();
+  cuda::Scale(t, 2.0f);
+  meter.EndOfWork();
+  WaitForGpu(t);
+  const double idle = meter.idle_seconds();
+  EXPECT_GE(idle, 0.09) << "a 100 ms host gap";
+  EXPECT_LT(idle, 1.0) << "a 100 ms host gap";
+  // Busy: the next step is issued while the GPU still works on this one.
+  meter.Reset();
+  Tensor busy = Tensor::Zeros(Shape{int64_t{1} << 27}, DType::kF32, kGpu);
+  for (int i = 0; i < 40; ++i) cuda::Scale(busy, 1.0f);
+  meter.EndOfWork();
+  meter.StartOfWork();
+  cuda::Scale(t, 2.0f);
+  meter.EndOfWork();
+  WaitForGpu(t);
+  EXPECT_LT(meter.idle_seconds(), 0.005) << "the GPU was busy through the gap";
+}
 
 }  // namespace
 }  // namespace cnnflow

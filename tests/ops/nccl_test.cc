@@ -144,6 +144,9 @@ class DeviceFloats {
     cudaSetDevice(device_);
     if (n_ > 0) {
       ASSERT_EQ(cudaMemcpy(p_, v.data(), n_ * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      // From pageable memory cudaMemcpy may return before the data landed, and
+      // the streams under test do not wait for the legacy stream.
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     }
   }
   std::vector<float> Download() const {
