@@ -192,8 +192,7 @@ if args.openblas_threads is not None:
     os.environ["OPENBLAS_NUM_THREADS"] = str(args.openblas_threads)
 
 
-import numpy as np  # noqa: E402  (after the environment is set)
-import torch  # noqa: E402
+import torch  # noqa: E402  (after the environment is set)
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -201,6 +200,7 @@ MEAN, STD = 0.2860, 0.3530
 
 
 def read_idx(path):
+    import numpy as np  # only the IDX path needs it (a GPU machine may lack it)
     with gzip.open(path, "rb") as f:
         raw = f.read()
     magic = int.from_bytes(raw[0:4], "big")
@@ -210,6 +210,7 @@ def read_idx(path):
 
 
 def load(split):
+    import numpy as np
     prefix = "train" if split == "train" else "t10k"
     x = read_idx(os.path.join(args.data, f"{prefix}-images-idx3-ubyte.gz"))
     y = read_idx(os.path.join(args.data, f"{prefix}-labels-idx1-ubyte.gz"))

@@ -131,6 +131,7 @@ void ZeroBytes(Device device, void* ptr, size_t bytes) {
 
 bool CudaAvailable() { return detail::CudaBuilt() && detail::CudaDeviceCountImpl() > 0; }
 int CudaDeviceCount() { return detail::CudaBuilt() ? detail::CudaDeviceCountImpl() : 0; }
+std::string DescribeCuda() { return detail::CudaDescription(); }
 
 Storage::Storage(Device device, size_t bytes)
     : device_(device), bytes_(bytes), data_(PoolFor(device).Allocate(bytes)) {}

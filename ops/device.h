@@ -103,6 +103,10 @@ void ZeroBytes(Device device, void* ptr, size_t bytes);
 // CUDA in a build without it).
 bool CudaAvailable();
 int CudaDeviceCount();
+// What this build and machine offer for GPUs, for `cnnflow devices`: the
+// CUDA driver and runtime, cuDNN, cuBLAS and NCCL versions, and each GPU
+// (name, memory, compute capability); or why there is none.
+std::string DescribeCuda();
 
 // A block of device memory returned to its pool when the last handle goes.
 class Storage {

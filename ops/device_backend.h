@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "ops/device.h"
 
@@ -15,5 +16,6 @@ MemoryPool& CudaPool(int index);
 // Copies with at least one side on a GPU (kind deduced from the devices).
 void CudaCopy(Device dst_device, void* dst, Device src_device, const void* src, size_t bytes);
 void CudaZero(int index, void* ptr, size_t bytes);
+std::string CudaDescription();
 
 }  // namespace cnnflow::detail

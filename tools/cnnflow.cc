@@ -52,6 +52,9 @@ commands:
   convert --from folder|idx SRC --to LMDB_DIR [options]
         write a data set as an LMDB of records (cnnflow or Caffe Datum layout);
         `cnnflow convert -h` lists the options
+  devices
+        the GPUs this build and machine offer (CUDA driver, cuDNN, cuBLAS, NCCL
+        versions; each GPU's name, memory and compute capability), or why there are none
   stages
         the registered stage types, layer types, data sources and optimizers,
         with their documented parameters
@@ -333,6 +336,10 @@ int Main(int argc, char** argv) {
   }
   if (o.command == "help") return std::printf("%s", kUsage), 0;
   if (o.command == "stages") return Stages();
+  if (o.command == "devices") {
+    std::printf("cpu:K: host threads (threads: in the config); %s", DescribeCuda().c_str());
+    return 0;
+  }
   if (o.command != "train" && o.command != "eval" && o.command != "validate" && o.command != "tune" &&
       o.command != "bench") {
     std::fprintf(stderr, "cnnflow: unknown command '%s'\n\n%s", o.command.c_str(), kUsage);

@@ -1,6 +1,9 @@
 // The CUDA backend: a caching device allocator per GPU (no cudaMalloc in the
 // steady state) and copies between host and GPUs.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
+#include <nccl.h>
 
 #include <map>
 #include <memory>
@@ -84,6 +87,46 @@ void CudaCopy(Device dst_device, void* dst, Device src_device, const void* src, 
     (void)cudaGetLastError();
   }
   if (wait) ctx.Synchronize();
+}
+
+std::string CudaDescription() {
+  auto version = [](int v) { return StrCat(v / 1000, ".", (v % 1000) / 10); };
+  std::string out = StrCat("CUDA runtime ", version(CUDART_VERSION), " (built with)");
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0) {
+    out += StrCat(", driver supports CUDA ", version(driver));
+  } else {
+    out += ", no CUDA driver";
+  }
+  (void)cudaGetLastError();
+  const size_t cudnn = cudnnGetVersion();
+  int cublas = 0;
+  cublasGetProperty(MAJOR_VERSION, &cublas);
+  int cublas_minor = 0;
+  cublasGetProperty(MINOR_VERSION, &cublas_minor);
+  int nccl = 0;
+  ncclGetVersion(&nccl);
+  out += StrCat("\ncuDNN ", cudnn / 10000, ".", (cudnn % 10000) / 100, ".", cudnn % 100, ", cuBLAS ",
+                cublas, ".", cublas_minor, ", NCCL ", nccl / 10000, ".", (nccl % 10000) / 100, ".",
+                nccl % 100, " (loaded)\n");
+  const int n = CudaDeviceCountImpl();
+  if (n == 0) {
+    int probe = 0;
+    const cudaError_t err = cudaGetDeviceCount(&probe);
+    (void)cudaGetLastError();
+    return out + StrCat("no GPU: ", err == cudaSuccess ? "none found" : cudaGetErrorString(err), "\n");
+  }
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) {
+      (void)cudaGetLastError();
+      out += StrCat("cuda:", i, ": properties unavailable\n");
+      continue;
+    }
+    out += StrCat("cuda:", i, ": ", p.name, ", ", p.totalGlobalMem / (1 << 20), " MiB, compute ",
+                  p.major, ".", p.minor, ", ", p.multiProcessorCount, " SMs\n");
+  }
+  return out;
 }
 
 void CudaZero(int index, void* ptr, size_t bytes) {

@@ -17,6 +17,9 @@ int CudaDeviceCountImpl() { return 0; }
 MemoryPool& CudaPool(int) { NoCuda(); }
 void CudaCopy(Device, void*, Device, const void*, size_t) { NoCuda(); }
 void CudaZero(int, void*, size_t) { NoCuda(); }
+std::string CudaDescription() {
+  return "CUDA: not in this build (CNNFLOW_WITH_CUDA=OFF): CPU devices only\n";
+}
 
 }  // namespace cnnflow::detail
 

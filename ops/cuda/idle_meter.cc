@@ -1,3 +1,5 @@
+// IdleMeter (ops/cuda/kernels.h): the idle gaps of a GPU's compute stream
+// between steps, timed on the GPU with event pairs.
 #include <deque>
 
 #include "ops/cuda/context.h"

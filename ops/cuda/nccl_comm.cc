@@ -352,7 +352,10 @@ void NcclGroup::Break(bool timeout, const std::string& reason) {
     }
   }
   // Aborting ends NCCL kernels stuck on the GPU waiting for a peer, so the
-  // NCCL streams drain and no replica stays blocked.
+  // NCCL streams drain and no replica stays blocked. The calling thread (any
+  // replica's) keeps its current device.
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess) current = -1;
   for (auto& rep : replicas_) {
     std::lock_guard<std::mutex> lock(rep->mu);
     if (rep->comm != nullptr) {
@@ -361,6 +364,7 @@ void NcclGroup::Break(bool timeout, const std::string& reason) {
       rep->comm = nullptr;
     }
   }
+  if (current >= 0) cudaSetDevice(current);
 }
 
 void NcclGroup::Abort(const std::string& reason) { Break(false, reason); }
