@@ -83,10 +83,6 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
   for (const Device& d : options_.devices) {
     CNNFLOW_ENFORCE(d.is_cuda() == gpu, "replicas on CPUs and GPUs at once are not supported");
   }
-  if (gpu && options.replicas > 1) {
-    throw ConfigError(StrCat("one GPU per process (", options.replicas,
-                             " GPUs listed): run one process per GPU under mpirun"));
-  }
   if (gpu && options.sync_bn) {
     throw ConfigError("sync_bn is not implemented for GPU replicas yet");
   }
@@ -145,12 +141,26 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
   // The same seed built the same parameters; the broadcast makes sure, and
   // covers processes started with different seeds.
   if (nccl_) {
+    // Each GPU's collectives from a thread of its own (NCCL may wait on the
+    // host for its peers), as in training.
+    std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> errors(replicas_.size());
     for (auto& rep : replicas_) {
-      for (auto& [name, t] : rep->model->StateTensors()) {
-        nccl_->Broadcast(rep->rank, t.data<float>(), t.numel(), 0, "initial " + name);
-      }
-      nccl_->Wait(rep->rank);
+      threads.emplace_back([this, &errors, r = rep.get()] {
+        try {
+          for (auto& [name, t] : r->model->StateTensors()) {
+            nccl_->Broadcast(r->rank, t.data<float>(), t.numel(), 0, "initial " + name);
+          }
+          nccl_->Wait(r->rank);
+        } catch (...) {
+          errors[r->rank] = std::current_exception();
+          nccl_->Abort("a replica failed its initial broadcast");
+        }
+      });
     }
+    for (auto& t : threads) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
   } else if (collective) {
     for (auto& rep : replicas_) {
       for (auto& [name, t] : rep->model->StateTensors()) {

@@ -55,8 +55,8 @@ struct DataParallelOptions {
   int replicas = 1;           // in this process
   // The device of each replica (empty: all cpu). GPU replicas run their
   // kernels on their GPU's stream and reduce with NCCL (ops/cuda/nccl_comm.h)
-  // instead of the host collectives: one GPU per process, as PyTorch DDP
-  // recommends (more GPUs: more processes under mpirun).
+  // instead of the host collectives, each issuing its collectives from its
+  // own compute thread (the caller runs replicas on distinct threads).
   int threads_per_replica = 1;
   double bucket_mb = 25;
   bool broadcast_buffers = true;

@@ -351,11 +351,6 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     }
   }
   if (c.devices.empty()) doc.Fail(graph["devices"], "graph.devices", "needs at least one device");
-  if (c.devices[0].is_cuda() && c.devices.size() > 1) {
-    doc.Fail(graph["devices"], "graph.devices",
-             StrCat(c.devices.size(), " GPUs: one GPU per process; list one (cuda:K) and launch "
-                    "one process per GPU with mpirun (each takes cuda:K + its local rank)"));
-  }
   c.bucket_mb = g.Float("bucket_mb");
   c.broadcast_buffers = g.Bool("broadcast_buffers");
   c.sync_bn = g.Bool("sync_bn");

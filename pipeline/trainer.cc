@@ -73,13 +73,16 @@ void Trainer::BuildModel(MpiWorld& world) {
     dp.devices = config_.devices;
     dp.compute = config_.compute;
     if (dp.devices[0].is_cuda()) {
-      // One GPU per process: under mpirun each takes the next one on its node.
-      dp.devices[0].index += world.local_rank();
-      if (dp.devices[0].index >= CudaDeviceCount()) {
-        throw ConfigError(StrCat(world.active() ? world.Where() : std::string("this process"),
-                                 " would use ", dp.devices[0].ToString(), " but ",
-                                 CudaDeviceCount(), " GPUs were found",
-                                 CudaDeviceCount() == 0 && !CudaAvailable() ? " (no usable GPU or CUDA driver)" : ""));
+      // Under mpirun the processes of a node take the next GPUs in turn:
+      // process k of a node with devices [cuda:0, cuda:1] takes cuda:2k, cuda:2k+1.
+      for (Device& d : dp.devices) {
+        d.index += world.local_rank() * replicas;
+        if (d.index >= CudaDeviceCount()) {
+          throw ConfigError(StrCat(world.active() ? world.Where() : std::string("this process"),
+                                   " would use ", d.ToString(), " but ", CudaDeviceCount(),
+                                   " GPUs were found",
+                                   CudaAvailable() ? "" : " (no usable GPU or CUDA driver)"));
+        }
       }
     }
     replicas_ = std::make_unique<ReplicaSet>(config_.layers, config_.input_shape, config_.seed,
@@ -99,8 +102,8 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   state_.process_count = world.size();
   state_.collective_timeout_s = config_.collective_timeout_s;
   const int replicas = static_cast<int>(config_.devices.size());
-  if (config_.threads < replicas && config_.devices[0].is_cpu()) {
-    throw ConfigError(StrCat(config_.doc.path(), ": ", replicas, " CPU replicas need at least ",
+  if (config_.threads < replicas) {  // replicas block for each other: each needs a thread
+    throw ConfigError(StrCat(config_.doc.path(), ": ", replicas, " replicas need at least ",
                              replicas, " threads (threads: ", config_.threads, ")"));
   }
   // Every process must run the same config (and so the same graph and

@@ -269,9 +269,11 @@ std::vector<LayerSpec> NetWithBn() {
 
 std::unique_ptr<ReplicaSet> MakeOnGpu(const std::string& opt, DType compute,
                                       const std::vector<LayerSpec>& net,
-                                      LossScalerOptions scaler = {}) {
+                                      LossScalerOptions scaler = {}, int gpus = 1) {
   DataParallelOptions o;
-  o.devices = {Device::Cuda(0)};
+  o.replicas = gpus;
+  for (int g = 0; g < gpus; ++g) o.devices.push_back(Device::Cuda(g));
+  o.bucket_mb = 0.002;  // several buckets: reductions overlap backward
   o.compute = compute;
   o.loss_scaler = scaler;
   o.timeout_s = 20;
@@ -347,6 +349,23 @@ TEST(DataParallelGPU, Fp16LossScalerSkipsOverflowingStepsAndBacksOff) {
   EXPECT_LT(skipped, 3);
   EXPECT_EQ(sane->loss_scale(0), std::ldexp(65536.0, -static_cast<int>(skipped)));
   EXPECT_GT(MaxRelDiff(initial, HostParams(sane->model())), 1e-3);
+}
+
+// Two GPUs in one process (NCCL between them) == one GPU on the whole batch.
+TEST(DataParallelGPU, TwoGpusInOneProcessEqualOneGpuOnTheWholeBatch) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  if (CudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs, found " << CudaDeviceCount();
+  auto one = MakeOnGpu("sgd", DType::kF32, Net());
+  auto two = MakeOnGpu("sgd", DType::kF32, Net(), {}, 2);
+  EXPECT_GT(two->buckets().size(), 1u);
+  for (int64_t step = 0; step < 4; ++step) {
+    const std::vector<Data> batch = {Batch(16, 90 + step)};
+    TrainStep(*one, batch, step);
+    TrainStep(*two, batch, step);
+  }
+  EXPECT_LT(MaxRelDiff(HostParams(one->model()), HostParams(two->model(0))), 3e-3);
+  // The replicas stay identical: the same reduced gradients, the same step.
+  EXPECT_EQ(MaxRelDiff(HostParams(two->model(0)), HostParams(two->model(1))), 0.0);
 }
 
 }  // namespace

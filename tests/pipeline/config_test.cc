@@ -227,13 +227,14 @@ TEST(SetYamlScalar, RefusesToReplaceACollection) {
   }
 }
 
-// GPU runs: one GPU per process, no CPU/GPU mixes, and the modes not built
+// GPU runs: no CPU/GPU mixes, no GPU twice, and the modes not built
 // for GPUs yet refused up front with the key that asks for them.
 TEST_F(ConfigTest, GpuDeviceListsAreCheckedBeforeTheRun) {
   RunConfig c = LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0]"});
   ASSERT_EQ(c.devices.size(), 1u);
   EXPECT_TRUE(c.devices[0].is_cuda());
-  EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:0, cuda:1]"}).find("one GPU per process"),
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0, cuda:1]"}).devices.size(), 2u);
+  EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:1, cuda:1]"}).find("listed twice"),
             std::string::npos);
   EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cpu:0, cuda:0]"}).find("either CPUs or GPUs"),
             std::string::npos);
