@@ -40,6 +40,7 @@ chmod +x "$dir/run" "$dir/cnnflow"
   echo "host CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
   grep -o -w -E 'avx512f|avx512_fp16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' || true
+  "$dir/cnnflow" devices || true
 } 2>&1 | tee "$out/gpu.txt"
 # Missing libraries show here first.
 for b in ops_test pipeline_test cnnflow; do
