@@ -65,11 +65,11 @@ void* CachingPool::Allocate(size_t bytes) {
   } else {
     p = limit_ > 0 && reserved_ + size > limit_ ? nullptr : RawAllocate(size);
     if (p == nullptr) {
-      const std::string* who = AllocationScope::Current();
+      const std::string who = AllocationScope::Current();
       throw Error(StrCat(name(), " out of memory: asked ", size, " bytes with ", in_use_,
                          " in use and ", reserved_, " reserved",
                          limit_ > 0 ? StrCat(" (limit ", limit_, ")") : std::string(),
-                         who ? StrCat(", for ", *who) : std::string()));
+                         who.empty() ? std::string() : StrCat(", for ", who)));
     }
     reserved_ += size;
   }
@@ -92,11 +92,12 @@ namespace {
 thread_local const AllocationScope* g_scope = nullptr;
 }  // namespace
 
-AllocationScope::AllocationScope(std::string what) : what_(std::move(what)), outer_(g_scope) {
+AllocationScope::AllocationScope(std::function<std::string()> describe)
+    : describe_(std::move(describe)), outer_(g_scope) {
   g_scope = this;
 }
 AllocationScope::~AllocationScope() { g_scope = outer_; }
-const std::string* AllocationScope::Current() { return g_scope ? &g_scope->what_ : nullptr; }
+std::string AllocationScope::Current() { return g_scope ? g_scope->describe_() : std::string(); }
 
 void CachingPool::Release(void* ptr, size_t bytes) {
   const size_t size = RoundToSizeClass(bytes);

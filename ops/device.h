@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -53,17 +54,19 @@ class MemoryPool {
 
 // Names what the current thread is allocating for ("layer 'conv2' (conv2d)
 // forward"), so that an out-of-memory error can say who asked. Scopes nest;
-// the innermost is reported.
+// the innermost is reported. The text is made only when an error asks for
+// it (scopes are opened for every layer of every step).
 class AllocationScope {
  public:
-  explicit AllocationScope(std::string what);
+  explicit AllocationScope(std::function<std::string()> describe);
   ~AllocationScope();
   AllocationScope(const AllocationScope&) = delete;
   AllocationScope& operator=(const AllocationScope&) = delete;
-  static const std::string* Current();  // null outside any scope
+  // The innermost scope's text; empty outside any scope.
+  static std::string Current();
 
  private:
-  std::string what_;
+  std::function<std::string()> describe_;
   const AllocationScope* outer_;
 };
 

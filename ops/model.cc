@@ -149,8 +149,10 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
     for (int j : input_index_[i]) ins.push_back(j < 0 ? &input_ : &acts_[j]);
     Tensor& y = acts_[i];
     const Shape shape = out_shapes_[i].WithBatch(n);
-    const AllocationScope scope(StrCat("layer '", layers_[i]->name(), "' (", layers_[i]->type(),
-                                       ") forward, output ", shape));
+    const Layer* layer = layers_[i].get();
+    const AllocationScope scope([layer, &shape] {
+      return StrCat("layer '", layer->name(), "' (", layer->type(), ") forward, output ", shape);
+    });
     if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, compute_, x.device());
     layers_[i]->Forward(ins, y, ctx);
   }
@@ -171,8 +173,9 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
       if (layer_done) layer_done(i);
       continue;
     }
-    const AllocationScope scope(StrCat("layer '", layers_[i]->name(), "' (", layers_[i]->type(),
-                                       ") backward"));
+    const Layer* layer = layers_[i].get();
+    const AllocationScope scope(
+        [layer] { return StrCat("layer '", layer->name(), "' (", layer->type(), ") backward"); });
     ins.clear();
     dxs.clear();
     std::vector<Tensor> local(input_index_[i].size());
