@@ -2,13 +2,12 @@
 // suggest the closest known name. Each case asserts on the message text.
 #include "pipeline/run_config.h"
 
-#include "ops/model.h"
-
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
+#include "ops/model.h"
 #include "tests/test_dir.h"
 
 namespace cnnflow {
