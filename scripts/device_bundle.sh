@@ -3,7 +3,8 @@
 # packs them, with the shared libraries that machine lacks (everything but
 # glibc, libstdc++/libgcc and the CUDA driver), into build-device/bundle.tar.xz.
 # cuDNN, cuBLAS and NCCL are too big to carry (cuDNN 9 alone is ~800 MB):
-# device_check.sh finds the copies the machine's PyTorch ships instead.
+# device_check.sh finds the copies the machine's PyTorch ships instead
+# (cuBLAS is loaded at run time, 13 or 12: ops/cuda/cublas_api.h).
 # Then: run (device tool) `bash scripts/device_check.sh` with
 # carry: ["build-device/bundle.tar.xz"].
 #   scripts/device_bundle.sh

@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 
+#include "ops/cuda/cublas_api.h"
 #include "ops/cuda/cuda_check.h"
 
 namespace cnnflow {
@@ -52,15 +53,15 @@ CudaContext::CudaContext(int device) : device_(device) {
   CNNFLOW_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CNNFLOW_CUDNN_CHECK(cudnnCreate(&cudnn_));
   CNNFLOW_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
-  CNNFLOW_CUBLAS_CHECK(cublasCreate(&cublas_));
-  CNNFLOW_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  CNNFLOW_CUBLAS_CHECK(detail::Cublas().Create(&cublas_));
+  CNNFLOW_CUBLAS_CHECK(detail::Cublas().SetStream(cublas_, stream_));
   // fp32 GEMMs stay fp32 (no TF32) unless a precision mode asks otherwise.
-  CNNFLOW_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  CNNFLOW_CUBLAS_CHECK(detail::Cublas().SetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
 }
 
 CudaContext::~CudaContext() {
   cudaSetDevice(device_);
-  if (cublas_) cublasDestroy(cublas_);
+  if (cublas_) detail::Cublas().Destroy(cublas_);
   if (cudnn_) cudnnDestroy(cudnn_);
   if (stream_) cudaStreamDestroy(stream_);
 }

@@ -1,6 +1,5 @@
 // The CUDA backend: a caching device allocator per GPU (no cudaMalloc in the
 // steady state) and copies between host and GPUs.
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <nccl.h>
@@ -10,6 +9,7 @@
 #include <mutex>
 
 #include "ops/cuda/context.h"
+#include "ops/cuda/cublas_api.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/device_backend.h"
 #include "ops/error.h"
@@ -100,14 +100,19 @@ std::string CudaDescription() {
   }
   (void)cudaGetLastError();
   const size_t cudnn = cudnnGetVersion();
-  int cublas = 0;
-  cublasGetProperty(MAJOR_VERSION, &cublas);
-  int cublas_minor = 0;
-  cublasGetProperty(MINOR_VERSION, &cublas_minor);
+  std::string cublas;
+  try {
+    int major = 0, minor = 0;
+    Cublas().GetProperty(MAJOR_VERSION, &major);
+    Cublas().GetProperty(MINOR_VERSION, &minor);
+    cublas = StrCat(major, ".", minor);
+  } catch (const Error& e) {
+    cublas = StrCat("not loadable (", e.what(), ")");
+  }
   int nccl = 0;
   ncclGetVersion(&nccl);
   out += StrCat("\ncuDNN ", cudnn / 10000, ".", (cudnn % 10000) / 100, ".", cudnn % 100, ", cuBLAS ",
-                cublas, ".", cublas_minor, ", NCCL ", nccl / 10000, ".", (nccl % 10000) / 100, ".",
+                cublas, ", NCCL ", nccl / 10000, ".", (nccl % 10000) / 100, ".",
                 nccl % 100, " (loaded)\n");
   const int n = CudaDeviceCountImpl();
   if (n == 0) {

@@ -619,11 +619,14 @@ void Axpy(float alpha, const Tensor& x, Tensor& y) {
   });
 }
 
+void ScaleFloats(float* data, int64_t n, float alpha, cudaStream_t stream) {
+  LaunchMap(ScaleOp{data, alpha}, n, Aligned16(data), stream);
+}
+
 void Scale(Tensor& y, float alpha) {
   CheckGpuF32(y, "Scale's y");
   CudaContext& c = CudaContext::For(y.device());
-  float* ys = y.data<float>();
-  LaunchMap(ScaleOp{ys, alpha}, y.numel(), Aligned16(ys), c.stream());
+  ScaleFloats(y.data<float>(), y.numel(), alpha, c.stream());
 }
 
 void Cast(const Tensor& src, Tensor& dst) {

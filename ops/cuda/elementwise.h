@@ -21,6 +21,9 @@ void BroadcastRows(const float* bias, float* y, int64_t rows, int64_t cols, cuda
 void BroadcastRows(const float* bias, void* y, DType y_type, int64_t rows, int64_t cols,
                    cudaStream_t stream);
 
+// data[0..n) *= alpha (f32).
+void ScaleFloats(float* data, int64_t n, float alpha, cudaStream_t stream);
+
 // sum[o] += g[0, o] + g[1, o] + ... + g[rows - 1, o], added one row at a time
 // in row order (as the CPU does, so the result is bitwise the CPU's).
 void AddColumnSums(const float* g, float* sum, int64_t rows, int64_t cols, cudaStream_t stream);

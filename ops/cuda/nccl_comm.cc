@@ -3,7 +3,6 @@
 // stream, and host waits polled against a deadline so a hang becomes an error.
 #include "ops/cuda/nccl_comm.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -14,6 +13,7 @@
 
 #include "ops/collective_mpi.h"
 #include "ops/cuda/context.h"
+#include "ops/cuda/elementwise.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/device.h"
 
@@ -52,11 +52,6 @@ std::string NcclMessage(ncclResult_t res, ncclComm_t comm) {
   return s;
 }
 
-void CheckCublas(cublasStatus_t st, const char* call) {
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    throw Error(StrCat(call, " failed: ", detail::CublasStatusName(st)));
-  }
-}
 
 }  // namespace
 
@@ -77,7 +72,6 @@ struct NcclGroup::Replica {
   int global_rank = 0;
   cudaStream_t stream = nullptr;
   cudaEvent_t ready = nullptr;      // compute stream -> NCCL stream
-  cublasHandle_t cublas = nullptr;  // only for a scale without NCCL, made on first use
   std::deque<Pending> pending;
   std::vector<cudaEvent_t> free_events;
   std::mutex mu;
@@ -90,7 +84,6 @@ struct NcclGroup::Replica {
     for (Pending& p : pending) cudaEventDestroy(p.done);
     for (cudaEvent_t e : free_events) cudaEventDestroy(e);
     if (ready != nullptr) cudaEventDestroy(ready);
-    if (cublas != nullptr) cublasDestroy(cublas);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
@@ -417,11 +410,10 @@ void NcclGroup::Enqueue(int r, const char* op, float* data, int64_t count, int r
   CNNFLOW_CUDA_CHECK(cudaStreamWaitEvent(rep.stream, rep.ready, 0));
 
   if (!use_nccl_) {
-    if (rep.cublas == nullptr) {
-      CheckCublas(cublasCreate(&rep.cublas), "cublasCreate");
-      CheckCublas(cublasSetStream(rep.cublas, rep.stream), "cublasSetStream");
+    if (scale != 1.0f) {
+      cuda::ScaleFloats(data, count, scale, rep.stream);
+      CNNFLOW_CUDA_CHECK_LAUNCH();
     }
-    CheckCublas(cublasSscal_64(rep.cublas, count, &scale, data, 1), "cublasSscal_64");
   } else {
     const auto issued = Clock::now();
     std::string failure;

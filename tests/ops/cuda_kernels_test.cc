@@ -25,6 +25,10 @@
 #include "tests/ops/gpu_check.h"
 #include "tests/ops/gradient_check.h"
 
+#if CNNFLOW_WITH_CUDA
+#include "ops/cuda/cublas_api.h"
+#endif
+
 namespace cnnflow {
 namespace {
 
@@ -1213,6 +1217,24 @@ TEST(IdleMeterGPU, MeasuresHostGapsNotBusyTime) {
   WaitForGpu(t);
   EXPECT_LT(meter.idle_seconds(), 0.005) << "the GPU was busy through the gap";
 }
+
+#if CNNFLOW_WITH_CUDA
+// cuBLAS is loaded at run time (no GPU needed for that): every function the
+// linear layer and the contexts use resolves, and the version is 12 or 13.
+TEST(CublasApi, LoadsACublasWithEveryFunctionWeCall) {
+  const detail::CublasApi& api = detail::Cublas();
+  EXPECT_NE(api.library.find("libcublas.so"), std::string::npos) << api.library;
+  EXPECT_NE(api.Create, nullptr);
+  EXPECT_NE(api.Destroy, nullptr);
+  EXPECT_NE(api.SetStream, nullptr);
+  EXPECT_NE(api.SetMathMode, nullptr);
+  EXPECT_NE(api.Sgemm, nullptr);
+  EXPECT_NE(api.GemmEx, nullptr);
+  int major = 0;
+  ASSERT_EQ(api.GetProperty(MAJOR_VERSION, &major), CUBLAS_STATUS_SUCCESS);
+  EXPECT_TRUE(major == 12 || major == 13) << major;
+}
+#endif
 
 }  // namespace
 }  // namespace cnnflow
