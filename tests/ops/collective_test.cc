@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ops/collective_mpi.h"
+#include "tests/ops/run_threads.h"
 
 namespace cnnflow {
 namespace {
@@ -26,22 +27,7 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Runs fn(rank) on n threads; returns each rank's exception (null if none).
-std::vector<std::exception_ptr> RunRanks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
+using testing::RunRanks;
 
 void ExpectNoErrors(const std::vector<std::exception_ptr>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) {
@@ -96,7 +82,7 @@ TEST(Collective, AllReduceIsTheRankOrderSumOnEveryRank) {
   for (int n = 1; n <= 4; ++n) {
     for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{100003}}) {
       for (bool mean : {false, true}) {
-        SCOPED_TRACE(testing::Message() << n << " ranks, " << count << " floats, mean " << mean);
+        SCOPED_TRACE(::testing::Message() << n << " ranks, " << count << " floats, mean " << mean);
         std::vector<std::vector<float>> in(n), data(n);
         for (int r = 0; r < n; ++r) in[r] = data[r] = RandomData(count, 1000 * n + 10 * r + count);
         const float scale = mean ? 1.0f / n : 1.0f;
@@ -186,7 +172,7 @@ TEST(Collective, BroadcastCopiesTheRootEverywhere) {
 
 TEST(Collective, BackToBackCollectivesWithRandomDelays) {
   for (int n : {2, 3, 4}) {
-    SCOPED_TRACE(testing::Message() << n << " ranks");
+    SCOPED_TRACE(::testing::Message() << n << " ranks");
     const int kIters = 300;
     LocalGroup group(n, 20.0);
     std::atomic<int> before_barrier{0};

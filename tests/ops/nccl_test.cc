@@ -25,6 +25,7 @@
 #include "ops/collective_mpi.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
+#include "tests/ops/run_threads.h"
 #endif
 
 namespace cnnflow {
@@ -176,19 +177,7 @@ std::vector<float> RandomFloats(int64_t n, uint32_t seed) {
 // process must not drive NCCL from one thread), and rethrows the first error.
 template <typename Fn>
 void OnEveryReplica(int replicas, Fn fn) {
-  std::vector<std::exception_ptr> errors(replicas);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < replicas; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
+  for (auto& e : testing::RunRanks(replicas, fn)) {
     if (e) std::rethrow_exception(e);
   }
 }
