@@ -53,10 +53,6 @@ CudaContext::CudaContext(int device) : device_(device) {
   CNNFLOW_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CNNFLOW_CUDNN_CHECK(cudnnCreate(&cudnn_));
   CNNFLOW_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
-  CNNFLOW_CUBLAS_CHECK(detail::Cublas().Create(&cublas_));
-  CNNFLOW_CUBLAS_CHECK(detail::Cublas().SetStream(cublas_, stream_));
-  // fp32 GEMMs stay fp32 (no TF32) unless a precision mode asks otherwise.
-  CNNFLOW_CUBLAS_CHECK(detail::Cublas().SetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
 }
 
 CudaContext::~CudaContext() {
@@ -64,6 +60,20 @@ CudaContext::~CudaContext() {
   if (cublas_) detail::Cublas().Destroy(cublas_);
   if (cudnn_) cudnnDestroy(cudnn_);
   if (stream_) cudaStreamDestroy(stream_);
+}
+
+cublasHandle_t CudaContext::cublas() {
+  std::lock_guard<std::mutex> lock(cublas_mu_);
+  if (cublas_ == nullptr) {
+    Activate();
+    cublasHandle_t h = nullptr;
+    CNNFLOW_CUBLAS_CHECK(detail::Cublas().Create(&h));
+    CNNFLOW_CUBLAS_CHECK(detail::Cublas().SetStream(h, stream_));
+    // fp32 GEMMs stay fp32 (no TF32), as PyTorch's default for matmuls.
+    CNNFLOW_CUBLAS_CHECK(detail::Cublas().SetMathMode(h, CUBLAS_DEFAULT_MATH));
+    cublas_ = h;
+  }
+  return cublas_;
 }
 
 void* CudaContext::Workspace(size_t bytes) {

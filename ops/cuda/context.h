@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
 
 #include "ops/device.h"
 
@@ -34,7 +35,9 @@ class CudaContext {
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
   cudnnHandle_t cudnn() const { return cudnn_; }
-  cublasHandle_t cublas() const { return cublas_; }
+  // Made on first use: a model without linear layers runs even where no
+  // cuBLAS can be loaded (ops/cuda/cublas_api.h).
+  cublasHandle_t cublas();
   // Scratch device memory of at least `bytes` for the next call on the
   // compute stream (grows, never shrinks; valid until the next Workspace).
   void* Workspace(size_t bytes);
@@ -54,6 +57,7 @@ class CudaContext {
   cudaStream_t stream_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  std::mutex cublas_mu_;
   std::unique_ptr<Storage> workspace_;
 };
 

@@ -86,9 +86,10 @@ class CudaLinearLayer : public LinearLayer {
     }
     const float alpha = 1.f;
     if (type == DType::kF32) {
-      CNNFLOW_CUBLAS_CHECK(detail::Cublas().Sgemm(c.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, oi, ni, fi, &alpha,
-                                       parameters()[0].value.data<float>(), fi, in.data<float>(),
-                                       fi, &beta, y.data<float>(), oi));
+      CNNFLOW_CUBLAS_CHECK(detail::Cublas().Sgemm(c.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, oi, ni, fi,
+                                                  &alpha, parameters()[0].value.data<float>(), fi,
+                                                  in.data<float>(), fi, &beta, y.data<float>(),
+                                                  oi));
       return;
     }
     // Y^T[out, N] = W[out, F] X^T[F, N] in half with f32 accumulation.
@@ -123,12 +124,14 @@ class CudaLinearLayer : public LinearLayer {
       const float* w = wp.value.data<float>();
       if (dx[0] != nullptr) {
         // dX^T[F, N] = W^T[F, out] dY^T[out, N].
-        CNNFLOW_CUBLAS_CHECK(detail::Cublas().Sgemm(c.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, fi, ni, oi, &one, w,
-                                         fi, g, oi, &zero, dx[0]->data<float>(), fi));
+        CNNFLOW_CUBLAS_CHECK(detail::Cublas().Sgemm(c.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, fi, ni,
+                                                    oi, &one, w, fi, g, oi, &zero,
+                                                    dx[0]->data<float>(), fi));
       }
       // dW^T[F, out] += X^T[F, N] dY[N, out].
-      CNNFLOW_CUBLAS_CHECK(detail::Cublas().Sgemm(c.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, fi, oi, ni, &one, xs,
-                                       fi, g, oi, &one, wp.grad.data<float>(), fi));
+      CNNFLOW_CUBLAS_CHECK(detail::Cublas().Sgemm(c.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, fi, oi, ni,
+                                                  &one, xs, fi, g, oi, &one, wp.grad.data<float>(),
+                                                  fi));
     } else {
       const cudaDataType_t h = CublasType(type);
       if (dx[0] != nullptr) {
@@ -136,16 +139,16 @@ class CudaLinearLayer : public LinearLayer {
         CNNFLOW_ENFORCE(w_half_.defined() && w_half_.dtype() == type && w_half_.device() == dev,
                         "linear '", name(), "': backward in ", DTypeName(type),
                         " without a forward in it");
-        CNNFLOW_CUBLAS_CHECK(detail::Cublas().GemmEx(c.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, fi, ni, oi, &one,
-                                          w_half_.raw_data(), h, fi, dy.raw_data(), h, oi, &zero,
-                                          dx[0]->raw_data(), h, fi, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT));
+        CNNFLOW_CUBLAS_CHECK(detail::Cublas().GemmEx(
+            c.cublas(), CUBLAS_OP_N, CUBLAS_OP_N, fi, ni, oi, &one, w_half_.raw_data(), h, fi,
+            dy.raw_data(), h, oi, &zero, dx[0]->raw_data(), h, fi, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT));
       }
       // dW^T[F, out] (f32) += X^T[F, N] dY[N, out] (half), accumulated in f32.
-      CNNFLOW_CUBLAS_CHECK(detail::Cublas().GemmEx(c.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, fi, oi, ni, &one,
-                                        in.raw_data(), h, fi, dy.raw_data(), h, oi, &one,
-                                        wp.grad.data<float>(), CUDA_R_32F, fi, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT));
+      CNNFLOW_CUBLAS_CHECK(detail::Cublas().GemmEx(c.cublas(), CUBLAS_OP_N, CUBLAS_OP_T, fi, oi, ni,
+                                                   &one, in.raw_data(), h, fi, dy.raw_data(), h, oi,
+                                                   &one, wp.grad.data<float>(), CUDA_R_32F, fi,
+                                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
     if (has_bias()) {
       // db[out] += the column sums of dY[N, out], in row order (in f32: bitwise the CPU's).
