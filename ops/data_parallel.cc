@@ -5,6 +5,7 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/nccl_comm.h"
 #include "ops/loss.h"
+#include "ops/trace.h"
 
 namespace cnnflow {
 
@@ -314,6 +315,7 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     }
     Post(r, [this, r, b, &rep] {
       rep.timeline.reduce_begin[b] = Now();
+      const TraceSpan span("allreduce", [this, b] { return buckets_[b].tag; });
       Tensor& g = rep.bucket_grads[b];
       allreduce_->AllReduceSum(r, g.data<float>(), g.numel(), buckets_[b].tag);
       rep.timeline.reduce_end[b] = Now();
@@ -346,11 +348,13 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
       const Tensor& logits = m.Forward(xd, c);
       dlogits = Tensor::Empty(logits.shape(), logits.dtype(), rep.device);
       const double scale = rep.scaler ? grad_scale * rep.scaler->scale() : grad_scale;
+      const TraceSpan span("loss", "softmax cross-entropy");
       result.pending =
           cuda::SoftmaxCrossEntropyAsync(logits, device_labels, &dlogits, scale, label_smoothing);
     } else {
       const Tensor& logits = m.Forward(x, c);
       dlogits = Tensor::Empty(logits.shape(), logits.dtype());
+      const TraceSpan span("loss", "softmax cross-entropy");
       loss = SoftmaxCrossEntropy(logits, labels, &dlogits, grad_scale, label_smoothing);
     }
     if (!result.pending) {
@@ -394,7 +398,10 @@ void ReplicaSet::Step(int r, double lr) {
     return;
   }
   const double wait_begin = Now();
-  Drain(r);
+  {
+    const TraceSpan span("allreduce-wait", "wait for gradient reductions");
+    Drain(r);
+  }
   rep.timeline.wait_seconds = Now() - wait_begin;
   rep.counters.reduce_wait_seconds += rep.timeline.wait_seconds;
   const double step_begin = Now();
@@ -422,6 +429,7 @@ void ReplicaSet::Step(int r, double lr) {
 }
 
 void ReplicaSet::ApplyStep(Replica& rep, double lr) {
+  const TraceSpan span("optimizer", "optimizer step");
   bool take = true;
   if (rep.scaler) {
     std::vector<Tensor*> grads;
@@ -458,7 +466,10 @@ void ReplicaSet::StepGpu(int r, double lr) {
       }
     }
   }
-  nccl_->Wait(r);
+  {
+    const TraceSpan span("allreduce-wait", "wait for gradient reductions");
+    nccl_->Wait(r);
+  }
   rep.timeline.wait_seconds = Now() - wait_begin;
   rep.counters.reduce_wait_seconds += rep.timeline.wait_seconds;
   const double step_begin = Now();

@@ -4,6 +4,7 @@
 
 #include "ops/cpu/elementwise.h"
 #include "ops/cuda/kernels.h"
+#include "ops/trace.h"
 
 namespace cnnflow {
 
@@ -154,6 +155,8 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
       return StrCat("layer '", layer->name(), "' (", layer->type(), ") forward, output ", shape);
     });
     if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, compute_, x.device());
+    const TraceSpan span("forward",
+                         [layer] { return StrCat(layer->name(), " (", layer->type(), ")"); });
     layers_[i]->Forward(ins, y, ctx);
   }
   return acts_.back();
@@ -194,7 +197,11 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
         dxs.push_back(&local[k]);
       }
     }
-    layers_[i]->Backward(ins, acts_[i], grads[i], dxs);
+    {
+      const TraceSpan span("backward",
+                           [layer] { return StrCat(layer->name(), " (", layer->type(), ")"); });
+      layers_[i]->Backward(ins, acts_[i], grads[i], dxs);
+    }
     for (size_t k = 0; k < input_index_[i].size(); ++k) {
       const int j = input_index_[i][k];
       if (j < 0) {

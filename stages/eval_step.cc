@@ -4,6 +4,7 @@
 
 #include "ops/cuda/kernels.h"
 #include "ops/loss.h"
+#include "ops/trace.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
 
@@ -19,6 +20,7 @@ class EvalStepStage final : public Stage {
         g, tbb::flow::serial, [this, &state](const Message& m) {
           return Guarded([&] {
             if (m->labels.empty()) return m;  // every record was bad and skipped
+            const TraceSpan span("eval", "eval batch");
             ForwardContext ctx{false, state.seed, m->global_step};
             const Device device = state.model->device();
             LossResult r;

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <mutex>
 
+#include "ops/trace.h"
 #include "stages/adjustable_limiter.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
@@ -67,7 +68,10 @@ class LoadBatchStage final : public Stage {
     decode_ = std::make_unique<multifunction_node<Slice, std::tuple<Message>>>(
         g, unlimited, [this, data, &state](const Slice& s, auto& out) {
           Guarded([&] {
-            Decode(*data, state, s);
+            {
+              const TraceSpan span("load", "decode slice");
+              Decode(*data, state, s);
+            }
             limiter_->Release();
             if (s.work->slices_left.fetch_sub(1) == 1) {
               Assemble(*data, state, *s.work);

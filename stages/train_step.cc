@@ -18,6 +18,7 @@
 
 #include <map>
 
+#include "ops/trace.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
 
@@ -91,6 +92,8 @@ class TrainStepStage final : public Stage {
       replicas_.push_back(std::make_unique<function_node<Message, Message>>(
           g, serial, [this, r, &state](const Message& m) {
             return Guarded([&] {
+              if (r == 0) Tracer::AtStep(m->global_step);  // cnnflow train --trace: its window
+              const TraceSpan span("step", [r] { return StrCat("replica ", r); });
               Step(state, r, *m);
               return m;
             });

@@ -19,6 +19,7 @@
 #include "ops/collective_mpi.h"
 #include "ops/layer.h"
 #include "ops/optimizer.h"
+#include "ops/trace.h"
 #include "pipeline/bench.h"
 #include "pipeline/run_config.h"
 #include "pipeline/trainer.h"
@@ -36,7 +37,10 @@ commands:
   train CONFIG [--set key=value ...] [--out RUN_DIR] [--resume RUN_DIR]
         train the model of CONFIG; writes a run folder (config, metrics.csv, weights,
         checkpoints/); --resume continues a run from its newest valid checkpoint.
-        Under mpirun/srun, every process trains its shard (rank 0 writes the files)
+        Under mpirun/srun, every process trains its shard (rank 0 writes the files).
+        --trace FILE [--trace-steps N]: profile training steps [20, 20 + N) (N: 50), write
+        them to FILE as a Chrome trace (chrome://tracing, ui.perfetto.dev) and print where
+        the time went by category (forward, backward, allreduce, optimizer, load, ...)
   eval CONFIG --weights FILE [--set key=value ...]
         evaluate weights (model.safetensors of a run) on the config's test set
   tune CONFIG [--steps N] [--write] [--set key=value ...]
@@ -63,7 +67,8 @@ commands:
 )";
 
 struct Options {
-  std::string command, config, weights, out, resume, csv;
+  std::string command, config, weights, out, resume, csv, trace;
+  int64_t trace_steps = 50;
   std::vector<int> devices = {1, 2};
   int64_t warmup = 10;
   int64_t steps = 100;
@@ -109,6 +114,10 @@ Options Parse(int argc, char** argv) {
       for (std::string item; std::getline(list, item, ',');) {
         o.devices.push_back(static_cast<int>(ParseCount("--devices", item)));
       }
+    } else if (a == "--trace") {
+      o.trace = value("--trace");
+    } else if (a == "--trace-steps") {
+      o.trace_steps = ParseCount("--trace-steps", value("--trace-steps"));
     } else if (a == "--write") {
       o.write = true;
     } else if (a == "--out") {
@@ -124,6 +133,9 @@ Options Parse(int argc, char** argv) {
     } else {
       throw ConfigError(StrCat("unexpected argument '", a, "'"));
     }
+  }
+  if (!o.trace.empty() && o.command != "train") {
+    throw ConfigError(StrCat("--trace profiles `cnnflow train`, not `cnnflow ", o.command, "`"));
   }
   return o;
 }
@@ -216,7 +228,20 @@ int Train(const Options& o) {
   if (rank0) trainer.set_progress(&progress);
   if (!o.resume.empty()) trainer.Resume(o.resume);
   WatchSignals(trainer);
+  // Past the first steps (allocations, caches, autotune's first moves).
+  constexpr int64_t kTraceWarmupSteps = 20;
+  if (!o.trace.empty()) Tracer::TraceSteps(kTraceWarmupSteps, kTraceWarmupSteps + o.trace_steps);
   EpochReport r = trainer.Train(o.out);
+  if (!o.trace.empty()) {
+    Tracer::Stop();  // a run shorter than the window ends its trace here
+    if (rank0) {
+      Tracer::WriteChromeTrace(o.trace);
+      std::printf("profile of training steps %lld..%lld (written to %s):\n%s",
+                  static_cast<long long>(kTraceWarmupSteps),
+                  static_cast<long long>(kTraceWarmupSteps + o.trace_steps - 1), o.trace.c_str(),
+                  Tracer::Summary().c_str());
+    }
+  }
   if (trainer.state().stop_requested.load()) {
     if (rank0) {
       std::printf("stopped by a signal in epoch %lld after %lld steps; checkpoint in %s "
