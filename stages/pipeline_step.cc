@@ -16,6 +16,7 @@
 
 #include "ops/collective_mpi.h"
 #include "ops/pipeline_model.h"
+#include "ops/trace.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
 
@@ -78,6 +79,8 @@ class PipelineStepStage final : public Stage {
     node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
         g, tbb::flow::serial, [this, &state](const Message& m) {
           return Guarded([&] {
+            Tracer::AtStep(m->global_step);  // cnnflow train --trace: its window
+            const TraceSpan span("step", "pipeline step");
             Step(state, *m);
             return m;
           });
@@ -115,6 +118,7 @@ class PipelineStepStage final : public Stage {
           world.AllReduceSum(data, count, "pipeline gradients", s.collective_timeout_s);
         };
       }
+      const TraceSpan step_span("optimizer", "pipeline reduce + optimizer step");
       const PipelineModel::Result r = p.EndStep(m.lr, reduce);
       m.loss = r.loss_sum / static_cast<double>(rows);
       m.correct = r.correct;
