@@ -78,7 +78,10 @@ for bin in ops_test pipeline_test; do
       continue
     fi
     limit=$(( left < 90 ? left : 90 ))
-    timeout -k 5 "$limit" "$dir/run" "$dir/bin/$bin" --gtest_filter="$suite.*" > "$dir/suite.log" 2>&1
+    # Diagnostics over speed here: a failing kernel is reported at its launch
+    # (not at a later sync), cuDNN explains its errors, NCCL its warnings.
+    CUDA_LAUNCH_BLOCKING=1 CUDNN_LOGLEVEL_DBG=1 CUDNN_LOGDEST_DBG=stderr NCCL_DEBUG=WARN \
+      timeout -k 5 "$limit" "$dir/run" "$dir/bin/$bin" --gtest_filter="$suite.*" > "$dir/suite.log" 2>&1
     s=$?
     cat "$dir/suite.log" >> "$out/gpu-tests.txt"
     result=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$dir/suite.log" | tr '\n' ' ')
