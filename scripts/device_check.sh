@@ -78,15 +78,21 @@ for bin in ops_test pipeline_test; do
       continue
     fi
     limit=$(( left < 90 ? left : 90 ))
-    # Diagnostics over speed here: a failing kernel is reported at its launch
-    # (not at a later sync), cuDNN explains its errors, NCCL its warnings.
-    CUDA_LAUNCH_BLOCKING=1 CUDNN_LOGLEVEL_DBG=1 CUDNN_LOGDEST_DBG=stderr NCCL_DEBUG=WARN \
-      timeout -k 5 "$limit" "$dir/run" "$dir/bin/$bin" --gtest_filter="$suite.*" > "$dir/suite.log" 2>&1
+    timeout -k 5 "$limit" "$dir/run" "$dir/bin/$bin" --gtest_filter="$suite.*" > "$dir/suite.log" 2>&1
     s=$?
     cat "$dir/suite.log" >> "$out/gpu-tests.txt"
     result=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$dir/suite.log" | tr '\n' ' ')
     echo "$bin $suite: exit $s ${result}$(explain "$s" "")" | tee -a "$out/gpu-summary.txt"
     [ "$s" -ne 0 ] && status=$s
+    # A failed suite runs again for diagnostics: each kernel reported at its
+    # launch (not at a later sync), cuDNN explaining its errors, NCCL warning.
+    left=$(( deadline - SECONDS ))
+    if [ "$s" -ne 0 ] && [ "$left" -gt 20 ]; then
+      CUDA_LAUNCH_BLOCKING=1 CUDNN_LOGLEVEL_DBG=1 CUDNN_LOGDEST_DBG=stderr NCCL_DEBUG=WARN \
+        timeout -k 5 $(( left < 60 ? left - 10 : 60 )) "$dir/run" "$dir/bin/$bin" \
+        --gtest_filter="$suite.*" > "$out/diagnose-${bin}-${suite//\//_}.txt" 2>&1
+      echo "  (rerun with diagnostics: diagnose-${bin}-${suite//\//_}.txt)" | tee -a "$out/gpu-summary.txt"
+    fi
   done
 done
 grep -E '^\[  FAILED  \] [A-Za-z]' "$out/gpu-tests.txt" | sort -u | tee -a "$out/gpu-summary.txt"
