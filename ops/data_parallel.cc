@@ -1,6 +1,7 @@
 #include "ops/data_parallel.h"
 
 #include <cmath>
+#include <optional>
 
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/nccl_comm.h"
@@ -430,6 +431,8 @@ void ReplicaSet::Step(int r, double lr) {
 
 void ReplicaSet::ApplyStep(Replica& rep, double lr) {
   const TraceSpan span("optimizer", "optimizer step");
+  std::optional<cuda::GpuSpan> gpu_span;  // the GPU's time of it, when tracing
+  if (rep.device.is_cuda() && Tracer::on()) gpu_span.emplace(rep.device, "gpu optimizer", "optimizer step");
   bool take = true;
   if (rep.scaler) {
     std::vector<Tensor*> grads;

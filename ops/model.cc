@@ -1,6 +1,7 @@
 #include "ops/model.h"
 
 #include <cmath>
+#include <optional>
 
 #include "ops/cpu/elementwise.h"
 #include "ops/cuda/kernels.h"
@@ -157,6 +158,10 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
     if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, compute_, x.device());
     const TraceSpan span("forward",
                          [layer] { return StrCat(layer->name(), " (", layer->type(), ")"); });
+    std::optional<cuda::GpuSpan> gpu_span;  // the GPU's time of it, when tracing
+    if (device_.is_cuda() && Tracer::on()) {
+      gpu_span.emplace(device_, "gpu forward", StrCat(layer->name(), " (", layer->type(), ")"));
+    }
     layers_[i]->Forward(ins, y, ctx);
   }
   return acts_.back();
@@ -200,6 +205,10 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
     {
       const TraceSpan span("backward",
                            [layer] { return StrCat(layer->name(), " (", layer->type(), ")"); });
+      std::optional<cuda::GpuSpan> gpu_span;
+      if (device_.is_cuda() && Tracer::on()) {
+        gpu_span.emplace(device_, "gpu backward", StrCat(layer->name(), " (", layer->type(), ")"));
+      }
       layers_[i]->Backward(ins, acts_[i], grads[i], dxs);
     }
     for (size_t k = 0; k < input_index_[i].size(); ++k) {

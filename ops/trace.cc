@@ -70,6 +70,8 @@ struct ThreadBuffer {
 struct Registry {
   std::mutex mu;
   std::vector<std::unique_ptr<ThreadBuffer>> buffers;  // never shrinks: spans outlive threads
+  std::map<std::string, ThreadBuffer*> lanes;          // RecordOn's, among the buffers
+  std::vector<void (*)()> flushers;
   uint32_t last_session = 0;                           // the latest trace (0: none yet)
   int64_t start_ns = 0, stop_ns = 0;
   bool running = false;
@@ -116,6 +118,29 @@ int64_t Tracer::NowNs() {
 void Tracer::Record(uint32_t session, const char* category, std::string name, int64_t begin_ns,
                     int64_t end_ns) {
   ThisThread().Append(Span{std::move(name), category, session, begin_ns, end_ns});
+}
+
+void Tracer::RecordOn(const std::string& lane, uint32_t session, const char* category,
+                      std::string name, int64_t begin_ns, int64_t end_ns) {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);  // a lane has no owner thread: appends take the lock
+  ThreadBuffer*& b = r.lanes[lane];
+  if (b == nullptr) {
+    auto fresh = std::make_unique<ThreadBuffer>();
+    fresh->tid = static_cast<int>(r.buffers.size()) + 1;
+    fresh->thread_name = lane;
+    b = fresh.get();
+    r.buffers.push_back(std::move(fresh));
+  }
+  b->Append(Span{std::move(name), category, session, begin_ns, end_ns});
+}
+
+void Tracer::AddFlusher(void (*flush)()) {
+  Registry& r = Reg();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (std::find(r.flushers.begin(), r.flushers.end(), flush) == r.flushers.end()) {
+    r.flushers.push_back(flush);
+  }
 }
 
 void Tracer::Start() {
@@ -167,6 +192,12 @@ double Tracer::WallSeconds() {
 
 std::vector<TraceEvent> Tracer::Spans() {
   Registry& r = Reg();
+  std::vector<void (*)()> flushers;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    flushers = r.flushers;
+  }
+  for (auto* flush : flushers) flush();  // they record (and lock) themselves
   std::vector<TraceEvent> out;
   std::lock_guard<std::mutex> lock(r.mu);  // keeps the buffer list still; owners append freely
   for (const auto& b : r.buffers) {

@@ -63,6 +63,14 @@ class Tracer {
   // mean us. Nested spans (a step holds its layers) count in both.
   static std::string Summary();
 
+  // Spans timed by another clock (a GPU's, with CUDA events) are recorded
+  // into the buffer of a named lane ("cuda:0"), which shows as a thread of
+  // its own. A source that holds spans not yet recorded registers a flusher,
+  // called (once per registration) before spans are read.
+  static void RecordOn(const std::string& lane, uint32_t session, const char* category,
+                       std::string name, int64_t begin_ns, int64_t end_ns);
+  static void AddFlusher(void (*flush)());
+
   // Implementation of TraceSpan.
   static uint32_t session() { return session_.load(std::memory_order_relaxed); }
   static int64_t NowNs();

@@ -35,6 +35,9 @@ LossResult SoftmaxCrossEntropy(const Tensor&, const int64_t*, Tensor*, double, d
 }
 struct PendingLoss::Impl {};
 struct IdleMeter::Impl {};
+GpuSpan::GpuSpan(Device device, const char* category, std::string name)
+    : device_(device.index), category_(category), name_(std::move(name)), session_(0) {}
+GpuSpan::~GpuSpan() = default;
 IdleMeter::IdleMeter(Device) { detail::NoCuda(); }
 IdleMeter::~IdleMeter() = default;
 void IdleMeter::EndOfWork() {}

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ops/loss.h"
@@ -101,6 +102,26 @@ class IdleMeter {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// A span of GPU time for the profiler (ops/trace.h): events on the
+// device's compute stream around the work issued during its lifetime,
+// recorded as a span of the lane "cuda:K" when the trace is read. Make one
+// only while tracing is on; the first of a trace waits once for the stream
+// (to tie the GPU's clock to the host's).
+class GpuSpan {
+ public:
+  GpuSpan(Device device, const char* category, std::string name);
+  ~GpuSpan();
+  GpuSpan(const GpuSpan&) = delete;
+  GpuSpan& operator=(const GpuSpan&) = delete;
+
+ private:
+  int device_;
+  const char* category_;
+  std::string name_;
+  uint32_t session_;
+  void* begin_ = nullptr;  // cudaEvent_t
 };
 
 }  // namespace cnnflow::cuda

@@ -1,18 +1,23 @@
 // ops/trace.h: nothing recorded when off, spans from many threads, proper
-// nesting, the Chrome trace JSON, the summary's ranking and the step window.
+// nesting, the Chrome trace JSON, the summary's ranking, the step window and
+// lanes of spans timed elsewhere (GPU).
 #include "ops/trace.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ops/error.h"
 #include "ops/json.h"
+#include "ops/model.h"
+#include "tests/ops/gpu_check.h"
 #include "tests/ops/run_threads.h"
 #include "tests/test_dir.h"
 
@@ -161,6 +166,78 @@ TEST(Trace, StepWindowTracesOnlyItsSteps) {
   std::set<std::string> names;
   for (const auto& e : Tracer::Spans()) names.insert(e.name);
   EXPECT_EQ(names, (std::set<std::string>{"step 2", "step 3"}));
+}
+
+// Spans timed by another clock (the GPU spans of ops/cuda/gpu_trace.cc): a
+// flusher records them on a named lane when the trace is read; the lane
+// shows as a thread of its own, and a second read does not repeat them.
+std::atomic<int> g_lane_spans{0};
+uint32_t g_lane_session = 0;
+void FakeGpuFlush() {
+  const int n = g_lane_spans.exchange(0);
+  for (int i = 0; i < n; ++i) {
+    Tracer::RecordOn("fake:0", g_lane_session, "gpu forward", StrCat("layer", i),
+                     Tracer::NowNs() + 10 * i, Tracer::NowNs() + 10 * i + 5);
+  }
+}
+
+TEST(Trace, FlushedLaneSpansShowAsTheirOwnThread) {
+  Tracer::AddFlusher(&FakeGpuFlush);
+  Tracer::AddFlusher(&FakeGpuFlush);  // once per registration, however often asked
+  Tracer::Start();
+  { const TraceSpan host("forward", "host side"); }
+  g_lane_session = Tracer::session();
+  g_lane_spans = 3;
+  Tracer::Stop();
+  const std::vector<TraceEvent> spans = Tracer::Spans();
+  int host_thread = -1;
+  std::set<int> lane_threads;
+  int lane = 0;
+  for (const TraceEvent& e : spans) {
+    if (e.category == "gpu forward") {
+      ++lane;
+      lane_threads.insert(e.thread);
+    } else {
+      host_thread = e.thread;
+    }
+  }
+  EXPECT_EQ(lane, 3);
+  ASSERT_EQ(lane_threads.size(), 1u);
+  EXPECT_NE(*lane_threads.begin(), host_thread);
+  EXPECT_EQ(Tracer::Spans().size(), spans.size()) << "a second read repeats nothing";
+  const std::string path = testing::TestDir() + "/lanes.json";
+  Tracer::WriteChromeTrace(path);
+  EXPECT_NE(testing::ReadBytes(path).find("\"name\":\"fake:0\""), std::string::npos);
+}
+
+// A model on a GPU, traced: every layer's forward and backward also has a
+// span of GPU time on the lane "cuda:0", inside the traced wall time.
+TEST(TraceGPU, GpuModelLayersGetSpansOfGpuTime) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const std::vector<LayerSpec> net = {
+      testing::Spec("conv1", "conv2d", {{"out", int64_t{8}}, {"kernel", int64_t{3}}}),
+      testing::Spec("relu1", "relu"), testing::Spec("flatten", "flatten"),
+      testing::Spec("fc", "linear", {{"out", int64_t{4}}})};
+  auto model = Model::Build(net, Shape{3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
+                            Device::Cuda(0));
+  const Tensor x = testing::RandomTensor(Shape{16, 3, 12, 12}, 2, -1, 1, DType::kF32);
+  ForwardContext ctx;
+  model->Forward(x.To(Device::Cuda(0)), ctx);  // warm-up: cuDNN's search, outside the trace
+  Tracer::Start();
+  const Tensor& y = model->Forward(x.To(Device::Cuda(0)), ctx);
+  Tensor dy = Tensor::Zeros(y.shape(), DType::kF32, Device::Cuda(0));
+  model->Backward(dy);
+  Tracer::Stop();
+  std::map<std::string, int> gpu;
+  for (const TraceEvent& e : Tracer::Spans()) {
+    if (e.category.rfind("gpu ", 0) != 0) continue;
+    ++gpu[e.category + " " + e.name];
+    EXPECT_GE(e.duration_us, 0) << e.name;
+  }
+  for (const char* layer : {"conv1 (conv2d)", "relu1 (relu)", "fc (linear)"}) {
+    EXPECT_EQ(gpu[StrCat("gpu forward ", layer)], 1) << layer;
+    EXPECT_EQ(gpu[StrCat("gpu backward ", layer)], 1) << layer;
+  }
 }
 
 }  // namespace
