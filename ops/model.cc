@@ -29,6 +29,9 @@ void InitWeight(Tensor& w, InitScheme scheme, Rng& rng) {
   }
 }
 
+// "conv1 (conv2d)": a layer's name in the profiler's spans.
+std::string SpanName(const Layer& layer) { return StrCat(layer.name(), " (", layer.type(), ")"); }
+
 }  // namespace
 
 std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
@@ -157,10 +160,10 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
     });
     if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, compute_, x.device());
     const TraceSpan span("forward",
-                         [layer] { return StrCat(layer->name(), " (", layer->type(), ")"); });
+                         [layer] { return SpanName(*layer); });
     std::optional<cuda::GpuSpan> gpu_span;  // the GPU's time of it, when tracing
     if (device_.is_cuda() && Tracer::on()) {
-      gpu_span.emplace(device_, "gpu forward", StrCat(layer->name(), " (", layer->type(), ")"));
+      gpu_span.emplace(device_, "gpu forward", SpanName(*layer));
     }
     layers_[i]->Forward(ins, y, ctx);
   }
@@ -204,10 +207,10 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
     }
     {
       const TraceSpan span("backward",
-                           [layer] { return StrCat(layer->name(), " (", layer->type(), ")"); });
+                           [layer] { return SpanName(*layer); });
       std::optional<cuda::GpuSpan> gpu_span;
       if (device_.is_cuda() && Tracer::on()) {
-        gpu_span.emplace(device_, "gpu backward", StrCat(layer->name(), " (", layer->type(), ")"));
+        gpu_span.emplace(device_, "gpu backward", SpanName(*layer));
       }
       layers_[i]->Backward(ins, acts_[i], grads[i], dxs);
     }
