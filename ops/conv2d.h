@@ -2,8 +2,9 @@
 // stride, zero padding, dilation and groups, PyTorch's parameter layout
 // (weight [K, C/groups, kh, kw], bias [K]) and output size rule
 //   H' = (H + 2 * pad_h - dilation_h * (kh - 1) - 1) / stride_h + 1.
-// The CPU kernels (ops/cpu/conv2d.cc) lower the convolution to im2col +
-// GEMM, parallel over the batch.
+// The CPU kernels (ops/cpu/conv2d.cc) are im2col + GEMM or oneDNN's
+// convolution primitives, chosen per pass by measurement (`algo`), parallel
+// over the batch.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +52,18 @@ inline int64_t ConvOutputSize(int64_t in, int64_t kernel, int64_t stride, int64_
 // Per-thread scratch buffers of the CPU kernels (defined in ops/cpu/conv2d.cc).
 struct Conv2dScratch;
 
+// The CPU algorithms of a convolution pass. kAuto: measured (see
+// ops/cpu/conv2d.cc); f64 always runs kGemm (oneDNN has no f64 convolution).
+enum class ConvAlgo { kAuto, kGemm, kOnednn };
+const char* ConvAlgoName(ConvAlgo a);
+
+// What runs each pass of one layer at one batch size.
+struct Conv2dPlan {
+  ConvAlgo forward = ConvAlgo::kGemm;
+  ConvAlgo backward_data = ConvAlgo::kGemm;
+  ConvAlgo backward_weights = ConvAlgo::kGemm;
+};
+
 // YAML: {conv2d: {out: K, kernel: k | [kh, kw], stride, pad, dilation,
 // groups, bias, in}}. Sample shapes: [C, H, W] -> [K, H', W'].
 class Conv2d : public Layer {
@@ -73,10 +86,18 @@ class Conv2d : public Layer {
 
   const Conv2dGeometry& geometry() const { return geom_; }
   bool has_bias() const { return has_bias_; }
+  ConvAlgo algo() const { return algo_; }
+  // The algorithms of a batch of n in `dtype` on the CPU (measured on the
+  // first call for an n with `algo: auto`, then cached).
+  Conv2dPlan PlanFor(int64_t n, DType dtype);
+  // The key of this layer's shape at batch n in the kernel pick cache
+  // (ops/cpu/algo_cache.h).
+  std::string KernelPickKey(int64_t n) const;
 
  private:
   Conv2dGeometry geom_;
   bool has_bias_ = true;
+  ConvAlgo algo_ = ConvAlgo::kAuto;
   int64_t in_arg_ = 0;  // the `in` parameter: 0 = infer from the input shape
   std::unique_ptr<Conv2dScratch> scratch_;
 };

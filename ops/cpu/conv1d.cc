@@ -17,6 +17,11 @@
 //
 // dW and dbias are summed per ForChunks chunk of the batch and then over
 // chunks in order, as in conv2d: bitwise the same for any thread count.
+//
+// A pass that conv2d's plan (`algo`, ops/cpu/conv2d.cc) gives to oneDNN
+// runs as conv2d on [N, C, 1, L]; so does backward when either of its passes
+// is oneDNN's. (auto measures oneDNN against im2col + GEMM, not against the
+// shifted GEMMs, which are 20-25% faster than im2col: it leans to oneDNN.)
 #include "ops/conv1d.h"
 
 #include <algorithm>
@@ -255,7 +260,7 @@ Shape Conv1d::Build(const std::vector<Shape>& inputs, DType dtype) {
 
 void Conv1d::Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext& ctx) {
   const Tensor& in = *x[0];
-  if (!shifted_) {
+  if (!shifted_ || PlanFor(in.dim(0), in.dtype()).forward == ConvAlgo::kOnednn) {
     const Tensor x2 = As2d(in);
     Tensor y2 = As2d(y);
     Conv2d::Forward({&x2}, y2, ctx);
@@ -275,7 +280,9 @@ void Conv1d::Backward(const std::vector<const Tensor*>& x, const Tensor& y, cons
                       const std::vector<Tensor*>& dx) {
   const Tensor& in = *x[0];
   Tensor* dx0 = dx.empty() ? nullptr : dx[0];
-  if (!shifted_) {
+  const Conv2dPlan plan = PlanFor(in.dim(0), in.dtype());
+  if (!shifted_ || plan.backward_data == ConvAlgo::kOnednn ||
+      plan.backward_weights == ConvAlgo::kOnednn) {
     const Tensor x2 = As2d(in), y2 = As2d(y), dy2 = As2d(dy);
     Tensor dx2;
     if (dx0 != nullptr) dx2 = As2d(*dx0);
@@ -306,6 +313,10 @@ CNNFLOW_REGISTER_LAYER(
                   "channel groups; C and K must be divisible by it")
         .Optional("bias", ParamType::kBool, true, "learn an additive bias per output channel")
         .Optional("in", ParamType::kInt, int64_t{0},
-                  "input channels C, checked against the input (0: inferred)"));
+                  "input channels C, checked against the input (0: inferred)")
+        .Choice("algo", {"auto", "gemm", "onednn"}, "auto",
+                "CPU kernels: GEMMs (shifted per tap, or im2col), oneDNN's primitives (f32), or "
+                "auto: per pass the faster of oneDNN and im2col + GEMM, measured once per shape "
+                "on this machine"));
 
 }  // namespace cnnflow

@@ -17,28 +17,63 @@
 // one contiguous span of the input (one copy instead of a copy per output
 // row), col buffers that stay zeroed where the padding is, and col2im that
 // starts from the centre tap instead of a zeroed dx.
+//
+// f32 layers also have oneDNN's convolution primitives (ops/cpu/onednn_conv.h),
+// run per chunk on one thread each, like the GEMMs. `algo: auto` picks,
+// separately for forward, backward-data and backward-weights, whichever runs
+// a chunk of this shape faster, measured once per shape on this machine and
+// remembered (ops/cpu/algo_cache.h). Measured on an AVX2 Zen3 core, oneDNN
+// runs the 3x3 convs of ResNet-18 at 60-99 GFLOP/s against the GEMM path's
+// 30-50; the GEMM path stays faster where C is tiny (conv1 of Fashion-MNIST:
+// backward-weights 3x).
 #include "ops/conv2d.h"
 
 #include <tbb/enumerable_thread_specific.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "ops/cpu/algo_cache.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/gemm.h"
+#include "ops/cpu/onednn_conv.h"
 #include "ops/cpu/parallel.h"
+#include "ops/random.h"
 
 namespace cnnflow {
 namespace {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Batch chunks: a function of the batch size only (determinism).
+// Forward chunks: a function of the batch size only (determinism).
 int64_t BatchChunks(int64_t n) { return cpu::NumChunks(n, 1); }
+
+// Backward chunks: each sums its own dW, and the partial sums are added
+// after (chunks x |dW| of memory traffic). A chunk gets at least
+// kMinChunkPositions output positions, so that traffic stays under ~1% of
+// the FLOPs' time: ResNet-18's 4x4 stage gets 2 chunks at batch 64, the
+// 32x32 stage 16. Still a function of the shape only.
+constexpr int64_t kMinChunkPositions = 400;
+int64_t BackwardChunks(const Conv2dGeometry& g, int64_t n) {
+  return cpu::NumChunks(n, CeilDiv(kMinChunkPositions, g.out_plane()));
+}
+
+// The sizes of the chunks of [0, n) as ForChunks cuts it (at most two).
+std::vector<int64_t> ChunkSizes(int64_t n, int64_t chunks) {
+  std::vector<int64_t> sizes;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t size = n * (c + 1) / chunks - n * c / chunks;
+    if (std::find(sizes.begin(), sizes.end(), size) == sizes.end()) sizes.push_back(size);
+  }
+  return sizes;
+}
 
 // The output columns [lo, hi) whose input column ow * stride + offset lies
 // inside [0, w).
@@ -82,6 +117,14 @@ struct Conv2dScratch {
   // padding cells are the same for every sample, so Im2Col only rewrites
   // the entries that depend on x. dcol receives W^T dY before col2im.
   tbb::enumerable_thread_specific<Tensor> col, dcol;
+  // Backward's per-chunk partial sums of dW and dbias, kept between steps.
+  Tensor partial;
+
+  // The algorithm picks by batch size, and oneDNN's primitives by chunk
+  // size. Guarded: one layer may be planned from two threads (pipelines).
+  std::mutex mu;
+  std::map<int64_t, Conv2dPlan> plans;
+  std::map<int64_t, std::unique_ptr<cpu::OnednnConv>> onednn;
 };
 
 Conv2dScratch::Conv2dScratch(const Conv2dGeometry& g) : shiftable(IsShiftable(g)) {
@@ -219,70 +262,59 @@ void Col2Im(const Conv2dGeometry& g, const Conv2dScratch& plan, T* col, T* dx) {
   }
 }
 
-// x [n, C, H, W], w [K, C/groups, kh, kw], bias [K] or null -> y [n, K, H', W'].
+// GEMM path, samples [begin, end): x [n, C, H, W], w [K, C/groups, kh, kw],
+// bias [K] or null -> y [n, K, H', W'].
 template <typename T>
-void ConvForward(const Conv2dGeometry& g, const T* x, const T* w, const T* bias, T* y, int64_t n,
-                 Conv2dScratch& scratch) {
+void GemmForwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* x, const T* w,
+                      const T* bias, T* y, int64_t begin, int64_t end) {
   const int64_t cols = g.out_plane(), rows = g.col_rows(), kg = g.out_per_group();
   const int64_t in_group = g.in_per_group() * g.in_plane();
   const bool pointwise = g.is_pointwise();
-  if (n == 0) return;
-  cpu::ForChunks(n, BatchChunks(n), [&](int64_t, int64_t begin, int64_t end) {
-    T* col = pointwise ? nullptr : ScratchBuffer<T>(scratch.col, rows * cols, true);
-    for (int64_t s = begin; s < end; ++s) {
-      for (int64_t grp = 0; grp < g.groups; ++grp) {
-        const T* src = x + (s * g.groups + grp) * in_group;
-        if (!pointwise) {
-          Im2Col(g, scratch, src, col);
-          src = col;
-        }
-        T* yg = y + (s * g.groups + grp) * kg * cols;
-        if (bias != nullptr) {
-          for (int64_t k = 0; k < kg; ++k) std::fill_n(yg + k * cols, cols, bias[grp * kg + k]);
-        }
-        cpu::Gemm<T>(false, false, kg, cols, rows, T(1), w + grp * kg * rows, rows, src, cols,
-                     bias != nullptr ? T(1) : T(0), yg, cols);
+  T* col = pointwise ? nullptr : ScratchBuffer<T>(scratch.col, rows * cols, true);
+  for (int64_t s = begin; s < end; ++s) {
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      const T* src = x + (s * g.groups + grp) * in_group;
+      if (!pointwise) {
+        Im2Col(g, scratch, src, col);
+        src = col;
       }
+      T* yg = y + (s * g.groups + grp) * kg * cols;
+      if (bias != nullptr) {
+        for (int64_t k = 0; k < kg; ++k) std::fill_n(yg + k * cols, cols, bias[grp * kg + k]);
+      }
+      cpu::Gemm<T>(false, false, kg, cols, rows, T(1), w + grp * kg * rows, rows, src, cols,
+                   bias != nullptr ? T(1) : T(0), yg, cols);
     }
-  });
+  }
 }
 
-// x [n, C, H, W], w [K, C/groups, kh, kw], dy [n, K, H', W'] ->
-// dx [n, C, H, W] (overwritten; null: skipped), dw [K, C/groups, kh, kw] and
-// db [K] (added into; db null: no bias).
+// With few col rows (conv1: R = 9, Kg = 32) the GEMM is faster producing
+// dW^T[R, Kg] (measured 2x with oneDNN's sgemm); the chunk sum transposes
+// it back.
+bool GemmDwTransposed(const Conv2dGeometry& g) { return g.col_rows() < g.out_per_group(); }
+
+// GEMM path, samples [begin, end) of x, w, dy: adds into pdw (dW of the
+// chunk, transposed per group when GemmDwTransposed; null: skipped) and pdb
+// (null: skipped); writes dx [n, C, H, W] (null: skipped).
 template <typename T>
-void ConvBackward(const Conv2dGeometry& g, const T* x, const T* w, const T* dy, T* dx, T* dw, T* db,
-                  int64_t n, Conv2dScratch& scratch) {
+void GemmBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* x, const T* w,
+                       const T* dy, T* dx, T* pdw, T* pdb, int64_t begin, int64_t end) {
   const int64_t cols = g.out_plane(), rows = g.col_rows(), kg = g.out_per_group();
   const int64_t in_group = g.in_per_group() * g.in_plane();
   const bool pointwise = g.is_pointwise();
-  const int64_t chunks = BatchChunks(n);
-  if (n == 0) return;
-  const int64_t dw_size = g.out_channels * rows;
-  const int64_t part_size = dw_size + g.out_channels;  // dW then dbias, per chunk
-  // With few col rows (conv1: R = 9, Kg = 32) the GEMM is faster producing
-  // dW^T[R, Kg] (measured 2x with oneDNN's sgemm); the sum below
-  // transposes it back.
-  const bool dw_transposed = rows < kg;
-  Tensor partial_t = Tensor::Empty({chunks * part_size}, DTypeOf<T>());
-  T* partial = partial_t.data<T>();
-
-  cpu::ForChunks(n, chunks, [&](int64_t chunk, int64_t begin, int64_t end) {
-    T* pdw = partial + chunk * part_size;
-    T* pdb = pdw + dw_size;
-    std::fill_n(pdw, part_size, T(0));
-    T* col = nullptr;
-    T* dcol = nullptr;
-    if (!pointwise) {
-      col = ScratchBuffer<T>(scratch.col, rows * cols, true);
-      if (dx != nullptr) dcol = ScratchBuffer<T>(scratch.dcol, rows * cols, false);
-    }
-    for (int64_t s = begin; s < end; ++s) {
-      for (int64_t grp = 0; grp < g.groups; ++grp) {
-        const T* wg = w + grp * kg * rows;
-        const T* dyg = dy + (s * g.groups + grp) * kg * cols;
-        const T* xg = x + (s * g.groups + grp) * in_group;
-        T* dxg = dx != nullptr ? dx + (s * g.groups + grp) * in_group : nullptr;
+  const bool dw_transposed = GemmDwTransposed(g);
+  T* col = nullptr;
+  T* dcol = nullptr;
+  if (!pointwise) {
+    if (pdw != nullptr) col = ScratchBuffer<T>(scratch.col, rows * cols, true);
+    if (dx != nullptr) dcol = ScratchBuffer<T>(scratch.dcol, rows * cols, false);
+  }
+  for (int64_t s = begin; s < end; ++s) {
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      const T* wg = w + grp * kg * rows;
+      const T* dyg = dy + (s * g.groups + grp) * kg * cols;
+      const T* xg = x + (s * g.groups + grp) * in_group;
+      if (pdw != nullptr) {
         const T* src = xg;
         if (!pointwise) {
           Im2Col(g, scratch, xg, col);
@@ -295,23 +327,113 @@ void ConvBackward(const Conv2dGeometry& g, const T* x, const T* w, const T* dy, 
           cpu::Gemm<T>(false, true, kg, rows, cols, T(1), dyg, cols, src, cols, T(1),
                        pdw + grp * kg * rows, rows);
         }
-        if (dxg == nullptr) continue;
-        if (pointwise) {
-          cpu::Gemm<T>(true, false, rows, cols, kg, T(1), wg, rows, dyg, cols, T(0), dxg, cols);
-          continue;
-        }
-        cpu::Gemm<T>(true, false, rows, cols, kg, T(1), wg, rows, dyg, cols, T(0), dcol, cols);
-        Col2Im(g, scratch, dcol, dxg);
       }
-      if (db != nullptr) {
-        const T* dys = dy + s * g.out_channels * cols;
-        for (int64_t k = 0; k < g.out_channels; ++k) pdb[k] += RowSum(dys + k * cols, cols);
+      if (dx == nullptr) continue;
+      T* dxg = dx + (s * g.groups + grp) * in_group;
+      if (pointwise) {
+        cpu::Gemm<T>(true, false, rows, cols, kg, T(1), wg, rows, dyg, cols, T(0), dxg, cols);
+        continue;
+      }
+      cpu::Gemm<T>(true, false, rows, cols, kg, T(1), wg, rows, dyg, cols, T(0), dcol, cols);
+      Col2Im(g, scratch, dcol, dxg);
+    }
+    if (pdb != nullptr) {
+      const T* dys = dy + s * g.out_channels * cols;
+      for (int64_t k = 0; k < g.out_channels; ++k) pdb[k] += RowSum(dys + k * cols, cols);
+    }
+  }
+}
+
+// The oneDNN convolution for chunks of mb samples (made on first use).
+cpu::OnednnConv& OnednnFor(const Conv2dGeometry& g, bool bias, Conv2dScratch& scratch,
+                           int64_t mb) {
+  std::lock_guard<std::mutex> lock(scratch.mu);
+  auto& conv = scratch.onednn[mb];
+  if (conv == nullptr) conv = std::make_unique<cpu::OnednnConv>(g, mb, bias);
+  return *conv;
+}
+
+// The oneDNN convolutions of every chunk size of n samples cut in `chunks`.
+std::map<int64_t, cpu::OnednnConv*> OnednnChunks(const Conv2dGeometry& g, bool bias,
+                                                 Conv2dScratch& scratch, int64_t n,
+                                                 int64_t chunks) {
+  std::map<int64_t, cpu::OnednnConv*> convs;
+  for (int64_t mb : ChunkSizes(n, chunks)) convs[mb] = &OnednnFor(g, bias, scratch, mb);
+  return convs;
+}
+
+// x [n, C, H, W], w [K, C/groups, kh, kw], bias [K] or null -> y [n, K, H', W'].
+template <typename T>
+void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, const T* w,
+                 const T* bias, T* y, int64_t n, Conv2dScratch& scratch) {
+  if (n == 0) return;
+  const int64_t chunks = BatchChunks(n);
+  if constexpr (std::is_same_v<T, float>) {
+    if (plan.forward == ConvAlgo::kOnednn) {
+      auto convs = OnednnChunks(g, bias != nullptr, scratch, n, chunks);
+      for (auto& [mb, conv] : convs) conv->PrepareForwardWeights(w);
+      const int64_t in_sample = g.in_channels * g.in_plane();
+      const int64_t out_sample = g.out_channels * g.out_plane();
+      cpu::ForChunks(n, chunks, [&](int64_t, int64_t begin, int64_t end) {
+        convs.at(end - begin)->Forward(x + begin * in_sample, bias, y + begin * out_sample);
+      });
+      return;
+    }
+  }
+  cpu::ForChunks(n, chunks, [&](int64_t, int64_t begin, int64_t end) {
+    GemmForwardChunk(g, scratch, x, w, bias, y, begin, end);
+  });
+}
+
+// x [n, C, H, W], w [K, C/groups, kh, kw], dy [n, K, H', W'] ->
+// dx [n, C, H, W] (overwritten; null: skipped), dw [K, C/groups, kh, kw] and
+// db [K] (added into; db null: no bias).
+template <typename T>
+void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, const T* w,
+                  const T* dy, T* dx, T* dw, T* db, int64_t n, Conv2dScratch& scratch) {
+  if (n == 0) return;
+  const int64_t chunks = BackwardChunks(g, n);
+  const int64_t dw_size = g.out_channels * g.col_rows();
+  const int64_t part_size = dw_size + g.out_channels;  // dW then dbias, per chunk
+  const bool onednn_data = std::is_same_v<T, float> && plan.backward_data == ConvAlgo::kOnednn;
+  const bool onednn_weights =
+      std::is_same_v<T, float> && plan.backward_weights == ConvAlgo::kOnednn;
+  const bool dw_transposed = !onednn_weights && GemmDwTransposed(g);
+  if (!scratch.partial.defined() || scratch.partial.dtype() != DTypeOf<T>() ||
+      scratch.partial.numel() < chunks * part_size) {
+    scratch.partial = Tensor::Empty({chunks * part_size}, DTypeOf<T>());
+  }
+  T* partial = scratch.partial.data<T>();
+  std::map<int64_t, cpu::OnednnConv*> convs;
+  if (onednn_data || onednn_weights) {
+    convs = OnednnChunks(g, db != nullptr, scratch, n, chunks);
+    if (onednn_data && dx != nullptr) {
+      for (auto& [mb, conv] : convs) conv->PrepareBackwardWeights(reinterpret_cast<const float*>(w));
+    }
+  }
+  const int64_t in_sample = g.in_channels * g.in_plane();
+  const int64_t out_sample = g.out_channels * g.out_plane();
+
+  cpu::ForChunks(n, chunks, [&](int64_t chunk, int64_t begin, int64_t end) {
+    T* pdw = partial + chunk * part_size;
+    T* pdb = db != nullptr ? pdw + dw_size : nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      cpu::OnednnConv* conv = convs.empty() ? nullptr : convs.at(end - begin);
+      if (onednn_weights) {
+        conv->BackwardWeights(x + begin * in_sample, dy + begin * out_sample, pdw, pdb);
+      }
+      if (onednn_data && dx != nullptr) {
+        conv->BackwardData(dy + begin * out_sample, dx + begin * in_sample);
       }
     }
+    if (!onednn_weights) std::fill_n(pdw, db != nullptr ? part_size : dw_size, T(0));
+    GemmBackwardChunk(g, scratch, x, w, dy, onednn_data ? nullptr : dx,
+                      onednn_weights ? nullptr : pdw, onednn_weights ? nullptr : pdb, begin, end);
   });
 
   // Partial sums in chunk order, then added into the gradients.
   const int64_t total = db != nullptr ? part_size : dw_size;
+  const int64_t rows = g.col_rows(), kg = g.out_per_group();
   cpu::ParallelFor(total, 4096, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       int64_t j = i;  // where element i of dW (or dbias) sits in a partial buffer
@@ -328,6 +450,79 @@ void ConvBackward(const Conv2dGeometry& g, const T* x, const T* w, const T* dy, 
       }
     }
   });
+}
+
+// Seconds of the fastest of a few runs of fn (after one untimed run).
+template <typename Fn>
+double BestSeconds(Fn&& fn) {
+  using Clock = std::chrono::steady_clock;
+  fn();
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+// Times one chunk of each pass on this thread with both algorithms, on
+// random data: "forward,backward_data,backward_weights" with gemm|onednn
+// each. oneDNN must win by kMargin to be picked (a tie keeps the GEMM path).
+constexpr double kMargin = 1.03;
+std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& scratch,
+                         int64_t fwd_mb, int64_t bwd_mb) {
+  std::unique_ptr<cpu::OnednnConv> fwd_conv, bwd_conv;
+  try {
+    fwd_conv = std::make_unique<cpu::OnednnConv>(g, fwd_mb, has_bias);
+    bwd_conv = fwd_mb == bwd_mb ? nullptr : std::make_unique<cpu::OnednnConv>(g, bwd_mb, has_bias);
+  } catch (const Error&) {
+    return "gemm,gemm,gemm";  // oneDNN has no primitive for this geometry
+  }
+  cpu::OnednnConv& bconv = bwd_conv != nullptr ? *bwd_conv : *fwd_conv;
+  const int64_t mb = std::max(fwd_mb, bwd_mb);
+  Rng rng(1);
+  auto random = [&](int64_t size) {
+    Tensor t = Tensor::Empty({size});
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < size; ++i) p[i] = static_cast<float>(rng.Uniform(-1, 1));
+    return t;
+  };
+  const int64_t dw_size = g.out_channels * g.col_rows();
+  Tensor x = random(mb * g.in_channels * g.in_plane()), dx = random(x.numel());
+  Tensor y = random(mb * g.out_channels * g.out_plane()), dy = random(y.numel());
+  Tensor w = random(dw_size), b = random(g.out_channels);
+  Tensor dw = random(dw_size + g.out_channels);
+  const float* bias = has_bias ? b.data<float>() : nullptr;
+  float* db = has_bias ? dw.data<float>() + dw_size : nullptr;
+  fwd_conv->PrepareForwardWeights(w.data<float>());
+  bconv.PrepareBackwardWeights(w.data<float>());
+  auto pick = [](double gemm, double onednn) { return gemm > kMargin * onednn ? "onednn" : "gemm"; };
+
+  const double f_gemm = BestSeconds([&] {
+    GemmForwardChunk<float>(g, scratch, x.data<float>(), w.data<float>(), bias, y.data<float>(), 0,
+                            fwd_mb);
+  });
+  const double f_onednn =
+      BestSeconds([&] { fwd_conv->Forward(x.data<float>(), bias, y.data<float>()); });
+  const double d_gemm = BestSeconds([&] {
+    GemmBackwardChunk<float>(g, scratch, x.data<float>(), w.data<float>(), dy.data<float>(),
+                             dx.data<float>(), nullptr, nullptr, 0, bwd_mb);
+  });
+  const double d_onednn =
+      BestSeconds([&] { bconv.BackwardData(dy.data<float>(), dx.data<float>()); });
+  const double w_gemm = BestSeconds([&] {
+    GemmBackwardChunk<float>(g, scratch, x.data<float>(), w.data<float>(), dy.data<float>(),
+                             nullptr, dw.data<float>(), db, 0, bwd_mb);
+  });
+  const double w_onednn = BestSeconds([&] {
+    bconv.BackwardWeights(x.data<float>(), dy.data<float>(), dw.data<float>(), db);
+  });
+  return StrCat(pick(f_gemm, f_onednn), ",", pick(d_gemm, d_onednn), ",", pick(w_gemm, w_onednn));
+}
+
+ConvAlgo ParsePick(const std::string& s) {
+  return s == "onednn" ? ConvAlgo::kOnednn : ConvAlgo::kGemm;
 }
 
 // A pair parameter (`kernel: 3` or `kernel: [3, 2]`), checked to be >= lo.
@@ -350,6 +545,8 @@ Conv2d::Conv2d(const std::string& name, const Args& args) : Layer(name) {
   std::tie(geom_.dilation_h, geom_.dilation_w) = PairArg(args, "dilation", 1);
   geom_.groups = args.Int("groups");
   has_bias_ = args.Bool("bias");
+  const std::string& algo = args.String("algo");
+  algo_ = algo == "gemm" ? ConvAlgo::kGemm : algo == "onednn" ? ConvAlgo::kOnednn : ConvAlgo::kAuto;
   in_arg_ = args.Int("in");
   if (geom_.out_channels < 1) {
     throw ConfigError(StrCat("conv2d: 'out' must be >= 1, got ", geom_.out_channels));
@@ -406,15 +603,58 @@ void Conv2d::ResetParameters(Rng& rng) {
   }
 }
 
+const char* ConvAlgoName(ConvAlgo a) {
+  switch (a) {
+    case ConvAlgo::kAuto: return "auto";
+    case ConvAlgo::kGemm: return "gemm";
+    case ConvAlgo::kOnednn: return "onednn";
+  }
+  return "?";
+}
+
+std::string Conv2d::KernelPickKey(int64_t n) const {
+  const Conv2dGeometry& g = geom_;
+  // The picks hold for one chunk size: the first chunk's stands for all.
+  const int64_t fwd_mb = n / BatchChunks(n), bwd_mb = n / BackwardChunks(g, n);
+  return StrCat("conv2d in=", g.in_channels, "x", g.in_h, "x", g.in_w, " out=", g.out_channels,
+                " kernel=", g.kernel_h, "x", g.kernel_w, " stride=", g.stride_h, "x", g.stride_w,
+                " pad=", g.pad_h, "x", g.pad_w, " dilation=", g.dilation_h, "x", g.dilation_w,
+                " groups=", g.groups, " bias=", has_bias_ ? 1 : 0, " mb=", fwd_mb, "/", bwd_mb);
+}
+
+Conv2dPlan Conv2d::PlanFor(int64_t n, DType dtype) {
+  CNNFLOW_ENFORCE(scratch_ != nullptr, "conv2d: PlanFor before Build");
+  if (dtype != DType::kF32 || algo_ == ConvAlgo::kGemm) return {};
+  if (algo_ == ConvAlgo::kOnednn) return {ConvAlgo::kOnednn, ConvAlgo::kOnednn, ConvAlgo::kOnednn};
+  std::lock_guard<std::mutex> lock(scratch_->mu);
+  auto it = scratch_->plans.find(n);
+  if (it != scratch_->plans.end()) return it->second;
+  const Conv2dGeometry& g = geom_;
+  const int64_t fwd_mb = n / BatchChunks(n), bwd_mb = n / BackwardChunks(g, n);
+  const std::string key = KernelPickKey(n);
+  const std::string picks = cpu::FindOrMeasure(
+      key, [&] { return MeasurePicks(g, has_bias_, *scratch_, fwd_mb, bwd_mb); });
+  Conv2dPlan plan;
+  const size_t a = picks.find(','), b = picks.find(',', a + 1);
+  CNNFLOW_ENFORCE(a != std::string::npos && b != std::string::npos,
+                  "conv2d: bad kernel pick '", picks, "' for ", key, " in ", cpu::KernelPickFile());
+  plan.forward = ParsePick(picks.substr(0, a));
+  plan.backward_data = ParsePick(picks.substr(a + 1, b - a - 1));
+  plan.backward_weights = ParsePick(picks.substr(b + 1));
+  scratch_->plans[n] = plan;
+  return plan;
+}
+
 void Conv2d::Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) {
   const Tensor& in = *x[0];
   CNNFLOW_ENFORCE(scratch_ != nullptr, "conv2d: Forward before Build");
   CNNFLOW_ENFORCE(in.is_contiguous() && y.is_contiguous(), "conv2d needs contiguous tensors");
   const int64_t n = in.dim(0);
+  const Conv2dPlan plan = PlanFor(n, in.dtype());
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* bias = has_bias_ ? parameters()[1].value.data<T>() : nullptr;
-    ConvForward<T>(geom_, in.data<T>(), parameters()[0].value.data<T>(), bias, y.data<T>(), n,
+    ConvForward<T>(geom_, plan, in.data<T>(), parameters()[0].value.data<T>(), bias, y.data<T>(), n,
                    *scratch_);
   });
 }
@@ -425,11 +665,12 @@ void Conv2d::Backward(const std::vector<const Tensor*>& x, const Tensor&, const 
   CNNFLOW_ENFORCE(scratch_ != nullptr, "conv2d: Backward before Build");
   CNNFLOW_ENFORCE(in.is_contiguous() && dy.is_contiguous(), "conv2d needs contiguous tensors");
   const int64_t n = in.dim(0);
+  const Conv2dPlan plan = PlanFor(n, in.dtype());
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* dxp = dx.empty() || dx[0] == nullptr ? nullptr : dx[0]->data<T>();
     T* db = has_bias_ ? parameters()[1].grad.data<T>() : nullptr;
-    ConvBackward<T>(geom_, in.data<T>(), parameters()[0].value.data<T>(), dy.data<T>(), dxp,
+    ConvBackward<T>(geom_, plan, in.data<T>(), parameters()[0].value.data<T>(), dy.data<T>(), dxp,
                     parameters()[0].grad.data<T>(), db, n, *scratch_);
   });
 }
@@ -452,6 +693,9 @@ CNNFLOW_REGISTER_LAYER(
                   "channel groups; C and K must be divisible by it")
         .Optional("bias", ParamType::kBool, true, "learn an additive bias per output channel")
         .Optional("in", ParamType::kInt, int64_t{0},
-                  "input channels C, checked against the input (0: inferred)"));
+                  "input channels C, checked against the input (0: inferred)")
+        .Choice("algo", {"auto", "gemm", "onednn"}, "auto",
+                "CPU kernels: im2col + GEMM, oneDNN's primitives (f32), or auto: the faster "
+                "of the two per pass, measured once per shape on this machine"));
 
 }  // namespace cnnflow

@@ -2,26 +2,11 @@
 
 #include <cblas.h>
 #include <dnnl.h>
-#include <omp.h>
 
+#include "ops/cpu/onednn_conv.h"
 #include "ops/error.h"
 
 namespace cnnflow::cpu {
-
-namespace {
-
-// Each calling thread runs its GEMM alone: TBB owns the parallelism, and
-// an OpenMP team per TBB worker would oversubscribe the cores (7-20x slower
-// here, see TOOLCHAIN.md). OpenMP's thread count is per calling thread.
-void OneOpenMpThreadHere() {
-  thread_local bool pinned = false;
-  if (!pinned) {
-    omp_set_num_threads(1);
-    pinned = true;
-  }
-}
-
-}  // namespace
 
 // f32 goes through oneDNN: it dispatches on CPU features (AVX-512 here),
 // while Debian's OpenBLAS 0.3.21 does not know this CPU model and falls back

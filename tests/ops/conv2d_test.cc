@@ -13,8 +13,10 @@
 #include <cstdlib>
 #include <ctime>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "ops/cpu/algo_cache.h"
 #include "ops/cpu/parallel.h"
 #include "tests/ops/gradient_check.h"
 
@@ -32,8 +34,9 @@ struct ConvCase {
   bool bias = true;
 };
 
-Args ConvArgs(const ConvCase& t) {
+Args ConvArgs(const ConvCase& t, const std::string& algo = "auto") {
   Args a;
+  a.Set("algo", algo);
   a.Set("out", t.k);
   a.Set("kernel", std::vector<int64_t>{t.kh, t.kw});
   a.Set("stride", std::vector<int64_t>{t.sh, t.sw});
@@ -135,12 +138,13 @@ void ExpectNear(const std::vector<double>& want, const Tensor& got, double tol,
 }
 
 // Forward and backward of the layer against the naive loops.
-void CheckAgainstNaive(const ConvCase& t, DType dtype, double tol) {
-  SCOPED_TRACE(StrCat("n=", t.n, " c=", t.c, " ", t.h, "x", t.w, " k=", t.k, " kernel ", t.kh, "x",
+void CheckAgainstNaive(const ConvCase& t, DType dtype, double tol,
+                       const std::string& algo = "auto") {
+  SCOPED_TRACE(StrCat(algo, " n=", t.n, " c=", t.c, " ", t.h, "x", t.w, " k=", t.k, " kernel ", t.kh, "x",
                       t.kw, " stride ", t.sh, "x", t.sw, " pad ", t.ph, "x", t.pw, " dil ", t.dh,
                       "x", t.dw, " groups ", t.groups, " ", DTypeName(dtype)));
   Shape out;
-  auto layer = BuildConv(ConvArgs(t), {t.c, t.h, t.w}, dtype, &out);
+  auto layer = BuildConv(ConvArgs(t, algo), {t.c, t.h, t.w}, dtype, &out);
   ASSERT_EQ(out, OutShape(t).WithoutBatch());
   Parameter& w = layer->parameters()[0];
   const Tensor* b = t.bias ? &layer->parameters()[1].value : nullptr;
@@ -231,10 +235,10 @@ TEST(Conv2dGradient, AddsIntoParameterGradsAndSkipsNullDx) {
   ExpectNear(ndw, once, 1e-12, "dweight");
 }
 
-// Weight and bias gradients are bitwise equal whatever the thread count.
-TEST(Conv2dGradient, DeterministicAcrossThreadCounts) {
-  const ConvCase t{64, 4, 9, 9, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1};
-  auto layer = MakeLayer("conv2d", ConvArgs(t), {Shape({t.c, t.h, t.w})}, DType::kF32);
+// Outputs and gradients are bitwise equal whatever the thread count.
+void ExpectSameAcrossThreadCounts(const ConvCase& t, const std::string& algo) {
+  SCOPED_TRACE(algo);
+  auto layer = MakeLayer("conv2d", ConvArgs(t, algo), {Shape({t.c, t.h, t.w})}, DType::kF32);
   Tensor x = RandomTensor(InShape(t), 1, -1, 1, DType::kF32);
   Tensor dy = RandomTensor(OutShape(t), 2, -1, 1, DType::kF32);
   auto grads = [&](int threads) {
@@ -247,16 +251,195 @@ TEST(Conv2dGradient, DeterministicAcrossThreadCounts) {
       const Tensor* xp = &x;
       Tensor* dxp = &dx;
       layer->Backward({xp}, y, dy, {dxp});
-      out = {y, dx, layer->parameters()[0].grad.Clone(), layer->parameters()[1].grad.Clone()};
+      out = {y, dx, layer->parameters()[0].grad.Clone()};
+      if (t.bias) out.push_back(layer->parameters()[1].grad.Clone());
     });
     return out;
   };
-  const std::vector<Tensor> a = grads(1), b = grads(2);
+  const std::vector<Tensor> a = grads(1), b = grads(2), c = grads(2);
   for (size_t i = 0; i < a.size(); ++i) {
     for (int64_t j = 0; j < a[i].numel(); ++j) {
       ASSERT_EQ(a[i].At(j), b[i].At(j)) << "tensor " << i << " element " << j;
+      ASSERT_EQ(b[i].At(j), c[i].At(j)) << "tensor " << i << " element " << j;
     }
   }
+}
+
+TEST(Conv2dGradient, DeterministicAcrossThreadCounts) {
+  const ConvCase t{64, 4, 9, 9, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+  ExpectSameAcrossThreadCounts(t, "gemm");
+  ExpectSameAcrossThreadCounts(t, "onednn");
+  ExpectSameAcrossThreadCounts(t, "auto");
+  // ResNet's deep stage: few backward chunks, big dW.
+  ExpectSameAcrossThreadCounts({64, 32, 4, 4, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, false}, "onednn");
+}
+
+// --- oneDNN's primitives (algo: onednn; f32 only) ----------------------------
+
+// Every geometry of Cases(): strides, dilation, groups, padding wider than
+// the kernel, kernels wider than the input, against the naive loops in f64.
+TEST(Conv2dOnednn, MatchesNaiveForEveryCase) {
+  for (const ConvCase& t : Cases()) CheckAgainstNaive(t, DType::kF32, 2e-5, "onednn");
+}
+
+// The shapes of real networks, several chunks of two sizes (37 = 5 x 2 +
+// 11 x 3 in 16 chunks), and ResNet's 1x1 stride-2 shortcut (its right
+// padding is negative: the last input row is never read).
+TEST(Conv2dOnednn, NetworkShapesAndRaggedChunksMatchNaive) {
+  //                n   c   h   w   k kh kw sh sw ph pw dh dw g
+  CheckAgainstNaive({37, 8, 8, 8, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1}, DType::kF32, 2e-5, "onednn");
+  CheckAgainstNaive({5, 16, 8, 8, 24, 1, 1, 2, 2, 0, 0, 1, 1, 1, false}, DType::kF32, 2e-5,
+                    "onednn");
+  CheckAgainstNaive({3, 16, 12, 12, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, false}, DType::kF32, 2e-5,
+                    "onednn");
+  CheckAgainstNaive({4, 3, 32, 32, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1}, DType::kF32, 2e-5, "onednn");
+  CheckAgainstNaive({2, 64, 4, 4, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, false}, DType::kF32, 5e-5,
+                    "onednn");
+}
+
+// Central differences of L = sum(y * R) in f32. Convolution is linear in x
+// and in w, so the difference quotient is exact for any step and only
+// rounding remains: a large step keeps it far below the tolerance.
+TEST(Conv2dOnednn, GradientsMatchFiniteDifferences) {
+  for (const ConvCase& t : {ConvCase{3, 8, 6, 6, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1},
+                            ConvCase{2, 4, 7, 6, 8, 3, 3, 2, 2, 1, 1, 1, 1, 2},
+                            ConvCase{2, 8, 5, 5, 8, 1, 1, 2, 2, 0, 0, 1, 1, 1, false}}) {
+    SCOPED_TRACE(StrCat("c=", t.c, " ", t.h, "x", t.w, " k=", t.k, " stride ", t.sh));
+    auto layer = MakeLayer("conv2d", ConvArgs(t, "onednn"), {Shape({t.c, t.h, t.w})}, DType::kF32);
+    Tensor x = RandomTensor(InShape(t), 11, -1, 1, DType::kF32);
+    const Tensor r = RandomTensor(OutShape(t), 12, -1, 1, DType::kF32);
+    auto loss = [&] {
+      Tensor y = RunForward(*layer, {x}, OutShape(t), {});
+      double s = 0;
+      for (int64_t i = 0; i < y.numel(); ++i) s += y.At(i) * r.At(i);
+      return s;
+    };
+    Tensor y = RunForward(*layer, {x}, OutShape(t), {});
+    Tensor dx = Tensor::Empty(InShape(t), DType::kF32);
+    for (auto& p : layer->parameters()) p.grad.Zero();
+    const Tensor* xp = &x;
+    Tensor* dxp = &dx;
+    layer->Backward({xp}, y, r, {dxp});
+    const double h = 0.25;
+    auto check = [&](Tensor& v, const Tensor& grad, const char* what) {
+      for (int64_t i = 0; i < v.numel(); i += 1 + v.numel() / 40) {
+        const double v0 = v.At(i);
+        v.Set(i, v0 + h);
+        const double up = loss();
+        v.Set(i, v0 - h);
+        const double down = loss();
+        v.Set(i, v0);
+        const double numeric = (up - down) / (2 * h);
+        EXPECT_NEAR(grad.At(i), numeric, 1e-3 * (1 + std::abs(numeric))) << what << "[" << i << "]";
+      }
+    };
+    check(x, dx, "dx");
+    check(layer->parameters()[0].value, layer->parameters()[0].grad, "dweight");
+    if (t.bias) check(layer->parameters()[1].value, layer->parameters()[1].grad, "dbias");
+  }
+}
+
+TEST(Conv2dOnednn, F64RunsTheGemmPath) {
+  auto layer = MakeLayer("conv2d", ConvArgs(Cases()[1], "onednn"), {Shape({3, 7, 6})});
+  const Conv2dPlan plan = dynamic_cast<Conv2d&>(*layer).PlanFor(2, DType::kF64);
+  EXPECT_EQ(plan.forward, ConvAlgo::kGemm);
+  EXPECT_EQ(plan.backward_weights, ConvAlgo::kGemm);
+  CheckAgainstNaive(Cases()[1], DType::kF64, 1e-12, "onednn");
+}
+
+// --- algo: auto and the kernel pick cache --------------------------------------
+
+// Sets CNNFLOW_CACHE_DIR to a fresh folder for one test.
+class KernelPickDir {
+ public:
+  KernelPickDir() {
+    char tmpl[] = "/tmp/cnnflow_picks_XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    const char* old = std::getenv("CNNFLOW_CACHE_DIR");
+    had_old_ = old != nullptr;
+    if (had_old_) old_ = old;
+    setenv("CNNFLOW_CACHE_DIR", dir_.c_str(), 1);
+  }
+  ~KernelPickDir() {
+    if (had_old_) {
+      setenv("CNNFLOW_CACHE_DIR", old_.c_str(), 1);
+    } else {
+      unsetenv("CNNFLOW_CACHE_DIR");
+    }
+    std::remove(file().c_str());
+    std::remove(dir_.c_str());
+  }
+  std::string file() const { return dir_ + "/kernel-picks.tsv"; }
+  std::string Read() const {
+    std::string text;
+    if (FILE* f = std::fopen(file().c_str(), "r")) {
+      char buf[4096];
+      for (size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, got);
+      std::fclose(f);
+    }
+    return text;
+  }
+  void Write(const std::string& key, const std::string& pick) const {
+    FILE* f = std::fopen(file().c_str(), "a");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "%s\t%s\t%s\n", cpu::MachineId().c_str(), key.c_str(), pick.c_str());
+    std::fclose(f);
+  }
+
+ private:
+  std::string dir_, old_;
+  bool had_old_ = false;
+};
+
+TEST(KernelPicks, MeasuredOnceThenReadFromTheFile) {
+  KernelPickDir dir;
+  int measured = 0;
+  auto measure = [&] { return ++measured, std::string("b"); };
+  EXPECT_EQ(cpu::FindOrMeasure("test-key-1", measure), "b");
+  EXPECT_EQ(cpu::FindOrMeasure("test-key-1", measure), "b");
+  EXPECT_EQ(measured, 1);
+  EXPECT_NE(dir.Read().find("\ttest-key-1\tb\n"), std::string::npos) << dir.Read();
+  // Another process's pick, already in the file: taken as it is.
+  dir.Write("test-key-2", "a");
+  EXPECT_EQ(cpu::FindOrMeasure("test-key-2", measure), "a");
+  EXPECT_EQ(measured, 1);
+}
+
+// Picks in the file decide each pass, mixed plans included: forward and
+// backward-weights on oneDNN with backward-data on GEMM, and the reverse.
+TEST(KernelPicks, MixedPlansFromTheFileMatchNaive) {
+  KernelPickDir dir;
+  const ConvCase a{17, 8, 6, 6, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+  const ConvCase b{17, 8, 6, 6, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, false};
+  for (const auto& [t, pick] : {std::pair{a, "onednn,gemm,onednn"}, std::pair{b, "gemm,onednn,gemm"}}) {
+    auto layer = MakeLayer("conv2d", ConvArgs(t), {Shape({t.c, t.h, t.w})}, DType::kF32);
+    dir.Write(dynamic_cast<Conv2d&>(*layer).KernelPickKey(t.n), pick);
+    const Conv2dPlan plan = dynamic_cast<Conv2d&>(*layer).PlanFor(t.n, DType::kF32);
+    EXPECT_EQ(StrCat(ConvAlgoName(plan.forward), ",", ConvAlgoName(plan.backward_data), ",",
+                     ConvAlgoName(plan.backward_weights)),
+              pick);
+    CheckAgainstNaive(t, DType::kF32, 2e-5);
+  }
+}
+
+// auto measures a shape once and records it; a second layer of the same
+// shape (another replica) gets the same plan without measuring.
+TEST(KernelPicks, AutoMeasuresOncePerShape) {
+  KernelPickDir dir;
+  const ConvCase t{8, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+  auto one = MakeLayer("conv2d", ConvArgs(t), {Shape({t.c, t.h, t.w})}, DType::kF32);
+  auto two = MakeLayer("conv2d", ConvArgs(t), {Shape({t.c, t.h, t.w})}, DType::kF32);
+  auto& c1 = dynamic_cast<Conv2d&>(*one);
+  auto& c2 = dynamic_cast<Conv2d&>(*two);
+  const Conv2dPlan p1 = c1.PlanFor(t.n, DType::kF32), p2 = c2.PlanFor(t.n, DType::kF32);
+  EXPECT_EQ(p1.forward, p2.forward);
+  EXPECT_EQ(p1.backward_data, p2.backward_data);
+  EXPECT_EQ(p1.backward_weights, p2.backward_weights);
+  const std::string text = dir.Read();
+  const std::string key = c1.KernelPickKey(t.n);
+  const size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_EQ(text.find(key, at + 1), std::string::npos) << "measured twice:\n" << text;
 }
 
 TEST(Conv2dBuild, ParametersShapesAndInit) {

@@ -1,0 +1,31 @@
+// Which kernel runs a layer shape: measured once, then remembered, like
+// cuDNN's algorithm search, and on disk, like MIOpen's find-db, so that every
+// process on this machine (a resumed run, each MPI rank, the next run) takes
+// the same pick and so computes bitwise the same results.
+//
+// The file is $CNNFLOW_CACHE_DIR/kernel-picks.tsv (default
+// $XDG_CACHE_HOME/cnnflow, else ~/.cache/cnnflow; CNNFLOW_CACHE_DIR= empty
+// keeps picks in this process only): one "machine<TAB>key<TAB>pick" line per
+// pick, where machine names the CPU model, its ISA and the oneDNN version, so
+// that another machine measures anew. The first line for a key wins; the
+// file is locked (flock) while a pick is measured, so two processes never
+// pick differently.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace cnnflow::cpu {
+
+// The pick for `key`: from this process's memory, else from the file, else
+// measure() (its answer is then recorded). measure() runs at most once per
+// key per process; concurrent callers of the same key wait for it.
+std::string FindOrMeasure(const std::string& key, const std::function<std::string()>& measure);
+
+// This machine's line prefix: CPU model, ISA and oneDNN version.
+const std::string& MachineId();
+
+// The cache file, or "" when picks stay in memory.
+std::string KernelPickFile();
+
+}  // namespace cnnflow::cpu

@@ -1,0 +1,311 @@
+#include "ops/cpu/onednn_conv.h"
+
+#include <omp.h>
+#include <tbb/enumerable_thread_specific.h>
+
+#include <algorithm>
+#include <dnnl.hpp>
+#include <vector>
+
+#include "ops/error.h"
+#include "ops/tensor.h"
+
+namespace cnnflow::cpu {
+
+void OneOpenMpThreadHere() {
+  thread_local bool pinned = false;
+  if (!pinned) {
+    omp_set_num_threads(1);
+    pinned = true;
+  }
+}
+
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+
+dnnl::engine& Engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// A stream per thread: each call executes on its own thread, synchronously.
+dnnl::stream& Stream() {
+  thread_local dnnl::stream stream(Engine());
+  return stream;
+}
+
+// A reorder from `from` to `to`, or nothing when they are the same layout.
+struct Reorder {
+  Reorder() = default;
+  Reorder(const memory::desc& from, const memory::desc& to, const dnnl::primitive_attr& attr)
+      : from(from), to(to) {
+    if (from != to) {
+      pd = dnnl::reorder::primitive_desc(Engine(), from, Engine(), to, attr);
+      prim = dnnl::reorder(pd);
+    }
+  }
+  bool needed() const { return static_cast<bool>(prim); }
+  size_t scratchpad() const { return needed() ? pd.scratchpad_desc().get_size() : 0; }
+  // Runs it from `src` into `dst`: pointers laid out as `from` and `to`.
+  void Run(const void* src, void* dst, void* pad) const {
+    memory s(from, Engine(), const_cast<void*>(src)), d(to, Engine(), dst);
+    memory p(pd.scratchpad_desc(), Engine(), pad);
+    prim.execute(Stream(), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d}, {DNNL_ARG_SCRATCHPAD, p}});
+  }
+
+  memory::desc from, to;
+  dnnl::reorder::primitive_desc pd;
+  dnnl::reorder prim;
+};
+
+// The size in bytes of a buffer laid out as md (0 when `r` needs none).
+size_t BufferBytes(const Reorder& r, const memory::desc& md) {
+  return r.needed() ? md.get_size() : 0;
+}
+
+}  // namespace
+
+struct OnednnConv::Impl {
+  memory::desc user_src, user_wei, user_dst, user_bias;
+  dnnl::convolution_forward::primitive_desc fwd_pd;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd;
+  dnnl::convolution_forward fwd;
+  dnnl::convolution_backward_data bwd_data;
+  dnnl::convolution_backward_weights bwd_weights;
+  bool bias = false;
+
+  // Per call: user -> primitive layouts and back.
+  Reorder fwd_src, fwd_dst, bd_diff_dst, bd_diff_src, bw_src, bw_diff_dst, bw_diff_wei;
+  // Per pass: the weights in the forward and backward-data layouts.
+  Reorder fwd_wei, bd_wei;
+  Tensor fwd_wei_buf, bd_wei_buf;
+  const float* fwd_wei_ptr = nullptr;
+  const float* bd_wei_ptr = nullptr;
+
+  size_t buf_a = 0, buf_b = 0, buf_c = 0, pad = 0;  // per-thread scratch sizes (bytes)
+  struct Scratch {
+    Tensor a, b, c, pad;
+  };
+  mutable tbb::enumerable_thread_specific<Scratch> scratch;
+
+  Scratch& Local() const {
+    Scratch& s = scratch.local();
+    auto fit = [](Tensor& t, size_t bytes) {
+      const int64_t n = static_cast<int64_t>((bytes + 3) / 4) + 1;
+      if (!t.defined() || t.numel() < n) t = Tensor::Empty({n}, DType::kF32);
+    };
+    fit(s.a, buf_a);
+    fit(s.b, buf_b);
+    fit(s.c, buf_c);
+    fit(s.pad, pad);
+    return s;
+  }
+};
+
+OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias)
+    : mb_(mb), impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.bias = bias;
+  using dt = memory::data_type;
+  const memory::dims src{mb, g.in_channels, g.in_h, g.in_w};
+  const memory::dims dst{mb, g.out_channels, g.out_h, g.out_w};
+  const bool grouped = g.groups > 1;
+  const memory::dims wei = grouped ? memory::dims{g.groups, g.out_per_group(), g.in_per_group(),
+                                                  g.kernel_h, g.kernel_w}
+                                   : memory::dims{g.out_channels, g.in_channels, g.kernel_h,
+                                                  g.kernel_w};
+  const memory::dims strides{g.stride_h, g.stride_w};
+  const memory::dims dilates{g.dilation_h - 1, g.dilation_w - 1};
+  const memory::dims pad_l{g.pad_h, g.pad_w};
+  // The right padding that gives the floor output size (may be below pad_l).
+  const memory::dims pad_r{
+      (g.out_h - 1) * g.stride_h + (g.kernel_h - 1) * g.dilation_h + 1 - g.in_h - g.pad_h,
+      (g.out_w - 1) * g.stride_w + (g.kernel_w - 1) * g.dilation_w + 1 - g.in_w - g.pad_w};
+  m.user_src = memory::desc(src, dt::f32, Tag::nchw);
+  m.user_dst = memory::desc(dst, dt::f32, Tag::nchw);
+  m.user_wei = memory::desc(wei, dt::f32, grouped ? Tag::goihw : Tag::oihw);
+  m.user_bias = memory::desc({g.out_channels}, dt::f32, Tag::x);
+  const memory::desc any_src(src, dt::f32, Tag::any), any_dst(dst, dt::f32, Tag::any);
+  const memory::desc any_wei(wei, dt::f32, Tag::any);
+  const memory::desc no_bias;
+
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  try {
+    using Fwd = dnnl::convolution_forward;
+    using BwdData = dnnl::convolution_backward_data;
+    using BwdWeights = dnnl::convolution_backward_weights;
+    const auto algo = dnnl::algorithm::convolution_direct;
+    m.fwd_pd = Fwd::primitive_desc(
+        Fwd::desc(dnnl::prop_kind::forward_training, algo, any_src, any_wei,
+                  bias ? m.user_bias : no_bias, any_dst, strides, dilates, pad_l, pad_r),
+        attr, Engine());
+    m.bwd_data_pd = BwdData::primitive_desc(
+        BwdData::desc(algo, any_src, any_wei, any_dst, strides, dilates, pad_l, pad_r), attr,
+        Engine(), m.fwd_pd);
+    m.bwd_weights_pd = BwdWeights::primitive_desc(
+        BwdWeights::desc(algo, any_src, any_wei, bias ? m.user_bias : no_bias, any_dst, strides,
+                         dilates, pad_l, pad_r),
+        attr, Engine(), m.fwd_pd);
+    m.fwd = Fwd(m.fwd_pd);
+    m.bwd_data = BwdData(m.bwd_data_pd);
+    m.bwd_weights = BwdWeights(m.bwd_weights_pd);
+
+    m.fwd_src = Reorder(m.user_src, m.fwd_pd.src_desc(), attr);
+    m.fwd_dst = Reorder(m.fwd_pd.dst_desc(), m.user_dst, attr);
+    m.fwd_wei = Reorder(m.user_wei, m.fwd_pd.weights_desc(), attr);
+    m.bd_diff_dst = Reorder(m.user_dst, m.bwd_data_pd.diff_dst_desc(), attr);
+    m.bd_diff_src = Reorder(m.bwd_data_pd.diff_src_desc(), m.user_src, attr);
+    m.bd_wei = Reorder(m.user_wei, m.bwd_data_pd.weights_desc(), attr);
+    m.bw_src = Reorder(m.user_src, m.bwd_weights_pd.src_desc(), attr);
+    m.bw_diff_dst = Reorder(m.user_dst, m.bwd_weights_pd.diff_dst_desc(), attr);
+    m.bw_diff_wei = Reorder(m.bwd_weights_pd.diff_weights_desc(), m.user_wei, attr);
+  } catch (const dnnl::error& e) {
+    throw Error(StrCat("oneDNN has no convolution for input [", mb, ", ", g.in_channels, ", ",
+                       g.in_h, ", ", g.in_w, "], kernel ", g.kernel_h, "x", g.kernel_w,
+                       " stride ", g.stride_h, "x", g.stride_w, " groups ", g.groups, ": ",
+                       e.what()));
+  }
+  m.buf_a = std::max({BufferBytes(m.fwd_src, m.fwd_pd.src_desc()),
+                      BufferBytes(m.bd_diff_dst, m.bwd_data_pd.diff_dst_desc()),
+                      BufferBytes(m.bw_src, m.bwd_weights_pd.src_desc())});
+  m.buf_b = std::max({BufferBytes(m.fwd_dst, m.fwd_pd.dst_desc()),
+                      BufferBytes(m.bd_diff_src, m.bwd_data_pd.diff_src_desc()),
+                      BufferBytes(m.bw_diff_dst, m.bwd_weights_pd.diff_dst_desc())});
+  m.buf_c = BufferBytes(m.bw_diff_wei, m.bwd_weights_pd.diff_weights_desc());
+  m.pad = std::max({m.fwd_pd.scratchpad_desc().get_size(),
+                    m.bwd_data_pd.scratchpad_desc().get_size(),
+                    m.bwd_weights_pd.scratchpad_desc().get_size(), m.fwd_src.scratchpad(),
+                    m.fwd_dst.scratchpad(), m.bd_diff_dst.scratchpad(), m.bd_diff_src.scratchpad(),
+                    m.bw_src.scratchpad(), m.bw_diff_dst.scratchpad(), m.bw_diff_wei.scratchpad(),
+                    m.fwd_wei.scratchpad(), m.bd_wei.scratchpad()});
+  if (m.fwd_wei.needed()) {
+    m.fwd_wei_buf = Tensor::Empty({static_cast<int64_t>(m.fwd_pd.weights_desc().get_size() / 4)});
+  }
+  if (m.bd_wei.needed()) {
+    m.bd_wei_buf =
+        Tensor::Empty({static_cast<int64_t>(m.bwd_data_pd.weights_desc().get_size() / 4)});
+  }
+}
+
+OnednnConv::~OnednnConv() = default;
+
+std::string OnednnConv::ImplInfo() const {
+  return StrCat("forward ", impl_->fwd_pd.impl_info_str(), ", backward-data ",
+                impl_->bwd_data_pd.impl_info_str(), ", backward-weights ",
+                impl_->bwd_weights_pd.impl_info_str());
+}
+
+void OnednnConv::PrepareForwardWeights(const float* w) {
+  OneOpenMpThreadHere();
+  Impl& m = *impl_;
+  if (!m.fwd_wei.needed()) {
+    m.fwd_wei_ptr = w;
+    return;
+  }
+  m.fwd_wei.Run(w, m.fwd_wei_buf.data<float>(), m.Local().pad.data<float>());
+  m.fwd_wei_ptr = m.fwd_wei_buf.data<float>();
+}
+
+void OnednnConv::PrepareBackwardWeights(const float* w) {
+  OneOpenMpThreadHere();
+  Impl& m = *impl_;
+  if (!m.bd_wei.needed()) {
+    m.bd_wei_ptr = w;
+    return;
+  }
+  m.bd_wei.Run(w, m.bd_wei_buf.data<float>(), m.Local().pad.data<float>());
+  m.bd_wei_ptr = m.bd_wei_buf.data<float>();
+}
+
+void OnednnConv::Forward(const float* x, const float* bias, float* y) const {
+  OneOpenMpThreadHere();
+  const Impl& m = *impl_;
+  CNNFLOW_ENFORCE(m.fwd_wei_ptr != nullptr, "OnednnConv::Forward before PrepareForwardWeights");
+  Impl::Scratch& s = m.Local();
+  void* pad = s.pad.data<float>();
+  const void* src = x;
+  if (m.fwd_src.needed()) {
+    m.fwd_src.Run(x, s.a.data<float>(), pad);
+    src = s.a.data<float>();
+  }
+  void* dst = m.fwd_dst.needed() ? static_cast<void*>(s.b.data<float>()) : y;
+  const auto& pd = m.fwd_pd;
+  memory ms(pd.src_desc(), Engine(), const_cast<void*>(src));
+  memory mw(pd.weights_desc(), Engine(), const_cast<float*>(m.fwd_wei_ptr));
+  memory md(pd.dst_desc(), Engine(), dst);
+  memory mp(pd.scratchpad_desc(), Engine(), pad);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, ms},
+                                       {DNNL_ARG_WEIGHTS, mw},
+                                       {DNNL_ARG_DST, md},
+                                       {DNNL_ARG_SCRATCHPAD, mp}};
+  if (m.bias) {
+    CNNFLOW_ENFORCE(bias != nullptr, "OnednnConv::Forward: the layer has a bias");
+    args.emplace(DNNL_ARG_BIAS, memory(m.user_bias, Engine(), const_cast<float*>(bias)));
+  }
+  m.fwd.execute(Stream(), args);
+  if (m.fwd_dst.needed()) m.fwd_dst.Run(dst, y, pad);
+}
+
+void OnednnConv::BackwardData(const float* dy, float* dx) const {
+  OneOpenMpThreadHere();
+  const Impl& m = *impl_;
+  CNNFLOW_ENFORCE(m.bd_wei_ptr != nullptr,
+                  "OnednnConv::BackwardData before PrepareBackwardWeights");
+  Impl::Scratch& s = m.Local();
+  void* pad = s.pad.data<float>();
+  const void* diff_dst = dy;
+  if (m.bd_diff_dst.needed()) {
+    m.bd_diff_dst.Run(dy, s.a.data<float>(), pad);
+    diff_dst = s.a.data<float>();
+  }
+  void* diff_src = m.bd_diff_src.needed() ? static_cast<void*>(s.b.data<float>()) : dx;
+  const auto& pd = m.bwd_data_pd;
+  memory mdd(pd.diff_dst_desc(), Engine(), const_cast<void*>(diff_dst));
+  memory mw(pd.weights_desc(), Engine(), const_cast<float*>(m.bd_wei_ptr));
+  memory mds(pd.diff_src_desc(), Engine(), diff_src);
+  memory mp(pd.scratchpad_desc(), Engine(), pad);
+  m.bwd_data.execute(Stream(), {{DNNL_ARG_DIFF_DST, mdd},
+                                {DNNL_ARG_WEIGHTS, mw},
+                                {DNNL_ARG_DIFF_SRC, mds},
+                                {DNNL_ARG_SCRATCHPAD, mp}});
+  if (m.bd_diff_src.needed()) m.bd_diff_src.Run(diff_src, dx, pad);
+}
+
+void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, float* db) const {
+  OneOpenMpThreadHere();
+  const Impl& m = *impl_;
+  Impl::Scratch& s = m.Local();
+  void* pad = s.pad.data<float>();
+  const void* src = x;
+  if (m.bw_src.needed()) {
+    m.bw_src.Run(x, s.a.data<float>(), pad);
+    src = s.a.data<float>();
+  }
+  const void* diff_dst = dy;
+  if (m.bw_diff_dst.needed()) {
+    m.bw_diff_dst.Run(dy, s.b.data<float>(), pad);
+    diff_dst = s.b.data<float>();
+  }
+  void* diff_wei = m.bw_diff_wei.needed() ? static_cast<void*>(s.c.data<float>()) : dw;
+  const auto& pd = m.bwd_weights_pd;
+  memory ms(pd.src_desc(), Engine(), const_cast<void*>(src));
+  memory mdd(pd.diff_dst_desc(), Engine(), const_cast<void*>(diff_dst));
+  memory mdw(pd.diff_weights_desc(), Engine(), diff_wei);
+  memory mp(pd.scratchpad_desc(), Engine(), pad);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, ms},
+                                       {DNNL_ARG_DIFF_DST, mdd},
+                                       {DNNL_ARG_DIFF_WEIGHTS, mdw},
+                                       {DNNL_ARG_SCRATCHPAD, mp}};
+  if (m.bias) {
+    CNNFLOW_ENFORCE(db != nullptr, "OnednnConv::BackwardWeights: the layer has a bias");
+    args.emplace(DNNL_ARG_DIFF_BIAS, memory(m.user_bias, Engine(), db));
+  }
+  m.bwd_weights.execute(Stream(), args);
+  if (m.bw_diff_wei.needed()) m.bw_diff_wei.Run(diff_wei, dw, pad);
+}
+
+}  // namespace cnnflow::cpu

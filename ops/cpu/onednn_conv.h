@@ -1,0 +1,65 @@
+// oneDNN's convolution primitives for one conv2d geometry and one
+// mini-batch size: forward, backward-data and backward-weights, f32.
+//
+// TBB owns the threads (ops/cpu/parallel.h): each call runs the primitive on
+// the calling thread alone (one OpenMP thread, TOOLCHAIN.md) over one chunk
+// of the batch, and the layer runs its chunks in parallel. So the result of
+// a chunk depends only on its size, and a layer's output is bitwise the same
+// for any thread count.
+//
+// The layer's tensors stay in PyTorch's layouts (x, y [mb, C, H, W] plain,
+// weight [K, C/groups, kh, kw]); the primitives are created with
+// format_tag::any, so oneDNN picks its blocked layouts (nChw8c on AVX2,
+// nChw16c on AVX-512) and each call reorders its chunk in and out through
+// per-thread scratch. Weights are reordered once per pass (Prepare*).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ops/conv2d.h"
+
+namespace cnnflow::cpu {
+
+// Calls omp_set_num_threads(1) once per calling thread (OpenMP's thread
+// count is per thread): TBB owns the parallelism, and an OpenMP team per TBB
+// worker would oversubscribe the cores (7-20x slower, TOOLCHAIN.md). Every
+// call into oneDNN goes through it.
+void OneOpenMpThreadHere();
+
+class OnednnConv {
+ public:
+  // mb: the samples of every call. Throws Error when oneDNN has no
+  // primitive for the geometry.
+  OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias);
+  ~OnednnConv();
+  OnednnConv(const OnednnConv&) = delete;
+  OnednnConv& operator=(const OnednnConv&) = delete;
+
+  int64_t mb() const { return mb_; }
+  // The implementations oneDNN chose ("jit:avx2", "gemm:jit", ...), for logs.
+  std::string ImplInfo() const;
+
+  // w [K, C/groups, kh, kw] into the forward (resp. backward-data)
+  // primitive's layout. Once per pass, before the chunks; not concurrent
+  // with the calls that read it.
+  void PrepareForwardWeights(const float* w);
+  void PrepareBackwardWeights(const float* w);
+
+  // The per-chunk calls; any number may run at once on different threads.
+  // x [mb, C, H, W], bias [K] or null -> y [mb, K, H', W'].
+  void Forward(const float* x, const float* bias, float* y) const;
+  // dy [mb, K, H', W'] -> dx [mb, C, H, W] (overwritten).
+  void BackwardData(const float* dy, float* dx) const;
+  // x, dy -> dw [K, C/groups, kh, kw] and db [K] (db null: no bias),
+  // overwritten with this chunk's sums.
+  void BackwardWeights(const float* x, const float* dy, float* dw, float* db) const;
+
+ private:
+  struct Impl;
+  int64_t mb_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cnnflow::cpu
