@@ -1,24 +1,39 @@
 #!/usr/bin/python3
-"""PyTorch reference for cnnflow's training benchmarks (issues 2 and 6).
+"""PyTorch reference for cnnflow's training benchmarks (issues 2, 6 and 11).
 
 Trains, in eager mode, the same models as cnnflow's configs:
-  --model mlp2      the "two-layer CNN + FC" of configs/fashion_mnist.yaml
+  --model mlp2      model A, the "two-layer CNN + FC" of configs/fashion_mnist.yaml
                     (conv 1->32 3x3 pad 1, ReLU, maxpool 2; conv 32->64, ReLU,
-                    maxpool 2; linear 3136->128, ReLU; linear 128->10), batch 64
+                    maxpool 2; linear 3136->128, ReLU; linear 128->10), batch 64,
+                    SGD lr 0.01 momentum 0.9
+  --model cnn3      model B, the "three-layer CNN + FC" of
+                    configs/fashion_mnist_cnn3.yaml (conv 1->32, 32->64,
+                    64->128, each 3x3 pad 1 + ReLU + maxpool 2; linear
+                    1152->128, ReLU; linear 128->10), batch 64, SGD lr 0.01
+                    momentum 0.9
   --model resnet18  the CIFAR ResNet-18 of configs/resnet18_cifar.yaml (3x3
                     stem conv 64 + BN + ReLU, 4 stages x 2 BasicBlocks, 1x1
                     conv + BN shortcuts at stride 2, global average pool,
-                    linear 512->10), batch 256
-with SGD momentum 0.9 as in those configs (mlp2 lr 0.01; resnet18 lr 0.1,
-weight decay 5e-4) and softmax cross-entropy.
+                    linear 512->10), batch 256 (the issue-11 CPU bench: --batch
+                    64), SGD lr 0.1 momentum 0.9 weight decay 5e-4
+  --model m5        the M5-style 1D CNN of configs/spoken_digits.yaml on raw
+                    audio [1, 8000]: conv1d 1->32 k80 s4 (no bias), BN, ReLU,
+                    maxpool1d 4; conv1d 32->32 k3 p1, BN, ReLU, pool 4; conv1d
+                    32->64 k3 p1, BN, ReLU, pool 4; conv1d 64->64 k3 p1, BN,
+                    ReLU, pool 4 (convs without bias); global average pool;
+                    linear 64->10; batch 32, Adam lr 0.01 weight decay 1e-4 (L2,
+                    as torch.optim.Adam and cnnflow's `adam`). The config's
+                    cosine schedule is left out (one scalar per step).
+and softmax cross-entropy. Parameter counts (printed as params=) are those
+`cnnflow validate` prints: 421,642 / 241,546 / 11,173,962 / 25,098.
 
 Data (--source):
-  idx        the real Fashion-MNIST (mlp2 only; the default for mlp2): the
+  idx        the real Fashion-MNIST (mlp2 and cnn3 only; their default): the
              whole set normalised once into one float tensor, shuffled
              batches sliced from it with index_select inside the timed loop
              (no DataLoader, no worker processes), the fastest way PyTorch
              allows on a CPU
-  synthetic  (the default for resnet18, and what bench/gpu_vs_pytorch.sh
+  synthetic  (the default for resnet18 and m5, and what bench/gpu_vs_pytorch.sh
              uses) --pool-batches batches made once, like cnnflow's
              `synthetic` source: unit-variance uniform noise plus a per-class
              channel mean, labels uniform over 10 classes
@@ -29,7 +44,8 @@ step copies its batch to the device with non_blocking=True, as cnnflow does;
 Run it with Debian's interpreter on the build machine (it has torch 1.13, CPU):
     /usr/bin/python3 bench/pytorch_train.py --threads 2 --steps 300
     /usr/bin/python3 bench/pytorch_train.py --threads 2 --epochs 10   # accuracy
-    /usr/bin/python3 bench/pytorch_train.py --model resnet18 --device cpu --steps 3
+    /usr/bin/python3 bench/pytorch_train.py --model resnet18 --device cpu --batch 64 --steps 3
+    .venv-torch/bin/python bench/pytorch_train.py --model m5 --steps 50   # PyTorch 2.x
 and on the GPU machine with its python3 (torch 2.x, CUDA):
     python3 bench/pytorch_train.py --model resnet18 --device cuda --precision bf16
 
@@ -46,9 +62,11 @@ do not; printed as tf32_conv / tf32_matmul), bf16 (autocast), fp16 (autocast
 CPU settings (the "best setting" search of bench/README.md):
     --openblas-threads N   sets OPENBLAS_NUM_THREADS before torch is imported
     --mkldnn on|off        torch.backends.mkldnn.enabled (oneDNN convolutions)
-    --channels-last        model and input in torch.channels_last
+    --channels-last        model and input in torch.channels_last (4D tensors
+                           only: a no-op for m5, printed as channels_last=n/a)
     --foreach              SGD with foreach=True (multi-tensor update)
 and environment variables (see SEARCH). --search times them all.
+Works with torch 1.13 (Debian) and 2.x (the PyPI wheel, bench/torch_venv.sh).
 """
 import argparse
 import gzip
@@ -57,18 +75,24 @@ import sys
 import time
 
 
+# Sample shape of each model (the synthetic source makes these).
+SHAPES = {"mlp2": (1, 28, 28), "cnn3": (1, 28, 28), "resnet18": (3, 32, 32), "m5": (1, 8000)}
+IDX_MODELS = ("mlp2", "cnn3")   # the Fashion-MNIST models
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["mlp2", "resnet18"], default="mlp2",
-                   help="mlp2: configs/fashion_mnist.yaml's model; resnet18: "
-                        "configs/resnet18_cifar.yaml's")
+    p.add_argument("--model", choices=["mlp2", "cnn3", "resnet18", "m5"], default="mlp2",
+                   help="mlp2: configs/fashion_mnist.yaml's model (A); cnn3: "
+                        "configs/fashion_mnist_cnn3.yaml's (B); resnet18: "
+                        "configs/resnet18_cifar.yaml's; m5: configs/spoken_digits.yaml's")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                    help="bf16/fp16: torch.autocast (fp16 with a GradScaler, GPU only)")
     p.add_argument("--source", choices=["idx", "synthetic"], default=None,
-                   help="data: the real Fashion-MNIST (mlp2 only; its default) or synthetic "
-                        "batches (resnet18's default)")
+                   help="data: the real Fashion-MNIST (mlp2 and cnn3 only; their default) or "
+                        "synthetic batches (the default of resnet18 and m5)")
     p.add_argument("--feed", choices=["host", "device"], default="host",
                    help="host: batches in (pinned) host memory, copied to the device each step "
                         "with non_blocking=True, as cnnflow does; device: made on the device once")
@@ -80,11 +104,15 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=30, help="untimed steps first")
     p.add_argument("--epochs", type=int, default=0,
                    help="> 0: accuracy run of E full epochs instead of timing")
-    p.add_argument("--batch", type=int, default=None, help="default: mlp2 64, resnet18 256")
-    p.add_argument("--lr", type=float, default=None, help="default: mlp2 0.01, resnet18 0.1")
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--batch", type=int, default=None,
+                   help="default: the config's (mlp2 64, cnn3 64, resnet18 256, m5 32)")
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
+                   help="default: the config's (m5 adam, the others sgd)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="default: the config's (mlp2 0.01, cnn3 0.01, resnet18 0.1, m5 0.01)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD only")
     p.add_argument("--weight-decay", type=float, default=None,
-                   help="default: mlp2 0, resnet18 5e-4")
+                   help="default: the config's (mlp2 0, cnn3 0, resnet18 5e-4, m5 1e-4)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--openblas-threads", type=int, default=None,
                    help="set OPENBLAS_NUM_THREADS (before torch loads OpenBLAS)")
@@ -97,18 +125,22 @@ def parse_args():
     p.add_argument("--search-all", action="store_true", help="--search, with SEARCH_MORE too")
     p.add_argument("--reps", type=int, default=3, help="repetitions per candidate in --search")
     a = p.parse_args()
-    # The configs' settings (configs/fashion_mnist.yaml, configs/resnet18_cifar.yaml).
-    defaults = {"mlp2": (64, 0.01, 0.0), "resnet18": (256, 0.1, 5e-4)}[a.model]
+    # The configs' settings (configs/fashion_mnist.yaml, fashion_mnist_cnn3.yaml,
+    # resnet18_cifar.yaml, spoken_digits.yaml): batch, optimizer, lr, weight decay.
+    defaults = {"mlp2": (64, "sgd", 0.01, 0.0), "cnn3": (64, "sgd", 0.01, 0.0),
+                "resnet18": (256, "sgd", 0.1, 5e-4), "m5": (32, "adam", 0.01, 1e-4)}[a.model]
     if a.batch is None:
         a.batch = defaults[0]
+    if a.optimizer is None:
+        a.optimizer = defaults[1]
     if a.lr is None:
-        a.lr = defaults[1]
+        a.lr = defaults[2]
     if a.weight_decay is None:
-        a.weight_decay = defaults[2]
+        a.weight_decay = defaults[3]
     if a.source is None:
-        a.source = "idx" if a.model == "mlp2" else "synthetic"
-    if a.source == "idx" and a.model != "mlp2":
-        p.error("--source idx (Fashion-MNIST, 1x28x28) fits --model mlp2 only")
+        a.source = "idx" if a.model in IDX_MODELS else "synthetic"
+    if a.source == "idx" and a.model not in IDX_MODELS:
+        p.error("--source idx (Fashion-MNIST, 1x28x28) fits --model mlp2 or cnn3 only")
     if a.precision == "fp16" and a.device != "cuda":
         p.error("--precision fp16 needs --device cuda (CPU autocast is bf16 only)")
     if a.epochs > 0 and a.source != "idx":
@@ -147,10 +179,32 @@ for lib in ("libjemalloc.so.2", "libtcmalloc_minimal.so.4"):   # when installed
         SEARCH_MORE.append((f"obt1+cl+{lib.split('.')[0]}",
                             {**OBT1, "LD_PRELOAD": f"/usr/lib/x86_64-linux-gnu/{lib}"},
                             ["--channels-last"]))
-# OpenBLAS 0.3.21 does not know this CPU model and, unless OPENBLAS_CORETYPE
-# is set, falls back to its Prescott (SSE3) kernels: ~5x slower sgemm.
-if "OPENBLAS_CORETYPE" not in os.environ:
-    SEARCH.append(("obt1+cl+malloc+SkylakeX", {**OBT1, **MALLOC, "OPENBLAS_CORETYPE": "SkylakeX"},
+
+
+def openblas_coretype():
+    """The OpenBLAS core type this CPU's features allow: SkylakeX (AVX-512
+    kernels) with avx512f, Haswell (AVX2 + FMA) with avx2, else None (let
+    OpenBLAS detect). Never AVX-512 kernels on an AVX2-only CPU."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return None
+    if "avx512f" in flags:
+        return "SkylakeX"
+    if "avx2" in flags:
+        return "Haswell"
+    return None
+
+
+# OpenBLAS 0.3.21 does not know some CPU models (the Xeon of issue 2) and,
+# unless OPENBLAS_CORETYPE is set, falls back to its Prescott (SSE3) kernels:
+# ~5x slower sgemm. Torch 1.13 (Debian) runs its GEMMs on OpenBLAS; the PyPI
+# wheel of 2.x uses MKL, so there this setting changes nothing.
+if "OPENBLAS_CORETYPE" not in os.environ and openblas_coretype():
+    SEARCH.append((f"obt1+cl+malloc+{openblas_coretype()}",
+                   {**OBT1, **MALLOC, "OPENBLAS_CORETYPE": openblas_coretype()},
                    ["--channels-last"]))
 
 
@@ -162,7 +216,9 @@ def search(args):
     base = [sys.executable, os.path.abspath(__file__), "--threads", str(args.threads),
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
             "--data", args.data, "--model", args.model, "--source", args.source,
-            "--device", args.device, "--precision", args.precision]
+            "--device", args.device, "--precision", args.precision,
+            "--optimizer", args.optimizer, "--lr", str(args.lr),
+            "--weight-decay", str(args.weight_decay)]
     got = {name: [] for name, _, _ in cands}
     for r in range(args.reps):
         for name, env, extra in cands:                  # alternate: one of each per round
@@ -251,6 +307,53 @@ class Net(nn.Module):
         return self.fc2(x)
 
 
+class Net3(nn.Module):
+    """The "three-layer CNN + FC" of configs/fashion_mnist_cnn3.yaml (--model cnn3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.conv3 = nn.Conv2d(64, 128, 3, padding=1)
+        self.fc1 = nn.Linear(128 * 3 * 3, 128)        # 28 -> 14 -> 7 -> 3 (floor)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv3(x)), 2)
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        return self.fc2(x)
+
+
+class M5(nn.Module):
+    """The M5-style 1D CNN of configs/spoken_digits.yaml (--model m5), input
+    [N, 1, 8000] -> conv1 [32, 1981] -> pool [32, 495] -> [32, 123] -> [64, 30]
+    -> [64, 7] -> global average pool [64] -> linear 10."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv1d(1, 32, 80, stride=4, bias=False)
+        self.bn1 = nn.BatchNorm1d(32)
+        self.conv2 = nn.Conv1d(32, 32, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm1d(32)
+        self.conv3 = nn.Conv1d(32, 64, 3, padding=1, bias=False)
+        self.bn3 = nn.BatchNorm1d(64)
+        self.conv4 = nn.Conv1d(64, 64, 3, padding=1, bias=False)
+        self.bn4 = nn.BatchNorm1d(64)
+        self.fc = nn.Linear(64, classes)
+
+    def forward(self, x):
+        for conv, bn in ((self.conv1, self.bn1), (self.conv2, self.bn2),
+                         (self.conv3, self.bn3), (self.conv4, self.bn4)):
+            x = F.max_pool1d(F.relu(bn(conv(x)), inplace=True), 4)
+        return self.fc(x.mean(dim=2))
+
+
+MODELS = {"mlp2": Net, "cnn3": Net3, "m5": M5}
+
+
 class BasicBlock(nn.Module):
     """conv3x3 (stride s) -> BN -> ReLU -> conv3x3 -> BN, + the input or its
     1x1 conv (stride s) + BN projection, -> ReLU (torchvision's BasicBlock)."""
@@ -305,11 +408,18 @@ def main():
             sys.exit("pytorch_train.py: --device cuda but torch.cuda.is_available() is False")
         torch.backends.cudnn.benchmark = True
     dev = torch.device(args.device)
-    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = (Net() if args.model == "mlp2" else ResNet18()).to(dev, memory_format=fmt)
-    sgd_kw = {"foreach": True} if args.foreach else {}
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                          weight_decay=args.weight_decay, **sgd_kw)
+    # channels_last exists for 4D tensors only: the 1D model stays contiguous.
+    four_d = len(SHAPES[args.model]) == 3
+    fmt = torch.channels_last if args.channels_last and four_d else torch.contiguous_format
+    model = MODELS.get(args.model, ResNet18)().to(dev, memory_format=fmt)
+    params = sum(p.numel() for p in model.parameters())
+    opt_kw = {"foreach": True} if args.foreach else {}
+    if args.optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                               **opt_kw)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                              weight_decay=args.weight_decay, **opt_kw)
     b = args.batch
     gen = torch.Generator().manual_seed(args.seed)
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
@@ -336,7 +446,7 @@ def main():
                     idx = perm[i:i + b]
                     yield to_dev(xtr.index_select(0, idx), ytr.index_select(0, idx))
     else:
-        shape = (1, 28, 28) if args.model == "mlp2" else (3, 32, 32)
+        shape = SHAPES[args.model]
         pool = []
         for _ in range(args.pool_batches):
             x, y = synthetic(shape, 10, b, gen)
@@ -368,7 +478,8 @@ def main():
             opt.step()
         return loss
 
-    setting = (f"mkldnn={args.mkldnn} channels_last={int(args.channels_last)} "
+    cl = int(args.channels_last) if four_d else "n/a"
+    setting = (f"mkldnn={args.mkldnn} channels_last={cl} "
                f"foreach={int(args.foreach)} "
                + " ".join(f"{k}={os.environ.get(k, 'unset')}" for k in
                           ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY",
@@ -428,7 +539,8 @@ def main():
           f"images_per_s={args.steps * b / dt:.1f} threads={args.threads} steps={args.steps} "
           f"warmup={args.warmup} seconds={dt:.3f} cpu_s={cpu:.3f} "
           f"first_loss={first if first is not None else float('nan'):.4f} loss={loss.item():.4f} "
-          f"source={args.source} {feed} torch={torch.__version__} {setting}", flush=True)
+          f"source={args.source} {feed} optimizer={args.optimizer} params={params} "
+          f"torch={torch.__version__} {setting}", flush=True)
 
 
 if __name__ == "__main__":
