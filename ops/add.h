@@ -18,9 +18,17 @@ class AddLayer : public Layer {
   int num_inputs() const override { return 2; }
   Shape Build(const std::vector<Shape>& inputs, DType dtype) override;
   void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext& ctx) override;
-  // dx[0] = dx[1] = dy.
+  // dx[0] = dx[1] = dy (masked by y > 0 with a fused ReLU).
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
+  // y = max(a + b, 0): the residual join and its ReLU in one pass.
+  bool FuseRelu() override {
+    relu_ = true;
+    return true;
+  }
+
+ private:
+  bool relu_ = false;
 };
 
 }  // namespace cnnflow

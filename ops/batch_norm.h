@@ -46,6 +46,12 @@ class BatchNormLayer : public Layer {
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
   int64_t ForwardFlops(int64_t n) const override { return 2 * n * channels_ * spatial_; }
+  // y = max(bn(x), 0) from now on, in the pass that writes y; dy masked by
+  // y > 0 in backward, row by row as it is read.
+  bool FuseRelu() override {
+    relu_ = true;
+    return true;
+  }
 
   int64_t channels() const { return channels_; }
   double momentum() const { return momentum_; }
@@ -58,6 +64,7 @@ class BatchNormLayer : public Layer {
   double momentum_;
   double eps_;
   bool affine_;
+  bool relu_ = false;  // a fused ReLU (FuseRelu)
   int64_t channels_ = 0;
   int64_t spatial_ = 1;  // product of the dims after C (1 for [C])
   // Per-forward state: which statistics were used, per channel.

@@ -37,6 +37,10 @@ class Conv1d : public Conv2d {
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
 
+  // Not fused: the shifted-GEMM kernels have no ReLU epilogue (a conv1d is
+  // mostly followed by batchnorm, which takes the ReLU).
+  bool FuseRelu() override { return false; }
+
   // Which lowering Build chose: true = per-tap shifted GEMMs.
   bool uses_shifted_gemm() const { return shifted_; }
 

@@ -83,6 +83,12 @@ class Conv2d : public Layer {
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
   int64_t ForwardFlops(int64_t n) const override;
+  // y = max(conv(x), 0) from now on (in the GEMM epilogue, or oneDNN's
+  // post-op), dy masked by y > 0 in backward.
+  bool FuseRelu() override {
+    relu_ = true;
+    return true;
+  }
 
   const Conv2dGeometry& geometry() const { return geom_; }
   bool has_bias() const { return has_bias_; }
@@ -98,6 +104,7 @@ class Conv2d : public Layer {
   Conv2dGeometry geom_;
   bool has_bias_ = true;
   ConvAlgo algo_ = ConvAlgo::kAuto;
+  bool relu_ = false;  // a fused ReLU (FuseRelu)
   int64_t in_arg_ = 0;  // the `in` parameter: 0 = infer from the input shape
   std::unique_ptr<Conv2dScratch> scratch_;
 };

@@ -55,6 +55,12 @@ struct ForwardContext {
   // replica makes the same calls in the same order). Null: no sync. A layer
   // that uses it in backward keeps the pointer from its forward.
   const std::function<void(float* data, int64_t count)>* sync_sum = nullptr;
+  // Whether Model::Forward keeps every activation for a Backward. false
+  // (evaluation, inference): each activation goes back to the pool as soon
+  // as its last consumer has run, only the output stays, and a Backward
+  // after it is an error. Independent of `training`: a backward through an
+  // evaluation-mode forward (frozen BN statistics) keeps them.
+  bool keep_activations = true;
 };
 
 class Layer {
@@ -85,6 +91,13 @@ class Layer {
   // parameter gradients into Parameter::grad, so micro-batches accumulate.
   virtual void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                         const std::vector<Tensor*>& dx) = 0;
+
+  // Fusion on the CPU: a layer that can apply ReLU to its own output
+  // returns true, and from then on its Forward writes max(y, 0) and its
+  // Backward takes dy with respect to that output (masking it by y > 0
+  // itself). Model::Build calls it for a relu that is the only consumer of
+  // this layer's output, and then skips the relu. Default: not fusable.
+  virtual bool FuseRelu() { return false; }
 
   // Multiply-adds x2 of one forward pass on a batch of n (for reports).
   virtual int64_t ForwardFlops(int64_t /*n*/) const { return 0; }

@@ -1,5 +1,8 @@
 #include "ops/add.h"
 
+#include <algorithm>
+
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
 
 namespace cnnflow {
@@ -31,16 +34,41 @@ void AddLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     const T* bs = b.data<T>();
     T* ys = y.data<T>();
     cpu::ParallelFor(a.numel(), kGrain, [&](int64_t s, int64_t e) {
+      if (relu_) {
+        for (int64_t i = s; i < e; ++i) {
+          const T v = as[i] + bs[i];
+          ys[i] = v > T(0) ? v : T(0);
+        }
+        return;
+      }
       for (int64_t i = s; i < e; ++i) ys[i] = as[i] + bs[i];
     });
   });
 }
 
-void AddLayer::Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& /*y*/,
+void AddLayer::Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& y,
                         const Tensor& dy, const std::vector<Tensor*>& dx) {
-  for (Tensor* d : dx) {
-    if (d != nullptr) d->CopyFrom(dy);
+  if (!relu_) {
+    for (Tensor* d : dx) {
+      if (d != nullptr) d->CopyFrom(dy);
+    }
+    return;
   }
+  // Through the fused ReLU: both inputs get dy masked by y > 0, in one pass.
+  Tensor* d0 = dx[0] != nullptr ? dx[0] : dx[1];
+  Tensor* d1 = dx[0] != nullptr ? dx[1] : nullptr;
+  if (d0 == nullptr) return;
+  DispatchFloat(y.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* ys = y.data<T>();
+    const T* g = dy.data<T>();
+    T* o0 = d0->data<T>();
+    T* o1 = d1 != nullptr ? d1->data<T>() : nullptr;
+    cpu::ParallelFor(y.numel(), kGrain, [&](int64_t s, int64_t e) {
+      ReluMask(ys + s, g + s, o0 + s, e - s);
+      if (o1 != nullptr) std::copy(o0 + s, o0 + e, o1 + s);
+    });
+  });
 }
 
 CNNFLOW_REGISTER_LAYER(add, AddLayer,

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
 
 namespace cnnflow {
@@ -192,6 +194,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
         const T* row = xs + (i * c_n + c) * s_n;
         T* out = ys + (i * c_n + c) * s_n;
         for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
+        if (relu_) ReluInPlace(out, s_n);
       }
     };
     // Batch statistics from the (global) count and centred sums; updates
@@ -263,7 +266,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   });
 }
 
-void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor& /*y*/,
+void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor& y,
                               const Tensor& dy, const std::vector<Tensor*>& dx) {
   const Tensor& in = *x[0];
   const int64_t n = in.dim(0);
@@ -278,6 +281,17 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
     const T* xs = in.data<T>();
     const T* g = dy.data<T>();
     T* d = dx[0] != nullptr ? dx[0]->data<T>() : nullptr;
+    // With a fused ReLU, dy is the gradient of max(bn, 0): each row of it is
+    // masked by y > 0 (into a row buffer of this thread) where it is read.
+    const T* ys = relu_ ? y.data<T>() : nullptr;
+    auto dy_row = [&](int64_t i, int64_t c) -> const T* {
+      const T* grow = g + (i * c_n + c) * s_n;
+      if (ys == nullptr) return grow;
+      thread_local std::vector<T> buf;
+      if (static_cast<int64_t>(buf.size()) < s_n) buf.resize(s_n);
+      ReluMask(ys + (i * c_n + c) * s_n, grow, buf.data(), s_n);
+      return buf.data();
+    };
     const T* gamma = affine_ ? parameters()[0].value.data<T>() : nullptr;
     T* dgamma = affine_ ? parameters()[0].grad.data<T>() : nullptr;
     T* dbeta = affine_ ? parameters()[1].grad.data<T>() : nullptr;
@@ -290,7 +304,7 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
       double s = 0, sxc = 0;
       for (int64_t i = 0; i < n; ++i) {
         const T* row = xs + (i * c_n + c) * s_n;
-        const T* grow = g + (i * c_n + c) * s_n;
+        const T* grow = dy_row(i, c);
         s += SumLanes(s_n, [&](int64_t k) { return static_cast<double>(grow[k]); });
         sxc += SumLanes(s_n, [&](int64_t k) {
           return static_cast<double>(grow[k]) * (static_cast<double>(row[k]) - mean);
@@ -315,7 +329,7 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
       const T tm = static_cast<T>(mean_[c]);
       for (int64_t i = 0; i < n; ++i) {
         const T* row = xs + (i * c_n + c) * s_n;
-        const T* grow = g + (i * c_n + c) * s_n;
+        const T* grow = dy_row(i, c);
         T* out = d + (i * c_n + c) * s_n;
         for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk + (row[k] - tm) * tu + tv;
       }
@@ -354,7 +368,7 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
           const T tk = static_cast<T>(
               (gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std_[c]);
           for (int64_t i = 0; i < n; ++i) {
-            const T* grow = g + (i * c_n + c) * s_n;
+            const T* grow = dy_row(i, c);
             T* out = d + (i * c_n + c) * s_n;
             for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk;
           }

@@ -119,6 +119,8 @@ struct Conv2dScratch {
   tbb::enumerable_thread_specific<Tensor> col, dcol;
   // Backward's per-chunk partial sums of dW and dbias, kept between steps.
   Tensor partial;
+  // Per thread, with a fused ReLU: one backward chunk's dy masked by y > 0.
+  tbb::enumerable_thread_specific<Tensor> masked;
 
   // The algorithm picks by batch size, and oneDNN's primitives by chunk
   // size. Guarded: one layer may be planned from two threads (pipelines).
@@ -266,7 +268,7 @@ void Col2Im(const Conv2dGeometry& g, const Conv2dScratch& plan, T* col, T* dx) {
 // bias [K] or null -> y [n, K, H', W'].
 template <typename T>
 void GemmForwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* x, const T* w,
-                      const T* bias, T* y, int64_t begin, int64_t end) {
+                      const T* bias, bool relu, T* y, int64_t begin, int64_t end) {
   const int64_t cols = g.out_plane(), rows = g.col_rows(), kg = g.out_per_group();
   const int64_t in_group = g.in_per_group() * g.in_plane();
   const bool pointwise = g.is_pointwise();
@@ -284,6 +286,7 @@ void GemmForwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* 
       }
       cpu::Gemm<T>(false, false, kg, cols, rows, T(1), w + grp * kg * rows, rows, src, cols,
                    bias != nullptr ? T(1) : T(0), yg, cols);
+      if (relu) ReluInPlace(yg, kg * cols);  // while it is in cache
     }
   }
 }
@@ -345,32 +348,33 @@ void GemmBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T*
 }
 
 // The oneDNN convolution for chunks of mb samples (made on first use).
-cpu::OnednnConv& OnednnFor(const Conv2dGeometry& g, bool bias, Conv2dScratch& scratch,
+cpu::OnednnConv& OnednnFor(const Conv2dGeometry& g, bool bias, bool relu, Conv2dScratch& scratch,
                            int64_t mb) {
   std::lock_guard<std::mutex> lock(scratch.mu);
   auto& conv = scratch.onednn[mb];
-  if (conv == nullptr) conv = std::make_unique<cpu::OnednnConv>(g, mb, bias);
+  if (conv == nullptr) conv = std::make_unique<cpu::OnednnConv>(g, mb, bias, relu);
   return *conv;
 }
 
 // The oneDNN convolutions of every chunk size of n samples cut in `chunks`.
-std::map<int64_t, cpu::OnednnConv*> OnednnChunks(const Conv2dGeometry& g, bool bias,
+std::map<int64_t, cpu::OnednnConv*> OnednnChunks(const Conv2dGeometry& g, bool bias, bool relu,
                                                  Conv2dScratch& scratch, int64_t n,
                                                  int64_t chunks) {
   std::map<int64_t, cpu::OnednnConv*> convs;
-  for (int64_t mb : ChunkSizes(n, chunks)) convs[mb] = &OnednnFor(g, bias, scratch, mb);
+  for (int64_t mb : ChunkSizes(n, chunks)) convs[mb] = &OnednnFor(g, bias, relu, scratch, mb);
   return convs;
 }
 
 // x [n, C, H, W], w [K, C/groups, kh, kw], bias [K] or null -> y [n, K, H', W'].
+// relu: y = max(conv, 0) (a fused ReLU).
 template <typename T>
 void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, const T* w,
-                 const T* bias, T* y, int64_t n, Conv2dScratch& scratch) {
+                 const T* bias, bool relu, T* y, int64_t n, Conv2dScratch& scratch) {
   if (n == 0) return;
   const int64_t chunks = BatchChunks(n);
   if constexpr (std::is_same_v<T, float>) {
     if (plan.forward == ConvAlgo::kOnednn) {
-      auto convs = OnednnChunks(g, bias != nullptr, scratch, n, chunks);
+      auto convs = OnednnChunks(g, bias != nullptr, relu, scratch, n, chunks);
       for (auto& [mb, conv] : convs) conv->PrepareForwardWeights(w);
       const int64_t in_sample = g.in_channels * g.in_plane();
       const int64_t out_sample = g.out_channels * g.out_plane();
@@ -381,16 +385,19 @@ void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, co
     }
   }
   cpu::ForChunks(n, chunks, [&](int64_t, int64_t begin, int64_t end) {
-    GemmForwardChunk(g, scratch, x, w, bias, y, begin, end);
+    GemmForwardChunk(g, scratch, x, w, bias, relu, y, begin, end);
   });
 }
 
 // x [n, C, H, W], w [K, C/groups, kh, kw], dy [n, K, H', W'] ->
 // dx [n, C, H, W] (overwritten; null: skipped), dw [K, C/groups, kh, kw] and
-// db [K] (added into; db null: no bias).
+// db [K] (added into; db null: no bias). With a fused ReLU (relu_y: the
+// layer's output y), dy is the gradient of max(conv, 0) and each chunk
+// first masks it by y > 0.
 template <typename T>
 void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, const T* w,
-                  const T* dy, T* dx, T* dw, T* db, int64_t n, Conv2dScratch& scratch) {
+                  const T* relu_y, const T* dy, T* dx, T* dw, T* db, int64_t n,
+                  Conv2dScratch& scratch) {
   if (n == 0) return;
   const int64_t chunks = BackwardChunks(g, n);
   const int64_t dw_size = g.out_channels * g.col_rows();
@@ -406,7 +413,7 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
   T* partial = scratch.partial.data<T>();
   std::map<int64_t, cpu::OnednnConv*> convs;
   if (onednn_data || onednn_weights) {
-    convs = OnednnChunks(g, db != nullptr, scratch, n, chunks);
+    convs = OnednnChunks(g, db != nullptr, relu_y != nullptr, scratch, n, chunks);
     if (onednn_data && dx != nullptr) {
       for (auto& [mb, conv] : convs) conv->PrepareBackwardWeights(reinterpret_cast<const float*>(w));
     }
@@ -414,21 +421,28 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
   const int64_t in_sample = g.in_channels * g.in_plane();
   const int64_t out_sample = g.out_channels * g.out_plane();
 
+  const int64_t max_chunk = CeilDiv(n, chunks);
+
   cpu::ForChunks(n, chunks, [&](int64_t chunk, int64_t begin, int64_t end) {
     T* pdw = partial + chunk * part_size;
     T* pdb = db != nullptr ? pdw + dw_size : nullptr;
+    const int64_t count = end - begin;
+    const T* xc = x + begin * in_sample;
+    const T* dyc = dy + begin * out_sample;
+    T* dxc = dx != nullptr ? dx + begin * in_sample : nullptr;
+    if (relu_y != nullptr) {
+      T* masked = ScratchBuffer<T>(scratch.masked, max_chunk * out_sample, false);
+      ReluMask(relu_y + begin * out_sample, dyc, masked, count * out_sample);
+      dyc = masked;
+    }
     if constexpr (std::is_same_v<T, float>) {
-      cpu::OnednnConv* conv = convs.empty() ? nullptr : convs.at(end - begin);
-      if (onednn_weights) {
-        conv->BackwardWeights(x + begin * in_sample, dy + begin * out_sample, pdw, pdb);
-      }
-      if (onednn_data && dx != nullptr) {
-        conv->BackwardData(dy + begin * out_sample, dx + begin * in_sample);
-      }
+      cpu::OnednnConv* conv = convs.empty() ? nullptr : convs.at(count);
+      if (onednn_weights) conv->BackwardWeights(xc, dyc, pdw, pdb);
+      if (onednn_data && dxc != nullptr) conv->BackwardData(dyc, dxc);
     }
     if (!onednn_weights) std::fill_n(pdw, db != nullptr ? part_size : dw_size, T(0));
-    GemmBackwardChunk(g, scratch, x, w, dy, onednn_data ? nullptr : dx,
-                      onednn_weights ? nullptr : pdw, onednn_weights ? nullptr : pdb, begin, end);
+    GemmBackwardChunk(g, scratch, xc, w, dyc, onednn_data ? nullptr : dxc,
+                      onednn_weights ? nullptr : pdw, onednn_weights ? nullptr : pdb, 0, count);
   });
 
   // Partial sums in chunk order, then added into the gradients.
@@ -500,8 +514,8 @@ std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& 
   auto pick = [](double gemm, double onednn) { return gemm > kMargin * onednn ? "onednn" : "gemm"; };
 
   const double f_gemm = BestSeconds([&] {
-    GemmForwardChunk<float>(g, scratch, x.data<float>(), w.data<float>(), bias, y.data<float>(), 0,
-                            fwd_mb);
+    GemmForwardChunk<float>(g, scratch, x.data<float>(), w.data<float>(), bias, false,
+                            y.data<float>(), 0, fwd_mb);
   });
   const double f_onednn =
       BestSeconds([&] { fwd_conv->Forward(x.data<float>(), bias, y.data<float>()); });
@@ -518,6 +532,13 @@ std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& 
   const double w_onednn = BestSeconds([&] {
     bconv.BackwardWeights(x.data<float>(), dy.data<float>(), dw.data<float>(), db);
   });
+  if (std::getenv("CNNFLOW_DEBUG_PICKS")) {
+    const double ff = 2.0 * fwd_mb * g.out_channels * g.col_rows() * g.out_plane() / 1e9;
+    const double fb = ff * bwd_mb / fwd_mb;
+    std::fprintf(stderr, "pick C%ld K%ld %ldx%ld k%ld s%ld GF/s fwd %.0f/%.0f bwd_d %.0f/%.0f bwd_w %.0f/%.0f\n",
+                 (long)g.in_channels, (long)g.out_channels, (long)g.in_h, (long)g.in_w, (long)g.kernel_h, (long)g.stride_h,
+                 ff / f_gemm, ff / f_onednn, fb / d_gemm, fb / d_onednn, fb / w_gemm, fb / w_onednn);
+  }
   return StrCat(pick(f_gemm, f_onednn), ",", pick(d_gemm, d_onednn), ",", pick(w_gemm, w_onednn));
 }
 
@@ -654,12 +675,12 @@ void Conv2d::Forward(const std::vector<const Tensor*>& x, Tensor& y, const Forwa
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* bias = has_bias_ ? parameters()[1].value.data<T>() : nullptr;
-    ConvForward<T>(geom_, plan, in.data<T>(), parameters()[0].value.data<T>(), bias, y.data<T>(), n,
-                   *scratch_);
+    ConvForward<T>(geom_, plan, in.data<T>(), parameters()[0].value.data<T>(), bias, relu_,
+                   y.data<T>(), n, *scratch_);
   });
 }
 
-void Conv2d::Backward(const std::vector<const Tensor*>& x, const Tensor&, const Tensor& dy,
+void Conv2d::Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                       const std::vector<Tensor*>& dx) {
   const Tensor& in = *x[0];
   CNNFLOW_ENFORCE(scratch_ != nullptr, "conv2d: Backward before Build");
@@ -670,7 +691,8 @@ void Conv2d::Backward(const std::vector<const Tensor*>& x, const Tensor&, const 
     using T = std::remove_pointer_t<decltype(tag)>;
     T* dxp = dx.empty() || dx[0] == nullptr ? nullptr : dx[0]->data<T>();
     T* db = has_bias_ ? parameters()[1].grad.data<T>() : nullptr;
-    ConvBackward<T>(geom_, plan, in.data<T>(), parameters()[0].value.data<T>(), dy.data<T>(), dxp,
+    ConvBackward<T>(geom_, plan, in.data<T>(), parameters()[0].value.data<T>(),
+                    relu_ ? y.data<T>() : nullptr, dy.data<T>(), dxp,
                     parameters()[0].grad.data<T>(), db, n, *scratch_);
   });
 }

@@ -23,6 +23,22 @@ T RowSum(const T* p, int64_t n) {
   return s;
 }
 
+// p[i] = max(p[i], 0): a ReLU fused into the layer that wrote p.
+template <typename T>
+void ReluInPlace(T* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = p[i] > T(0) ? p[i] : T(0);
+}
+
+// out[i] = y[i] > 0 ? dy[i] : 0: the gradient through a fused ReLU whose
+// output is y (out may be dy).
+template <typename T>
+void ReluMask(const T* y, const T* dy, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = dy[i];  // both loads unconditional, so it vectorises
+    out[i] = y[i] > T(0) ? g : T(0);
+  }
+}
+
 // y += x (same shape).
 void AddInPlace(Tensor& y, const Tensor& x);
 // y += alpha * x.

@@ -105,7 +105,7 @@ struct OnednnConv::Impl {
   }
 };
 
-OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias)
+OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu)
     : mb_(mb), impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.bias = bias;
@@ -134,22 +134,39 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias)
 
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  // + ReLU as a post-op, in the kernel. A fresh attribute: copies of a dnnl
+  // handle share one object.
+  dnnl::primitive_attr fwd_attr;
+  fwd_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (relu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    fwd_attr.set_post_ops(ops);
+  }
   try {
     using Fwd = dnnl::convolution_forward;
     using BwdData = dnnl::convolution_backward_data;
     using BwdWeights = dnnl::convolution_backward_weights;
     const auto algo = dnnl::algorithm::convolution_direct;
-    m.fwd_pd = Fwd::primitive_desc(
-        Fwd::desc(dnnl::prop_kind::forward_training, algo, any_src, any_wei,
-                  bias ? m.user_bias : no_bias, any_dst, strides, dilates, pad_l, pad_r),
-        attr, Engine());
+    auto fwd_desc = [&](dnnl::prop_kind kind) {
+      return Fwd::desc(kind, algo, any_src, any_wei, bias ? m.user_bias : no_bias, any_dst,
+                       strides, dilates, pad_l, pad_r);
+    };
+    // The backward primitives take their hint from a forward without the
+    // post-op; a convolution needs no training workspace, so the forward
+    // itself may be an inference primitive, which is where oneDNN 2.6 has
+    // the ReLU post-op.
+    const Fwd::primitive_desc hint(fwd_desc(dnnl::prop_kind::forward_training), attr, Engine());
+    m.fwd_pd = relu ? Fwd::primitive_desc(fwd_desc(dnnl::prop_kind::forward_inference), fwd_attr,
+                                          Engine())
+                    : hint;
     m.bwd_data_pd = BwdData::primitive_desc(
         BwdData::desc(algo, any_src, any_wei, any_dst, strides, dilates, pad_l, pad_r), attr,
-        Engine(), m.fwd_pd);
+        Engine(), hint);
     m.bwd_weights_pd = BwdWeights::primitive_desc(
         BwdWeights::desc(algo, any_src, any_wei, bias ? m.user_bias : no_bias, any_dst, strides,
                          dilates, pad_l, pad_r),
-        attr, Engine(), m.fwd_pd);
+        attr, Engine(), hint);
     m.fwd = Fwd(m.fwd_pd);
     m.bwd_data = BwdData(m.bwd_data_pd);
     m.bwd_weights = BwdWeights(m.bwd_weights_pd);

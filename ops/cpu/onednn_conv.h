@@ -30,9 +30,10 @@ void OneOpenMpThreadHere();
 
 class OnednnConv {
  public:
-  // mb: the samples of every call. Throws Error when oneDNN has no
-  // primitive for the geometry.
-  OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias);
+  // mb: the samples of every call; relu: Forward writes max(y, 0) (a
+  // post-op inside the kernel). Throws Error when oneDNN has no primitive
+  // for the geometry.
+  OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu = false);
   ~OnednnConv();
   OnednnConv(const OnednnConv&) = delete;
   OnednnConv& operator=(const OnednnConv&) = delete;

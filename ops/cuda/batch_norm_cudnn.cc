@@ -61,6 +61,8 @@ constexpr cudnnBatchNormMode_t kMode = CUDNN_BATCHNORM_SPATIAL;
 
 class BatchNormCudnn : public BatchNormLayer {
  public:
+  // The cuDNN kernels run no ReLU epilogue: the relu stays a layer.
+  bool FuseRelu() override { return false; }
   using BatchNormLayer::BatchNormLayer;
   ~BatchNormCudnn() override {
     for (auto* d : {x_desc_, x32_desc_, bn_desc_}) {

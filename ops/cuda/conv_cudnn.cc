@@ -482,6 +482,8 @@ void CudnnConv::Backward(const std::string& layer, const Conv2dGeometry& g, cons
 template <typename Base>
 class ConvCudnn : public Base {
  public:
+  // The cuDNN kernels run no ReLU epilogue: the relu stays a layer.
+  bool FuseRelu() override { return false; }
   using Base::Base;
 
   void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) override {

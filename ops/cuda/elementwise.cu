@@ -421,6 +421,8 @@ class CudaReluLayer : public ReluLayer {
 class CudaAddLayer : public AddLayer {
  public:
   using AddLayer::AddLayer;
+  // Our add kernel has no ReLU epilogue: the relu stays a layer.
+  bool FuseRelu() override { return false; }
 
   void Forward(const std::vector<const Tensor*>& x, Tensor& y,
                const ForwardContext& /*ctx*/) override {

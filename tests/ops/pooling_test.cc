@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/cpu/isa.h"
 #include "tests/ops/gradient_check.h"
 
 namespace cnnflow {
@@ -192,12 +193,16 @@ TEST(MaxPool2dForward, ManyPlanesForwardAndBackwardMatchNaive) {
   ExpectNear(want, dx, 0, "dx");
 }
 
-// The f32 2x2 path (vectorised where AVX-512 is there) against the f64 one
-// (scalar), with ties, NaNs and rows of 1 to 35 outputs (several vector steps).
+// The f32 2x2 path (scalar, AVX2 or AVX-512: each this CPU has) against the
+// f64 one (scalar), with ties, NaNs and rows of 1 to 35 outputs (several
+// vector steps, ragged tails).
 TEST(MaxPool2dForward, Float2x2PathMatchesDoublePathWithTiesAndNans) {
-  for (int64_t w : {2, 6, 14, 28, 32, 34, 70}) {
+  const cpu::Isa machine = cpu::MaxIsa();
+  for (int isa = 0; isa <= static_cast<int>(machine); ++isa)
+  for (int64_t w : {2, 6, 14, 16, 18, 28, 32, 34, 70}) {
+    cpu::SetMaxIsa(static_cast<cpu::Isa>(isa));
     const PoolCase t{2, 3, 6, w, 2, 2, 2, 2, 0, 0};
-    SCOPED_TRACE(CaseName(t));
+    SCOPED_TRACE(StrCat(cpu::IsaName(cpu::MaxIsa()), " ", CaseName(t)));
     Tensor x64 = Tensor::Empty(InShape(t), DType::kF64);
     Rng rng(static_cast<uint64_t>(w));
     for (int64_t i = 0; i < x64.numel(); ++i) {
@@ -232,6 +237,8 @@ TEST(MaxPool2dForward, Float2x2PathMatchesDoublePathWithTiesAndNans) {
       EXPECT_NEAR(dx[0].At(i), dx[1].At(i), 1e-6) << i;
     }
   }
+  cpu::SetMaxIsa(machine);
+  if (machine == cpu::Isa::kScalar) GTEST_SKIP() << "no AVX2 here: only the scalar path ran";
 }
 
 TEST(MaxPool2dGradient, MatchesFiniteDifferences) {
