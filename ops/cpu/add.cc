@@ -46,8 +46,8 @@ void AddLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   });
 }
 
-void AddLayer::Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& y,
-                        const Tensor& dy, const std::vector<Tensor*>& dx) {
+void AddLayer::Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& y, const Tensor& dy,
+                        const std::vector<Tensor*>& dx) {
   if (!relu_) {
     for (Tensor* d : dx) {
       if (d != nullptr) d->CopyFrom(dy);

@@ -32,15 +32,24 @@ std::string CpuModel() {
 
 const char* IsaName(dnnl_cpu_isa_t isa) {
   switch (isa) {
-    case dnnl_cpu_isa_sse41: return "sse41";
-    case dnnl_cpu_isa_avx: return "avx";
-    case dnnl_cpu_isa_avx2: return "avx2";
-    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
-    case dnnl_cpu_isa_avx512_core: return "avx512_core";
-    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
-    default: return "isa?";
+    case dnnl_cpu_isa_sse41:
+      return "sse41";
+    case dnnl_cpu_isa_avx:
+      return "avx";
+    case dnnl_cpu_isa_avx2:
+      return "avx2";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core:
+      return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "isa?";
   }
 }
 
@@ -74,8 +83,8 @@ std::string FindInFile(int fd, const std::string& key) {
 const std::string& MachineId() {
   static const std::string id = [] {
     const dnnl_version_t* v = dnnl_version();
-    return StrCat(CpuModel(), " ", IsaName(dnnl_get_effective_cpu_isa()), " onednn-", v->major,
-                  ".", v->minor, ".", v->patch);
+    return StrCat(CpuModel(), " ", IsaName(dnnl_get_effective_cpu_isa()), " onednn-", v->major, ".",
+                  v->minor, ".", v->patch);
   }();
   return id;
 }

@@ -137,7 +137,8 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   last_training_ = ctx.training;
   sync_sum_ = ctx.training ? ctx.sync_sum : nullptr;
   if (sync_sum_ != nullptr && !*sync_sum_) {
-    throw Error(StrCat("batchnorm ", name(), ": ForwardContext::sync_sum points to an empty "
+    throw Error(StrCat("batchnorm ", name(),
+                       ": ForwardContext::sync_sum points to an empty "
                        "function"));
   }
   if (ctx.training && sync_sum_ == nullptr && m <= 1) {
@@ -272,10 +273,10 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
   const int64_t n = in.dim(0);
   const int64_t c_n = channels_, s_n = spatial_;
   const int64_t m = n * s_n;
-  CNNFLOW_ENFORCE(dy.numel() == in.numel() && static_cast<int64_t>(mean_.size()) == c_n &&
-                      m == local_count_,
-                  "batchnorm ", name(), ": backward without a matching forward, x ", in.shape(),
-                  " dy ", dy.shape());
+  CNNFLOW_ENFORCE(
+      dy.numel() == in.numel() && static_cast<int64_t>(mean_.size()) == c_n && m == local_count_,
+      "batchnorm ", name(), ": backward without a matching forward, x ", in.shape(), " dy ",
+      dy.shape());
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xs = in.data<T>();
@@ -365,8 +366,8 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
           input_grad(c, sum_dy, sum_dy_xhat);
         } else {
           // The running statistics are constants: only the affine map remains.
-          const T tk = static_cast<T>(
-              (gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std_[c]);
+          const T tk = static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) *
+                                      inv_std_[c]);
           for (int64_t i = 0; i < n; ++i) {
             const T* grow = dy_row(i, c);
             T* out = d + (i * c_n + c) * s_n;

@@ -415,7 +415,8 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
   if (onednn_data || onednn_weights) {
     convs = OnednnChunks(g, db != nullptr, relu_y != nullptr, scratch, n, chunks);
     if (onednn_data && dx != nullptr) {
-      for (auto& [mb, conv] : convs) conv->PrepareBackwardWeights(reinterpret_cast<const float*>(w));
+      for (auto& [mb, conv] : convs)
+        conv->PrepareBackwardWeights(reinterpret_cast<const float*>(w));
     }
   }
   const int64_t in_sample = g.in_channels * g.in_plane();
@@ -482,7 +483,8 @@ double BestSeconds(Fn&& fn) {
 
 // Times one chunk of each pass on this thread with both algorithms, on
 // random data: "forward,backward_data,backward_weights" with gemm|onednn
-// each. oneDNN must win by kMargin to be picked (a tie keeps the GEMM path).
+// each, then the measured rates in parentheses. oneDNN must win by kMargin
+// to be picked (a tie keeps the GEMM path).
 constexpr double kMargin = 1.03;
 std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& scratch,
                          int64_t fwd_mb, int64_t bwd_mb) {
@@ -511,7 +513,9 @@ std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& 
   float* db = has_bias ? dw.data<float>() + dw_size : nullptr;
   fwd_conv->PrepareForwardWeights(w.data<float>());
   bconv.PrepareBackwardWeights(w.data<float>());
-  auto pick = [](double gemm, double onednn) { return gemm > kMargin * onednn ? "onednn" : "gemm"; };
+  auto pick = [](double gemm, double onednn) {
+    return gemm > kMargin * onednn ? "onednn" : "gemm";
+  };
 
   const double f_gemm = BestSeconds([&] {
     GemmForwardChunk<float>(g, scratch, x.data<float>(), w.data<float>(), bias, false,
@@ -529,17 +533,18 @@ std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& 
     GemmBackwardChunk<float>(g, scratch, x.data<float>(), w.data<float>(), dy.data<float>(),
                              nullptr, dw.data<float>(), db, 0, bwd_mb);
   });
-  const double w_onednn = BestSeconds([&] {
-    bconv.BackwardWeights(x.data<float>(), dy.data<float>(), dw.data<float>(), db);
-  });
-  if (std::getenv("CNNFLOW_DEBUG_PICKS")) {
-    const double ff = 2.0 * fwd_mb * g.out_channels * g.col_rows() * g.out_plane() / 1e9;
-    const double fb = ff * bwd_mb / fwd_mb;
-    std::fprintf(stderr, "pick C%ld K%ld %ldx%ld k%ld s%ld GF/s fwd %.0f/%.0f bwd_d %.0f/%.0f bwd_w %.0f/%.0f\n",
-                 (long)g.in_channels, (long)g.out_channels, (long)g.in_h, (long)g.in_w, (long)g.kernel_h, (long)g.stride_h,
-                 ff / f_gemm, ff / f_onednn, fb / d_gemm, fb / d_onednn, fb / w_gemm, fb / w_onednn);
-  }
-  return StrCat(pick(f_gemm, f_onednn), ",", pick(d_gemm, d_onednn), ",", pick(w_gemm, w_onednn));
+  const double w_onednn = BestSeconds(
+      [&] { bconv.BackwardWeights(x.data<float>(), dy.data<float>(), dw.data<float>(), db); });
+  // The rates go along in the file, so a reader sees why.
+  const double f_flop = 2.0 * g.out_channels * g.col_rows() * g.out_plane() / 1e9;
+  auto rates = [&](int64_t mb, double gemm, double onednn) {
+    return StrCat(static_cast<int>(f_flop * mb / gemm), "/",
+                  static_cast<int>(f_flop * mb / onednn));
+  };
+  return StrCat(pick(f_gemm, f_onednn), ",", pick(d_gemm, d_onednn), ",", pick(w_gemm, w_onednn),
+                " (GFLOP/s of one thread, gemm/onednn: forward ", rates(fwd_mb, f_gemm, f_onednn),
+                ", backward-data ", rates(bwd_mb, d_gemm, d_onednn), ", backward-weights ",
+                rates(bwd_mb, w_gemm, w_onednn), ")");
 }
 
 ConvAlgo ParsePick(const std::string& s) {
@@ -626,9 +631,12 @@ void Conv2d::ResetParameters(Rng& rng) {
 
 const char* ConvAlgoName(ConvAlgo a) {
   switch (a) {
-    case ConvAlgo::kAuto: return "auto";
-    case ConvAlgo::kGemm: return "gemm";
-    case ConvAlgo::kOnednn: return "onednn";
+    case ConvAlgo::kAuto:
+      return "auto";
+    case ConvAlgo::kGemm:
+      return "gemm";
+    case ConvAlgo::kOnednn:
+      return "onednn";
   }
   return "?";
 }
@@ -656,12 +664,13 @@ Conv2dPlan Conv2d::PlanFor(int64_t n, DType dtype) {
   const std::string picks = cpu::FindOrMeasure(
       key, [&] { return MeasurePicks(g, has_bias_, *scratch_, fwd_mb, bwd_mb); });
   Conv2dPlan plan;
-  const size_t a = picks.find(','), b = picks.find(',', a + 1);
-  CNNFLOW_ENFORCE(a != std::string::npos && b != std::string::npos,
-                  "conv2d: bad kernel pick '", picks, "' for ", key, " in ", cpu::KernelPickFile());
+  const size_t a = picks.find(','), b = picks.find(',', a + 1), end = picks.find(' ');
+  CNNFLOW_ENFORCE(a != std::string::npos && b != std::string::npos, "conv2d: bad kernel pick '",
+                  picks, "' for ", key, " in ", cpu::KernelPickFile());
   plan.forward = ParsePick(picks.substr(0, a));
   plan.backward_data = ParsePick(picks.substr(a + 1, b - a - 1));
-  plan.backward_weights = ParsePick(picks.substr(b + 1));
+  plan.backward_weights =
+      ParsePick(picks.substr(b + 1, end == std::string::npos ? end : end - b - 1));
   scratch_->plans[n] = plan;
   return plan;
 }

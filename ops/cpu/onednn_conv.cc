@@ -113,10 +113,9 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
   const memory::dims src{mb, g.in_channels, g.in_h, g.in_w};
   const memory::dims dst{mb, g.out_channels, g.out_h, g.out_w};
   const bool grouped = g.groups > 1;
-  const memory::dims wei = grouped ? memory::dims{g.groups, g.out_per_group(), g.in_per_group(),
-                                                  g.kernel_h, g.kernel_w}
-                                   : memory::dims{g.out_channels, g.in_channels, g.kernel_h,
-                                                  g.kernel_w};
+  const memory::dims wei =
+      grouped ? memory::dims{g.groups, g.out_per_group(), g.in_per_group(), g.kernel_h, g.kernel_w}
+              : memory::dims{g.out_channels, g.in_channels, g.kernel_h, g.kernel_w};
   const memory::dims strides{g.stride_h, g.stride_w};
   const memory::dims dilates{g.dilation_h - 1, g.dilation_w - 1};
   const memory::dims pad_l{g.pad_h, g.pad_w};
@@ -149,17 +148,17 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     using BwdWeights = dnnl::convolution_backward_weights;
     const auto algo = dnnl::algorithm::convolution_direct;
     auto fwd_desc = [&](dnnl::prop_kind kind) {
-      return Fwd::desc(kind, algo, any_src, any_wei, bias ? m.user_bias : no_bias, any_dst,
-                       strides, dilates, pad_l, pad_r);
+      return Fwd::desc(kind, algo, any_src, any_wei, bias ? m.user_bias : no_bias, any_dst, strides,
+                       dilates, pad_l, pad_r);
     };
     // The backward primitives take their hint from a forward without the
     // post-op; a convolution needs no training workspace, so the forward
     // itself may be an inference primitive, which is where oneDNN 2.6 has
     // the ReLU post-op.
     const Fwd::primitive_desc hint(fwd_desc(dnnl::prop_kind::forward_training), attr, Engine());
-    m.fwd_pd = relu ? Fwd::primitive_desc(fwd_desc(dnnl::prop_kind::forward_inference), fwd_attr,
-                                          Engine())
-                    : hint;
+    m.fwd_pd =
+        relu ? Fwd::primitive_desc(fwd_desc(dnnl::prop_kind::forward_inference), fwd_attr, Engine())
+             : hint;
     m.bwd_data_pd = BwdData::primitive_desc(
         BwdData::desc(algo, any_src, any_wei, any_dst, strides, dilates, pad_l, pad_r), attr,
         Engine(), hint);
@@ -182,9 +181,8 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     m.bw_diff_wei = Reorder(m.bwd_weights_pd.diff_weights_desc(), m.user_wei, attr);
   } catch (const dnnl::error& e) {
     throw Error(StrCat("oneDNN has no convolution for input [", mb, ", ", g.in_channels, ", ",
-                       g.in_h, ", ", g.in_w, "], kernel ", g.kernel_h, "x", g.kernel_w,
-                       " stride ", g.stride_h, "x", g.stride_w, " groups ", g.groups, ": ",
-                       e.what()));
+                       g.in_h, ", ", g.in_w, "], kernel ", g.kernel_h, "x", g.kernel_w, " stride ",
+                       g.stride_h, "x", g.stride_w, " groups ", g.groups, ": ", e.what()));
   }
   m.buf_a = std::max({BufferBytes(m.fwd_src, m.fwd_pd.src_desc()),
                       BufferBytes(m.bd_diff_dst, m.bwd_data_pd.diff_dst_desc()),
@@ -193,12 +191,12 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
                       BufferBytes(m.bd_diff_src, m.bwd_data_pd.diff_src_desc()),
                       BufferBytes(m.bw_diff_dst, m.bwd_weights_pd.diff_dst_desc())});
   m.buf_c = BufferBytes(m.bw_diff_wei, m.bwd_weights_pd.diff_weights_desc());
-  m.pad = std::max({m.fwd_pd.scratchpad_desc().get_size(),
-                    m.bwd_data_pd.scratchpad_desc().get_size(),
-                    m.bwd_weights_pd.scratchpad_desc().get_size(), m.fwd_src.scratchpad(),
-                    m.fwd_dst.scratchpad(), m.bd_diff_dst.scratchpad(), m.bd_diff_src.scratchpad(),
-                    m.bw_src.scratchpad(), m.bw_diff_dst.scratchpad(), m.bw_diff_wei.scratchpad(),
-                    m.fwd_wei.scratchpad(), m.bd_wei.scratchpad()});
+  m.pad =
+      std::max({m.fwd_pd.scratchpad_desc().get_size(), m.bwd_data_pd.scratchpad_desc().get_size(),
+                m.bwd_weights_pd.scratchpad_desc().get_size(), m.fwd_src.scratchpad(),
+                m.fwd_dst.scratchpad(), m.bd_diff_dst.scratchpad(), m.bd_diff_src.scratchpad(),
+                m.bw_src.scratchpad(), m.bw_diff_dst.scratchpad(), m.bw_diff_wei.scratchpad(),
+                m.fwd_wei.scratchpad(), m.bd_wei.scratchpad()});
   if (m.fwd_wei.needed()) {
     m.fwd_wei_buf = Tensor::Empty({static_cast<int64_t>(m.fwd_pd.weights_desc().get_size() / 4)});
   }
@@ -255,10 +253,8 @@ void OnednnConv::Forward(const float* x, const float* bias, float* y) const {
   memory mw(pd.weights_desc(), Engine(), const_cast<float*>(m.fwd_wei_ptr));
   memory md(pd.dst_desc(), Engine(), dst);
   memory mp(pd.scratchpad_desc(), Engine(), pad);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, ms},
-                                       {DNNL_ARG_WEIGHTS, mw},
-                                       {DNNL_ARG_DST, md},
-                                       {DNNL_ARG_SCRATCHPAD, mp}};
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}, {DNNL_ARG_SCRATCHPAD, mp}};
   if (m.bias) {
     CNNFLOW_ENFORCE(bias != nullptr, "OnednnConv::Forward: the layer has a bias");
     args.emplace(DNNL_ARG_BIAS, memory(m.user_bias, Engine(), const_cast<float*>(bias)));

@@ -49,8 +49,9 @@ bool IsPlain2x2(const Pool2dGeometry& g) {
 // the scalar code (a later cell wins if strictly greater or NaN). Rows of
 // 7-14 outputs are too short for the compiler to vectorise the scalar loop;
 // this made max pooling 3-4x faster on the Fashion-MNIST shapes.
-__attribute__((target("avx512f"))) void MaxPool2x2RowAvx512(const float* r0, const float* r1, int64_t out_w, int32_t base,
-                         int32_t w_in, float* yo, int32_t* io) {
+__attribute__((target("avx512f"))) void MaxPool2x2RowAvx512(const float* r0, const float* r1,
+                                                            int64_t out_w, int32_t base,
+                                                            int32_t w_in, float* yo, int32_t* io) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   for (int64_t ow = 0; ow < out_w; ow += 16) {
@@ -61,21 +62,24 @@ __attribute__((target("avx512f"))) void MaxPool2x2RowAvx512(const float* r0, con
     const __mmask16 out_mask = count == 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1);
     const float* a = r0 + 2 * ow;
     const float* b = r1 + 2 * ow;
-    const __m512 a_lo = _mm512_maskz_loadu_ps(lo_mask, a), a_hi = _mm512_maskz_loadu_ps(hi_mask, a + 16);
-    const __m512 b_lo = _mm512_maskz_loadu_ps(lo_mask, b), b_hi = _mm512_maskz_loadu_ps(hi_mask, b + 16);
+    const __m512 a_lo = _mm512_maskz_loadu_ps(lo_mask, a),
+                 a_hi = _mm512_maskz_loadu_ps(hi_mask, a + 16);
+    const __m512 b_lo = _mm512_maskz_loadu_ps(lo_mask, b),
+                 b_hi = _mm512_maskz_loadu_ps(hi_mask, b + 16);
     const __m512 cells_in[3] = {_mm512_permutex2var_ps(a_lo, odd, a_hi),
                                 _mm512_permutex2var_ps(b_lo, even, b_hi),
                                 _mm512_permutex2var_ps(b_lo, odd, b_hi)};
-    const __m512i i0 = _mm512_add_epi32(_mm512_set1_epi32(base + static_cast<int32_t>(2 * ow)),
-                                        _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
-                                                                            10, 11, 12, 13, 14, 15),
-                                                          1));
+    const __m512i i0 = _mm512_add_epi32(
+        _mm512_set1_epi32(base + static_cast<int32_t>(2 * ow)),
+        _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                          1));
     const int32_t offsets[3] = {1, w_in, w_in + 1};
     __m512 m = _mm512_permutex2var_ps(a_lo, even, a_hi);
     __m512i im = i0;
     for (int k = 0; k < 3; ++k) {
       const __m512 v = cells_in[k];
-      const __mmask16 wins = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      const __mmask16 wins =
+          _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
       m = _mm512_mask_mov_ps(m, wins, v);
       im = _mm512_mask_mov_epi32(im, wins, _mm512_add_epi32(i0, _mm512_set1_epi32(offsets[k])));
     }

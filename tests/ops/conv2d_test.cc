@@ -140,9 +140,9 @@ void ExpectNear(const std::vector<double>& want, const Tensor& got, double tol,
 // Forward and backward of the layer against the naive loops.
 void CheckAgainstNaive(const ConvCase& t, DType dtype, double tol,
                        const std::string& algo = "auto") {
-  SCOPED_TRACE(StrCat(algo, " n=", t.n, " c=", t.c, " ", t.h, "x", t.w, " k=", t.k, " kernel ", t.kh, "x",
-                      t.kw, " stride ", t.sh, "x", t.sw, " pad ", t.ph, "x", t.pw, " dil ", t.dh,
-                      "x", t.dw, " groups ", t.groups, " ", DTypeName(dtype)));
+  SCOPED_TRACE(StrCat(algo, " n=", t.n, " c=", t.c, " ", t.h, "x", t.w, " k=", t.k, " kernel ",
+                      t.kh, "x", t.kw, " stride ", t.sh, "x", t.sw, " pad ", t.ph, "x", t.pw,
+                      " dil ", t.dh, "x", t.dw, " groups ", t.groups, " ", DTypeName(dtype)));
   Shape out;
   auto layer = BuildConv(ConvArgs(t, algo), {t.c, t.h, t.w}, dtype, &out);
   ASSERT_EQ(out, OutShape(t).WithoutBatch());
@@ -411,7 +411,8 @@ TEST(KernelPicks, MixedPlansFromTheFileMatchNaive) {
   KernelPickDir dir;
   const ConvCase a{17, 8, 6, 6, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1};
   const ConvCase b{17, 8, 6, 6, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, false};
-  for (const auto& [t, pick] : {std::pair{a, "onednn,gemm,onednn"}, std::pair{b, "gemm,onednn,gemm"}}) {
+  for (const auto& [t, pick] :
+       {std::pair{a, "onednn,gemm,onednn"}, std::pair{b, "gemm,onednn,gemm"}}) {
     auto layer = MakeLayer("conv2d", ConvArgs(t), {Shape({t.c, t.h, t.w})}, DType::kF32);
     dir.Write(dynamic_cast<Conv2d&>(*layer).KernelPickKey(t.n), pick);
     const Conv2dPlan plan = dynamic_cast<Conv2d&>(*layer).PlanFor(t.n, DType::kF32);

@@ -199,44 +199,45 @@ TEST(MaxPool2dForward, ManyPlanesForwardAndBackwardMatchNaive) {
 TEST(MaxPool2dForward, Float2x2PathMatchesDoublePathWithTiesAndNans) {
   const cpu::Isa machine = cpu::MaxIsa();
   for (int isa = 0; isa <= static_cast<int>(machine); ++isa)
-  for (int64_t w : {2, 6, 14, 16, 18, 28, 32, 34, 70}) {
-    cpu::SetMaxIsa(static_cast<cpu::Isa>(isa));
-    const PoolCase t{2, 3, 6, w, 2, 2, 2, 2, 0, 0};
-    SCOPED_TRACE(StrCat(cpu::IsaName(cpu::MaxIsa()), " ", CaseName(t)));
-    Tensor x64 = Tensor::Empty(InShape(t), DType::kF64);
-    Rng rng(static_cast<uint64_t>(w));
-    for (int64_t i = 0; i < x64.numel(); ++i) {
-      const double u = rng.Uniform();
-      x64.Set(i, u < 0.05 ? std::numeric_limits<double>::quiet_NaN() : std::floor(u * 4));  // many ties
-    }
-    Tensor x32 = x64.Cast(DType::kF32);
-    Tensor dy64 = RandomTensor(OutShape(t), 5, -1, 1, DType::kF64);
-    Tensor dy32 = dy64.Cast(DType::kF32);
-    Tensor dx[2];
-    Tensor y[2];
-    int k = 0;
-    for (DType dtype : {DType::kF64, DType::kF32}) {
-      auto layer = MakeLayer("maxpool2d", PoolArgs(t), {InShape(t).WithoutBatch()}, dtype);
-      const Tensor& x = dtype == DType::kF64 ? x64 : x32;
-      y[k] = RunForward(*layer, {x}, OutShape(t), {});
-      dx[k] = Tensor::Empty(InShape(t), dtype);
-      const Tensor* xp = &x;
-      Tensor* dxp = &dx[k];
-      layer->Backward({xp}, y[k], dtype == DType::kF64 ? dy64 : dy32, {dxp});
-      ++k;
-    }
-    for (int64_t i = 0; i < y[0].numel(); ++i) {
-      if (std::isnan(y[0].At(i))) {
-        EXPECT_TRUE(std::isnan(y[1].At(i))) << i;
-      } else {
-        EXPECT_EQ(y[0].At(i), y[1].At(i)) << i;
+    for (int64_t w : {2, 6, 14, 16, 18, 28, 32, 34, 70}) {
+      cpu::SetMaxIsa(static_cast<cpu::Isa>(isa));
+      const PoolCase t{2, 3, 6, w, 2, 2, 2, 2, 0, 0};
+      SCOPED_TRACE(StrCat(cpu::IsaName(cpu::MaxIsa()), " ", CaseName(t)));
+      Tensor x64 = Tensor::Empty(InShape(t), DType::kF64);
+      Rng rng(static_cast<uint64_t>(w));
+      for (int64_t i = 0; i < x64.numel(); ++i) {
+        const double u = rng.Uniform();
+        x64.Set(i, u < 0.05 ? std::numeric_limits<double>::quiet_NaN()
+                            : std::floor(u * 4));  // many ties
+      }
+      Tensor x32 = x64.Cast(DType::kF32);
+      Tensor dy64 = RandomTensor(OutShape(t), 5, -1, 1, DType::kF64);
+      Tensor dy32 = dy64.Cast(DType::kF32);
+      Tensor dx[2];
+      Tensor y[2];
+      int k = 0;
+      for (DType dtype : {DType::kF64, DType::kF32}) {
+        auto layer = MakeLayer("maxpool2d", PoolArgs(t), {InShape(t).WithoutBatch()}, dtype);
+        const Tensor& x = dtype == DType::kF64 ? x64 : x32;
+        y[k] = RunForward(*layer, {x}, OutShape(t), {});
+        dx[k] = Tensor::Empty(InShape(t), dtype);
+        const Tensor* xp = &x;
+        Tensor* dxp = &dx[k];
+        layer->Backward({xp}, y[k], dtype == DType::kF64 ? dy64 : dy32, {dxp});
+        ++k;
+      }
+      for (int64_t i = 0; i < y[0].numel(); ++i) {
+        if (std::isnan(y[0].At(i))) {
+          EXPECT_TRUE(std::isnan(y[1].At(i))) << i;
+        } else {
+          EXPECT_EQ(y[0].At(i), y[1].At(i)) << i;
+        }
+      }
+      // Same argmax everywhere: the gradient lands on the same cells.
+      for (int64_t i = 0; i < dx[0].numel(); ++i) {
+        EXPECT_NEAR(dx[0].At(i), dx[1].At(i), 1e-6) << i;
       }
     }
-    // Same argmax everywhere: the gradient lands on the same cells.
-    for (int64_t i = 0; i < dx[0].numel(); ++i) {
-      EXPECT_NEAR(dx[0].At(i), dx[1].At(i), 1e-6) << i;
-    }
-  }
   cpu::SetMaxIsa(machine);
   if (machine == cpu::Isa::kScalar) GTEST_SKIP() << "no AVX2 here: only the scalar path ran";
 }
