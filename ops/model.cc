@@ -117,6 +117,12 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
     m->out_shapes_.push_back(out);
   }
   CNNFLOW_ENFORCE(!m->layers_.empty(), "the model has no layers");
+  m->last_reader_.assign(m->layers_.size(), -1);
+  for (size_t i = 0; i < m->layers_.size(); ++i) {
+    for (int j : m->input_index_[i]) {
+      (j < 0 ? m->input_last_reader_ : m->last_reader_[j]) = static_cast<int>(i);
+    }
+  }
 
   for (size_t i = 0; i < m->layers_.size(); ++i) {
     Rng rng(seed, StreamKey(0x1a7e5, i));
@@ -147,7 +153,15 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
   } else {
     input_ = x;
   }
+  const bool keep = ctx.keep_activations;
+  acts_state_ = ActsState::kNone;  // until this forward completes
   acts_.resize(layers_.size());
+  // Without keeping, a previous forward's activations (kept between
+  // training steps for reuse) go back to the pool now, not as each layer
+  // replaces its own: else they would all be live at this forward's peak.
+  if (!keep)
+    for (Tensor& a : acts_) a = Tensor();
+  const int last = static_cast<int>(layers_.size()) - 1;
   std::vector<const Tensor*> ins;
   for (size_t i = 0; i < layers_.size(); ++i) {
     ins.clear();
@@ -166,13 +180,32 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
       gpu_span.emplace(device_, "gpu forward", SpanName(*layer));
     }
     layers_[i]->Forward(ins, y, ctx);
+    if (!keep) {
+      // Free what no later layer reads: this layer's inputs if it was their
+      // last reader, and its own output if nothing reads it (the model's
+      // output stays).
+      const int at = static_cast<int>(i);
+      for (int j : input_index_[i]) {
+        if (j < 0) {
+          if (input_last_reader_ == at) input_ = Tensor();
+        } else if (last_reader_[j] == at) {
+          acts_[j] = Tensor();
+        }
+      }
+      if (last_reader_[i] < 0 && at != last) y = Tensor();
+    }
   }
+  acts_state_ = keep ? ActsState::kKept : ActsState::kFreed;
   return acts_.back();
 }
 
 void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_done, Tensor* dx) {
   const int num = static_cast<int>(layers_.size());
-  CNNFLOW_ENFORCE(static_cast<int>(acts_.size()) == num && dy.shape() == acts_.back().shape(),
+  CNNFLOW_ENFORCE(acts_state_ != ActsState::kFreed,
+                  "Backward after a Forward that did not keep its activations "
+                  "(ForwardContext::keep_activations = false, as evaluation runs it): they were "
+                  "freed as that forward went; run Forward with keep_activations = true first");
+  CNNFLOW_ENFORCE(acts_state_ == ActsState::kKept && dy.shape() == acts_.back().shape(),
                   "Backward without a matching Forward: dy ", dy.shape());
   std::vector<Tensor> grads(num);
   grads[num - 1] = dy;

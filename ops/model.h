@@ -49,9 +49,12 @@ class Model {
                                       std::optional<DType> compute = std::nullopt);
 
   // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
-  // activations that Backward needs.
+  // activations that Backward needs; with ctx.keep_activations false it
+  // frees each one after its last consumer (the peak is then the widest
+  // point of the graph, not the sum of every layer) and keeps the output.
   const Tensor& Forward(const Tensor& x, const ForwardContext& ctx);
   // dy: gradient with respect to Forward's output. Adds into parameter grads.
+  // Error after a Forward that did not keep its activations.
   // layer_done(i), when given, is called as soon as layer i's parameter
   // gradients are final (layers go in reverse order): the data-parallel step
   // starts reducing a gradient bucket while backward goes on. dx, when
@@ -91,6 +94,10 @@ class Model {
   std::vector<std::vector<std::string>> input_names_;
   std::vector<std::vector<int>> input_index_;  // -1: the model input
   std::vector<Shape> out_shapes_;
+  // The last layer that reads each layer's output (-1: none), and the
+  // model input's: when Forward without keep_activations frees them.
+  std::vector<int> last_reader_;
+  int input_last_reader_ = -1;
   Shape input_shape_;
   DType dtype_ = DType::kF32;
   DType compute_ = DType::kF32;  // of the activations
@@ -98,6 +105,10 @@ class Model {
   // Per-forward state.
   Tensor input_;
   std::vector<Tensor> acts_;
+  // What the last Forward left for Backward: nothing (none ran, or it
+  // threw), every activation, or only the output.
+  enum class ActsState { kNone, kKept, kFreed };
+  ActsState acts_state_ = ActsState::kNone;
 };
 
 }  // namespace cnnflow

@@ -1,5 +1,11 @@
 // eval_step: forward in evaluation mode (BN running statistics, no
-// dropout), loss and correct predictions; no gradients.
+// dropout), loss and correct predictions; no gradients. The batch goes
+// through the model `micro_batch` rows at a time, each forward freeing its
+// activations as it goes, so evaluating a batch of 1000 costs the memory
+// of a forward of `micro_batch` rows (the templates pass train.batch: the
+// buffers training already holds).
+#include <algorithm>
+
 #include <tbb/flow_graph.h>
 
 #include "ops/cuda/kernels.h"
@@ -13,7 +19,13 @@ namespace {
 
 class EvalStepStage final : public Stage {
  public:
-  EvalStepStage(const StageInfo& info, const Args&) : Stage(info) {}
+  EvalStepStage(const StageInfo& info, const Args& args)
+      : Stage(info), micro_batch_(args.Int("micro_batch")) {
+    if (micro_batch_ < 0) {
+      throw ConfigError(StrCat("node '", info.node, "' (eval_step): micro_batch must be >= 0, got ",
+                               micro_batch_));
+    }
+  }
 
   StagePorts Build(FlowGraph& g, RunState& state) override {
     node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
@@ -21,23 +33,7 @@ class EvalStepStage final : public Stage {
           return Guarded([&] {
             if (m->labels.empty()) return m;  // every record was bad and skipped
             const TraceSpan span("eval", "eval batch");
-            ForwardContext ctx{false, state.seed, m->global_step};
-            const Device device = state.model->device();
-            LossResult r;
-            if (device.is_cuda()) {
-              const Tensor& logits = state.model->Forward(m->inputs.To(device), ctx);
-              Tensor labels = Tensor::Empty(Shape({static_cast<int64_t>(m->labels.size())}),
-                                            DType::kF64, device);  // int64 bits
-              CopyBytes(device, labels.raw_data(), Device::Cpu(), m->labels.data(),
-                        m->labels.size() * sizeof(int64_t));
-              r = cuda::SoftmaxCrossEntropy(logits, static_cast<const int64_t*>(labels.raw_data()),
-                                            nullptr);
-            } else {
-              const Tensor& logits = state.model->Forward(m->inputs, ctx);
-              r = SoftmaxCrossEntropy(logits, m->labels.data(), nullptr);
-            }
-            m->loss = r.loss;
-            m->correct = r.correct;
+            Evaluate(*state.model, state.seed, *m);
             return m;
           });
         });
@@ -45,12 +41,64 @@ class EvalStepStage final : public Stage {
   }
 
  private:
+  // The batch's rows through the model micro_batch_ at a time (each row's
+  // logits do not depend on the others in evaluation mode), freeing
+  // activations as each forward goes: the memory of a forward of
+  // micro_batch_ rows, not of the whole batch.
+  void Evaluate(Model& model, uint64_t seed, BatchMessage& m) const {
+    const Device device = model.device();
+    const int64_t n = m.inputs.dim(0);
+    const int64_t chunk = micro_batch_ > 0 ? std::min(micro_batch_, n) : n;
+    ForwardContext ctx;
+    ctx.training = false;
+    ctx.seed = seed;
+    ctx.step = m.global_step;
+    ctx.keep_activations = false;
+    Tensor inputs = m.inputs;
+    Tensor labels;  // on a GPU: f64 storage of the int64 labels (same size)
+    const int64_t* label_data = m.labels.data();
+    if (device.is_cuda()) {
+      inputs = m.inputs.To(device);
+      labels = Tensor::Empty(Shape({n}), DType::kF64, device);
+      CopyBytes(device, labels.raw_data(), Device::Cpu(), m.labels.data(),
+                m.labels.size() * sizeof(int64_t));
+      label_data = static_cast<const int64_t*>(labels.raw_data());
+    }
+    auto run = [&](int64_t b, int64_t e) {
+      const Tensor& logits = model.Forward(e - b == n ? inputs : inputs.Slice(b, e), ctx);
+      return device.is_cuda() ? cuda::SoftmaxCrossEntropy(logits, label_data + b, nullptr)
+                              : SoftmaxCrossEntropy(logits, label_data + b, nullptr);
+    };
+    if (chunk == n) {  // one forward: its mean loss as it is
+      const LossResult r = run(0, n);
+      m.loss = r.loss;
+      m.correct = r.correct;
+      return;
+    }
+    double loss_sum = 0;  // of the chunks' mean losses x their rows
+    int64_t correct = 0;
+    for (int64_t b = 0; b < n; b += chunk) {
+      const int64_t e = std::min(n, b + chunk);
+      const LossResult r = run(b, e);
+      loss_sum += r.loss * static_cast<double>(e - b);
+      correct += r.correct;
+    }
+    m.loss = loss_sum / static_cast<double>(n);
+    m.correct = correct;
+  }
+
+  int64_t micro_batch_;
   std::unique_ptr<tbb::flow::function_node<Message, Message>> node_;
 };
 
 }  // namespace
 
 CNNFLOW_REGISTER_STAGE(eval_step, EvalStepStage,
-                       Schema("Forward in evaluation mode; loss and correct predictions per batch."));
+                       Schema("Forward in evaluation mode, activations freed as it goes; loss and "
+                              "correct predictions per batch.")
+                           .Optional("micro_batch", ParamType::kInt, int64_t{0},
+                                     "rows per forward (0: the whole batch); the batch's loss "
+                                     "and accuracy are the same up to float rounding, and the "
+                                     "memory is that of a forward of this many rows"));
 
 }  // namespace cnnflow

@@ -164,3 +164,110 @@ TEST(Model, OutOfMemoryNamesTheLayerThatAsked) {
 
 }  // namespace
 }  // namespace cnnflow
+
+namespace cnnflow {
+namespace {
+
+// Evaluation's forward (keep_activations = false): the output of a forward
+// that keeps everything, each activation back in the pool once its last
+// reader has run, and no Backward after it.
+
+ForwardContext FreeingContext() {
+  ForwardContext ctx;
+  ctx.training = false;
+  ctx.keep_activations = false;
+  return ctx;
+}
+
+// conv1 -> relu1 -> conv2 -> relu2 -> add(relu2, relu1) -> pool -> fc: relu1
+// is read by conv2 and, two layers later, by the add. Its maps all have one
+// shape, so a block freed after its first reader would be relu2's output
+// and the add would read relu2 twice.
+std::vector<LayerSpec> FanOutSpecs() {
+  return {L("conv1", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+          L("relu1", "relu"),
+          L("conv2", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+          L("relu2", "relu"),
+          L("res", "add", {}, {"relu2", "relu1"}),
+          L("pool", "maxpool2d", {{"kernel", int64_t{2}}}),
+          L("flat", "flatten"),
+          L("fc", "linear", {{"out", int64_t{4}}})};
+}
+
+TEST(Model, ForwardWithoutKeepingActivationsGivesTheSameOutput) {
+  for (const DType dtype : {DType::kF64, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    // No BN or dropout: training and evaluation mode compute the same.
+    auto model = Model::Build(FanOutSpecs(), {2, 6, 6}, dtype, 3);
+    const Tensor x = testing::RandomTensor({5, 2, 6, 6}, 11, -1, 1, dtype);
+    const Tensor kept = model->Forward(x, ForwardContext{}).Clone();
+    const Tensor freed = model->Forward(x, FreeingContext()).Clone();
+    ASSERT_EQ(freed.shape(), Shape({5, 4}));
+    for (int64_t i = 0; i < kept.numel(); ++i) ASSERT_EQ(freed.At(i), kept.At(i)) << i;
+    // Again, on blocks the first freeing forward gave back, then training.
+    EXPECT_EQ(MaxAbsDiff(model->Forward(x, FreeingContext()), kept), 0.0);
+    EXPECT_EQ(MaxAbsDiff(model->Forward(x, ForwardContext{}), kept), 0.0);
+  }
+}
+
+TEST(Model, ForwardWithoutKeepingActivationsFreesThemAsItGoes) {
+  // fc1 relu1 ... fc4 relu4 fc5: eight [512, 128] f32 activations of
+  // 256 KiB (a size class of the pool exactly), then [512, 10] logits.
+  std::vector<LayerSpec> specs;
+  for (int k = 1; k <= 4; ++k) {
+    specs.push_back(L(StrCat("fc", k), "linear", {{"out", int64_t{128}}}));
+    specs.push_back(L(StrCat("relu", k), "relu"));
+  }
+  specs.push_back(L("fc5", "linear", {{"out", int64_t{10}}}));
+  const int64_t n = 512;
+  const size_t act = n * 128 * sizeof(float);
+  const size_t all = 8 * act;
+  MemoryPool& pool = PoolFor(Device::Cpu());
+  const Tensor x = testing::RandomTensor({n, 128}, 3, -1, 1, DType::kF32);
+  struct Use {
+    size_t peak, after;  // above what was in use before the forward
+  };
+  auto forward = [&](const ForwardContext& ctx) {
+    auto model = Model::Build(specs, {128}, DType::kF32, 1);
+    const size_t before = pool.bytes_in_use();
+    pool.ResetPeak();
+    model->Forward(x, ctx);
+    return Use{pool.peak_bytes_in_use() - before, pool.bytes_in_use() - before};
+  };
+  const Use kept = forward(ForwardContext{});
+  EXPECT_GE(kept.peak, all) << "the pool's figures see every kept activation";
+  EXPECT_GE(kept.after, all);
+  const Use freed = forward(FreeingContext());
+  // At most a layer's input and output at once, and only the logits after.
+  EXPECT_LE(freed.peak, 2 * act) << "of " << all << " bytes of activations";
+  EXPECT_LT(freed.after, act);
+}
+
+TEST(Model, BackwardAfterForwardWithoutActivationsIsAnError) {
+  auto model = Model::Build(ResidualSpecs(), {2, 5, 4}, DType::kF64, 3);
+  const Tensor x = testing::RandomTensor({3, 2, 5, 4}, 5);
+  const Tensor dy = testing::RandomTensor({3, 4}, 6);
+  model->ZeroGrad();
+  model->Forward(x, FreeingContext());
+  try {
+    model->Backward(dy);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Backward after a Forward that did not keep its activations"),
+              std::string::npos)
+        << e.what();
+  }
+  for (int64_t i = 0; i < model->NamedParameters()[0].param->grad.numel(); ++i) {
+    ASSERT_EQ(model->NamedParameters()[0].param->grad.At(i), 0.0) << "gradients touched";
+  }
+  // A forward that keeps them, in either mode, makes Backward work again.
+  model->Forward(x, ForwardContext{});
+  EXPECT_NO_THROW(model->Backward(dy));
+  ForwardContext frozen;
+  frozen.training = false;  // evaluation mode, activations kept (frozen BN)
+  model->Forward(x, frozen);
+  EXPECT_NO_THROW(model->Backward(dy));
+}
+
+}  // namespace
+}  // namespace cnnflow
