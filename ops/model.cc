@@ -36,16 +36,19 @@ std::string SpanName(const Layer& layer) { return StrCat(layer.name(), " (", lay
 
 std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                     DType dtype, uint64_t seed, InitScheme init, Device device,
-                                    std::optional<DType> compute) {
+                                    std::optional<DType> compute, bool fuse_relu) {
   if (device.is_cuda() && device.index >= CudaDeviceCount()) {
-    throw Error(StrCat("cannot build the model on ", device.ToString(), ": ", CudaDeviceCount(),
-                       " usable GPUs found", CudaAvailable() ? "" : " (no GPU, no CUDA driver, or a build without CUDA)"));
+    throw Error(
+        StrCat("cannot build the model on ", device.ToString(), ": ", CudaDeviceCount(),
+               " usable GPUs found",
+               CudaAvailable() ? "" : " (no GPU, no CUDA driver, or a build without CUDA)"));
   }
   const DType act = compute.value_or(dtype);
-  if (act != dtype && (device.is_cpu() || dtype != DType::kF32 ||
-                       (act != DType::kF16 && act != DType::kBF16))) {
-    throw ConfigError(StrCat("mixed precision computes in f16 or bf16 over f32 parameters on a GPU; got ",
-                             DTypeName(act), " over ", DTypeName(dtype), " on ", device.ToString()));
+  if (act != dtype &&
+      (device.is_cpu() || dtype != DType::kF32 || (act != DType::kF16 && act != DType::kBF16))) {
+    throw ConfigError(
+        StrCat("mixed precision computes in f16 or bf16 over f32 parameters on a GPU; got ",
+               DTypeName(act), " over ", DTypeName(dtype), " on ", device.ToString()));
   }
   std::unique_ptr<Model> m(new Model());
   m->input_shape_ = input_shape;
@@ -92,8 +95,8 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
         in_index.push_back(it->second);
         in_shapes.push_back(m->out_shapes_[it->second]);
       } else {
-        throw ConfigError(StrCat("layer '", s.name, "' reads '", n,
-                                 "', which is not an earlier layer"));
+        throw ConfigError(
+            StrCat("layer '", s.name, "' reads '", n, "', which is not an earlier layer"));
       }
     }
     Shape out;
@@ -102,9 +105,10 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
     } catch (const ShapeError& e) {
       std::string from;
       for (size_t k = 0; k < in_names.size(); ++k) {
-        const std::string src = in_names[k] == kModelInput
-                                    ? std::string("the model input")
-                                    : StrCat("'", in_names[k], "' (", specs[index[in_names[k]]].type, ")");
+        const std::string src =
+            in_names[k] == kModelInput
+                ? std::string("the model input")
+                : StrCat("'", in_names[k], "' (", specs[index[in_names[k]]].type, ")");
         from += StrCat(k ? " and " : "", src, " produces ", in_shapes[k]);
       }
       throw ShapeError(StrCat("shape mismatch at layer '", s.name, "' (", s.type, "): ", from,
@@ -132,6 +136,18 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
         if (p.name == "weight" && p.value.rank() >= 2) InitWeight(p.value, init, rng);
     }
     if (device.is_cuda()) m->layers_[i]->MoveTo(device);
+  }
+  m->fused_into_.assign(m->layers_.size(), -1);
+  if (fuse_relu && !device.is_cuda()) {
+    std::vector<int> readers(m->layers_.size(), 0);
+    for (const auto& ins : m->input_index_)
+      for (int j : ins)
+        if (j >= 0) ++readers[j];
+    for (size_t i = 0; i < m->layers_.size(); ++i) {
+      if (std::string(m->layers_[i]->type()) != "relu" || m->input_index_[i].size() != 1) continue;
+      const int j = m->input_index_[i][0];
+      if (j >= 0 && readers[j] == 1 && m->layers_[j]->FuseRelu()) m->fused_into_[i] = j;
+    }
   }
   return m;
 }
@@ -169,17 +185,20 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
     Tensor& y = acts_[i];
     const Shape shape = out_shapes_[i].WithBatch(n);
     const Layer* layer = layers_[i].get();
-    const AllocationScope scope([layer, &shape] {
-      return StrCat("layer '", layer->name(), "' (", layer->type(), ") forward, output ", shape);
-    });
-    if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, compute_, x.device());
-    const TraceSpan span("forward",
-                         [layer] { return SpanName(*layer); });
-    std::optional<cuda::GpuSpan> gpu_span;  // the GPU's time of it, when tracing
-    if (device_.is_cuda() && Tracer::on()) {
-      gpu_span.emplace(device_, "gpu forward", SpanName(*layer));
+    if (fused_into_[i] >= 0) {
+      y = acts_[fused_into_[i]];  // the fused layer wrote max(., 0) already
+    } else {
+      const AllocationScope scope([layer, &shape] {
+        return StrCat("layer '", layer->name(), "' (", layer->type(), ") forward, output ", shape);
+      });
+      if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, compute_, x.device());
+      const TraceSpan span("forward", [layer] { return SpanName(*layer); });
+      std::optional<cuda::GpuSpan> gpu_span;  // the GPU's time of it, when tracing
+      if (device_.is_cuda() && Tracer::on()) {
+        gpu_span.emplace(device_, "gpu forward", SpanName(*layer));
+      }
+      layers_[i]->Forward(ins, y, ctx);
     }
-    layers_[i]->Forward(ins, y, ctx);
     if (!keep) {
       // Free what no later layer reads: this layer's inputs if it was their
       // last reader, and its own output if nothing reads it (the model's
@@ -217,6 +236,11 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
       if (layer_done) layer_done(i);
       continue;
     }
+    if (fused_into_[i] >= 0) {  // the fused layer takes the gradient of its relu
+      grads[fused_into_[i]] = std::move(grads[i]);
+      if (layer_done) layer_done(i);
+      continue;
+    }
     const Layer* layer = layers_[i].get();
     const AllocationScope scope(
         [layer] { return StrCat("layer '", layer->name(), "' (", layer->type(), ") backward"); });
@@ -239,8 +263,7 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
       }
     }
     {
-      const TraceSpan span("backward",
-                           [layer] { return SpanName(*layer); });
+      const TraceSpan span("backward", [layer] { return SpanName(*layer); });
       std::optional<cuda::GpuSpan> gpu_span;
       if (device_.is_cuda() && Tracer::on()) {
         gpu_span.emplace(device_, "gpu backward", SpanName(*layer));

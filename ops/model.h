@@ -37,6 +37,11 @@ class Model {
   // values as on the CPU, then moved (ConfigError for a layer type without
   // a CUDA class).
   //
+  // On the CPU, a relu that is the only reader of a layer's output is fused
+  // into that layer when it can take it (Layer::FuseRelu: conv2d, batchnorm,
+  // add): the relu layer then runs nothing and its output is the layer's
+  // (fuse_relu false keeps every relu a layer of its own).
+  //
   // Mixed precision (GPU only): with `compute` f16 or bf16, parameters,
   // gradients and buffers stay in `dtype` (f32: the master weights) and
   // activations are in `compute`: Forward casts its input, every layer
@@ -46,7 +51,8 @@ class Model {
                                       DType dtype = DType::kF32, uint64_t seed = 0,
                                       InitScheme init = InitScheme::kPytorchDefault,
                                       Device device = Device::Cpu(),
-                                      std::optional<DType> compute = std::nullopt);
+                                      std::optional<DType> compute = std::nullopt,
+                                      bool fuse_relu = true);
 
   // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
   // activations that Backward needs; with ctx.keep_activations false it
@@ -72,6 +78,8 @@ class Model {
   const Shape& output_shape(int i) const { return out_shapes_[i]; }
   const Shape& output_shape() const { return out_shapes_.back(); }
   const std::vector<std::string>& inputs_of(int i) const { return input_names_[i]; }
+  // The layer a relu i is fused into (see Build), or -1.
+  int fused_into(int i) const { return fused_into_[i]; }
   DType dtype() const { return dtype_; }
   DType compute_dtype() const { return compute_; }
   Device device() const { return device_; }
@@ -98,6 +106,8 @@ class Model {
   // model input's: when Forward without keep_activations frees them.
   std::vector<int> last_reader_;
   int input_last_reader_ = -1;
+  // For a relu fused into the layer it reads: that layer's index; else -1.
+  std::vector<int> fused_into_;
   Shape input_shape_;
   DType dtype_ = DType::kF32;
   DType compute_ = DType::kF32;  // of the activations

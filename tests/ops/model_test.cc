@@ -13,7 +13,8 @@
 namespace cnnflow {
 namespace {
 
-LayerSpec L(std::string name, std::string type, std::vector<std::pair<std::string, ParamValue>> args = {},
+LayerSpec L(std::string name, std::string type,
+            std::vector<std::pair<std::string, ParamValue>> args = {},
             std::vector<std::string> inputs = {}) {
   LayerSpec s{std::move(name), std::move(type), {}, std::move(inputs)};
   for (auto& [k, v] : args) s.args.Set(k, v);
@@ -56,7 +57,8 @@ TEST(Model, ResidualModelGradientsMatchFiniteDifferences) {
       const double lm = loss();
       p->value.Set(i, orig);
       const double numeric = (lp - lm) / (2 * h);
-      EXPECT_NEAR(p->grad.At(i), numeric, 1e-6 + 1e-5 * std::abs(numeric)) << name << "[" << i << "]";
+      EXPECT_NEAR(p->grad.At(i), numeric, 1e-6 + 1e-5 * std::abs(numeric))
+          << name << "[" << i << "]";
     }
   }
 }
@@ -76,10 +78,10 @@ TEST(Model, BackwardAccumulatesUntilZeroGrad) {
 }
 
 TEST(Model, StateIsNamedByLayerWithoutPrefix) {
-  auto model = Model::Build({L("conv1", "conv2d", {{"out", int64_t{2}}, {"kernel", int64_t{3}}}),
-                             L("bn1", "batchnorm"), L("flat", "flatten"),
-                             L("fc", "linear", {{"out", int64_t{3}}})},
-                            {1, 6, 6});
+  auto model = Model::Build(
+      {L("conv1", "conv2d", {{"out", int64_t{2}}, {"kernel", int64_t{3}}}), L("bn1", "batchnorm"),
+       L("flat", "flatten"), L("fc", "linear", {{"out", int64_t{3}}})},
+      {1, 6, 6});
   std::vector<std::string> names;
   for (auto& [n, t] : model->StateTensors()) names.push_back(n);
   EXPECT_EQ(names, (std::vector<std::string>{"conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias",
@@ -89,7 +91,8 @@ TEST(Model, StateIsNamedByLayerWithoutPrefix) {
 }
 
 TEST(Model, PytorchDefaultInitIsUniformInFanInBound) {
-  auto model = Model::Build({L("fc", "linear", {{"out", int64_t{64}}})}, {1, 10, 10}, DType::kF32, 1);
+  auto model =
+      Model::Build({L("fc", "linear", {{"out", int64_t{64}}})}, {1, 10, 10}, DType::kF32, 1);
   const Tensor& w = model->NamedParameters()[0].param->value;
   const double bound = 1.0 / std::sqrt(100.0);
   double max_abs = 0, sum = 0, sum_sq = 0;
@@ -138,9 +141,9 @@ namespace {
 // Out of memory names the layer that asked (the pool capped to provoke it),
 // and the pool recovers once the cap is lifted.
 TEST(Model, OutOfMemoryNamesTheLayerThatAsked) {
-  auto model = Model::Build({L("conv1", "conv2d", {{"out", int64_t{64}}, {"kernel", int64_t{3}},
-                                                   {"pad", int64_t{1}}})},
-                            {3, 61, 67}, DType::kF32, 1);
+  auto model = Model::Build(
+      {L("conv1", "conv2d", {{"out", int64_t{64}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})},
+      {3, 61, 67}, DType::kF32, 1);
   MemoryPool& pool = PoolFor(Device::Cpu());
   struct Uncap {
     MemoryPool& p;
@@ -253,8 +256,9 @@ TEST(Model, BackwardAfterForwardWithoutActivationsIsAnError) {
     model->Backward(dy);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Backward after a Forward that did not keep its activations"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("Backward after a Forward that did not keep its activations"),
+        std::string::npos)
         << e.what();
   }
   for (int64_t i = 0; i < model->NamedParameters()[0].param->grad.numel(); ++i) {
@@ -267,6 +271,104 @@ TEST(Model, BackwardAfterForwardWithoutActivationsIsAnError) {
   frozen.training = false;  // evaluation mode, activations kept (frozen BN)
   model->Forward(x, frozen);
   EXPECT_NO_THROW(model->Backward(dy));
+}
+
+// A ResNet block and a conv tail: bn1 -> relu1 (relu1 then feeds two
+// layers), add -> relu2 and conv3 -> relu3 fuse; relu4 reads a conv that
+// another layer reads too, so it stays a layer.
+std::vector<LayerSpec> FusableSpecs() {
+  auto conv = [](const char* name, std::vector<std::string> in = {}) {
+    return L(name, "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}},
+             std::move(in));
+  };
+  return {conv("conv1"),         L("bn1", "batchnorm"),
+          L("relu1", "relu"),    conv("conv2"),
+          L("bn2", "batchnorm"), L("res", "add", {}, {"bn2", "relu1"}),
+          L("relu2", "relu"),    conv("conv3"),
+          L("relu3", "relu"),    conv("conv4"),
+          L("relu4", "relu"),    L("res2", "add", {}, {"relu4", "conv4"}),
+          L("flat", "flatten"),  L("fc", "linear", {{"out", int64_t{3}}})};
+}
+
+TEST(Model, ReluFusionPicksTheOnlyReaderCases) {
+  auto model = Model::Build(FusableSpecs(), {2, 5, 4}, DType::kF64, 3);
+  std::vector<std::string> fused;
+  for (int i = 0; i < model->num_layers(); ++i) {
+    if (model->fused_into(i) >= 0) {
+      fused.push_back(model->layer(i).name() + "->" + model->layer(model->fused_into(i)).name());
+    }
+  }
+  EXPECT_EQ(fused, (std::vector<std::string>{"relu1->bn1", "relu2->res", "relu3->conv3"}));
+  auto plain = Model::Build(FusableSpecs(), {2, 5, 4}, DType::kF64, 3, InitScheme::kPytorchDefault,
+                            Device::Cpu(), std::nullopt, /*fuse_relu=*/false);
+  for (int i = 0; i < plain->num_layers(); ++i) EXPECT_EQ(plain->fused_into(i), -1);
+}
+
+// The fused model computes what the unfused one does: outputs, the input
+// gradient and every parameter gradient, in f64 and f32, for two steps
+// (the second reuses the aliased activations).
+TEST(Model, FusedReluModelMatchesUnfused) {
+  for (const DType dtype : {DType::kF64, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    auto fused = Model::Build(FusableSpecs(), {2, 5, 4}, dtype, 3);
+    auto plain = Model::Build(FusableSpecs(), {2, 5, 4}, dtype, 3, InitScheme::kPytorchDefault,
+                              Device::Cpu(), std::nullopt, /*fuse_relu=*/false);
+    const double tol = dtype == DType::kF64 ? 1e-12 : 1e-5;
+    ForwardContext ctx;
+    for (int step = 0; step < 2; ++step) {
+      const Tensor x = testing::RandomTensor({6, 2, 5, 4}, 5 + step, -1, 1, dtype);
+      const Tensor dy = testing::RandomTensor({6, 3}, 6 + step, -1, 1, dtype);
+      Tensor dx_a, dx_b;
+      fused->ZeroGrad();
+      plain->ZeroGrad();
+      const Tensor ya = fused->Forward(x, ctx).Clone();
+      const Tensor yb = plain->Forward(x, ctx).Clone();
+      fused->Backward(dy, {}, &dx_a);
+      plain->Backward(dy, {}, &dx_b);
+      for (int64_t i = 0; i < ya.numel(); ++i) ASSERT_NEAR(ya.At(i), yb.At(i), tol) << i;
+      for (int64_t i = 0; i < dx_a.numel(); ++i) ASSERT_NEAR(dx_a.At(i), dx_b.At(i), tol) << i;
+      auto pa = fused->NamedParameters(), pb = plain->NamedParameters();
+      ASSERT_EQ(pa.size(), pb.size());
+      for (size_t k = 0; k < pa.size(); ++k) {
+        for (int64_t i = 0; i < pa[k].param->grad.numel(); ++i) {
+          ASSERT_NEAR(pa[k].param->grad.At(i), pb[k].param->grad.At(i),
+                      tol * (1 + std::abs(pb[k].param->grad.At(i))))
+              << pa[k].name << "[" << i << "]";
+        }
+      }
+    }
+  }
+}
+
+// Backward through the fused model against central differences (f64).
+TEST(Model, FusedReluModelGradientsMatchFiniteDifferences) {
+  auto model = Model::Build(FusableSpecs(), {2, 5, 4}, DType::kF64, 3);
+  const Tensor x = testing::RandomTensor({3, 2, 5, 4}, 5);
+  const Tensor r = testing::RandomTensor({3, 3}, 6);
+  ForwardContext ctx;
+  auto loss = [&] {
+    const Tensor& y = model->Forward(x, ctx);
+    double s = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) s += y.At(i) * r.At(i);
+    return s;
+  };
+  model->ZeroGrad();
+  loss();
+  model->Backward(r);
+  const double h = 1e-6;
+  for (auto& [name, p] : model->NamedParameters()) {
+    for (int64_t i = 0; i < p->value.numel(); i += 5) {
+      const double orig = p->value.At(i);
+      p->value.Set(i, orig + h);
+      const double lp = loss();
+      p->value.Set(i, orig - h);
+      const double lm = loss();
+      p->value.Set(i, orig);
+      const double numeric = (lp - lm) / (2 * h);
+      EXPECT_NEAR(p->grad.At(i), numeric, 1e-6 + 1e-5 * std::abs(numeric))
+          << name << "[" << i << "]";
+    }
+  }
 }
 
 }  // namespace
