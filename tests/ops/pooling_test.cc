@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -367,6 +369,33 @@ TEST(GlobalAvgPoolBuild, RejectsOtherRanks) {
                 "global_avgpool expects one [C, H, W] or [C, L] input, got " + bad.ToString());
     }
   }
+}
+
+}  // namespace
+}  // namespace cnnflow
+
+namespace cnnflow {
+namespace {
+
+// By hand (--gtest_also_run_disabled_tests --gtest_filter='*MaxPool2x2Timing*'):
+// the 2x2 forward on conv1's output of the Fashion-MNIST model, each ISA.
+TEST(MaxPool2dBench, DISABLED_MaxPool2x2Timing) {
+  const PoolCase t{64, 32, 28, 28, 2, 2, 2, 2, 0, 0};
+  auto layer = MakeLayer("maxpool2d", PoolArgs(t), {InShape(t).WithoutBatch()}, DType::kF32);
+  const Tensor x = RandomTensor(InShape(t), 1, -1, 1, DType::kF32);
+  Tensor y = Tensor::Empty(OutShape(t), DType::kF32);
+  const cpu::Isa machine = cpu::MaxIsa();
+  for (int rep = 0; rep < 3; ++rep) {
+    for (int isa = 0; isa <= static_cast<int>(machine); ++isa) {
+      cpu::SetMaxIsa(static_cast<cpu::Isa>(isa));
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 200; ++i) layer->Forward({&x}, y, {});
+      const double us = std::chrono::duration<double, std::micro>(
+                            std::chrono::steady_clock::now() - t0).count() / 200;
+      std::printf("%-7s forward %.1f us\n", cpu::IsaName(cpu::MaxIsa()), us);
+    }
+  }
+  cpu::SetMaxIsa(machine);
 }
 
 }  // namespace
