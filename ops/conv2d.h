@@ -92,7 +92,6 @@ class Conv2d : public Layer {
 
   const Conv2dGeometry& geometry() const { return geom_; }
   bool has_bias() const { return has_bias_; }
-  ConvAlgo algo() const { return algo_; }
   // The algorithms of a batch of n in `dtype` on the CPU (measured on the
   // first call for an n with `algo: auto`, then cached).
   Conv2dPlan PlanFor(int64_t n, DType dtype);

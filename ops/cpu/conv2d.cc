@@ -544,7 +544,7 @@ std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& 
   return StrCat(pick(f_gemm, f_onednn), ",", pick(d_gemm, d_onednn), ",", pick(w_gemm, w_onednn),
                 " (GFLOP/s of one thread, gemm/onednn: forward ", rates(fwd_mb, f_gemm, f_onednn),
                 ", backward-data ", rates(bwd_mb, d_gemm, d_onednn), ", backward-weights ",
-                rates(bwd_mb, w_gemm, w_onednn), ")");
+                rates(bwd_mb, w_gemm, w_onednn), "; oneDNN's ", fwd_conv->ImplInfo(), ")");
 }
 
 ConvAlgo ParsePick(const std::string& s) {
