@@ -1,13 +1,14 @@
-// CPU kernels of conv2d: im2col + OpenBLAS GEMM, parallel over the batch.
+// CPU kernels of conv2d: im2col + GEMM (oneDNN's sgemm, ops/cpu/gemm.h) or
+// oneDNN's convolution primitives, parallel over the batch.
 //
 // Per sample and group g (Kg = K/groups output channels, R = C/groups*kh*kw
 // rows of the im2col matrix, P = H'*W' columns):
 //   forward   Y_g[Kg, P]   = W_g[Kg, R] * col(X_g)[R, P]  (+ bias: Y starts as it)
 //   backward  dW_g[Kg, R] += dY_g[Kg, P] * col(X_g)^T[P, R]
 //             dX_g          = col2im(W_g^T[R, Kg] * dY_g[Kg, P])
-// The batch is cut into ForChunks chunks (a count that depends on N only);
-// dW and dbias are summed per chunk, then over chunks in order, so results
-// are bitwise the same for any thread count. Pointwise convs (1x1, stride
+// The batch is cut into ForChunks chunks (a count that depends on the shape
+// only); dW and dbias are summed per chunk, then over chunks in order, so
+// results are bitwise the same for any thread count. Pointwise convs (1x1, stride
 // 1, no padding) skip im2col: the input is the col matrix.
 //
 // Measured (batch 64, 32->64 3x3 on 14x14, one core): lowering several
@@ -22,10 +23,12 @@
 // run per chunk on one thread each, like the GEMMs. `algo: auto` picks,
 // separately for forward, backward-data and backward-weights, whichever runs
 // a chunk of this shape faster, measured once per shape on this machine and
-// remembered (ops/cpu/algo_cache.h). Measured on an AVX2 Zen3 core, oneDNN
-// runs the 3x3 convs of ResNet-18 at 60-99 GFLOP/s against the GEMM path's
-// 30-50; the GEMM path stays faster where C is tiny (conv1 of Fashion-MNIST:
-// backward-weights 3x).
+// remembered (ops/cpu/algo_cache.h). Measured on one AVX2 Zen3 core
+// (GFLOP/s, GEMM / oneDNN, ResNet-18's 3x3 convs at chunks of 4): forward
+// 36-94 / 59-89, backward-data 69-88 / 78-100, backward-weights 60-85 /
+// 56-69; so oneDNN takes most backward-data passes and the GEMMs most
+// backward-weights passes, and where C is tiny (Fashion-MNIST's conv1) the
+// GEMMs win every pass.
 #include "ops/conv2d.h"
 
 #include <tbb/enumerable_thread_specific.h>
