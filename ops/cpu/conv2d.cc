@@ -68,16 +68,6 @@ int64_t BackwardChunks(const Conv2dGeometry& g, int64_t n) {
   return cpu::NumChunks(n, CeilDiv(kMinChunkPositions, g.out_plane()));
 }
 
-// The sizes of the chunks of [0, n) as ForChunks cuts it (at most two).
-std::vector<int64_t> ChunkSizes(int64_t n, int64_t chunks) {
-  std::vector<int64_t> sizes;
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t size = n * (c + 1) / chunks - n * c / chunks;
-    if (std::find(sizes.begin(), sizes.end(), size) == sizes.end()) sizes.push_back(size);
-  }
-  return sizes;
-}
-
 // The output columns [lo, hi) whose input column ow * stride + offset lies
 // inside [0, w).
 void ValidRange(int64_t offset, int64_t stride, int64_t w, int64_t out_w, int64_t* lo,
@@ -359,12 +349,25 @@ cpu::OnednnConv& OnednnFor(const Conv2dGeometry& g, bool bias, bool relu, Conv2d
   return *conv;
 }
 
-// The oneDNN convolutions of every chunk size of n samples cut in `chunks`.
-std::map<int64_t, cpu::OnednnConv*> OnednnChunks(const Conv2dGeometry& g, bool bias, bool relu,
-                                                 Conv2dScratch& scratch, int64_t n,
-                                                 int64_t chunks) {
-  std::map<int64_t, cpu::OnednnConv*> convs;
-  for (int64_t mb : ChunkSizes(n, chunks)) convs[mb] = &OnednnFor(g, bias, relu, scratch, mb);
+// The oneDNN convolutions of the chunks of n samples cut in `chunks`:
+// ForChunks' chunks hold n / chunks samples, or one more.
+struct ChunkConvs {
+  int64_t small = 0;
+  cpu::OnednnConv* conv[2] = {nullptr, nullptr};  // small, small + 1 samples
+
+  cpu::OnednnConv& For(int64_t mb) const { return *conv[mb - small]; }
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (cpu::OnednnConv* c : conv)
+      if (c != nullptr) fn(*c);
+  }
+};
+ChunkConvs OnednnChunks(const Conv2dGeometry& g, bool bias, bool relu, Conv2dScratch& scratch,
+                        int64_t n, int64_t chunks) {
+  ChunkConvs convs;
+  convs.small = n / chunks;
+  convs.conv[0] = &OnednnFor(g, bias, relu, scratch, convs.small);
+  if (n % chunks != 0) convs.conv[1] = &OnednnFor(g, bias, relu, scratch, convs.small + 1);
   return convs;
 }
 
@@ -377,12 +380,12 @@ void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, co
   const int64_t chunks = BatchChunks(n);
   if constexpr (std::is_same_v<T, float>) {
     if (plan.forward == ConvAlgo::kOnednn) {
-      auto convs = OnednnChunks(g, bias != nullptr, relu, scratch, n, chunks);
-      for (auto& [mb, conv] : convs) conv->PrepareForwardWeights(w);
+      const ChunkConvs convs = OnednnChunks(g, bias != nullptr, relu, scratch, n, chunks);
+      convs.ForEach([&](cpu::OnednnConv& c) { c.PrepareForwardWeights(w); });
       const int64_t in_sample = g.in_channels * g.in_plane();
       const int64_t out_sample = g.out_channels * g.out_plane();
       cpu::ForChunks(n, chunks, [&](int64_t, int64_t begin, int64_t end) {
-        convs.at(end - begin)->Forward(x + begin * in_sample, bias, y + begin * out_sample);
+        convs.For(end - begin).Forward(x + begin * in_sample, bias, y + begin * out_sample);
       });
       return;
     }
@@ -414,17 +417,17 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
     scratch.partial = Tensor::Empty({chunks * part_size}, DTypeOf<T>());
   }
   T* partial = scratch.partial.data<T>();
-  std::map<int64_t, cpu::OnednnConv*> convs;
-  if (onednn_data || onednn_weights) {
-    convs = OnednnChunks(g, db != nullptr, relu_y != nullptr, scratch, n, chunks);
-    if (onednn_data && dx != nullptr) {
-      for (auto& [mb, conv] : convs)
-        conv->PrepareBackwardWeights(reinterpret_cast<const float*>(w));
+  ChunkConvs convs;
+  if constexpr (std::is_same_v<T, float>) {
+    if (onednn_data || onednn_weights) {
+      convs = OnednnChunks(g, db != nullptr, relu_y != nullptr, scratch, n, chunks);
+      if (onednn_data && dx != nullptr) {
+        convs.ForEach([&](cpu::OnednnConv& c) { c.PrepareBackwardWeights(w); });
+      }
     }
   }
   const int64_t in_sample = g.in_channels * g.in_plane();
   const int64_t out_sample = g.out_channels * g.out_plane();
-
   const int64_t max_chunk = CeilDiv(n, chunks);
 
   cpu::ForChunks(n, chunks, [&](int64_t chunk, int64_t begin, int64_t end) {
@@ -440,9 +443,8 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
       dyc = masked;
     }
     if constexpr (std::is_same_v<T, float>) {
-      cpu::OnednnConv* conv = convs.empty() ? nullptr : convs.at(count);
-      if (onednn_weights) conv->BackwardWeights(xc, dyc, pdw, pdb);
-      if (onednn_data && dxc != nullptr) conv->BackwardData(dyc, dxc);
+      if (onednn_weights) convs.For(count).BackwardWeights(xc, dyc, pdw, pdb);
+      if (onednn_data && dxc != nullptr) convs.For(count).BackwardData(dyc, dxc);
     }
     if (!onednn_weights) std::fill_n(pdw, db != nullptr ? part_size : dw_size, T(0));
     GemmBackwardChunk(g, scratch, xc, w, dyc, onednn_data ? nullptr : dxc,

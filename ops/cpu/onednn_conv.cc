@@ -48,6 +48,19 @@ struct Reorder {
   }
   bool needed() const { return static_cast<bool>(prim); }
   size_t scratchpad() const { return needed() ? pd.scratchpad_desc().get_size() : 0; }
+  // An input `p` laid out as `from`: what the primitive reads (p itself, or
+  // buf after the reorder).
+  const void* In(const void* p, void* buf, void* pad) const {
+    if (!needed()) return p;
+    Run(p, buf, pad);
+    return buf;
+  }
+  // Where the primitive writes an output bound for `p`: p itself, or buf,
+  // which Finish then reorders into p.
+  void* Out(void* p, void* buf) const { return needed() ? buf : p; }
+  void Finish(const void* buf, void* p, void* pad) const {
+    if (needed()) Run(buf, p, pad);
+  }
   // Runs it from `src` into `dst`: pointers laid out as `from` and `to`.
   void Run(const void* src, void* dst, void* pad) const {
     memory s(from, Engine(), const_cast<void*>(src)), d(to, Engine(), dst);
@@ -217,23 +230,15 @@ std::string OnednnConv::ImplInfo() const {
 void OnednnConv::PrepareForwardWeights(const float* w) {
   OneOpenMpThreadHere();
   Impl& m = *impl_;
-  if (!m.fwd_wei.needed()) {
-    m.fwd_wei_ptr = w;
-    return;
-  }
-  m.fwd_wei.Run(w, m.fwd_wei_buf.data<float>(), m.Local().pad.data<float>());
-  m.fwd_wei_ptr = m.fwd_wei_buf.data<float>();
+  m.fwd_wei_ptr = static_cast<const float*>(
+      m.fwd_wei.In(w, m.fwd_wei_buf.raw_data(), m.Local().pad.data<float>()));
 }
 
 void OnednnConv::PrepareBackwardWeights(const float* w) {
   OneOpenMpThreadHere();
   Impl& m = *impl_;
-  if (!m.bd_wei.needed()) {
-    m.bd_wei_ptr = w;
-    return;
-  }
-  m.bd_wei.Run(w, m.bd_wei_buf.data<float>(), m.Local().pad.data<float>());
-  m.bd_wei_ptr = m.bd_wei_buf.data<float>();
+  m.bd_wei_ptr = static_cast<const float*>(
+      m.bd_wei.In(w, m.bd_wei_buf.raw_data(), m.Local().pad.data<float>()));
 }
 
 void OnednnConv::Forward(const float* x, const float* bias, float* y) const {
@@ -242,12 +247,8 @@ void OnednnConv::Forward(const float* x, const float* bias, float* y) const {
   CNNFLOW_ENFORCE(m.fwd_wei_ptr != nullptr, "OnednnConv::Forward before PrepareForwardWeights");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
-  const void* src = x;
-  if (m.fwd_src.needed()) {
-    m.fwd_src.Run(x, s.a.data<float>(), pad);
-    src = s.a.data<float>();
-  }
-  void* dst = m.fwd_dst.needed() ? static_cast<void*>(s.b.data<float>()) : y;
+  const void* src = m.fwd_src.In(x, s.a.raw_data(), pad);
+  void* dst = m.fwd_dst.Out(y, s.b.raw_data());
   const auto& pd = m.fwd_pd;
   memory ms(pd.src_desc(), Engine(), const_cast<void*>(src));
   memory mw(pd.weights_desc(), Engine(), const_cast<float*>(m.fwd_wei_ptr));
@@ -260,7 +261,7 @@ void OnednnConv::Forward(const float* x, const float* bias, float* y) const {
     args.emplace(DNNL_ARG_BIAS, memory(m.user_bias, Engine(), const_cast<float*>(bias)));
   }
   m.fwd.execute(Stream(), args);
-  if (m.fwd_dst.needed()) m.fwd_dst.Run(dst, y, pad);
+  m.fwd_dst.Finish(dst, y, pad);
 }
 
 void OnednnConv::BackwardData(const float* dy, float* dx) const {
@@ -270,12 +271,8 @@ void OnednnConv::BackwardData(const float* dy, float* dx) const {
                   "OnednnConv::BackwardData before PrepareBackwardWeights");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
-  const void* diff_dst = dy;
-  if (m.bd_diff_dst.needed()) {
-    m.bd_diff_dst.Run(dy, s.a.data<float>(), pad);
-    diff_dst = s.a.data<float>();
-  }
-  void* diff_src = m.bd_diff_src.needed() ? static_cast<void*>(s.b.data<float>()) : dx;
+  const void* diff_dst = m.bd_diff_dst.In(dy, s.a.raw_data(), pad);
+  void* diff_src = m.bd_diff_src.Out(dx, s.b.raw_data());
   const auto& pd = m.bwd_data_pd;
   memory mdd(pd.diff_dst_desc(), Engine(), const_cast<void*>(diff_dst));
   memory mw(pd.weights_desc(), Engine(), const_cast<float*>(m.bd_wei_ptr));
@@ -285,7 +282,7 @@ void OnednnConv::BackwardData(const float* dy, float* dx) const {
                                 {DNNL_ARG_WEIGHTS, mw},
                                 {DNNL_ARG_DIFF_SRC, mds},
                                 {DNNL_ARG_SCRATCHPAD, mp}});
-  if (m.bd_diff_src.needed()) m.bd_diff_src.Run(diff_src, dx, pad);
+  m.bd_diff_src.Finish(diff_src, dx, pad);
 }
 
 void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, float* db) const {
@@ -293,17 +290,9 @@ void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, flo
   const Impl& m = *impl_;
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
-  const void* src = x;
-  if (m.bw_src.needed()) {
-    m.bw_src.Run(x, s.a.data<float>(), pad);
-    src = s.a.data<float>();
-  }
-  const void* diff_dst = dy;
-  if (m.bw_diff_dst.needed()) {
-    m.bw_diff_dst.Run(dy, s.b.data<float>(), pad);
-    diff_dst = s.b.data<float>();
-  }
-  void* diff_wei = m.bw_diff_wei.needed() ? static_cast<void*>(s.c.data<float>()) : dw;
+  const void* src = m.bw_src.In(x, s.a.raw_data(), pad);
+  const void* diff_dst = m.bw_diff_dst.In(dy, s.b.raw_data(), pad);
+  void* diff_wei = m.bw_diff_wei.Out(dw, s.c.raw_data());
   const auto& pd = m.bwd_weights_pd;
   memory ms(pd.src_desc(), Engine(), const_cast<void*>(src));
   memory mdd(pd.diff_dst_desc(), Engine(), const_cast<void*>(diff_dst));
@@ -318,7 +307,7 @@ void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, flo
     args.emplace(DNNL_ARG_DIFF_BIAS, memory(m.user_bias, Engine(), db));
   }
   m.bwd_weights.execute(Stream(), args);
-  if (m.bw_diff_wei.needed()) m.bw_diff_wei.Run(diff_wei, dw, pad);
+  m.bw_diff_wei.Finish(diff_wei, dw, pad);
 }
 
 }  // namespace cnnflow::cpu
