@@ -80,11 +80,15 @@ std::string FindInFile(int fd, const std::string& key) {
 
 }  // namespace
 
+// Bumped whenever a cnnflow kernel that a pick weighs changes its speed (2:
+// conv2d lowers a whole chunk where P < 64), so stale picks are re-measured.
+constexpr int kKernelGeneration = 2;
+
 const std::string& MachineId() {
   static const std::string id = [] {
     const dnnl_version_t* v = dnnl_version();
     return StrCat(CpuModel(), " ", IsaName(dnnl_get_effective_cpu_isa()), " onednn-", v->major, ".",
-                  v->minor, ".", v->patch);
+                  v->minor, ".", v->patch, " kernels-", kKernelGeneration);
   }();
   return id;
 }

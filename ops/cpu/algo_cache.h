@@ -6,8 +6,9 @@
 // The file is $CNNFLOW_CACHE_DIR/kernel-picks.tsv (default
 // $XDG_CACHE_HOME/cnnflow, else ~/.cache/cnnflow; CNNFLOW_CACHE_DIR= empty
 // keeps picks in this process only): one "machine<TAB>key<TAB>pick" line per
-// pick, where machine names the CPU model, its ISA and the oneDNN version, so
-// that another machine measures anew. The first line for a key wins; the
+// pick, where machine names the CPU model, its ISA, the oneDNN version and
+// the generation of cnnflow's own kernels, so that another machine, or a
+// build whose kernels run at other speeds, measures anew. The first line for a key wins; the
 // file is locked (flock) while a pick is measured, so two processes never
 // pick differently.
 #pragma once
@@ -22,7 +23,7 @@ namespace cnnflow::cpu {
 // key per process; concurrent callers of the same key wait for it.
 std::string FindOrMeasure(const std::string& key, const std::function<std::string()>& measure);
 
-// This machine's line prefix: CPU model, ISA and oneDNN version.
+// This machine's line prefix: CPU model, ISA, oneDNN version, kernel generation.
 const std::string& MachineId();
 
 // The cache file, or "" when picks stay in memory.

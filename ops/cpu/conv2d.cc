@@ -114,6 +114,9 @@ struct Conv2dScratch {
   Tensor partial;
   // Per thread, with a fused ReLU: one backward chunk's dy masked by y > 0.
   tbb::enumerable_thread_specific<Tensor> masked;
+  // Per thread, layers that lower a whole chunk (LowersChunk): its col
+  // matrix [R, mb * P], W^T dY of it, and Y or dY of it [K, mb * P].
+  tbb::enumerable_thread_specific<Tensor> wide_col, wide_dcol, wide_y;
 
   // The algorithm picks by batch size, and oneDNN's primitives by chunk
   // size. Guarded: one layer may be planned from two threads (pipelines).
@@ -159,13 +162,24 @@ T* ScratchBuffer(tbb::enumerable_thread_specific<Tensor>& ets, int64_t size, boo
   return t.data<T>();
 }
 
+// A buffer of at least `size` elements (its contents undefined), kept.
+template <typename T>
+T* GrowBuffer(tbb::enumerable_thread_specific<Tensor>& ets, int64_t size) {
+  Tensor& t = ets.local();
+  if (!t.defined() || t.dtype() != DTypeOf<T>() || t.numel() < size) {
+    t = Tensor::Empty({size}, DTypeOf<T>());
+  }
+  return t.data<T>();
+}
+
 // x: one group of one sample [C/groups, H, W] -> col rows
 // ((c * kh + i) * kw + j) of H'*W' entries each. col must be a scratch
 // buffer that only this function has written for this geometry (or zeros):
 // the padding cells are left as they are.
+// Rows are ld apart (ld >= H'*W'; a wider matrix holds several samples).
 template <typename T>
-void Im2Col(const Conv2dGeometry& g, const Conv2dScratch& plan, const T* x, T* col) {
-  const int64_t ow_n = g.out_w, oh_n = g.out_h, ld = g.out_plane();
+void Im2Col(const Conv2dGeometry& g, const Conv2dScratch& plan, const T* x, T* col, int64_t ld) {
+  const int64_t ow_n = g.out_w, oh_n = g.out_h;
   const int64_t taps = g.kernel_h * g.kernel_w;
   for (int64_t c = 0; c < g.in_per_group(); ++c) {
     const T* xc = x + c * g.in_plane();
@@ -204,11 +218,11 @@ void Im2Col(const Conv2dGeometry& g, const Conv2dScratch& plan, const T* x, T* c
 }
 
 // The adjoint of Im2Col: dx [C/groups, H, W] (overwritten) = the sum of
-// col's rows (layout as above) at their input positions. col is scratch:
-// its border cells may be zeroed on the way.
+// col's rows (layout as above, ld apart) at their input positions. col is
+// scratch: its border cells may be zeroed on the way.
 template <typename T>
-void Col2Im(const Conv2dGeometry& g, const Conv2dScratch& plan, T* col, T* dx) {
-  const int64_t ow_n = g.out_w, oh_n = g.out_h, ld = g.out_plane();
+void Col2Im(const Conv2dGeometry& g, const Conv2dScratch& plan, T* col, T* dx, int64_t ld) {
+  const int64_t ow_n = g.out_w, oh_n = g.out_h;
   const int64_t taps = g.kernel_h * g.kernel_w;
   for (int64_t c = 0; c < g.in_per_group(); ++c) {
     T* dxc = dx + c * g.in_plane();
@@ -216,7 +230,7 @@ void Col2Im(const Conv2dGeometry& g, const Conv2dScratch& plan, T* col, T* dx) {
     // With "same" padding the centre tap covers the whole plane: copying it
     // first saves zeroing dx.
     if (plan.centre >= 0) {
-      std::copy(col_c + plan.centre * ld, col_c + (plan.centre + 1) * ld, dxc);
+      std::copy_n(col_c + plan.centre * ld, g.out_plane(), dxc);
     } else {
       std::fill_n(dxc, g.in_plane(), T(0));
     }
@@ -257,11 +271,95 @@ void Col2Im(const Conv2dGeometry& g, const Conv2dScratch& plan, T* col, T* dx) {
   }
 }
 
+// With few output positions per sample (ResNet-18's 4x4 stage: P = 16)
+// per-sample GEMMs are rank-16 updates of dW [K, R] (9.4 MB at 512 -> 512
+// channels) and re-read W per sample. There the whole chunk is lowered into
+// one GEMM over mb * P columns, at the cost of gathering dY and scattering Y.
+// Measured with oneDNN's sgemm on one Zen3 core (GFLOP/s, per sample / one
+// GEMM for 32 samples): P = 16, 512 -> 512: backward-weights 65 / 87,
+// backward-data 68 / 86, forward 82 / 83; at P = 64 (256 -> 256, 16
+// samples) one GEMM is no faster (78 / 73 backward-weights), hence P < 64.
+constexpr int64_t kLowerChunkBelow = 64;
+bool GemmDwTransposed(const Conv2dGeometry& g);
+bool LowersChunk(const Conv2dGeometry& g) {
+  return g.groups == 1 && g.out_plane() < kLowerChunkBelow && !GemmDwTransposed(g);
+}
+
+// The col matrix of samples [0, mb) of x side by side: sample i in columns
+// [i * P, (i + 1) * P) of rows ld = mb * P apart. Each block is zeroed
+// first (Im2Col writes only the cells that depend on x).
+template <typename T>
+void Im2ColChunk(const Conv2dGeometry& g, const Conv2dScratch& scratch, const T* x, int64_t mb,
+                 T* col) {
+  const int64_t cols = g.out_plane(), ld = mb * cols, in_sample = g.in_channels * g.in_plane();
+  for (int64_t i = 0; i < mb; ++i) {
+    for (int64_t r = 0; r < g.col_rows(); ++r) std::fill_n(col + r * ld + i * cols, cols, T(0));
+    Im2Col(g, scratch, x + i * in_sample, col + i * cols, ld);
+  }
+}
+
+// GEMM path of a LowersChunk layer, one chunk of mb samples.
+template <typename T>
+void LoweredForwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* x, const T* w,
+                         const T* bias, bool relu, T* y, int64_t mb) {
+  const int64_t cols = g.out_plane(), rows = g.col_rows(), k_n = g.out_channels;
+  const int64_t ld = mb * cols;
+  T* col = GrowBuffer<T>(scratch.wide_col, rows * ld);
+  T* yw = GrowBuffer<T>(scratch.wide_y, k_n * ld);
+  Im2ColChunk(g, scratch, x, mb, col);
+  cpu::Gemm<T>(false, false, k_n, ld, rows, T(1), w, rows, col, ld, T(0), yw, ld);
+  for (int64_t i = 0; i < mb; ++i) {
+    for (int64_t k = 0; k < k_n; ++k) {
+      const T* src = yw + k * ld + i * cols;
+      T* dst = y + (i * k_n + k) * cols;
+      const T b = bias != nullptr ? bias[k] : T(0);
+      for (int64_t p = 0; p < cols; ++p) {
+        const T v = src[p] + b;
+        dst[p] = relu && v < T(0) ? T(0) : v;
+      }
+    }
+  }
+}
+
+// Backward of a LowersChunk layer, one chunk of mb samples: adds into pdw
+// and pdb (null: skipped), writes dx (null: skipped).
+template <typename T>
+void LoweredBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* x, const T* w,
+                          const T* dy, T* dx, T* pdw, T* pdb, int64_t mb) {
+  const int64_t cols = g.out_plane(), rows = g.col_rows(), k_n = g.out_channels;
+  const int64_t ld = mb * cols, in_sample = g.in_channels * g.in_plane();
+  T* dyw = GrowBuffer<T>(scratch.wide_y, k_n * ld);
+  for (int64_t i = 0; i < mb; ++i) {
+    for (int64_t k = 0; k < k_n; ++k) {
+      std::copy_n(dy + (i * k_n + k) * cols, cols, dyw + k * ld + i * cols);
+    }
+  }
+  if (pdw != nullptr) {
+    T* col = GrowBuffer<T>(scratch.wide_col, rows * ld);
+    Im2ColChunk(g, scratch, x, mb, col);
+    cpu::Gemm<T>(false, true, k_n, rows, ld, T(1), dyw, ld, col, ld, T(1), pdw, rows);
+  }
+  if (pdb != nullptr) {
+    for (int64_t k = 0; k < k_n; ++k) pdb[k] += RowSum(dyw + k * ld, ld);
+  }
+  if (dx == nullptr) return;
+  T* dcol = GrowBuffer<T>(scratch.wide_dcol, rows * ld);
+  cpu::Gemm<T>(true, false, rows, ld, k_n, T(1), w, rows, dyw, ld, T(0), dcol, ld);
+  for (int64_t i = 0; i < mb; ++i) Col2Im(g, scratch, dcol + i * cols, dx + i * in_sample, ld);
+}
+
 // GEMM path, samples [begin, end): x [n, C, H, W], w [K, C/groups, kh, kw],
 // bias [K] or null -> y [n, K, H', W'].
 template <typename T>
 void GemmForwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* x, const T* w,
                       const T* bias, bool relu, T* y, int64_t begin, int64_t end) {
+  if (LowersChunk(g)) {
+    const int64_t in_sample = g.in_channels * g.in_plane();
+    const int64_t out_sample = g.out_channels * g.out_plane();
+    LoweredForwardChunk(g, scratch, x + begin * in_sample, w, bias, relu, y + begin * out_sample,
+                        end - begin);
+    return;
+  }
   const int64_t cols = g.out_plane(), rows = g.col_rows(), kg = g.out_per_group();
   const int64_t in_group = g.in_per_group() * g.in_plane();
   const bool pointwise = g.is_pointwise();
@@ -270,7 +368,7 @@ void GemmForwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* 
     for (int64_t grp = 0; grp < g.groups; ++grp) {
       const T* src = x + (s * g.groups + grp) * in_group;
       if (!pointwise) {
-        Im2Col(g, scratch, src, col);
+        Im2Col(g, scratch, src, col, cols);
         src = col;
       }
       T* yg = y + (s * g.groups + grp) * kg * cols;
@@ -295,6 +393,13 @@ bool GemmDwTransposed(const Conv2dGeometry& g) { return g.col_rows() < g.out_per
 template <typename T>
 void GemmBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* x, const T* w,
                        const T* dy, T* dx, T* pdw, T* pdb, int64_t begin, int64_t end) {
+  if (LowersChunk(g)) {
+    const int64_t in_sample = g.in_channels * g.in_plane();
+    const int64_t out_sample = g.out_channels * g.out_plane();
+    LoweredBackwardChunk(g, scratch, x + begin * in_sample, w, dy + begin * out_sample,
+                         dx != nullptr ? dx + begin * in_sample : nullptr, pdw, pdb, end - begin);
+    return;
+  }
   const int64_t cols = g.out_plane(), rows = g.col_rows(), kg = g.out_per_group();
   const int64_t in_group = g.in_per_group() * g.in_plane();
   const bool pointwise = g.is_pointwise();
@@ -313,7 +418,7 @@ void GemmBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T*
       if (pdw != nullptr) {
         const T* src = xg;
         if (!pointwise) {
-          Im2Col(g, scratch, xg, col);
+          Im2Col(g, scratch, xg, col, cols);
           src = col;
         }
         if (dw_transposed) {
@@ -331,7 +436,7 @@ void GemmBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T*
         continue;
       }
       cpu::Gemm<T>(true, false, rows, cols, kg, T(1), wg, rows, dyg, cols, T(0), dcol, cols);
-      Col2Im(g, scratch, dcol, dxg);
+      Col2Im(g, scratch, dcol, dxg, cols);
     }
     if (pdb != nullptr) {
       const T* dys = dy + s * g.out_channels * cols;

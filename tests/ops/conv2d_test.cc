@@ -194,6 +194,20 @@ TEST(Conv2dForward, MatchesNaiveF32) {
   for (const ConvCase& t : Cases()) CheckAgainstNaive(t, DType::kF32, 1e-5);
 }
 
+// The cases above mostly have fewer than 64 output positions, where the
+// GEMM path lowers a whole chunk into one GEMM; 16 more rows and columns
+// take them to the per-sample GEMMs (P >= 64) too.
+TEST(Conv2dForward, PerSampleGemmsMatchNaive) {
+  for (ConvCase t : Cases()) {
+    t.h += 16;
+    t.w += 16;
+    ASSERT_GE(OutShape(t)[2] * OutShape(t)[3], 64);
+    CheckAgainstNaive(t, DType::kF64, 1e-12, "gemm");
+    t.n = 9;  // ragged chunks
+    CheckAgainstNaive(t, DType::kF64, 1e-12, "gemm");
+  }
+}
+
 // Batches larger than a chunk and than one GEMM block (several chunks,
 // ragged last block), with the model's own layer shapes.
 TEST(Conv2dForward, LargeBatchesMatchNaive) {

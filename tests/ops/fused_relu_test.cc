@@ -107,7 +107,9 @@ Args ConvArgs(const std::string& algo, int64_t stride, bool bias) {
 }
 
 TEST(FusedRelu, Conv2dGemm) {
+  // 9x9 outputs run per-sample GEMMs; 5x5 ones (P < 64) one GEMM per chunk.
   CheckFusion("conv2d", ConvArgs("gemm", 1, true), {Shape({8, 9, 9})}, 19, DType::kF64, 1e-12);
+  CheckFusion("conv2d", ConvArgs("gemm", 1, true), {Shape({8, 5, 5})}, 19, DType::kF64, 1e-12);
   CheckFusion("conv2d", ConvArgs("gemm", 2, false), {Shape({8, 9, 9})}, 5, DType::kF32, 1e-5);
 }
 
