@@ -56,6 +56,47 @@ class CollectiveAborted : public CollectiveError {
   using CollectiveError::CollectiveError;
 };
 
+// The collectives of a group of replicas, whatever carries them: the
+// in-process LocalGroup, the hierarchical group that adds MPI across
+// processes (ops/collective_mpi.h), or NCCL among GPUs (ops/cuda/nccl_comm.h).
+// `rank` is a member of this process, 0..size()-1; members of all processes
+// are numbered globally, this process's from global_offset(). Every member
+// of every process issues the same sequence of calls (matching is by call
+// order). A collective not done within timeout_s() is an error in every
+// member (CollectiveTimeout), as is every call after Abort() or a failure.
+class Collective {
+ public:
+  virtual ~Collective() = default;
+
+  virtual int size() const = 0;
+  virtual int global_size() const = 0;
+  virtual int global_offset() const = 0;
+  virtual double timeout_s() const = 0;
+
+  // Whether calls only enqueue the collective (NCCL: on the GPU, in order
+  // after the member's work), finished by Wait(rank); else every call blocks
+  // until its result is in place, and a caller that wants overlap issues
+  // them from a thread of its own.
+  virtual bool enqueues() const { return false; }
+
+  // data[0..count) of every member becomes (the sum over all members of all
+  // processes) * scale, bitwise the same in every member. `tag` names the
+  // collective in errors ("bucket 3 (fc1.weight..conv2.bias)").
+  virtual void AllReduceSum(int rank, float* data, int64_t count, const std::string& tag,
+                            float scale) = 0;
+  // Global member 0's data[0..count) is copied to every member.
+  virtual void Broadcast(int rank, float* data, int64_t count, const std::string& tag) = 0;
+  // Returns once every member of every process has called it.
+  virtual void Barrier(int rank, const std::string& tag) = 0;
+  // Finishes every collective `rank` has issued (a no-op where calls block).
+  virtual void Wait(int /*rank*/) {}
+
+  // Breaks the group: every waiting and every later call of every member
+  // throws CollectiveAborted with `reason`. Thread-safe; the first reason wins.
+  virtual void Abort(const std::string& reason) = 0;
+  virtual bool broken() const = 0;
+};
+
 // N participants in one process. Rank r (0..N-1) calls from its own thread;
 // calls block until every participant has arrived and the result is in
 // every participant's buffer.
@@ -70,7 +111,7 @@ class CollectiveAborted : public CollectiveError {
 //
 // Waiting spins for a few microseconds, then blocks on a condition variable:
 // replicas may share cores with other work.
-class LocalGroup {
+class LocalGroup final : public Collective {
  public:
   // Collectives that may be in flight at once (issued by different threads
   // of each rank); more wait for a free slot (counted in their timeout).
@@ -84,8 +125,10 @@ class LocalGroup {
   LocalGroup(const LocalGroup&) = delete;
   LocalGroup& operator=(const LocalGroup&) = delete;
 
-  int size() const { return size_; }
-  double timeout_s() const { return timeout_s_; }
+  int size() const override { return size_; }
+  int global_size() const override { return size_; }
+  int global_offset() const override { return 0; }
+  double timeout_s() const override { return timeout_s_; }
 
   // data[0..count) of every rank becomes (sum over ranks in rank order) *
   // scale. `tag` names the collective in errors, e.g. "bucket 3
@@ -98,8 +141,12 @@ class LocalGroup {
   // without a timeout, so it must bound its own time. This is the hook for
   // the cross-process all-reduce (HierarchicalAllReduce). If it throws, every
   // rank throws the same message and the group is broken.
+  void AllReduceSum(int rank, float* data, int64_t count, const std::string& tag, float scale,
+                    const std::function<void()>& root_step);
   void AllReduceSum(int rank, float* data, int64_t count, const std::string& tag,
-                    float scale = 1.0f, const std::function<void()>& root_step = nullptr);
+                    float scale = 1.0f) override {
+    AllReduceSum(rank, data, count, tag, scale, nullptr);
+  }
 
   // AllReduceSum with scale = 1.0f / size(): the mean over the participants.
   void AllReduceMean(int rank, float* data, int64_t count, const std::string& tag);
@@ -113,11 +160,14 @@ class LocalGroup {
   // e.g. to receive the data from another process first.
   void Broadcast(int rank, int root, float* data, int64_t count, const std::string& tag,
                  const std::function<void()>& root_step = nullptr);
+  void Broadcast(int rank, float* data, int64_t count, const std::string& tag) override {
+    Broadcast(rank, 0, data, count, tag);
+  }
   void BroadcastBytes(int rank, int root, void* data, int64_t bytes, const std::string& tag,
                       const std::function<void()>& root_step = nullptr);
 
   // Returns once every rank has called Barrier.
-  void Barrier(int rank, const std::string& tag);
+  void Barrier(int rank, const std::string& tag) override;
 
   // Breaks the group: every participant waiting in it (except in a
   // collective that has all its participants and so completes) and every
@@ -125,10 +175,10 @@ class LocalGroup {
   // replica that failed, e.g. with the exception of its backward, so the
   // others fail at once instead of waiting for the timeout. Thread-safe;
   // the first reason wins.
-  void Abort(const std::string& reason);
+  void Abort(const std::string& reason) override;
 
   // Whether the group is broken, and why (empty when not).
-  bool broken() const { return broken_.load(std::memory_order_acquire); }
+  bool broken() const override { return broken_.load(std::memory_order_acquire); }
   std::string broken_reason() const;
 
   // How many collectives `rank` has entered (for progress reports and for

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <thread>
 
+#include "ops/cuda/nccl_comm.h"
+
 namespace cnnflow {
 namespace {
 
@@ -343,16 +345,46 @@ void MpiWorld::AgreeOnHash(uint64_t hash, const std::string& what, double timeou
 
 HierarchicalAllReduce::HierarchicalAllReduce(LocalGroup& local, MpiWorld& world, double timeout_s)
     : local_(local), world_(world), timeout_s_(timeout_s) {
-  global_size_ = local.size();
-  if (world.active() && world.size() > 1) {
+  GatherSizes();
+}
+
+HierarchicalAllReduce::HierarchicalAllReduce(int local_size, MpiWorld& world, double timeout_s)
+    : owned_(std::make_unique<LocalGroup>(local_size, timeout_s,
+                                          StrCat("replicas of ", world.Where()))),
+      local_(*owned_),
+      world_(world),
+      timeout_s_(timeout_s) {
+  GatherSizes();
+}
+
+void HierarchicalAllReduce::GatherSizes() {
+  global_size_ = local_.size();
+  if (world_.active() && world_.size() > 1) {
     const std::vector<uint64_t> sizes =
-        world.AllGather(static_cast<uint64_t>(local.size()), "local replica counts", timeout_s);
+        world_.AllGather(static_cast<uint64_t>(local_.size()), "local replica counts", timeout_s_);
     global_size_ = 0;
-    for (int r = 0; r < world.size(); ++r) {
-      if (r < world.rank()) global_offset_ += static_cast<int>(sizes[r]);
+    for (int r = 0; r < world_.size(); ++r) {
+      if (r < world_.rank()) global_offset_ += static_cast<int>(sizes[r]);
       global_size_ += static_cast<int>(sizes[r]);
     }
   }
+}
+
+void HierarchicalAllReduce::Barrier(int local_rank, const std::string& tag) {
+  float one = 1.0f;
+  AllReduceSum(local_rank, &one, 1, tag);
+}
+
+std::unique_ptr<Collective> MakeReplicaCollective(const std::vector<Device>& devices,
+                                                  MpiWorld& world, double timeout_s) {
+  if (devices.size() < 2 && !world.active()) return nullptr;
+  if (!devices.empty() && devices[0].is_cuda()) {
+    std::vector<int> indices;
+    for (const Device& d : devices) indices.push_back(d.index);
+    return std::make_unique<NcclGroup>(indices, world, timeout_s);
+  }
+  return std::make_unique<HierarchicalAllReduce>(static_cast<int>(devices.size()), world,
+                                                 timeout_s);
 }
 
 MpiRequest HierarchicalAllReduce::StartInOrder(uint64_t ticket, const std::string& tag,

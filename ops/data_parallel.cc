@@ -4,7 +4,6 @@
 #include <optional>
 
 #include "ops/cuda/kernels.h"
-#include "ops/cuda/nccl_comm.h"
 #include "ops/loss.h"
 #include "ops/trace.h"
 
@@ -12,8 +11,8 @@ namespace cnnflow {
 
 void CheckLossFinite(double loss, int64_t step) {
   if (!std::isfinite(loss)) {
-    throw Error(StrCat("loss is ", loss, " at step ", step,
-                       ": lower the learning rate or check the data"));
+    throw Error(
+        StrCat("loss is ", loss, " at step ", step, ": lower the learning rate or check the data"));
   }
 }
 
@@ -52,12 +51,12 @@ struct ReplicaSet::Replica {
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<tbb::task_arena> arena;
-  std::vector<Tensor> bucket_grads;              // flat, one per bucket
-  std::vector<std::vector<int>> layer_buckets;   // layer -> buckets it fills
-  std::vector<int> layers_left;                  // per bucket, this backward
+  std::vector<Tensor> bucket_grads;             // flat, one per bucket
+  std::vector<std::vector<int>> layer_buckets;  // layer -> buckets it fills
+  std::vector<int> layers_left;                 // per bucket, this backward
   StepTimeline timeline;
   Counters counters;
-  std::unique_ptr<LossScaler> scaler;  // f16 only
+  std::unique_ptr<LossScaler> scaler;     // f16 only
   std::unique_ptr<cuda::IdleMeter> idle;  // GPU only
   // SyncBN's all-reduce, through the communication thread like every
   // collective of this replica (so the order is the same on every replica).
@@ -88,23 +87,15 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
   if (gpu && options.sync_bn) {
     throw ConfigError("sync_bn is not implemented for GPU replicas yet");
   }
-  const bool collective = options.replicas > 1 || world.active();
-  if (collective && gpu) {
-    std::vector<int> indices;
-    for (const Device& d : options_.devices) indices.push_back(d.index);
-    nccl_ = std::make_unique<NcclGroup>(indices, world, options.timeout_s);
-  } else if (collective) {
-    group_ = std::make_unique<LocalGroup>(options.replicas, options.timeout_s,
-                                          StrCat("replicas of ", world.Where()));
-    allreduce_ = std::make_unique<HierarchicalAllReduce>(*group_, world, options.timeout_s);
-  }
+  collective_ = MakeReplicaCollective(options_.devices, world, options.timeout_s);
   for (int r = 0; r < options.replicas; ++r) {
     auto rep = std::make_unique<Replica>();
     rep->rank = r;
     rep->device = options_.devices[r];
-    rep->model = Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device,
-                              options.compute);
-    if (options.compute == DType::kF16) rep->scaler = std::make_unique<LossScaler>(options.loss_scaler);
+    rep->model =
+        Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device, options.compute);
+    if (options.compute == DType::kF16)
+      rep->scaler = std::make_unique<LossScaler>(options.loss_scaler);
     if (rep->device.is_cuda()) rep->idle = std::make_unique<cuda::IdleMeter>(rep->device);
     if (options.replicas > 1) {
       rep->arena = std::make_unique<tbb::task_arena>(std::max(1, options.threads_per_replica));
@@ -132,46 +123,39 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     rep->timeline.reduce_begin.assign(buckets_.size(), 0);
     rep->timeline.reduce_end.assign(buckets_.size(), 0);
     rep->optimizer = MakeOptimizer(optimizer, optimizer_args, rep->model->NamedParameters());
-    if (collective && !gpu) {
+    if (collective_ != nullptr && !collective_->enqueues()) {
       rep->comm = std::thread([this, r = rep.get()] { CommLoop(*r); });
-      rep->sync_sum = [this, r = rep->rank](float* data, int64_t count) {
-        Post(r, [this, r, data, count] { allreduce_->AllReduceSum(r, data, count, "sync_bn"); });
-        Drain(r);
-      };
     }
+    rep->sync_sum = [this, r = rep->rank](float* data, int64_t count) {
+      Issue(r, [this, r, data, count] { collective_->AllReduceSum(r, data, count, "sync_bn", 1); });
+      Complete(r);
+    };
   }
   // The same seed built the same parameters; the broadcast makes sure, and
-  // covers processes started with different seeds.
-  if (nccl_) {
-    // Each GPU's collectives from a thread of its own (NCCL may wait on the
-    // host for its peers), as in training.
+  // covers processes started with different seeds. Each replica from a
+  // thread of its own, as in training (a collective may wait on the host
+  // for its peers).
+  if (collective_ != nullptr) {
     std::vector<std::thread> threads;
     std::vector<std::exception_ptr> errors(replicas_.size());
     for (auto& rep : replicas_) {
-      threads.emplace_back([this, &errors, r = rep.get()] {
+      threads.emplace_back([this, &errors, r = rep->rank] {
         try {
-          for (auto& [name, t] : r->model->StateTensors()) {
-            nccl_->Broadcast(r->rank, t.data<float>(), t.numel(), 0, "initial " + name);
+          for (auto& [name, t] : replicas_[r]->model->StateTensors()) {
+            Issue(r, [this, r, name = name, t = t]() mutable {
+              collective_->Broadcast(r, t.data<float>(), t.numel(), "initial " + name);
+            });
           }
-          nccl_->Wait(r->rank);
+          Complete(r);
         } catch (...) {
-          errors[r->rank] = std::current_exception();
-          nccl_->Abort("a replica failed its initial broadcast");
+          errors[r] = std::current_exception();
+          collective_->Abort("a replica failed its initial broadcast");
         }
       });
     }
     for (auto& t : threads) t.join();
     for (auto& e : errors)
       if (e) std::rethrow_exception(e);
-  } else if (collective) {
-    for (auto& rep : replicas_) {
-      for (auto& [name, t] : rep->model->StateTensors()) {
-        Post(rep->rank, [this, r = rep->rank, name = name, t = t]() mutable {
-          allreduce_->Broadcast(r, t.data<float>(), t.numel(), "initial " + name);
-        });
-      }
-    }
-    for (auto& rep : replicas_) Drain(rep->rank);
   }
 }
 
@@ -181,13 +165,13 @@ ReplicaSet::~ReplicaSet() {
     std::lock_guard<std::mutex> lock(rep->mu);
     busy |= rep->busy || !rep->queue.empty();
   }
-  if (busy && group_) group_->Abort("the replicas are shutting down");
-  if (nccl_) {
+  if (busy && collective_ != nullptr) collective_->Abort("the replicas are shutting down");
+  if (collective_ != nullptr && collective_->enqueues()) {
     // Collectives still in flight (a failed step) must not outlive their buffers.
     try {
-      for (auto& rep : replicas_) nccl_->Wait(rep->rank);
+      for (auto& rep : replicas_) collective_->Wait(rep->rank);
     } catch (const std::exception&) {
-      nccl_->Abort("the replicas are shutting down");
+      collective_->Abort("the replicas are shutting down");
     }
   }
   for (auto& rep : replicas_) {
@@ -202,13 +186,11 @@ ReplicaSet::~ReplicaSet() {
 }
 
 int ReplicaSet::global_size() const {
-  if (nccl_) return nccl_->global_size();
-  return allreduce_ ? allreduce_->global_size() : 1;
+  return collective_ != nullptr ? collective_->global_size() : size();
 }
 
 int ReplicaSet::global_offset() const {
-  if (nccl_) return nccl_->global_offset();
-  return allreduce_ ? allreduce_->global_offset() : 0;
+  return collective_ != nullptr ? collective_->global_offset() : 0;
 }
 
 Device ReplicaSet::device(int r) const { return replicas_[r]->device; }
@@ -257,9 +239,9 @@ void ReplicaSet::CommLoop(Replica& rep) {
   }
 }
 
-void ReplicaSet::Post(int r, std::function<void()> fn) {
+void ReplicaSet::Issue(int r, std::function<void()> fn) {
   Replica& rep = *replicas_[r];
-  if (!rep.comm.joinable()) {  // one replica, one process: nothing to talk to
+  if (!rep.comm.joinable()) {  // collectives that only enqueue
     fn();
     return;
   }
@@ -270,35 +252,33 @@ void ReplicaSet::Post(int r, std::function<void()> fn) {
   rep.cv.notify_all();
 }
 
-void ReplicaSet::Drain(int r) {
+void ReplicaSet::Complete(int r) {
   Replica& rep = *replicas_[r];
-  if (!rep.comm.joinable()) return;
-  std::unique_lock<std::mutex> lock(rep.mu);
-  rep.cv.wait(lock, [&] { return rep.queue.empty() && !rep.busy; });
-  if (rep.error) {
-    std::exception_ptr e = rep.error;
-    rep.error = nullptr;
-    std::rethrow_exception(e);
+  if (rep.comm.joinable()) {
+    std::unique_lock<std::mutex> lock(rep.mu);
+    rep.cv.wait(lock, [&] { return rep.queue.empty() && !rep.busy; });
+    if (rep.error) {
+      std::exception_ptr e = rep.error;
+      rep.error = nullptr;
+      std::rethrow_exception(e);
+    }
   }
+  if (collective_ != nullptr) collective_->Wait(r);
 }
 
 bool ReplicaSet::AgreeStop(int r, bool stop_requested) {
-  if (nccl_) {
-    Tensor flag = Tensor::Full(Shape({1}), stop_requested ? 1.0 : 0.0).To(replicas_[r]->device);
-    nccl_->AllReduceSum(r, flag.data<float>(), 1, "stop request");
-    nccl_->Wait(r);
-    return flag.To(Device::Cpu()).At(0) > 0;
-  }
-  if (!allreduce_) return stop_requested;
-  float flag = stop_requested ? 1.0f : 0.0f;
-  Post(r, [this, r, &flag] { allreduce_->AllReduceSum(r, &flag, 1, "stop request"); });
-  Drain(r);
-  return flag > 0;
+  if (collective_ == nullptr) return stop_requested;
+  // On the replica's device: NCCL reduces GPU memory.
+  Tensor flag = Tensor::Full(Shape({1}), stop_requested ? 1.0 : 0.0).To(replicas_[r]->device);
+  Issue(r, [this, r, &flag] {
+    collective_->AllReduceSum(r, flag.data<float>(), 1, "stop request", 1);
+  });
+  Complete(r);
+  return flag.To(Device::Cpu()).At(0) > 0;
 }
 
 void ReplicaSet::Abort(const std::string& reason) {
-  if (group_) group_->Abort(reason);
-  if (nccl_) nccl_->Abort(reason);
+  if (collective_ != nullptr) collective_->Abort(reason);
 }
 
 ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int64_t* labels,
@@ -309,20 +289,15 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
   Result result;
   const bool gpu = rep.device.is_cuda();
   auto post = [this, r, &rep](int b) {
-    if (nccl_) {  // NCCL runs on its own stream: no thread needed
-      Tensor& g = rep.bucket_grads[b];
-      nccl_->AllReduceSum(r, g.data<float>(), g.numel(), buckets_[b].tag);
-      return;
-    }
-    Post(r, [this, r, b, &rep] {
+    Issue(r, [this, r, b, &rep] {
       rep.timeline.reduce_begin[b] = Now();
       const TraceSpan span("allreduce", [this, b] { return buckets_[b].tag; });
       Tensor& g = rep.bucket_grads[b];
-      allreduce_->AllReduceSum(r, g.data<float>(), g.numel(), buckets_[b].tag);
-      rep.timeline.reduce_end[b] = Now();
+      collective_->AllReduceSum(r, g.data<float>(), g.numel(), buckets_[b].tag, 1);
+      rep.timeline.reduce_end[b] = Now();  // enqueued, where collectives only enqueue
     });
   };
-  const bool reducing = reduce && (rep.comm.joinable() || nccl_);
+  const bool reducing = reduce && collective_ != nullptr;
   if (x.dim(0) == 0) {  // an empty shard still takes part in the reduction
     if (reducing)
       for (size_t b = 0; b < buckets_.size(); ++b) post(static_cast<int>(b));
@@ -331,7 +306,7 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
   auto run = [&] {
     Model& m = *rep.model;
     ForwardContext c = ctx;
-    if (options_.sync_bn && rep.comm.joinable()) c.sync_sum = &rep.sync_sum;
+    if (options_.sync_bn && collective_ != nullptr) c.sync_sum = &rep.sync_sum;
     LossResult loss;
     Tensor dlogits;
     if (gpu) {
@@ -392,16 +367,26 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
   return result;
 }
 
+// BN buffers are broadcast after the gradient buckets (this step's forward
+// updated them; the optimizer does not touch them), one wait for all of it
+// (where a stalled peer becomes an error), then the optimizer.
 void ReplicaSet::Step(int r, double lr) {
   Replica& rep = *replicas_[r];
-  if (nccl_) {
-    StepGpu(r, lr);
-    return;
-  }
   const double wait_begin = Now();
+  if (options_.broadcast_buffers && collective_ != nullptr) {
+    for (int i = 0; i < rep.model->num_layers(); ++i) {
+      Layer& l = rep.model->layer(i);
+      for (Buffer& b : l.buffers()) {
+        Tensor t = b.value;
+        Issue(r, [this, r, t, tag = StrCat("buffer ", l.name(), ".", b.name)]() mutable {
+          collective_->Broadcast(r, t.data<float>(), t.numel(), tag);
+        });
+      }
+    }
+  }
   {
     const TraceSpan span("allreduce-wait", "wait for gradient reductions");
-    Drain(r);
+    Complete(r);
   }
   rep.timeline.wait_seconds = Now() - wait_begin;
   rep.counters.reduce_wait_seconds += rep.timeline.wait_seconds;
@@ -413,26 +398,13 @@ void ReplicaSet::Step(int r, double lr) {
     step();
   }
   rep.counters.compute_seconds += Now() - step_begin;
-  if (options_.broadcast_buffers && rep.comm.joinable()) {
-    const double broadcast_begin = Now();
-    for (int i = 0; i < rep.model->num_layers(); ++i) {
-      Layer& l = rep.model->layer(i);
-      for (Buffer& b : l.buffers()) {
-        Tensor t = b.value;
-        Post(r, [this, r, t, tag = StrCat("buffer ", l.name(), ".", b.name)]() mutable {
-          allreduce_->Broadcast(r, t.data<float>(), t.numel(), tag);
-        });
-      }
-    }
-    Drain(r);
-    rep.counters.reduce_wait_seconds += Now() - broadcast_begin;
-  }
 }
 
 void ReplicaSet::ApplyStep(Replica& rep, double lr) {
   const TraceSpan span("optimizer", "optimizer step");
   std::optional<cuda::GpuSpan> gpu_span;  // the GPU's time of it, when tracing
-  if (rep.device.is_cuda() && Tracer::on()) gpu_span.emplace(rep.device, "gpu optimizer", "optimizer step");
+  if (rep.device.is_cuda() && Tracer::on())
+    gpu_span.emplace(rep.device, "gpu optimizer", "optimizer step");
   bool take = true;
   if (rep.scaler) {
     std::vector<Tensor*> grads;
@@ -452,32 +424,6 @@ void ReplicaSet::ApplyStep(Replica& rep, double lr) {
     rep.idle->EndOfWork();
     rep.counters.gpu_idle_seconds = rep.idle->idle_seconds();
   }
-}
-
-// A GPU replica's step: BN buffers broadcast (this step's forward updated
-// them) after the gradient buckets, one host wait for all of it (which is
-// also where a stalled peer becomes an error), then the optimizer.
-void ReplicaSet::StepGpu(int r, double lr) {
-  Replica& rep = *replicas_[r];
-  const double wait_begin = Now();
-  if (options_.broadcast_buffers) {
-    for (int i = 0; i < rep.model->num_layers(); ++i) {
-      Layer& l = rep.model->layer(i);
-      for (Buffer& b : l.buffers()) {
-        nccl_->Broadcast(r, b.value.data<float>(), b.value.numel(), 0,
-                         StrCat("buffer ", l.name(), ".", b.name));
-      }
-    }
-  }
-  {
-    const TraceSpan span("allreduce-wait", "wait for gradient reductions");
-    nccl_->Wait(r);
-  }
-  rep.timeline.wait_seconds = Now() - wait_begin;
-  rep.counters.reduce_wait_seconds += rep.timeline.wait_seconds;
-  const double step_begin = Now();
-  ApplyStep(rep, lr);
-  rep.counters.compute_seconds += Now() - step_begin;
 }
 
 }  // namespace cnnflow

@@ -27,6 +27,8 @@
 // reduce = false) adds into the same buffers and reduces on the last one.
 #pragma once
 
+#include <tbb/task_arena.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -38,8 +40,6 @@
 #include <thread>
 #include <vector>
 
-#include <tbb/task_arena.h>
-
 #include "ops/collective.h"
 #include "ops/collective_mpi.h"
 #include "ops/cuda/kernels.h"
@@ -49,10 +49,8 @@
 
 namespace cnnflow {
 
-class NcclGroup;
-
 struct DataParallelOptions {
-  int replicas = 1;           // in this process
+  int replicas = 1;  // in this process
   // The device of each replica (empty: all cpu). GPU replicas run their
   // kernels on their GPU's stream and reduce with NCCL (ops/cuda/nccl_comm.h)
   // instead of the host collectives, each issuing its collectives from its
@@ -61,7 +59,7 @@ struct DataParallelOptions {
   double bucket_mb = 25;
   bool broadcast_buffers = true;
   bool sync_bn = false;
-  double timeout_s = 300;     // every collective
+  double timeout_s = 300;  // every collective
   std::vector<Device> devices;
   // Mixed precision on GPUs (ops/model.h): activations in f16 or bf16 over
   // f32 parameters. f16 also scales the loss dynamically (ops/loss_scaler.h):
@@ -89,7 +87,7 @@ void CheckLossFinite(double loss, int64_t step);
 struct StepTimeline {
   double backward_begin = 0, backward_end = 0;
   std::vector<double> reduce_begin, reduce_end;  // per bucket
-  double wait_seconds = 0;  // Step() waiting for reductions after backward
+  double wait_seconds = 0;                       // Step() waiting for reductions after backward
 };
 
 class ReplicaSet {
@@ -135,8 +133,9 @@ class ReplicaSet {
   Result ForwardBackward(int r, const Tensor& x, const int64_t* labels, const ForwardContext& ctx,
                          double grad_scale, double label_smoothing, bool reduce,
                          const int64_t* device_labels = nullptr);
-  // Replica r: waits for its reductions, steps its optimizer with lr,
-  // broadcasts BN buffers, zeroes its gradients.
+  // Replica r: broadcasts its BN buffers (from global replica 0), waits for
+  // its reductions and broadcasts, steps its optimizer with lr, zeroes its
+  // gradients.
   void Step(int r, double lr);
   // Replica r's part of agreeing, across every replica of every process,
   // whether any of them was asked to stop; all get the same answer (so all
@@ -161,22 +160,23 @@ class ReplicaSet {
 
  private:
   struct Replica;
-  // Runs fn on replica r's communication thread (after what is queued).
-  void Post(int r, std::function<void()> fn);
-  // Waits until replica r's communication queue is empty; rethrows its error.
-  void Drain(int r);
+  // Issues replica r's collective fn: where collectives block, on r's
+  // communication thread (after what is queued there), so that the caller
+  // goes on; where they only enqueue (NCCL), at once.
+  void Issue(int r, std::function<void()> fn);
+  // Waits until every collective replica r issued is done; rethrows its error.
+  void Complete(int r);
   double Now() const;
   void CommLoop(Replica& rep);
-  void StepGpu(int r, double lr);
   // The optimizer step after the reductions, unless the f16 loss scaler
   // found an inf or NaN in the gradients (then skipped); zeroes the grads.
   void ApplyStep(Replica& rep, double lr);
 
   DataParallelOptions options_;
   std::vector<Bucket> buckets_;
-  std::unique_ptr<LocalGroup> group_;
-  std::unique_ptr<HierarchicalAllReduce> allreduce_;
-  std::unique_ptr<NcclGroup> nccl_;  // GPU replicas, when there is anyone to talk to
+  // Every replica of every process (ops/collective_mpi.h's
+  // MakeReplicaCollective); null when there is nobody to talk to.
+  std::unique_ptr<Collective> collective_;
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::chrono::steady_clock::time_point start_;
 };

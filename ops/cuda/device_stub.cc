@@ -90,6 +90,7 @@ int NcclGroup::device(int r) const { return devices_.at(r); }
 void NcclGroup::AllReduceSum(int, float*, int64_t, const std::string&, float) { detail::NoCuda(); }
 void NcclGroup::Broadcast(int, float*, int64_t, int, const std::string&) { detail::NoCuda(); }
 void NcclGroup::Wait(int) { detail::NoCuda(); }
+void NcclGroup::Barrier(int, const std::string&) { detail::NoCuda(); }
 void NcclGroup::Abort(const std::string&) {}
 std::string NcclGroup::broken_reason() const { return {}; }
 

@@ -13,9 +13,10 @@
 
 #include "ops/collective_mpi.h"
 #include "ops/cuda/context.h"
-#include "ops/cuda/elementwise.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/elementwise.h"
 #include "ops/device.h"
+#include "ops/tensor.h"
 
 namespace cnnflow {
 namespace {
@@ -52,7 +53,6 @@ std::string NcclMessage(ncclResult_t res, ncclComm_t comm) {
   return s;
 }
 
-
 }  // namespace
 
 // One collective issued on a replica's NCCL stream and not yet seen done.
@@ -71,7 +71,7 @@ struct NcclGroup::Replica {
   int device = 0;
   int global_rank = 0;
   cudaStream_t stream = nullptr;
-  cudaEvent_t ready = nullptr;      // compute stream -> NCCL stream
+  cudaEvent_t ready = nullptr;  // compute stream -> NCCL stream
   std::deque<Pending> pending;
   std::vector<cudaEvent_t> free_events;
   std::mutex mu;
@@ -375,6 +375,13 @@ void NcclGroup::Broadcast(int r, float* data, int64_t count, int root_global_ran
                        " is not a global rank of the group (0..", layout_.global_size - 1, ")"));
   }
   Enqueue(r, "Broadcast", data, count, root_global_rank, 1.0f, tag);
+}
+
+void NcclGroup::Barrier(int r, const std::string& tag) {
+  CheckReplica(r, "Barrier");
+  Tensor one = Tensor::Zeros(Shape({1}), DType::kF32, Device::Cuda(devices_[r]));
+  AllReduceSum(r, one.data<float>(), 1, tag);
+  Wait(r);  // before `one` goes back to the pool
 }
 
 void NcclGroup::Enqueue(int r, const char* op, float* data, int64_t count, int root, float scale,

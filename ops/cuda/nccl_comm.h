@@ -106,7 +106,7 @@ inline std::string DescribeNcclDevices(const std::vector<int>& devices, int glob
 
 // NCCL all-reduce and broadcast among every GPU replica of every process of
 // the job.
-class NcclGroup {
+class NcclGroup final : public Collective {
  public:
   // The bytes of an ncclUniqueId (NCCL_UNIQUE_ID_BYTES).
   using UniqueId = std::array<char, 128>;
@@ -138,11 +138,12 @@ class NcclGroup {
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
 
-  int size() const { return static_cast<int>(devices_.size()); }  // local replicas
-  int global_size() const { return layout_.global_size; }
-  int global_offset() const { return layout_.global_offset; }
+  int size() const override { return static_cast<int>(devices_.size()); }  // local replicas
+  int global_size() const override { return layout_.global_size; }
+  int global_offset() const override { return layout_.global_offset; }
   int device(int r) const;
-  double timeout_s() const { return timeout_s_; }
+  double timeout_s() const override { return timeout_s_; }
+  bool enqueues() const override { return true; }
   // Whether collectives go through NCCL (false: one replica in the job).
   bool uses_nccl() const { return use_nccl_; }
 
@@ -151,10 +152,16 @@ class NcclGroup {
   // scale != 1). Ordered after the work already issued on r's compute stream;
   // returns without waiting for the result. count 0 is a no-op. `tag` names
   // the collective in errors, e.g. "bucket 3 (fc1.weight..conv2.bias)".
-  void AllReduceSum(int r, float* data, int64_t count, const std::string& tag, float scale = 1.0f);
+  void AllReduceSum(int r, float* data, int64_t count, const std::string& tag,
+                    float scale = 1.0f) override;
   // Replica r: data[0..count) of the replica with global rank
   // root_global_rank is copied into every replica's data.
   void Broadcast(int r, float* data, int64_t count, int root_global_rank, const std::string& tag);
+  void Broadcast(int r, float* data, int64_t count, const std::string& tag) override {
+    Broadcast(r, data, count, 0, tag);
+  }
+  // A one-float all-reduce on r's GPU, waited for (Wait).
+  void Barrier(int r, const std::string& tag) override;
 
   // Replica r: makes r's compute stream wait (on the GPU) for every
   // collective r issued so far, and waits on the host until they are done.
@@ -162,15 +169,15 @@ class NcclGroup {
   // NCCL error, aborts every communicator of the group and throws
   // CollectiveTimeout / CollectiveAborted naming the oldest unfinished
   // collective's tag, the replica and its GPU. Call once per step.
-  void Wait(int r);
+  void Wait(int r) override;
 
   // Breaks the group: every later (and every waiting) call of every replica
   // throws CollectiveAborted with `reason` (e.g. another replica's
   // exception). Aborts the NCCL communicators, which ends collectives stuck
   // on the GPU. Thread-safe; the first reason wins.
-  void Abort(const std::string& reason);
+  void Abort(const std::string& reason) override;
 
-  bool broken() const { return broken_.load(std::memory_order_acquire); }
+  bool broken() const override { return broken_.load(std::memory_order_acquire); }
   std::string broken_reason() const;
 
  private:
