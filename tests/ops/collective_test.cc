@@ -459,5 +459,44 @@ TEST(Collective, PlainProcessHasAWorldOfOneWithoutMpiInit) {
   for (int r = 0; r < n; ++r) ExpectBitwiseEqual(data[r], RankOrderSum(in, 1.0f / n), "mean");
 }
 
+// What ReplicaSet sees: the replicas' group through the Collective
+// interface, whatever it is (here the in-process + MPI one, in a plain
+// process), as MakeReplicaCollective makes it.
+TEST(Collective, ReplicaCollectiveThroughTheInterface) {
+  if (MpiWorld::LaunchedByMpi()) GTEST_SKIP() << "started by an MPI launcher";
+  MpiWorld& world = MpiWorld::Get();
+  EXPECT_EQ(MakeReplicaCollective({Device::Cpu()}, world, 10.0), nullptr)
+      << "one replica in one process has nobody to talk to";
+  const int n = 3;
+  std::unique_ptr<Collective> group =
+      MakeReplicaCollective(std::vector<Device>(n, Device::Cpu()), world, 10.0);
+  ASSERT_NE(group, nullptr);
+  EXPECT_EQ(group->size(), n);
+  EXPECT_EQ(group->global_size(), n);
+  EXPECT_EQ(group->global_offset(), 0);
+  EXPECT_FALSE(group->enqueues());
+  std::vector<std::vector<float>> in(n), data(n), first(n);
+  for (int r = 0; r < n; ++r) in[r] = data[r] = RandomData(300, 7 + r);
+  for (int r = 0; r < n; ++r) first[r] = RandomData(5, 20 + r);
+  std::atomic<int> arrived{0};
+  ExpectNoErrors(RunRanks(n, [&](int r) {
+    group->AllReduceSum(r, data[r].data(), 300, "bucket 0", 0.5f);
+    group->Broadcast(r, first[r].data(), 5, "initial w");
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ++arrived;
+    group->Barrier(r, "barrier");
+    EXPECT_EQ(arrived.load(), n) << "rank " << r << " left the barrier early";
+    group->Wait(r);
+  }));
+  for (int r = 0; r < n; ++r) {
+    ExpectBitwiseEqual(data[r], RankOrderSum(in, 0.5f), "sum");
+    ExpectBitwiseEqual(first[r], RandomData(5, 20), "broadcast from rank 0");
+  }
+  group->Abort("test is over");
+  EXPECT_TRUE(group->broken());
+  std::vector<float> v(4, 1.0f);
+  EXPECT_THROW(group->AllReduceSum(0, v.data(), 4, "after abort", 1.0f), CollectiveAborted);
+}
+
 }  // namespace
 }  // namespace cnnflow
