@@ -311,13 +311,11 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     Tensor dlogits;
     if (gpu) {
       Tensor xd = x;
-      Tensor labels_gpu;  // f64 storage of the int64 labels (same size)
+      Tensor labels_gpu;
       if (!x.device().is_cuda()) {
         xd = x.To(rep.device);
-        labels_gpu = Tensor::Empty(Shape({x.dim(0)}), DType::kF64, rep.device);
-        CopyBytes(rep.device, labels_gpu.raw_data(), Device::Cpu(), labels,
-                  static_cast<size_t>(x.dim(0)) * sizeof(int64_t));
-        device_labels = static_cast<const int64_t*>(labels_gpu.raw_data());
+        labels_gpu = LabelTensor(labels, x.dim(0), rep.device);
+        device_labels = labels_gpu.data<int64_t>();
       }
       CNNFLOW_ENFORCE(device_labels != nullptr, "a GPU shard needs its labels on the GPU");
       rep.idle->StartOfWork();

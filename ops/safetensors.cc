@@ -29,7 +29,7 @@ std::string Prefix(const std::string& path) { return StrCat("safetensors '", pat
 std::string ErrnoText() { return std::strerror(errno); }
 
 bool ParseDType(const std::string& name, DType* out) {
-  for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16}) {
+  for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI64}) {
     if (name == SafetensorsName(t)) {
       *out = t;
       return true;

@@ -12,6 +12,7 @@ size_t DTypeSize(DType t) {
     case DType::kF64: return 8;
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
+    case DType::kI64: return 8;
   }
   return 0;
 }
@@ -22,6 +23,7 @@ const char* DTypeName(DType t) {
     case DType::kF64: return "f64";
     case DType::kF16: return "f16";
     case DType::kBF16: return "bf16";
+    case DType::kI64: return "i64";
   }
   return "?";
 }
@@ -32,6 +34,7 @@ const char* SafetensorsName(DType t) {
     case DType::kF64: return "F64";
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
+    case DType::kI64: return "I64";
   }
   return "?";
 }
@@ -163,6 +166,12 @@ void Tensor::CopyFrom(const Tensor& src) {
   CopyBytes(device_, raw_data(), src.device_, src.raw_data(), nbytes());
 }
 
+Tensor LabelTensor(const int64_t* labels, int64_t n, Device device) {
+  Tensor t = Tensor::Empty(Shape({n}), DType::kI64, device);
+  if (n > 0) CopyBytes(device, t.raw_data(), Device::Cpu(), labels, static_cast<size_t>(n) * 8);
+  return t;
+}
+
 void Tensor::Zero() {
   CNNFLOW_ENFORCE(is_contiguous(), "Zero needs a contiguous tensor");
   if (nbytes() > 0) ZeroBytes(device_, raw_data(), nbytes());
@@ -171,6 +180,7 @@ void Tensor::Zero() {
 double Tensor::At(int64_t i) const {
   CNNFLOW_ENFORCE(device_.is_cpu() && is_contiguous() && i >= 0 && i < numel(),
                   "At(", i, ") on ", shape_);
+  if (dtype_ == DType::kI64) return static_cast<double>(data<int64_t>()[i]);
   double v = 0;
   DispatchFloat(dtype_, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -182,6 +192,10 @@ double Tensor::At(int64_t i) const {
 void Tensor::Set(int64_t i, double v) {
   CNNFLOW_ENFORCE(device_.is_cpu() && is_contiguous() && i >= 0 && i < numel(),
                   "Set(", i, ") on ", shape_);
+  if (dtype_ == DType::kI64) {
+    data<int64_t>()[i] = static_cast<int64_t>(v);
+    return;
+  }
   DispatchFloat(dtype_, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     data<T>()[i] = static_cast<T>(v);

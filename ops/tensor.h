@@ -73,6 +73,9 @@ class Tensor {
   int64_t offset_ = 0;  // in elements
 };
 
+// labels[0..n) (host memory) as an [n] i64 tensor on `device`.
+Tensor LabelTensor(const int64_t* labels, int64_t n, Device device);
+
 // Calls fn with a typed null pointer for the tensor's dtype (f32 or f64),
 // so a kernel templated on T can be dispatched: DispatchFloat(t, [&](auto* tag){ using T = ...; }).
 template <typename Fn>

@@ -55,14 +55,12 @@ class EvalStepStage final : public Stage {
     ctx.step = m.global_step;
     ctx.keep_activations = false;
     Tensor inputs = m.inputs;
-    Tensor labels;  // on a GPU: f64 storage of the int64 labels (same size)
+    Tensor labels;  // on a GPU
     const int64_t* label_data = m.labels.data();
     if (device.is_cuda()) {
       inputs = m.inputs.To(device);
-      labels = Tensor::Empty(Shape({n}), DType::kF64, device);
-      CopyBytes(device, labels.raw_data(), Device::Cpu(), m.labels.data(),
-                m.labels.size() * sizeof(int64_t));
-      label_data = static_cast<const int64_t*>(labels.raw_data());
+      labels = LabelTensor(m.labels.data(), static_cast<int64_t>(m.labels.size()), device);
+      label_data = labels.data<int64_t>();
     }
     auto run = [&](int64_t b, int64_t e) {
       const Tensor& logits = model.Forward(e - b == n ? inputs : inputs.Slice(b, e), ctx);

@@ -48,11 +48,9 @@ std::string Describe(const testing::GpuCpuComparison& c) {
 // int64 labels copied into GPU memory (the GPU loss reads them there).
 struct DeviceLabels {
   explicit DeviceLabels(const std::vector<int64_t>& host)
-      : storage(kGpu, std::max<size_t>(1, host.size()) * sizeof(int64_t)) {
-    CopyBytes(kGpu, storage.data(), Device::Cpu(), host.data(), host.size() * sizeof(int64_t));
-  }
-  const int64_t* get() const { return static_cast<const int64_t*>(storage.data()); }
-  Storage storage;
+      : labels(LabelTensor(host.data(), static_cast<int64_t>(host.size()), kGpu)) {}
+  const int64_t* get() const { return labels.data<int64_t>(); }
+  Tensor labels;
 };
 
 // ---------------------------------------------------------------- layers
@@ -1142,7 +1140,7 @@ TEST(BatchStagerGPU, SlotReuseWaitsForTheReadersOfTheLastBatch) {
   sa->WaitForCopy();
   for (int i = 0; i < 40; ++i) cuda::Scale(busy, 1.0f);
   cuda::Cast(sa->inputs(), seen);  // same dtype: a copy on the compute stream
-  Tensor seen_labels = Tensor::Empty(Shape{64}, DType::kF64, kGpu);
+  Tensor seen_labels = Tensor::Empty(Shape{64}, DType::kI64, kGpu);
   CopyBytes(kGpu, seen_labels.raw_data(), kGpu, sa->labels(), 64 * sizeof(int64_t));
   sa->Release();
   auto sb = stager.Stage(b, labels_b.data());  // reuses the slot of a

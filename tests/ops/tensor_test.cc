@@ -46,6 +46,20 @@ TEST(Tensor, CastRoundTrip) {
   EXPECT_EQ(d.At(2), 1.5);
 }
 
+TEST(Tensor, LabelsAreInt64) {
+  const int64_t labels[] = {3, 0, (int64_t{1} << 40) + 7, 9};  // beyond f32's exact range
+  Tensor t = LabelTensor(labels, 4, Device::Cpu());
+  EXPECT_EQ(t.dtype(), DType::kI64);
+  EXPECT_EQ(t.nbytes(), 4 * sizeof(int64_t));
+  EXPECT_STREQ(DTypeName(t.dtype()), "i64");
+  EXPECT_STREQ(SafetensorsName(t.dtype()), "I64");
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(t.data<int64_t>()[i], labels[i]);
+  EXPECT_EQ(t.At(0), 3.0);
+  t.Set(1, 5);
+  EXPECT_EQ(t.data<int64_t>()[1], 5);
+  EXPECT_THROW(t.data<float>(), Error);
+}
+
 TEST(Device, ParseAndPrint) {
   EXPECT_EQ(Device::Parse("cpu:1"), Device::Cpu(1));
   EXPECT_EQ(Device::Parse("cuda:0").ToString(), "cuda:0");
@@ -54,7 +68,8 @@ TEST(Device, ParseAndPrint) {
 }
 
 TEST(DeviceGPU, AllocateAndCopyRoundTrip) {
-  if (!CudaAvailable()) GTEST_SKIP() << "no GPU found (CUDA built: " << CudaDeviceCount() << " devices)";
+  if (!CudaAvailable())
+    GTEST_SKIP() << "no GPU found (CUDA built: " << CudaDeviceCount() << " devices)";
   Tensor h = Tensor::Full({257}, 3.25);
   Tensor g = h.To(Device::Cuda(0));
   EXPECT_EQ(g.device(), Device::Cuda(0));
