@@ -299,8 +299,10 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
   };
   const bool reducing = reduce && collective_ != nullptr;
   if (x.dim(0) == 0) {  // an empty shard still takes part in the reduction
-    if (reducing)
+    if (reducing) {
       for (size_t b = 0; b < buckets_.size(); ++b) post(static_cast<int>(b));
+      IssueBufferBroadcasts(r);
+    }
     return result;
   }
   auto run = [&] {
@@ -362,32 +364,40 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     Abort(StrCat("replica ", global_offset() + r, " failed: ", e.what()));
     throw;
   }
+  if (reducing) IssueBufferBroadcasts(r);
   return result;
 }
 
-// BN buffers are broadcast after the gradient buckets (this step's forward
-// updated them; the optimizer does not touch them), one wait for all of it
-// (where a stalled peer becomes an error), then the optimizer.
-void ReplicaSet::Step(int r, double lr) {
-  Replica& rep = *replicas_[r];
-  const double wait_begin = Now();
-  if (options_.broadcast_buffers && collective_ != nullptr) {
-    for (int i = 0; i < rep.model->num_layers(); ++i) {
-      Layer& l = rep.model->layer(i);
-      for (Buffer& b : l.buffers()) {
-        Tensor t = b.value;
-        Issue(r, [this, r, t, tag = StrCat("buffer ", l.name(), ".", b.name)]() mutable {
-          collective_->Broadcast(r, t.data<float>(), t.numel(), tag);
-        });
-      }
+// After the gradient buckets: this step's forward updated the buffers, and
+// the optimizer does not touch them.
+void ReplicaSet::IssueBufferBroadcasts(int r) {
+  if (!options_.broadcast_buffers) return;
+  Model& m = *replicas_[r]->model;
+  for (int i = 0; i < m.num_layers(); ++i) {
+    Layer& l = m.layer(i);
+    for (Buffer& b : l.buffers()) {
+      Tensor t = b.value;
+      Issue(r, [this, r, t, tag = StrCat("buffer ", l.name(), ".", b.name)]() mutable {
+        collective_->Broadcast(r, t.data<float>(), t.numel(), tag);
+      });
     }
   }
+}
+
+void ReplicaSet::WaitForReductions(int r) {
+  Replica& rep = *replicas_[r];
+  const double wait_begin = Now();
   {
     const TraceSpan span("allreduce-wait", "wait for gradient reductions");
     Complete(r);
   }
   rep.timeline.wait_seconds = Now() - wait_begin;
   rep.counters.reduce_wait_seconds += rep.timeline.wait_seconds;
+}
+
+void ReplicaSet::Step(int r, double lr) {
+  Replica& rep = *replicas_[r];
+  WaitForReductions(r);
   const double step_begin = Now();
   auto step = [&] { ApplyStep(rep, lr); };
   if (rep.arena) {

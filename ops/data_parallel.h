@@ -127,15 +127,18 @@ class ReplicaSet {
   // copied first.
   // grad_scale multiplies the summed loss gradient (1 / global batch, over
   // accumulated micro-batches too). With reduce, each bucket is all-reduced
-  // as soon as backward has filled it. Runs in the replica's task arena.
+  // as soon as backward has filled it, and the BN buffers are broadcast from
+  // global replica 0 after the buckets. Runs in the replica's task arena.
   // Throws (after aborting the other replicas' collectives) on a non-finite
   // loss (a GPU replica: when the pending loss is read).
   Result ForwardBackward(int r, const Tensor& x, const int64_t* labels, const ForwardContext& ctx,
                          double grad_scale, double label_smoothing, bool reduce,
                          const int64_t* device_labels = nullptr);
-  // Replica r: broadcasts its BN buffers (from global replica 0), waits for
-  // its reductions and broadcasts, steps its optimizer with lr, zeroes its
-  // gradients.
+  // Replica r: waits until the collectives its ForwardBackward issued are
+  // done (where a stalled peer becomes an error).
+  void WaitForReductions(int r);
+  // Replica r: WaitForReductions, then steps its optimizer with lr (unless
+  // the f16 loss scaler skips it) and zeroes its gradients.
   void Step(int r, double lr);
   // Replica r's part of agreeing, across every replica of every process,
   // whether any of them was asked to stop; all get the same answer (so all
@@ -166,6 +169,7 @@ class ReplicaSet {
   void Issue(int r, std::function<void()> fn);
   // Waits until every collective replica r issued is done; rethrows its error.
   void Complete(int r);
+  void IssueBufferBroadcasts(int r);
   double Now() const;
   void CommLoop(Replica& rep);
   // The optimizer step after the reductions, unless the f16 loss scaler

@@ -31,13 +31,35 @@ void RunGraph(const GraphSpec& spec, RunState& state) {
 
   std::map<std::string, int> outgoing;
   for (const auto& [from, to] : spec.edges) {
-    StagePorts& a = ports[from];
-    StagePorts& b = ports[to];
-    if (a.output == nullptr) throw ConfigError(StrCat(spec.file, ": node '", from, "' has no output"));
-    if (b.input == nullptr) {
+    const StagePorts& a = ports[from];
+    const StagePorts& b = ports[to];
+    const bool lanes_out = !a.lane_outputs.empty(), lanes_in = !b.lane_inputs.empty();
+    if (!lanes_out && a.output == nullptr) {
+      throw ConfigError(StrCat(spec.file, ": node '", from, "' has no output"));
+    }
+    if (!lanes_in && b.input == nullptr) {
       throw ConfigError(StrCat(spec.file, ": node '", to, "' is a source and takes no input"));
     }
-    tbb::flow::make_edge(*a.output, *b.input);
+    // Lanes carry each batch once per replica: they join lane to lane, and
+    // only a per-device stage turns one batch into lanes or lanes back.
+    if (lanes_out != lanes_in) {
+      const std::string& laned = lanes_out ? from : to;
+      throw ConfigError(StrCat(spec.file, ": edge ", from, " -> ", to, ": '", laned, "' (",
+                               spec.Find(laned)->stage, ") is per-device lanes ",
+                               lanes_out ? "out" : "in", ", '", lanes_out ? to : from, "' (",
+                               spec.Find(lanes_out ? to : from)->stage,
+                               ") is not; between forward_backward and optimizer only "
+                               "per-device stages go"));
+    }
+    if (lanes_out) {
+      CNNFLOW_ENFORCE(a.lane_outputs.size() == b.lane_inputs.size(), "node '", from, "' has ",
+                      a.lane_outputs.size(), " lanes, node '", to, "' ", b.lane_inputs.size());
+      for (size_t r = 0; r < a.lane_outputs.size(); ++r) {
+        tbb::flow::make_edge(*a.lane_outputs[r], *b.lane_inputs[r]);
+      }
+    } else {
+      tbb::flow::make_edge(*a.output, *b.input);
+    }
     ++outgoing[from];
   }
   std::vector<std::string> sinks;

@@ -35,19 +35,67 @@ std::vector<std::string> GraphSpec::TopologicalOrder() const {
   return order;
 }
 
-std::string GraphSpec::ToString() const {
-  std::ostringstream os;
+GraphSpec::Expanded GraphSpec::Expand(const std::vector<std::string>& devices) const {
+  Expanded x;
+  std::map<std::string, std::vector<int>> ids;  // a spec node's expanded nodes
   for (const auto& n : TopologicalOrder()) {
     const NodeSpec* s = Find(n);
-    os << "  " << n << " (" << s->stage;
-    for (const auto& [k, v] : s->args.values()) os << ", " << k << "=" << ParamValueToString(v);
+    const StageType* type = StageRegistry::Get().Find(s->stage);
+    if (type != nullptr && type->per_device && !devices.empty()) {
+      for (const std::string& d : devices) {
+        ids[n].push_back(static_cast<int>(x.nodes.size()));
+        x.nodes.push_back({StrCat(n, "[", d, "]"), s->stage, d, s});
+      }
+    } else {
+      ids[n].push_back(static_cast<int>(x.nodes.size()));
+      x.nodes.push_back({n, s->stage, "", s});
+    }
+  }
+  for (const auto& [a, b] : edges) {
+    const std::vector<int>& from = ids[a];
+    const std::vector<int>& to = ids[b];
+    if (from.size() > 1 && to.size() > 1) {
+      for (size_t r = 0; r < from.size(); ++r) x.edges.emplace_back(from[r], to[r]);
+    } else {
+      for (int f : from)
+        for (int t : to) x.edges.emplace_back(f, t);
+    }
+  }
+  return x;
+}
+
+std::string GraphSpec::ToString(const std::vector<std::string>& devices) const {
+  const Expanded x = Expand(devices);
+  std::ostringstream os;
+  for (size_t i = 0; i < x.nodes.size(); ++i) {
+    const Expanded::Node& n = x.nodes[i];
+    os << "  " << n.name << " (" << n.stage;
+    for (const auto& [k, v] : n.spec->args.values()) os << ", " << k << "=" << ParamValueToString(v);
     os << ")";
     std::string outs;
-    for (const auto& [a, b] : edges)
-      if (a == n) outs += (outs.empty() ? "" : ", ") + b;
+    for (const auto& [a, b] : x.edges)
+      if (a == static_cast<int>(i)) outs += (outs.empty() ? "" : ", ") + x.nodes[b].name;
     if (!outs.empty()) os << " -> " << outs;
     os << "\n";
   }
+  return os.str();
+}
+
+std::string GraphSpec::ToDot(const std::vector<std::string>& devices) const {
+  const Expanded x = Expand(devices);
+  auto id = [&](int i) { return StrCat("\"", name, ".", x.nodes[i].name, "\""); };
+  std::ostringstream os;
+  os << "  subgraph \"cluster_" << name << "\" {\n    label=\"" << name << " (" << file
+     << ")\";\n";
+  for (size_t i = 0; i < x.nodes.size(); ++i) {
+    const Expanded::Node& n = x.nodes[i];
+    // Per-device nodes: the spec's name, the stage and the device, shaded.
+    os << "    " << id(static_cast<int>(i)) << " [label=\"" << n.spec->name << "\\n" << n.stage
+       << (n.device.empty() ? "\"]" : StrCat("\\n", n.device, "\", style=filled, fillcolor=\"#dde8f5\"]"))
+       << ";\n";
+  }
+  for (const auto& [a, b] : x.edges) os << "    " << id(a) << " -> " << id(b) << ";\n";
+  os << "  }\n";
   return os.str();
 }
 
@@ -165,6 +213,29 @@ GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::N
   }
   ParseEdges(tmpl, graph["edges"], g);
   g.TopologicalOrder();  // rejects cycles now
+  // forward_backward admits a replica's next batch when the optimizer is
+  // done with its last one: without an optimizer after it, it would wait
+  // forever.
+  for (const NodeSpec& n : g.nodes) {
+    if (n.stage != "forward_backward") continue;
+    std::set<std::string> seen{n.name};
+    std::vector<std::string> todo{n.name};
+    bool found = false;
+    while (!todo.empty() && !found) {
+      const std::string at = todo.back();
+      todo.pop_back();
+      for (const auto& [a, b] : g.edges) {
+        if (a != at || !seen.insert(b).second) continue;
+        found |= g.Find(b)->stage == "optimizer";
+        todo.push_back(b);
+      }
+    }
+    if (!found) {
+      throw ConfigError(StrCat(n.where, ": node '", n.name,
+                               "' (forward_backward) needs an optimizer node after it: the "
+                               "optimizer lets each replica's next batch in"));
+    }
+  }
   return g;
 }
 

@@ -30,7 +30,24 @@ struct GraphSpec {
   const NodeSpec* Find(const std::string& node) const;
   // Nodes in an order where every edge goes forward (checked acyclic).
   std::vector<std::string> TopologicalOrder() const;
-  std::string ToString() const;  // "sample -> prefetch -> ..." lines
+
+  // The graph as it runs on `devices` (graph.devices): a per-device stage
+  // (forward_backward, allreduce, optimizer) becomes one node per device,
+  // "devices[cpu:1]"; lane to lane between per-device nodes, fanned out
+  // and in at their ends.
+  struct Expanded {
+    struct Node {
+      std::string name, stage, device;  // device: "" for a node of the whole graph
+      const NodeSpec* spec;
+    };
+    std::vector<Node> nodes;  // in topological order
+    std::vector<std::pair<int, int>> edges;
+  };
+  Expanded Expand(const std::vector<std::string>& devices) const;
+  // "  node (stage, param=value, ...) -> next, ..." lines of Expand(devices).
+  std::string ToString(const std::vector<std::string>& devices = {}) const;
+  // Graphviz: this graph as a cluster (subgraph) named after it.
+  std::string ToDot(const std::vector<std::string>& devices) const;
 };
 
 // Parses graph `name` of a template. `run` resolves `$path` values (a

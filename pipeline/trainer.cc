@@ -189,6 +189,7 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   state_.metrics = PassMetrics();
   state_.bad_records.clear();
   state_.knobs.clear();
+  state_.lanes = DeviceLanes();  // set by this graph's forward_backward, if it has one
   const int64_t batch =
       pass == "train" ? config_.batch * (replicas_ ? replicas_->size() : 1) : config_.eval_batch;
   state_.batch_bytes = batch * state_.dataset(pass == "train" ? "train" : "test").sample_shape().numel() *
@@ -575,8 +576,11 @@ std::string Trainer::Describe() const {
                  : " (graph.pipeline.stages: auto finds the most even cut)\n");
     }
   }
-  os << "train graph (" << config_.train_graph.file << "):\n" << config_.train_graph.ToString();
-  os << "eval graph:\n" << config_.eval_graph.ToString();
+  std::vector<std::string> devices;
+  for (const Device& d : config_.devices) devices.push_back(d.ToString());
+  os << "train graph (" << config_.train_graph.file << "; per-device nodes expanded):\n"
+     << config_.train_graph.ToString(devices);
+  os << "eval graph:\n" << config_.eval_graph.ToString(devices);
   os << "threads: " << config_.threads << ", devices:";
   for (const auto& d : config_.devices) os << " " << d.ToString();
   os << ", steps per epoch: " << steps_per_epoch_ << "\n";

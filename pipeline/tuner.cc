@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <set>
 #include <sstream>
 
 
@@ -18,30 +20,42 @@ double CpuSeconds() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-// The train graph with every train_step node cut out (its input goes
-// straight to its outputs) and the loader settings applied.
+// The stages that train (cut out of the loader-only graph).
+bool Trains(const std::string& stage) {
+  return stage == "forward_backward" || stage == "allreduce" || stage == "optimizer";
+}
+
+// The train graph with its training nodes cut out (what fed them goes
+// straight to what they fed) and the loader settings applied.
 GraphSpec LoaderOnly(const GraphSpec& train, int64_t threads, int64_t depth) {
   GraphSpec g = train;
   g.nodes.clear();
-  std::vector<std::string> cut;
+  std::set<std::string> cut;
   for (NodeSpec n : train.nodes) {
-    if (n.stage == "train_step") {
-      cut.push_back(n.name);
+    if (Trains(n.stage)) {
+      cut.insert(n.name);
       continue;
     }
     if (n.stage == "load_batch") n.args.Set("threads", threads);
     if (n.stage == "prefetch") n.args.Set("depth", depth);
     g.nodes.push_back(std::move(n));
   }
+  // The first nodes after `to` that are not cut.
+  std::function<void(const std::string&, std::set<std::string>&)> kept_after =
+      [&](const std::string& to, std::set<std::string>& out) {
+        if (!cut.count(to)) {
+          out.insert(to);
+          return;
+        }
+        for (const auto& [a, b] : train.edges)
+          if (a == to) kept_after(b, out);
+      };
   g.edges.clear();
   for (const auto& [from, to] : train.edges) {
-    if (std::find(cut.begin(), cut.end(), from) != cut.end()) continue;
-    if (std::find(cut.begin(), cut.end(), to) == cut.end()) {
-      g.edges.emplace_back(from, to);
-      continue;
-    }
-    for (const auto& [from2, to2] : train.edges)  // bridge over the cut node
-      if (from2 == to) g.edges.emplace_back(from, to2);
+    if (cut.count(from)) continue;
+    std::set<std::string> targets;
+    kept_after(to, targets);
+    for (const std::string& t : targets) g.edges.emplace_back(from, t);
   }
   return g;
 }

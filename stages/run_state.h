@@ -3,6 +3,7 @@
 // (pipeline/) owns it; stages read and update it from their node bodies.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loaders/dataset.h"
@@ -43,6 +45,15 @@ struct TunableKnob {
   int64_t value = 0, min = 1, max = 1;
   bool doubling = false;  // moves by x2 and /2 (depths), else by +-1 (threads)
   std::function<int64_t(int64_t)> set;  // applies a value, returns the one in force
+};
+
+// The lanes of a data-parallel train graph (one per replica): replica r's
+// next batch may enter forward_backward only once the optimizer stage is
+// done with its previous one, since its parameters are in use until then.
+// forward_backward sets `release` when built; the optimizer calls
+// release[r]() after each batch of lane r.
+struct DeviceLanes {
+  std::vector<std::function<void()>> release;
 };
 
 struct RunState {
@@ -100,7 +111,25 @@ struct RunState {
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> max_in_flight{0};
 
+  DeviceLanes lanes;
+
   const Dataset& dataset(const std::string& name) const;
+
+  // Whether batch m is the last micro-batch of its accumulation window (or
+  // of the pass): where the gradients are reduced and the optimizer steps.
+  bool EndsWindow(const BatchMessage& m) const {
+    return (m.index + 1) % accumulate == 0 || m.index + 1 == pass_batches;
+  }
+  // The batches of m's accumulation window.
+  int64_t WindowBatches(const BatchMessage& m) const {
+    const int64_t first = m.index - m.index % accumulate;
+    return std::min(accumulate, pass_batches - first);
+  }
 };
+
+// Replica r's rows [b, e) of a batch of `rows` split over n replicas.
+inline std::pair<int64_t, int64_t> ShardRows(int64_t rows, int r, int n) {
+  return {rows * r / n, rows * (r + 1) / n};
+}
 
 }  // namespace cnnflow

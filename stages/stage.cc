@@ -29,8 +29,9 @@ std::vector<std::string> StageRegistry::Names() const {
   return n;
 }
 
-StageRegistration::StageRegistration(const char* type, Schema schema, StageFactory create) {
-  StageRegistry::Get().Register({type, std::move(schema), std::move(create)});
+StageRegistration::StageRegistration(const char* type, Schema schema, StageFactory create,
+                                     bool per_device) {
+  StageRegistry::Get().Register({type, std::move(schema), std::move(create), per_device});
 }
 
 const Dataset& RunState::dataset(const std::string& name) const {

@@ -42,9 +42,18 @@ struct StageInfo {
 // The connectable ends of a built stage. A source has no input; a sink's
 // output may be left unconnected. A limiter (prefetch) gets Release() once
 // per message that leaves the graph.
+//
+// A per-device stage (forward_backward, allreduce, optimizer) is one node
+// per replica, a lane each: lane r is replica r's, and carries each batch
+// once. An edge between two per-device stages joins lane r to lane r; lanes
+// never meet plain ports (every lane would carry every batch), except inside
+// a stage: forward_backward takes a plain input, optimizer gathers its lanes
+// into a plain output.
 struct StagePorts {
   MessageReceiver* input = nullptr;
   MessageSender* output = nullptr;
+  std::vector<MessageReceiver*> lane_inputs;
+  std::vector<MessageSender*> lane_outputs;
   bool is_limiter = false;
   std::function<void()> activate;  // sources: start producing
 };
@@ -91,6 +100,7 @@ struct StageType {
   std::string type;
   Schema schema;
   StageFactory create;
+  bool per_device = false;  // one node per replica (see StagePorts)
 };
 
 class StageRegistry {
@@ -105,7 +115,7 @@ class StageRegistry {
 };
 
 struct StageRegistration {
-  StageRegistration(const char* type, Schema schema, StageFactory create);
+  StageRegistration(const char* type, Schema schema, StageFactory create, bool per_device = false);
 };
 
 #define CNNFLOW_REGISTER_STAGE(type_name, Class, schema_expr)                           \
@@ -113,5 +123,14 @@ struct StageRegistration {
       #type_name, schema_expr, [](const ::cnnflow::StageInfo& i, const ::cnnflow::Args& a) { \
         return std::unique_ptr<::cnnflow::Stage>(new Class(i, a));                       \
       })
+
+// A stage of one node per replica (StagePorts' lanes).
+#define CNNFLOW_REGISTER_PER_DEVICE_STAGE(type_name, Class, schema_expr)                \
+  static ::cnnflow::StageRegistration cnnflow_stage_registration_##type_name(          \
+      #type_name, schema_expr,                                                          \
+      [](const ::cnnflow::StageInfo& i, const ::cnnflow::Args& a) {                     \
+        return std::unique_ptr<::cnnflow::Stage>(new Class(i, a));                       \
+      },                                                                                \
+      true)
 
 }  // namespace cnnflow

@@ -1,9 +1,12 @@
 // The cnnflow command line: train, eval, tune, validate, convert, stages.
 #include <pthread.h>
 #include <semaphore.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -52,7 +55,11 @@ commands:
         batch; images/s, speedup, efficiency, all-reduce and data-wait shares (under
         mpirun: across the processes too)
   validate CONFIG [--set key=value ...]
-        parse, build and shape-check; print the model and the graphs; no training
+        parse, build and shape-check; print the model and the graphs (one node per
+        device for the per-device stages); no training
+  graph CONFIG -o FILE.dot|FILE.svg [--set key=value ...]
+        draw the train and eval graphs as they run on graph.devices (Graphviz; .svg
+        runs `dot`, from Debian's graphviz package)
   convert --from folder|idx SRC --to LMDB_DIR [options]
         write a data set as an LMDB of records (cnnflow or Caffe Datum layout);
         `cnnflow convert -h` lists the options
@@ -120,7 +127,7 @@ Options Parse(int argc, char** argv) {
       o.trace_steps = ParseCount("--trace-steps", value("--trace-steps"));
     } else if (a == "--write") {
       o.write = true;
-    } else if (a == "--out") {
+    } else if (a == "--out" || a == "-o") {
       o.out = value("--out");
     } else if (a == "--resume") {
       o.resume = value("--resume");
@@ -348,6 +355,52 @@ int Validate(const Options& o) {
   return 0;
 }
 
+int Graph(const Options& o) {
+  if (o.out.empty()) throw ConfigError("cnnflow graph needs -o FILE.dot or -o FILE.svg");
+  const bool svg = o.out.size() > 4 && o.out.compare(o.out.size() - 4, 4, ".svg") == 0;
+  const bool dot = o.out.size() > 4 && o.out.compare(o.out.size() - 4, 4, ".dot") == 0;
+  if (!svg && !dot) throw ConfigError(StrCat("-o ", o.out, ": the file must end in .dot or .svg"));
+  const RunConfig config = LoadRunConfig(o.config, o.sets);
+  std::vector<std::string> devices;
+  for (const Device& d : config.devices) devices.push_back(d.ToString());
+  const std::string text = StrCat("digraph \"", config.name, "\" {\n  rankdir=LR;\n  node [shape=box];\n",
+                                  config.train_graph.ToDot(devices),
+                                  config.eval_graph.ToDot(devices), "}\n");
+  // Written beside the target and renamed: a failed run leaves no torn file.
+  const std::string tmp = o.out + ".tmp";
+  const std::string dot_file = dot ? tmp : o.out + ".tmp.dot";
+  {
+    std::ofstream f(dot_file);
+    f << text;
+    f.close();
+    if (!f) throw Error(StrCat("cannot write ", dot_file));
+  }
+  if (svg) {
+    const std::vector<std::string> args = {"dot", "-Tsvg", dot_file, "-o", tmp};
+    std::vector<char*> argv;
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    int status = 0;
+    const int err = posix_spawnp(&pid, "dot", nullptr, nullptr, argv.data(), environ);
+    const bool ok = err == 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+                    WEXITSTATUS(status) == 0;
+    std::remove(dot_file.c_str());
+    if (!ok) {
+      std::remove(tmp.c_str());
+      throw Error(err != 0 ? StrCat("cannot run Graphviz's `dot` (", std::strerror(err),
+                                    "): apt-get install graphviz, or write -o FILE.dot")
+                           : StrCat("`dot -Tsvg` failed on the graphs of ", o.config));
+    }
+  }
+  if (std::rename(tmp.c_str(), o.out.c_str()) != 0) {
+    throw Error(StrCat("cannot rename ", tmp, " to ", o.out, ": ", std::strerror(errno)));
+  }
+  std::printf("wrote %s: the train and eval graphs of %s on %zu device(s)\n", o.out.c_str(),
+              o.config.c_str(), devices.size());
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "convert") {
     return RunConvert(std::vector<std::string>(argv + 2, argv + argc));
@@ -366,7 +419,7 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (o.command != "train" && o.command != "eval" && o.command != "validate" && o.command != "tune" &&
-      o.command != "bench") {
+      o.command != "bench" && o.command != "graph") {
     std::fprintf(stderr, "cnnflow: unknown command '%s'\n\n%s", o.command.c_str(), kUsage);
     return 2;
   }
@@ -379,6 +432,7 @@ int Main(int argc, char** argv) {
     if (o.command == "eval") return Eval(o);
     if (o.command == "tune") return Tune(o);
     if (o.command == "bench") return Bench(o);
+    if (o.command == "graph") return Graph(o);
     return Validate(o);
   } catch (const std::exception& e) {
     // In an MPI job every rank reports its own error, naming itself.

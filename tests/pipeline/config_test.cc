@@ -67,7 +67,9 @@ TEST_F(ConfigTest, GoodConfigLoadsWithDefaults) {
   EXPECT_EQ(c.layers.size(), 4u);
   EXPECT_EQ(c.layers[0].args.Ints("kernel", 2), (std::vector<int64_t>{3, 3}));
   EXPECT_EQ(c.optimizer, "sgd");
-  EXPECT_EQ(c.train_graph.nodes.size(), 5u);
+  // sample, prefetch, load, devices, allreduce, optimizer, metrics.
+  EXPECT_EQ(c.train_graph.nodes.size(), 7u);
+  EXPECT_EQ(c.train_graph.Find("devices")->stage, "forward_backward");
   // $train.batch in the template resolved from this config.
   EXPECT_EQ(c.train_graph.Find("sample")->args.Int("batch"), 8);
 }

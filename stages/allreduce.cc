@@ -1,0 +1,52 @@
+// allreduce: one node per device (a lane each), after forward_backward. At
+// the last micro-batch of an accumulation window it waits until replica r's
+// gradient buckets are summed over every replica of every process, and its
+// BN buffers broadcast: through whatever Collective the replicas have (the
+// in-process group, MPI across processes, NCCL among GPUs;
+// ops/collective.h). Backward started each bucket's reduction the moment it
+// was filled, so most of that work overlapped backward; what is left is
+// this node's wait ("allreduce-wait" in --trace). A collective that misses
+// its deadline fails the run here, naming the bucket.
+#include <tbb/flow_graph.h>
+
+#include "stages/run_state.h"
+#include "stages/stage.h"
+
+namespace cnnflow {
+namespace {
+
+class AllReduceStage final : public Stage {
+ public:
+  AllReduceStage(const StageInfo& info, const Args&) : Stage(info) {}
+
+  StagePorts Build(FlowGraph& g, RunState& state) override {
+    CNNFLOW_ENFORCE(state.replicas != nullptr, "allreduce needs replicas");
+    StagePorts ports;
+    for (int r = 0; r < state.replicas->size(); ++r) {
+      lanes_.push_back(std::make_unique<tbb::flow::function_node<Message, Message>>(
+          g, tbb::flow::serial, [this, r, &state](const Message& m) {
+            return Guarded([&] {
+              if (!m->dropped && state.EndsWindow(*m)) state.replicas->WaitForReductions(r);
+              return m;
+            });
+          }));
+      ports.lane_inputs.push_back(lanes_.back().get());
+      ports.lane_outputs.push_back(lanes_.back().get());
+    }
+    return ports;
+  }
+
+ private:
+  std::vector<std::unique_ptr<tbb::flow::function_node<Message, Message>>> lanes_;
+};
+
+}  // namespace
+
+CNNFLOW_REGISTER_PER_DEVICE_STAGE(
+    allreduce, AllReduceStage,
+    Schema("One node per device: at the end of an accumulation window, waits until that "
+           "replica's gradient buckets (started as backward filled them) are summed over every "
+           "replica of every process, in-process, over MPI or NCCL, and its BN buffers "
+           "broadcast."));
+
+}  // namespace cnnflow

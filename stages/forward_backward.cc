@@ -1,0 +1,130 @@
+// forward_backward: each replica's forward, loss and backward on its rows
+// of the batch (ops/data_parallel.h), one lane per device of graph.devices:
+//
+//   split -> queue r -> gate r -> replica r     (r = 0 .. N-1)
+//
+// split:   hands the batch to every lane; for GPU replicas it starts copying
+//          each replica's rows to its GPU (ops/batch_stager.h), so that copy
+//          runs while the replica is still computing the previous batch;
+// gate r:  admits replica r's next batch once the optimizer stage is done
+//          with its previous one (RunState::lanes): until then its
+//          parameters are being reduced and updated;
+// replica: forward, loss and backward of its shard in its own task arena.
+//          At the last micro-batch of an accumulation window, each gradient
+//          bucket is all-reduced as soon as backward has filled it, and the
+//          BN buffers are broadcast after (the allreduce stage waits for
+//          them). Emits the batch on lane r.
+#include <tbb/flow_graph.h>
+
+#include "ops/trace.h"
+#include "stages/run_state.h"
+#include "stages/stage.h"
+
+namespace cnnflow {
+namespace {
+
+class ForwardBackwardStage final : public Stage {
+ public:
+  ForwardBackwardStage(const StageInfo& info, const Args&) : Stage(info) {}
+
+  StagePorts Build(FlowGraph& g, RunState& state) override {
+    using namespace tbb::flow;
+    CNNFLOW_ENFORCE(state.replicas != nullptr, "forward_backward needs replicas");
+    const int n = state.replicas->size();
+    stagers_.clear();
+    for (int r = 0; r < n; ++r) {
+      const Device d = state.replicas->device(r);
+      stagers_.push_back(d.is_cuda() ? std::make_unique<BatchStager>(d) : nullptr);
+    }
+    split_ = std::make_unique<function_node<Message, Message>>(g, serial, [this, n](const Message& m) {
+      return Guarded([&] {
+        m->replica_loss.assign(n, 0.0);
+        m->replica_correct.assign(n, 0);
+        m->staged.assign(n, nullptr);
+        m->replica_pending.assign(n, nullptr);
+        const int64_t rows = static_cast<int64_t>(m->labels.size());
+        for (int r = 0; r < n; ++r) {
+          const auto [b, e] = ShardRows(rows, r, n);
+          if (stagers_[r] && e > b) {
+            m->staged[r] = stagers_[r]->Stage(m->inputs.Slice(b, e), m->labels.data() + b);
+          }
+        }
+        return m;
+      });
+    });
+    StagePorts ports;
+    ports.input = split_.get();
+    state.lanes.release.assign(n, nullptr);
+    for (int r = 0; r < n; ++r) {
+      queues_.push_back(std::make_unique<queue_node<Message>>(g));
+      gates_.push_back(std::make_unique<limiter_node<Message>>(g, 1));
+      replicas_.push_back(std::make_unique<function_node<Message, Message>>(
+          g, serial, [this, r, &state](const Message& m) {
+            return Guarded([&] {
+              if (r == 0) Tracer::AtStep(m->global_step);  // cnnflow train --trace: its window
+              const TraceSpan span("step", [r] { return StrCat("replica ", r); });
+              Run(state, r, *m);
+              return m;
+            });
+          }));
+      make_edge(*split_, *queues_.back());
+      make_edge(*queues_.back(), *gates_.back());
+      make_edge(*gates_.back(), *replicas_.back());
+      state.lanes.release[r] = [gate = gates_.back().get()] {
+        gate->decrementer().try_put(continue_msg());
+      };
+      ports.lane_outputs.push_back(replicas_.back().get());
+    }
+    return ports;
+  }
+
+ private:
+  static void Run(RunState& s, int r, BatchMessage& m) {
+    ReplicaSet& set = *s.replicas;
+    const int64_t stop_after = s.stop_after_step.load();
+    if (stop_after >= 0 && m.global_step > stop_after) {
+      m.dropped = true;
+      return;
+    }
+    const int n = set.size();
+    const int64_t rows = static_cast<int64_t>(m.labels.size());
+    const auto [b, e] = ShardRows(rows, r, n);
+    // The gradient of the mean loss over the window's batches of all
+    // replicas of all processes; buckets are summed.
+    const double global_rows = static_cast<double>(rows) * s.process_count;
+    const double scale =
+        rows > 0 ? 1.0 / (global_rows * static_cast<double>(s.WindowBatches(m))) : 0.0;
+    ForwardContext ctx;
+    ctx.training = true;
+    ctx.seed = s.seed;
+    ctx.step = m.micro_step;
+    ctx.sample_ids = m.sample_ids.data() + b;
+    std::shared_ptr<BatchStager::Staged> staged = std::move(m.staged[r]);
+    if (staged) staged->WaitForCopy();
+    const ReplicaSet::Result res =
+        set.ForwardBackward(r, staged ? staged->inputs() : m.inputs.Slice(b, e),
+                            m.labels.data() + b, ctx, scale, s.label_smoothing, s.EndsWindow(m),
+                            staged ? staged->labels() : nullptr);
+    if (staged) staged->Release();  // every kernel that reads the rows is issued
+    m.replica_loss[r] = res.loss_sum;
+    m.replica_correct[r] = res.correct;
+    m.replica_pending[r] = res.pending;
+  }
+
+  std::vector<std::unique_ptr<BatchStager>> stagers_;  // per replica; null on a CPU
+  std::unique_ptr<tbb::flow::function_node<Message, Message>> split_;
+  std::vector<std::unique_ptr<tbb::flow::queue_node<Message>>> queues_;
+  std::vector<std::unique_ptr<tbb::flow::limiter_node<Message>>> gates_;
+  std::vector<std::unique_ptr<tbb::flow::function_node<Message, Message>>> replicas_;
+};
+
+}  // namespace
+
+CNNFLOW_REGISTER_PER_DEVICE_STAGE(
+    forward_backward, ForwardBackwardStage,
+    Schema("One node per device of graph.devices: forward, loss and backward of that replica on "
+           "its shard of the batch; at the end of an accumulation window its gradient buckets are "
+           "all-reduced while backward goes on. A replica's next batch enters once the optimizer "
+           "is done with its previous one."));
+
+}  // namespace cnnflow
