@@ -12,6 +12,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
+  graphviz  # cnnflow graph -o FILE.svg
 )
 # For bench/: PyTorch on the CPU, side by side with cnnflow.
 if [[ "${CNNFLOW_SETUP_BENCH:-0}" == 1 ]]; then

@@ -134,6 +134,84 @@ void ExpectResumeIsExact(const char* config_file, const std::vector<std::string>
   EXPECT_EQ(column(resumed / "metrics.csv", 4).size(), 2u);
 }
 
+// A user's template: the training stages are graph nodes of their own, so
+// a template may list them in any order and leave out allreduce (the
+// optimizer waits for the reductions itself); it trains bitwise as the
+// shipped one does, on two replicas.
+const char* kUserGraph = R"(train:
+  nodes:
+    optimizer: {stage: optimizer}
+    devices:   {stage: forward_backward}
+    sample:    {stage: sampler, data: train, batch: $train.batch, replicas: $graph.replicas, shuffle: true}
+    metrics:   {stage: metrics}
+    load:      {stage: load_batch, data: train, threads: 1}
+  edges: [sample -> load -> devices, devices -> optimizer -> metrics]
+eval:
+  nodes:
+    sample:  {stage: sampler, data: test, batch: $train.eval_batch, shuffle: false}
+    load:    {stage: load_batch, data: test, threads: 1}
+    step:    {stage: eval_step}
+    metrics: {stage: metrics}
+  edges: [sample -> load -> step -> metrics]
+)";
+
+TEST(DataParallelTraining, AUserTemplateOfTheTrainingStagesTrainsAsTheShippedOne) {
+  const std::string dir = testing::TestDir();
+  testing::WriteBytes(dir + "/user.yaml", kUserGraph);
+  const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=6", "threads=2",
+                                           "train.batch=16", "graph.devices=[cpu:0, cpu:1]"};
+  Trainer shipped(LoadRunConfig(kConfig, common));
+  Trainer user(LoadRunConfig(kConfig, With(common, {"graph.template=" + dir + "/user.yaml"})));
+  EXPECT_EQ(user.config().train_graph.Find("devices")->stage, "forward_backward");
+  const PassMetrics a = shipped.RunPass(shipped.config().train_graph, "train", 0);
+  const PassMetrics b = user.RunPass(user.config().train_graph, "train", 0);
+  EXPECT_EQ(a.samples, 6 * 32);
+  EXPECT_EQ(b.samples, a.samples);
+  EXPECT_EQ(b.loss_sum, a.loss_sum);
+  EXPECT_EQ(user.state().global_step, 6);
+  EXPECT_EQ(MaxRelDiff(shipped.replicas().model(0), user.replicas().model(0)), 0.0);
+  EXPECT_EQ(MaxRelDiff(user.replicas().model(0), user.replicas().model(1)), 0.0);
+}
+
+// Lanes carry each batch once per replica: a plain node between the
+// per-device stages would see every batch twice, so the graph is refused
+// before it runs; and forward_backward without an optimizer (which lets the
+// next batch in) would wait forever, so that is refused when parsed.
+TEST(DataParallelTraining, BrokenLanesAreRefusedNotRun) {
+  const std::string dir = testing::TestDir();
+  std::string plain = kUserGraph;
+  plain.replace(plain.find("devices -> optimizer"), 20, "devices -> metrics2 -> optimizer");
+  plain.replace(plain.find("    metrics:   {stage: metrics}"), 0,
+                "    metrics2:  {stage: prefetch, depth: 2}\n");
+  testing::WriteBytes(dir + "/plain.yaml", plain);
+  const std::vector<std::string> common = {"train.max_steps=2", "threads=2",
+                                           "graph.devices=[cpu:0, cpu:1]"};
+  Trainer t(LoadRunConfig(kConfig, With(common, {"graph.template=" + dir + "/plain.yaml"})));
+  try {
+    t.RunPass(t.config().train_graph, "train", 0);
+    ADD_FAILURE() << "a plain node between per-device stages ran";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("edge devices -> metrics2: 'devices' (forward_backward) "
+                                         "is per-device lanes out, 'metrics2' (prefetch) is not"),
+              std::string::npos)
+        << e.what();
+  }
+
+  std::string no_opt = kUserGraph;
+  no_opt.replace(no_opt.find("devices -> optimizer -> metrics"), 31, "devices -> metrics");
+  no_opt.replace(no_opt.find("    optimizer: {stage: optimizer}\n"), 34, "");
+  testing::WriteBytes(dir + "/no_opt.yaml", no_opt);
+  try {
+    LoadRunConfig(kConfig, With(common, {"graph.template=" + dir + "/no_opt.yaml"}));
+    ADD_FAILURE() << "forward_backward without an optimizer was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'devices' (forward_backward) needs an optimizer "
+                                         "node after it"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(DataParallelTraining, ResumedRunEndsBitwiseEqualToTheUninterruptedOne) {
   // 2 epochs of 20 steps, 2 replicas, a checkpoint every 7 steps, all kept.
   const std::vector<std::string> config = {

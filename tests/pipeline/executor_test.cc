@@ -369,5 +369,30 @@ TEST(GraphSpec, RejectsUnknownNodeInEdgeAndCycles) {
   }
 }
 
+// The graph as it runs on two devices: the per-device stages become a node
+// per device, joined lane to lane, fanned out from the loader and in to
+// the sink.
+TEST(GraphSpec, ExpandsPerDeviceStagesIntoLanes) {
+  const GraphSpec g = Graph(
+      "train:\n  nodes:\n    load: {stage: test_record}\n    fb: {stage: forward_backward}\n"
+      "    ar: {stage: allreduce}\n    opt: {stage: optimizer}\n    end: {stage: metrics}\n"
+      "  edges: [load -> fb -> ar -> opt -> end]\n");
+  const GraphSpec::Expanded x = g.Expand({"cpu:0", "cpu:1"});
+  std::vector<std::string> names, edges;
+  for (const auto& n : x.nodes) names.push_back(n.name);
+  for (const auto& [a, b] : x.edges) edges.push_back(x.nodes[a].name + " -> " + x.nodes[b].name);
+  EXPECT_EQ(names, (std::vector<std::string>{"load", "fb[cpu:0]", "fb[cpu:1]", "ar[cpu:0]",
+                                             "ar[cpu:1]", "opt[cpu:0]", "opt[cpu:1]", "end"}));
+  EXPECT_EQ(edges, (std::vector<std::string>{
+                       "load -> fb[cpu:0]", "load -> fb[cpu:1]", "fb[cpu:0] -> ar[cpu:0]",
+                       "fb[cpu:1] -> ar[cpu:1]", "ar[cpu:0] -> opt[cpu:0]",
+                       "ar[cpu:1] -> opt[cpu:1]", "opt[cpu:0] -> end", "opt[cpu:1] -> end"}));
+  EXPECT_EQ(g.Expand({}).nodes.size(), 5u) << "no devices: the graph as written";
+  const std::string dot = g.ToDot({"cpu:0", "cpu:1"});
+  EXPECT_NE(dot.find("subgraph \"cluster_train\""), std::string::npos) << dot;
+  EXPECT_NE(dot.find("\"train.fb[cpu:1]\" -> \"train.ar[cpu:1]\";"), std::string::npos) << dot;
+  EXPECT_EQ(dot.find("\"train.fb[cpu:0]\" -> \"train.ar[cpu:1]\""), std::string::npos) << dot;
+}
+
 }  // namespace
 }  // namespace cnnflow
