@@ -1,4 +1,4 @@
-// The cnnflow command line: train, eval, tune, validate, convert, stages.
+// The cnnflow command line: train, eval, tune, bench, validate, graph, convert, stages.
 #include <pthread.h>
 #include <semaphore.h>
 #include <spawn.h>
