@@ -13,6 +13,19 @@ namespace cnnflow {
 void RunGraph(const GraphSpec& spec, RunState& state) {
   tbb::flow::graph g;  // declared first: destroyed after the nodes that use it
   std::vector<std::unique_ptr<Stage>> stages;
+  // Destroyed before the stages' nodes: a graph that fails while it is
+  // being built or connected may have tasks pending already (a buffer
+  // spawns one when it gets a successor), which must run before the nodes
+  // they point to go.
+  struct DrainOnExit {
+    tbb::flow::graph& g;
+    ~DrainOnExit() {
+      try {
+        g.wait_for_all();
+      } catch (...) {  // the first error is already on its way out
+      }
+    }
+  } drain{g};
   std::map<std::string, StagePorts> ports;
   std::vector<Stage*> limiters;
   for (const auto& n : spec.nodes) {
