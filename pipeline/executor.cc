@@ -2,6 +2,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 
 #include <tbb/flow_graph.h>
 
@@ -43,6 +44,7 @@ void RunGraph(const GraphSpec& spec, RunState& state) {
   }
 
   std::map<std::string, int> outgoing;
+  std::set<std::string> gathered;  // per-device nodes whose lanes go into their gather
   for (const auto& [from, to] : spec.edges) {
     const StagePorts& a = ports[from];
     const StagePorts& b = ports[to];
@@ -53,9 +55,10 @@ void RunGraph(const GraphSpec& spec, RunState& state) {
     if (!lanes_in && b.input == nullptr) {
       throw ConfigError(StrCat(spec.file, ": node '", to, "' is a source and takes no input"));
     }
-    // Lanes carry each batch once per replica: they join lane to lane, and
-    // only a per-device stage turns one batch into lanes or lanes back.
-    if (lanes_out != lanes_in) {
+    // Lanes carry each batch once per replica: they join lane to lane; they
+    // end in a gather, and only forward_backward starts them.
+    const bool gathers = lanes_out && !lanes_in && !a.gather_inputs.empty();
+    if (lanes_out != lanes_in && !gathers) {
       const std::string& laned = lanes_out ? from : to;
       throw ConfigError(StrCat(spec.file, ": edge ", from, " -> ", to, ": '", laned, "' (",
                                spec.Find(laned)->stage, ") is per-device lanes ",
@@ -64,7 +67,14 @@ void RunGraph(const GraphSpec& spec, RunState& state) {
                                ") is not; between forward_backward and optimizer only "
                                "per-device stages go"));
     }
-    if (lanes_out) {
+    if (gathers) {
+      if (gathered.insert(from).second) {
+        for (size_t r = 0; r < a.lane_outputs.size(); ++r) {
+          tbb::flow::make_edge(*a.lane_outputs[r], *a.gather_inputs[r]);
+        }
+      }
+      tbb::flow::make_edge(*a.output, *b.input);
+    } else if (lanes_out) {
       CNNFLOW_ENFORCE(a.lane_outputs.size() == b.lane_inputs.size(), "node '", from, "' has ",
                       a.lane_outputs.size(), " lanes, node '", to, "' ", b.lane_inputs.size());
       for (size_t r = 0; r < a.lane_outputs.size(); ++r) {
@@ -74,6 +84,20 @@ void RunGraph(const GraphSpec& spec, RunState& state) {
       tbb::flow::make_edge(*a.output, *b.input);
     }
     ++outgoing[from];
+  }
+  // Lanes that end at a node with no edge out still end in its gather (each
+  // lane's message lets that replica's next batch in).
+  for (const auto& n : spec.nodes) {
+    const StagePorts& p = ports[n.name];
+    if (p.lane_outputs.empty() || outgoing[n.name] > 0) continue;
+    if (p.gather_inputs.empty()) {
+      throw ConfigError(StrCat(spec.file, ": node '", n.name, "' (", n.stage,
+                               ") ends the graph's device lanes but cannot gather them: put an "
+                               "optimizer after it"));
+    }
+    for (size_t r = 0; r < p.lane_outputs.size(); ++r) {
+      tbb::flow::make_edge(*p.lane_outputs[r], *p.gather_inputs[r]);
+    }
   }
   std::vector<std::string> sinks;
   for (const auto& n : spec.nodes)

@@ -43,17 +43,20 @@ struct StageInfo {
 // output may be left unconnected. A limiter (prefetch) gets Release() once
 // per message that leaves the graph.
 //
-// A per-device stage (forward_backward, allreduce, optimizer) is one node
-// per replica, a lane each: lane r is replica r's, and carries each batch
-// once. An edge between two per-device stages joins lane r to lane r; lanes
-// never meet plain ports (every lane would carry every batch), except inside
-// a stage: forward_backward takes a plain input, optimizer gathers its lanes
-// into a plain output.
+// A per-device stage (forward_backward, allreduce, optimizer, ema) is one
+// node per replica, a lane each: lane r is replica r's, and carries each
+// batch once. An edge between two per-device stages joins lane r to lane r.
+// Lanes never meet plain ports directly (every lane would carry every
+// batch): forward_backward takes a plain input and starts the lanes, and a
+// stage that may end them offers a gather (stages/lane_gather.h): its
+// gather_inputs, one per lane, and `output`. An edge from such a stage to a
+// plain node goes through the gather.
 struct StagePorts {
   MessageReceiver* input = nullptr;
   MessageSender* output = nullptr;
   std::vector<MessageReceiver*> lane_inputs;
   std::vector<MessageSender*> lane_outputs;
+  std::vector<MessageReceiver*> gather_inputs;
   bool is_limiter = false;
   std::function<void()> activate;  // sources: start producing
 };

@@ -1,0 +1,94 @@
+// The end of a train graph's device lanes (see StagePorts): once every
+// replica is done with a batch, sums the loss and the correct count over
+// the replicas, advances the run's position, and passes the batch on. Each
+// lane's message also lets that replica's next batch into forward_backward
+// (RunState::lanes): nothing after this point touches its parameters.
+//
+// A per-device stage that may end the lanes (optimizer, ema) builds one and
+// offers it as StagePorts::gather_inputs and ::output (AddTo); the executor
+// wires the stage's lanes into it when an edge leads from the stage to a
+// plain node.
+#pragma once
+
+#include <tbb/flow_graph.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "ops/data_parallel.h"
+#include "stages/run_state.h"
+#include "stages/stage.h"
+
+namespace cnnflow {
+
+class LaneGather {
+ public:
+  LaneGather(tbb::flow::graph& g, RunState& state, int lanes)
+      : node_(g, tbb::flow::serial, [this, &state, lanes](const LaneMessage& m, auto& out) {
+          // The replica is done with the batch: its next one may start.
+          CNNFLOW_ENFORCE(m.lane < static_cast<int>(state.lanes.release.size()),
+                          "no forward_backward node feeds these lanes");
+          state.lanes.release[m.lane]();
+          if (++arrived_[m.batch->index] < lanes) return;
+          arrived_.erase(m.batch->index);
+          Gather(state, lanes, *m.batch);
+          std::get<0>(out).try_put(m.batch);
+        }) {
+    for (int r = 0; r < lanes; ++r) {
+      tags_.push_back(std::make_unique<tbb::flow::function_node<Message, LaneMessage>>(
+          g, tbb::flow::serial, [r](const Message& m) { return LaneMessage{r, m}; }));
+      tbb::flow::make_edge(*tags_.back(), node_);
+    }
+  }
+
+  // Lane r's way in, and the gathered batches.
+  MessageReceiver& input(int r) { return *tags_[r]; }
+  MessageSender& output() { return tbb::flow::output_port<0>(node_); }
+  // These as the lane-ending ports of a stage.
+  void AddTo(StagePorts& ports) {
+    for (auto& t : tags_) ports.gather_inputs.push_back(t.get());
+    ports.output = &output();
+  }
+
+ private:
+  struct LaneMessage {
+    int lane;
+    Message batch;
+  };
+
+  static void Gather(RunState& state, int n, BatchMessage& m) {
+    const int64_t rows = static_cast<int64_t>(m.labels.size());
+    // GPU losses are read here, off the replicas' threads, so the replicas
+    // go on issuing the next batch meanwhile.
+    for (int r = 0; r < n; ++r) {
+      if (!m.replica_pending[r]) continue;
+      const LossResult lr = m.replica_pending[r]->Get();
+      m.replica_pending[r].reset();
+      CheckLossFinite(lr.loss, m.global_step);
+      const auto [b, e] = ShardRows(rows, r, n);
+      m.replica_loss[r] = lr.loss * static_cast<double>(e - b);
+      m.replica_correct[r] = lr.correct;
+    }
+    double loss = 0;
+    m.correct = 0;
+    for (int r = 0; r < n; ++r) {
+      loss += m.replica_loss[r];
+      m.correct += m.replica_correct[r];
+    }
+    m.loss = rows == 0 ? 0 : loss / static_cast<double>(rows);
+    if (m.dropped) {  // counts nowhere: the run stopped before it
+      m.labels.clear();
+      m.correct = 0;
+    } else {
+      state.batches_done = m.micro_step + 1;
+      if (state.EndsWindow(m)) state.global_step = m.global_step + 1;
+    }
+  }
+
+  tbb::flow::multifunction_node<LaneMessage, std::tuple<Message>> node_;
+  std::vector<std::unique_ptr<tbb::flow::function_node<Message, LaneMessage>>> tags_;
+  std::map<int64_t, int> arrived_;  // replicas done, by batch index
+};
+
+}  // namespace cnnflow
