@@ -179,6 +179,17 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   if (config_.autotune) autotuner_ = std::make_unique<Autotuner>();
   state_.label_smoothing = config_.label_smoothing;
   state_.max_steps = config_.max_steps;
+  for (const NodeSpec& n : config_.train_graph.nodes) {
+    if (n.stage != "ema") continue;
+    if (!replicas_) {
+      throw ConfigError(StrCat(n.where, ": node '", n.name,
+                               "' (ema) averages data-parallel replicas; a pipeline has none"));
+    }
+    CNNFLOW_ENFORCE(ema_ == nullptr, n.where, ": a second ema node");
+    ema_ = std::make_unique<WeightAverage>(replicas_->model(0), n.args.Float("decay"));
+    ema_eval_ = n.args.Bool("eval");
+  }
+  state_.ema = ema_.get();
 }
 
 Trainer::~Trainer() = default;
@@ -326,6 +337,13 @@ void Trainer::Resume(const std::string& run_dir) {
                              "/config.yaml)"));
   }
   for (Model* m : Models()) LoadTensors(*m, ck->model_tensors, ck->data_path);
+  if (ema_) {
+    auto it = st.extra.find("ema_updates");
+    if (it == st.extra.end()) {
+      throw Error(StrCat(ck->sidecar_path, ": has no weight average, but this graph has an ema node"));
+    }
+    ema_->Load(ck->model_tensors, std::stoll(it->second), ck->data_path);
+  }
   for (Optimizer* opt : Optimizers()) {
     opt->LoadStateTensors(ck->optimizer_tensors);
     opt->set_step_count(st.optimizer_step);
@@ -373,7 +391,8 @@ void Trainer::SaveCheckpoint(int64_t epoch, const PassMetrics& partial) {
     for (auto& t : opt->StateTensors()) optimizer_state.push_back(t);
     if (replicas_) break;
   }
-  WriteCheckpoint(run_dir_, st, model_->StateTensors(), optimizer_state,
+  if (ema_) st.extra["ema_updates"] = std::to_string(ema_->updates());
+  WriteCheckpoint(run_dir_, st, ExportedTensors(), optimizer_state,
                   static_cast<int>(config_.keep_checkpoints));
 }
 
@@ -432,7 +451,13 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     report.lr = schedule_->At(std::max<int64_t>(state_.global_step - 1, 0));
     if (state_.stop_requested) break;
     batch_in_epoch_ = 0;
-    if (state_.datasets.count("test")) report.test = RunPass(config_.eval_graph, "eval", epoch);
+    if (state_.datasets.count("test")) {
+      // On the averaged weights, with an ema node that says so.
+      const bool averaged = ema_ && ema_eval_;
+      if (averaged) ema_->Swap(*model_);
+      report.test = RunPass(config_.eval_graph, "eval", epoch);
+      if (averaged) ema_->Swap(*model_);
+    }
     const std::vector<double> row = {static_cast<double>(report.epoch),
                                      report.train.mean_loss(),
                                      report.train.accuracy(),
@@ -475,7 +500,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     }
   }
   if (writer) {
-    SaveSafetensors((fs::path(run_dir_) / "model.safetensors").string(), model_->StateTensors(),
+    SaveSafetensors((fs::path(run_dir_) / "model.safetensors").string(), ExportedTensors(),
                     {{"config", config_.name}, {"epochs", std::to_string(report.epoch)},
                      {"format", "pt"}});
   }
@@ -515,11 +540,17 @@ void Trainer::LoadTensors(Model& model, const std::vector<std::pair<std::string,
   }
 }
 
-void Trainer::LoadWeights(const std::string& path) {
+std::vector<std::pair<std::string, Tensor>> Trainer::ExportedTensors() {
+  std::vector<std::pair<std::string, Tensor>> out = model_->StateTensors();
+  if (ema_) out.insert(out.end(), ema_->tensors().begin(), ema_->tensors().end());
+  return out;
+}
+
+void Trainer::LoadWeights(const std::string& path, const std::string& prefix) {
   SafetensorsFile file = LoadSafetensors(path);
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, tensor] : model_->StateTensors())
-    if (const Tensor* t = file.Find(name)) tensors.emplace_back(name, *t);
+    if (const Tensor* t = file.Find(prefix + name)) tensors.emplace_back(name, *t);
   for (Model* m : Models()) LoadTensors(*m, tensors, path);
 }
 

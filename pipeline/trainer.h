@@ -46,8 +46,9 @@ class Trainer {
   // Runs `graph` once as pass "train" or "eval" of `epoch` (the tuner runs
   // its own graphs through this too).
   PassMetrics RunPass(const GraphSpec& graph, const std::string& pass, int64_t epoch);
-  // Loads weights (and BN buffers) by name from a safetensors file.
-  void LoadWeights(const std::string& path);
+  // Loads weights (and BN buffers) by name from a safetensors file; with a
+  // prefix, the tensors named prefix + name ("ema.": the weight average).
+  void LoadWeights(const std::string& path, const std::string& prefix = "");
 
   Model& model() { return *model_; }
   ReplicaSet& replicas() { return *replicas_; }   // data parallel (no graph.pipeline)
@@ -69,6 +70,9 @@ class Trainer {
   void SaveCheckpoint(int64_t epoch, const PassMetrics& partial);
   std::string ResolvedConfigText() const;
   std::vector<Model*> Models();          // every model instance that holds weights
+  // What checkpoints and model.safetensors hold: the model's state, then
+  // the weight average's ("ema.*"), if the graph has one.
+  std::vector<std::pair<std::string, Tensor>> ExportedTensors();
   std::vector<Optimizer*> Optimizers();
   static void LoadTensors(Model& model, const std::vector<std::pair<std::string, Tensor>>& tensors,
                           const std::string& path);
@@ -92,6 +96,8 @@ class Trainer {
   std::vector<std::vector<double>> metrics_rows_;
   Progress* progress_ = nullptr;
   std::unique_ptr<Autotuner> autotuner_;  // graph.autotune
+  std::unique_ptr<WeightAverage> ema_;    // an ema node in the train graph
+  bool ema_eval_ = false;                 // evaluate on the average
   std::unique_ptr<std::ofstream> autotune_log_;
 };
 

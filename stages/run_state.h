@@ -21,6 +21,7 @@
 #include "ops/data_parallel.h"
 #include "ops/model.h"
 #include "ops/pipeline_model.h"
+#include "ops/weight_average.h"
 #include "stages/message.h"
 
 namespace cnnflow {
@@ -65,6 +66,8 @@ struct RunState {
   ReplicaSet* replicas = nullptr;
   PipelineModel* pipeline = nullptr;  // instead of replicas, with graph.pipeline
   Model* model = nullptr;
+  // The weight average of an `ema` node in the train graph (the trainer's).
+  WeightAverage* ema = nullptr;
   const LrSchedule* schedule = nullptr;
   int64_t accumulate = 1;  // micro-batches per optimizer step
   double label_smoothing = 0;

@@ -44,8 +44,9 @@ commands:
         --trace FILE [--trace-steps N]: profile training steps [20, 20 + N) (N: 50), write
         them to FILE as a Chrome trace (chrome://tracing, ui.perfetto.dev) and print where
         the time went by category (forward, backward, allreduce, optimizer, load, ...)
-  eval CONFIG --weights FILE [--set key=value ...]
-        evaluate weights (model.safetensors of a run) on the config's test set
+  eval CONFIG --weights FILE [--ema] [--set key=value ...]
+        evaluate weights (model.safetensors of a run) on the config's test set;
+        --ema: its weight average (the ema stage's "ema.*" tensors)
   tune CONFIG [--steps N] [--write] [--set key=value ...]
         time the train graph's loader alone across load threads x prefetch depths,
         against the training step; recommend a setting and name the bottleneck;
@@ -80,6 +81,7 @@ struct Options {
   int64_t warmup = 10;
   int64_t steps = 100;
   bool write = false;
+  bool ema = false;
   std::vector<std::string> sets;
 };
 
@@ -127,6 +129,8 @@ Options Parse(int argc, char** argv) {
       o.trace_steps = ParseCount("--trace-steps", value("--trace-steps"));
     } else if (a == "--write") {
       o.write = true;
+    } else if (a == "--ema") {
+      o.ema = true;
     } else if (a == "--out" || a == "-o") {
       o.out = value("--out");
     } else if (a == "--resume") {
@@ -270,7 +274,7 @@ int Train(const Options& o) {
 int Eval(const Options& o) {
   if (o.weights.empty()) throw ConfigError("eval needs --weights FILE (a run's model.safetensors)");
   Trainer trainer(LoadRunConfig(o.config, o.sets));
-  trainer.LoadWeights(o.weights);
+  trainer.LoadWeights(o.weights, o.ema ? kEmaPrefix : "");
   Progress progress = Progress::ForStderr();
   trainer.set_progress(&progress);
   PassMetrics m = trainer.Evaluate();

@@ -24,6 +24,18 @@ void Axpy(double alpha, const Tensor& x, Tensor& y) {
   });
 }
 
+void ScaleInPlace(Tensor& y, double alpha) {
+  if (y.device().is_cuda()) return cuda::Scale(y, static_cast<float>(alpha));
+  DispatchFloat(y.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* ys = y.data<T>();
+    const T a = static_cast<T>(alpha);
+    cpu::ParallelFor(y.numel(), 1 << 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) ys[i] *= a;
+    });
+  });
+}
+
 double MaxAbsDiff(const Tensor& a, const Tensor& b) {
   CNNFLOW_ENFORCE(a.numel() == b.numel(), "MaxAbsDiff of ", a.shape(), " and ", b.shape());
   double m = 0;

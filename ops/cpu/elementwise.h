@@ -43,6 +43,8 @@ void ReluMask(const T* y, const T* dy, T* out, int64_t n) {
 void AddInPlace(Tensor& y, const Tensor& x);
 // y += alpha * x.
 void Axpy(double alpha, const Tensor& x, Tensor& y);
+// y *= alpha.
+void ScaleInPlace(Tensor& y, double alpha);
 // Largest |a - b| over all elements.
 double MaxAbsDiff(const Tensor& a, const Tensor& b);
 

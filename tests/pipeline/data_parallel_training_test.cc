@@ -212,6 +212,61 @@ TEST(DataParallelTraining, BrokenLanesAreRefusedNotRun) {
   }
 }
 
+// The shipped template with an ema node after the optimizer.
+std::string EmaTemplate(const fs::path& dir, double decay) {
+  std::string t = testing::ReadBytes("graphs/data_parallel.yaml");
+  const std::string edge = "optimizer -> metrics";
+  t.replace(t.rfind(edge), edge.size(), "optimizer -> ema -> metrics");  // the edges, not the comment
+  const std::string node = "    metrics:   {stage: metrics}\n";
+  t.replace(t.find(node), 0, StrCat("    ema:       {stage: ema, decay: ", decay, "}\n"));
+  const std::string path = (dir / StrCat("ema-", decay, ".yaml")).string();
+  testing::WriteBytes(path, t);
+  return path;
+}
+
+// The ema stage: it does not change training (the weights are bitwise those
+// of a run without it), its average follows the rule (decay 0: the weights
+// themselves), it is exported as ema.*, and a resumed run continues it
+// bitwise (every model.safetensors tensor, ema.* included, is compared).
+TEST(DataParallelTraining, EmaAveragesWithoutChangingTrainingAndResumesExactly) {
+  const fs::path dir = testing::TestDir();
+  const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=6", "threads=2",
+                                           "train.batch=16", "graph.devices=[cpu:0, cpu:1]"};
+  Trainer plain(LoadRunConfig(kConfig, common));
+  Trainer zero(LoadRunConfig(kConfig, With(common, {"graph.template=" + EmaTemplate(dir, 0)})));
+  Trainer half(LoadRunConfig(kConfig, With(common, {"graph.template=" + EmaTemplate(dir, 0.5)})));
+  for (Trainer* t : {&plain, &zero, &half}) t->RunPass(t->config().train_graph, "train", 0);
+  EXPECT_EQ(MaxRelDiff(plain.replicas().model(0), half.replicas().model(0)), 0.0);
+  EXPECT_EQ(MaxRelDiff(plain.replicas().model(1), half.replicas().model(1)), 0.0);
+  ASSERT_NE(half.state().ema, nullptr);
+  EXPECT_EQ(half.state().ema->updates(), 6);
+  auto weights = zero.model().StateTensors();
+  const auto& avg0 = zero.state().ema->tensors();
+  const auto& avg5 = half.state().ema->tensors();
+  bool moved = false;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    EXPECT_EQ(avg0[i].first, "ema." + weights[i].first);
+    EXPECT_EQ(std::memcmp(avg0[i].second.raw_data(), weights[i].second.raw_data(),
+                          weights[i].second.nbytes()),
+              0)
+        << "decay 0 keeps the weights themselves: " << avg0[i].first;
+    for (int64_t j = 0; j < weights[i].second.numel() && !moved; ++j) {
+      moved = avg5[i].second.At(j) != weights[i].second.At(j);
+    }
+  }
+  EXPECT_TRUE(moved) << "decay 0.5 averaged nothing";
+
+  const std::vector<std::string> resume = {
+      "train.epochs=2", "train.max_steps=20", "threads=2", "train.batch=32",
+      "graph.devices=[cpu:0, cpu:1]", "train.checkpoint_every=7", "train.keep_checkpoints=0",
+      "graph.template=" + EmaTemplate(dir, 0.9)};
+  ExpectResumeIsExact(kConfig, resume, dir / "resume");
+  const SafetensorsFile f = LoadSafetensors((dir / "resume/straight/model.safetensors").string());
+  EXPECT_NE(f.Find("ema.conv1.weight"), nullptr) << "model.safetensors has no weight average";
+  EXPECT_NE(f.Find("conv1.weight"), nullptr);
+  fs::remove_all(dir);
+}
+
 TEST(DataParallelTraining, ResumedRunEndsBitwiseEqualToTheUninterruptedOne) {
   // 2 epochs of 20 steps, 2 replicas, a checkpoint every 7 steps, all kept.
   const std::vector<std::string> config = {

@@ -1,0 +1,51 @@
+#include "ops/weight_average.h"
+
+#include "ops/cpu/elementwise.h"
+
+namespace cnnflow {
+
+WeightAverage::WeightAverage(Model& model, double decay) : decay_(decay) {
+  if (!(decay >= 0 && decay < 1)) {
+    throw ConfigError(StrCat("ema: decay must be in [0, 1), got ", decay));
+  }
+  for (auto& [name, t] : model.StateTensors()) tensors_.emplace_back(kEmaPrefix + name, t.Clone());
+}
+
+void WeightAverage::Update(Model& model) {
+  const auto current = model.StateTensors();
+  CNNFLOW_ENFORCE(current.size() == tensors_.size(), "ema: the model changed shape");
+  for (size_t i = 0; i < current.size(); ++i) {
+    Tensor& avg = tensors_[i].second;
+    ScaleInPlace(avg, decay_);
+    Axpy(1.0 - decay_, current[i].second, avg);
+  }
+  ++updates_;
+}
+
+void WeightAverage::Load(const std::vector<std::pair<std::string, Tensor>>& named,
+                         int64_t updates, const std::string& where) {
+  for (auto& [name, avg] : tensors_) {
+    const Tensor* t = nullptr;
+    for (const auto& [n, v] : named)
+      if (n == name) t = &v;
+    if (t == nullptr) throw Error(StrCat(where, ": has no tensor '", name, "' (the ema stage's)"));
+    if (t->shape() != avg.shape()) {
+      throw ShapeError(StrCat(where, ": '", name, "' has shape ", t->shape(), ", the model needs ",
+                              avg.shape()));
+    }
+    avg.CopyFrom(t->dtype() == avg.dtype() ? *t : t->Cast(avg.dtype()));
+  }
+  updates_ = updates;
+}
+
+void WeightAverage::Swap(Model& model) {
+  auto current = model.StateTensors();
+  for (size_t i = 0; i < current.size(); ++i) {
+    Tensor& avg = tensors_[i].second;
+    Tensor held = current[i].second.Clone();
+    current[i].second.CopyFrom(avg);
+    avg.CopyFrom(held);
+  }
+}
+
+}  // namespace cnnflow

@@ -1,0 +1,64 @@
+// ema: one node per device (a lane each), after optimizer: after each
+// optimizer step, replica 0's node folds the stepped weights into an
+// exponential moving average (ops/weight_average.h; the replicas hold the
+// same weights). In the lane, before the gather lets the replica's next
+// batch in, so no step can change the weights under it. The average is the
+// trainer's (RunState::ema): it lives across epochs, goes into every
+// checkpoint (a resumed run continues it bitwise) and into model.safetensors
+// as "ema.<layer>.<tensor>", and with `eval: true` each evaluation runs on it.
+#include <tbb/flow_graph.h>
+
+#include "ops/weight_average.h"
+#include "stages/lane_gather.h"
+#include "stages/run_state.h"
+#include "stages/stage.h"
+
+namespace cnnflow {
+namespace {
+
+class EmaStage final : public Stage {
+ public:
+  EmaStage(const StageInfo& info, const Args&) : Stage(info) {}
+
+  StagePorts Build(FlowGraph& g, RunState& state) override {
+    using namespace tbb::flow;
+    CNNFLOW_ENFORCE(state.replicas != nullptr && state.ema != nullptr,
+                    "ema needs data-parallel replicas (not a pipeline)");
+    const int n = state.replicas->size();
+    StagePorts ports;
+    for (int r = 0; r < n; ++r) {
+      lanes_.push_back(std::make_unique<function_node<Message, Message>>(
+          g, serial, [this, r, &state](const Message& m) {
+            return Guarded([&] {
+              if (r == 0 && !m->dropped && state.EndsWindow(*m)) {
+                state.ema->Update(state.replicas->model(0));
+              }
+              return m;
+            });
+          }));
+      ports.lane_inputs.push_back(lanes_.back().get());
+      ports.lane_outputs.push_back(lanes_.back().get());
+    }
+    gather_ = std::make_unique<LaneGather>(g, state, n);
+    gather_->AddTo(ports);
+    return ports;
+  }
+
+ private:
+  std::vector<std::unique_ptr<tbb::flow::function_node<Message, Message>>> lanes_;
+  std::unique_ptr<LaneGather> gather_;
+};
+
+}  // namespace
+
+CNNFLOW_REGISTER_PER_DEVICE_STAGE(
+    ema, EmaStage,
+    Schema("One node per device, after optimizer: an exponential moving average of the weights "
+           "(parameters and BN statistics), average = decay * average + (1 - decay) * weights "
+           "after each optimizer step; in checkpoints and in model.safetensors as "
+           "\"ema.<layer>.<tensor>\".")
+        .Optional("decay", ParamType::kFloat, 0.999, "the average's decay per optimizer step")
+        .Optional("eval", ParamType::kBool, true,
+                  "evaluate on the averaged weights (else on the trained ones)"));
+
+}  // namespace cnnflow

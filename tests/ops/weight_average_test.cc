@@ -1,0 +1,99 @@
+// WeightAverage: the update rule against an independent f64 reference, the
+// swap used for evaluation, and loading that names what is missing.
+#include "ops/weight_average.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace cnnflow {
+namespace {
+
+std::unique_ptr<Model> SmallModel(uint64_t seed) {
+  LayerSpec conv{"conv", "conv2d", {}, {}};
+  conv.args.Set("out", int64_t{3});
+  conv.args.Set("kernel", int64_t{3});
+  LayerSpec bn{"bn", "batchnorm", {}, {}};
+  LayerSpec fc{"fc", "linear", {}, {}};
+  fc.args.Set("out", int64_t{4});
+  LayerSpec flat{"flat", "flatten", {}, {}};
+  return Model::Build({conv, bn, flat, fc}, {2, 5, 5}, DType::kF32, seed);
+}
+
+std::vector<std::vector<double>> Values(Model& m) {
+  std::vector<std::vector<double>> v;
+  for (auto& [name, t] : m.StateTensors()) {
+    v.emplace_back();
+    for (int64_t i = 0; i < t.numel(); ++i) v.back().push_back(t.At(i));
+  }
+  return v;
+}
+
+TEST(WeightAverage, FollowsTheUpdateRuleForParametersAndBuffers) {
+  auto model = SmallModel(1);
+  const double d = 0.75;
+  WeightAverage ema(*model, d);
+  ASSERT_EQ(ema.tensors().size(), model->StateTensors().size());
+  EXPECT_EQ(ema.tensors()[0].first, "ema.conv.weight");
+  std::vector<std::vector<double>> want = Values(*model);  // starts as the weights
+  for (int step = 0; step < 3; ++step) {
+    // "An optimizer step": new weights and BN statistics.
+    auto fresh = SmallModel(10 + step);
+    auto src = fresh->StateTensors();
+    auto dst = model->StateTensors();
+    for (size_t i = 0; i < dst.size(); ++i) dst[i].second.CopyFrom(src[i].second);
+    const auto now = Values(*model);
+    for (size_t i = 0; i < want.size(); ++i)
+      for (size_t j = 0; j < want[i].size(); ++j) want[i][j] = d * want[i][j] + (1 - d) * now[i][j];
+    ema.Update(*model);
+  }
+  EXPECT_EQ(ema.updates(), 3);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const Tensor& got = ema.tensors()[i].second;
+    for (size_t j = 0; j < want[i].size(); ++j) {
+      EXPECT_NEAR(got.At(static_cast<int64_t>(j)), want[i][j], 1e-6 * (1 + std::fabs(want[i][j])))
+          << ema.tensors()[i].first << "[" << j << "]";
+    }
+  }
+}
+
+TEST(WeightAverage, SwapExchangesAndRestores) {
+  auto model = SmallModel(1);
+  WeightAverage ema(*model, 0.5);
+  auto other = SmallModel(2);
+  auto src = other->StateTensors();
+  auto dst = model->StateTensors();
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].second.CopyFrom(src[i].second);
+  const auto trained = Values(*model);
+  ema.Update(*model);
+  std::vector<std::vector<double>> avg;
+  for (const auto& [n, t] : ema.tensors()) {
+    avg.emplace_back();
+    for (int64_t i = 0; i < t.numel(); ++i) avg.back().push_back(t.At(i));
+  }
+  ema.Swap(*model);
+  EXPECT_EQ(Values(*model), avg) << "the model holds the average";
+  ema.Swap(*model);
+  EXPECT_EQ(Values(*model), trained) << "and its own weights again";
+}
+
+TEST(WeightAverage, LoadNamesWhatIsMissingAndBadDecaysAreErrors) {
+  auto model = SmallModel(1);
+  WeightAverage ema(*model, 0.9);
+  std::vector<std::pair<std::string, Tensor>> named = ema.tensors();
+  named.pop_back();
+  try {
+    ema.Load(named, 5, "ck.safetensors");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ck.safetensors: has no tensor 'ema.fc.bias'"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(WeightAverage(*model, 1.0), ConfigError);
+  EXPECT_THROW(WeightAverage(*model, -0.1), ConfigError);
+}
+
+}  // namespace
+}  // namespace cnnflow
