@@ -22,8 +22,8 @@ void WeightAverage::Update(Model& model) {
   ++updates_;
 }
 
-void WeightAverage::Load(const std::vector<std::pair<std::string, Tensor>>& named,
-                         int64_t updates, const std::string& where) {
+void WeightAverage::Load(const std::vector<std::pair<std::string, Tensor>>& named, int64_t updates,
+                         const std::string& where) {
   for (auto& [name, avg] : tensors_) {
     const Tensor* t = nullptr;
     for (const auto& [n, v] : named)

@@ -340,7 +340,8 @@ void Trainer::Resume(const std::string& run_dir) {
   if (ema_) {
     auto it = st.extra.find("ema_updates");
     if (it == st.extra.end()) {
-      throw Error(StrCat(ck->sidecar_path, ": has no weight average, but this graph has an ema node"));
+      throw Error(
+          StrCat(ck->sidecar_path, ": has no weight average, but this graph has an ema node"));
     }
     ema_->Load(ck->model_tensors, std::stoll(it->second), ck->data_path);
   }
@@ -500,9 +501,9 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     }
   }
   if (writer) {
-    SaveSafetensors((fs::path(run_dir_) / "model.safetensors").string(), ExportedTensors(),
-                    {{"config", config_.name}, {"epochs", std::to_string(report.epoch)},
-                     {"format", "pt"}});
+    SaveSafetensors(
+        (fs::path(run_dir_) / "model.safetensors").string(), ExportedTensors(),
+        {{"config", config_.name}, {"epochs", std::to_string(report.epoch)}, {"format", "pt"}});
   }
   return report;
 }

@@ -9,6 +9,7 @@
 // its deadline fails the run here, naming the bucket.
 #include <tbb/flow_graph.h>
 
+#include "stages/lanes.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
 
@@ -22,22 +23,19 @@ class AllReduceStage final : public Stage {
   StagePorts Build(FlowGraph& g, RunState& state) override {
     CNNFLOW_ENFORCE(state.replicas != nullptr, "allreduce needs replicas");
     StagePorts ports;
-    for (int r = 0; r < state.replicas->size(); ++r) {
-      lanes_.push_back(std::make_unique<tbb::flow::function_node<Message, Message>>(
-          g, tbb::flow::serial, [this, r, &state](const Message& m) {
-            return Guarded([&] {
-              if (!m->dropped && state.EndsWindow(*m)) state.replicas->WaitForReductions(r);
-              return m;
-            });
-          }));
-      ports.lane_inputs.push_back(lanes_.back().get());
-      ports.lane_outputs.push_back(lanes_.back().get());
-    }
+    lanes_ = std::make_unique<LaneNodes>(
+        g, state.replicas->size(),
+        [this, &state](int r, BatchMessage& m) {
+          Guarded([&] {
+            if (!m.dropped && state.EndsWindow(m)) state.replicas->WaitForReductions(r);
+          });
+        },
+        ports);
     return ports;
   }
 
  private:
-  std::vector<std::unique_ptr<tbb::flow::function_node<Message, Message>>> lanes_;
+  std::unique_ptr<LaneNodes> lanes_;
 };
 
 }  // namespace

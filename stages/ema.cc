@@ -9,7 +9,7 @@
 #include <tbb/flow_graph.h>
 
 #include "ops/weight_average.h"
-#include "stages/lane_gather.h"
+#include "stages/lanes.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
 
@@ -21,31 +21,27 @@ class EmaStage final : public Stage {
   EmaStage(const StageInfo& info, const Args&) : Stage(info) {}
 
   StagePorts Build(FlowGraph& g, RunState& state) override {
-    using namespace tbb::flow;
     CNNFLOW_ENFORCE(state.replicas != nullptr && state.ema != nullptr,
                     "ema needs data-parallel replicas (not a pipeline)");
     const int n = state.replicas->size();
     StagePorts ports;
-    for (int r = 0; r < n; ++r) {
-      lanes_.push_back(std::make_unique<function_node<Message, Message>>(
-          g, serial, [this, r, &state](const Message& m) {
-            return Guarded([&] {
-              if (r == 0 && !m->dropped && state.EndsWindow(*m)) {
-                state.ema->Update(state.replicas->model(0));
-              }
-              return m;
-            });
-          }));
-      ports.lane_inputs.push_back(lanes_.back().get());
-      ports.lane_outputs.push_back(lanes_.back().get());
-    }
+    lanes_ = std::make_unique<LaneNodes>(
+        g, n,
+        [this, &state](int r, BatchMessage& m) {
+          Guarded([&] {
+            if (r == 0 && !m.dropped && state.EndsWindow(m)) {
+              state.ema->Update(state.replicas->model(0));
+            }
+          });
+        },
+        ports);
     gather_ = std::make_unique<LaneGather>(g, state, n);
     gather_->AddTo(ports);
     return ports;
   }
 
  private:
-  std::vector<std::unique_ptr<tbb::flow::function_node<Message, Message>>> lanes_;
+  std::unique_ptr<LaneNodes> lanes_;
   std::unique_ptr<LaneGather> gather_;
 };
 

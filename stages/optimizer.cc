@@ -4,12 +4,12 @@
 // step; the f16 loss scaler may skip it). Under MPI all processes then
 // agree whether any was asked to stop, so that all stop after the same
 // step. Its lanes go on to per-device stages that read the stepped weights
-// (ema), or end here in a gather (stages/lane_gather.h) that sums the
+// (ema), or end here in a gather (stages/lanes.h) that sums the
 // batch's loss and accuracy over the replicas.
 #include <tbb/flow_graph.h>
 
 #include "ops/data_parallel.h"
-#include "stages/lane_gather.h"
+#include "stages/lanes.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
 
@@ -21,22 +21,18 @@ class OptimizerStage final : public Stage {
   OptimizerStage(const StageInfo& info, const Args&) : Stage(info) {}
 
   StagePorts Build(FlowGraph& g, RunState& state) override {
-    using namespace tbb::flow;
     CNNFLOW_ENFORCE(state.replicas != nullptr && state.schedule != nullptr,
                     "optimizer needs replicas and a schedule");
     const int n = state.replicas->size();
     StagePorts ports;
-    for (int r = 0; r < n; ++r) {
-      lanes_.push_back(std::make_unique<function_node<Message, Message>>(
-          g, serial, [this, r, &state](const Message& m) {
-            return Guarded([&] {
-              if (!m->dropped && state.EndsWindow(*m)) Step(state, r, *m);
-              return m;
-            });
-          }));
-      ports.lane_inputs.push_back(lanes_.back().get());
-      ports.lane_outputs.push_back(lanes_.back().get());
-    }
+    lanes_ = std::make_unique<LaneNodes>(
+        g, n,
+        [this, &state](int r, BatchMessage& m) {
+          Guarded([&] {
+            if (!m.dropped && state.EndsWindow(m)) Step(state, r, m);
+          });
+        },
+        ports);
     gather_ = std::make_unique<LaneGather>(g, state, n);
     gather_->AddTo(ports);
     return ports;
@@ -56,7 +52,7 @@ class OptimizerStage final : public Stage {
     }
   }
 
-  std::vector<std::unique_ptr<tbb::flow::function_node<Message, Message>>> lanes_;
+  std::unique_ptr<LaneNodes> lanes_;
   std::unique_ptr<LaneGather> gather_;
 };
 

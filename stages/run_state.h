@@ -17,8 +17,8 @@
 
 #include "loaders/dataset.h"
 #include "loaders/transform.h"
-#include "ops/lr_schedule.h"
 #include "ops/data_parallel.h"
+#include "ops/lr_schedule.h"
 #include "ops/model.h"
 #include "ops/pipeline_model.h"
 #include "ops/weight_average.h"

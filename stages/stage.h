@@ -48,7 +48,7 @@ struct StageInfo {
 // batch once. An edge between two per-device stages joins lane r to lane r.
 // Lanes never meet plain ports directly (every lane would carry every
 // batch): forward_backward takes a plain input and starts the lanes, and a
-// stage that may end them offers a gather (stages/lane_gather.h): its
+// stage that may end them offers a gather (stages/lanes.h): its
 // gather_inputs, one per lane, and `output`. An edge from such a stage to a
 // plain node goes through the gather.
 struct StagePorts {

@@ -216,7 +216,8 @@ TEST(DataParallelTraining, BrokenLanesAreRefusedNotRun) {
 std::string EmaTemplate(const fs::path& dir, double decay) {
   std::string t = testing::ReadBytes("graphs/data_parallel.yaml");
   const std::string edge = "optimizer -> metrics";
-  t.replace(t.rfind(edge), edge.size(), "optimizer -> ema -> metrics");  // the edges, not the comment
+  t.replace(t.rfind(edge), edge.size(),
+            "optimizer -> ema -> metrics");  // the edges, not the comment
   const std::string node = "    metrics:   {stage: metrics}\n";
   t.replace(t.find(node), 0, StrCat("    ema:       {stage: ema, decay: ", decay, "}\n"));
   const std::string path = (dir / StrCat("ema-", decay, ".yaml")).string();
@@ -256,10 +257,14 @@ TEST(DataParallelTraining, EmaAveragesWithoutChangingTrainingAndResumesExactly) 
   }
   EXPECT_TRUE(moved) << "decay 0.5 averaged nothing";
 
-  const std::vector<std::string> resume = {
-      "train.epochs=2", "train.max_steps=20", "threads=2", "train.batch=32",
-      "graph.devices=[cpu:0, cpu:1]", "train.checkpoint_every=7", "train.keep_checkpoints=0",
-      "graph.template=" + EmaTemplate(dir, 0.9)};
+  const std::vector<std::string> resume = {"train.epochs=2",
+                                           "train.max_steps=20",
+                                           "threads=2",
+                                           "train.batch=32",
+                                           "graph.devices=[cpu:0, cpu:1]",
+                                           "train.checkpoint_every=7",
+                                           "train.keep_checkpoints=0",
+                                           "graph.template=" + EmaTemplate(dir, 0.9)};
   ExpectResumeIsExact(kConfig, resume, dir / "resume");
   const SafetensorsFile f = LoadSafetensors((dir / "resume/straight/model.safetensors").string());
   EXPECT_NE(f.Find("ema.conv1.weight"), nullptr) << "model.safetensors has no weight average";

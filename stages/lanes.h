@@ -1,4 +1,7 @@
-// The end of a train graph's device lanes (see StagePorts): once every
+// The device lanes of a train graph (see StagePorts): their nodes, and
+// their end.
+//
+// LaneGather: once every
 // replica is done with a batch, sums the loss and the correct count over
 // the replicas, advances the run's position, and passes the batch on. Each
 // lane's message also lets that replica's next batch into forward_backward
@@ -21,6 +24,27 @@
 #include "stages/stage.h"
 
 namespace cnnflow {
+
+// One serial node per lane, lane r running body(r, message) on each batch,
+// as lanes in and out of `ports` (the per-device stages' usual shape).
+class LaneNodes {
+ public:
+  template <typename Body>
+  LaneNodes(tbb::flow::graph& g, int lanes, Body body, StagePorts& ports) {
+    for (int r = 0; r < lanes; ++r) {
+      nodes_.push_back(std::make_unique<tbb::flow::function_node<Message, Message>>(
+          g, tbb::flow::serial, [r, body](const Message& m) {
+            body(r, *m);
+            return m;
+          }));
+      ports.lane_inputs.push_back(nodes_.back().get());
+      ports.lane_outputs.push_back(nodes_.back().get());
+    }
+  }
+
+ private:
+  std::vector<std::unique_ptr<tbb::flow::function_node<Message, Message>>> nodes_;
+};
 
 class LaneGather {
  public:
