@@ -284,7 +284,8 @@ void ReplicaSet::Abort(const std::string& reason) {
 ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int64_t* labels,
                                                const ForwardContext& ctx, double grad_scale,
                                                double label_smoothing, bool reduce,
-                                               const int64_t* device_labels) {
+                                               const int64_t* device_labels,
+                                               const LabelMix* mix) {
   Replica& rep = *replicas_[r];
   Result result;
   const bool gpu = rep.device.is_cuda();
@@ -312,6 +313,10 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     LossResult loss;
     Tensor dlogits;
     if (gpu) {
+      if (mix != nullptr) {
+        throw ConfigError(StrCat("mixed labels (mixup, cutmix) are not in the GPU loss yet: train "
+                                 "with them on cpu:K, not ", rep.device.ToString()));
+      }
       Tensor xd = x;
       Tensor labels_gpu;
       if (!x.device().is_cuda()) {
@@ -331,7 +336,7 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
       const Tensor& logits = m.Forward(x, c);
       dlogits = Tensor::Empty(logits.shape(), logits.dtype());
       const TraceSpan span("loss", "softmax cross-entropy");
-      loss = SoftmaxCrossEntropy(logits, labels, &dlogits, grad_scale, label_smoothing);
+      loss = SoftmaxCrossEntropy(logits, labels, &dlogits, grad_scale, label_smoothing, mix);
     }
     if (!result.pending) {
       CheckLossFinite(loss.loss, ctx.step);

@@ -43,6 +43,7 @@
 #include "ops/collective.h"
 #include "ops/collective_mpi.h"
 #include "ops/cuda/kernels.h"
+#include "ops/loss.h"
 #include "ops/loss_scaler.h"
 #include "ops/model.h"
 #include "ops/optimizer.h"
@@ -131,9 +132,10 @@ class ReplicaSet {
   // global replica 0 after the buckets. Runs in the replica's task arena.
   // Throws (after aborting the other replicas' collectives) on a non-finite
   // loss (a GPU replica: when the pending loss is read).
+  // mix: mixed targets of the shard (mixup, cutmix; CPU replicas only).
   Result ForwardBackward(int r, const Tensor& x, const int64_t* labels, const ForwardContext& ctx,
                          double grad_scale, double label_smoothing, bool reduce,
-                         const int64_t* device_labels = nullptr);
+                         const int64_t* device_labels = nullptr, const LabelMix* mix = nullptr);
   // Replica r: waits until the collectives its ForwardBackward issued are
   // done (where a stalled peer becomes an error).
   void WaitForReductions(int r);

@@ -14,14 +14,24 @@ struct LossResult {
   int64_t correct = 0;  // rows whose argmax equals the label
 };
 
+// Mixed targets (mixup, cutmix): row i's target is weight[i] of labels[i]'s
+// one-hot and 1 - weight[i] of other[i]'s.
+struct LabelMix {
+  const int64_t* other = nullptr;
+  const float* weight = nullptr;
+};
+
 // logits: [N, K] (f32 or f64); labels: N values in [0, K) (else Error naming
 // the index and the value). When dlogits ([N, K], logits' dtype) is not
 // null, writes grad_scale * dL_sum/dlogits = grad_scale * (softmax - target)
 // into it; grad_scale < 0 means 1/N, the gradient of the mean (data-parallel
 // replicas pass 1 / global batch). label_smoothing e mixes the one-hot target
-// with the uniform distribution: target = (1 - e) * onehot + e / K.
+// with the uniform distribution: target = (1 - e) * onehot + e / K. With
+// `mix`, onehot is the mixed target, and a row counts as correct when its
+// argmax is the label of the larger weight.
 // Computed with max subtraction (log-sum-exp) in double.
 LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tensor* dlogits,
-                               double grad_scale = -1, double label_smoothing = 0.0);
+                               double grad_scale = -1, double label_smoothing = 0.0,
+                               const LabelMix* mix = nullptr);
 
 }  // namespace cnnflow

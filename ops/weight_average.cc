@@ -1,10 +1,13 @@
 #include "ops/weight_average.h"
 
+#include <algorithm>
+
 #include "ops/cpu/elementwise.h"
 
 namespace cnnflow {
 
-WeightAverage::WeightAverage(Model& model, double decay) : decay_(decay) {
+WeightAverage::WeightAverage(Model& model, double decay, bool warmup)
+    : decay_(decay), warmup_(warmup) {
   if (!(decay >= 0 && decay < 1)) {
     throw ConfigError(StrCat("ema: decay must be in [0, 1), got ", decay));
   }
@@ -14,10 +17,12 @@ WeightAverage::WeightAverage(Model& model, double decay) : decay_(decay) {
 void WeightAverage::Update(Model& model) {
   const auto current = model.StateTensors();
   CNNFLOW_ENFORCE(current.size() == tensors_.size(), "ema: the model changed shape");
+  const double t = static_cast<double>(updates_);
+  const double d = warmup_ ? std::min(decay_, (1 + t) / (10 + t)) : decay_;
   for (size_t i = 0; i < current.size(); ++i) {
     Tensor& avg = tensors_[i].second;
-    ScaleInPlace(avg, decay_);
-    Axpy(1.0 - decay_, current[i].second, avg);
+    ScaleInPlace(avg, d);
+    Axpy(1.0 - d, current[i].second, avg);
   }
   ++updates_;
 }

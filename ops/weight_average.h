@@ -1,8 +1,11 @@
 // An exponential moving average of a model's weights (Polyak averaging, as
 // timm's ModelEmaV2 and Keras's `use_ema` keep it): after each optimizer
 // step, for every parameter and buffer (BN running statistics too),
-//   average = decay * average + (1 - decay) * current,
-// starting from the weights it was made from. On the model's device; an
+//   average = d * average + (1 - d) * current,
+// starting from the weights it was made from; d = decay, or with warmup
+// min(decay, (1 + t) / (10 + t)) at the t-th update (timm's, TF's
+// num_updates), so a short run's average is not held near the initial
+// weights. On the model's device; an
 // update is two passes over the weights and allocates nothing.
 //
 // Its tensors are named "ema.<layer>.<tensor>" (kEmaPrefix) in checkpoints,
@@ -24,7 +27,7 @@ inline constexpr char kEmaPrefix[] = "ema.";
 class WeightAverage {
  public:
   // decay in [0, 1); the average starts as a copy of model's weights.
-  WeightAverage(Model& model, double decay);
+  WeightAverage(Model& model, double decay, bool warmup = false);
 
   double decay() const { return decay_; }
   int64_t updates() const { return updates_; }
@@ -42,6 +45,7 @@ class WeightAverage {
 
  private:
   double decay_;
+  bool warmup_;
   int64_t updates_ = 0;
   std::vector<std::pair<std::string, Tensor>> tensors_;
 };

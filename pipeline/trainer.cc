@@ -186,7 +186,8 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
                                "' (ema) averages data-parallel replicas; a pipeline has none"));
     }
     CNNFLOW_ENFORCE(ema_ == nullptr, n.where, ": a second ema node");
-    ema_ = std::make_unique<WeightAverage>(replicas_->model(0), n.args.Float("decay"));
+    ema_ = std::make_unique<WeightAverage>(replicas_->model(0), n.args.Float("decay"),
+                                           n.args.Bool("warmup"));
     ema_eval_ = n.args.Bool("eval");
   }
   state_.ema = ema_.get();

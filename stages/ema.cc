@@ -50,10 +50,12 @@ class EmaStage final : public Stage {
 CNNFLOW_REGISTER_PER_DEVICE_STAGE(
     ema, EmaStage,
     Schema("One node per device, after optimizer: an exponential moving average of the weights "
-           "(parameters and BN statistics), average = decay * average + (1 - decay) * weights "
-           "after each optimizer step; in checkpoints and in model.safetensors as "
+           "(parameters and BN statistics), average = d * average + (1 - d) * weights after "
+           "each optimizer step; in checkpoints and in model.safetensors as "
            "\"ema.<layer>.<tensor>\".")
         .Optional("decay", ParamType::kFloat, 0.999, "the average's decay per optimizer step")
+        .Optional("warmup", ParamType::kBool, true,
+                  "decay min(decay, (1 + t) / (10 + t)) at the t-th step, as timm's")
         .Optional("eval", ParamType::kBool, true,
                   "evaluate on the averaged weights (else on the trained ones)"));
 

@@ -99,12 +99,18 @@ class ForwardBackwardStage final : public Stage {
     ctx.seed = s.seed;
     ctx.step = m.micro_step;
     ctx.sample_ids = m.sample_ids.data() + b;
+    LabelMix mix;
+    if (!m.mix_labels.empty()) {
+      mix.other = m.mix_labels.data() + b;
+      mix.weight = m.mix_weights.data() + b;
+    }
     std::shared_ptr<BatchStager::Staged> staged = std::move(m.staged[r]);
     if (staged) staged->WaitForCopy();
     const ReplicaSet::Result res =
         set.ForwardBackward(r, staged ? staged->inputs() : m.inputs.Slice(b, e),
                             m.labels.data() + b, ctx, scale, s.label_smoothing, s.EndsWindow(m),
-                            staged ? staged->labels() : nullptr);
+                            staged ? staged->labels() : nullptr,
+                            m.mix_labels.empty() ? nullptr : &mix);
     if (staged) staged->Release();  // every kernel that reads the rows is issued
     m.replica_loss[r] = res.loss_sum;
     m.replica_correct[r] = res.correct;

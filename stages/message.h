@@ -24,6 +24,10 @@ struct BatchMessage {
   // Set by the loader.
   Tensor inputs;  // [N, C, H, W] or [N, C, L]
   std::vector<int64_t> labels;
+  // Set by mixup: row i's target is mix_weights[i] of labels[i] and the rest
+  // of mix_labels[i] (empty: the labels alone).
+  std::vector<int64_t> mix_labels;
+  std::vector<float> mix_weights;
   // Set by the step's split for GPU replicas: each replica's rows, on their
   // way to its GPU (null for a CPU replica or an empty shard).
   std::vector<std::shared_ptr<BatchStager::Staged>> staged;

@@ -8,7 +8,7 @@
 namespace cnnflow {
 
 LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tensor* dlogits,
-                               double grad_scale, double label_smoothing) {
+                               double grad_scale, double label_smoothing, const LabelMix* mix) {
   if (logits.rank() != 2) {
     throw ShapeError(StrCat("softmax cross-entropy expects logits [N, K], got ", logits.shape()));
   }
@@ -27,6 +27,11 @@ LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tens
     if (labels[i] < 0 || labels[i] >= k) {
       throw Error(StrCat("label ", labels[i], " at index ", i, " is out of range [0, ", k,
                          ") for logits ", logits.shape()));
+    }
+    if (mix != nullptr && (mix->other[i] < 0 || mix->other[i] >= k || !(mix->weight[i] >= 0) ||
+                           mix->weight[i] > 1)) {
+      throw Error(StrCat("mixed label ", mix->other[i], " with weight ", mix->weight[i],
+                         " at index ", i, " is out of range ([0, ", k, "), [0, 1])"));
     }
   }
   LossResult result;
@@ -63,14 +68,27 @@ LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tens
         const double lse = mx + std::log(sum_exp);
         const int64_t y = labels[r];
         // -sum_j target_j * log p_j with log p_j = z_j - lse.
-        const double nll = lse - static_cast<double>(row[y]);
+        double nll = lse - static_cast<double>(row[y]);
+        int64_t y2 = y;  // the mixed-in label and its weight
+        double w2 = 0;
+        if (mix != nullptr) {
+          y2 = mix->other[r];
+          w2 = 1.0 - static_cast<double>(mix->weight[r]);
+          nll = (1.0 - w2) * nll + w2 * (lse - static_cast<double>(row[y2]));
+        }
         loss += eps > 0 ? (1.0 - eps) * nll + off * (static_cast<double>(k) * lse - sum_z) : nll;
-        correct += arg == y ? 1 : 0;
+        correct += arg == (w2 > 0.5 ? y2 : y) ? 1 : 0;
         if (dz != nullptr) {
           T* drow = dz + r * k;
           for (int64_t j = 0; j < k; ++j) {
             const double p = std::exp(static_cast<double>(row[j]) - lse);
-            drow[j] = static_cast<T>(scale * (p - (j == y ? on : off)));
+            double target = j == y ? on : off;
+            if (mix != nullptr) {
+              target = off;
+              if (j == y) target += (1.0 - eps) * (1.0 - w2);
+              if (j == y2) target += (1.0 - eps) * w2;
+            }
+            drow[j] = static_cast<T>(scale * (p - target));
           }
         }
       }

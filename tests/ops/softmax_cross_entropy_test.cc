@@ -101,6 +101,59 @@ TEST(SoftmaxCrossEntropy, GradientMatchesFiniteDifferences) {
   }
 }
 
+// Mixed targets (mixup, cutmix) against the naive loss on the explicit
+// target w * onehot(a) + (1 - w) * onehot(b), smoothed; the gradient by
+// finite differences; and the correct count by the larger weight.
+TEST(SoftmaxCrossEntropy, MixedTargetsMatchTheNaiveSoftTargetLoss) {
+  const int64_t n = 6, k = 5;
+  Tensor z = RandomTensor({n, k}, 21, -3, 3);
+  const std::vector<int64_t> a = {0, 4, 2, 2, 1, 3}, b = {1, 1, 2, 0, 4, 3};
+  const std::vector<float> w = {0.7f, 0.25f, 0.5f, 1.0f, 0.0f, 0.6f};
+  const LabelMix mix{b.data(), w.data()};
+  for (double eps : {0.0, 0.1}) {
+    double want = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      double denom = 0;
+      for (int64_t j = 0; j < k; ++j) denom += std::exp(z.At(i * k + j));
+      for (int64_t j = 0; j < k; ++j) {
+        const double t = (1 - eps) * ((j == a[i] ? w[i] : 0.0) + (j == b[i] ? 1.0 - w[i] : 0.0)) +
+                         eps / static_cast<double>(k);
+        want -= t * std::log(std::exp(z.At(i * k + j)) / denom);
+      }
+    }
+    const LossResult r = SoftmaxCrossEntropy(z, a.data(), nullptr, -1, eps, &mix);
+    EXPECT_NEAR(r.loss, want / n, 1e-12) << eps;
+    int64_t correct = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t arg = 0;
+      for (int64_t j = 1; j < k; ++j)
+        if (z.At(i * k + j) > z.At(i * k + arg)) arg = j;
+      correct += arg == (1.0 - w[i] > 0.5 ? b[i] : a[i]);
+    }
+    EXPECT_EQ(r.correct, correct);
+    Tensor dz = Tensor::Empty(z.shape(), DType::kF64);
+    SoftmaxCrossEntropy(z, a.data(), &dz, -1, eps, &mix);
+    const double h = 1e-5;
+    for (int64_t i = 0; i < z.numel(); ++i) {
+      const double orig = z.At(i);
+      z.Set(i, orig + h);
+      const double lp = SoftmaxCrossEntropy(z, a.data(), nullptr, -1, eps, &mix).loss;
+      z.Set(i, orig - h);
+      const double lm = SoftmaxCrossEntropy(z, a.data(), nullptr, -1, eps, &mix).loss;
+      z.Set(i, orig);
+      EXPECT_NEAR(dz.At(i), (lp - lm) / (2 * h), 1e-8) << i;
+    }
+  }
+  // Weight 1 everywhere is the plain loss.
+  const std::vector<float> ones(n, 1.0f);
+  const LabelMix none{b.data(), ones.data()};
+  EXPECT_NEAR(SoftmaxCrossEntropy(z, a.data(), nullptr, -1, 0, &none).loss,
+              SoftmaxCrossEntropy(z, a.data(), nullptr).loss, 1e-15);
+  const std::vector<int64_t> bad = {0, 9, 0, 0, 0, 0};
+  const LabelMix out{bad.data(), w.data()};
+  EXPECT_THROW(SoftmaxCrossEntropy(z, a.data(), nullptr, -1, 0, &out), Error);
+}
+
 TEST(SoftmaxCrossEntropy, GradScale) {
   Tensor z = RandomTensor({4, 3}, 2);
   std::vector<int64_t> labels = {0, 1, 2, 1};

@@ -58,6 +58,22 @@ TEST(WeightAverage, FollowsTheUpdateRuleForParametersAndBuffers) {
   }
 }
 
+TEST(WeightAverage, WarmupStartsWithSmallDecays) {
+  auto model = SmallModel(1);
+  WeightAverage ema(*model, 0.999, /*warmup=*/true);
+  const auto before = Values(*model);
+  auto fresh = SmallModel(7);
+  auto src = fresh->StateTensors();
+  auto dst = model->StateTensors();
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].second.CopyFrom(src[i].second);
+  const auto now = Values(*model);
+  ema.Update(*model);  // t = 0: d = 1 / 10
+  const Tensor& got = ema.tensors()[0].second;
+  for (int64_t j = 0; j < got.numel(); ++j) {
+    EXPECT_NEAR(got.At(j), 0.1 * before[0][j] + 0.9 * now[0][j], 1e-6) << j;
+  }
+}
+
 TEST(WeightAverage, SwapExchangesAndRestores) {
   auto model = SmallModel(1);
   WeightAverage ema(*model, 0.5);

@@ -272,6 +272,29 @@ TEST(DataParallelTraining, EmaAveragesWithoutChangingTrainingAndResumesExactly) 
   fs::remove_all(dir);
 }
 
+// A batch stage in a user's template, between the loader and the devices:
+// cutmix trains two replicas on soft labels, and a resumed run mixes (and
+// so ends) exactly as the uninterrupted one.
+TEST(DataParallelTraining, CutmixBeforeTheDevicesTrainsAndResumesExactly) {
+  const fs::path dir = testing::TestDir();
+  std::string t = testing::ReadBytes("graphs/data_parallel.yaml");
+  const std::string edge = "load -> devices";
+  t.replace(t.rfind(edge), edge.size(), "load -> mix -> devices");  // the edges, not the comment
+  const std::string node = "    devices:   {stage: forward_backward}\n";
+  t.replace(t.find(node), 0, "    mix:       {stage: cutmix, alpha: 1.0}\n");
+  testing::WriteBytes((dir / "cutmix.yaml").string(), t);
+  const std::vector<std::string> config = {
+      "train.epochs=2", "train.max_steps=20", "threads=2", "train.batch=32",
+      "graph.devices=[cpu:0, cpu:1]", "train.checkpoint_every=7", "train.keep_checkpoints=0",
+      "graph.template=" + (dir / "cutmix.yaml").string()};
+  {
+    Trainer probe(LoadRunConfig(kConfig, config));
+    ASSERT_EQ(probe.config().train_graph.Find("mix")->stage, "cutmix");
+  }
+  ExpectResumeIsExact(kConfig, config, dir / "resume");
+  fs::remove_all(dir);
+}
+
 TEST(DataParallelTraining, ResumedRunEndsBitwiseEqualToTheUninterruptedOne) {
   // 2 epochs of 20 steps, 2 replicas, a checkpoint every 7 steps, all kept.
   const std::vector<std::string> config = {
