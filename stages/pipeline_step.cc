@@ -126,7 +126,7 @@ class PipelineStepStage final : public Stage {
     s.batches_done = m.micro_step + 1;
     s.global_step = m.global_step + 1;
     MpiWorld& world = MpiWorld::Get();
-    if (world.active()) {  // all processes stop after the same step (see train_step)
+    if (world.active()) {  // all processes stop after the same step (see the optimizer stage)
       float stop = s.stop_requested.load() ? 1.0f : 0.0f;
       world.AllReduceSum(&stop, 1, "stop request", s.collective_timeout_s);
       if (stop > 0) {
