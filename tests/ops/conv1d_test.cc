@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tests/ops/gradient_check.h"
+#include "tests/testing/helpers.h"
 
 namespace cnnflow {
 namespace {
@@ -94,17 +95,7 @@ void NaiveBackward(const Case& t, const Tensor& x, const Tensor& w, const Tensor
       }
 }
 
-void ExpectNear(const std::vector<double>& want, const Tensor& got, double tol,
-                const std::string& what) {
-  ASSERT_EQ(static_cast<int64_t>(want.size()), got.numel()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double g = got.At(static_cast<int64_t>(i));
-    if (std::abs(g - want[i]) > tol * (1 + std::abs(want[i])) && bad++ < 5) {
-      ADD_FAILURE() << what << "[" << i << "]: got " << g << ", want " << want[i];
-    }
-  }
-}
+using testing::ExpectNear;
 
 std::string Describe(const Case& t) {
   return StrCat("n=", t.n, " c=", t.c, " l=", t.l, " k=", t.k, " kernel ", t.kernel, " stride ",

@@ -19,6 +19,7 @@
 #include "ops/cpu/algo_cache.h"
 #include "ops/cpu/parallel.h"
 #include "tests/ops/gradient_check.h"
+#include "tests/testing/helpers.h"
 
 namespace cnnflow {
 namespace {
@@ -125,17 +126,7 @@ Shape OutShape(const ConvCase& t) {
   return {t.n, t.k, OutSize(t.h, t.kh, t.sh, t.ph, t.dh), OutSize(t.w, t.kw, t.sw, t.pw, t.dw)};
 }
 
-void ExpectNear(const std::vector<double>& want, const Tensor& got, double tol,
-                const std::string& what) {
-  ASSERT_EQ(static_cast<int64_t>(want.size()), got.numel()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double g = got.At(static_cast<int64_t>(i));
-    if (std::abs(g - want[i]) > tol * (1 + std::abs(want[i])) && bad++ < 5) {
-      ADD_FAILURE() << what << "[" << i << "]: got " << g << ", want " << want[i];
-    }
-  }
-}
+using testing::ExpectNear;
 
 // Forward and backward of the layer against the naive loops.
 void CheckAgainstNaive(const ConvCase& t, DType dtype, double tol,

@@ -15,27 +15,24 @@
 
 #include "ops/random.h"
 #include "tests/ops/gpu_check.h"
+#include "tests/testing/helpers.h"
 
 namespace cnnflow {
 namespace {
 
-LayerSpec L(std::string name, std::string type, std::vector<std::pair<std::string, ParamValue>> args = {}) {
-  LayerSpec s{std::move(name), std::move(type), {}, {}};
-  for (auto& [k, v] : args) s.args.Set(k, v);
-  return s;
-}
+using testing::Spec;
 
 // A small CNN of every kind of layer the invariant covers (no BatchNorm:
 // its batch statistics depend on the shard).
 std::vector<LayerSpec> Net() {
-  return {L("conv1", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          L("relu1", "relu"),
-          L("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
-          L("flatten", "flatten"),
-          L("fc1", "linear", {{"out", int64_t{16}}}),
-          L("relu2", "relu"),
-          L("drop", "dropout", {{"p", 0.25}}),
-          L("fc2", "linear", {{"out", int64_t{5}}})};
+  return {Spec("conv1", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+          Spec("relu1", "relu"),
+          Spec("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
+          Spec("flatten", "flatten"),
+          Spec("fc1", "linear", {{"out", int64_t{16}}}),
+          Spec("relu2", "relu"),
+          Spec("drop", "dropout", {{"p", 0.25}}),
+          Spec("fc2", "linear", {{"out", int64_t{5}}})};
 }
 const Shape kInput{2, 8, 8};
 
@@ -162,9 +159,9 @@ TEST(DataParallel, NReplicasOfBEqualOneReplicaOfNB) {
 }
 
 std::vector<LayerSpec> NetWithBatchNorm() {
-  return {L("conv1", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          L("bn1", "batchnorm"), L("relu1", "relu"), L("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
-          L("flatten", "flatten"), L("fc", "linear", {{"out", int64_t{5}}})};
+  return {Spec("conv1", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+          Spec("bn1", "batchnorm"), Spec("relu1", "relu"), Spec("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
+          Spec("flatten", "flatten"), Spec("fc", "linear", {{"out", int64_t{5}}})};
 }
 
 // Invariant 1 with BatchNorm: with sync_bn the replicas normalise with the
@@ -219,10 +216,10 @@ TEST(DataParallel, FirstBucketIsReducedBeforeBackwardEnds) {
   // Two wide convolutions: backward goes on for milliseconds after the
   // small last layer's bucket is full.
   const std::vector<LayerSpec> net = {
-      L("conv1", "conv2d", {{"out", int64_t{32}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-      L("relu1", "relu"),
-      L("conv2", "conv2d", {{"out", int64_t{32}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-      L("relu2", "relu"), L("flatten", "flatten"), L("fc", "linear", {{"out", int64_t{5}}})};
+      Spec("conv1", "conv2d", {{"out", int64_t{32}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("relu1", "relu"),
+      Spec("conv2", "conv2d", {{"out", int64_t{32}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("relu2", "relu"), Spec("flatten", "flatten"), Spec("fc", "linear", {{"out", int64_t{5}}})};
   auto set = Make(2, "sgd", /*bucket_mb=*/0.001, net);
   for (int step = 0; step < 3; ++step) TrainStep(*set, {Batch(256, 300 + step)}, step);
   const StepTimeline& t0 = set->timeline(0);
@@ -263,7 +260,7 @@ TEST(DataParallel, AFailingReplicaAbortsTheOthersInsteadOfHanging) {
 // Net() with a BatchNorm after conv1 (one replica: no shard statistics).
 std::vector<LayerSpec> NetWithBn() {
   std::vector<LayerSpec> net = Net();
-  net.insert(net.begin() + 1, L("bn1", "batchnorm"));
+  net.insert(net.begin() + 1, Spec("bn1", "batchnorm"));
   return net;
 }
 

@@ -16,6 +16,7 @@
 #include "ops/device.h"
 #include "ops/model.h"
 #include "tests/ops/gradient_check.h"
+#include "tests/testing/helpers.h"
 
 #define CNNFLOW_SKIP_WITHOUT_GPU()                                                       \
   do {                                                                                    \
@@ -26,14 +27,6 @@
   } while (0)
 
 namespace cnnflow::testing {
-
-inline LayerSpec Spec(std::string name, std::string type,
-                      std::vector<std::pair<std::string, ParamValue>> args = {},
-                      std::vector<std::string> inputs = {}) {
-  LayerSpec s{std::move(name), std::move(type), {}, std::move(inputs)};
-  for (auto& [k, v] : args) s.args.Set(k, v);
-  return s;
-}
 
 // max |gpu - cpu| / max(max |cpu|, 1e-6): scale-free, so one threshold per
 // layer fits any input size.

@@ -9,27 +9,22 @@
 #include "ops/cpu/elementwise.h"
 #include "ops/device.h"
 #include "tests/ops/gradient_check.h"
+#include "tests/testing/helpers.h"
 
 namespace cnnflow {
 namespace {
 
-LayerSpec L(std::string name, std::string type,
-            std::vector<std::pair<std::string, ParamValue>> args = {},
-            std::vector<std::string> inputs = {}) {
-  LayerSpec s{std::move(name), std::move(type), {}, std::move(inputs)};
-  for (auto& [k, v] : args) s.args.Set(k, v);
-  return s;
-}
+using testing::Spec;
 
 // conv -> relu -> conv, with a residual add of the relu output: relu1 feeds
 // two layers, so its gradient is a sum.
 std::vector<LayerSpec> ResidualSpecs() {
-  return {L("conv1", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          L("relu1", "relu"),
-          L("conv2", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          L("res", "add", {}, {"conv2", "relu1"}),
-          L("flat", "flatten"),
-          L("fc", "linear", {{"out", int64_t{4}}})};
+  return {Spec("conv1", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+          Spec("relu1", "relu"),
+          Spec("conv2", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+          Spec("res", "add", {}, {"conv2", "relu1"}),
+          Spec("flat", "flatten"),
+          Spec("fc", "linear", {{"out", int64_t{4}}})};
 }
 
 // Every `stride`-th element of every parameter gradient of a forward and
@@ -85,8 +80,8 @@ TEST(Model, BackwardAccumulatesUntilZeroGrad) {
 
 TEST(Model, StateIsNamedByLayerWithoutPrefix) {
   auto model = Model::Build(
-      {L("conv1", "conv2d", {{"out", int64_t{2}}, {"kernel", int64_t{3}}}), L("bn1", "batchnorm"),
-       L("flat", "flatten"), L("fc", "linear", {{"out", int64_t{3}}})},
+      {Spec("conv1", "conv2d", {{"out", int64_t{2}}, {"kernel", int64_t{3}}}), Spec("bn1", "batchnorm"),
+       Spec("flat", "flatten"), Spec("fc", "linear", {{"out", int64_t{3}}})},
       {1, 6, 6});
   std::vector<std::string> names;
   for (auto& [n, t] : model->StateTensors()) names.push_back(n);
@@ -98,7 +93,7 @@ TEST(Model, StateIsNamedByLayerWithoutPrefix) {
 
 TEST(Model, PytorchDefaultInitIsUniformInFanInBound) {
   auto model =
-      Model::Build({L("fc", "linear", {{"out", int64_t{64}}})}, {1, 10, 10}, DType::kF32, 1);
+      Model::Build({Spec("fc", "linear", {{"out", int64_t{64}}})}, {1, 10, 10}, DType::kF32, 1);
   const Tensor& w = model->NamedParameters()[0].param->value;
   const double bound = 1.0 / std::sqrt(100.0);
   double max_abs = 0, sum = 0, sum_sq = 0;
@@ -125,13 +120,13 @@ TEST(Model, SameSeedSameWeightsOtherSeedOther) {
 
 TEST(Model, UnknownLayerTypeAndBadInputsAreConfigErrors) {
   try {
-    Model::Build({L("c", "conv2dd")}, {1, 4, 4});
+    Model::Build({Spec("c", "conv2dd")}, {1, 4, 4});
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_STREQ(e.what(), "layer 'c': unknown layer type 'conv2dd' (did you mean 'conv2d'?)");
   }
   try {
-    Model::Build({L("r", "relu", {}, {"nope"})}, {1, 4, 4});
+    Model::Build({Spec("r", "relu", {}, {"nope"})}, {1, 4, 4});
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_STREQ(e.what(), "layer 'r' reads 'nope', which is not an earlier layer");
@@ -148,7 +143,7 @@ namespace {
 // and the pool recovers once the cap is lifted.
 TEST(Model, OutOfMemoryNamesTheLayerThatAsked) {
   auto model = Model::Build(
-      {L("conv1", "conv2d", {{"out", int64_t{64}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})},
+      {Spec("conv1", "conv2d", {{"out", int64_t{64}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})},
       {3, 61, 67}, DType::kF32, 1);
   MemoryPool& pool = PoolFor(Device::Cpu());
   struct Uncap {
@@ -193,14 +188,14 @@ ForwardContext FreeingContext() {
 // shape, so a block freed after its first reader would be relu2's output
 // and the add would read relu2 twice.
 std::vector<LayerSpec> FanOutSpecs() {
-  return {L("conv1", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          L("relu1", "relu"),
-          L("conv2", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          L("relu2", "relu"),
-          L("res", "add", {}, {"relu2", "relu1"}),
-          L("pool", "maxpool2d", {{"kernel", int64_t{2}}}),
-          L("flat", "flatten"),
-          L("fc", "linear", {{"out", int64_t{4}}})};
+  return {Spec("conv1", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+          Spec("relu1", "relu"),
+          Spec("conv2", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+          Spec("relu2", "relu"),
+          Spec("res", "add", {}, {"relu2", "relu1"}),
+          Spec("pool", "maxpool2d", {{"kernel", int64_t{2}}}),
+          Spec("flat", "flatten"),
+          Spec("fc", "linear", {{"out", int64_t{4}}})};
 }
 
 TEST(Model, ForwardWithoutKeepingActivationsGivesTheSameOutput) {
@@ -224,10 +219,10 @@ TEST(Model, ForwardWithoutKeepingActivationsFreesThemAsItGoes) {
   // 256 KiB (a size class of the pool exactly), then [512, 10] logits.
   std::vector<LayerSpec> specs;
   for (int k = 1; k <= 4; ++k) {
-    specs.push_back(L(StrCat("fc", k), "linear", {{"out", int64_t{128}}}));
-    specs.push_back(L(StrCat("relu", k), "relu"));
+    specs.push_back(Spec(StrCat("fc", k), "linear", {{"out", int64_t{128}}}));
+    specs.push_back(Spec(StrCat("relu", k), "relu"));
   }
-  specs.push_back(L("fc5", "linear", {{"out", int64_t{10}}}));
+  specs.push_back(Spec("fc5", "linear", {{"out", int64_t{10}}}));
   const int64_t n = 512;
   const size_t act = n * 128 * sizeof(float);
   const size_t all = 8 * act;
@@ -284,16 +279,16 @@ TEST(Model, BackwardAfterForwardWithoutActivationsIsAnError) {
 // another layer reads too, so it stays a layer.
 std::vector<LayerSpec> FusableSpecs() {
   auto conv = [](const char* name, std::vector<std::string> in = {}) {
-    return L(name, "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}},
+    return Spec(name, "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}},
              std::move(in));
   };
-  return {conv("conv1"),         L("bn1", "batchnorm"),
-          L("relu1", "relu"),    conv("conv2"),
-          L("bn2", "batchnorm"), L("res", "add", {}, {"bn2", "relu1"}),
-          L("relu2", "relu"),    conv("conv3"),
-          L("relu3", "relu"),    conv("conv4"),
-          L("relu4", "relu"),    L("res2", "add", {}, {"relu4", "conv4"}),
-          L("flat", "flatten"),  L("fc", "linear", {{"out", int64_t{3}}})};
+  return {conv("conv1"),         Spec("bn1", "batchnorm"),
+          Spec("relu1", "relu"),    conv("conv2"),
+          Spec("bn2", "batchnorm"), Spec("res", "add", {}, {"bn2", "relu1"}),
+          Spec("relu2", "relu"),    conv("conv3"),
+          Spec("relu3", "relu"),    conv("conv4"),
+          Spec("relu4", "relu"),    Spec("res2", "add", {}, {"relu4", "conv4"}),
+          Spec("flat", "flatten"),  Spec("fc", "linear", {{"out", int64_t{3}}})};
 }
 
 TEST(Model, ReluFusionPicksTheOnlyReaderCases) {

@@ -11,26 +11,22 @@
 
 #include "ops/loss.h"
 #include "ops/random.h"
+#include "tests/testing/helpers.h"
 
 namespace cnnflow {
 namespace {
 
-LayerSpec L(std::string name, std::string type, std::vector<std::pair<std::string, ParamValue>> args = {},
-            std::vector<std::string> inputs = {}) {
-  LayerSpec s{std::move(name), std::move(type), {}, std::move(inputs)};
-  for (auto& [k, v] : args) s.args.Set(k, v);
-  return s;
-}
+using testing::Spec;
 
 std::vector<LayerSpec> Net(bool bn) {
   std::vector<LayerSpec> v = {
-      L("conv1", "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})};
-  if (bn) v.push_back(L("bn1", "batchnorm"));
+      Spec("conv1", "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})};
+  if (bn) v.push_back(Spec("bn1", "batchnorm"));
   for (auto& l : std::vector<LayerSpec>{
-           L("relu1", "relu"), L("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
-           L("conv2", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-           L("relu2", "relu"), L("flatten", "flatten"), L("fc1", "linear", {{"out", int64_t{12}}}),
-           L("relu3", "relu"), L("fc2", "linear", {{"out", int64_t{5}}})})
+           Spec("relu1", "relu"), Spec("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
+           Spec("conv2", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+           Spec("relu2", "relu"), Spec("flatten", "flatten"), Spec("fc1", "linear", {{"out", int64_t{12}}}),
+           Spec("relu3", "relu"), Spec("fc2", "linear", {{"out", int64_t{5}}})})
     v.push_back(l);
   return v;
 }

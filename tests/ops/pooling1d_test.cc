@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tests/ops/gradient_check.h"
+#include "tests/testing/helpers.h"
 
 namespace cnnflow {
 namespace {
@@ -102,18 +103,7 @@ std::vector<double> NaiveAvg(const PoolCase& t, const Tensor& x, const Tensor* d
   return y;
 }
 
-void ExpectNear(const std::vector<double>& want, const Tensor& got, double tol,
-                const std::string& what) {
-  ASSERT_EQ(static_cast<int64_t>(want.size()), got.numel()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double g = got.At(static_cast<int64_t>(i));
-    const bool same = g == want[i] || (std::isnan(g) && std::isnan(want[i])) ||
-                      std::abs(g - want[i]) <= tol * (1 + std::abs(want[i]));
-    if (!same && bad++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << g << ", want " << want[i];
-  }
-}
+using testing::ExpectNear;
 
 const std::vector<PoolCase>& Cases() {
   //                                         n  c   l  k  s  p

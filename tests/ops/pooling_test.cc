@@ -15,6 +15,7 @@
 
 #include "ops/cpu/isa.h"
 #include "tests/ops/gradient_check.h"
+#include "tests/testing/helpers.h"
 
 namespace cnnflow {
 namespace {
@@ -96,14 +97,7 @@ std::vector<double> NaivePool(const PoolCase& t, const Tensor& x, bool max, bool
   return y;
 }
 
-void ExpectNear(const std::vector<double>& want, const Tensor& got, double tol,
-                const std::string& what) {
-  ASSERT_EQ(static_cast<int64_t>(want.size()), got.numel()) << what;
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_NEAR(got.At(static_cast<int64_t>(i)), want[i], tol * (1 + std::abs(want[i])))
-        << what << "[" << i << "]";
-  }
-}
+using testing::ExpectNear;
 
 std::string CaseName(const PoolCase& t) {
   return StrCat(t.n, "x", t.c, "x", t.h, "x", t.w, " kernel ", t.kh, "x", t.kw, " stride ", t.sh,

@@ -1,0 +1,42 @@
+// Helpers shared by the tests: a LayerSpec in one line, and a comparison of
+// a tensor with reference values that reports the first few differences.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/model.h"
+
+namespace cnnflow::testing {
+
+// {name, type, {param: value, ...}, inputs} as a LayerSpec.
+inline LayerSpec Spec(std::string name, std::string type,
+                      std::vector<std::pair<std::string, ParamValue>> args = {},
+                      std::vector<std::string> inputs = {}) {
+  LayerSpec s{std::move(name), std::move(type), {}, std::move(inputs)};
+  for (auto& [k, v] : args) s.args.Set(k, v);
+  return s;
+}
+
+// got[i] == want[i] within tol * (1 + |want[i]|) for every i (equal
+// infinities and NaN with NaN count as equal); the first 5 that differ are
+// reported, named `what`.
+inline void ExpectNear(const std::vector<double>& want, const Tensor& got, double tol,
+                       const std::string& what) {
+  ASSERT_EQ(static_cast<int64_t>(want.size()), got.numel()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = got.At(static_cast<int64_t>(i));
+    const bool same = g == want[i] || (std::isnan(g) && std::isnan(want[i])) ||
+                      std::abs(g - want[i]) <= tol * (1 + std::abs(want[i]));
+    if (!same && bad++ < 5) {
+      ADD_FAILURE() << what << "[" << i << "]: got " << g << ", want " << want[i];
+    }
+  }
+}
+
+}  // namespace cnnflow::testing
