@@ -49,10 +49,10 @@ struct TunableKnob {
 };
 
 // The lanes of a data-parallel train graph (one per replica): replica r's
-// next batch may enter forward_backward only once the optimizer stage is
-// done with its previous one, since its parameters are in use until then.
-// forward_backward sets `release` when built; the optimizer calls
-// release[r]() after each batch of lane r.
+// next batch may enter forward_backward only once its previous one has left
+// the lane (the optimizer and what follows it are done with the weights).
+// forward_backward sets `release` when built; the lanes' gather
+// (stages/lanes.h) calls release[r]() as each batch of lane r arrives.
 struct DeviceLanes {
   std::vector<std::function<void()>> release;
 };
