@@ -334,4 +334,21 @@ int64_t Model::ForwardFlops(int64_t n) const {
   return f;
 }
 
+void CopyNamedTensors(const std::vector<std::pair<std::string, Tensor>>& src,
+                      const std::vector<std::pair<std::string, Tensor>>& dst,
+                      const std::string& where) {
+  for (const auto& [name, tensor] : dst) {
+    const Tensor* t = nullptr;
+    for (const auto& [n, v] : src)
+      if (n == name) t = &v;
+    if (t == nullptr) throw Error(StrCat(where, ": has no tensor '", name, "' that the model needs"));
+    if (t->shape() != tensor.shape()) {
+      throw ShapeError(StrCat(where, ": '", name, "' has shape ", t->shape(), ", the model needs ",
+                              tensor.shape()));
+    }
+    Tensor to = tensor;
+    to.CopyFrom(t->dtype() == tensor.dtype() ? *t : t->Cast(tensor.dtype()));
+  }
+}
+
 }  // namespace cnnflow

@@ -121,4 +121,11 @@ class Model {
   ActsState acts_state_ = ActsState::kNone;
 };
 
+// Fills each (name, tensor) of `dst` (views: a model's StateTensors) from
+// the tensor of that name in `src`, cast to dst's dtype. Throws naming
+// `where` and the tensor when one is missing or has another shape.
+void CopyNamedTensors(const std::vector<std::pair<std::string, Tensor>>& src,
+                      const std::vector<std::pair<std::string, Tensor>>& dst,
+                      const std::string& where);
+
 }  // namespace cnnflow

@@ -29,17 +29,7 @@ void WeightAverage::Update(Model& model) {
 
 void WeightAverage::Load(const std::vector<std::pair<std::string, Tensor>>& named, int64_t updates,
                          const std::string& where) {
-  for (auto& [name, avg] : tensors_) {
-    const Tensor* t = nullptr;
-    for (const auto& [n, v] : named)
-      if (n == name) t = &v;
-    if (t == nullptr) throw Error(StrCat(where, ": has no tensor '", name, "' (the ema stage's)"));
-    if (t->shape() != avg.shape()) {
-      throw ShapeError(StrCat(where, ": '", name, "' has shape ", t->shape(), ", the model needs ",
-                              avg.shape()));
-    }
-    avg.CopyFrom(t->dtype() == avg.dtype() ? *t : t->Cast(avg.dtype()));
-  }
+  CopyNamedTensors(named, tensors_, where);
   updates_ = updates;
 }
 

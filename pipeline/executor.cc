@@ -44,7 +44,7 @@ void RunGraph(const GraphSpec& spec, RunState& state) {
   }
 
   std::map<std::string, int> outgoing;
-  std::set<std::string> gathered;  // per-device nodes whose lanes go into their gather
+  std::set<std::string> lanes_go_on;  // per-device nodes joined lane to lane to the next
   for (const auto& [from, to] : spec.edges) {
     const StagePorts& a = ports[from];
     const StagePorts& b = ports[to];
@@ -67,29 +67,23 @@ void RunGraph(const GraphSpec& spec, RunState& state) {
                                ") is not; between forward_backward and optimizer only "
                                "per-device stages go"));
     }
-    if (gathers) {
-      if (gathered.insert(from).second) {
-        for (size_t r = 0; r < a.lane_outputs.size(); ++r) {
-          tbb::flow::make_edge(*a.lane_outputs[r], *a.gather_inputs[r]);
-        }
-      }
-      tbb::flow::make_edge(*a.output, *b.input);
-    } else if (lanes_out) {
+    if (lanes_out && lanes_in) {
       CNNFLOW_ENFORCE(a.lane_outputs.size() == b.lane_inputs.size(), "node '", from, "' has ",
                       a.lane_outputs.size(), " lanes, node '", to, "' ", b.lane_inputs.size());
       for (size_t r = 0; r < a.lane_outputs.size(); ++r) {
         tbb::flow::make_edge(*a.lane_outputs[r], *b.lane_inputs[r]);
       }
-    } else {
+      lanes_go_on.insert(from);
+    } else {  // plain, or a gather's output (its lanes are wired in below)
       tbb::flow::make_edge(*a.output, *b.input);
     }
     ++outgoing[from];
   }
-  // Lanes that end at a node with no edge out still end in its gather (each
+  // Lanes that go on to no per-device node end in their node's gather (each
   // lane's message lets that replica's next batch in).
   for (const auto& n : spec.nodes) {
     const StagePorts& p = ports[n.name];
-    if (p.lane_outputs.empty() || outgoing[n.name] > 0) continue;
+    if (p.lane_outputs.empty() || lanes_go_on.count(n.name)) continue;
     if (p.gather_inputs.empty()) {
       throw ConfigError(StrCat(spec.file, ": node '", n.name, "' (", n.stage,
                                ") ends the graph's device lanes but cannot gather them: put an "

@@ -337,7 +337,7 @@ void Trainer::Resume(const std::string& run_dir) {
                              "); resume with the same config and --set options (see ", run_dir,
                              "/config.yaml)"));
   }
-  for (Model* m : Models()) LoadTensors(*m, ck->model_tensors, ck->data_path);
+  for (Model* m : Models()) CopyNamedTensors(ck->model_tensors, m->StateTensors(), ck->data_path);
   if (ema_) {
     auto it = st.extra.find("ema_updates");
     if (it == st.extra.end()) {
@@ -526,22 +526,6 @@ std::vector<Optimizer*> Trainer::Optimizers() {
   return v;
 }
 
-void Trainer::LoadTensors(Model& model, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                          const std::string& path) {
-  for (auto& [name, tensor] : model.StateTensors()) {
-    const Tensor* t = nullptr;
-    for (const auto& [n, v] : tensors)
-      if (n == name) t = &v;
-    if (t == nullptr) throw Error(StrCat(path, ": has no tensor '", name, "' that the model needs"));
-    if (t->shape() != tensor.shape()) {
-      throw ShapeError(StrCat(path, ": '", name, "' has shape ", t->shape(), ", the model needs ",
-                              tensor.shape()));
-    }
-    Tensor dst = tensor;
-    dst.CopyFrom(t->dtype() == tensor.dtype() ? *t : t->Cast(tensor.dtype()));
-  }
-}
-
 std::vector<std::pair<std::string, Tensor>> Trainer::ExportedTensors() {
   std::vector<std::pair<std::string, Tensor>> out = model_->StateTensors();
   if (ema_) out.insert(out.end(), ema_->tensors().begin(), ema_->tensors().end());
@@ -553,7 +537,7 @@ void Trainer::LoadWeights(const std::string& path, const std::string& prefix) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, tensor] : model_->StateTensors())
     if (const Tensor* t = file.Find(prefix + name)) tensors.emplace_back(name, *t);
-  for (Model* m : Models()) LoadTensors(*m, tensors, path);
+  for (Model* m : Models()) CopyNamedTensors(tensors, m->StateTensors(), path);
 }
 
 std::string Trainer::Describe() const {

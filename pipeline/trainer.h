@@ -74,8 +74,6 @@ class Trainer {
   // the weight average's ("ema.*"), if the graph has one.
   std::vector<std::pair<std::string, Tensor>> ExportedTensors();
   std::vector<Optimizer*> Optimizers();
-  static void LoadTensors(Model& model, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                          const std::string& path);
 
   RunConfig config_;
   std::shared_ptr<void> thread_limit_;  // a tbb::global_control: the run's thread budget

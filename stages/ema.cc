@@ -26,7 +26,7 @@ class EmaStage final : public Stage {
     const int n = state.replicas->size();
     StagePorts ports;
     lanes_ = std::make_unique<LaneNodes>(
-        g, n,
+        g, state, n,
         [this, &state](int r, BatchMessage& m) {
           Guarded([&] {
             if (r == 0 && !m.dropped && state.EndsWindow(m)) {
@@ -35,14 +35,11 @@ class EmaStage final : public Stage {
           });
         },
         ports);
-    gather_ = std::make_unique<LaneGather>(g, state, n);
-    gather_->AddTo(ports);
     return ports;
   }
 
  private:
-  std::unique_ptr<LaneNodes> lanes_;
-  std::unique_ptr<LaneGather> gather_;
+  std::unique_ptr<LaneNodes> lanes_;  // ending in their gather
 };
 
 }  // namespace

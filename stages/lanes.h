@@ -1,16 +1,14 @@
 // The device lanes of a train graph (see StagePorts): their nodes, and
 // their end.
 //
-// LaneGather: once every
-// replica is done with a batch, sums the loss and the correct count over
-// the replicas, advances the run's position, and passes the batch on. Each
-// lane's message also lets that replica's next batch into forward_backward
-// (RunState::lanes): nothing after this point touches its parameters.
-//
-// A per-device stage that may end the lanes (optimizer, ema) builds one and
-// offers it as StagePorts::gather_inputs and ::output (AddTo); the executor
-// wires the stage's lanes into it when an edge leads from the stage to a
-// plain node.
+// LaneGather: once every replica is done with a batch, sums the loss and
+// the correct count over the replicas, advances the run's position, and
+// passes the batch on. Each lane's message also lets that replica's next
+// batch into forward_backward (RunState::lanes): nothing after this point
+// touches its parameters. A per-device stage that may end the lanes
+// (optimizer, ema) offers one as StagePorts::gather_inputs and ::output;
+// the executor wires the stage's lanes into it unless they go on to another
+// per-device stage.
 #pragma once
 
 #include <tbb/flow_graph.h>
@@ -24,27 +22,6 @@
 #include "stages/stage.h"
 
 namespace cnnflow {
-
-// One serial node per lane, lane r running body(r, message) on each batch,
-// as lanes in and out of `ports` (the per-device stages' usual shape).
-class LaneNodes {
- public:
-  template <typename Body>
-  LaneNodes(tbb::flow::graph& g, int lanes, Body body, StagePorts& ports) {
-    for (int r = 0; r < lanes; ++r) {
-      nodes_.push_back(std::make_unique<tbb::flow::function_node<Message, Message>>(
-          g, tbb::flow::serial, [r, body](const Message& m) {
-            body(r, *m);
-            return m;
-          }));
-      ports.lane_inputs.push_back(nodes_.back().get());
-      ports.lane_outputs.push_back(nodes_.back().get());
-    }
-  }
-
- private:
-  std::vector<std::unique_ptr<tbb::flow::function_node<Message, Message>>> nodes_;
-};
 
 class LaneGather {
  public:
@@ -66,13 +43,11 @@ class LaneGather {
     }
   }
 
-  // Lane r's way in, and the gathered batches.
-  MessageReceiver& input(int r) { return *tags_[r]; }
-  MessageSender& output() { return tbb::flow::output_port<0>(node_); }
-  // These as the lane-ending ports of a stage.
+  // Its ports as a stage's lane-ending ports: gather_inputs (lane r's way
+  // in) and output (the gathered batches).
   void AddTo(StagePorts& ports) {
     for (auto& t : tags_) ports.gather_inputs.push_back(t.get());
-    ports.output = &output();
+    ports.output = &tbb::flow::output_port<0>(node_);
   }
 
  private:
@@ -113,6 +88,35 @@ class LaneGather {
   tbb::flow::multifunction_node<LaneMessage, std::tuple<Message>> node_;
   std::vector<std::unique_ptr<tbb::flow::function_node<Message, LaneMessage>>> tags_;
   std::map<int64_t, int> arrived_;  // replicas done, by batch index
+};
+
+// One serial node per lane, lane r running body(r, message) on each batch,
+// as lanes in and out of `ports` (the per-device stages' shape); with
+// `state`, their LaneGather too, for a stage that may end the lanes.
+class LaneNodes {
+ public:
+  template <typename Body>
+  LaneNodes(tbb::flow::graph& g, int lanes, Body body, StagePorts& ports) {
+    for (int r = 0; r < lanes; ++r) {
+      nodes_.push_back(std::make_unique<tbb::flow::function_node<Message, Message>>(
+          g, tbb::flow::serial, [r, body](const Message& m) {
+            body(r, *m);
+            return m;
+          }));
+      ports.lane_inputs.push_back(nodes_.back().get());
+      ports.lane_outputs.push_back(nodes_.back().get());
+    }
+  }
+  template <typename Body>
+  LaneNodes(tbb::flow::graph& g, RunState& state, int lanes, Body body, StagePorts& ports)
+      : LaneNodes(g, lanes, std::move(body), ports) {
+    gather_ = std::make_unique<LaneGather>(g, state, lanes);
+    gather_->AddTo(ports);
+  }
+
+ private:
+  std::vector<std::unique_ptr<tbb::flow::function_node<Message, Message>>> nodes_;
+  std::unique_ptr<LaneGather> gather_;
 };
 
 }  // namespace cnnflow

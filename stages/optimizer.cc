@@ -26,15 +26,13 @@ class OptimizerStage final : public Stage {
     const int n = state.replicas->size();
     StagePorts ports;
     lanes_ = std::make_unique<LaneNodes>(
-        g, n,
+        g, state, n,
         [this, &state](int r, BatchMessage& m) {
           Guarded([&] {
             if (!m.dropped && state.EndsWindow(m)) Step(state, r, m);
           });
         },
         ports);
-    gather_ = std::make_unique<LaneGather>(g, state, n);
-    gather_->AddTo(ports);
     return ports;
   }
 
@@ -52,8 +50,7 @@ class OptimizerStage final : public Stage {
     }
   }
 
-  std::unique_ptr<LaneNodes> lanes_;
-  std::unique_ptr<LaneGather> gather_;
+  std::unique_ptr<LaneNodes> lanes_;  // ending in their gather
 };
 
 }  // namespace
