@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 
+#include "ops/collective_mpi.h"
 #include "ops/loss.h"
 
 namespace cnnflow {
@@ -72,6 +73,8 @@ struct PipelineModel::Stage {
   std::vector<Tensor> out;      // per micro-batch: this stage's output
   std::vector<Tensor> dx;       // per micro-batch: gradient of this stage's input
   std::vector<Tensor> dlogits;  // last stage: the loss gradient
+  Tensor flat_grads;            // the gradients being summed over processes
+  MpiRequest gradient_sum;
   double busy = 0;
   int held = 0, max_held = 0;
 };
@@ -213,31 +216,49 @@ void PipelineModel::Backward(int s, int i) {
   st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
 
-PipelineModel::Result PipelineModel::EndStep(double lr,
-                                             const std::function<void(float*, int64_t)>& reduce_sum) {
-  if (reduce_sum) {
-    auto params = full_->NamedParameters();
-    int64_t total = 0;
-    for (auto& p : params) total += p.param->grad.numel();
-    Tensor flat = Tensor::Empty(Shape({total}), DType::kF32);
-    float* f = flat.data<float>();
-    for (auto& p : params) f = std::copy_n(p.param->grad.data<float>(), p.param->grad.numel(), f);
-    reduce_sum(flat.data<float>(), total);
-    f = flat.data<float>();
-    for (auto& p : params) {
-      std::copy_n(f, p.param->grad.numel(), p.param->grad.data<float>());
-      f += p.param->grad.numel();
-    }
+void PipelineModel::StartGradientSum(int s, MpiWorld& world) {
+  Stage& st = *stages_[s];
+  const auto params = stage_model(s).NamedParameters();
+  int64_t total = 0;
+  for (const auto& p : params) total += p.param->grad.numel();
+  if (st.flat_grads.numel() != total) st.flat_grads = Tensor::Empty(Shape({total}), DType::kF32);
+  float* f = st.flat_grads.data<float>();
+  for (const auto& p : params)
+    f = std::copy_n(p.param->grad.data<float>(), p.param->grad.numel(), f);
+  st.gradient_sum = world.StartAllReduceSum(st.flat_grads.data<float>(), total,
+                                            StrCat("pipeline stage ", s, " gradients"));
+}
+
+void PipelineModel::FinishGradientSum(int s, MpiWorld& world, double timeout_s) {
+  Stage& st = *stages_[s];
+  world.Wait(st.gradient_sum, timeout_s);
+  const float* f = st.flat_grads.data<float>();
+  for (const auto& p : stage_model(s).NamedParameters()) {
+    std::copy_n(f, p.param->grad.numel(), p.param->grad.data<float>());
+    f += p.param->grad.numel();
   }
-  for (auto& st : stages_) st->arena->execute([&] { st->optimizer->Step(lr); });
-  full_->ZeroGrad();
+}
+
+void PipelineModel::Step(int s, double lr) {
+  Stage& st = *stages_[s];
+  st.arena->execute([&] {
+    st.optimizer->Step(lr);
+    stage_model(s).ZeroGrad();  // the stage's share of the full model's gradients
+  });
+  if (s == 0) x_ = Tensor();  // only stage 0 reads the batch
+  if (++stepped_ == num_stages()) {
+    stepped_ = 0;
+    step_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_begin_).count();
+  }
+}
+
+PipelineModel::Result PipelineModel::StepResult() const {
   Result total;
   for (const Result& r : results_) {
     total.loss_sum += r.loss_sum;
     total.correct += r.correct;
   }
-  x_ = Tensor();
-  step_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_begin_).count();
   return total;
 }
 

@@ -9,8 +9,9 @@
 //          most S - s <= S micro-batches).
 // An action waits for its input: forward (s, i) for forward (s - 1, i),
 // backward (s, i) for backward (s + 1, i). The step's driver (the
-// pipeline_step stage) runs the actions as a dependency graph; this class
-// holds the stages and does the work of each action.
+// pipeline_stage nodes of a train graph, one per stage, passing
+// micro-batches on as messages) runs the actions; this class holds the
+// stages and does the work of each action.
 //
 // Gradients of the micro-batches add up (each scaled by 1 / batch), then
 // every stage's optimizer steps once: the same update as the unsplit model
@@ -24,19 +25,21 @@
 // the same parameter, gradient and buffer storage.
 #pragma once
 
+#include <tbb/task_arena.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <tbb/task_arena.h>
 
 #include "ops/model.h"
 #include "ops/optimizer.h"
 
 namespace cnnflow {
+
+class MpiWorld;
 
 enum class PipelineSchedule { kGpipe, kOneFOneB };
 PipelineSchedule ParsePipelineSchedule(const std::string& name);  // "gpipe", "1f1b"
@@ -84,21 +87,31 @@ class PipelineModel {
   };
   // One optimizer step on a batch: BeginStep cuts it into micro-batches
   // (returns how many: fewer than options().microbatches when the batch is
-  // smaller), the driver runs every action of the schedule, EndStep steps
-  // the optimizers.
+  // smaller), the driver runs every action of the schedule, then each
+  // stage steps (Step); stages are independent once their own actions are
+  // done.
   int BeginStep(const Tensor& x, const int64_t* labels, const ForwardContext& ctx, double grad_scale,
                 double label_smoothing);
   void Forward(int stage, int microbatch);
   void Backward(int stage, int microbatch);
-  // reduce_sum, when given, sums the gradients of every parameter (one flat
-  // buffer) across data-parallel replicas of this pipeline before the step.
-  Result EndStep(double lr, const std::function<void(float*, int64_t)>& reduce_sum = {});
+  // In an MPI job each process holds a data-parallel replica of the
+  // pipeline: stage s's gradients (one flat buffer) are summed over the
+  // processes between its last backward and its step. Every process starts
+  // them in the same order (stage S-1 first: each stage's last backward
+  // waits for the next stage's).
+  void StartGradientSum(int stage, MpiWorld& world);
+  void FinishGradientSum(int stage, MpiWorld& world, double timeout_s);
+  // Steps stage s's optimizer with its gradients, then zeroes them.
+  void Step(int stage, double lr);
+  // The step's loss and correct count, once the last stage has run every
+  // forward.
+  Result StepResult() const;
 
   // Accounting since the last ResetStats: busy seconds per stage, and the
   // most micro-batches of activations a stage held at once.
   std::vector<double> busy_seconds() const;
   std::vector<int> max_held() const;
-  double step_seconds() const { return step_seconds_; }  // BeginStep to EndStep, summed
+  double step_seconds() const { return step_seconds_; }  // BeginStep to the last Step, summed
   // Measured idle share of each stage, and the schedule's theoretical
   // bubble (S - 1) / (M + S - 1).
   std::vector<double> bubble() const;
@@ -119,6 +132,7 @@ class PipelineModel {
   std::vector<int64_t> begin_;  // micro-batch i: rows [begin_[i], begin_[i + 1])
   std::vector<Result> results_;
   std::chrono::steady_clock::time_point step_begin_;
+  std::atomic<int> stepped_{0};  // stages stepped in this step
   double step_seconds_ = 0;
 };
 

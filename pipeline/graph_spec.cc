@@ -41,10 +41,17 @@ GraphSpec::Expanded GraphSpec::Expand(const std::vector<std::string>& devices) c
   for (const auto& n : TopologicalOrder()) {
     const NodeSpec* s = Find(n);
     const StageType* type = StageRegistry::Get().Find(s->stage);
-    if (type != nullptr && type->per_device && !devices.empty()) {
+    if (type != nullptr && type->per_device() && !devices.empty()) {
       for (const std::string& d : devices) {
         ids[n].push_back(static_cast<int>(x.nodes.size()));
         x.nodes.push_back({StrCat(n, "[", d, "]"), s->stage, d, s});
+      }
+      if (type->layout == StageLayout::kPerDeviceChain) {
+        const std::vector<int>& at = ids[n];
+        for (size_t r = 0; r + 1 < at.size(); ++r) {
+          x.edges.push_back({at[r], at[r + 1], "activations"});
+          x.edges.push_back({at[r + 1], at[r], "gradients"});
+        }
       }
     } else {
       ids[n].push_back(static_cast<int>(x.nodes.size()));
@@ -55,10 +62,10 @@ GraphSpec::Expanded GraphSpec::Expand(const std::vector<std::string>& devices) c
     const std::vector<int>& from = ids[a];
     const std::vector<int>& to = ids[b];
     if (from.size() > 1 && to.size() > 1) {
-      for (size_t r = 0; r < from.size(); ++r) x.edges.emplace_back(from[r], to[r]);
+      for (size_t r = 0; r < from.size(); ++r) x.edges.push_back({from[r], to[r], ""});
     } else {
       for (int f : from)
-        for (int t : to) x.edges.emplace_back(f, t);
+        for (int t : to) x.edges.push_back({f, t, ""});
     }
   }
   return x;
@@ -73,8 +80,11 @@ std::string GraphSpec::ToString(const std::vector<std::string>& devices) const {
     for (const auto& [k, v] : n.spec->args.values()) os << ", " << k << "=" << ParamValueToString(v);
     os << ")";
     std::string outs;
-    for (const auto& [a, b] : x.edges)
-      if (a == static_cast<int>(i)) outs += (outs.empty() ? "" : ", ") + x.nodes[b].name;
+    for (const auto& e : x.edges) {
+      if (e.from != static_cast<int>(i)) continue;
+      outs += StrCat(outs.empty() ? "" : ", ", x.nodes[e.to].name,
+                     e.label.empty() ? "" : StrCat(" (", e.label, ")"));
+    }
     if (!outs.empty()) os << " -> " << outs;
     os << "\n";
   }
@@ -94,7 +104,10 @@ std::string GraphSpec::ToDot(const std::vector<std::string>& devices) const {
        << (n.device.empty() ? "\"]" : StrCat("\\n", n.device, "\", style=filled, fillcolor=\"#dde8f5\"]"))
        << ";\n";
   }
-  for (const auto& [a, b] : x.edges) os << "    " << id(a) << " -> " << id(b) << ";\n";
+  for (const auto& e : x.edges) {
+    os << "    " << id(e.from) << " -> " << id(e.to)
+       << (e.label.empty() ? "" : StrCat(" [label=\"", e.label, "\", style=dashed]")) << ";\n";
+  }
   os << "  }\n";
   return os.str();
 }
@@ -213,11 +226,11 @@ GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::N
   }
   ParseEdges(tmpl, graph["edges"], g);
   g.TopologicalOrder();  // rejects cycles now
-  // forward_backward admits a replica's next batch when the optimizer is
-  // done with its last one: without an optimizer after it, it would wait
-  // forever.
+  // forward_backward (pipeline_stage) admits a replica's (the pipeline's)
+  // next batch when the optimizer is done with its last one: without an
+  // optimizer after it, it would wait forever.
   for (const NodeSpec& n : g.nodes) {
-    if (n.stage != "forward_backward") continue;
+    if (n.stage != "forward_backward" && n.stage != "pipeline_stage") continue;
     std::set<std::string> seen{n.name};
     std::vector<std::string> todo{n.name};
     bool found = false;
@@ -231,9 +244,9 @@ GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::N
       }
     }
     if (!found) {
-      throw ConfigError(StrCat(n.where, ": node '", n.name,
-                               "' (forward_backward) needs an optimizer node after it: the "
-                               "optimizer lets each replica's next batch in"));
+      throw ConfigError(StrCat(n.where, ": node '", n.name, "' (", n.stage,
+                               ") needs an optimizer node after it: the optimizer lets each "
+                               "next batch in"));
     }
   }
   return g;

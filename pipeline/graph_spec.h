@@ -34,14 +34,20 @@ struct GraphSpec {
   // The graph as it runs on `devices` (graph.devices): a per-device stage
   // (forward_backward, allreduce, optimizer) becomes one node per device,
   // "devices[cpu:1]"; lane to lane between per-device nodes, fanned out
-  // and in at their ends.
+  // and in at their ends. The nodes of a chained stage (pipeline_stage)
+  // also message their neighbours: edges labelled "activations" (device d
+  // to d+1) and "gradients" (back).
   struct Expanded {
     struct Node {
       std::string name, stage, device;  // device: "" for a node of the whole graph
       const NodeSpec* spec;
     };
+    struct Edge {
+      int from, to;
+      std::string label;  // "" for the batch itself
+    };
     std::vector<Node> nodes;  // in topological order
-    std::vector<std::pair<int, int>> edges;
+    std::vector<Edge> edges;
   };
   Expanded Expand(const std::vector<std::string>& devices) const;
   // "  node (stage, param=value, ...) -> next, ..." lines of Expand(devices).

@@ -22,7 +22,8 @@ double CpuSeconds() {
 
 // The stages that train (cut out of the loader-only graph).
 bool Trains(const std::string& stage) {
-  return stage == "forward_backward" || stage == "allreduce" || stage == "optimizer";
+  return stage == "forward_backward" || stage == "pipeline_stage" || stage == "allreduce" ||
+         stage == "optimizer";
 }
 
 // The train graph with its training nodes cut out (what fed them goes

@@ -7,8 +7,14 @@
 // was filled, so most of that work overlapped backward; what is left is
 // this node's wait ("allreduce-wait" in --trace). A collective that misses
 // its deadline fails the run here, naming the bucket.
+//
+// After pipeline_stage, lane s waits for pipeline stage s's gradients to be
+// summed over the processes of an MPI job (each holds a replica of the
+// pipeline); in one process there is nothing to wait for.
 #include <tbb/flow_graph.h>
 
+#include "ops/collective_mpi.h"
+#include "ops/trace.h"
 #include "stages/lanes.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
@@ -21,8 +27,21 @@ class AllReduceStage final : public Stage {
   AllReduceStage(const StageInfo& info, const Args&) : Stage(info) {}
 
   StagePorts Build(FlowGraph& g, RunState& state) override {
-    CNNFLOW_ENFORCE(state.replicas != nullptr, "allreduce needs replicas");
     StagePorts ports;
+    if (state.pipeline != nullptr) {
+      lanes_ = std::make_unique<LaneNodes>(
+          g, state.pipeline->num_stages(),
+          [this, &state](int s, BatchMessage& m) {
+            Guarded([&] {
+              if (m.dropped || m.labels.empty() || state.process_count == 1) return;
+              const TraceSpan span("allreduce-wait", "wait for gradient sums");
+              state.pipeline->FinishGradientSum(s, MpiWorld::Get(), state.collective_timeout_s);
+            });
+          },
+          ports);
+      return ports;
+    }
+    CNNFLOW_ENFORCE(state.replicas != nullptr, "allreduce needs replicas or a pipeline");
     lanes_ = std::make_unique<LaneNodes>(
         g, state.replicas->size(),
         [this, &state](int r, BatchMessage& m) {
@@ -45,6 +64,8 @@ CNNFLOW_REGISTER_PER_DEVICE_STAGE(
     Schema("One node per device: at the end of an accumulation window, waits until that "
            "replica's gradient buckets (started as backward filled them) are summed over every "
            "replica of every process, in-process, over MPI or NCCL, and its BN buffers "
-           "broadcast."));
+           "broadcast. After pipeline_stage: waits for that stage's gradients to be summed over "
+           "the processes of an MPI job."),
+    kPerDevice);
 
 }  // namespace cnnflow

@@ -54,6 +54,7 @@ CNNFLOW_REGISTER_PER_DEVICE_STAGE(
         .Optional("warmup", ParamType::kBool, true,
                   "decay min(decay, (1 + t) / (10 + t)) at the t-th step, as timm's")
         .Optional("eval", ParamType::kBool, true,
-                  "evaluate on the averaged weights (else on the trained ones)"));
+                  "evaluate on the averaged weights (else on the trained ones)"),
+    kPerDevice);
 
 }  // namespace cnnflow

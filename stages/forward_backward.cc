@@ -131,6 +131,7 @@ CNNFLOW_REGISTER_PER_DEVICE_STAGE(
     Schema("One node per device of graph.devices: forward, loss and backward of that replica on "
            "its shard of the batch; at the end of an accumulation window its gradient buckets are "
            "all-reduced while backward goes on. A replica's next batch enters once the optimizer "
-           "is done with its previous one."));
+           "is done with its previous one."),
+    kPerDevice);
 
 }  // namespace cnnflow

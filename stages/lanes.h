@@ -29,7 +29,7 @@ class LaneGather {
       : node_(g, tbb::flow::serial, [this, &state, lanes](const LaneMessage& m, auto& out) {
           // The replica is done with the batch: its next one may start.
           CNNFLOW_ENFORCE(m.lane < static_cast<int>(state.lanes.release.size()),
-                          "no forward_backward node feeds these lanes");
+                          "no forward_backward or pipeline_stage node feeds these lanes");
           state.lanes.release[m.lane]();
           if (++arrived_[m.batch->index] < lanes) return;
           arrived_.erase(m.batch->index);

@@ -3,12 +3,15 @@
 // with the reduced gradients (the learning rate of the schedule at this
 // step; the f16 loss scaler may skip it). Under MPI all processes then
 // agree whether any was asked to stop, so that all stop after the same
-// step. Its lanes go on to per-device stages that read the stepped weights
+// step. After pipeline_stage, lane s steps pipeline stage s's optimizer.
+// Its lanes go on to per-device stages that read the stepped weights
 // (ema), or end here in a gather (stages/lanes.h) that sums the
 // batch's loss and accuracy over the replicas.
 #include <tbb/flow_graph.h>
 
+#include "ops/collective_mpi.h"
 #include "ops/data_parallel.h"
+#include "ops/trace.h"
 #include "stages/lanes.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
@@ -21,15 +24,21 @@ class OptimizerStage final : public Stage {
   OptimizerStage(const StageInfo& info, const Args&) : Stage(info) {}
 
   StagePorts Build(FlowGraph& g, RunState& state) override {
-    CNNFLOW_ENFORCE(state.replicas != nullptr && state.schedule != nullptr,
-                    "optimizer needs replicas and a schedule");
-    const int n = state.replicas->size();
+    CNNFLOW_ENFORCE(
+        (state.replicas != nullptr || state.pipeline != nullptr) && state.schedule != nullptr,
+        "optimizer needs replicas or a pipeline, and a schedule");
+    const int n = state.pipeline ? state.pipeline->num_stages() : state.replicas->size();
     StagePorts ports;
     lanes_ = std::make_unique<LaneNodes>(
         g, state, n,
         [this, &state](int r, BatchMessage& m) {
           Guarded([&] {
-            if (!m.dropped && state.EndsWindow(m)) Step(state, r, m);
+            if (m.dropped || !state.EndsWindow(m)) return;
+            if (state.pipeline) {
+              StepPipeline(state, r, m);
+            } else {
+              Step(state, r, m);
+            }
           });
         },
         ports);
@@ -39,14 +48,38 @@ class OptimizerStage final : public Stage {
  private:
   static void Step(RunState& s, int r, BatchMessage& m) {
     ReplicaSet& set = *s.replicas;
-    m.lr = s.schedule->At(m.global_step);
-    set.Step(r, m.lr);
+    const double lr = s.schedule->At(m.global_step);
+    if (r == 0) m.lr = lr;  // the lanes run at once
+    set.Step(r, lr);
     // Under MPI a signal may reach some processes only, or at different
     // steps: they agree after each step, so that all stop after the same
     // one (else their collectives would no longer match).
     if (s.process_count > 1 && set.AgreeStop(r, s.stop_requested.load())) {
       s.stop_after_step = m.global_step;
       s.stop_requested = true;
+    }
+  }
+
+  static void StepPipeline(RunState& s, int stage, BatchMessage& m) {
+    if (m.labels.empty()) return;
+    const double lr = s.schedule->At(m.global_step);
+    {
+      const TraceSpan span("optimizer",
+                           [stage] { return StrCat("stage ", stage, " optimizer step"); });
+      s.pipeline->Step(stage, lr);
+    }
+    if (stage != 0) return;
+    m.lr = lr;
+    // The stop agreement, as above, once per step: after stage 0's gradient
+    // sum, the last collective of the step on every process.
+    MpiWorld& world = MpiWorld::Get();
+    if (s.process_count > 1) {
+      float stop = s.stop_requested.load() ? 1.0f : 0.0f;
+      world.AllReduceSum(&stop, 1, "stop request", s.collective_timeout_s);
+      if (stop > 0) {
+        s.stop_after_step = m.global_step;
+        s.stop_requested = true;
+      }
     }
   }
 
@@ -59,7 +92,9 @@ CNNFLOW_REGISTER_PER_DEVICE_STAGE(
     optimizer, OptimizerStage,
     Schema("One node per device: at the end of an accumulation window, steps that replica's "
            "optimizer with the reduced gradients (train.lr schedule, accumulation, f16 loss-scale "
-           "skips). Its lanes end in a gather that sums the batch's loss and accuracy over the "
-           "replicas, or go on to per-device stages that read the stepped weights (ema)."));
+           "skips); after pipeline_stage, that stage's optimizer. Its lanes end in a gather that "
+           "sums the batch's loss and accuracy over the lanes, or go on to per-device stages that "
+           "read the stepped weights (ema)."),
+    kPerDevice);
 
 }  // namespace cnnflow

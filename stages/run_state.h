@@ -48,10 +48,11 @@ struct TunableKnob {
   std::function<int64_t(int64_t)> set;  // applies a value, returns the one in force
 };
 
-// The lanes of a data-parallel train graph (one per replica): replica r's
-// next batch may enter forward_backward only once its previous one has left
-// the lane (the optimizer and what follows it are done with the weights).
-// forward_backward sets `release` when built; the lanes' gather
+// The lanes of a train graph (one per replica, or per pipeline stage):
+// replica r's next batch may enter forward_backward only once its previous
+// one has left the lane (the optimizer and what follows it are done with
+// the weights); the pipeline's, once every lane is done. forward_backward
+// or pipeline_stage sets `release` when built; the lanes' gather
 // (stages/lanes.h) calls release[r]() as each batch of lane r arrives.
 struct DeviceLanes {
   std::vector<std::function<void()>> release;

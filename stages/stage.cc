@@ -30,8 +30,8 @@ std::vector<std::string> StageRegistry::Names() const {
 }
 
 StageRegistration::StageRegistration(const char* type, Schema schema, StageFactory create,
-                                     bool per_device) {
-  StageRegistry::Get().Register({type, std::move(schema), std::move(create), per_device});
+                                     StageLayout layout) {
+  StageRegistry::Get().Register({type, std::move(schema), std::move(create), layout});
 }
 
 const Dataset& RunState::dataset(const std::string& name) const {

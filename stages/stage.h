@@ -43,11 +43,12 @@ struct StageInfo {
 // output may be left unconnected. A limiter (prefetch) gets Release() once
 // per message that leaves the graph.
 //
-// A per-device stage (forward_backward, allreduce, optimizer, ema) is one
-// node per replica, a lane each: lane r is replica r's, and carries each
-// batch once. An edge between two per-device stages joins lane r to lane r.
-// Lanes never meet plain ports directly (every lane would carry every
-// batch): forward_backward takes a plain input and starts the lanes, and a
+// A per-device stage (forward_backward, pipeline_stage, allreduce,
+// optimizer, ema) is one node per device, a lane each: lane r is replica
+// (or pipeline stage) r's, and carries each batch once. An edge between two
+// per-device stages joins lane r to lane r. Lanes never meet plain ports
+// directly (every lane would carry every batch): forward_backward and
+// pipeline_stage take a plain input and start the lanes, and a
 // stage that may end them offers a gather (stages/lanes.h): its
 // gather_inputs, one per lane, and `output`. An edge from such a stage to a
 // plain node goes through the gather.
@@ -99,11 +100,20 @@ class Stage {
 
 using StageFactory = std::function<std::unique_ptr<Stage>(const StageInfo&, const Args&)>;
 
+// How a stage's nodes stand in the graph.
+enum class StageLayout {
+  kOne,             // one node
+  kPerDevice,       // one node per device, a lane each (see StagePorts)
+  kPerDeviceChain,  // per device, each also messaging its neighbours
+                    // (pipeline stages: activations on, gradients back)
+};
+
 struct StageType {
   std::string type;
   Schema schema;
   StageFactory create;
-  bool per_device = false;  // one node per replica (see StagePorts)
+  StageLayout layout = StageLayout::kOne;
+  bool per_device() const { return layout != StageLayout::kOne; }
 };
 
 class StageRegistry {
@@ -118,7 +128,8 @@ class StageRegistry {
 };
 
 struct StageRegistration {
-  StageRegistration(const char* type, Schema schema, StageFactory create, bool per_device = false);
+  StageRegistration(const char* type, Schema schema, StageFactory create,
+                    StageLayout layout = StageLayout::kOne);
 };
 
 #define CNNFLOW_REGISTER_STAGE(type_name, Class, schema_expr)                           \
@@ -127,13 +138,14 @@ struct StageRegistration {
         return std::unique_ptr<::cnnflow::Stage>(new Class(i, a));                       \
       })
 
-// A stage of one node per replica (StagePorts' lanes).
-#define CNNFLOW_REGISTER_PER_DEVICE_STAGE(type_name, Class, schema_expr)                \
-  static ::cnnflow::StageRegistration cnnflow_stage_registration_##type_name(          \
-      #type_name, schema_expr,                                                          \
-      [](const ::cnnflow::StageInfo& i, const ::cnnflow::Args& a) {                     \
-        return std::unique_ptr<::cnnflow::Stage>(new Class(i, a));                       \
-      },                                                                                \
-      true)
+// A stage of one node per device (StagePorts' lanes); `layout` is
+// kPerDevice or kPerDeviceChain.
+#define CNNFLOW_REGISTER_PER_DEVICE_STAGE(type_name, Class, schema_expr, layout) \
+  static ::cnnflow::StageRegistration cnnflow_stage_registration_##type_name(    \
+      #type_name, schema_expr,                                                   \
+      [](const ::cnnflow::StageInfo& i, const ::cnnflow::Args& a) {              \
+        return std::unique_ptr<::cnnflow::Stage>(new Class(i, a));               \
+      },                                                                         \
+      ::cnnflow::StageLayout::layout)
 
 }  // namespace cnnflow

@@ -96,7 +96,7 @@ void PipelineStep(PipelineModel& p, const Batch& b, int64_t step) {
     }
   }
   for (int s = 0; s < s_count; ++s) ASSERT_EQ(next[s], plan[s].size()) << "stage " << s << " stuck";
-  p.EndStep(0.1);
+  for (int s = 0; s < s_count; ++s) p.Step(s, 0.1);
 }
 
 // The unsplit model: gradients of `parts` micro-batches added, one step.

@@ -454,7 +454,7 @@ TEST(GraphSpec, ExpandsPerDeviceStagesIntoLanes) {
   const GraphSpec::Expanded x = g.Expand({"cpu:0", "cpu:1"});
   std::vector<std::string> names, edges;
   for (const auto& n : x.nodes) names.push_back(n.name);
-  for (const auto& [a, b] : x.edges) edges.push_back(x.nodes[a].name + " -> " + x.nodes[b].name);
+  for (const auto& e : x.edges) edges.push_back(x.nodes[e.from].name + " -> " + x.nodes[e.to].name);
   EXPECT_EQ(names, (std::vector<std::string>{"load", "fb[cpu:0]", "fb[cpu:1]", "ar[cpu:0]",
                                              "ar[cpu:1]", "opt[cpu:0]", "opt[cpu:1]", "end"}));
   EXPECT_EQ(edges, (std::vector<std::string>{
@@ -466,6 +466,31 @@ TEST(GraphSpec, ExpandsPerDeviceStagesIntoLanes) {
   EXPECT_NE(dot.find("subgraph \"cluster_train\""), std::string::npos) << dot;
   EXPECT_NE(dot.find("\"train.fb[cpu:1]\" -> \"train.ar[cpu:1]\";"), std::string::npos) << dot;
   EXPECT_EQ(dot.find("\"train.fb[cpu:0]\" -> \"train.ar[cpu:1]\""), std::string::npos) << dot;
+}
+
+// Pipeline stages: a node per device, each messaging its neighbours
+// (activations on, gradients back) besides its lane.
+TEST(GraphSpec, ExpandsPipelineStagesIntoAChain) {
+  const GraphSpec g = Graph(
+      "train:\n  nodes:\n    load: {stage: test_record}\n    st: {stage: pipeline_stage}\n"
+      "    opt: {stage: optimizer}\n    end: {stage: metrics}\n"
+      "  edges: [load -> st -> opt -> end]\n");
+  const GraphSpec::Expanded x = g.Expand({"cpu:0", "cpu:1", "cpu:2"});
+  std::vector<std::string> chain;
+  for (const auto& e : x.edges) {
+    if (!e.label.empty())
+      chain.push_back(x.nodes[e.from].name + " -> " + x.nodes[e.to].name + " " + e.label);
+  }
+  EXPECT_EQ(chain, (std::vector<std::string>{
+                       "st[cpu:0] -> st[cpu:1] activations", "st[cpu:1] -> st[cpu:0] gradients",
+                       "st[cpu:1] -> st[cpu:2] activations", "st[cpu:2] -> st[cpu:1] gradients"}));
+  EXPECT_NE(g.ToString({"cpu:0", "cpu:1"})
+                .find("st[cpu:1] (pipeline_stage) -> st[cpu:0] (gradients), opt[cpu:1]"),
+            std::string::npos)
+      << g.ToString({"cpu:0", "cpu:1"});
+  EXPECT_NE(g.ToDot({"cpu:0", "cpu:1"})
+                .find("\"train.st[cpu:0]\" -> \"train.st[cpu:1]\" [label=\"activations\""),
+            std::string::npos);
 }
 
 }  // namespace
