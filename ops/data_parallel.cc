@@ -3,7 +3,7 @@
 #include <cmath>
 #include <optional>
 
-#include "ops/cuda/kernels.h"
+#include "ops/device_ops.h"
 #include "ops/loss.h"
 #include "ops/trace.h"
 
@@ -57,7 +57,7 @@ struct ReplicaSet::Replica {
   StepTimeline timeline;
   Counters counters;
   std::unique_ptr<LossScaler> scaler;     // f16 only
-  std::unique_ptr<cuda::IdleMeter> idle;  // GPU only
+  std::unique_ptr<IdleMeter> idle;        // GPU only
   // SyncBN's all-reduce, through the communication thread like every
   // collective of this replica (so the order is the same on every replica).
   std::function<void(float*, int64_t)> sync_sum;
@@ -96,7 +96,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
         Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device, options.compute);
     if (options.compute == DType::kF16)
       rep->scaler = std::make_unique<LossScaler>(options.loss_scaler);
-    if (rep->device.is_cuda()) rep->idle = std::make_unique<cuda::IdleMeter>(rep->device);
+    rep->idle = MakeIdleMeter(rep->device);
     if (options.replicas > 1) {
       rep->arena = std::make_unique<tbb::task_arena>(std::max(1, options.threads_per_replica));
     }
@@ -288,7 +288,6 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
                                                const LabelMix* mix) {
   Replica& rep = *replicas_[r];
   Result result;
-  const bool gpu = rep.device.is_cuda();
   auto post = [this, r, &rep](int b) {
     Issue(r, [this, r, b, &rep] {
       rep.timeline.reduce_begin[b] = Now();
@@ -310,35 +309,30 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     Model& m = *rep.model;
     ForwardContext c = ctx;
     if (options_.sync_bn && collective_ != nullptr) c.sync_sum = &rep.sync_sum;
-    LossResult loss;
-    Tensor dlogits;
-    if (gpu) {
-      if (mix != nullptr) {
-        throw ConfigError(StrCat("mixed labels (mixup, cutmix) are not in the GPU loss yet: train "
-                                 "with them on cpu:K, not ", rep.device.ToString()));
-      }
-      Tensor xd = x;
-      Tensor labels_gpu;
-      if (!x.device().is_cuda()) {
-        xd = x.To(rep.device);
-        labels_gpu = LabelTensor(labels, x.dim(0), rep.device);
-        device_labels = labels_gpu.data<int64_t>();
-      }
-      CNNFLOW_ENFORCE(device_labels != nullptr, "a GPU shard needs its labels on the GPU");
-      rep.idle->StartOfWork();
-      const Tensor& logits = m.Forward(xd, c);
-      dlogits = Tensor::Empty(logits.shape(), logits.dtype(), rep.device);
-      const double scale = rep.scaler ? grad_scale * rep.scaler->scale() : grad_scale;
+    // The rows and labels on the replica's device (a GPU shard's usually
+    // are already: the split staged them).
+    Tensor xd = x;
+    Tensor labels_on_device;
+    const int64_t* labels_here = device_labels != nullptr ? device_labels : labels;
+    if (x.device() != rep.device) {
+      xd = x.To(rep.device);
+      labels_on_device = LabelTensor(labels, x.dim(0), rep.device);
+      labels_here = labels_on_device.data<int64_t>();
+    }
+    CNNFLOW_ENFORCE(labels_here != nullptr, "replica ", r, "'s shard has no labels on ",
+                    rep.device.ToString());
+    if (rep.idle) rep.idle->StartOfWork();
+    const Tensor& logits = m.Forward(xd, c);
+    Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype(), rep.device);
+    const double scale = rep.scaler ? grad_scale * rep.scaler->scale() : grad_scale;
+    {
       const TraceSpan span("loss", "softmax cross-entropy");
       result.pending =
-          cuda::SoftmaxCrossEntropyAsync(logits, device_labels, &dlogits, scale, label_smoothing);
-    } else {
-      const Tensor& logits = m.Forward(x, c);
-      dlogits = Tensor::Empty(logits.shape(), logits.dtype());
-      const TraceSpan span("loss", "softmax cross-entropy");
-      loss = SoftmaxCrossEntropy(logits, labels, &dlogits, grad_scale, label_smoothing, mix);
+          SoftmaxCrossEntropyAsync(logits, labels_here, &dlogits, scale, label_smoothing, mix);
     }
-    if (!result.pending) {
+    if (result.pending->ready()) {  // a host loss: checked before backward
+      const LossResult loss = result.pending->Get();
+      result.pending.reset();
       CheckLossFinite(loss.loss, ctx.step);
       result.loss_sum = loss.loss * static_cast<double>(x.dim(0));
       result.correct = loss.correct;
@@ -415,15 +409,13 @@ void ReplicaSet::Step(int r, double lr) {
 
 void ReplicaSet::ApplyStep(Replica& rep, double lr) {
   const TraceSpan span("optimizer", "optimizer step");
-  std::optional<cuda::GpuSpan> gpu_span;  // the GPU's time of it, when tracing
-  if (rep.device.is_cuda() && Tracer::on())
-    gpu_span.emplace(rep.device, "gpu optimizer", "optimizer step");
+  const DeviceSpan device_span(rep.device, "gpu optimizer", [] { return "optimizer step"; });
   bool take = true;
   if (rep.scaler) {
     std::vector<Tensor*> grads;
     for (Tensor& g : rep.bucket_grads) grads.push_back(&g);
     const bool found_inf =
-        cuda::UnscaleAndFindNonFinite(grads, static_cast<float>(1.0 / rep.scaler->scale()));
+        UnscaleAndFindNonFinite(grads, static_cast<float>(1.0 / rep.scaler->scale()));
     take = rep.scaler->Update(found_inf);  // the same on every replica: grads are reduced
   }
   if (take) {

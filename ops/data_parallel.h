@@ -42,7 +42,6 @@
 
 #include "ops/collective.h"
 #include "ops/collective_mpi.h"
-#include "ops/cuda/kernels.h"
 #include "ops/loss.h"
 #include "ops/loss_scaler.h"
 #include "ops/model.h"
@@ -120,7 +119,7 @@ class ReplicaSet {
     // A GPU replica's loss, still on its way back: the caller reads it when
     // it needs it (loss_sum = Get().loss * rows), so the host never waits
     // for the GPU in the middle of a step. Null on a CPU replica.
-    std::shared_ptr<cuda::PendingLoss> pending;
+    std::shared_ptr<PendingLoss> pending;
   };
   // Replica r: forward and backward of its shard x [n, ...] with labels.
   // For a GPU replica, x may be on its GPU already (then `device_labels`

@@ -34,4 +34,15 @@ LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tens
                                double grad_scale = -1, double label_smoothing = 0.0,
                                const LabelMix* mix = nullptr);
 
+// A loss that may still be on its way back from a device (a GPU's comes
+// back through pinned memory while the host goes on issuing backward).
+// Get() waits for it once, and throws then for a bad label; later calls
+// return it again. ops/device_ops.h makes them.
+class PendingLoss {
+ public:
+  virtual ~PendingLoss() = default;
+  virtual bool ready() const = 0;  // Get() will not wait
+  virtual LossResult Get() = 0;
+};
+
 }  // namespace cnnflow

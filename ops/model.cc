@@ -3,8 +3,7 @@
 #include <cmath>
 #include <optional>
 
-#include "ops/cpu/elementwise.h"
-#include "ops/cuda/kernels.h"
+#include "ops/device_ops.h"
 #include "ops/trace.h"
 
 namespace cnnflow {
@@ -165,7 +164,7 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
         input_.device() != x.device()) {
       input_ = Tensor::Empty(x.shape(), compute_, x.device());
     }
-    cuda::Cast(x, input_);
+    Cast(x, input_);
   } else {
     input_ = x;
   }
@@ -193,10 +192,7 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
       });
       if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, compute_, x.device());
       const TraceSpan span("forward", [layer] { return SpanName(*layer); });
-      std::optional<cuda::GpuSpan> gpu_span;  // the GPU's time of it, when tracing
-      if (device_.is_cuda() && Tracer::on()) {
-        gpu_span.emplace(device_, "gpu forward", SpanName(*layer));
-      }
+      const DeviceSpan device_span(device_, "gpu forward", [layer] { return SpanName(*layer); });
       layers_[i]->Forward(ins, y, ctx);
     }
     if (!keep) {
@@ -264,10 +260,7 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
     }
     {
       const TraceSpan span("backward", [layer] { return SpanName(*layer); });
-      std::optional<cuda::GpuSpan> gpu_span;
-      if (device_.is_cuda() && Tracer::on()) {
-        gpu_span.emplace(device_, "gpu backward", SpanName(*layer));
-      }
+      const DeviceSpan device_span(device_, "gpu backward", [layer] { return SpanName(*layer); });
       layers_[i]->Backward(ins, acts_[i], grads[i], dxs);
     }
     for (size_t k = 0; k < input_index_[i].size(); ++k) {

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "ops/cpu/parallel.h"
-#include "ops/cuda/kernels.h"
+#include "ops/device_ops.h"
 #include "ops/error.h"
 
 namespace cnnflow {
@@ -50,8 +50,8 @@ void MoveState(std::vector<Tensor>& state, Device device) {
   }
 }
 
-cuda::ParamSlot Slot(Parameter& p, std::vector<Tensor>& state, bool first) {
-  cuda::ParamSlot slot;
+ParamSlot Slot(Parameter& p, std::vector<Tensor>& state, bool first) {
+  ParamSlot slot;
   slot.value = p.value.data<float>();
   slot.grad = p.grad.data<float>();
   slot.state0 = state.size() > 0 ? state[0].data<float>() : nullptr;
@@ -207,7 +207,7 @@ void SgdUpdate(T* p, const T* grad, T* buf, bool first, int64_t n, const SgdOpti
 
 void Sgd::Step(double lr) {
   ++step_count_;
-  std::map<int, std::vector<cuda::ParamSlot>> gpu;  // by GPU index
+  std::map<int, std::vector<ParamSlot>> gpu;  // by GPU index
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& param = *params_[i].param;
     if (UpdatedOnGpu(param)) {
@@ -236,8 +236,8 @@ void Sgd::Step(double lr) {
     WriteBack(param, h);
   }
   for (const auto& [index, slots] : gpu) {
-    cuda::SgdStep(Device::Cuda(index), slots, lr, options_.momentum, options_.dampening,
-                  options_.nesterov, options_.weight_decay);
+    FusedSgdStep(Device::Cuda(index), slots, lr, options_.momentum, options_.dampening,
+                 options_.nesterov, options_.weight_decay);
   }
 }
 
@@ -357,7 +357,7 @@ void Adam::Step(double lr) {
   s.eps = options_.eps;
   s.step_size = lr / (1 - std::pow(options_.beta1, t));
   s.bc2_sqrt = std::sqrt(1 - std::pow(options_.beta2, t));
-  std::map<int, std::vector<cuda::ParamSlot>> gpu;  // by GPU index
+  std::map<int, std::vector<ParamSlot>> gpu;  // by GPU index
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& param = *params_[i].param;
     if (UpdatedOnGpu(param)) {
@@ -384,8 +384,8 @@ void Adam::Step(double lr) {
     WriteBack(param, h);
   }
   for (const auto& [index, slots] : gpu) {
-    cuda::AdamStep(Device::Cuda(index), slots, lr, options_.beta1, options_.beta2, options_.eps,
-                   options_.weight_decay, decoupled_, step_count_);
+    FusedAdamStep(Device::Cuda(index), slots, lr, options_.beta1, options_.beta2, options_.eps,
+                  options_.weight_decay, decoupled_, step_count_);
   }
 }
 

@@ -40,7 +40,7 @@ class Optimizer {
   // One update of every bound parameter with learning rate `lr`; counts
   // the step first (Adam's bias correction uses the count after it).
   // f32 parameters on a GPU are updated there by fused multi-tensor
-  // kernels (ops/cuda/kernels.h), their state kept on the GPU.
+  // kernels (ops/device_ops.h), their state kept on the GPU.
   virtual void Step(double lr) = 0;
 
   // The optimizer's state for a checkpoint, named "<param>.<state>"; state

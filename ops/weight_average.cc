@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "ops/cpu/elementwise.h"
+#include "ops/device_ops.h"
 
 namespace cnnflow {
 

@@ -4,11 +4,11 @@
 // activations as it goes, so evaluating a batch of 1000 costs the memory
 // of a forward of `micro_batch` rows (the templates pass train.batch: the
 // buffers training already holds).
-#include <algorithm>
-
 #include <tbb/flow_graph.h>
 
-#include "ops/cuda/kernels.h"
+#include <algorithm>
+
+#include "ops/device_ops.h"
 #include "ops/loss.h"
 #include "ops/trace.h"
 #include "stages/run_state.h"
@@ -64,8 +64,7 @@ class EvalStepStage final : public Stage {
     }
     auto run = [&](int64_t b, int64_t e) {
       const Tensor& logits = model.Forward(e - b == n ? inputs : inputs.Slice(b, e), ctx);
-      return device.is_cuda() ? cuda::SoftmaxCrossEntropy(logits, label_data + b, nullptr)
-                              : SoftmaxCrossEntropy(logits, label_data + b, nullptr);
+      return SoftmaxCrossEntropyAsync(logits, label_data + b, nullptr)->Get();
     };
     if (chunk == n) {  // one forward: its mean loss as it is
       const LossResult r = run(0, n);

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ops/batch_stager.h"
-#include "ops/cuda/kernels.h"
+#include "ops/loss.h"
 #include "ops/tensor.h"
 
 namespace cnnflow {
@@ -38,7 +38,7 @@ struct BatchMessage {
   bool dropped = false;  // not trained: every process agreed to stop before it
   std::vector<double> replica_loss;  // loss sums of the replicas' shards
   // GPU replicas' losses on their way back (read by the step's gather).
-  std::vector<std::shared_ptr<cuda::PendingLoss>> replica_pending;
+  std::vector<std::shared_ptr<PendingLoss>> replica_pending;
   std::vector<int64_t> replica_correct;
 };
 

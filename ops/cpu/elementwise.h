@@ -39,12 +39,11 @@ void ReluMask(const T* y, const T* dy, T* out, int64_t n) {
   }
 }
 
-// y += x (same shape).
-void AddInPlace(Tensor& y, const Tensor& x);
-// y += alpha * x.
+namespace cpu {
+// y += alpha * x; y *= alpha, on host tensors (ops/device_ops.h's, any device).
 void Axpy(double alpha, const Tensor& x, Tensor& y);
-// y *= alpha.
-void ScaleInPlace(Tensor& y, double alpha);
+void Scale(Tensor& y, double alpha);
+}  // namespace cpu
 // Largest |a - b| over all elements.
 double MaxAbsDiff(const Tensor& a, const Tensor& b);
 

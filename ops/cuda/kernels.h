@@ -1,6 +1,6 @@
-// CUDA entry points that device-independent code calls (the model's
-// gradient sums, the training step's loss, the optimizers). Plain C++: no
-// CUDA types, so ops/ can include it in any build; a build without CUDA
+// The CUDA backend's entry points behind the device seam
+// (ops/device_ops.h, which alone calls them outside ops/cuda/). Plain C++:
+// no CUDA types, so ops/ can include it in any build; a build without CUDA
 // throws from each (ops/cuda/device_stub.cc). Every call issues work on the
 // tensors' GPU's compute stream (ops/cuda/context.h) and returns without
 // waiting, unless it says otherwise.
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/device_ops.h"
 #include "ops/loss.h"
 #include "ops/tensor.h"
 
@@ -46,15 +47,15 @@ LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tens
 // through pinned memory while the host goes on issuing backward; Get()
 // waits for them (and reports a bad label then). A training step that reads
 // its loss later keeps the GPU fed (no host sync per step).
-class PendingLoss {
+class PendingLoss final : public ::cnnflow::PendingLoss {
  public:
   struct Impl;
   explicit PendingLoss(std::unique_ptr<Impl> impl);
-  ~PendingLoss();
+  ~PendingLoss() override;
   PendingLoss(const PendingLoss&) = delete;
   PendingLoss& operator=(const PendingLoss&) = delete;
-  // Waits (once) and returns the result; later calls return it again.
-  LossResult Get();
+  bool ready() const override { return done_; }
+  LossResult Get() override;
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -65,17 +66,6 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
                                                       Tensor* dlogits, double grad_scale = -1,
                                                       double label_smoothing = 0.0);
 
-// One parameter for a fused optimizer step: value, gradient and the state
-// tensors (f32, one GPU; state1 only for Adam). `first`: the state was just
-// created and holds zeros (SGD's momentum buffer starts as the gradient).
-struct ParamSlot {
-  float* value = nullptr;
-  const float* grad = nullptr;
-  float* state0 = nullptr;  // SGD: momentum_buffer (null without momentum); Adam: exp_avg
-  float* state1 = nullptr;  // Adam: exp_avg_sq
-  int64_t numel = 0;
-  bool first = false;
-};
 // torch.optim.SGD's update (ops/optimizer.h) of every slot, in a few kernel
 // launches for all of them (multi-tensor apply).
 void SgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
@@ -87,17 +77,16 @@ void AdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, dou
 // How long a GPU's compute stream sat idle between the end of one step's
 // work and the start of the next (waiting for the host or the next batch):
 // the data-wait share of a GPU run, measured on the GPU with events.
-class IdleMeter {
+class IdleMeter final : public ::cnnflow::IdleMeter {
  public:
   explicit IdleMeter(Device device);
-  ~IdleMeter();
+  ~IdleMeter() override;
   IdleMeter(const IdleMeter&) = delete;
   IdleMeter& operator=(const IdleMeter&) = delete;
-  void EndOfWork();    // after a step's last kernel was issued
-  void StartOfWork();  // before the next step's first kernel
-  // Idle seconds of the gaps that have completed (never waits).
-  double idle_seconds();
-  void Reset();
+  void EndOfWork() override;
+  void StartOfWork() override;
+  double idle_seconds() override;
+  void Reset() override;
 
  private:
   struct Impl;

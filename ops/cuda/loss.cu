@@ -313,7 +313,8 @@ LossResult PendingLoss::Get() {
 
 LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tensor* dlogits,
                                double grad_scale, double label_smoothing) {
-  return SoftmaxCrossEntropyAsync(logits, labels, dlogits, grad_scale, label_smoothing)->Get();
+  return cuda::SoftmaxCrossEntropyAsync(logits, labels, dlogits, grad_scale, label_smoothing)
+      ->Get();
 }
 
 }  // namespace cnnflow::cuda

@@ -456,7 +456,7 @@ TEST(OptimizerKernelsGPU, DirectCallsMatchTheFormulas) {
   Tensor p = Tensor::Full(Shape{1}, 1.0).To(kGpu);
   Tensor g = Tensor::Full(Shape{1}, 0.5).To(kGpu);
   Tensor buf = Tensor::Full(Shape{1}, 2.0).To(kGpu);
-  cuda::ParamSlot s;
+  ParamSlot s;
   s.value = p.data<float>();
   s.grad = g.data<float>();
   s.state0 = buf.data<float>();
@@ -471,7 +471,7 @@ TEST(OptimizerKernelsGPU, DirectCallsMatchTheFormulas) {
   EXPECT_FLOAT_EQ(buf.To(Device::Cpu()).At(0), 0.5f);
   // An empty slot list and zero-size slots are no-ops.
   EXPECT_NO_THROW(cuda::SgdStep(kGpu, {}, 0.1, 0, 0, false, 0));
-  cuda::ParamSlot empty;
+  ParamSlot empty;
   EXPECT_NO_THROW(cuda::AdamStep(kGpu, {empty}, 0.1, 0.9, 0.999, 1e-8, 0, false, 1));
   // Adam's first step moves each element by about lr against its gradient's sign.
   Tensor m = Tensor::Zeros(Shape{1}, DType::kF32, kGpu);

@@ -1,0 +1,110 @@
+// The device seam (ops/device_ops.h): each call forks here to the host code
+// or the CUDA backend.
+#include "ops/device_ops.h"
+
+#include <cmath>
+
+#include "ops/cpu/elementwise.h"
+#include "ops/cuda/kernels.h"
+
+namespace cnnflow {
+
+void AddInPlace(Tensor& y, const Tensor& x) { Axpy(1.0, x, y); }
+
+void Axpy(double alpha, const Tensor& x, Tensor& y) {
+  CNNFLOW_ENFORCE(x.shape() == y.shape() && x.dtype() == y.dtype() && x.device() == y.device(),
+                  "Axpy of ", x.shape(), " into ", y.shape());
+  if (y.device().is_cuda()) return cuda::Axpy(static_cast<float>(alpha), x, y);
+  cpu::Axpy(alpha, x, y);
+}
+
+void ScaleInPlace(Tensor& y, double alpha) {
+  if (y.device().is_cuda()) return cuda::Scale(y, static_cast<float>(alpha));
+  cpu::Scale(y, alpha);
+}
+
+void Cast(const Tensor& src, Tensor& dst) {
+  if (src.device().is_cuda()) return cuda::Cast(src, dst);
+  throw Error(StrCat("casting ", DTypeName(src.dtype()), " to ", DTypeName(dst.dtype()), " on ",
+                     src.device().ToString(),
+                     ": mixed precision (graph.precision) runs on GPUs "
+                     "only"));
+}
+
+bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale) {
+  if (grads.empty() || grads[0]->device().is_cuda())
+    return cuda::UnscaleAndFindNonFinite(grads, inv_scale);
+  bool found = false;
+  for (Tensor* g : grads) {
+    CNNFLOW_ENFORCE(g->dtype() == DType::kF32 && !g->device().is_cuda(),
+                    "UnscaleAndFindNonFinite: gradients on one device, f32");
+    float* p = g->data<float>();
+    for (int64_t i = 0; i < g->numel(); ++i) {
+      found |= !std::isfinite(p[i]);
+      p[i] *= inv_scale;
+    }
+  }
+  return found;
+}
+
+namespace {
+
+// A host loss: known when made.
+class KnownLoss final : public PendingLoss {
+ public:
+  explicit KnownLoss(LossResult r) : r_(r) {}
+  bool ready() const override { return true; }
+  LossResult Get() override { return r_; }
+
+ private:
+  LossResult r_;
+};
+
+}  // namespace
+
+std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, const int64_t* labels,
+                                                      Tensor* dlogits, double grad_scale,
+                                                      double label_smoothing, const LabelMix* mix) {
+  if (!logits.device().is_cuda()) {
+    return std::make_unique<KnownLoss>(
+        SoftmaxCrossEntropy(logits, labels, dlogits, grad_scale, label_smoothing, mix));
+  }
+  if (mix != nullptr) {
+    throw ConfigError(
+        StrCat("mixed labels (mixup, cutmix) are not in the GPU loss yet: train "
+               "with them on cpu:K, not ",
+               logits.device().ToString()));
+  }
+  return cuda::SoftmaxCrossEntropyAsync(logits, labels, dlogits, grad_scale, label_smoothing);
+}
+
+void FusedSgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
+                  double dampening, bool nesterov, double weight_decay) {
+  CNNFLOW_ENFORCE(device.is_cuda(), "a fused optimizer step runs on a GPU, not ",
+                  device.ToString());
+  cuda::SgdStep(device, slots, lr, momentum, dampening, nesterov, weight_decay);
+}
+
+void FusedAdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
+                   double beta2, double eps, double weight_decay, bool decoupled, int64_t step) {
+  CNNFLOW_ENFORCE(device.is_cuda(), "a fused optimizer step runs on a GPU, not ",
+                  device.ToString());
+  cuda::AdamStep(device, slots, lr, beta1, beta2, eps, weight_decay, decoupled, step);
+}
+
+std::unique_ptr<IdleMeter> MakeIdleMeter(Device device) {
+  if (!device.is_cuda()) return nullptr;
+  return std::make_unique<cuda::IdleMeter>(device);
+}
+
+struct DeviceSpan::Impl {
+  cuda::GpuSpan span;
+};
+
+void DeviceSpan::Begin(Device device, const char* category, std::string name) {
+  impl_ = new Impl{cuda::GpuSpan(device, category, std::move(name))};
+}
+
+DeviceSpan::~DeviceSpan() { delete impl_; }
+
+}  // namespace cnnflow

@@ -1,0 +1,97 @@
+// The device seam: what device-neutral code (the model, the optimizers, the
+// replicas, the stages) runs on tensors wherever they live. Each call forks
+// in device_ops.cc, and only there, to the host code or to the CUDA
+// backend (ops/cuda/kernels.h): nothing outside ops/cuda/ and
+// device_ops.cc names cuda::. In a build without CUDA the backend is a stub
+// that throws, and no GPU tensor can exist.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/loss.h"
+#include "ops/tensor.h"
+#include "ops/trace.h"
+
+namespace cnnflow {
+
+// y += x; y += alpha * x; y *= alpha (same shape, dtype and device).
+void AddInPlace(Tensor& y, const Tensor& x);
+void Axpy(double alpha, const Tensor& x, Tensor& y);
+void ScaleInPlace(Tensor& y, double alpha);
+
+// dst = src in dst's dtype (same element count and device): a
+// mixed-precision model's f32 batch cast to f16/bf16 (GPU only).
+void Cast(const Tensor& src, Tensor& dst);
+
+// Multiplies every gradient (f32, all on one device) by inv_scale in place;
+// returns whether any element was inf or NaN before (the f16 loss scaler).
+bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale);
+
+// Softmax cross-entropy (ops/loss.h) on logits wherever they are, the labels
+// in the same device's memory. On a GPU it returns at once and the loss
+// follows (PendingLoss::ready() false until then), so the host goes on
+// issuing backward; on the CPU it is computed now.
+std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, const int64_t* labels,
+                                                      Tensor* dlogits, double grad_scale = -1,
+                                                      double label_smoothing = 0.0,
+                                                      const LabelMix* mix = nullptr);
+
+// One parameter of an optimizer step fused over many tensors of one GPU:
+// value, gradient and state (f32; state1 only for Adam). `first`: the state
+// was just created and holds zeros (SGD's momentum buffer starts as the
+// gradient).
+struct ParamSlot {
+  float* value = nullptr;
+  const float* grad = nullptr;
+  float* state0 = nullptr;  // SGD: momentum_buffer (null without momentum); Adam: exp_avg
+  float* state1 = nullptr;  // Adam: exp_avg_sq
+  int64_t numel = 0;
+  bool first = false;
+};
+// torch.optim.SGD's and Adam/AdamW's updates (ops/optimizer.h) of every slot
+// on `device` (a GPU), in a few kernel launches (multi-tensor apply); Adam
+// at step `step`, counted from 1.
+void FusedSgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
+                  double dampening, bool nesterov, double weight_decay);
+void FusedAdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
+                   double beta2, double eps, double weight_decay, bool decoupled, int64_t step);
+
+// How long a device sat idle between the end of one step's work and the
+// start of the next (waiting for the host or the next batch): the data-wait
+// share of a GPU run, measured on the GPU with events. Null for a CPU (its
+// idle time is the host's own wait).
+class IdleMeter {
+ public:
+  virtual ~IdleMeter() = default;
+  virtual void EndOfWork() = 0;       // after a step's last kernel was issued
+  virtual void StartOfWork() = 0;     // before the next step's first kernel
+  virtual double idle_seconds() = 0;  // of the gaps that have completed (never waits)
+  virtual void Reset() = 0;
+};
+std::unique_ptr<IdleMeter> MakeIdleMeter(Device device);
+
+// The device's own time of the work issued during its lifetime, for the
+// profiler: on a GPU a span of the lane "cuda:K" (events on its stream),
+// while tracing is on; nothing on the CPU, whose TraceSpan is that time.
+// `name` is called only when a span is made.
+class DeviceSpan {
+ public:
+  template <typename Name>
+  DeviceSpan(Device device, const char* category, Name&& name) {
+    if (device.is_cuda() && Tracer::on()) Begin(device, category, std::string(name()));
+  }
+  ~DeviceSpan();
+  DeviceSpan(const DeviceSpan&) = delete;
+  DeviceSpan& operator=(const DeviceSpan&) = delete;
+
+ private:
+  struct Impl;
+  void Begin(Device device, const char* category, std::string name);
+  Impl* impl_ = nullptr;  // owned; raw so that the inline constructor needs no ~Impl
+};
+
+}  // namespace cnnflow
