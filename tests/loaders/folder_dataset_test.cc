@@ -18,7 +18,7 @@
 #include "loaders/source_registry.h"
 #include "ops/error.h"
 #include "tests/loaders/png_fixture.h"
-#include "tests/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {

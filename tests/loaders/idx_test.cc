@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "ops/error.h"
-
-#include "tests/test_dir.h"
+#include "tests/testing/helpers.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {
@@ -56,12 +56,7 @@ std::vector<uint8_t> Pixels() {
 }
 
 std::string OpenError(const std::string& images, const std::string& labels) {
-  try {
-    IdxDataset::Open(images, labels);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return testing::ErrorOf([&] { IdxDataset::Open(images, labels); });
 }
 
 TEST(IdxDataset, ReadsGzippedImagesAndLabels) {

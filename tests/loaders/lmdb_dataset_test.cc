@@ -10,7 +10,7 @@
 #include "loaders/lmdb_store.h"
 #include "loaders/record.h"
 #include "loaders/source_registry.h"
-#include "tests/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {

@@ -14,7 +14,8 @@
 
 #include "loaders/record.h"
 #include "ops/error.h"
-#include "tests/test_dir.h"
+#include "tests/testing/helpers.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {
@@ -27,16 +28,7 @@ namespace fs = std::filesystem;
     EXPECT_NE(text_.find(part), std::string::npos) << "message: " << text_; \
   } while (0)
 
-// The message of the Error that f throws ("" if none).
-template <typename F>
-std::string ErrorOf(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 // A value of varying length and content for record i.
 std::string ValueFor(int i, size_t len) {

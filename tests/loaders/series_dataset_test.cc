@@ -19,7 +19,7 @@
 #include "loaders/record.h"
 #include "loaders/source_registry.h"
 #include "ops/error.h"
-#include "tests/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {

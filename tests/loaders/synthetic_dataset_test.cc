@@ -14,6 +14,7 @@
 
 #include "loaders/source_registry.h"
 #include "ops/error.h"
+#include "tests/testing/helpers.h"
 
 namespace cnnflow {
 namespace {
@@ -33,12 +34,7 @@ std::shared_ptr<Dataset> Open(const Params& values) {
 }
 
 std::string OpenError(const Params& values) {
-  try {
-    Open(values);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return testing::ErrorOf([&] { Open(values); });
 }
 
 Floats ReadSample(const Dataset& ds, int64_t i, const ReadContext& ctx = {}, int64_t* label = nullptr) {

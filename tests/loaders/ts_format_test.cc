@@ -12,7 +12,8 @@
 #include <vector>
 
 #include "ops/error.h"
-#include "tests/test_dir.h"
+#include "tests/testing/helpers.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {
@@ -33,15 +34,7 @@ const char* kHeader =
 
 // Expects ParseTs(text) to throw an Error whose message holds every piece.
 void ExpectError(const std::string& text, const std::vector<std::string>& pieces) {
-  try {
-    ParseTs(text, "fixture.ts");
-    ADD_FAILURE() << "parsed; expected an error with '" << pieces.front() << "'";
-  } catch (const Error& e) {
-    for (const std::string& p : pieces) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "'" << p << "' not in: " << e.what();
-    }
-  }
+  testing::ExpectContains(testing::ErrorOf([&] { ParseTs(text, "fixture.ts"); }), pieces);
 }
 
 TEST(TsFormatTest, MultichannelVariableLengthWithoutTrailingNewline) {

@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "ops/error.h"
-#include "tests/test_dir.h"
+#include "tests/testing/helpers.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {
@@ -141,14 +142,7 @@ TEST(WavTest, StereoIsAveragedAndExtensiblePcmIsAccepted) {
 // ReadWav must throw an Error naming the file and saying what is wrong.
 void ExpectReadError(const std::string& name, const std::string& bytes, const std::string& what) {
   const std::string path = Write(name, bytes);
-  try {
-    ReadWav(path);
-    ADD_FAILURE() << name << " was read; expected: " << what;
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find(path), std::string::npos) << m;
-    EXPECT_NE(m.find(what), std::string::npos) << "'" << what << "' not in: " << m;
-  }
+  testing::ExpectContains(testing::ErrorOf([&] { ReadWav(path); }), {path, what});
 }
 
 TEST(WavTest, BadFilesAreErrorsNamingTheFile) {

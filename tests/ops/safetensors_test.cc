@@ -11,7 +11,8 @@
 #include <sstream>
 #include <string>
 
-#include "tests/test_dir.h"
+#include "tests/testing/helpers.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {
@@ -43,12 +44,7 @@ std::string Assemble(std::string header, const std::string& data) {
 
 // The message of the Error that LoadSafetensors throws ("" if none).
 std::string LoadError(const std::string& path) {
-  try {
-    LoadSafetensors(path);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return testing::ErrorOf([&] { LoadSafetensors(path); });
 }
 
 Tensor Iota(const Shape& shape, DType dtype, double start = 0) {

@@ -19,7 +19,7 @@
 #include "ops/model.h"
 #include "tests/ops/gpu_check.h"
 #include "tests/ops/run_threads.h"
-#include "tests/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {

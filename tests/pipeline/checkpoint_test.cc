@@ -24,7 +24,7 @@
 #include "ops/json.h"
 #include "ops/random.h"
 #include "ops/safetensors.h"
-#include "tests/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {

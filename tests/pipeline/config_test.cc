@@ -1,14 +1,13 @@
 // Config errors say file, line, column, key and what was expected, and
 // suggest the closest known name. Each case asserts on the message text.
-#include "pipeline/run_config.h"
-
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "ops/model.h"
-#include "tests/test_dir.h"
+#include "pipeline/run_config.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {

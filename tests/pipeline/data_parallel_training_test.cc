@@ -14,7 +14,7 @@
 
 #include "ops/safetensors.h"
 #include "pipeline/trainer.h"
-#include "tests/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {

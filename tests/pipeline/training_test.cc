@@ -9,7 +9,7 @@
 #include "ops/device.h"
 #include "ops/safetensors.h"
 #include "pipeline/trainer.h"
-#include "tests/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {

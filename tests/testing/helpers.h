@@ -1,10 +1,12 @@
-// Helpers shared by the tests: a LayerSpec in one line, and a comparison of
-// a tensor with reference values that reports the first few differences.
+// Helpers shared by the tests: a LayerSpec in one line, a comparison of a
+// tensor with reference values that reports the first few differences, and
+// the text of an error.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +38,27 @@ inline void ExpectNear(const std::vector<double>& want, const Tensor& got, doubl
     if (!same && bad++ < 5) {
       ADD_FAILURE() << what << "[" << i << "]: got " << g << ", want " << want[i];
     }
+  }
+}
+
+// The message of the E that f() throws; "" when it throws none (the test
+// then fails on the text it expects). Another exception propagates.
+template <typename E = Error, typename F>
+std::string ErrorOf(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Every piece is in `text` (an error message); a failure names each
+// missing piece and shows the text.
+inline void ExpectContains(const std::string& text, const std::vector<std::string>& pieces) {
+  if (text.empty()) ADD_FAILURE() << "no error; expected one with '" << pieces.front() << "'";
+  for (const std::string& p : pieces) {
+    EXPECT_NE(text.find(p), std::string::npos) << "'" << p << "' not in: " << text;
   }
 }
 

@@ -16,9 +16,9 @@ namespace cnnflow::testing {
 inline std::string TestDir() {
   namespace fs = std::filesystem;
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const fs::path dir = fs::path(::testing::TempDir()) /
-                       (std::string("cnnflow_") + info->test_suite_name() + "_" + info->name() +
-                        "_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / (std::string("cnnflow_") + info->test_suite_name() + "_" +
+                                        info->name() + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
