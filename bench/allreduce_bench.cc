@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "ops/collective.h"
+#include "ops/collectives/collective.h"
 
 namespace cnnflow {
 namespace {

@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "ops/loss.h"
 #include "ops/tensor.h"
 #include "ops/trace.h"
+#include "ops/train/loss.h"
 
 namespace cnnflow {
 
@@ -31,7 +31,7 @@ void Cast(const Tensor& src, Tensor& dst);
 // returns whether any element was inf or NaN before (the f16 loss scaler).
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale);
 
-// Softmax cross-entropy (ops/loss.h) on logits wherever they are, the labels
+// Softmax cross-entropy (ops/train/loss.h) on logits wherever they are, the labels
 // in the same device's memory. On a GPU it returns at once and the loss
 // follows (PendingLoss::ready() false until then), so the host goes on
 // issuing backward; on the CPU it is computed now.
@@ -52,7 +52,7 @@ struct ParamSlot {
   int64_t numel = 0;
   bool first = false;
 };
-// torch.optim.SGD's and Adam/AdamW's updates (ops/optimizer.h) of every slot
+// torch.optim.SGD's and Adam/AdamW's updates (ops/train/optimizer.h) of every slot
 // on `device` (a GPU), in a few kernel launches (multi-tensor apply); Adam
 // at step `step`, counted from 1.
 void FusedSgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,

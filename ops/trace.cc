@@ -14,7 +14,7 @@
 #include <set>
 
 #include "ops/error.h"
-#include "ops/json.h"
+#include "ops/io/json.h"
 
 namespace cnnflow {
 

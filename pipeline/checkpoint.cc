@@ -15,8 +15,8 @@
 #include <sstream>
 
 #include "ops/error.h"
-#include "ops/json.h"
-#include "ops/safetensors.h"
+#include "ops/io/json.h"
+#include "ops/io/safetensors.h"
 
 namespace cnnflow {
 

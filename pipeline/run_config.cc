@@ -4,8 +4,8 @@
 #include <thread>
 
 #include "loaders/source_registry.h"
-#include "ops/lr_schedule.h"
-#include "ops/optimizer.h"
+#include "ops/train/lr_schedule.h"
+#include "ops/train/optimizer.h"
 
 #ifndef CNNFLOW_SOURCE_DIR
 #define CNNFLOW_SOURCE_DIR "."

@@ -14,7 +14,7 @@
 
 #include "loaders/sampler.h"
 #include "loaders/source_registry.h"
-#include "ops/safetensors.h"
+#include "ops/io/safetensors.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/executor.h"
 
@@ -147,10 +147,10 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   // Optimizer steps per epoch: this process's shard in batches of
   // batch x replicas, accumulate batches a step.
   const int64_t shard = (train.size() + state_.process_count - 1) / state_.process_count;
-  int64_t batches =
-      ShardedSampler::NumBatches(shard, config_.batch * data_replicas, /*drop_last=*/config_.sync_bn);
-  if (config_.max_steps > 0) batches = std::min(batches, config_.max_steps);
-  steps_per_epoch_ = (batches + config_.accumulate - 1) / config_.accumulate;
+  steps_per_epoch_ = PassPlan(PassBatches(shard, config_.batch * data_replicas,
+                                          /*drop_last=*/config_.sync_bn, config_.max_steps),
+                              config_.accumulate)
+                         .steps();
   const Args& s = config_.schedule_args;
   const int64_t global_batch =
       config_.batch * data_replicas * state_.process_count * config_.accumulate;
@@ -220,7 +220,7 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
       }
     }
     if (progress_ == nullptr) return;
-    progress_->Batch(pass, epoch + 1, config_.epochs, m.index + 1, state_.pass_batches,
+    progress_->Batch(pass, epoch + 1, config_.epochs, m.index + 1, state_.plan.batches(),
                      p.mean_loss(), p.accuracy(), p.samples_per_second(), p.seconds);
   };
   state_.sampled = 0;
@@ -444,7 +444,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
       Accumulate(train, RunPass(config_.train_graph, "train", epoch));
       batch_in_epoch_ += state_.batches_done - before;
       state_.start_batch = state_.stop_batch = 0;
-      if (batch_in_epoch_ >= state_.pass_batches) break;
+      if (batch_in_epoch_ >= state_.plan.batches()) break;
       SaveCheckpoint(epoch, train);  // mid-epoch: every N steps, or stopped by a signal
       if (state_.stop_requested) break;
     }

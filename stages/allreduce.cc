@@ -3,7 +3,7 @@
 // gradient buckets are summed over every replica of every process, and its
 // BN buffers broadcast: through whatever Collective the replicas have (the
 // in-process group, MPI across processes, NCCL among GPUs;
-// ops/collective.h). Backward started each bucket's reduction the moment it
+// ops/collectives/collective.h). Backward started each bucket's reduction the moment it
 // was filled, so most of that work overlapped backward; what is left is
 // this node's wait ("allreduce-wait" in --trace). A collective that misses
 // its deadline fails the run here, naming the bucket.
@@ -13,7 +13,7 @@
 // pipeline); in one process there is nothing to wait for.
 #include <tbb/flow_graph.h>
 
-#include "ops/collective_mpi.h"
+#include "ops/collectives/collective_mpi.h"
 #include "ops/trace.h"
 #include "stages/lanes.h"
 #include "stages/run_state.h"
@@ -46,7 +46,7 @@ class AllReduceStage final : public Stage {
         g, state.replicas->size(),
         [this, &state](int r, BatchMessage& m) {
           Guarded([&] {
-            if (!m.dropped && state.EndsWindow(m)) state.replicas->WaitForReductions(r);
+            if (!m.dropped && state.plan.EndsWindow(m.index)) state.replicas->WaitForReductions(r);
           });
         },
         ports);

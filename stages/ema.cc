@@ -1,6 +1,6 @@
 // ema: one node per device (a lane each), after optimizer: after each
 // optimizer step, replica 0's node folds the stepped weights into an
-// exponential moving average (ops/weight_average.h; the replicas hold the
+// exponential moving average (ops/train/weight_average.h; the replicas hold the
 // same weights). In the lane, before the gather lets the replica's next
 // batch in, so no step can change the weights under it. The average is the
 // trainer's (RunState::ema): it lives across epochs, goes into every
@@ -8,7 +8,7 @@
 // as "ema.<layer>.<tensor>", and with `eval: true` each evaluation runs on it.
 #include <tbb/flow_graph.h>
 
-#include "ops/weight_average.h"
+#include "ops/train/weight_average.h"
 #include "stages/lanes.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
@@ -29,7 +29,7 @@ class EmaStage final : public Stage {
         g, state, n,
         [this, &state](int r, BatchMessage& m) {
           Guarded([&] {
-            if (r == 0 && !m.dropped && state.EndsWindow(m)) {
+            if (r == 0 && !m.dropped && state.plan.EndsWindow(m.index)) {
               state.ema->Update(state.replicas->model(0));
             }
           });

@@ -1,10 +1,10 @@
 // forward_backward: each replica's forward, loss and backward on its rows
-// of the batch (ops/data_parallel.h), one lane per device of graph.devices:
+// of the batch (ops/parallel/data_parallel.h), one lane per device of graph.devices:
 //
 //   split -> queue r -> gate r -> replica r     (r = 0 .. N-1)
 //
 // split:   hands the batch to every lane; for GPU replicas it starts copying
-//          each replica's rows to its GPU (ops/batch_stager.h), so that copy
+//          each replica's rows to its GPU (ops/parallel/batch_stager.h), so that copy
 //          runs while the replica is still computing the previous batch;
 // gate r:  admits replica r's next batch once the optimizer stage is done
 //          with its previous one (RunState::lanes): until then its
@@ -93,7 +93,7 @@ class ForwardBackwardStage final : public Stage {
     // replicas of all processes; buckets are summed.
     const double global_rows = static_cast<double>(rows) * s.process_count;
     const double scale =
-        rows > 0 ? 1.0 / (global_rows * static_cast<double>(s.WindowBatches(m))) : 0.0;
+        rows > 0 ? 1.0 / (global_rows * static_cast<double>(s.plan.WindowBatches(m.index))) : 0.0;
     ForwardContext ctx;
     ctx.training = true;
     ctx.seed = s.seed;
@@ -106,11 +106,10 @@ class ForwardBackwardStage final : public Stage {
     }
     std::shared_ptr<BatchStager::Staged> staged = std::move(m.staged[r]);
     if (staged) staged->WaitForCopy();
-    const ReplicaSet::Result res =
-        set.ForwardBackward(r, staged ? staged->inputs() : m.inputs.Slice(b, e),
-                            m.labels.data() + b, ctx, scale, s.label_smoothing, s.EndsWindow(m),
-                            staged ? staged->labels() : nullptr,
-                            m.mix_labels.empty() ? nullptr : &mix);
+    const ReplicaSet::Result res = set.ForwardBackward(
+        r, staged ? staged->inputs() : m.inputs.Slice(b, e), m.labels.data() + b, ctx, scale,
+        s.label_smoothing, s.plan.EndsWindow(m.index), staged ? staged->labels() : nullptr,
+        m.mix_labels.empty() ? nullptr : &mix);
     if (staged) staged->Release();  // every kernel that reads the rows is issued
     m.replica_loss[r] = res.loss_sum;
     m.replica_correct[r] = res.correct;

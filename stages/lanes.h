@@ -17,7 +17,7 @@
 #include <memory>
 #include <vector>
 
-#include "ops/data_parallel.h"
+#include "ops/parallel/data_parallel.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
 
@@ -80,8 +80,8 @@ class LaneGather {
       m.labels.clear();
       m.correct = 0;
     } else {
-      state.batches_done = m.micro_step + 1;
-      if (state.EndsWindow(m)) state.global_step = m.global_step + 1;
+      state.batches_done = state.plan.MicroStep(m.index) + 1;
+      if (state.plan.EndsWindow(m.index)) state.global_step = state.plan.GlobalStep(m.index) + 1;
     }
   }
 

@@ -7,9 +7,9 @@
 #include <memory>
 #include <vector>
 
-#include "ops/batch_stager.h"
-#include "ops/loss.h"
+#include "ops/parallel/batch_stager.h"
 #include "ops/tensor.h"
+#include "ops/train/loss.h"
 
 namespace cnnflow {
 

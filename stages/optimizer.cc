@@ -9,8 +9,8 @@
 // batch's loss and accuracy over the replicas.
 #include <tbb/flow_graph.h>
 
-#include "ops/collective_mpi.h"
-#include "ops/data_parallel.h"
+#include "ops/collectives/collective_mpi.h"
+#include "ops/parallel/data_parallel.h"
 #include "ops/trace.h"
 #include "stages/lanes.h"
 #include "stages/run_state.h"
@@ -33,7 +33,7 @@ class OptimizerStage final : public Stage {
         g, state, n,
         [this, &state](int r, BatchMessage& m) {
           Guarded([&] {
-            if (m.dropped || !state.EndsWindow(m)) return;
+            if (m.dropped || !state.plan.EndsWindow(m.index)) return;
             if (state.pipeline) {
               StepPipeline(state, r, m);
             } else {

@@ -1,5 +1,5 @@
 // pipeline_stage: the model's pipeline stages (graph.pipeline,
-// ops/pipeline_model.h), one node per device of graph.devices, a lane each:
+// ops/parallel/pipeline_model.h), one node per device of graph.devices, a lane each:
 //
 //   gate -> split -> stage 0 <-> stage 1 <-> ... <-> stage S-1
 //
@@ -20,8 +20,8 @@
 
 #include <atomic>
 
-#include "ops/collective_mpi.h"
-#include "ops/pipeline_model.h"
+#include "ops/collectives/collective_mpi.h"
+#include "ops/parallel/pipeline_model.h"
 #include "ops/trace.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"

@@ -17,12 +17,13 @@
 
 #include "loaders/dataset.h"
 #include "loaders/transform.h"
-#include "ops/data_parallel.h"
-#include "ops/lr_schedule.h"
 #include "ops/model.h"
-#include "ops/pipeline_model.h"
-#include "ops/weight_average.h"
+#include "ops/parallel/data_parallel.h"
+#include "ops/parallel/pipeline_model.h"
+#include "ops/train/lr_schedule.h"
+#include "ops/train/weight_average.h"
 #include "stages/message.h"
+#include "stages/pass_plan.h"
 
 namespace cnnflow {
 
@@ -92,7 +93,7 @@ struct RunState {
 
   // The pass being run (reset by the trainer before each graph run).
   std::string pass;  // "train" or "eval"
-  int64_t pass_batches = 0;
+  PassPlan plan;     // its step accounting, made by its sampler
   int64_t sampled = 0;  // batches the sampler emitted in this run of the graph
   PassMetrics metrics;
   std::chrono::steady_clock::time_point pass_start;
@@ -118,17 +119,6 @@ struct RunState {
   DeviceLanes lanes;
 
   const Dataset& dataset(const std::string& name) const;
-
-  // Whether batch m is the last micro-batch of its accumulation window (or
-  // of the pass): where the gradients are reduced and the optimizer steps.
-  bool EndsWindow(const BatchMessage& m) const {
-    return (m.index + 1) % accumulate == 0 || m.index + 1 == pass_batches;
-  }
-  // The batches of m's accumulation window.
-  int64_t WindowBatches(const BatchMessage& m) const {
-    const int64_t first = m.index - m.index % accumulate;
-    return std::min(accumulate, pass_batches - first);
-  }
 };
 
 // Replica r's rows [b, e) of a batch of `rows` split over n replicas.

@@ -34,20 +34,19 @@ class SamplerStage final : public Stage {
     opt.uneven = state.pass != "train";
     ShardedSampler sampler(opt);
     order_ = sampler.EpochIndices(state.epoch);
-    batches_ = ShardedSampler::NumBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_);
-    if (state.max_steps > 0) batches_ = std::min(batches_, state.max_steps);
-    state.pass_batches = batches_;
-    next_ = std::min(state.start_batch, batches_);  // a resumed epoch skips what was trained
+    batches_ =
+        PassBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_, state.max_steps);
+    // A resumed epoch starts after what was trained.
+    state.plan = PassPlan(batches_, state.accumulate, state.start_batch, state.global_step,
+                          state.batches_done);
+    next_ = state.plan.first();
     const int64_t start = next_;
-    const int64_t first_step = state.global_step;
-    const int64_t first_batch = state.batches_done;
-    const int64_t k = std::max<int64_t>(1, state.accumulate);
     node_ = std::make_unique<tbb::flow::input_node<Message>>(
-        g, [this, &state, first_step, first_batch, k, start](tbb::flow_control& fc) -> Message {
+        g, [this, &state, start](tbb::flow_control& fc) -> Message {
           return Guarded([&]() -> Message {
             // A stop request ends the pass at an optimizer step's boundary.
             if (next_ >= batches_ || (state.stop_batch > 0 && next_ >= state.stop_batch) ||
-                (state.stop_requested.load() && next_ % k == 0)) {
+                (state.stop_requested.load() && state.plan.StartsWindow(next_))) {
               fc.stop();
               return nullptr;
             }
@@ -56,8 +55,8 @@ class SamplerStage final : public Stage {
             m->index = next_;
             m->sequence = next_ - start;
             ++state.sampled;
-            m->global_step = first_step + (next_ - start) / k;
-            m->micro_step = first_batch + (next_ - start);
+            m->global_step = state.plan.GlobalStep(next_);
+            m->micro_step = state.plan.MicroStep(next_);
             const int64_t begin = next_ * batch_;
             const int64_t end = std::min<int64_t>(begin + batch_, static_cast<int64_t>(order_.size()));
             m->sample_ids.assign(order_.begin() + begin, order_.begin() + end);

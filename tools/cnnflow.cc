@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "loaders/source_registry.h"
-#include "ops/collective_mpi.h"
+#include "ops/collectives/collective_mpi.h"
 #include "ops/layer.h"
-#include "ops/optimizer.h"
 #include "ops/trace.h"
+#include "ops/train/optimizer.h"
 #include "pipeline/bench.h"
 #include "pipeline/run_config.h"
 #include "pipeline/trainer.h"

@@ -1,4 +1,4 @@
-#include "ops/add.h"
+#include "ops/layers/add.h"
 
 #include <algorithm>
 

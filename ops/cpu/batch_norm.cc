@@ -1,4 +1,4 @@
-#include "ops/batch_norm.h"
+#include "ops/layers/batch_norm.h"
 
 #include <algorithm>
 #include <cmath>

@@ -22,7 +22,7 @@
 // runs as conv2d on [N, C, 1, L]; so does backward when either of its passes
 // is oneDNN's. (auto measures oneDNN against im2col + GEMM, not against the
 // shifted GEMMs, which are 20-25% faster than im2col: it leans to oneDNN.)
-#include "ops/conv1d.h"
+#include "ops/layers/conv1d.h"
 
 #include <algorithm>
 #include <string>

@@ -29,7 +29,7 @@
 // 56-69; so oneDNN takes most backward-data passes and the GEMMs most
 // backward-weights passes; where C is tiny (Fashion-MNIST's conv1) the GEMMs
 // run backward 4-6x faster and forward is even.
-#include "ops/conv2d.h"
+#include "ops/layers/conv2d.h"
 
 #include <tbb/enumerable_thread_specific.h>
 

@@ -1,4 +1,4 @@
-#include "ops/dropout.h"
+#include "ops/layers/dropout.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "ops/flatten.h"
+#include "ops/layers/flatten.h"
 
 namespace cnnflow {
 

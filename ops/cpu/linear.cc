@@ -1,4 +1,4 @@
-#include "ops/linear.h"
+#include "ops/layers/linear.h"
 
 #include <algorithm>
 #include <cmath>

@@ -18,7 +18,7 @@
 #include <memory>
 #include <string>
 
-#include "ops/conv2d.h"
+#include "ops/layers/conv2d.h"
 
 namespace cnnflow::cpu {
 

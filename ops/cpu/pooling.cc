@@ -1,6 +1,6 @@
 // CPU kernels of maxpool2d, avgpool2d and global_avgpool: independent
 // [H, W] planes, so a ParallelFor over N*C planes needs no reduction.
-#include "ops/pooling.h"
+#include "ops/layers/pooling.h"
 
 #include <immintrin.h>
 

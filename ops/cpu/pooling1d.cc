@@ -8,7 +8,7 @@
 // the compiler sees constant strides and vectorises across outputs.
 // Measured on [64, 32, 1981], kernel 4, against the 2D kernels on
 // [C, 1, L]: max forward 25 -> 2 ms, avg forward 10 -> 1.5 ms.
-#include "ops/pooling1d.h"
+#include "ops/layers/pooling1d.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "ops/relu.h"
+#include "ops/layers/relu.h"
 
 #include "ops/cpu/parallel.h"
 

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "ops/cpu/parallel.h"
-#include "ops/loss.h"
+#include "ops/train/loss.h"
 
 namespace cnnflow {
 

@@ -1,4 +1,4 @@
-// add on a GPU (ops/add.h): the sum of two same-shaped inputs, in f32 or,
+// add on a GPU (ops/layers/add.h): the sum of two same-shaped inputs, in f32 or,
 // under mixed precision, f16/bf16 computed in f32 and rounded once.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -7,8 +7,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "ops/add.h"
 #include "ops/cuda/map.cuh"
+#include "ops/layers/add.h"
 
 namespace cnnflow {
 namespace {

@@ -1,4 +1,4 @@
-// cuDNN kernels of batchnorm (the CUDA class of ops/batch_norm.h), with the
+// cuDNN kernels of batchnorm (the CUDA class of ops/layers/batch_norm.h), with the
 // CPU layer's semantics, in CUDNN_BATCHNORM_SPATIAL mode (statistics per
 // channel over N and every spatial position):
 //  - samples [C, H, W] run as [N, C, H, W]; [C, L] as [N, C, 1, L]; [C] as
@@ -28,11 +28,11 @@
 #include <string>
 #include <vector>
 
-#include "ops/batch_norm.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cudnn_util.h"
 #include "ops/cuda/kernels.h"
+#include "ops/layers/batch_norm.h"
 
 namespace cnnflow {
 

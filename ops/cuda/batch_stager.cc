@@ -1,4 +1,4 @@
-#include "ops/batch_stager.h"
+#include "ops/parallel/batch_stager.h"
 
 #include <cstring>
 

@@ -1,5 +1,5 @@
-// cuDNN kernels of conv2d and conv1d (the CUDA classes of ops/conv2d.h and
-// ops/conv1d.h), on the legacy cuDNN API.
+// cuDNN kernels of conv2d and conv1d (the CUDA classes of ops/layers/conv2d.h and
+// ops/layers/conv1d.h), on the legacy cuDNN API.
 //
 // conv1d is conv2d on [N, C, 1, L] with a 1 x k kernel (Conv1d's geometry
 // already is that 2D geometry), so both share CudnnConv below.
@@ -31,12 +31,12 @@
 #include <string>
 #include <vector>
 
-#include "ops/conv1d.h"
-#include "ops/conv2d.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cudnn_util.h"
 #include "ops/cuda/kernels.h"
+#include "ops/layers/conv1d.h"
+#include "ops/layers/conv2d.h"
 
 namespace cnnflow {
 

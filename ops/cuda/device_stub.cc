@@ -1,10 +1,10 @@
 // The CUDA backend of a build without CUDA: no GPU, and a clear error if one
 // is asked for.
-#include "ops/batch_stager.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/nccl_comm.h"
 #include "ops/device_backend.h"
 #include "ops/error.h"
+#include "ops/parallel/batch_stager.h"
 
 namespace cnnflow::detail {
 

@@ -1,4 +1,4 @@
-// dropout on a GPU (ops/dropout.h): draws ops/cpu/dropout.cc's mask bit for
+// dropout on a GPU (ops/layers/dropout.h): draws ops/cpu/dropout.cc's mask bit for
 // bit (the same counter-based hash on the device), in f32 or, under mixed
 // precision, f16/bf16.
 #include <cuda_bf16.h>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ops/cuda/map.cuh"
-#include "ops/dropout.h"
+#include "ops/layers/dropout.h"
 
 namespace cnnflow {
 namespace {

@@ -1,4 +1,4 @@
-// flatten on a GPU (ops/flatten.h): the same bytes in another shape, a
+// flatten on a GPU (ops/layers/flatten.h): the same bytes in another shape, a
 // device-to-device copy ordered on the stream.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ops/cuda/map.cuh"
-#include "ops/flatten.h"
+#include "ops/layers/flatten.h"
 
 namespace cnnflow {
 namespace {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "ops/device_ops.h"
-#include "ops/loss.h"
 #include "ops/tensor.h"
+#include "ops/train/loss.h"
 
 namespace cnnflow::cuda {
 
@@ -35,7 +35,7 @@ void AddCast(const Tensor& src, Tensor& dst);
 // torch._amp_foreach_non_finite_check_and_unscale_). The tensors are on one GPU.
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale);
 
-// Softmax cross-entropy as ops/loss.h's, on GPU logits [N, K] (f32, f16 or
+// Softmax cross-entropy as ops/train/loss.h's, on GPU logits [N, K] (f32, f16 or
 // bf16; computed in f32/f64 whatever the type; dlogits in the logits' type) with
 // `labels` N int64 values in GPU memory. Waits for the result (the loss and
 // the count of correct rows come back to the host); a label outside [0, K)
@@ -66,7 +66,7 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
                                                       Tensor* dlogits, double grad_scale = -1,
                                                       double label_smoothing = 0.0);
 
-// torch.optim.SGD's update (ops/optimizer.h) of every slot, in a few kernel
+// torch.optim.SGD's update (ops/train/optimizer.h) of every slot, in a few kernel
 // launches for all of them (multi-tensor apply).
 void SgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
              double dampening, bool nesterov, double weight_decay);

@@ -21,7 +21,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/kernels.h"
-#include "ops/linear.h"
+#include "ops/layers/linear.h"
 
 namespace cnnflow {
 namespace {

@@ -11,7 +11,7 @@
 #include <deque>
 #include <thread>
 
-#include "ops/collective_mpi.h"
+#include "ops/collectives/collective_mpi.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/elementwise.h"

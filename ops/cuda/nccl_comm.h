@@ -1,7 +1,7 @@
 // NCCL collectives among the GPU replicas of a data-parallel job: every
-// replica of every process (ops/data_parallel.h's replicas on cuda:K), one
+// replica of every process (ops/parallel/data_parallel.h's replicas on cuda:K), one
 // NCCL communicator rank per replica. The GPU counterpart of LocalGroup +
-// HierarchicalAllReduce (ops/collective.h, ops/collective_mpi.h): NCCL
+// HierarchicalAllReduce (ops/collectives/collective.h, ops/collectives/collective_mpi.h): NCCL
 // itself spans processes and nodes, so there is no hierarchy to build.
 //
 // Streams: each replica has its own NCCL stream. A collective is ordered
@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/collective.h"
+#include "ops/collectives/collective.h"
 #include "ops/error.h"
 
 namespace cnnflow {

@@ -1,5 +1,5 @@
 // Fused optimizer steps on a GPU (ops/cuda/kernels.h): torch.optim.SGD and
-// Adam/AdamW with ops/optimizer.cc's exact order of operations, over many
+// Adam/AdamW with ops/train/optimizer.cc's exact order of operations, over many
 // parameters in a few launches; and the loss scaler's unscale-and-check of
 // the gradients (UnscaleAndFindNonFinite), the same way. As PyTorch's multi_tensor_apply, a launch
 // gets a table (by value, in its kernel parameters) of up to kMaxTensors
@@ -49,7 +49,7 @@ static_assert(sizeof(AdamTable) + sizeof(AdamScalars) < 4000, "Adam table too la
 static_assert(sizeof(UnscaleTable) + sizeof(float) + sizeof(int*) < 4000,
               "unscale table too large for a launch");
 
-// ops/optimizer.cc's SgdRange, one element.
+// ops/train/optimizer.cc's SgdRange, one element.
 __global__ void SgdKernel(SgdTable t, SgdScalars s) {
   const int ti = t.block_tensor[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(t.block_chunk[blockIdx.x]) * kChunk;
@@ -70,7 +70,7 @@ __global__ void SgdKernel(SgdTable t, SgdScalars s) {
   }
 }
 
-// ops/optimizer.cc's AdamRange, one element.
+// ops/train/optimizer.cc's AdamRange, one element.
 __global__ void AdamKernel(AdamTable t, AdamScalars s) {
   const int ti = t.block_tensor[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(t.block_chunk[blockIdx.x]) * kChunk;
@@ -166,7 +166,7 @@ void CheckSlots(const char* what, Device device, const std::vector<ParamSlot>& s
 void SgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
              double dampening, bool nesterov, double weight_decay) {
   CheckSlots("SgdStep", device, slots, false, false);
-  // The same float scalars as ops/optimizer.cc's SgdUpdate.
+  // The same float scalars as ops/train/optimizer.cc's SgdUpdate.
   SgdScalars s;
   s.wd = static_cast<float>(weight_decay);
   s.mu = static_cast<float>(momentum);
@@ -184,7 +184,7 @@ void AdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, dou
               double beta2, double eps, double weight_decay, bool decoupled, int64_t step) {
   CheckSlots("AdamStep", device, slots, true, true);
   CNNFLOW_ENFORCE(step >= 1, "AdamStep: step ", step, " (counted from 1)");
-  // The same scalars as ops/optimizer.cc's Adam::Step / AdamUpdate.
+  // The same scalars as ops/train/optimizer.cc's Adam::Step / AdamUpdate.
   const double t = static_cast<double>(step);
   const double decay_factor = decoupled ? 1 - lr * weight_decay : 1;
   const double l2 = decoupled ? 0 : weight_decay;

@@ -1,5 +1,5 @@
-// cuDNN kernels of the pooling layers (the CUDA classes of ops/pooling.h
-// and ops/pooling1d.h): maxpool2d, avgpool2d, global_avgpool, maxpool1d,
+// cuDNN kernels of the pooling layers (the CUDA classes of ops/layers/pooling.h
+// and ops/layers/pooling1d.h): maxpool2d, avgpool2d, global_avgpool, maxpool1d,
 // avgpool1d, with the CPU layers' semantics:
 //  - output size by the floor rule, as cuDNN's (checked per shape);
 //  - max: padded cells never win (cuDNN pools only real cells), a NaN wins
@@ -24,8 +24,8 @@
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cudnn_util.h"
-#include "ops/pooling.h"
-#include "ops/pooling1d.h"
+#include "ops/layers/pooling.h"
+#include "ops/layers/pooling1d.h"
 
 namespace cnnflow {
 namespace {

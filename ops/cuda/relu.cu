@@ -1,4 +1,4 @@
-// relu on a GPU (ops/relu.h; NaN -> 0 as the CPU), in f32 or, under mixed
+// relu on a GPU (ops/layers/relu.h; NaN -> 0 as the CPU), in f32 or, under mixed
 // precision, f16/bf16 (exact in any type: it keeps x or 0).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ops/cuda/map.cuh"
-#include "ops/relu.h"
+#include "ops/layers/relu.h"
 
 namespace cnnflow {
 namespace {

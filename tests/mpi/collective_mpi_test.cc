@@ -5,7 +5,7 @@
 //     (the job then ends through MPI_Abort, so ctest matches the output).
 // A plain main, no GoogleTest: every rank runs the same checks, the failure
 // counts are gathered, and every rank prints its verdict.
-#include "ops/collective_mpi.h"
+#include "ops/collectives/collective_mpi.h"
 
 #include <chrono>
 #include <cmath>
@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "ops/collective.h"
+#include "ops/collectives/collective.h"
 
 namespace cnnflow {
 namespace {

@@ -1,4 +1,4 @@
-#include "ops/batch_norm.h"
+#include "ops/layers/batch_norm.h"
 
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
@@ -10,7 +10,7 @@
 #include <functional>
 #include <thread>
 
-#include "ops/collective.h"
+#include "ops/collectives/collective.h"
 #include "tests/ops/gradient_check.h"
 
 namespace cnnflow {

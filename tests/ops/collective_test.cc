@@ -1,4 +1,4 @@
-#include "ops/collective.h"
+#include "ops/collectives/collective.h"
 
 #define OMPI_SKIP_MPICXX 1
 #include <gtest/gtest.h>
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "ops/collective_mpi.h"
+#include "ops/collectives/collective_mpi.h"
 #include "tests/ops/run_threads.h"
 
 namespace cnnflow {

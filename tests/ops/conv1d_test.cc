@@ -2,7 +2,7 @@
 // checks, float vs double, determinism across thread counts, shape and
 // config errors, and a timing to run by hand:
 //   ./tests/ops_test --gtest_also_run_disabled_tests --gtest_filter='*Conv1dBench*'
-#include "ops/conv1d.h"
+#include "ops/layers/conv1d.h"
 
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>

@@ -1,7 +1,7 @@
 // conv2d: forward and backward against naive nested loops, gradient checks,
 // shape errors, determinism across thread counts, and a timing to run by
 // hand (--gtest_also_run_disabled_tests --gtest_filter='*Conv2dBench*').
-#include "ops/conv2d.h"
+#include "ops/layers/conv2d.h"
 
 #include <gtest/gtest.h>
 #include <tbb/task_arena.h>

@@ -1,11 +1,11 @@
-// Data parallelism in one process (ops/data_parallel.h): the invariants of
+// Data parallelism in one process (ops/parallel/data_parallel.h): the invariants of
 // DESIGN.md that hold without a graph around them.
 //  1. N replicas x batch B == 1 replica x batch N*B (SGD and Adam, dropout
 //     included: masks are keyed by sample id).
 //  3. Accumulating K micro-batches of B == one step of K*B.
 // Bucketing: with small buckets, the first reduction starts before backward
 // ends. Replicas stay bitwise identical.
-#include "ops/data_parallel.h"
+#include "ops/parallel/data_parallel.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "ops/dropout.h"
+#include "ops/layers/dropout.h"
 
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>

@@ -1,6 +1,6 @@
-// ops/json.h: compact and pretty output, exact numbers, escapes, and parse
+// ops/io/json.h: compact and pretty output, exact numbers, escapes, and parse
 // errors that name the offset and what was expected.
-#include "ops/json.h"
+#include "ops/io/json.h"
 
 #include <gtest/gtest.h>
 

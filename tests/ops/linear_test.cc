@@ -1,4 +1,4 @@
-#include "ops/linear.h"
+#include "ops/layers/linear.h"
 
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>

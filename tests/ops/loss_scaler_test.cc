@@ -1,6 +1,6 @@
-// Dynamic loss scaling (ops/loss_scaler.h), on the CPU: the behaviour the
+// Dynamic loss scaling (ops/train/loss_scaler.h), on the CPU: the behaviour the
 // GPU's mixed-precision step relies on.
-#include "ops/loss_scaler.h"
+#include "ops/train/loss_scaler.h"
 
 #include <gtest/gtest.h>
 

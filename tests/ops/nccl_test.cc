@@ -22,7 +22,7 @@
 #include <memory>
 #include <thread>
 
-#include "ops/collective_mpi.h"
+#include "ops/collectives/collective_mpi.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
 #include "tests/ops/run_threads.h"

@@ -3,7 +3,7 @@
 // g3 = [-0.5, 1] over three steps. The expected values follow from the
 // torch.optim formulas (worked out in the comments; the Adam values were
 // also checked against torch 1.13's torch.optim in float64).
-#include "ops/optimizer.h"
+#include "ops/train/optimizer.h"
 
 #include <gtest/gtest.h>
 

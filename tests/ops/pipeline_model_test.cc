@@ -1,16 +1,16 @@
-// Pipeline model parallelism (ops/pipeline_model.h), invariant 2 of
+// Pipeline model parallelism (ops/parallel/pipeline_model.h), invariant 2 of
 // DESIGN.md: S stages x M micro-batches == the unsplit model on the batch,
 // for both schedules; with BatchNorm, == the unsplit model accumulating over
 // the same micro-batches (per-micro-batch statistics). 1F1B holds at most
 // S - s micro-batches in stage s. Cut errors are clear.
-#include "ops/pipeline_model.h"
+#include "ops/parallel/pipeline_model.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "ops/loss.h"
 #include "ops/random.h"
+#include "ops/train/loss.h"
 #include "tests/testing/helpers.h"
 
 namespace cnnflow {

@@ -2,7 +2,7 @@
 // batchnorm: forward and backward against naive loops, gradient checks,
 // shape and config errors, and a timing to run by hand:
 //   ./tests/ops_test --gtest_also_run_disabled_tests --gtest_filter='*Pool1dBench*'
-#include "ops/pooling1d.h"
+#include "ops/layers/pooling1d.h"
 
 #include <gtest/gtest.h>
 

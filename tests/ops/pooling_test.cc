@@ -1,6 +1,6 @@
 // maxpool2d, avgpool2d and global_avgpool: forward against naive loops
 // (PyTorch's semantics), gradient checks, argmax routing, shape errors.
-#include "ops/pooling.h"
+#include "ops/layers/pooling.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "ops/safetensors.h"
+#include "ops/io/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "ops/error.h"
-#include "ops/json.h"
+#include "ops/io/json.h"
 #include "ops/model.h"
 #include "tests/ops/gpu_check.h"
 #include "tests/ops/run_threads.h"

@@ -1,6 +1,6 @@
 // WeightAverage: the update rule against an independent f64 reference, the
 // swap used for evaluation, and loading that names what is missing.
-#include "ops/weight_average.h"
+#include "ops/train/weight_average.h"
 
 #include <gtest/gtest.h>
 

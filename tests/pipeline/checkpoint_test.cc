@@ -21,9 +21,9 @@
 #include <string>
 #include <thread>
 
-#include "ops/json.h"
+#include "ops/io/json.h"
+#include "ops/io/safetensors.h"
 #include "ops/random.h"
-#include "ops/safetensors.h"
 #include "tests/testing/test_dir.h"
 
 namespace cnnflow {

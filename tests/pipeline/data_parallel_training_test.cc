@@ -12,7 +12,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "ops/safetensors.h"
+#include "ops/io/safetensors.h"
 #include "pipeline/trainer.h"
 #include "tests/testing/test_dir.h"
 

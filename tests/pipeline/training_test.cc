@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "ops/device.h"
-#include "ops/safetensors.h"
+#include "ops/io/safetensors.h"
 #include "pipeline/trainer.h"
 #include "tests/testing/test_dir.h"
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/conv2d.h"
+#include "ops/layers/conv2d.h"
 
 namespace cnnflow {
 

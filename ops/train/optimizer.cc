@@ -1,4 +1,4 @@
-#include "ops/optimizer.h"
+#include "ops/train/optimizer.h"
 
 #include <immintrin.h>
 

@@ -103,7 +103,7 @@ class Conv2d : public Layer {
   Conv2dGeometry geom_;
   bool has_bias_ = true;
   ConvAlgo algo_ = ConvAlgo::kAuto;
-  bool relu_ = false;  // a fused ReLU (FuseRelu)
+  bool relu_ = false;   // a fused ReLU (FuseRelu)
   int64_t in_arg_ = 0;  // the `in` parameter: 0 = infer from the input shape
   std::unique_ptr<Conv2dScratch> scratch_;
 };

@@ -4,7 +4,7 @@
 //              padded cells never win; a NaN wins, so it propagates)
 //   avgpool1d  [C, L] -> [C, L']  mean over each window (torch.nn.AvgPool1d;
 //              count_include_pad true by default, as PyTorch)
-// Global average pooling over L is `global_avgpool` (ops/pooling.h): it
+// Global average pooling over L is `global_avgpool` (ops/layers/pooling.h): it
 // takes [C, L] as well as [C, H, W]. Kernels: ops/cpu/pooling1d.cc,
 // parallel over the N*C rows.
 #pragma once

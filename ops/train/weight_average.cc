@@ -1,4 +1,4 @@
-#include "ops/weight_average.h"
+#include "ops/train/weight_average.h"
 
 #include <algorithm>
 

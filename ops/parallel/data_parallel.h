@@ -18,7 +18,7 @@
 // Every collective of a replica is issued by its one communication thread,
 // in the order the replica's compute thread asked for them; that order is
 // the same on every replica, which is what matching collectives by call
-// order (ops/collective.h) needs.
+// order (ops/collectives/collective.h) needs.
 //
 // Gradient semantics: the loss gradient of each replica is scaled by
 // 1 / (global batch), and buckets are SUMMED, so the result is exactly the
@@ -40,12 +40,12 @@
 #include <thread>
 #include <vector>
 
-#include "ops/collective.h"
-#include "ops/collective_mpi.h"
-#include "ops/loss.h"
-#include "ops/loss_scaler.h"
+#include "ops/collectives/collective.h"
+#include "ops/collectives/collective_mpi.h"
 #include "ops/model.h"
-#include "ops/optimizer.h"
+#include "ops/train/loss.h"
+#include "ops/train/loss_scaler.h"
+#include "ops/train/optimizer.h"
 
 namespace cnnflow {
 
@@ -62,7 +62,7 @@ struct DataParallelOptions {
   double timeout_s = 300;  // every collective
   std::vector<Device> devices;
   // Mixed precision on GPUs (ops/model.h): activations in f16 or bf16 over
-  // f32 parameters. f16 also scales the loss dynamically (ops/loss_scaler.h):
+  // f32 parameters. f16 also scales the loss dynamically (ops/train/loss_scaler.h):
   // a step whose reduced gradients hold an inf or NaN is skipped.
   DType compute = DType::kF32;
   LossScalerOptions loss_scaler;  // f16 only
@@ -123,7 +123,7 @@ class ReplicaSet {
   };
   // Replica r: forward and backward of its shard x [n, ...] with labels.
   // For a GPU replica, x may be on its GPU already (then `device_labels`
-  // holds the labels in GPU memory: see ops/batch_stager.h); a host x is
+  // holds the labels in GPU memory: see ops/parallel/batch_stager.h); a host x is
   // copied first.
   // grad_scale multiplies the summed loss gradient (1 / global batch, over
   // accumulated micro-batches too). With reduce, each bucket is all-reduced
@@ -179,7 +179,7 @@ class ReplicaSet {
 
   DataParallelOptions options_;
   std::vector<Bucket> buckets_;
-  // Every replica of every process (ops/collective_mpi.h's
+  // Every replica of every process (ops/collectives/collective_mpi.h's
   // MakeReplicaCollective); null when there is nobody to talk to.
   std::unique_ptr<Collective> collective_;
   std::vector<std::unique_ptr<Replica>> replicas_;

@@ -2,7 +2,7 @@
 // participants (CPU replicas) of one process, each calling from its own
 // thread, over buffers in shared memory. Every collective has a timeout and
 // can be aborted, so a replica that fails or stalls never leaves the others
-// hanging. The cross-process layer (MPI) is in ops/collective_mpi.h.
+// hanging. The cross-process layer (MPI) is in ops/collectives/collective_mpi.h.
 //
 // Matching: like MPI and NCCL, collectives are matched by call order. Every
 // participant calls the same sequence of collectives on a group; the k-th
@@ -58,7 +58,7 @@ class CollectiveAborted : public CollectiveError {
 
 // The collectives of a group of replicas, whatever carries them: the
 // in-process LocalGroup, the hierarchical group that adds MPI across
-// processes (ops/collective_mpi.h), or NCCL among GPUs (ops/cuda/nccl_comm.h).
+// processes (ops/collectives/collective_mpi.h), or NCCL among GPUs (ops/cuda/nccl_comm.h).
 // `rank` is a member of this process, 0..size()-1; members of all processes
 // are numbered globally, this process's from global_offset(). Every member
 // of every process issues the same sequence of calls (matching is by call

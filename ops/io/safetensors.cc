@@ -1,4 +1,4 @@
-#include "ops/safetensors.h"
+#include "ops/io/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <set>
 
 #include "ops/error.h"
-#include "ops/json.h"
+#include "ops/io/json.h"
 
 namespace cnnflow {
 

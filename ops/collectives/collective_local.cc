@@ -1,10 +1,10 @@
-// In-process collectives over shared memory (see ops/collective.h).
+// In-process collectives over shared memory (see ops/collectives/collective.h).
 #include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <thread>
 
-#include "ops/collective.h"
+#include "ops/collectives/collective.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

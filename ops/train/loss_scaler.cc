@@ -1,4 +1,4 @@
-#include "ops/loss_scaler.h"
+#include "ops/train/loss_scaler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -45,7 +45,8 @@ bool LossScaler::Update(bool found_inf) {
 }
 
 void LossScaler::Restore(double scale, int64_t growth_tracker) {
-  CNNFLOW_ENFORCE(scale > 0 && growth_tracker >= 0, "bad loss scaler state ", scale, ", ", growth_tracker);
+  CNNFLOW_ENFORCE(scale > 0 && growth_tracker >= 0, "bad loss scaler state ", scale, ", ",
+                  growth_tracker);
   scale_ = scale;
   tracker_ = growth_tracker;
 }

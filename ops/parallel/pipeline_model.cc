@@ -1,4 +1,4 @@
-#include "ops/pipeline_model.h"
+#include "ops/parallel/pipeline_model.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,8 +6,8 @@
 #include <limits>
 #include <map>
 
-#include "ops/collective_mpi.h"
-#include "ops/loss.h"
+#include "ops/collectives/collective_mpi.h"
+#include "ops/train/loss.h"
 
 namespace cnnflow {
 
@@ -40,7 +40,8 @@ std::vector<std::vector<std::string>> BalancedCut(const Model& model, int stages
   const int n = model.num_layers();
   CNNFLOW_ENFORCE(stages >= 1 && stages <= n, "cannot cut ", n, " layers into ", stages, " stages");
   std::vector<double> prefix(n + 1, 0);
-  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + static_cast<double>(model.layer(i).ForwardFlops(1));
+  for (int i = 0; i < n; ++i)
+    prefix[i + 1] = prefix[i] + static_cast<double>(model.layer(i).ForwardFlops(1));
   // best[s][i]: the smallest possible largest stage cost of layers [0, i) in s stages.
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, inf));
@@ -86,19 +87,23 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
   full_ = Model::Build(layers, input_shape, DType::kF32, seed, init);
   full_->ZeroGrad();
   const int num_stages = static_cast<int>(options_.stages.size());
-  CNNFLOW_ENFORCE(options_.microbatches >= 1, "microbatches must be >= 1, got ", options_.microbatches);
+  CNNFLOW_ENFORCE(options_.microbatches >= 1, "microbatches must be >= 1, got ",
+                  options_.microbatches);
   if (num_stages < 1) throw ConfigError("a pipeline needs at least one stage");
   // The cut: contiguous, complete, in order.
   std::map<std::string, int> index, stage_of;
   for (int i = 0; i < full_->num_layers(); ++i) index[full_->layer(i).name()] = i;
   int next = 0;
   for (int s = 0; s < num_stages; ++s) {
-    if (options_.stages[s].empty()) throw ConfigError(StrCat("pipeline stage ", s, " has no layers"));
+    if (options_.stages[s].empty())
+      throw ConfigError(StrCat("pipeline stage ", s, " has no layers"));
     for (const std::string& name : options_.stages[s]) {
       auto it = index.find(name);
-      if (it == index.end()) throw ConfigError(StrCat("pipeline stage ", s, ": no layer '", name, "'"));
+      if (it == index.end())
+        throw ConfigError(StrCat("pipeline stage ", s, ": no layer '", name, "'"));
       if (it->second != next) {
-        throw ConfigError(StrCat("pipeline stage ", s, ": layer '", name, "' is out of order; stages "
+        throw ConfigError(StrCat("pipeline stage ", s, ": layer '", name,
+                                 "' is out of order; stages "
                                  "must list the model's layers in order, each once (expected '",
                                  next < full_->num_layers() ? full_->layer(next).name() : "nothing",
                                  "')"));
@@ -120,7 +125,8 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
         const bool previous_output = k == 0 && s > 0 && in == layers[first - 1].name;
         if (previous_output) continue;
         if (stage_of.count(in) == 0 || stage_of[in] != s) {
-          throw ConfigError(StrCat("pipeline stage ", s, ": layer '", specs[k].name, "' reads '", in,
+          throw ConfigError(StrCat("pipeline stage ", s, ": layer '", specs[k].name, "' reads '",
+                                   in,
                                    "' from another stage; only the previous stage's last output "
                                    "crosses a cut"));
         }
@@ -129,7 +135,8 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
     specs[0].inputs.clear();
     const Shape in_shape = first == 0 ? input_shape : full_->output_shape(first - 1);
     auto stage = std::make_unique<Stage>();
-    const int slots = options_.schedule == PipelineSchedule::kGpipe ? m : std::min(m, num_stages - s);
+    const int slots =
+        options_.schedule == PipelineSchedule::kGpipe ? m : std::min(m, num_stages - s);
     for (int k = 0; k < slots; ++k) {
       auto model = Model::Build(specs, in_shape, DType::kF32, seed, init);
       // Share the full model's storage: parameters, gradients, buffers.
@@ -140,7 +147,8 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
           mine.parameters()[p].value = theirs.parameters()[p].value;
           mine.parameters()[p].grad = theirs.parameters()[p].grad;
         }
-        for (size_t b = 0; b < mine.buffers().size(); ++b) mine.buffers()[b].value = theirs.buffers()[b].value;
+        for (size_t b = 0; b < mine.buffers().size(); ++b)
+          mine.buffers()[b].value = theirs.buffers()[b].value;
       }
       stage->slots.push_back(std::move(model));
     }
@@ -189,8 +197,8 @@ void PipelineModel::Forward(int s, int i) {
     if (s + 1 == num_stages()) {
       Tensor& d = st.dlogits[i];
       d = Tensor::Empty(st.out[i].shape(), st.out[i].dtype());
-      const LossResult r = SoftmaxCrossEntropy(st.out[i], labels_ + begin_[i], &d, grad_scale_,
-                                               label_smoothing_);
+      const LossResult r =
+          SoftmaxCrossEntropy(st.out[i], labels_ + begin_[i], &d, grad_scale_, label_smoothing_);
       if (!std::isfinite(r.loss)) {
         throw Error(StrCat("loss is ", r.loss, " at step ", ctx_.step, " (micro-batch ", i,
                            "): lower the learning rate or check the data"));

@@ -1,7 +1,7 @@
 // Collectives across processes over MPI, and the hierarchical all-reduce
-// (see ops/collective_mpi.h).
+// (see ops/collectives/collective_mpi.h).
 #define OMPI_SKIP_MPICXX 1  // the C API is enough; the C++ bindings are deprecated
-#include "ops/collective_mpi.h"
+#include "ops/collectives/collective_mpi.h"
 
 #include <mpi.h>
 

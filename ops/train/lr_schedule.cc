@@ -1,4 +1,4 @@
-#include "ops/lr_schedule.h"
+#include "ops/train/lr_schedule.h"
 
 #include <cmath>
 #include <numbers>

@@ -1,11 +1,11 @@
-#include "ops/data_parallel.h"
+#include "ops/parallel/data_parallel.h"
 
 #include <cmath>
 #include <optional>
 
 #include "ops/device_ops.h"
-#include "ops/loss.h"
 #include "ops/trace.h"
+#include "ops/train/loss.h"
 
 namespace cnnflow {
 
@@ -56,8 +56,8 @@ struct ReplicaSet::Replica {
   std::vector<int> layers_left;                 // per bucket, this backward
   StepTimeline timeline;
   Counters counters;
-  std::unique_ptr<LossScaler> scaler;     // f16 only
-  std::unique_ptr<IdleMeter> idle;        // GPU only
+  std::unique_ptr<LossScaler> scaler;  // f16 only
+  std::unique_ptr<IdleMeter> idle;     // GPU only
   // SyncBN's all-reduce, through the communication thread like every
   // collective of this replica (so the order is the same on every replica).
   std::function<void(float*, int64_t)> sync_sum;
@@ -284,8 +284,7 @@ void ReplicaSet::Abort(const std::string& reason) {
 ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int64_t* labels,
                                                const ForwardContext& ctx, double grad_scale,
                                                double label_smoothing, bool reduce,
-                                               const int64_t* device_labels,
-                                               const LabelMix* mix) {
+                                               const int64_t* device_labels, const LabelMix* mix) {
   Replica& rep = *replicas_[r];
   Result result;
   auto post = [this, r, &rep](int b) {

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/collective.h"
+#include "ops/collectives/collective.h"
 #include "ops/device.h"
 
 namespace cnnflow {
@@ -135,7 +135,7 @@ class MpiWorld {
 // the LocalGroup's replicas reduce into local rank 0's buffer, local rank 0
 // all-reduces it across processes, and the result is scaled and copied back
 // to every local replica. Every replica of every process ends with the same
-// bits. Collectives are matched by call order (see ops/collective.h); local
+// bits. Collectives are matched by call order (see ops/collectives/collective.h); local
 // rank 0's calls fix the order of the MPI collectives, which are started in
 // that order even when several are in flight.
 class HierarchicalAllReduce final : public Collective {

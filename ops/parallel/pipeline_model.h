@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "ops/model.h"
-#include "ops/optimizer.h"
+#include "ops/train/optimizer.h"
 
 namespace cnnflow {
 
@@ -90,8 +90,8 @@ class PipelineModel {
   // smaller), the driver runs every action of the schedule, then each
   // stage steps (Step); stages are independent once their own actions are
   // done.
-  int BeginStep(const Tensor& x, const int64_t* labels, const ForwardContext& ctx, double grad_scale,
-                double label_smoothing);
+  int BeginStep(const Tensor& x, const int64_t* labels, const ForwardContext& ctx,
+                double grad_scale, double label_smoothing);
   void Forward(int stage, int microbatch);
   void Backward(int stage, int microbatch);
   // In an MPI job each process holds a data-parallel replica of the

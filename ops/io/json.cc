@@ -1,4 +1,4 @@
-#include "ops/json.h"
+#include "ops/io/json.h"
 
 #include <charconv>
 #include <cmath>
