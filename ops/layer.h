@@ -1,7 +1,8 @@
 // The layer interface and the layer registry.
 //
 // How to add a layer type (one header + one .cc, one CMake line):
-//   1. ops/<name>.h: a class deriving from Layer; a comment with the shapes.
+//   1. ops/layers/<name>.h: a class deriving from Layer; a comment with the
+//      shapes.
 //   2. ops/cpu/<name>.cc: Build (shape rule; create parameters), Forward and
 //      Backward, and at the bottom
 //        CNNFLOW_REGISTER_LAYER(name, Class, Schema("doc").Optional(...));
@@ -9,7 +10,8 @@
 //      (const std::string& layer_name, const Args& args).
 //   3. tests/ops/<name>_test.cc: a gradient check and a naive reference.
 //
-// A layer that runs on a GPU has a CUDA class too (ops/cuda/<name>_*.cc),
+// A layer that runs on a GPU has a CUDA class too, in a file of its own
+// (ops/cuda/<name>.cu, or <name>_cudnn.cc / _cublas.cc over a library),
 // usually derived from the CPU class to share its Build and parameters,
 // registered with CNNFLOW_REGISTER_CUDA_LAYER(name, CudaClass). A model
 // built for `cuda:K` makes every layer from its CUDA class, builds and
