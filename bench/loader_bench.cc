@@ -284,28 +284,23 @@ void SinglePasses(const std::vector<std::string>& jpegs, Trainer* trainer, const
   std::fflush(stdout);
 }
 
-// The loader graph per thread count: --reps rounds, alternating settings
-// inside one TuneLoader call, so load changes hit every setting alike.
+// The loader graph per thread count: --reps interleaved rounds of one
+// TuneLoader call, so load changes hit every setting alike; the loader
+// alone, and training end to end beside it.
 void CnnflowLoader(Trainer& trainer, const Options& o) {
-  std::vector<int64_t> order;
-  for (int rep = 0; rep < o.reps; ++rep) order.insert(order.end(), o.threads.begin(), o.threads.end());
-  const TuneReport report = TuneLoader(trainer, order, {o.prefetch}, o.steps);
-  for (int64_t t : o.threads) {
-    std::vector<double> rates, cores;
-    for (const TuneSetting& s : report.settings) {
-      if (s.load_threads != t) continue;
-      rates.push_back(s.images_per_s);
-      cores.push_back(s.cpu_cores);
-    }
+  std::vector<int64_t> threads(o.threads.begin(), o.threads.end());
+  const TuneReport report = TuneLoader(trainer, threads, {o.prefetch}, o.steps, o.reps);
+  for (const TuneSetting& s : report.settings) {
     std::printf(
         "cnnflow_loader load_threads=%lld prefetch=%lld images_per_s=%.0f best=%.0f "
         "cpu_cores=%.2f steps=%lld batch=%lld runs=%s\n",
-        static_cast<long long>(t), static_cast<long long>(o.prefetch), Median(rates),
-        *std::max_element(rates.begin(), rates.end()), Median(cores),
-        static_cast<long long>(o.steps), static_cast<long long>(trainer.config().batch),
-        Join(rates).c_str());
+        static_cast<long long>(s.load_threads), static_cast<long long>(o.prefetch),
+        s.loader_images_per_s, *std::max_element(s.loader_runs.begin(), s.loader_runs.end()),
+        s.loader_cores, static_cast<long long>(o.steps),
+        static_cast<long long>(trainer.config().batch), Join(s.loader_runs).c_str());
+    std::printf("cnnflow_train load_threads=%lld images_per_s=%.0f runs=%s\n",
+                static_cast<long long>(s.load_threads), s.images_per_s, Join(s.train_runs).c_str());
   }
-  std::printf("cnnflow_train_step images_per_s=%.0f\n", report.step_images_per_s);
   std::fflush(stdout);
 }
 

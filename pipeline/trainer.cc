@@ -195,7 +195,8 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
 
 Trainer::~Trainer() = default;
 
-PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, int64_t epoch) {
+PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, int64_t epoch,
+                             const BatchObserver& observe) {
   state_.epoch = epoch;
   state_.pass = pass;
   state_.metrics = PassMetrics();
@@ -213,7 +214,9 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
     tuner->StartPass();
   }
   state_.pass_start = std::chrono::steady_clock::now();
-  state_.on_batch = [this, pass, epoch, tuner](const BatchMessage& m, const PassMetrics& p) {
+  state_.on_batch = [this, pass, epoch, tuner, &observe](const BatchMessage& m,
+                                                         const PassMetrics& p) {
+    if (observe) observe(m, p);
     if (tuner) {
       for (const AutotuneDecision& d : tuner->Observe(state_.knobs, p.samples, p.seconds)) {
         LogAutotune(d);

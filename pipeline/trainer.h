@@ -44,8 +44,11 @@ class Trainer {
   // One evaluation pass over the test set.
   PassMetrics Evaluate();
   // Runs `graph` once as pass "train" or "eval" of `epoch` (the tuner runs
-  // its own graphs through this too).
-  PassMetrics RunPass(const GraphSpec& graph, const std::string& pass, int64_t epoch);
+  // its own graphs through this too); `observe`, when given, sees each batch
+  // at the end of the graph with the pass's totals so far.
+  using BatchObserver = std::function<void(const BatchMessage&, const PassMetrics&)>;
+  PassMetrics RunPass(const GraphSpec& graph, const std::string& pass, int64_t epoch,
+                      const BatchObserver& observe = {});
   // Loads weights (and BN buffers) by name from a safetensors file; with a
   // prefix, the tensors named prefix + name ("ema.": the weight average).
   void LoadWeights(const std::string& path, const std::string& prefix = "");

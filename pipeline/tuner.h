@@ -1,9 +1,17 @@
-// Loader tuning (`cnnflow tune`): runs the config's train graph without its
-// training step, across loader threads x prefetch depths, and compares each
-// setting's images/s with the training step's own rate, so the user sees
-// which stage bounds the run and what setting to choose.
+// Loader tuning (`cnnflow tune`): what should the loader settings be, and
+// will they make training faster? Runs the config's whole train graph at
+// each setting of loader threads x prefetch depth, in interleaved rounds
+// (each round visits every setting, the order reversed every other round,
+// so a drift of the machine or the run's own warm-up lands on all of them),
+// timing only the batches after a warm-up. It recommends the cheapest
+// setting (fewest threads, then least prefetch memory) whose median
+// end-to-end rate is within the measured noise of the best, and says
+// whether the loader bounds the run: beside each setting it also times the
+// loader alone (the graph without its training nodes) and the CPU its
+// decode tasks use.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,21 +22,35 @@ namespace cnnflow {
 struct TuneSetting {
   int64_t load_threads = 1;
   int64_t prefetch = 4;
+  double prefetch_mb = 0;  // the batches the limiter lets in flight, in MB
+  // Training end to end (loader + step), images/s: the median over the
+  // rounds, and (max - min) / median.
   double images_per_s = 0;
-  double cpu_cores = 0;       // CPU seconds per wall second while it ran
-  double prefetch_mb = 0;     // the batches the limiter lets in flight, in MB
+  double spread = 0;
+  double loader_images_per_s = 0;               // the loader alone (median)
+  std::vector<double> train_runs, loader_runs;  // every round's images/s, in round order
+  // CPU seconds per wall second of the loader's decode tasks (their own
+  // threads' clocks) while training: its share of the thread budget.
+  double loader_cores = 0;
+  double loader_alone_cores = 0;  // the same, the loader alone (as fast as it goes)
 };
 
 struct TuneReport {
-  std::vector<TuneSetting> settings;
-  double step_images_per_s = 0;  // the full train graph (loader + step)
-  size_t best = 0;               // index of the recommended setting
-  std::string bottleneck;        // "load" or "step", with the reason
+  std::vector<TuneSetting> settings;  // threads ascending, then prefetch ascending
+  size_t best = 0;                    // the recommended setting
+  size_t fastest = 0;                 // the highest median
+  double noise = 0;     // relative difference called noise (the rounds' typical spread, >= 2%)
+  int64_t threads = 1;  // the run's thread budget
+  int rounds = 0;
+  bool loader_bound = false;
+  std::string verdict;  // one line: what the user gains
   std::string ToString() const;
 };
 
-// Times `steps` batches per setting. The trainer's model is not changed.
+// Times `steps` batches after `warmup` per run, `rounds` runs per setting.
+// It trains the trainer's model (throw the trainer away afterwards).
 TuneReport TuneLoader(Trainer& trainer, const std::vector<int64_t>& load_threads,
-                      const std::vector<int64_t>& prefetch, int64_t steps);
+                      const std::vector<int64_t>& prefetch, int64_t steps, int rounds = 3,
+                      int64_t warmup = -1);
 
 }  // namespace cnnflow

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <ctime>
 #include <mutex>
 
 #include "ops/trace.h"
@@ -24,6 +25,13 @@
 
 namespace cnnflow {
 namespace {
+
+// This thread's CPU time (not the process's: the pool's idle workers spin).
+int64_t ThreadCpuNs() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
 
 // A batch being loaded, shared by its slices.
 struct BatchWork {
@@ -68,15 +76,16 @@ class LoadBatchStage final : public Stage {
     decode_ = std::make_unique<multifunction_node<Slice, std::tuple<Message>>>(
         g, unlimited, [this, data, &state](const Slice& s, auto& out) {
           Guarded([&] {
+            const int64_t cpu0 = ThreadCpuNs();
             {
               const TraceSpan span("load", "decode slice");
               Decode(*data, state, s);
             }
             limiter_->Release();
-            if (s.work->slices_left.fetch_sub(1) == 1) {
-              Assemble(*data, state, *s.work);
-              std::get<0>(out).try_put(s.work->batch);
-            }
+            const bool last = s.work->slices_left.fetch_sub(1) == 1;
+            if (last) Assemble(*data, state, *s.work);
+            state.loader_cpu_ns += ThreadCpuNs() - cpu0;
+            if (last) std::get<0>(out).try_put(s.work->batch);
           });
         });
     make_edge(output_port<0>(*split_), *queue_);

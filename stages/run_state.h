@@ -111,6 +111,10 @@ struct RunState {
   // Called by the metrics stage after each batch (progress output).
   std::function<void(const BatchMessage&, const PassMetrics&)> on_batch;
 
+  // CPU time the loader's decode tasks used, on their threads' own clocks
+  // (so a worker spinning for work counts nowhere): `tune`'s loader cores.
+  std::atomic<int64_t> loader_cpu_ns{0};
+
   // Accounting used by tests and reports: batches between the prefetch
   // limiter and the end of the graph, now and at most.
   std::atomic<int64_t> in_flight{0};

@@ -47,10 +47,11 @@ commands:
   eval CONFIG --weights FILE [--ema] [--set key=value ...]
         evaluate weights (model.safetensors of a run) on the config's test set;
         --ema: its weight average (the ema stage's "ema.*" tensors)
-  tune CONFIG [--steps N] [--write] [--set key=value ...]
-        time the train graph's loader alone across load threads x prefetch depths,
-        against the training step; recommend a setting and name the bottleneck;
-        --write puts the recommended graph.load_threads and graph.prefetch into CONFIG
+  tune CONFIG [--steps N] [--rounds R] [--write] [--set key=value ...]
+        train end to end at each load threads x prefetch depth, R interleaved rounds (3) of
+        N timed batches (100) after a warm-up; recommend the cheapest setting within noise
+        of the fastest, and say whether the loader bounds the run (the loader alone and its
+        CPU beside); --write puts the setting into CONFIG
   bench CONFIG [--max-steps S] [--devices 1,2,...] [--warmup W] [--csv FILE] [--set ...]
         data-parallel scaling: S timed steps per replica count at a fixed per-replica
         batch; images/s, speedup, efficiency, all-reduce and data-wait shares (under
@@ -80,6 +81,7 @@ struct Options {
   std::vector<int> devices = {1, 2};
   int64_t warmup = 10;
   int64_t steps = 100;
+  int64_t rounds = 3;
   bool write = false;
   bool ema = false;
   std::vector<std::string> sets;
@@ -109,6 +111,8 @@ Options Parse(int argc, char** argv) {
       o.sets.push_back(a.substr(6));
     } else if (a == "--weights") {
       o.weights = value("--weights");
+    } else if (a == "--rounds") {
+      o.rounds = ParseCount("--rounds", value("--rounds"));
     } else if (a == "--steps") {
       o.steps = ParseCount("--steps", value("--steps"));
     } else if (a == "--max-steps") {
@@ -288,9 +292,11 @@ int Tune(const Options& o) {
   Trainer trainer(LoadRunConfig(o.config, o.sets));
   std::vector<int64_t> threads;
   for (int64_t t = 1; t <= trainer.config().threads; ++t) threads.push_back(t);
-  std::printf("tuning the loader of %s: %lld batches of %lld per setting\n", o.config.c_str(),
-              static_cast<long long>(o.steps), static_cast<long long>(trainer.config().batch));
-  const TuneReport report = TuneLoader(trainer, threads, {2, 4, 8}, o.steps);
+  std::printf("tuning the loader of %s: %lld timed batches of %lld per run, %lld rounds\n",
+              o.config.c_str(), static_cast<long long>(o.steps),
+              static_cast<long long>(trainer.config().batch), static_cast<long long>(o.rounds));
+  const TuneReport report =
+      TuneLoader(trainer, threads, {1, 2, 4, 8}, o.steps, static_cast<int>(o.rounds));
   std::printf("%s", report.ToString().c_str());
   if (o.write) {
     const TuneSetting& best = report.settings[report.best];
