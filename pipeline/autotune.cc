@@ -1,6 +1,7 @@
 #include "pipeline/autotune.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace cnnflow {
@@ -24,13 +25,18 @@ std::string AutotuneDecision::ToString() const {
 
 void Autotuner::StartPass() {
   skip_ = opt_.settle_batches;
-  window_open_ = false;
+  have_last_ = false;
 }
 
-std::optional<double> Autotuner::WindowRate(int64_t samples, double seconds) {
-  const double dt = seconds - window_start_seconds_;
-  if (window_batches_ < opt_.window_batches || dt < opt_.window_seconds || dt <= 0) return {};
-  return static_cast<double>(samples - window_start_samples_) / dt;
+std::optional<double> Autotuner::WindowRate() {
+  if (window_batches_ < opt_.window_batches || window_seconds_ < opt_.window_seconds ||
+      window_seconds_ <= 0) {
+    return {};
+  }
+  const double rate = static_cast<double>(window_samples_) / window_seconds_;
+  window_batches_ = window_samples_ = 0;
+  window_seconds_ = 0;
+  return rate;
 }
 
 int64_t Autotuner::Target(const TunableKnob& k, bool up) const {
@@ -59,8 +65,9 @@ bool Autotuner::NextMove(std::vector<TunableKnob>& knobs, std::vector<AutotuneDe
     k.value = k.set(target);
     d.to = k.value;
     char why[160];
-    std::snprintf(why, sizeof why, "baseline %.0f images/s; %s", baseline_,
-                  m.up ? "kept if it gains 5%" : "kept if it loses under 3%");
+    std::snprintf(
+        why, sizeof why, "A %.0f images/s; %s", baseline_,
+        m.up ? "kept if B gains 5% and twice the A-A' noise" : "kept if B loses under 3%");
     d.action = "try";
     d.reason = why;
     out.push_back(d);
@@ -79,51 +86,74 @@ std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs
   ++batches_;
   if (phase_ == Phase::kSettled || knobs.empty()) return out;
   for (const TunableKnob& k : knobs) values_.emplace(k.name, k.value);
+  // This batch's samples and seconds (the pass's totals are cumulative).
+  const bool first = !have_last_;
+  const int64_t batch_samples = samples - last_samples_;
+  const double batch_seconds = seconds - last_seconds_;
+  have_last_ = true;
+  last_samples_ = samples;
+  last_seconds_ = seconds;
+  if (first) return out;  // its time includes the pass's start
   if (skip_ > 0) {
     --skip_;
     return out;
   }
-  if (!window_open_) {
-    window_open_ = true;
-    window_batches_ = 0;
-    window_start_samples_ = samples;
-    window_start_seconds_ = seconds;
+  ++window_batches_;
+  window_samples_ += batch_samples;
+  window_seconds_ += batch_seconds;
+  const std::optional<double> rate = WindowRate();  // moves come only after a window
+  if (!rate) return out;
+
+  if (phase_ == Phase::kTrial) {  // B: back to A for the control window
+    trial_rate_ = *rate;
+    TunableKnob& k = knobs[trial_->knob];
+    trial_to_ = k.value;
+    k.value = k.set(trial_from_);
+    values_[k.name] = k.value;
+    phase_ = Phase::kReturn;
+    skip_ = opt_.settle_batches;
     return out;
   }
-  ++window_batches_;
-  const std::optional<double> rate = WindowRate(samples, seconds);
-  if (!rate) return out;
-  window_open_ = false;
-
-  if (phase_ == Phase::kTrial) {
+  if (phase_ == Phase::kReturn) {  // A': judge B against A and A'
     TunableKnob& k = knobs[trial_->knob];
-    const double change = baseline_ > 0 ? *rate / baseline_ - 1 : 0;
-    const bool keep = trial_->up ? change >= opt_.gain : change >= -opt_.tolerance;
+    const double a2 = *rate;
+    const double ref = (baseline_ + a2) / 2;
+    const double change = ref > 0 ? trial_rate_ / ref - 1 : 0;
+    const double noise = ref > 0 ? std::abs(baseline_ - a2) / ref : 0;
+    const double need = std::max(opt_.gain, 2 * noise);
+    const bool keep = trial_->up ? change >= need : change >= -opt_.tolerance;
     AutotuneDecision d;
     d.batch = batches_;
     d.knob = k.name;
     d.from = trial_from_;
-    d.to = k.value;
-    d.rate_before = baseline_;
-    d.rate_after = *rate;
-    char why[200];
-    std::snprintf(why, sizeof why, "%.0f -> %.0f images/s, %+.1f%%%s", baseline_, *rate,
-                  100 * change,
-                  keep ? "" : (trial_->up ? ", under the +5% a move up must gain"
-                                          : ", more than the 3% a move down may lose"));
+    d.to = trial_to_;
+    d.rate_before = ref;
+    d.rate_after = trial_rate_;
+    char why[240];
+    std::snprintf(why, sizeof why,
+                  "A %.0f, B %.0f, A' %.0f images/s: %+.1f%% against A and A' "
+                  "(which differ by %.1f%%)%s",
+                  baseline_, trial_rate_, a2, 100 * change, 100 * noise,
+                  keep ? ""
+                       : (trial_->up ? StrCat(", under the +", static_cast<int>(100 * need + 0.5),
+                                              "% a move up must gain")
+                                           .c_str()
+                                     : ", more than the 3% a move down may lose"));
     d.reason = why;
-    if (keep) {
-      d.action = "keep";
-      baseline_ = *rate;
-      last_kept_ = trial_;
-      tried_in_round_ = 0;
-    } else {
-      d.action = "revert";
-      k.value = k.set(trial_from_);
-    }
-    values_[k.name] = k.value;
+    d.action = keep ? "keep" : "revert";
     out.push_back(d);
+    const Move tried = *trial_;
     trial_.reset();
+    if (keep) {
+      k.value = k.set(trial_to_);
+      values_[k.name] = k.value;
+      last_kept_ = tried;
+      tried_in_round_ = 0;
+      phase_ = Phase::kBaseline;  // a fresh A at the new setting
+      skip_ = opt_.settle_batches;
+      return out;
+    }
+    baseline_ = a2;  // A' is the next trial's A
   } else {
     baseline_ = *rate;
   }

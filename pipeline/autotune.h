@@ -3,12 +3,17 @@
 // (decode concurrency, prefetch depth), each within its bounds (the run's
 // thread budget, the prefetch memory budget).
 //
-// One move at a time: measure a baseline window, move one knob (threads
-// +-1, depth x2 or /2), let the pipeline settle, measure again. A move up
-// is kept only if it gains `gain` (it costs threads or memory); a move down
-// is kept if it loses less than `tolerance` (it frees them). Every move and
-// its reason is reported; when no move is kept in a full round, the tuner
-// settles and stops moving.
+// One move at a time, as an A/B/A trial: measure a window at the current
+// setting (A), move one knob (threads +-1, depth x2 or /2) and measure (B),
+// move back and measure again (A'), each window after the pipeline has
+// settled. B is judged against the mean of A and A', so a drift of the run
+// (its warm-up, the machine's load) that would lift any later window cancels
+// out, and |A - A'| is the noise of this trial. A move up is kept only if
+// it gains `gain` and twice that noise (it costs threads or memory); a move
+// down is kept if it loses less than `tolerance` (it frees them, so it also
+// steps down a loader that the step does not need). Every move is logged
+// with A, B and A'; when no move is kept in a full round, the tuner settles
+// and stops moving.
 #pragma once
 
 #include <cstdint>
@@ -44,8 +49,8 @@ class Autotuner {
  public:
   explicit Autotuner(AutotuneOptions opt = {}) : opt_(opt) {}
 
-  // A new pass starts (its graph offers fresh knobs): the first batches
-  // are warm-up and not measured.
+  // A new pass starts (its graph offers fresh knobs): its first batches
+  // are warm-up and not measured; a window in progress goes on.
   void StartPass();
   // After each batch: the pass's knobs and its cumulative samples and
   // seconds. Returns the decisions taken now (usually none).
@@ -56,12 +61,12 @@ class Autotuner {
   const std::map<std::string, int64_t>& values() const { return values_; }
 
  private:
-  enum class Phase { kBaseline, kTrial, kSettled };
+  enum class Phase { kBaseline, kTrial, kReturn, kSettled };  // windows A, B, A'
   struct Move {
     size_t knob;
     bool up;
   };
-  std::optional<double> WindowRate(int64_t samples, double seconds);
+  std::optional<double> WindowRate();  // when the window is complete; then a new one starts
   bool NextMove(std::vector<TunableKnob>& knobs, std::vector<AutotuneDecision>& out);
   int64_t Target(const TunableKnob& k, bool up) const;
 
@@ -69,16 +74,21 @@ class Autotuner {
   Phase phase_ = Phase::kBaseline;
   int64_t batches_ = 0;          // over the run
   int64_t skip_ = 0;             // batches still to skip before measuring
-  int64_t window_batches_ = 0;
-  int64_t window_start_samples_ = 0;
-  double window_start_seconds_ = 0;
-  bool window_open_ = false;
-  double baseline_ = 0;
+  // The window being measured: batches, samples and seconds at one
+  // setting, summed batch by batch, so a window may span passes (the time
+  // between them, evaluation included, counts nowhere).
+  int64_t window_batches_ = 0, window_samples_ = 0;
+  double window_seconds_ = 0;
+  bool have_last_ = false;  // a batch of this pass was seen
+  int64_t last_samples_ = 0;
+  double last_seconds_ = 0;
+  double baseline_ = 0;          // A
+  double trial_rate_ = 0;        // B
   size_t next_candidate_ = 0;    // index into the round's moves
   size_t tried_in_round_ = 0;
   int64_t moves_ = 0;
   std::optional<Move> trial_, last_kept_;
-  int64_t trial_from_ = 0;
+  int64_t trial_from_ = 0, trial_to_ = 0;
   std::map<std::string, int64_t> values_;
 };
 

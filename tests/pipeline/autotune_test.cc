@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 
 namespace cnnflow {
@@ -107,6 +108,32 @@ TEST(Autotuner, NoiseBelowTheGainDoesNotMoveAnything) {
       EXPECT_LT(d.to, d.from) << d.ToString();
     }
   }
+}
+
+// The run's own warm-up: every later window is faster, whatever the
+// setting (here +100% over the first 600 batches, then flat). Each trial
+// brackets its B window with A and A', so no move up is kept for a gain
+// that is only the drift; before A/B/A trials, each "gained" 5-8%.
+TEST(Autotuner, WarmUpDriftIsNotAGain) {
+  Plant p(1, 4, 4, 16);
+  const int64_t* samples = &p.samples;
+  p.rate = [samples](int64_t, int64_t) {
+    const double batches = static_cast<double>(*samples) / 64;
+    return 500.0 * (1 + std::min(batches, 600.0) / 600);
+  };
+  Autotuner tuner(Fast());
+  p.Run(tuner, 3000);
+  ASSERT_TRUE(tuner.settled());
+  ASSERT_GE(p.Count("try"), 2);
+  for (const auto& d : p.log) {
+    if (d.action == "keep") {
+      EXPECT_LT(d.to, d.from) << "kept a move up for the drift: " << d.ToString();
+    }
+    if (d.action == "keep" || d.action == "revert") {
+      EXPECT_NE(d.reason.find("A'"), std::string::npos) << d.reason;  // the evidence is logged
+    }
+  }
+  EXPECT_EQ(p.threads(), 1);
 }
 
 }  // namespace
