@@ -65,9 +65,9 @@ bool Autotuner::NextMove(std::vector<TunableKnob>& knobs, std::vector<AutotuneDe
     k.value = k.set(target);
     d.to = k.value;
     char why[160];
-    std::snprintf(
-        why, sizeof why, "A %.0f images/s; %s", baseline_,
-        m.up ? "kept if B gains 5% and twice the A-A' noise" : "kept if B loses under 3%");
+    std::snprintf(why, sizeof why, "A %.0f images/s; %s", baseline_,
+                  m.up ? "kept if B gains 5% and twice the A-A' noise"
+                       : "kept if B loses under 3% less the A-A' noise");
     d.action = "try";
     d.reason = why;
     out.push_back(d);
@@ -121,7 +121,8 @@ std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs
     const double change = ref > 0 ? trial_rate_ / ref - 1 : 0;
     const double noise = ref > 0 ? std::abs(baseline_ - a2) / ref : 0;
     const double need = std::max(opt_.gain, 2 * noise);
-    const bool keep = trial_->up ? change >= need : change >= -opt_.tolerance;
+    // A move down must lose under `tolerance` even counting the noise.
+    const bool keep = trial_->up ? change >= need : change >= noise - opt_.tolerance;
     AutotuneDecision d;
     d.batch = batches_;
     d.knob = k.name;
@@ -138,7 +139,7 @@ std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs
                        : (trial_->up ? StrCat(", under the +", static_cast<int>(100 * need + 0.5),
                                               "% a move up must gain")
                                            .c_str()
-                                     : ", more than the 3% a move down may lose"));
+                                     : ", more than the 3% (less the noise) a move down may lose"));
     d.reason = why;
     d.action = keep ? "keep" : "revert";
     out.push_back(d);

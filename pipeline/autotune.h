@@ -10,8 +10,8 @@
 // (its warm-up, the machine's load) that would lift any later window cancels
 // out, and |A - A'| is the noise of this trial. A move up is kept only if
 // it gains `gain` and twice that noise (it costs threads or memory); a move
-// down is kept if it loses less than `tolerance` (it frees them, so it also
-// steps down a loader that the step does not need). Every move is logged
+// down is kept if it loses less than `tolerance` less that noise (it frees
+// them, so it also steps down a loader that the step does not need). Every move is logged
 // with A, B and A'; when no move is kept in a full round, the tuner settles
 // and stops moving.
 #pragma once
