@@ -8,6 +8,7 @@ the training augmentation torchvision would:
 
   cifar: RandomCrop(32, padding=4), RandomHorizontalFlip(), ToTensor(), Normalize
   photo: RandomCrop(224), RandomHorizontalFlip(), ToTensor(), Normalize
+  photo_resize: Resize(256) (bilinear, the short side), then as photo
 
 torchvision is not installed on this machine (Debian 12's python3-torch has
 no torchvision), so the transforms are written here with PIL + torch ops,
@@ -40,9 +41,10 @@ import torch
 from PIL import Image, ImageOps
 
 PRESETS = {
-    # crop, padding, mean, std
-    "cifar": (32, 4, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "photo": (224, 0, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    # crop, padding, mean, std, resize (the short side; 0: none)
+    "cifar": (32, 4, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 0),
+    "photo": (224, 0, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 0),
+    "photo_resize": (224, 0, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 256),
 }
 
 
@@ -65,14 +67,19 @@ def parse_record(value):
 
 
 class Transform:
-    """RandomCrop(size, padding) + RandomHorizontalFlip + ToTensor + Normalize."""
+    """[Resize(resize)] + RandomCrop(size, padding) + RandomHorizontalFlip +
+    ToTensor + Normalize."""
 
-    def __init__(self, size, padding, mean, std):
-        self.size, self.padding = size, padding
+    def __init__(self, size, padding, mean, std, resize=0):
+        self.size, self.padding, self.resize = size, padding, resize
         self.mean = torch.tensor(mean).view(-1, 1, 1)
         self.std = torch.tensor(std).view(-1, 1, 1)
 
     def __call__(self, img):
+        if self.resize > 0:  # torchvision's Resize(int): the short side, long = int(long * r / short)
+            w, h = img.size
+            size = (self.resize, int(h * self.resize / w)) if w <= h else (int(w * self.resize / h), self.resize)
+            img = img.resize(size, Image.BILINEAR)
         if self.padding > 0:
             img = ImageOps.expand(img, border=self.padding, fill=0)
         w, h = img.size
