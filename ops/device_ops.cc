@@ -26,9 +26,7 @@ void ScaleInPlace(Tensor& y, double alpha) {
 void Cast(const Tensor& src, Tensor& dst) {
   if (src.device().is_cuda()) return cuda::Cast(src, dst);
   throw Error(StrCat("casting ", DTypeName(src.dtype()), " to ", DTypeName(dst.dtype()), " on ",
-                     src.device().ToString(),
-                     ": mixed precision (graph.precision) runs on GPUs "
-                     "only"));
+                     src.device().ToString(), ": mixed precision (graph.precision) is GPU-only"));
 }
 
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale) {
@@ -71,8 +69,8 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
   }
   if (mix != nullptr) {
     throw ConfigError(
-        StrCat("mixed labels (mixup, cutmix) are not in the GPU loss yet: train "
-               "with them on cpu:K, not ",
+        StrCat("mixed labels (mixup, cutmix) are not in the GPU loss yet: train with "
+               "them on cpu:K, not ",
                logits.device().ToString()));
   }
   return cuda::SoftmaxCrossEntropyAsync(logits, labels, dlogits, grad_scale, label_smoothing);
