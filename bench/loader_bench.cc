@@ -296,10 +296,11 @@ void CnnflowLoader(Trainer& trainer, const Options& o) {
         "cpu_cores=%.2f steps=%lld batch=%lld runs=%s\n",
         static_cast<long long>(s.load_threads), static_cast<long long>(o.prefetch),
         s.loader_images_per_s, *std::max_element(s.loader_runs.begin(), s.loader_runs.end()),
-        s.loader_cores, static_cast<long long>(o.steps),
+        s.loader_alone_cores, static_cast<long long>(o.steps),
         static_cast<long long>(trainer.config().batch), Join(s.loader_runs).c_str());
-    std::printf("cnnflow_train load_threads=%lld images_per_s=%.0f runs=%s\n",
-                static_cast<long long>(s.load_threads), s.images_per_s, Join(s.train_runs).c_str());
+    std::printf("cnnflow_train load_threads=%lld images_per_s=%.0f loader_cpu_cores=%.2f runs=%s\n",
+                static_cast<long long>(s.load_threads), s.images_per_s, s.loader_cores,
+                Join(s.train_runs).c_str());
   }
   std::fflush(stdout);
 }

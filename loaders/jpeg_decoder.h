@@ -85,9 +85,11 @@ class JpegDecoder {
   JpegResult Decode(const uint8_t* data, size_t size, int out_channels, uint8_t* dst,
                     size_t dst_capacity, int target_min_side = 0);
 
-  // The smallest TurboJPEG scaling factor (1/8, 1/4, 3/8, 1/2, ..., 1) whose
+  // The smallest TurboJPEG scaling factor of 1/8, 1/4, 1/2 and 1 whose
   // scaled min(width, height) is >= target_min_side; 1/1 when target_min_side
-  // <= 0 or no factor below 1 reaches it. Never upscales.
+  // <= 0 or no factor below 1 reaches it. Never upscales. (The M/8 factors
+  // between are left out: libjpeg-turbo decodes them with a scalar IDCT,
+  // slower than the full-size SIMD decode and a resize.)
   static JpegScale PickScale(int width, int height, int target_min_side);
 
  private:

@@ -149,7 +149,8 @@ TEST(JpegDecoderTest, ReadHeaderGivesDimsAndChannels) {
 }
 
 TEST(JpegDecoderTest, PickScaleChoosesSmallestFactorKeepingMinSide) {
-  // 500x375: 1/8 -> 63x47, 1/4 -> 125x94, 3/8 -> 188x141, 1/2 -> 250x188.
+  // 500x375: 1/8 -> 63x47, 1/4 -> 125x94, 1/2 -> 250x188; the M/8 factors
+  // between (3/8 -> 188x141, 3/4 -> 375x282) are never picked.
   auto check = [](int w, int h, int target, int num, int denom, int sw, int sh) {
     SCOPED_TRACE(testing::Message() << w << "x" << h << " target " << target);
     const JpegScale s = JpegDecoder::PickScale(w, h, target);
@@ -161,13 +162,14 @@ TEST(JpegDecoderTest, PickScaleChoosesSmallestFactorKeepingMinSide) {
   check(500, 375, 40, 1, 8, 63, 47);
   check(500, 375, 47, 1, 8, 63, 47);
   check(500, 375, 48, 1, 4, 125, 94);
-  check(500, 375, 100, 3, 8, 188, 141);
+  check(500, 375, 100, 1, 2, 250, 188);
   check(500, 375, 142, 1, 2, 250, 188);
   check(500, 375, 375, 1, 1, 500, 375);
   check(500, 375, 1000, 1, 1, 500, 375);  // never upscales
-  check(375, 500, 100, 3, 8, 141, 188);   // min side is the width
+  check(375, 500, 100, 1, 2, 188, 250);   // min side is the width
+  check(500, 375, 256, 1, 1, 500, 375);   // 3/4 would keep 282: full size, then the resize
   check(32, 32, 32, 1, 1, 32, 32);
-  check(256, 256, 224, 7, 8, 224, 224);
+  check(256, 256, 224, 1, 1, 256, 256);
 }
 
 TEST(JpegDecoderTest, ScaledDecodeReturnsScaledSizeAndDownscaledContent) {
