@@ -288,8 +288,7 @@ void SinglePasses(const std::vector<std::string>& jpegs, Trainer* trainer, const
 // TuneLoader call, so load changes hit every setting alike; the loader
 // alone, and training end to end beside it.
 void CnnflowLoader(Trainer& trainer, const Options& o) {
-  std::vector<int64_t> threads(o.threads.begin(), o.threads.end());
-  const TuneReport report = TuneLoader(trainer, threads, {o.prefetch}, o.steps, o.reps);
+  const TuneReport report = TuneLoader(trainer, o.threads, {o.prefetch}, o.steps, o.reps);
   for (const TuneSetting& s : report.settings) {
     std::printf(
         "cnnflow_loader load_threads=%lld prefetch=%lld images_per_s=%.0f best=%.0f "

@@ -2,8 +2,6 @@
 // or the CUDA backend.
 #include "ops/device_ops.h"
 
-#include <cmath>
-
 #include "ops/cpu/elementwise.h"
 #include "ops/cuda/kernels.h"
 
@@ -30,19 +28,11 @@ void Cast(const Tensor& src, Tensor& dst) {
 }
 
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale) {
-  if (grads.empty() || grads[0]->device().is_cuda())
+  if (grads.empty() || grads[0]->device().is_cuda()) {
     return cuda::UnscaleAndFindNonFinite(grads, inv_scale);
-  bool found = false;
-  for (Tensor* g : grads) {
-    CNNFLOW_ENFORCE(g->dtype() == DType::kF32 && !g->device().is_cuda(),
-                    "UnscaleAndFindNonFinite: gradients on one device, f32");
-    float* p = g->data<float>();
-    for (int64_t i = 0; i < g->numel(); ++i) {
-      found |= !std::isfinite(p[i]);
-      p[i] *= inv_scale;
-    }
   }
-  return found;
+  throw Error(StrCat("unscaling gradients on ", grads[0]->device().ToString(),
+                     ": the f16 loss scaler (graph.precision: fp16) is GPU-only"));
 }
 
 namespace {

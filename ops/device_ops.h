@@ -27,8 +27,9 @@ void ScaleInPlace(Tensor& y, double alpha);
 // mixed-precision model's f32 batch cast to f16/bf16 (GPU only).
 void Cast(const Tensor& src, Tensor& dst);
 
-// Multiplies every gradient (f32, all on one device) by inv_scale in place;
-// returns whether any element was inf or NaN before (the f16 loss scaler).
+// Multiplies every gradient (f32, all on one GPU) by inv_scale in place;
+// returns whether any element was inf or NaN before (the f16 loss scaler,
+// GPU-only as graph.precision is).
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale);
 
 // Softmax cross-entropy (ops/train/loss.h) on logits wherever they are, the labels

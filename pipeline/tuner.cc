@@ -15,6 +15,15 @@ bool Trains(const std::string& stage) {
          stage == "optimizer" || stage == "ema";
 }
 
+// g with `threads` decode threads and a prefetch of `depth` batches.
+GraphSpec WithLoaderSettings(GraphSpec g, int64_t threads, int64_t depth) {
+  for (NodeSpec& n : g.nodes) {
+    if (n.stage == "load_batch") n.args.Set("threads", threads);
+    if (n.stage == "prefetch") n.args.Set("depth", depth);
+  }
+  return g;
+}
+
 // The train graph with its training nodes cut out (what fed them goes
 // straight to what they fed) and the loader settings applied.
 GraphSpec LoaderOnly(const GraphSpec& train, int64_t threads, int64_t depth) {
@@ -26,8 +35,6 @@ GraphSpec LoaderOnly(const GraphSpec& train, int64_t threads, int64_t depth) {
       cut.insert(n.name);
       continue;
     }
-    if (n.stage == "load_batch") n.args.Set("threads", threads);
-    if (n.stage == "prefetch") n.args.Set("depth", depth);
     g.nodes.push_back(std::move(n));
   }
   // The first nodes after `to` that are not cut.
@@ -47,7 +54,7 @@ GraphSpec LoaderOnly(const GraphSpec& train, int64_t threads, int64_t depth) {
     kept_after(to, targets);
     for (const std::string& t : targets) g.edges.emplace_back(from, t);
   }
-  return g;
+  return WithLoaderSettings(std::move(g), threads, depth);
 }
 
 double Median(std::vector<double> v) {
@@ -113,12 +120,8 @@ TuneReport TuneLoader(Trainer& trainer, const std::vector<int64_t>& load_threads
     for (size_t k = 0; k < n; ++k) {
       const size_t i = r % 2 == 0 ? k : n - 1 - k;
       const TuneSetting& s = report.settings[i];
-      GraphSpec g = config.train_graph;
-      for (NodeSpec& node : g.nodes) {
-        if (node.stage == "load_batch") node.args.Set("threads", s.load_threads);
-        if (node.stage == "prefetch") node.args.Set("depth", s.prefetch);
-      }
-      const Timing trained = run(g);
+      const Timing trained =
+          run(WithLoaderSettings(config.train_graph, s.load_threads, s.prefetch));
       train[i].push_back(trained.images_per_s);
       cores[i].push_back(trained.loader_cores);
       const Timing alone = run(LoaderOnly(config.train_graph, s.load_threads, s.prefetch));

@@ -54,10 +54,13 @@ class OptimizerStage final : public Stage {
     // Under MPI a signal may reach some processes only, or at different
     // steps: they agree after each step, so that all stop after the same
     // one (else their collectives would no longer match).
-    if (s.process_count > 1 && set.AgreeStop(r, s.stop_requested.load())) {
-      s.stop_after_step = m.global_step;
-      s.stop_requested = true;
-    }
+    if (s.process_count > 1 && set.AgreeStop(r, s.stop_requested.load())) StopAfter(s, m);
+  }
+
+  // Every process agreed to stop: after this step.
+  static void StopAfter(RunState& s, const BatchMessage& m) {
+    s.stop_after_step = m.global_step;
+    s.stop_requested = true;
   }
 
   static void StepPipeline(RunState& s, int stage, BatchMessage& m) {
@@ -72,14 +75,10 @@ class OptimizerStage final : public Stage {
     m.lr = lr;
     // The stop agreement, as above, once per step: after stage 0's gradient
     // sum, the last collective of the step on every process.
-    MpiWorld& world = MpiWorld::Get();
     if (s.process_count > 1) {
       float stop = s.stop_requested.load() ? 1.0f : 0.0f;
-      world.AllReduceSum(&stop, 1, "stop request", s.collective_timeout_s);
-      if (stop > 0) {
-        s.stop_after_step = m.global_step;
-        s.stop_requested = true;
-      }
+      MpiWorld::Get().AllReduceSum(&stop, 1, "stop request", s.collective_timeout_s);
+      if (stop > 0) StopAfter(s, m);
     }
   }
 
