@@ -245,7 +245,7 @@ void ReadPass(Trainer& trainer, int64_t records, int64_t epoch, Passes* passes) 
   for (int64_t i = 0; i < n; ++i) {
     const ReadResult r = data.Read(i, ctx, sample.data());
     if (!r.ok()) throw Error(StrCat("record ", data.Key(i), ": ", r.error));
-    trainer.state().transform.Apply(sample.data(), shape);
+    if (!data.normalizes()) trainer.state().transform.Apply(sample.data(), shape);
   }
   if (passes != nullptr) passes->Add(static_cast<double>(n), SecondsSince(t0), CpuSeconds() - cpu0);
 }

@@ -1,13 +1,16 @@
 #include "loaders/augment.h"
 
-#include <opencv2/core.hpp>
-#include <opencv2/imgproc.hpp>
+#include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
 #include <utility>
 
+#include "ops/cpu/isa.h"
 #include "ops/error.h"
 #include "ops/random.h"
 
@@ -32,12 +35,72 @@ int CropOffset(int size, int out, bool random, uint64_t key, uint64_t counter) {
   return std::min(range, static_cast<int>(UniformAt(key, counter) * (range + 1)));
 }
 
+// pshufb masks that split 16 interleaved kC-channel pixels (kC 16-byte
+// registers) into one 16-byte register per channel, in pixel order or
+// reversed (flip): masks[flip][ch][reg], 0x80 where a lane comes from
+// another register.
+template <int kC>
+struct DeinterleaveMasks {
+  alignas(16) uint8_t m[2][kC][kC][16];
+  DeinterleaveMasks() {
+    for (int flip = 0; flip < 2; ++flip) {
+      for (int ch = 0; ch < kC; ++ch) {
+        for (int reg = 0; reg < kC; ++reg) {
+          for (int j = 0; j < 16; ++j) {
+            const int k = kC * (flip ? 15 - j : j) + ch;  // source byte of output pixel j
+            m[flip][ch][reg][j] = k / 16 == reg ? static_cast<uint8_t>(k % 16) : 0x80;
+          }
+        }
+      }
+    }
+  }
+};
+
+// Output pixels [0, n) of one row, 16 at a time, from px (flip: px is the
+// source of output 0 and the row runs backwards): o[ch][x] = (v / 255 -
+// mean[ch]) / std[ch] with the same float operations as the table, so the
+// result is bitwise the table's. Returns how many pixels it wrote (a
+// multiple of 16); the caller finishes the row.
+template <int kC>
+__attribute__((target("avx2"))) int GatherRunAvx2(const uint8_t* px, int n, bool flip,
+                                                  float* const* o, const float* mean,
+                                                  const float* std) {
+  static const DeinterleaveMasks<kC> masks;
+  const __m256 k255 = _mm256_set1_ps(255.f);
+  int x = 0;
+  for (; x + 16 <= n; x += 16) {
+    // The 16 source pixels: [px + x C, ... + 16 C), or for flip the 16
+    // ending at px - x C (inclusive).
+    const uint8_t* base = flip ? px - (x + 15) * kC : px + x * kC;
+    __m128i reg[kC];
+    for (int r = 0; r < kC; ++r) {
+      reg[r] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + 16 * r));
+    }
+    for (int ch = 0; ch < kC; ++ch) {
+      __m128i v = _mm_setzero_si128();
+      for (int r = 0; r < kC; ++r) {
+        const __m128i m = _mm_load_si128(reinterpret_cast<const __m128i*>(masks.m[flip][ch][r]));
+        v = _mm_or_si128(v, _mm_shuffle_epi8(reg[r], m));
+      }
+      const __m256 mu = _mm256_set1_ps(mean[ch]), sd = _mm256_set1_ps(std[ch]);
+      for (int half = 0; half < 2; ++half) {
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(half ? _mm_srli_si128(v, 8) : v));
+        _mm256_storeu_ps(o[ch] + x + 8 * half,
+                         _mm256_div_ps(_mm256_sub_ps(_mm256_div_ps(f, k255), mu), sd));
+      }
+    }
+  }
+  return x;
+}
+
 // One pass: crop (with implicit zero padding) + flip + normalise (table) +
 // HWC -> CHW. kC > 0 fixes the channel count at compile time so the channel
 // loop unrolls; kC == 0 reads it from c.
 template <int kC>
 void Gather(const uint8_t* src, int h, int w, int c, int pad, const AugmentParams& p, int out_h,
-            int out_w, const float* lut, int lut_stride, float* out) {
+            int out_w, const float* lut, int lut_stride, const float* mean, const float* std,
+            float* out) {
+  [[maybe_unused]] const bool avx2 = cpu::MaxIsa() >= cpu::Isa::kAvx2;
   const int C = kC > 0 ? kC : c;
   const int64_t plane = int64_t{out_h} * out_w;
   // Output columns [x0, x1) read the image; the rest are padding. Source
@@ -71,7 +134,17 @@ void Gather(const uint8_t* src, int h, int w, int c, int pad, const AugmentParam
     if (!inside) continue;
     const int sx0 = p.flip ? first - x0 : first + x0;
     const uint8_t* px = src + (int64_t{sy} * w + sx0) * C;
-    for (int x = x0; x < x1; ++x, px += step) {
+    int x = x0;
+    if constexpr (kC == 1 || kC == 3) {
+      if (avx2) {
+        float* row[kC];
+        for (int ch = 0; ch < kC; ++ch) row[ch] = o[ch] + x0;
+        const int done = GatherRunAvx2<kC>(px, x1 - x0, p.flip, row, mean, std);
+        x += done;
+        px += step * done;
+      }
+    }
+    for (; x < x1; ++x, px += step) {
       for (int ch = 0; ch < C; ++ch) o[ch][x] = l[ch][px[ch]];
     }
   }
@@ -133,6 +206,11 @@ Augmenter::Augmenter(AugmentOptions options) : options_(std::move(options)) {
     }
     for (int v = 0; v < 256; ++v) lut_[ch * 256 + v] = (static_cast<float>(v) / 255.f - mean) / std;
   }
+  for (int ch = 0; ch < kMaxChannels; ++ch) {
+    const size_t k = norm_channels_ == 1 ? 0 : std::min<size_t>(ch, n - 1);
+    mean_[ch] = o.mean.empty() ? 0.f : o.mean[o.mean.size() == 1 ? 0 : k];
+    std_[ch] = o.std.empty() ? 1.f : o.std[o.std.size() == 1 ? 0 : k];
+  }
 }
 
 void Augmenter::Run(const uint8_t* hwc, int h, int w, int c, uint64_t seed, int64_t epoch,
@@ -167,15 +245,15 @@ void Augmenter::RunWithParams(const uint8_t* hwc, int h, int w, int c, const Aug
   switch (c) {
     case 1:
       Gather<1>(src, rs.h, rs.w, c, o.pad, params, o.out_h, o.out_w, lut_.data(), lut_stride,
-                chw_out);
+                mean_.data(), std_.data(), chw_out);
       break;
     case 3:
       Gather<3>(src, rs.h, rs.w, c, o.pad, params, o.out_h, o.out_w, lut_.data(), lut_stride,
-                chw_out);
+                mean_.data(), std_.data(), chw_out);
       break;
     default:
       Gather<0>(src, rs.h, rs.w, c, o.pad, params, o.out_h, o.out_w, lut_.data(), lut_stride,
-                chw_out);
+                mean_.data(), std_.data(), chw_out);
   }
 }
 

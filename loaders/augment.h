@@ -9,6 +9,7 @@
 // shared generator or of the thread that runs it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -79,8 +80,10 @@ class Augmenter {
   static constexpr int kMaxChannels = 4;
   AugmentOptions options_;
   int norm_channels_ = 1;  // how many distinct mean/std entries (1 or c)
-  // lut_[c * 256 + v] = (v / 255 - mean[c]) / std[c], computed in float.
+  // lut_[c * 256 + v] = (v / 255 - mean[c]) / std[c], computed in float;
+  // the vector path computes the same from mean_ and std_ (per channel).
   std::vector<float> lut_;
+  std::array<float, kMaxChannels> mean_{}, std_{};
 };
 
 // cv::setNumThreads(1), once per process (see the .cc for why). Every

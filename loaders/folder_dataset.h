@@ -32,6 +32,10 @@ class FolderDataset : public Dataset {
   int num_classes() const override { return num_classes_; }
   // [C, H, W] floats in [0, 1] (normalisation is the data transform's).
   ReadResult Read(int64_t index, const ReadContext& ctx, float* dst) const override;
+  bool FuseNormalize(const std::vector<double>& mean, const std::vector<double>& std) override {
+    normalizes_ = decoder_->FuseNormalize(mean, std);
+    return normalizes_;
+  }
   // The image file's path.
   std::string Key(int64_t index) const override;
   std::string description() const override;

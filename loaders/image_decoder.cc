@@ -357,11 +357,29 @@ ImageSampleDecoder::ImageSampleDecoder(const Shape& shape, const Args& args) {
   o.out_h = static_cast<int>(shape[1]);
   o.out_w = static_cast<int>(shape[2]);
   o.resize_min_side = resize_min_side_;
-  eval_ = std::make_unique<Augmenter>(o);  // centre crop, no flip, no padding
+  eval_options_ = o;  // centre crop, no flip, no padding
   o.pad = static_cast<int>(args.Int("pad"));
   o.random_crop = args.Bool("random_crop");
   o.hflip = args.Bool("hflip");
-  train_ = std::make_unique<Augmenter>(o);
+  train_options_ = o;
+  eval_ = std::make_unique<Augmenter>(eval_options_);
+  train_ = std::make_unique<Augmenter>(train_options_);
+}
+
+bool ImageSampleDecoder::FuseNormalize(const std::vector<double>& mean,
+                                       const std::vector<double>& std) {
+  if (mean.size() != std.size() || (mean.size() != 1 && mean.size() != size_t(channels_))) {
+    return false;
+  }
+  // The transform's float values, so the table holds its results bitwise.
+  const std::vector<float> m(mean.begin(), mean.end()), s(std.begin(), std.end());
+  for (AugmentOptions* o : {&train_options_, &eval_options_}) {
+    o->mean = m;
+    o->std = s;
+  }
+  eval_ = std::make_unique<Augmenter>(eval_options_);
+  train_ = std::make_unique<Augmenter>(train_options_);
+  return true;
 }
 
 std::string ImageSampleDecoder::DecodeEncoded(const uint8_t* data, size_t size,

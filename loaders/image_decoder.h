@@ -97,10 +97,15 @@ class ImageSampleDecoder {
                      float* dst) const;
 
   int channels() const { return channels_; }
+  // Dataset::FuseNormalize for the image sources: the augmenters write
+  // (v / 255 - mean) / std. False (nothing changed) when mean/std do not fit
+  // the channels, so the transform reports it.
+  bool FuseNormalize(const std::vector<double>& mean, const std::vector<double>& std);
 
  private:
   int channels_ = 0;
   int resize_min_side_ = 0;
+  AugmentOptions train_options_, eval_options_;
   std::unique_ptr<Augmenter> train_, eval_;
 };
 

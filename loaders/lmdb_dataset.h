@@ -33,6 +33,10 @@ class LmdbDataset : public Dataset {
   // [C, H, W] floats in [0, 1], or [C, L] series (normalisation is the
   // data transform's).
   ReadResult Read(int64_t index, const ReadContext& ctx, float* dst) const override;
+  bool FuseNormalize(const std::vector<double>& mean, const std::vector<double>& std) override {
+    normalizes_ = decoder_ != nullptr && !series_ && decoder_->FuseNormalize(mean, std);
+    return normalizes_;
+  }
   std::string Key(int64_t index) const override;
   std::string description() const override;
 

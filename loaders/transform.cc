@@ -26,9 +26,9 @@ void SampleTransform::Apply(float* x, const Shape& shape) const {
   for (int64_t c = 0; c < channels; ++c) {
     const size_t k = mean_.size() == 1 ? 0 : static_cast<size_t>(c);
     const float m = static_cast<float>(mean_[k]);
-    const float inv = static_cast<float>(1.0 / std_[k]);
+    const float s = static_cast<float>(std_[k]);
     float* p = x + c * plane;
-    for (int64_t i = 0; i < plane; ++i) p[i] = (p[i] - m) * inv;
+    for (int64_t i = 0; i < plane; ++i) p[i] = (p[i] - m) / s;
   }
 }
 

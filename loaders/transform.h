@@ -10,11 +10,14 @@ namespace cnnflow {
 
 class SampleTransform {
  public:
-  // x = (x - mean[c]) / std[c]; one value applies to every channel.
+  // x = (x - mean[c]) / std[c] in float, subtract then divide as
+  // torchvision's Normalize; one value applies to every channel.
   void AddNormalize(std::vector<double> mean, std::vector<double> std);
   // Transforms one sample of `shape` ([C, ...]) in place.
   void Apply(float* sample, const Shape& shape) const;
   bool empty() const { return mean_.empty(); }
+  const std::vector<double>& mean() const { return mean_; }
+  const std::vector<double>& std() const { return std_; }
 
  private:
   std::vector<double> mean_, std_;

@@ -121,7 +121,12 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
     const SourceType* type = SourceRegistry::Get().Find(spec.source);
     CNNFLOW_ENFORCE(type != nullptr, "unknown source ", spec.source);
     try {
-      state_.datasets[name] = type->open(spec.args);
+      auto data = type->open(spec.args);
+      // Image sources normalise as they write a sample (one pass, not two).
+      if (!config_.normalize_mean.empty()) {
+        data->FuseNormalize(config_.normalize_mean, config_.normalize_std);
+      }
+      state_.datasets[name] = std::move(data);
     } catch (const std::exception& e) {
       throw Error(StrCat("data.", name, " (", spec.source, "): ", e.what()));
     }

@@ -130,7 +130,7 @@ class LoadBatchStage final : public Stage {
     for (int64_t i = s.begin; i < s.end; ++i) {
       ReadResult& r = s.work->results[static_cast<size_t>(i)];
       r = data.Read(m.sample_ids[i], ctx, dst + i * per);
-      if (r.ok()) state.transform.Apply(dst + i * per, sample);
+      if (r.ok() && !data.normalizes()) state.transform.Apply(dst + i * per, sample);
     }
   }
 

@@ -6,15 +6,15 @@
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 
-#include <opencv2/core.hpp>
-#include <opencv2/imgproc.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
 #include <set>
 #include <vector>
 
+#include "ops/cpu/isa.h"
 #include "ops/error.h"
 #include "ops/random.h"
 
@@ -101,6 +101,48 @@ TEST(AugmentTest, RgbCropWithNormalisationMatchesReference) {
       EXPECT_TRUE(BitwiseEqual(RunAugment(img, h, w, c, o, 5, 1, i), Reference(img, h, w, c, o, p)));
     }
   }
+}
+
+// Rows long enough for the vector path (16 pixels at a time, the rest by
+// table), for every ISA this CPU has: bitwise the naive reference, for gray,
+// RGB and the generic channel count, flipped or not, padded, cropped at
+// every offset, with one or per-channel mean/std.
+TEST(AugmentTest, EveryIsaMatchesReferenceOnWideRows) {
+  const cpu::Isa cpu_isa = cpu::CpuIsa();
+  for (cpu::Isa isa = cpu::Isa::kScalar; isa <= cpu_isa;
+       isa = static_cast<cpu::Isa>(static_cast<int>(isa) + 1)) {
+    SCOPED_TRACE(cpu::IsaName(isa));
+    cpu::SetMaxIsa(isa);
+    for (int c : {1, 3, 4}) {
+      for (int w : {16, 17, 37, 70}) {
+        SCOPED_TRACE(testing::Message() << "c " << c << ", w " << w);
+        const int h = 5;
+        const auto img = RandomImage(h, w, c, 11 + w);
+        AugmentOptions o;
+        o.out_h = 4;
+        o.out_w = w - 2;
+        o.pad = 3;
+        if (c == 3) {
+          o.mean = {0.4914f, 0.4822f, 0.4465f};
+          o.std = {0.2470f, 0.2435f, 0.2616f};
+        } else {
+          o.mean = {0.5f};
+          o.std = {0.25f};
+        }
+        Augmenter aug(o);
+        std::vector<float> out(static_cast<size_t>(c) * o.out_h * o.out_w);
+        for (int left = 0; left <= w + 2 * o.pad - o.out_w; ++left) {
+          for (bool flip : {false, true}) {
+            const AugmentParams p{1, left, flip};
+            aug.RunWithParams(img.data(), h, w, c, p, out.data());
+            ASSERT_TRUE(BitwiseEqual(out, Reference(img, h, w, c, o, p)))
+                << "left " << left << (flip ? ", flipped" : "");
+          }
+        }
+      }
+    }
+  }
+  cpu::SetMaxIsa(cpu_isa);
 }
 
 TEST(AugmentTest, FlipMirrorsTheCrop) {

@@ -3,11 +3,15 @@
 #include "loaders/jpeg_decoder.h"
 
 #include <gtest/gtest.h>
+#include <turbojpeg.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -202,6 +206,115 @@ TEST(JpegDecoderTest, ScaledDecodeReturnsScaledSizeAndDownscaledContent) {
   EXPECT_EQ(r.width, 63);
   EXPECT_EQ(r.height, 47);
   EXPECT_EQ(g.size(), 63u * 47u);
+}
+
+// libjpeg's own header read (a fresh handle each time: a failed read spoils one).
+JpegResult LibjpegHeader(const std::string& jpeg, size_t size) {
+  JpegResult r;
+  tjhandle h = tjInitDecompress();
+  int subsamp = 0, colorspace = 0;
+  if (tjDecompressHeader3(h, Bytes(jpeg), static_cast<unsigned long>(size), &r.width, &r.height,
+                          &subsamp, &colorspace) != 0) {
+    r.error = tjGetErrorStr2(h);
+  } else if (r.width <= 0 || r.height <= 0) {
+    r.error = "0x0";  // TurboJPEG 2.1 "reads" a bare SOI as an empty image
+  } else {
+    r.channels =
+        colorspace == TJCS_GRAY ? 1 : (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK ? 4 : 3);
+  }
+  tjDestroy(h);
+  return r;
+}
+
+std::string EncodeProgressive(const Pixels& rgb, int w, int h) {
+  tjhandle tj = tjInitCompress();
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  EXPECT_EQ(tjCompress2(tj, rgb.data(), w, w * 3, h, TJPF_RGB, &out, &size, TJSAMP_420, 85,
+                        TJFLAG_PROGRESSIVE),
+            0)
+      << tjGetErrorStr2(tj);
+  std::string jpeg(reinterpret_cast<const char*>(out), size);
+  tjFree(out);
+  tjDestroy(tj);
+  return jpeg;
+}
+
+// ReadHeader walks the markers itself and asks libjpeg only when it
+// declines: on every file, and every truncation of it, it must say what
+// libjpeg's header parse says.
+TEST(JpegDecoderTest, HeaderScanAgreesWithLibjpeg) {
+  std::vector<std::pair<std::string, std::string>> files;
+  const Pixels rgb = Gradient(37, 23, 3), gray = Gradient(5, 300, 1), one = Gradient(1, 1, 3);
+  files.emplace_back("rgb 4:2:0", EncodeJpeg(rgb.data(), 37, 23, 3, 90));
+  files.emplace_back("rgb 4:4:4",
+                     EncodeJpeg(rgb.data(), 37, 23, 3, 90, /*subsample_chroma=*/false));
+  files.emplace_back("gray", EncodeJpeg(gray.data(), 5, 300, 1, 75));
+  files.emplace_back("1x1", EncodeJpeg(one.data(), 1, 1, 3, 50));
+  files.emplace_back("progressive", EncodeProgressive(rgb, 37, 23));
+  // Real camera/editor files where the machine has them (EXIF, ICC, Adobe
+  // markers, restart intervals: what a synthetic file lacks).
+  const std::filesystem::path walls("/usr/share/wallpapers");
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(walls, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator() && files.size() < 9;
+       it.increment(ec)) {
+    if (it->path().extension() != ".jpg") continue;
+    std::ifstream in(it->path(), std::ios::binary);
+    std::ostringstream bytes;
+    bytes << in.rdbuf();
+    files.emplace_back(it->path().string(), bytes.str());
+  }
+  JpegDecoder dec;
+  for (const auto& [name, jpeg] : files) {
+    SCOPED_TRACE(name);
+    const JpegResult want = LibjpegHeader(jpeg, jpeg.size());
+    ASSERT_TRUE(want.ok()) << want.error;
+    const JpegResult got = dec.ReadHeader(Bytes(jpeg), jpeg.size());
+    ASSERT_TRUE(got.ok()) << got.error;
+    EXPECT_EQ(got.width, want.width);
+    EXPECT_EQ(got.height, want.height);
+    EXPECT_EQ(got.channels, want.channels);
+    // Every cut through the headers (and a little past the first scan).
+    const size_t cuts = std::min<size_t>(jpeg.size(), 4096);
+    for (size_t cut = 0; cut < cuts; ++cut) {
+      const JpegResult w = LibjpegHeader(jpeg, cut);
+      const JpegResult g = dec.ReadHeader(Bytes(jpeg), cut);
+      ASSERT_EQ(g.ok(), w.ok()) << "cut at " << cut << ": " << g.error << " / " << w.error;
+      if (g.ok()) {
+        ASSERT_EQ(g.width, w.width) << "cut at " << cut;
+      }
+    }
+  }
+
+  // Frames the scan leaves to libjpeg, which refuses them by name.
+  const std::string base = files[0].second;
+  const size_t sof = base.find("\xFF\xC0");
+  ASSERT_NE(sof, std::string::npos);
+  auto patched = [&](size_t at, char byte) {
+    std::string j = base;
+    j[at] = byte;
+    return j;
+  };
+  const std::pair<const char*, std::string> refused[] = {
+      {"lossless SOF3", patched(sof + 1, '\xC3')},
+      {"12-bit samples", patched(sof + 4, 12)},
+      {"height 0",
+       [&] {
+         std::string j = patched(sof + 5, 0);
+         j[sof + 6] = 0;
+         return j;
+       }()},
+      {"a second frame", base.substr(0, sof) + base.substr(sof, 19) + base.substr(sof)},
+  };
+  for (const auto& [what, jpeg] : refused) {
+    SCOPED_TRACE(what);
+    const JpegResult r = dec.ReadHeader(Bytes(jpeg), jpeg.size());
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(r.error.rfind("corrupt JPEG", 0), 0u) << r.error;
+    Pixels buf(37 * 23 * 3);
+    EXPECT_FALSE(dec.Decode(Bytes(jpeg), jpeg.size(), 3, buf.data(), buf.size()).ok());
+  }
 }
 
 TEST(JpegDecoderTest, BadDataGivesErrorValues) {

@@ -4,12 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "loaders/jpeg_decoder.h"
 #include "loaders/lmdb_store.h"
 #include "loaders/record.h"
 #include "loaders/source_registry.h"
+#include "loaders/transform.h"
 #include "tests/testing/test_dir.h"
 
 namespace cnnflow {
@@ -137,6 +139,43 @@ TEST_F(LmdbDatasetTest, AugmentationIsSeededBySeedEpochAndSampleOnlyInTraining) 
   ASSERT_TRUE(ds->Read(2, {7, 3, false}, eval.data()).ok());
   ASSERT_TRUE(Open(false)->Read(2, {0, 0, false}, plain.data()).ok());
   EXPECT_EQ(eval, plain);
+}
+
+}  // namespace
+}  // namespace cnnflow
+
+namespace cnnflow {
+namespace {
+
+// FuseNormalize: the source writes normalised samples, bitwise what the
+// transform makes of an unfused read, for JPEG and raw records, train
+// (padded, cropped, flipped) and eval; mean/std that do not fit the
+// channels stay the transform's.
+TEST_F(LmdbDatasetTest, FusedNormalisationIsTheTransformBitwise) {
+  const std::vector<double> mean{0.4914, 0.4822, 0.4465}, stdev{0.2470, 0.2435, 0.2616};
+  SampleTransform transform;
+  transform.AddNormalize(mean, stdev);
+  auto plain = Open(true), fused = Open(true);
+  EXPECT_FALSE(fused->normalizes());
+  EXPECT_TRUE(fused->FuseNormalize(mean, stdev));
+  EXPECT_TRUE(fused->normalizes());
+  const Shape shape{3, kSide, kSide};
+  std::vector<float> a(shape.numel()), b(shape.numel());
+  for (int64_t i : {0, 1, 2, 3, 7}) {
+    for (bool train : {true, false}) {
+      for (int64_t epoch = 0; epoch < 4; ++epoch) {
+        const ReadContext ctx{7, epoch, train};
+        ASSERT_TRUE(plain->Read(i, ctx, a.data()).ok());
+        transform.Apply(a.data(), shape);
+        ASSERT_TRUE(fused->Read(i, ctx, b.data()).ok());
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+            << "record " << i << (train ? " train" : " eval") << " epoch " << epoch;
+      }
+    }
+  }
+  auto two = Open(false);
+  EXPECT_FALSE(two->FuseNormalize({0.5, 0.5}, {0.2, 0.2}));
+  EXPECT_FALSE(two->normalizes());
 }
 
 }  // namespace
