@@ -28,15 +28,17 @@ void Autotuner::StartPass() {
   have_last_ = false;
 }
 
-std::optional<double> Autotuner::WindowRate() {
+std::optional<Autotuner::Window> Autotuner::EndWindow() {
   if (window_batches_ < opt_.window_batches || window_seconds_ < opt_.window_seconds ||
       window_seconds_ <= 0) {
     return {};
   }
-  const double rate = static_cast<double>(window_samples_) / window_seconds_;
+  const Window w{static_cast<double>(window_samples_) / window_seconds_,
+                 window_busy_known_ ? std::max(0.0, 1 - window_busy_ / window_seconds_) : -1};
   window_batches_ = window_samples_ = 0;
-  window_seconds_ = 0;
-  return rate;
+  window_seconds_ = window_busy_ = 0;
+  window_busy_known_ = true;
+  return w;
 }
 
 int64_t Autotuner::Target(const TunableKnob& k, bool up) const {
@@ -54,6 +56,10 @@ bool Autotuner::NextMove(std::vector<TunableKnob>& knobs, std::vector<AutotuneDe
     const int64_t target = Target(k, m.up);
     if (target == k.value) continue;  // at its bound
     if (last_kept_ && last_kept_->knob == m.knob && last_kept_->up != m.up) continue;  // undo
+    // What A says of the step: waiting for data, a move down can only lose;
+    // never waiting, a move up can only cost.
+    if (baseline_wait_ >= 0 && !m.up && baseline_wait_ > opt_.wait_bound) continue;
+    if (baseline_wait_ >= 0 && m.up && baseline_wait_ < opt_.idle_bound) continue;
     if (moves_ >= opt_.max_moves) return false;
     ++moves_;
     AutotuneDecision d;
@@ -64,8 +70,8 @@ bool Autotuner::NextMove(std::vector<TunableKnob>& knobs, std::vector<AutotuneDe
     trial_from_ = k.value;
     k.value = k.set(target);
     d.to = k.value;
-    char why[160];
-    std::snprintf(why, sizeof why, "A %.0f images/s; %s", baseline_,
+    char why[200];
+    std::snprintf(why, sizeof why, "A %.0f images/s%s; %s", baseline_, WaitText().c_str(),
                   m.up ? "kept if B gains 5% and twice the A-A' noise"
                        : "kept if B loses under 3% less the A-A' noise");
     d.action = "try";
@@ -80,8 +86,16 @@ bool Autotuner::NextMove(std::vector<TunableKnob>& knobs, std::vector<AutotuneDe
   return false;
 }
 
+std::string Autotuner::WaitText() const {
+  if (baseline_wait_ < 0) return "";
+  char text[64];
+  std::snprintf(text, sizeof text, ", the step waiting for data %.0f%% of it",
+                100 * baseline_wait_);
+  return text;
+}
+
 std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs, int64_t samples,
-                                                 double seconds) {
+                                                 double seconds, double step_busy_seconds) {
   std::vector<AutotuneDecision> out;
   ++batches_;
   if (phase_ == Phase::kSettled || knobs.empty()) return out;
@@ -90,9 +104,12 @@ std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs
   const bool first = !have_last_;
   const int64_t batch_samples = samples - last_samples_;
   const double batch_seconds = seconds - last_seconds_;
+  const bool busy_known = step_busy_seconds >= 0 && last_busy_ >= 0;
+  const double batch_busy = step_busy_seconds - last_busy_;
   have_last_ = true;
   last_samples_ = samples;
   last_seconds_ = seconds;
+  last_busy_ = step_busy_seconds;
   if (first) return out;  // its time includes the pass's start
   if (skip_ > 0) {
     --skip_;
@@ -101,8 +118,11 @@ std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs
   ++window_batches_;
   window_samples_ += batch_samples;
   window_seconds_ += batch_seconds;
-  const std::optional<double> rate = WindowRate();  // moves come only after a window
-  if (!rate) return out;
+  window_busy_ += batch_busy;
+  window_busy_known_ &= busy_known;
+  const std::optional<Window> window = EndWindow();  // moves come only after a window
+  if (!window) return out;
+  const std::optional<double> rate = window->rate;
 
   if (phase_ == Phase::kTrial) {  // B: back to A for the control window
     trial_rate_ = *rate;
@@ -158,6 +178,7 @@ std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs
   } else {
     baseline_ = *rate;
   }
+  baseline_wait_ = window->wait;
   if (!NextMove(knobs, out)) {
     phase_ = Phase::kSettled;
     AutotuneDecision d;
@@ -168,7 +189,8 @@ std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs
     for (const TunableKnob& k : knobs) v += StrCat(v.empty() ? "" : ", ", k.name, " = ", k.value);
     char rate_text[64];
     std::snprintf(rate_text, sizeof rate_text, " at %.0f images/s", baseline_);
-    d.reason = v + rate_text + (moves_ >= opt_.max_moves ? " (move limit reached)" : "");
+    d.reason =
+        v + rate_text + WaitText() + (moves_ >= opt_.max_moves ? " (move limit reached)" : "");
     out.push_back(d);
   }
   return out;

@@ -11,9 +11,14 @@
 // out, and |A - A'| is the noise of this trial. A move up is kept only if
 // it gains `gain` and twice that noise (it costs threads or memory); a move
 // down is kept if it loses less than `tolerance` less that noise (it frees
-// them, so it also steps down a loader that the step does not need). Every move is logged
-// with A, B and A'; when no move is kept in a full round, the tuner settles
-// and stops moving.
+// them, so it also steps down a loader that the step does not need).
+// Where the step's busy time is known (CPU replicas), the A window also
+// says whether the step waited for data: a move down is not tried while it
+// waits (over `wait_bound` of the window: fewer loader resources can only
+// slow it), a move up not while it never waits (under `idle_bound`: the
+// loader is ahead, and a decode thread would take a core from the step).
+// Every move is logged with A, B and A'; when no move is kept in a full
+// round, the tuner settles and stops moving.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +47,8 @@ struct AutotuneOptions {
   int64_t settle_batches = 4;   // skipped after a move and at a pass's start
   double gain = 0.05;
   double tolerance = 0.03;
+  double wait_bound = 0.05;     // of a window: the step waits for data
+  double idle_bound = 0.02;     // the step never waits
   int64_t max_moves = 24;       // settle after this many tries in any case
 };
 
@@ -52,10 +59,12 @@ class Autotuner {
   // A new pass starts (its graph offers fresh knobs): its first batches
   // are warm-up and not measured; a window in progress goes on.
   void StartPass();
-  // After each batch: the pass's knobs and its cumulative samples and
-  // seconds. Returns the decisions taken now (usually none).
+  // After each batch: the pass's knobs, its cumulative samples and
+  // seconds, and the step's cumulative busy seconds (BatchMessage::
+  // step_busy_seconds; negative: unknown). Returns the decisions taken now
+  // (usually none).
   std::vector<AutotuneDecision> Observe(std::vector<TunableKnob>& knobs, int64_t samples,
-                                        double seconds);
+                                        double seconds, double step_busy_seconds = -1);
   bool settled() const { return phase_ == Phase::kSettled; }
   // The knob values in force, by name (carried into later passes).
   const std::map<std::string, int64_t>& values() const { return values_; }
@@ -66,9 +75,14 @@ class Autotuner {
     size_t knob;
     bool up;
   };
-  std::optional<double> WindowRate();  // when the window is complete; then a new one starts
+  struct Window {
+    double rate;  // images/s
+    double wait;  // share of the window the step waited for data; < 0: unknown
+  };
+  std::optional<Window> EndWindow();  // when the window is complete; then a new one starts
   bool NextMove(std::vector<TunableKnob>& knobs, std::vector<AutotuneDecision>& out);
   int64_t Target(const TunableKnob& k, bool up) const;
+  std::string WaitText() const;  // ", the step waiting for data N% of it", or ""
 
   AutotuneOptions opt_;
   Phase phase_ = Phase::kBaseline;
@@ -78,11 +92,13 @@ class Autotuner {
   // setting, summed batch by batch, so a window may span passes (the time
   // between them, evaluation included, counts nowhere).
   int64_t window_batches_ = 0, window_samples_ = 0;
-  double window_seconds_ = 0;
+  double window_seconds_ = 0, window_busy_ = 0;
+  bool window_busy_known_ = true;
   bool have_last_ = false;  // a batch of this pass was seen
   int64_t last_samples_ = 0;
-  double last_seconds_ = 0;
+  double last_seconds_ = 0, last_busy_ = -1;
   double baseline_ = 0;          // A
+  double baseline_wait_ = -1;    // A's data-wait share (< 0: unknown)
   double trial_rate_ = 0;        // B
   size_t next_candidate_ = 0;    // index into the round's moves
   size_t tried_in_round_ = 0;

@@ -223,7 +223,8 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
                                                          const PassMetrics& p) {
     if (observe) observe(m, p);
     if (tuner) {
-      for (const AutotuneDecision& d : tuner->Observe(state_.knobs, p.samples, p.seconds)) {
+      for (const AutotuneDecision& d :
+           tuner->Observe(state_.knobs, p.samples, p.seconds, m.step_busy_seconds)) {
         LogAutotune(d);
       }
     }

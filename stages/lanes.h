@@ -30,6 +30,11 @@ class LaneGather {
           // The replica is done with the batch: its next one may start.
           CNNFLOW_ENFORCE(m.lane < static_cast<int>(state.lanes.release.size()),
                           "no forward_backward or pipeline_stage node feeds these lanes");
+          if (m.lane == 0 && state.replicas != nullptr && !state.replicas->device(0).is_cuda()) {
+            // Read before the release: then replica 0 is between batches.
+            const ReplicaSet::Counters& c = state.replicas->counters(0);
+            m.batch->step_busy_seconds = c.compute_seconds + c.reduce_wait_seconds;
+          }
           state.lanes.release[m.lane]();
           if (++arrived_[m.batch->index] < lanes) return;
           arrived_.erase(m.batch->index);

@@ -40,6 +40,11 @@ struct BatchMessage {
   // GPU replicas' losses on their way back (read by the step's gather).
   std::vector<std::shared_ptr<PendingLoss>> replica_pending;
   std::vector<int64_t> replica_correct;
+  // Set by the lanes' gather for CPU replicas: replica 0's busy seconds
+  // (compute and waiting for reductions) over the run so far, as it
+  // finished this batch; what is left of the wall time the step waited for
+  // data. Negative: not measured (GPU replicas, pipelines).
+  double step_busy_seconds = -1;
 };
 
 using Message = std::shared_ptr<BatchMessage>;

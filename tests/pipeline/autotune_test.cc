@@ -15,8 +15,11 @@ namespace {
 struct Plant {
   std::vector<TunableKnob> knobs;
   std::function<double(int64_t threads, int64_t depth)> rate;  // images/s
+  // > 0: a step of this rate consumes the batches (the run goes at the
+  // slower of it and `rate`), and the tuner is told its busy time.
+  double step_rate = 0;
   int64_t samples = 0;
-  double seconds = 0;
+  double seconds = 0, busy = 0;
   std::vector<AutotuneDecision> log;
 
   Plant(int64_t threads, int64_t max_threads, int64_t depth, int64_t max_depth) {
@@ -30,8 +33,12 @@ struct Plant {
   void Run(Autotuner& tuner, int64_t batches) {
     for (int64_t b = 0; b < batches && !tuner.settled(); ++b) {
       samples += 64;
-      seconds += 64 / rate(threads(), depth());
-      for (auto& d : tuner.Observe(knobs, samples, seconds)) log.push_back(d);
+      const double r = rate(threads(), depth());
+      seconds += 64 / (step_rate > 0 ? std::min(r, step_rate) : r);
+      if (step_rate > 0) busy += 64 / step_rate;
+      for (auto& d : tuner.Observe(knobs, samples, seconds, step_rate > 0 ? busy : -1)) {
+        log.push_back(d);
+      }
     }
   }
   int Count(const std::string& action) const {
@@ -134,6 +141,43 @@ TEST(Autotuner, WarmUpDriftIsNotAGain) {
     }
   }
   EXPECT_EQ(p.threads(), 1);
+}
+
+// The step's busy time says which way to look. A step that never waits
+// for data gets no move up tried (a decode thread would only take its
+// core), and gives back what the loader does not need.
+TEST(Autotuner, AStepThatNeverWaitsGetsNoMoveUpTried) {
+  Plant p(2, 4, 4, 16);
+  p.rate = [](int64_t t, int64_t) { return 3000.0 * t; };
+  p.step_rate = 1000;
+  Autotuner tuner(Fast());
+  p.Run(tuner, 2000);
+  ASSERT_TRUE(tuner.settled());
+  ASSERT_GE(p.Count("try"), 2);
+  for (const auto& d : p.log) {
+    if (d.action == "try") {
+      EXPECT_LT(d.to, d.from) << d.ToString();
+      EXPECT_NE(d.reason.find("waiting for data 0%"), std::string::npos) << d.reason;
+    }
+  }
+  EXPECT_EQ(p.threads(), 1);
+  EXPECT_EQ(p.depth(), 1);
+}
+
+// A step that waits for data gets no move down tried: each would cost a
+// window at a slower setting, for nothing.
+TEST(Autotuner, AStepThatWaitsForDataGetsNoMoveDownTried) {
+  Plant p(1, 4, 4, 16);
+  p.rate = [](int64_t t, int64_t) { return 1000.0 * t; };
+  p.step_rate = 5000;
+  Autotuner tuner(Fast());
+  p.Run(tuner, 2000);
+  ASSERT_TRUE(tuner.settled());
+  for (const auto& d : p.log) {
+    if (d.action == "try") EXPECT_GT(d.to, d.from) << d.ToString();
+  }
+  EXPECT_EQ(p.threads(), 4);
+  EXPECT_NE(p.log.back().reason.find("waiting for data"), std::string::npos) << p.log.back().reason;
 }
 
 }  // namespace
