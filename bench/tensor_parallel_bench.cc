@@ -1,0 +1,175 @@
+// tensor_parallel_bench: inference latency of one wide layer split over two
+// CPU "devices" (TensorParallelShard, ops/parallel/tensor_parallel.h)
+// against the unsplit layer, the case tensor parallelism is for (latency at
+// small batch). On one machine a CPU device is a share of its cores, so the
+// figures to read are the scaling (2 devices of 1 thread against 1 device
+// of 1 thread) and the price of splitting (against 1 device that holds both
+// threads).
+//
+//   1x1:    the unsplit layer in an arena of 1 thread
+//   1x2:    the unsplit layer in an arena of 2 threads
+//   column: 2 members (own thread, own arena of 1), output channels split,
+//           then the all-gather
+//   row:    2 members, input channels split, then the all-reduce
+//
+// Every round runs every setting once, alternating; the median of --reps
+// rounds after one warm-up round (which also makes the kernel picks).
+//
+// Usage: tensor_parallel_bench [--reps R] [--batch 1,8] [--channels C] [--size S]
+// One line per setting: setting=... batch=... ms=... (median) runs=...
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ops/collectives/collective.h"
+#include "ops/cpu/isa.h"
+#include "ops/layer.h"
+#include "ops/parallel/tensor_parallel.h"
+#include "ops/random.h"
+
+namespace cnnflow {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+std::vector<int64_t> ParseList(const std::string& s) {
+  std::vector<int64_t> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t j = s.find(',', i);
+    out.push_back(std::stoll(s.substr(i, j - i)));
+    i = j == std::string::npos ? s.size() : j + 1;
+  }
+  return out;
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "?";
+}
+
+double Ms(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int Main(int argc, char** argv) {
+  int reps = 7;
+  std::vector<int64_t> batches{1, 8};
+  int64_t channels = 256, size = 64;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--reps")
+      reps = std::stoi(v);
+    else if (a == "--batch")
+      batches = ParseList(v);
+    else if (a == "--channels")
+      channels = std::stoll(v);
+    else if (a == "--size")
+      size = std::stoll(v);
+    else {
+      std::fprintf(
+          stderr,
+          "usage: tensor_parallel_bench [--reps R] [--batch 1,8] [--channels C] [--size S]\n");
+      return 2;
+    }
+  }
+  std::printf(
+      "# tensor_parallel_bench: conv2d %lld->%lld 3x3 pad 1 on %lldx%lld, forward (inference); "
+      "cpu %s, ISA %s, %u hardware threads\n",
+      static_cast<long long>(channels), static_cast<long long>(channels),
+      static_cast<long long>(size), static_cast<long long>(size), CpuModel().c_str(),
+      cpu::IsaName(cpu::MaxIsa()), std::thread::hardware_concurrency());
+  Args args;
+  args.Set("out", channels);
+  args.Set("kernel", int64_t{3});
+  args.Set("pad", int64_t{1});
+  const LayerType* type = LayerRegistry::Get().Find("conv2d");
+  args.FillDefaults(type->schema);
+  const Shape in{channels, size, size};
+  auto full = type->create("wide", args);
+  const Shape out = full->Build({in}, DType::kF32);
+  Rng rng(1);
+  full->ResetParameters(rng);
+  ForwardContext ctx;
+  ctx.training = false;
+
+  LocalGroup group(2, 60, "tp bench");
+  std::vector<std::unique_ptr<TensorParallelShard>> column, row;
+  for (int r = 0; r < 2; ++r) {
+    column.push_back(std::make_unique<TensorParallelShard>("wide", "conv2d", args, in,
+                                                           TensorSplit::kColumn, group, r));
+    row.push_back(std::make_unique<TensorParallelShard>("wide", "conv2d", args, in,
+                                                        TensorSplit::kRow, group, r));
+    column[r]->LoadFull(full->parameters());
+    row[r]->LoadFull(full->parameters());
+  }
+  tbb::task_arena one(1), two(2);
+  for (int64_t n : batches) {
+    Tensor x = Tensor::Empty(in.WithBatch(n));
+    for (int64_t i = 0; i < x.numel(); ++i)
+      x.data<float>()[i] = static_cast<float>(rng.Uniform(-1, 1));
+    Tensor y = Tensor::Empty(out.WithBatch(n));
+    std::vector<Tensor> ys{Tensor::Empty(out.WithBatch(n)), Tensor::Empty(out.WithBatch(n))};
+    auto split = [&](std::vector<std::unique_ptr<TensorParallelShard>>& shards) {
+      std::vector<std::thread> t;
+      for (int r = 0; r < 2; ++r) {
+        t.emplace_back([&, r] {
+          tbb::task_arena arena(1);
+          arena.execute([&] { shards[r]->Forward(x, ys[r], ctx); });
+        });
+      }
+      for (auto& th : t) th.join();
+    };
+    const std::vector<std::pair<std::string, std::function<void()>>> settings{
+        {"1x1", [&] { one.execute([&] { full->Forward({&x}, y, ctx); }); }},
+        {"1x2", [&] { two.execute([&] { full->Forward({&x}, y, ctx); }); }},
+        {"column", [&] { split(column); }},
+        {"row", [&] { split(row); }},
+    };
+    std::vector<std::vector<double>> ms(settings.size());
+    for (int rep = 0; rep <= reps; ++rep) {
+      for (size_t k = 0; k < settings.size(); ++k) {
+        const size_t i = rep % 2 ? settings.size() - 1 - k : k;
+        const double t = Ms(settings[i].second);
+        if (rep > 0) ms[i].push_back(t);
+      }
+    }
+    const double one_ms = Median(ms[0]), two_ms = Median(ms[1]);
+    for (size_t i = 0; i < settings.size(); ++i) {
+      std::string runs;
+      for (double t : ms[i]) {
+        char v[32];
+        std::snprintf(v, sizeof v, "%s%.2f", runs.empty() ? "" : ",", t);
+        runs += v;
+      }
+      const double m = Median(ms[i]);
+      std::printf("setting=%s batch=%lld ms=%.2f vs_1x1=%.2fx vs_1x2=%.2fx runs=%s\n",
+                  settings[i].first.c_str(), static_cast<long long>(n), m, one_ms / m, two_ms / m,
+                  runs.c_str());
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace cnnflow
+
+int main(int argc, char** argv) { return cnnflow::Main(argc, argv); }

@@ -1,0 +1,194 @@
+// Tensor parallelism == the unsplit layer: forward, input gradient and
+// weight gradients, for conv2d, conv1d and linear, column and row splits,
+// even and uneven shards; the unsplit weights round-trip exactly; a member
+// that never arrives fails the others within the timeout, naming the layer.
+#include "ops/parallel/tensor_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "ops/collectives/collective.h"
+#include "ops/random.h"
+#include "tests/ops/run_threads.h"
+#include "tests/testing/helpers.h"
+
+namespace cnnflow {
+namespace {
+
+struct Case {
+  std::string type;
+  Args args;
+  Shape input;
+};
+
+Case Make(const std::string& type, const Shape& input,
+          std::vector<std::pair<std::string, ParamValue>> params) {
+  Args a;
+  for (auto& [k, v] : params) a.Set(k, v);
+  a.FillDefaults(LayerRegistry::Get().Find(type)->schema);
+  return {type, a, input};
+}
+
+std::vector<Case> Cases() {
+  return {
+      Make("conv2d", Shape{7, 6, 5},
+           {{"out", int64_t{5}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Make("conv2d", Shape{4, 9, 8},
+           {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"stride", int64_t{2}}, {"bias", false}}),
+      Make("conv1d", Shape{7, 11},
+           {{"out", int64_t{5}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Make("linear", Shape{7}, {{"out", int64_t{5}}}),
+  };
+}
+
+Tensor Random(const Shape& shape, uint64_t seed) {
+  Tensor t = Tensor::Empty(shape);
+  Rng rng(seed);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data<float>()[i] = static_cast<float>(rng.Uniform(-1, 1));
+  return t;
+}
+
+// |a - b| within 1e-5 of the reference's largest magnitude (the sums run in
+// another order).
+void ExpectClose(const Tensor& a, const Tensor& ref, const std::string& what) {
+  ASSERT_EQ(a.shape(), ref.shape()) << what;
+  double scale = 1e-30, worst = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) scale = std::max(scale, std::abs(ref.At(i)));
+  for (int64_t i = 0; i < ref.numel(); ++i) worst = std::max(worst, std::abs(a.At(i) - ref.At(i)));
+  EXPECT_LE(worst, 1e-5 * scale) << what;
+}
+
+void CheckAgainstUnsplit(const Case& c, TensorSplit split, int members) {
+  SCOPED_TRACE(::testing::Message()
+               << c.type << " " << c.input << " " << TensorSplitName(split) << " over " << members);
+  const int64_t n = 3;
+  auto full = LayerRegistry::Get().Find(c.type)->create("tp", c.args);
+  const Shape out = full->Build({c.input}, DType::kF32);
+  Rng rng(11);
+  full->ResetParameters(rng);
+  const Tensor x = Random(c.input.WithBatch(n), 1), dy = Random(out.WithBatch(n), 2);
+  Tensor y = Tensor::Empty(out.WithBatch(n)), dx = Tensor::Empty(x.shape());
+  full->Forward({&x}, y, ForwardContext{});
+  full->Backward({&x}, y, dy, {&dx});
+
+  std::vector<Parameter> gathered;
+  for (const Parameter& p : full->parameters()) {
+    gathered.push_back({p.name, Tensor::Zeros(p.value.shape()), Tensor::Zeros(p.value.shape())});
+  }
+  LocalGroup group(members, 30, "tp group");
+  std::vector<Tensor> ys(members), dxs(members);
+  const auto errors = testing::RunRanks(members, [&](int r) {
+    TensorParallelShard shard("tp", c.type, c.args, c.input, split, group, r);
+    EXPECT_EQ(shard.output_shape(), out);
+    shard.LoadFull(full->parameters());
+    ys[r] = Tensor::Empty(out.WithBatch(n));
+    dxs[r] = Tensor::Empty(x.shape());
+    shard.Forward(x, ys[r], ForwardContext{});
+    shard.Backward(x, dy, &dxs[r]);
+    shard.StoreFull(gathered, /*grads=*/false);
+    shard.StoreFull(gathered, /*grads=*/true);
+  });
+  for (int r = 0; r < members; ++r) {
+    if (errors[r]) std::rethrow_exception(errors[r]);
+    ExpectClose(ys[r], y, StrCat("y of member ", r));
+    ExpectClose(dxs[r], dx, StrCat("dx of member ", r));
+    // Every member ends with the same tensors.
+    EXPECT_EQ(std::memcmp(ys[r].data<float>(), ys[0].data<float>(), ys[0].nbytes()), 0);
+    EXPECT_EQ(std::memcmp(dxs[r].data<float>(), dxs[0].data<float>(), dxs[0].nbytes()), 0);
+  }
+  for (size_t i = 0; i < gathered.size(); ++i) {
+    const Parameter& p = full->parameters()[i];
+    EXPECT_EQ(std::memcmp(gathered[i].value.data<float>(), p.value.data<float>(), p.value.nbytes()),
+              0)
+        << p.name << ": the unsplit weights do not round-trip";
+    ExpectClose(gathered[i].grad, p.grad, p.name + " gradient");
+  }
+}
+
+TEST(TensorParallel, ShardsAreAsEvenAsTheyGo) {
+  EXPECT_EQ(ShardOf(5, 0, 2).begin, 0);
+  EXPECT_EQ(ShardOf(5, 0, 2).end, 3);
+  EXPECT_EQ(ShardOf(5, 1, 2).begin, 3);
+  EXPECT_EQ(ShardOf(5, 1, 2).end, 5);
+  int64_t next = 0;
+  for (int r = 0; r < 4; ++r) {
+    const ShardRange s = ShardOf(7, r, 4);
+    EXPECT_EQ(s.begin, next);
+    EXPECT_GE(s.size(), 1);
+    next = s.end;
+  }
+  EXPECT_EQ(next, 7);
+}
+
+TEST(TensorParallel, ColumnSplitEqualsTheUnsplitLayer) {
+  for (const Case& c : Cases()) {
+    for (int members : {2, 3}) CheckAgainstUnsplit(c, TensorSplit::kColumn, members);
+  }
+}
+
+TEST(TensorParallel, RowSplitEqualsTheUnsplitLayer) {
+  for (const Case& c : Cases()) {
+    for (int members : {2, 3}) CheckAgainstUnsplit(c, TensorSplit::kRow, members);
+  }
+}
+
+TEST(TensorParallel, WhatCannotBeSplitIsAnErrorNamingTheLayer) {
+  LocalGroup group(4, 5, "tp group");
+  const Case small = Make("linear", Shape{3}, {{"out", int64_t{3}}});
+  testing::ExpectContains(testing::ErrorOf([&] {
+                            TensorParallelShard("fc9", small.type, small.args, small.input,
+                                                TensorSplit::kColumn, group, 0);
+                          }),
+                          {"layer 'fc9' has 3 output channels: too few to split over 4 devices"});
+  testing::ExpectContains(testing::ErrorOf([&] {
+                            TensorParallelShard("fc9", small.type, small.args, small.input,
+                                                TensorSplit::kRow, group, 0);
+                          }),
+                          {"layer 'fc9' has 3 input channels: too few to split over 4 devices"});
+  const Case grouped = Make("conv2d", Shape{8, 5, 5},
+                            {{"out", int64_t{8}}, {"kernel", int64_t{3}}, {"groups", int64_t{2}}});
+  testing::ExpectContains(testing::ErrorOf([&] {
+                            TensorParallelShard("conv4", grouped.type, grouped.args, grouped.input,
+                                                TensorSplit::kColumn, group, 0);
+                          }),
+                          {"layer 'conv4' has groups: 2"});
+  Args relu_args;
+  testing::ExpectContains(testing::ErrorOf([&] {
+                            TensorParallelShard("r1", "relu", relu_args, Shape{4},
+                                                TensorSplit::kColumn, group, 0);
+                          }),
+                          {"layer 'r1' (relu) cannot be split"});
+}
+
+// A member that never arrives: the others fail once the collective's
+// deadline passes, naming the layer and the step of it.
+TEST(TensorParallel, AMissingMemberFailsTheGatherWithinTheTimeoutNamingTheLayer) {
+  const Case c = Cases()[0];
+  LocalGroup group(2, /*timeout_s=*/0.5, "tp group");
+  const auto begin = std::chrono::steady_clock::now();
+  const auto errors = testing::RunRanks(2, [&](int r) {
+    TensorParallelShard shard("conv7", c.type, c.args, c.input, TensorSplit::kColumn, group, r);
+    if (r == 1) return;  // dies before its forward
+    Tensor x = Random(c.input.WithBatch(2), 1),
+           y = Tensor::Empty(shard.output_shape().WithBatch(2));
+    shard.Forward(x, y, ForwardContext{});
+  });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  ASSERT_TRUE(errors[0]);
+  try {
+    std::rethrow_exception(errors[0]);
+  } catch (const CollectiveTimeout& e) {
+    EXPECT_NE(std::string(e.what()).find("layer conv7 forward all-gather"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(seconds, 0.5 + 5);
+}
+
+}  // namespace
+}  // namespace cnnflow
