@@ -18,6 +18,7 @@
 //
 // One machine-readable line per figure:
 //   raw_turbojpeg threads=1 images_per_s=... best=... records=... mean_bytes=... ...
+//   raw_turbojpeg_floats threads=1 ...   (the same + the float batch rows, see DecodeStripe)
 //   cnnflow_read images_per_s=... best=... records=...
 //   cnnflow_loader load_threads=1 prefetch=4 images_per_s=... best=... cpu_cores=... runs=...
 //   cnnflow_train_step images_per_s=...   (configured loader + the config's train step)
@@ -168,7 +169,15 @@ std::vector<std::string> ReadJpegs(const std::string& path, int64_t n) {
 // TurboJPEG only: header + decode to packed RGB, per image, into a reused
 // buffer. Decodes jpegs[first], jpegs[first + stride], ...; returns the
 // pixels decoded. Throws Error naming the record on failure.
-double DecodeStripe(const std::vector<std::string>& jpegs, size_t first, size_t stride) {
+// With `floats` ([C, H, W], C 1 or 3, no larger than the images), each
+// image's top-left H x W also goes as floats v / 255, CHW, into the next
+// row of a batch of 128 such rows: what any float loader must write, a
+// batch that leaves the caches at 224x224 (the loader's floor beside the
+// decode, which reuses one small buffer).
+double DecodeStripe(const std::vector<std::string>& jpegs, size_t first, size_t stride,
+                    const Shape* floats = nullptr) {
+  std::vector<float> batch(floats != nullptr ? 128 * static_cast<size_t>(floats->numel()) : 0);
+  size_t row = 0;
   tjhandle tj = tjInitDecompress();
   if (tj == nullptr) throw Error(StrCat("tjInitDecompress: ", tjGetErrorStr2(nullptr)));
   std::vector<unsigned char> rgb;
@@ -188,6 +197,18 @@ double DecodeStripe(const std::vector<std::string>& jpegs, size_t first, size_t 
       throw Error(StrCat("TurboJPEG failed on record ", i, ": ", msg));
     }
     pixels += static_cast<double>(w) * h;
+    if (floats != nullptr) {
+      const int64_t c = (*floats)[0], fh = std::min<int64_t>((*floats)[1], h),
+                    fw = std::min<int64_t>((*floats)[2], w);
+      float* out = batch.data() + (row++ % 128) * floats->numel();
+      for (int64_t ch = 0; ch < c; ++ch) {
+        for (int64_t y = 0; y < fh; ++y) {
+          const unsigned char* px = rgb.data() + (y * w) * 3 + ch;
+          float* o = out + (ch * (*floats)[1] + y) * (*floats)[2];
+          for (int64_t x = 0; x < fw; ++x) o[x] = px[3 * x] / 255.f;
+        }
+      }
+    }
   }
   tjDestroy(tj);
   return pixels;
@@ -206,7 +227,8 @@ struct Passes {
 
 // The limit, one pass: `threads` std::threads (own handle each, disjoint
 // stripes), no cnnflow code. Returns the pixels decoded.
-double RawPass(const std::vector<std::string>& jpegs, int threads, Passes* passes) {
+double RawPass(const std::vector<std::string>& jpegs, int threads, Passes* passes,
+               const Shape* floats = nullptr) {
   const auto t0 = Clock::now();
   const double cpu0 = CpuSeconds();
   std::vector<double> px(static_cast<size_t>(threads));
@@ -215,7 +237,7 @@ double RawPass(const std::vector<std::string>& jpegs, int threads, Passes* passe
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       try {
-        px[t] = DecodeStripe(jpegs, static_cast<size_t>(t), static_cast<size_t>(threads));
+        px[t] = DecodeStripe(jpegs, static_cast<size_t>(t), static_cast<size_t>(threads), floats);
       } catch (...) {
         failed[t] = std::current_exception();
       }
@@ -254,14 +276,22 @@ void ReadPass(Trainer& trainer, int64_t records, int64_t epoch, Passes* passes) 
 // of --reps rounds after one untimed warm-up round, so load changes on a
 // shared machine hit all three alike.
 void SinglePasses(const std::vector<std::string>& jpegs, Trainer* trainer, const Options& o) {
-  Passes raw1, raw2, read;
+  Passes raw1, raw2, float1, float2, read;
   double pixels = 0, bytes = 0;
   for (const auto& j : jpegs) bytes += static_cast<double>(j.size());
+  // The float rows write the config's sample shape (known with a trainer).
+  const Shape sample =
+      trainer != nullptr ? trainer->state().dataset("train").sample_shape() : Shape{};
+  const bool floats = o.raw && trainer != nullptr && sample.rank() == 3;
   for (int rep = 0; rep < o.reps + 1; ++rep) {
     const bool timed = rep > 0;
     if (o.raw) {
       pixels = RawPass(jpegs, 1, timed ? &raw1 : nullptr);
       RawPass(jpegs, 2, timed ? &raw2 : nullptr);
+    }
+    if (floats) {
+      RawPass(jpegs, 1, timed ? &float1 : nullptr, &sample);
+      RawPass(jpegs, 2, timed ? &float2 : nullptr, &sample);
     }
     if (trainer != nullptr) ReadPass(*trainer, o.records, rep, timed ? &read : nullptr);
   }
@@ -273,6 +303,15 @@ void SinglePasses(const std::vector<std::string>& jpegs, Trainer* trainer, const
           "mean_bytes=%.0f mean_pixels=%.0f megapixels_per_s=%.1f runs=%s\n",
           threads, p->median(), p->best(), Median(p->cores), jpegs.size(), bytes / n, pixels / n,
           p->median() * pixels / n / 1e6, Join(p->rates).c_str());
+    }
+  }
+  if (floats) {
+    for (const auto& [threads, p] : {std::pair<int, const Passes*>{1, &float1}, {2, &float2}}) {
+      std::printf(
+          "raw_turbojpeg_floats threads=%d images_per_s=%.0f best=%.0f cpu_cores=%.2f "
+          "shape=%s runs=%s\n",
+          threads, p->median(), p->best(), Median(p->cores),
+          StrCat(sample[0], "x", sample[1], "x", sample[2]).c_str(), Join(p->rates).c_str());
     }
   }
   if (trainer != nullptr) {

@@ -15,6 +15,8 @@
 #             --encoded`; augmentation random crop 224 + hflip + normalize
 # For each set it runs
 #   BUILD/bench/loader_bench CONFIG   raw TurboJPEG 1 thread (the limit) and 2,
+#       the same + a plain loop writing each sample's floats into a batch
+#       (what any float loader writes; no crop, flip or normalisation),
 #       cnnflow's per-sample read 1 thread, cnnflow's loader graph
 #       (TuneLoader: sampler -> prefetch -> load, train step cut out) with
 #       load_threads 1 and 2, config threads: 2
@@ -221,6 +223,8 @@ for name, rs in rows.items():
     table = [
         ("TurboJPEG raw decode, 1 thread (the limit)", raw_kv),
         ("TurboJPEG raw decode, 2 threads", find(rs, "raw_turbojpeg", threads=2)),
+        ("TurboJPEG decode + a plain loop writing the sample's floats into a batch, 1 thread", find(rs, "raw_turbojpeg_floats", threads=1)),
+        ("TurboJPEG decode + a plain loop writing the sample's floats into a batch, 2 threads", find(rs, "raw_turbojpeg_floats", threads=2)),
         ("cnnflow Dataset::Read (decode + augment + normalize), 1 thread, no graph", find(rs, "cnnflow_read")),
         ("cnnflow loader graph, load_threads 1", find(rs, "cnnflow_loader", load_threads=1)),
         ("cnnflow loader graph, load_threads 2", find(rs, "cnnflow_loader", load_threads=2)),
