@@ -15,6 +15,10 @@
 // Every round runs every setting once, alternating; the median of --reps
 // rounds after one warm-up round (which also makes the kernel picks).
 //
+// Under `mpiexec -n 2` the group spans the two processes instead, one
+// member (one thread) each, and only the split settings run (mpi-column,
+// mpi-row; rank 0 prints): a TP group across processes or nodes.
+//
 // Usage: tensor_parallel_bench [--reps R] [--batch 1,8] [--channels C] [--size S]
 // One line per setting: setting=... batch=... ms=... (median) runs=...
 #include <tbb/task_arena.h>
@@ -30,6 +34,7 @@
 #include <vector>
 
 #include "ops/collectives/collective.h"
+#include "ops/collectives/collective_mpi.h"
 #include "ops/cpu/isa.h"
 #include "ops/layer.h"
 #include "ops/parallel/tensor_parallel.h"
@@ -110,13 +115,26 @@ int Main(int argc, char** argv) {
   ForwardContext ctx;
   ctx.training = false;
 
-  LocalGroup group(2, 60, "tp bench");
+  MpiWorld& world = MpiWorld::Get();
+  const bool mpi = world.active() && world.size() == 2;
+  if (world.active() && !mpi) {
+    std::fprintf(stderr, "tensor_parallel_bench: run it on its own or with mpiexec -n 2\n");
+    return 2;
+  }
+  // In-process: 2 members in this process; under MPI: 1 here, 1 there.
+  const int members = mpi ? 1 : 2;
+  std::unique_ptr<Collective> group;
+  if (mpi) {
+    group = std::make_unique<HierarchicalAllReduce>(1, world, 60);
+  } else {
+    group = std::make_unique<LocalGroup>(2, 60, "tp bench");
+  }
   std::vector<std::unique_ptr<TensorParallelShard>> column, row;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < members; ++r) {
     column.push_back(std::make_unique<TensorParallelShard>("wide", "conv2d", args, in,
-                                                           TensorSplit::kColumn, group, r));
+                                                           TensorSplit::kColumn, *group, r));
     row.push_back(std::make_unique<TensorParallelShard>("wide", "conv2d", args, in,
-                                                        TensorSplit::kRow, group, r));
+                                                        TensorSplit::kRow, *group, r));
     column[r]->LoadFull(full->parameters());
     row[r]->LoadFull(full->parameters());
   }
@@ -129,7 +147,7 @@ int Main(int argc, char** argv) {
     std::vector<Tensor> ys{Tensor::Empty(out.WithBatch(n)), Tensor::Empty(out.WithBatch(n))};
     auto split = [&](std::vector<std::unique_ptr<TensorParallelShard>>& shards) {
       std::vector<std::thread> t;
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < members; ++r) {
         t.emplace_back([&, r] {
           tbb::task_arena arena(1);
           arena.execute([&] { shards[r]->Forward(x, ys[r], ctx); });
@@ -137,12 +155,15 @@ int Main(int argc, char** argv) {
       }
       for (auto& th : t) th.join();
     };
-    const std::vector<std::pair<std::string, std::function<void()>>> settings{
+    std::vector<std::pair<std::string, std::function<void()>>> settings{
         {"1x1", [&] { one.execute([&] { full->Forward({&x}, y, ctx); }); }},
         {"1x2", [&] { two.execute([&] { full->Forward({&x}, y, ctx); }); }},
         {"column", [&] { split(column); }},
         {"row", [&] { split(row); }},
     };
+    if (mpi) {  // the processes time the split settings only, together
+      settings = {{"mpi-column", [&] { split(column); }}, {"mpi-row", [&] { split(row); }}};
+    }
     std::vector<std::vector<double>> ms(settings.size());
     for (int rep = 0; rep <= reps; ++rep) {
       for (size_t k = 0; k < settings.size(); ++k) {
@@ -150,6 +171,14 @@ int Main(int argc, char** argv) {
         const double t = Ms(settings[i].second);
         if (rep > 0) ms[i].push_back(t);
       }
+    }
+    if (mpi) {
+      for (size_t i = 0; i < settings.size() && world.rank() == 0; ++i) {
+        std::printf("setting=%s batch=%lld ms=%.2f\n", settings[i].first.c_str(),
+                    static_cast<long long>(n), Median(ms[i]));
+      }
+      std::fflush(stdout);
+      continue;
     }
     const double one_ms = Median(ms[0]), two_ms = Median(ms[1]);
     for (size_t i = 0; i < settings.size(); ++i) {

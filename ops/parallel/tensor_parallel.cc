@@ -105,7 +105,8 @@ TensorParallelShard::TensorParallelShard(const std::string& name, const std::str
     throw ConfigError(StrCat("layer '", name, "' has groups: ", args.Int("groups"),
                              "; a grouped convolution cannot be split (yet)"));
   }
-  const int ranks = group.size();
+  // Members are numbered across processes (a group may span them).
+  const int ranks = group.global_size();
   const int64_t total = split == TensorSplit::kColumn ? args.Int("out") : input[0];
   if (total < ranks) {
     throw ConfigError(StrCat("layer '", name, "' has ", total,
@@ -113,7 +114,8 @@ TensorParallelShard::TensorParallelShard(const std::string& name, const std::str
                              " channels: too few to split over ", ranks, " devices (",
                              TensorSplitName(split), " split)"));
   }
-  range_ = ShardOf(total, rank, ranks);
+  const int member = group.global_offset() + rank;
+  range_ = ShardOf(total, member, ranks);
   Args shard = args;
   Shape shard_in = input;
   if (split == TensorSplit::kColumn) {
@@ -121,7 +123,7 @@ TensorParallelShard::TensorParallelShard(const std::string& name, const std::str
   } else {
     shard_in = WithChannels(input, range_.size());
     if (shard.Has("in") && shard.Int("in") != 0) shard.Set("in", range_.size());
-    shard.Set("bias", rank == 0 && args.Bool("bias"));  // added once, by member 0
+    shard.Set("bias", member == 0 && args.Bool("bias"));  // added once, by member 0
   }
   const LayerType* t = LayerRegistry::Get().Find(type);
   CNNFLOW_ENFORCE(t != nullptr, "no layer type ", type);

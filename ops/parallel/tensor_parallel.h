@@ -48,7 +48,9 @@ ShardRange ShardOf(int64_t total, int rank, int ranks);
 
 class TensorParallelShard {
  public:
-  // Member `rank` of `group` holds its share of layer `name` of `type`
+  // Member `rank` of `group` (this process's rank; members are numbered
+  // from the group's global_offset(), so a group may span processes)
+  // holds its share of layer `name` of `type`
   // ("conv2d", "conv1d", "linear") with YAML parameters `args` (defaults
   // filled), over input samples of shape `input` (no batch dimension).
   // Throws ConfigError naming the layer for another type, groups > 1, or

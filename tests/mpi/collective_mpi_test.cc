@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "ops/collectives/collective.h"
+#include "ops/parallel/tensor_parallel.h"
+#include "ops/random.h"
 
 namespace cnnflow {
 namespace {
@@ -227,6 +229,51 @@ int EarlyExit(MpiWorld& world) {
   world.AbortJob(3);  // the MPI state is broken: end the job (what cnnflow train does)
 }
 
+// A tensor-parallel group that spans the two processes, one member each:
+// the split conv2d (column and row) gives each process the unsplit layer's
+// output and input gradient, which each process also computes alone.
+void TensorParallelAcrossProcesses(MpiWorld& world) {
+  HierarchicalAllReduce group(1, world, kTimeout);
+  Args args;
+  args.Set("out", int64_t{5});
+  args.Set("kernel", int64_t{3});
+  args.Set("pad", int64_t{1});
+  const LayerType* type = LayerRegistry::Get().Find("conv2d");
+  args.FillDefaults(type->schema);
+  const Shape in{7, 6, 5};
+  auto full = type->create("tp", args);
+  const Shape out = full->Build({in}, DType::kF32);
+  Rng rng(3);
+  full->ResetParameters(rng);
+  auto random = [](const Shape& s, uint64_t seed) {
+    Tensor t = Tensor::Empty(s);
+    const std::vector<float> v = RandomData(t.numel(), seed);
+    std::memcpy(t.data<float>(), v.data(), v.size() * sizeof(float));
+    return t;
+  };
+  const Tensor x = random(in.WithBatch(2), 41), dy = random(out.WithBatch(2), 42);
+  Tensor y = Tensor::Empty(out.WithBatch(2)), dx = Tensor::Empty(x.shape());
+  full->Forward({&x}, y, ForwardContext{});
+  full->Backward({&x}, y, dy, {&dx});
+  for (TensorSplit split : {TensorSplit::kColumn, TensorSplit::kRow}) {
+    TensorParallelShard shard("tp", "conv2d", args, in, split, group, 0);
+    CHECK(shard.range().size() == (split == TensorSplit::kColumn ? (world.rank() == 0 ? 3 : 2)
+                                                                 : (world.rank() == 0 ? 4 : 3)),
+          shard.range().size());
+    shard.LoadFull(full->parameters());
+    Tensor ty = Tensor::Empty(out.WithBatch(2)), tdx = Tensor::Empty(x.shape());
+    shard.Forward(x, ty, ForwardContext{});
+    shard.Backward(x, dy, &tdx);
+    double worst_y = 0, worst_dx = 0;
+    for (int64_t i = 0; i < y.numel(); ++i)
+      worst_y = std::max(worst_y, std::fabs(ty.At(i) - y.At(i)));
+    for (int64_t i = 0; i < dx.numel(); ++i)
+      worst_dx = std::max(worst_dx, std::fabs(tdx.At(i) - dx.At(i)));
+    CHECK(worst_y < 1e-5, TensorSplitName(split), " y off by ", worst_y);
+    CHECK(worst_dx < 1e-5, TensorSplitName(split), " dx off by ", worst_dx);
+  }
+}
+
 int Main(int argc, char** argv) {
   MpiWorld& world = MpiWorld::Get();
   g_rank = world.rank();
@@ -242,6 +289,7 @@ int Main(int argc, char** argv) {
       {"BroadcastAndGather", BroadcastAndGather},
       {"HashAgreement", HashAgreement},
       {"Hierarchical", Hierarchical},
+      {"TensorParallelAcrossProcesses", TensorParallelAcrossProcesses},
   };
   for (const auto& [name, fn] : tests) {
     const int before = g_failures;
