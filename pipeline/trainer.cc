@@ -310,10 +310,16 @@ const std::vector<std::string> kMetricsColumns = {
     "epoch",        "train_loss", "train_accuracy", "test_loss", "test_accuracy",
     "images_per_s", "seconds",    "lr",             "skipped_records"};
 
+// A row's test loss and accuracy when the run has no test set: written as
+// empty fields, not as a loss and an accuracy of 0.
+constexpr double kNoTest = -1;
+
 std::string MetricsRow(const std::vector<double>& v) {
+  char test[64] = ",";
+  if (v[3] != kNoTest) std::snprintf(test, sizeof test, "%.6f,%.6f", v[3], v[4]);
   char row[320];
-  std::snprintf(row, sizeof row, "%lld,%.6f,%.6f,%.6f,%.6f,%.1f,%.3f,%.6g,%lld",
-                static_cast<long long>(v[0]), v[1], v[2], v[3], v[4], v[5], v[6], v[7],
+  std::snprintf(row, sizeof row, "%lld,%.6f,%.6f,%s,%.1f,%.3f,%.6g,%lld",
+                static_cast<long long>(v[0]), v[1], v[2], test, v[5], v[6], v[7],
                 static_cast<long long>(v[8]));
   return row;
 }
@@ -462,22 +468,24 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     report.lr = schedule_->At(std::max<int64_t>(state_.global_step - 1, 0));
     if (state_.stop_requested) break;
     batch_in_epoch_ = 0;
-    if (state_.datasets.count("test")) {
+    const bool tested = state_.datasets.count("test") != 0;
+    if (tested) {
       // On the averaged weights, with an ema node that says so.
       const bool averaged = ema_ && ema_eval_;
       if (averaged) ema_->Swap(*model_);
       report.test = RunPass(config_.eval_graph, "eval", epoch);
       if (averaged) ema_->Swap(*model_);
     }
-    const std::vector<double> row = {static_cast<double>(report.epoch),
-                                     report.train.mean_loss(),
-                                     report.train.accuracy(),
-                                     report.test.mean_loss(),
-                                     report.test.accuracy(),
-                                     report.train.seconds > 0 ? report.train.samples / report.train.seconds : 0,
-                                     report.train.seconds,
-                                     report.lr,
-                                     static_cast<double>(report.train.skipped + report.test.skipped)};
+    const std::vector<double> row = {
+        static_cast<double>(report.epoch),
+        report.train.mean_loss(),
+        report.train.accuracy(),
+        tested ? report.test.mean_loss() : kNoTest,
+        tested ? report.test.accuracy() : kNoTest,
+        report.train.seconds > 0 ? report.train.samples / report.train.seconds : 0,
+        report.train.seconds,
+        report.lr,
+        static_cast<double>(report.train.skipped + report.test.skipped)};
     metrics_rows_.push_back(row);
     if (csv) {
       *csv << MetricsRow(row) << "\n";
@@ -485,9 +493,12 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     }
     SaveCheckpoint(epoch + 1, PassMetrics());
     if (progress_) {
+      const std::string test =
+          tested ? StrCat(", test loss ", report.test.mean_loss(), ", test accuracy ",
+                          100 * report.test.accuracy(), "%")
+                 : StrCat(", train accuracy ", 100 * report.train.accuracy(), "% (no test set)");
       progress_->Line(StrCat("epoch ", report.epoch, "/", config_.epochs, ": train loss ",
-                             report.train.mean_loss(), ", test loss ", report.test.mean_loss(),
-                             ", test accuracy ", 100 * report.test.accuracy(), "%, ",
+                             report.train.mean_loss(), test, ", ",
                              static_cast<int64_t>(report.train.samples_per_second()), " img/s"));
     }
   }

@@ -268,9 +268,17 @@ int Train(const Options& o) {
     return 130;
   }
   if (rank0) {
-    std::printf("done after epoch %lld: test accuracy %.2f%%, test loss %.4f; run folder %s\n",
-                static_cast<long long>(r.epoch), 100 * r.test.accuracy(), r.test.mean_loss(),
-                trainer.run_dir().c_str());
+    if (r.test.samples > 0) {
+      std::printf("done after epoch %lld: test accuracy %.2f%%, test loss %.4f; run folder %s\n",
+                  static_cast<long long>(r.epoch), 100 * r.test.accuracy(), r.test.mean_loss(),
+                  trainer.run_dir().c_str());
+    } else {
+      std::printf(
+          "done after epoch %lld: train accuracy %.2f%%, train loss %.4f (no test set); "
+          "run folder %s\n",
+          static_cast<long long>(r.epoch), 100 * r.train.accuracy(), r.train.mean_loss(),
+          trainer.run_dir().c_str());
+    }
   }
   return 0;
 }
@@ -412,6 +420,11 @@ int Graph(const Options& o) {
 }
 
 int Main(int argc, char** argv) {
+  // --help / -h anywhere (and `help`): the usage, on stdout, and success.
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h" || (i == 1 && a == "help")) return std::printf("%s", kUsage), 0;
+  }
   if (argc >= 2 && std::string(argv[1]) == "convert") {
     return RunConvert(std::vector<std::string>(argv + 2, argv + argc));
   }
@@ -422,7 +435,6 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "cnnflow: %s\n\n%s", e.what(), kUsage);
     return 2;
   }
-  if (o.command == "help") return std::printf("%s", kUsage), 0;
   if (o.command == "stages") return Stages();
   if (o.command == "devices") {
     std::printf("cpu:K: host threads (threads: in the config); %s", DescribeCuda().c_str());

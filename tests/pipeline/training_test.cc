@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "ops/device.h"
 #include "ops/io/safetensors.h"
@@ -51,6 +52,33 @@ TEST(Training, FashionMnistSubsetLearns) {
   Trainer fresh(LoadRunConfig("configs/fashion_mnist.yaml", {"threads=2"}));
   fresh.LoadWeights((dir / "model.safetensors").string());
   EXPECT_DOUBLE_EQ(fresh.Evaluate().accuracy(), r.test.accuracy());
+  fs::remove_all(dir);
+}
+
+// A run without a test set says so: its metrics rows leave the test
+// columns empty, not a loss and an accuracy of 0.
+TEST(Training, ARunWithoutATestSetLeavesTheTestColumnsEmpty) {
+  Trainer trainer(
+      LoadRunConfig("configs/fashion_mnist.yaml",
+                    {"train.epochs=2", "train.max_steps=10", "threads=2", "data.test=null"}));
+  const fs::path dir = testing::TestDir();
+  const EpochReport r = trainer.Train(dir.string());
+  EXPECT_EQ(r.test.samples, 0);
+  std::ifstream csv(dir / "metrics.csv");
+  std::string header, row;
+  std::getline(csv, header);
+  int rows = 0;
+  while (std::getline(csv, row)) {
+    ++rows;
+    std::vector<std::string> f;
+    std::stringstream fields(row);
+    for (std::string x; std::getline(fields, x, ',');) f.push_back(x);
+    ASSERT_GE(f.size(), 5u) << row;
+    EXPECT_EQ(f[3], "") << row;
+    EXPECT_EQ(f[4], "") << row;
+    EXPECT_NE(f[2], "") << row;
+  }
+  EXPECT_GE(rows, 1);
   fs::remove_all(dir);
 }
 
