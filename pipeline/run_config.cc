@@ -35,7 +35,8 @@ const Schema& TrainSchema() {
       Schema("How the model learns.")
           .Required("epochs", ParamType::kInt, "passes over the training set")
           .Required("batch", ParamType::kInt, "samples per step per replica")
-          .Required("optimizer", ParamType::kTree, "one of {sgd: {...}}, {adam: {...}}, {adamw: {...}}")
+          .Required("optimizer", ParamType::kTree,
+                    "one of {sgd: {...}}, {adam: {...}}, {adamw: {...}}")
           .Optional("schedule", ParamType::kTree, std::string("{}"), "learning-rate schedule")
           .Optional("eval_batch", ParamType::kInt, int64_t{1000}, "batch size for evaluation")
           .Optional("max_steps", ParamType::kInt, int64_t{0},
@@ -46,7 +47,23 @@ const Schema& TrainSchema() {
                     "write a checkpoint every this many optimizer steps (0: at the end "
                     "of each epoch only)")
           .Optional("keep_checkpoints", ParamType::kInt, int64_t{3},
-                    "checkpoints kept in the run folder (the newest)");
+                    "checkpoints kept in the run folder (the newest)")
+          .Optional("init", ParamType::kTree, std::string("{}"),
+                    "{weights: FILE.safetensors, strict: true, skip: [glob, ...]}: start from "
+                    "these weights (PyTorch state_dict names; a 'module.' prefix is dropped)");
+  return s;
+}
+
+const Schema& InitSchema() {
+  static const Schema s =
+      Schema("Start from existing weights.")
+          .Optional("weights", ParamType::kString, std::string(""),
+                    "a .safetensors file (PyTorch state_dict names, 'module.' dropped)")
+          .Optional("strict", ParamType::kBool, true,
+                    "every tensor of the model and of the file must match by name and shape")
+          .Optional("skip", ParamType::kStringList, std::vector<std::string>{},
+                    "globs of tensors to leave at their fresh initialisation (a new head: "
+                    "[fc2.*]); the file's tensors of those names are ignored");
   return s;
 }
 
@@ -327,6 +344,16 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   if (c.epochs <= 0) doc.Fail(train["epochs"], "train.epochs", "must be > 0");
   if (c.batch <= 0) doc.Fail(train["batch"], "train.batch", "must be > 0");
   if (c.eval_batch <= 0) doc.Fail(train["eval_batch"], "train.eval_batch", "must be > 0");
+  {
+    const YAML::Node init = Section(train, "init");
+    Args a = doc.CheckArgs(init, InitSchema(), "train.init");
+    c.init_from.weights = a.String("weights");
+    c.init_from.strict = a.Bool("strict");
+    c.init_from.skip = a.Strings("skip");
+    if (c.init_from.weights.empty() && init.IsMap() && init.size() > 0) {
+      doc.Fail(init, "train.init", "needs weights: FILE.safetensors");
+    }
+  }
   ParseOptimizer(doc, train["optimizer"], c);
   c.schedule_args = doc.CheckArgs(Section(train, "schedule"), LrScheduleSchema(), "train.schedule");
 

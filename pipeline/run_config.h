@@ -44,6 +44,14 @@ struct RunConfig {
   int64_t accumulate = 1;   // batches per optimizer step
   int64_t checkpoint_every = 0;  // optimizer steps; 0: at epoch ends
   int64_t keep_checkpoints = 3;
+  // train.init: start from these weights (PyTorch state_dict names) instead
+  // of a fresh initialisation; strict: every tensor must match; skip: globs
+  // of tensors left at their fresh initialisation (a new head).
+  struct InitFrom {
+    std::string weights;  // empty: no init
+    bool strict = true;
+    std::vector<std::string> skip;
+  } init_from;
   std::string optimizer;    // "sgd", ...
   Args optimizer_args;
   Args schedule_args;

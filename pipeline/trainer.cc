@@ -1,5 +1,6 @@
 #include "pipeline/trainer.h"
 
+#include <fnmatch.h>
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
@@ -173,6 +174,10 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   lr.gamma = s.Float("gamma");
   lr.min_lr = s.Float("min_lr");
   schedule_ = std::make_unique<LrSchedule>(lr);
+
+  // Before the ema node's average starts from the model (a resume then
+  // loads its checkpoint over both).
+  if (!config_.init_from.weights.empty()) InitFromWeights();
 
   state_.replicas = replicas_.get();
   state_.pipeline = pipeline_.get();
@@ -416,6 +421,7 @@ void Trainer::SaveCheckpoint(int64_t epoch, const PassMetrics& partial) {
 EpochReport Trainer::Train(const std::string& run_dir) {
   const bool writer = state_.process_rank == 0;  // only rank 0 writes files
   if (!resumed_) run_dir_ = run_dir.empty() ? MakeRunDir(config_.output_dir, config_.name) : run_dir;
+  if (progress_ && !resumed_ && !init_report_.empty()) progress_->Line(init_report_);
   std::unique_ptr<std::ofstream> csv;
   if (writer) {
     fs::create_directories(run_dir_);
@@ -550,6 +556,68 @@ std::vector<std::pair<std::string, Tensor>> Trainer::ExportedTensors() {
   std::vector<std::pair<std::string, Tensor>> out = model_->StateTensors();
   if (ema_) out.insert(out.end(), ema_->tensors().begin(), ema_->tensors().end());
   return out;
+}
+
+void Trainer::InitFromWeights() {
+  const RunConfig::InitFrom& init = config_.init_from;
+  const std::string& path = init.weights;
+  const SafetensorsFile file = LoadSafetensors(path);
+  auto skipped = [&](const std::string& name) {
+    for (const std::string& g : init.skip)
+      if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+    return false;
+  };
+  // The file's tensors by the model's names: "module." (DataParallel, DDP)
+  // dropped; BatchNorm's num_batches_tracked has no counterpart here.
+  std::map<std::string, const Tensor*> given;
+  for (const auto& [name, t] : file.tensors) {
+    const std::string n = name.rfind("module.", 0) == 0 ? name.substr(7) : name;
+    if (n.size() > 20 && n.compare(n.size() - 20, 20, ".num_batches_tracked") == 0) continue;
+    if (!skipped(n)) given[n] = &t;
+  }
+  std::vector<std::pair<std::string, Tensor>> load;
+  std::vector<std::string> problems;
+  for (const auto& [name, t] : model_->StateTensors()) {
+    if (skipped(name)) continue;
+    auto it = given.find(name);
+    if (it == given.end()) {
+      problems.push_back(StrCat("the model's '", name, "' ", t.shape(), " is not in the file"));
+      continue;
+    }
+    if (it->second->shape() != t.shape()) {
+      problems.push_back(StrCat("'", name, "' is ", it->second->shape(), " in the file, ",
+                                t.shape(), " in the model"));
+    } else {
+      load.emplace_back(name, *it->second);
+    }
+    given.erase(it);
+  }
+  for (const auto& [name, t] : given) {
+    problems.push_back(StrCat("the file's '", name, "' ", t->shape(), " is not in the model"));
+  }
+  if (!problems.empty()) {
+    std::string list;
+    for (const std::string& p : problems) list += "\n  " + p;
+    if (init.strict) {
+      throw ConfigError(StrCat("train.init: ", path,
+                               " does not fit the model (strict: true; "
+                               "strict: false loads what fits, skip: [glob] leaves tensors "
+                               "at their fresh initialisation):",
+                               list));
+    }
+    init_report_ = StrCat("train.init: ", path, ": ", problems.size(),
+                          " tensors left at their fresh initialisation or ignored:", list, "\n");
+  }
+  // Every model instance: replicas, pipeline stages.
+  for (Model* m : Models()) {
+    std::vector<std::pair<std::string, Tensor>> dst;
+    for (auto& [name, t] : m->StateTensors()) {
+      for (const auto& l : load)
+        if (l.first == name) dst.emplace_back(name, t);
+    }
+    CopyNamedTensors(load, dst, path);
+  }
+  init_report_ += StrCat("train.init: ", load.size(), " tensors from ", path);
 }
 
 void Trainer::LoadWeights(const std::string& path, const std::string& prefix) {

@@ -69,6 +69,10 @@ class Trainer {
 
  private:
   void BuildModel(MpiWorld& world);
+  // train.init: the weights of config_.init_from into every model instance
+  // (strict: all or an error listing each mismatch); what it did goes to
+  // init_report_, printed when training starts.
+  void InitFromWeights();
   void LogAutotune(const AutotuneDecision& d);
   void SaveCheckpoint(int64_t epoch, const PassMetrics& partial);
   std::string ResolvedConfigText() const;
@@ -96,6 +100,7 @@ class Trainer {
   PassMetrics partial_train_;  // the resumed epoch's totals so far
   std::vector<std::vector<double>> metrics_rows_;
   Progress* progress_ = nullptr;
+  std::string init_report_;
   std::unique_ptr<Autotuner> autotuner_;  // graph.autotune
   std::unique_ptr<WeightAverage> ema_;    // an ema node in the train graph
   bool ema_eval_ = false;                 // evaluate on the average

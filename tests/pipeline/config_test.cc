@@ -7,6 +7,7 @@
 
 #include "ops/model.h"
 #include "pipeline/run_config.h"
+#include "tests/testing/helpers.h"
 #include "tests/testing/test_dir.h"
 
 namespace cnnflow {
@@ -73,10 +74,23 @@ TEST_F(ConfigTest, GoodConfigLoadsWithDefaults) {
   EXPECT_EQ(c.train_graph.Find("sample")->args.Int("batch"), 8);
 }
 
+// train.init is checked like every section: known keys, a weights file.
+TEST_F(ConfigTest, TrainInitNeedsWeightsAndKnownKeys) {
+  testing::ExpectContains(
+      ErrorOf(Replace(kGood, "  epochs: 1", "  epochs: 1\n  init: {strict: false}")),
+      {"train.init", "needs weights: FILE.safetensors"});
+  testing::ExpectContains(
+      ErrorOf(Replace(kGood, "  epochs: 1",
+                      "  epochs: 1\n  init: {weights: w.safetensors, skp: [fc.*]}")),
+      {"unknown key 'skp' (did you mean 'skip'?)"});
+}
+
 TEST_F(ConfigTest, MisspeltKeySuggestsTheKnownOne) {
-  EXPECT_EQ(ErrorOf(Replace(kGood, "  epochs: 1", "  epohcs: 1")),
-            ":12:3: train: unknown key 'epohcs' (did you mean 'epochs'?); known: epochs, batch, "
-            "optimizer, schedule, eval_batch, max_steps, accumulate, checkpoint_every, keep_checkpoints");
+  EXPECT_EQ(
+      ErrorOf(Replace(kGood, "  epochs: 1", "  epohcs: 1")),
+      ":12:3: train: unknown key 'epohcs' (did you mean 'epochs'?); known: epochs, batch, "
+      "optimizer, schedule, eval_batch, max_steps, accumulate, checkpoint_every, keep_checkpoints, "
+      "init");
 }
 
 TEST_F(ConfigTest, MisspeltLayerParameter) {

@@ -2,14 +2,17 @@
 // loss falls far below its start and accuracy is far above chance.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "ops/device.h"
 #include "ops/io/safetensors.h"
 #include "pipeline/trainer.h"
+#include "tests/testing/helpers.h"
 #include "tests/testing/test_dir.h"
 
 namespace cnnflow {
@@ -52,6 +55,70 @@ TEST(Training, FashionMnistSubsetLearns) {
   Trainer fresh(LoadRunConfig("configs/fashion_mnist.yaml", {"threads=2"}));
   fresh.LoadWeights((dir / "model.safetensors").string());
   EXPECT_DOUBLE_EQ(fresh.Evaluate().accuracy(), r.test.accuracy());
+  fs::remove_all(dir);
+}
+
+// train.init from weights PyTorch trained and wrote (a DataParallel
+// state_dict by the safetensors package: "module." names, BN's
+// num_batches_tracked; tests/data/make_pytorch_tiny.py): before any step
+// cnnflow evaluates them as PyTorch did.
+TEST(Training, InitFromPyTorchWeightsEvaluatesAsPyTorchDid) {
+  std::ifstream json("tests/data/pytorch_tiny.json");
+  std::stringstream text;
+  text << json.rdbuf();
+  const std::string j = text.str();
+  auto number = [&](const std::string& key) {
+    const size_t at = j.find("\"" + key + "\":");
+    EXPECT_NE(at, std::string::npos) << key;
+    return std::stod(j.substr(at + key.size() + 3));
+  };
+  Trainer trainer(LoadRunConfig("tests/data/pytorch_tiny.yaml",
+                                {"train.init={weights: tests/data/pytorch_tiny.safetensors}"}));
+  const PassMetrics m = trainer.Evaluate();
+  EXPECT_EQ(m.samples, static_cast<int64_t>(number("test_samples")));
+  std::printf("cnnflow: %lld correct, loss %.6f; PyTorch: %.0f correct, loss %.6f\n",
+              static_cast<long long>(m.correct), m.mean_loss(), number("test_correct"),
+              number("test_loss"));
+  // Argmax ties and the last bits of the sums may move a sample or two.
+  EXPECT_NEAR(static_cast<double>(m.correct), number("test_correct"), 2);
+  EXPECT_NEAR(m.mean_loss(), number("test_loss"), 1e-4);
+}
+
+TEST(Training, InitIsStrictUnlessToldAndSkipLeavesTheFreshInitialisation) {
+  // A new head of 12 outputs: strict refuses, naming the tensor and both shapes.
+  const fs::path dir = testing::TestDir();
+  const std::string twelve = (dir / "twelve.yaml").string();
+  {
+    std::ifstream in("tests/data/pytorch_tiny.yaml");
+    std::stringstream yaml;
+    yaml << in.rdbuf();
+    std::string text = yaml.str();
+    const size_t at = text.find("linear: {out: 10}");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 17, "linear: {out: 12}");
+    std::ofstream(twelve) << text;
+  }
+  const std::string weights = "train.init={weights: tests/data/pytorch_tiny.safetensors}";
+  const std::string error =
+      testing::ErrorOf<ConfigError>([&] { Trainer t(LoadRunConfig(twelve, {weights})); });
+  testing::ExpectContains(error, {"tests/data/pytorch_tiny.safetensors does not fit the model",
+                                  "'fc.weight' is [10, 784] in the file, [12, 784] in the model",
+                                  "'fc.bias' is [10] in the file, [12] in the model"});
+  // skip: [fc.*] keeps the fresh head and loads the rest.
+  Trainer fresh(LoadRunConfig(twelve));
+  Trainer tuned(LoadRunConfig(
+      twelve, {"train.init={weights: tests/data/pytorch_tiny.safetensors, skip: [fc.*]}"}));
+  const SafetensorsFile file = LoadSafetensors("tests/data/pytorch_tiny.safetensors");
+  std::map<std::string, Tensor> a, b;
+  for (auto& [n, t] : fresh.model().StateTensors()) a[n] = t;
+  for (auto& [n, t] : tuned.model().StateTensors()) b[n] = t;
+  auto same = [](const Tensor& x, const Tensor& y) {
+    return x.shape() == y.shape() && std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
+  };
+  EXPECT_TRUE(same(a.at("fc.weight"), b.at("fc.weight")));
+  EXPECT_TRUE(same(b.at("conv1.weight"), *file.Find("module.conv1.weight")));
+  EXPECT_TRUE(same(b.at("bn1.running_var"), *file.Find("module.bn1.running_var")));
+  EXPECT_FALSE(same(a.at("conv1.weight"), b.at("conv1.weight")));
   fs::remove_all(dir);
 }
 
