@@ -119,6 +119,13 @@ TEST(Training, InitIsStrictUnlessToldAndSkipLeavesTheFreshInitialisation) {
   EXPECT_TRUE(same(b.at("conv1.weight"), *file.Find("module.conv1.weight")));
   EXPECT_TRUE(same(b.at("bn1.running_var"), *file.Find("module.bn1.running_var")));
   EXPECT_FALSE(same(a.at("conv1.weight"), b.at("conv1.weight")));
+  // strict: false loads what fits and leaves the rest as skip would.
+  Trainer loose(LoadRunConfig(
+      twelve, {"train.init={weights: tests/data/pytorch_tiny.safetensors, strict: false}"}));
+  std::map<std::string, Tensor> c;
+  for (auto& [n, t] : loose.model().StateTensors()) c[n] = t;
+  EXPECT_TRUE(same(c.at("fc.weight"), a.at("fc.weight")));
+  EXPECT_TRUE(same(c.at("conv1.weight"), b.at("conv1.weight")));
   fs::remove_all(dir);
 }
 
