@@ -16,8 +16,6 @@ class SampleTransform {
   // Transforms one sample of `shape` ([C, ...]) in place.
   void Apply(float* sample, const Shape& shape) const;
   bool empty() const { return mean_.empty(); }
-  const std::vector<double>& mean() const { return mean_; }
-  const std::vector<double>& std() const { return std_; }
 
  private:
   std::vector<double> mean_, std_;

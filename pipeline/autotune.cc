@@ -122,10 +122,10 @@ std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs
   window_busy_known_ &= busy_known;
   const std::optional<Window> window = EndWindow();  // moves come only after a window
   if (!window) return out;
-  const std::optional<double> rate = window->rate;
+  const double rate = window->rate;
 
   if (phase_ == Phase::kTrial) {  // B: back to A for the control window
-    trial_rate_ = *rate;
+    trial_rate_ = rate;
     TunableKnob& k = knobs[trial_->knob];
     trial_to_ = k.value;
     k.value = k.set(trial_from_);
@@ -136,7 +136,7 @@ std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs
   }
   if (phase_ == Phase::kReturn) {  // A': judge B against A and A'
     TunableKnob& k = knobs[trial_->knob];
-    const double a2 = *rate;
+    const double a2 = rate;
     const double ref = (baseline_ + a2) / 2;
     const double change = ref > 0 ? trial_rate_ / ref - 1 : 0;
     const double noise = ref > 0 ? std::abs(baseline_ - a2) / ref : 0;
@@ -176,7 +176,7 @@ std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs
     }
     baseline_ = a2;  // A' is the next trial's A
   } else {
-    baseline_ = *rate;
+    baseline_ = rate;
   }
   baseline_wait_ = window->wait;
   if (!NextMove(knobs, out)) {
