@@ -174,7 +174,9 @@ TEST(Autotuner, AStepThatWaitsForDataGetsNoMoveDownTried) {
   p.Run(tuner, 2000);
   ASSERT_TRUE(tuner.settled());
   for (const auto& d : p.log) {
-    if (d.action == "try") EXPECT_GT(d.to, d.from) << d.ToString();
+    if (d.action == "try") {
+      EXPECT_GT(d.to, d.from) << d.ToString();
+    }
   }
   EXPECT_EQ(p.threads(), 4);
   EXPECT_NE(p.log.back().reason.find("waiting for data"), std::string::npos) << p.log.back().reason;
