@@ -65,6 +65,63 @@ double Median(std::vector<double> v) {
 
 }  // namespace
 
+// How much faster than training the cheapest setting's loader alone must
+// be to call the loader not the bottleneck outright.
+constexpr double kLoaderHeadroom = 2.0;
+
+void ChooseSetting(TuneReport& report) {
+  const size_t n = report.settings.size();
+  CNNFLOW_ENFORCE(n > 0, "no settings to choose from");
+  report.fastest = 0;
+  std::vector<double> spreads;
+  for (size_t i = 0; i < n; ++i) {
+    TuneSetting& s = report.settings[i];
+    CNNFLOW_ENFORCE(
+        s.train_runs.size() == report.settings[0].train_runs.size() && !s.train_runs.empty(),
+        "every setting needs the same rounds");
+    s.images_per_s = Median(s.train_runs);
+    const auto [lo, hi] = std::minmax_element(s.train_runs.begin(), s.train_runs.end());
+    s.spread = s.images_per_s > 0 ? (*hi - *lo) / s.images_per_s : 0;
+    spreads.push_back(s.spread);
+    if (s.images_per_s > report.settings[report.fastest].images_per_s) report.fastest = i;
+  }
+  // The typical spread of one setting's rounds (at least 2%), reported: on
+  // a quiet machine a few percent, on a shared one more.
+  report.noise = std::max(Median(spreads), 0.02);
+  // Round by round against the fastest: each round measured every setting
+  // within a short time, so what the machine did then cancels.
+  const std::vector<double>& fastest = report.settings[report.fastest].train_runs;
+  std::vector<double> scatters;
+  for (size_t i = 0; i < n; ++i) {
+    TuneSetting& s = report.settings[i];
+    std::vector<double> ratios;
+    for (size_t r = 0; r < fastest.size(); ++r) ratios.push_back(s.train_runs[r] / fastest[r]);
+    s.vs_fastest = Median(ratios);
+    const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
+    s.vs_fastest_scatter = (*hi - *lo) / 2;
+    if (i != report.fastest) scatters.push_back(s.vs_fastest_scatter);
+  }
+  // As fast: a median ratio within `tolerance` of 1, or within the typical
+  // scatter of the ratios (half their range, the median over the settings):
+  // a gap the rounds cannot tell from noise is no reason for more threads.
+  report.ratio_noise = scatters.empty() ? 0 : Median(scatters);
+  const double bar = 1 - std::max(report.tolerance, report.ratio_noise);
+  // A loader that alone delivers far more than the fastest setting trains
+  // at cannot be what limits training, whatever the rounds' noise says.
+  if (report.settings[0].loader_images_per_s >=
+      kLoaderHeadroom * report.settings[report.fastest].images_per_s) {
+    report.best = 0;
+    return;
+  }
+  report.best = report.fastest;
+  for (size_t i = 0; i < n; ++i) {
+    if (report.settings[i].vs_fastest >= bar) {
+      report.best = i;  // the first is the cheapest
+      break;
+    }
+  }
+}
+
 TuneReport TuneLoader(Trainer& trainer, const std::vector<int64_t>& load_threads,
                       const std::vector<int64_t>& prefetch, int64_t steps, int rounds,
                       int64_t warmup) {
@@ -131,44 +188,28 @@ TuneReport TuneLoader(Trainer& trainer, const std::vector<int64_t>& load_threads
   }
   state.max_steps = saved_steps;
 
-  std::vector<double> spreads;
   for (size_t i = 0; i < n; ++i) {
     TuneSetting& s = report.settings[i];
     s.train_runs = train[i];
     s.loader_runs = loader[i];
-    s.images_per_s = Median(train[i]);
     s.loader_images_per_s = Median(loader[i]);
     s.loader_cores = Median(cores[i]);
     s.loader_alone_cores = Median(alone_cores[i]);
-    const auto [lo, hi] = std::minmax_element(train[i].begin(), train[i].end());
-    s.spread = s.images_per_s > 0 ? (*hi - *lo) / s.images_per_s : 0;
-    spreads.push_back(s.spread);
-    if (s.images_per_s > report.settings[report.fastest].images_per_s) report.fastest = i;
   }
-  // Noise: the typical spread of one setting's rounds (at least 2%). On a
-  // quiet machine that is a few percent; on a shared one more, and more
-  // rounds narrow the medians.
-  report.noise = std::max(Median(spreads), 0.02);
-  const double bar = report.settings[report.fastest].images_per_s * (1 - report.noise);
-  for (size_t i = 0; i < n; ++i) {
-    if (report.settings[i].images_per_s >= bar) {
-      report.best = i;  // the first is the cheapest
-      break;
-    }
-  }
+  ChooseSetting(report);
   const TuneSetting& b = report.settings[report.best];
   const TuneSetting& cheapest = report.settings[0];
   report.loader_bound = report.best != 0;
   if (!report.loader_bound) {
-    report.verdict = StrCat(
-        "the loader is not the bottleneck: ", b.load_threads, " thread",
-        b.load_threads > 1 ? "s" : "", ", prefetch ", b.prefetch,
-        " trains within noise of the fastest setting (", static_cast<int64_t>(b.images_per_s),
-        " vs ", static_cast<int64_t>(report.settings[report.fastest].images_per_s),
-        " img/s); training will not get faster from loader settings (the loader alone delivers ",
-        static_cast<int64_t>(b.loader_images_per_s), " img/s, ",
-        static_cast<int>(10 * b.loader_images_per_s / std::max(b.images_per_s, 1.0)) / 10.0,
-        "x what training consumes)");
+    report.verdict =
+        StrCat("the loader is not the bottleneck: ", b.load_threads, " thread",
+               b.load_threads > 1 ? "s" : "", ", prefetch ", b.prefetch, " (",
+               static_cast<int64_t>(b.images_per_s), " img/s; the fastest setting measured ",
+               static_cast<int64_t>(report.settings[report.fastest].images_per_s),
+               "); training will not get faster from loader settings (the loader alone delivers ",
+               static_cast<int64_t>(b.loader_images_per_s), " img/s, ",
+               static_cast<int>(10 * b.loader_images_per_s / std::max(b.images_per_s, 1.0)) / 10.0,
+               "x what training consumes)");
   } else {
     report.verdict =
         StrCat("the loader bounds this run: ", b.load_threads, " thread",
@@ -183,24 +224,28 @@ TuneReport TuneLoader(Trainer& trainer, const std::vector<int64_t>& load_threads
 
 std::string TuneReport::ToString() const {
   std::ostringstream os;
-  char line[220];
-  std::snprintf(line, sizeof line, "  %-12s %-9s %11s %15s %8s %13s %19s %13s\n", "load_threads",
-                "prefetch", "prefetch MB", "train images/s", "spread", "loader cores",
-                "loader alone img/s", "(its cores)");
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-12s %-9s %11s %15s %8s %11s %13s %19s %13s\n",
+                "load_threads", "prefetch", "prefetch MB", "train images/s", "spread", "vs fastest",
+                "loader cores", "loader alone img/s", "(its cores)");
   os << line;
   for (size_t i = 0; i < settings.size(); ++i) {
     const TuneSetting& s = settings[i];
-    std::snprintf(
-        line, sizeof line, "  %-12lld %-9lld %11.1f %15.0f %7.1f%% %13.2f %19.0f %13.2f%s\n",
-        static_cast<long long>(s.load_threads), static_cast<long long>(s.prefetch), s.prefetch_mb,
-        s.images_per_s, 100 * s.spread, s.loader_cores, s.loader_images_per_s, s.loader_alone_cores,
-        i == best ? "   <- recommended" : "");
+    std::snprintf(line, sizeof line,
+                  "  %-12lld %-9lld %11.1f %15.0f %7.1f%% %10.0f%% %13.2f %19.0f %13.2f%s\n",
+                  static_cast<long long>(s.load_threads), static_cast<long long>(s.prefetch),
+                  s.prefetch_mb, s.images_per_s, 100 * s.spread, 100 * s.vs_fastest, s.loader_cores,
+                  s.loader_images_per_s, s.loader_alone_cores,
+                  i == best ? "   <- recommended" : "");
     os << line;
   }
   const TuneSetting& b = settings[best];
-  std::snprintf(line, sizeof line,
-                "medians of %d interleaved rounds; differences under %.0f%% are noise\n", rounds,
-                100 * noise);
+  std::snprintf(
+      line, sizeof line,
+      "medians of %d interleaved rounds (spread %.0f%%); recommended: the cheapest within "
+      "%.0f%% of the fastest, round by round (%.0f%%: 5%% or the rounds' scatter)\n",
+      rounds, 100 * noise, 100 * std::max(tolerance, ratio_noise),
+      100 * std::max(tolerance, ratio_noise));
   os << line;
   std::snprintf(line, sizeof line,
                 "threads: %lld in the run's budget; at the recommended setting the loader uses "

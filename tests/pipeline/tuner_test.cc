@@ -1,0 +1,89 @@
+// tune's choice from measured rounds (ChooseSetting): the cheapest setting
+// within 5% of the fastest, compared round by round, so a machine that
+// slows down and speeds up between rounds moves nothing.
+#include "pipeline/tuner.h"
+
+#include <gtest/gtest.h>
+
+namespace cnnflow {
+namespace {
+
+TuneReport Report(const std::vector<std::vector<double>>& runs) {
+  TuneReport r;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    TuneSetting s;
+    s.load_threads = static_cast<int64_t>(i) + 1;
+    s.train_runs = runs[i];
+    r.settings.push_back(s);
+  }
+  r.rounds = static_cast<int>(runs[0].size());
+  ChooseSetting(r);
+  return r;
+}
+
+TEST(Tuner, TheCheapestWithinFivePercentRoundByRound) {
+  // The machine's speed swings +-30% between rounds; setting 0 is 4% below
+  // setting 1 in every round, setting 2 no faster than 1.
+  const std::vector<double> machine{1.0, 0.7, 1.3};
+  std::vector<std::vector<double>> runs(3);
+  for (double m : machine) {
+    runs[0].push_back(960 * m);
+    runs[1].push_back(1000 * m);
+    runs[2].push_back(1001 * m);
+  }
+  const TuneReport r = Report(runs);
+  EXPECT_EQ(r.fastest, 2u);
+  EXPECT_EQ(r.best, 0u);
+  EXPECT_NEAR(r.settings[0].vs_fastest, 960.0 / 1001, 1e-9);
+  EXPECT_GT(r.noise, 0.5);  // the spread is the machine's, and only reported
+}
+
+TEST(Tuner, ASettingTenPercentSlowerIsNotRecommended) {
+  // The spread of the rounds (20%) is larger than the 10% gap, but the gap
+  // is there in every round.
+  const std::vector<double> machine{1.0, 0.85, 1.05};
+  std::vector<std::vector<double>> runs(2);
+  for (double m : machine) {
+    runs[0].push_back(900 * m);
+    runs[1].push_back(1000 * m);
+  }
+  const TuneReport r = Report(runs);
+  EXPECT_EQ(r.best, 1u);
+  EXPECT_NEAR(r.settings[0].vs_fastest, 0.9, 1e-9);
+}
+
+// Settings equal but for noise: no round agrees on which is faster, so the
+// cheapest is recommended even where its median ratio is below 95%.
+TEST(Tuner, AGapWithinTheRoundsScatterIsNoReasonForMoreThreads) {
+  const std::vector<std::vector<double>> runs{{850, 1050, 930}, {1000, 950, 1010}};
+  const TuneReport r = Report(runs);
+  EXPECT_EQ(r.fastest, 1u);
+  EXPECT_LT(r.settings[0].vs_fastest, 0.95);
+  EXPECT_EQ(r.best, 0u);
+}
+
+// The step-bound case: the cheapest setting's loader alone delivers 300x
+// what training takes, so it is recommended though its rounds came out 12%
+// slower (the noise of a shared machine).
+TEST(Tuner, ALoaderFarAheadOfTheStepIsNotTheBottleneck) {
+  TuneReport r;
+  for (int i = 0; i < 2; ++i) {
+    TuneSetting s;
+    s.load_threads = i + 1;
+    s.train_runs =
+        i == 0 ? std::vector<double>{3200, 3300, 3250} : std::vector<double>{3650, 3700, 3690};
+    s.loader_images_per_s = 1e6;
+    r.settings.push_back(s);
+  }
+  ChooseSetting(r);
+  EXPECT_EQ(r.fastest, 1u);
+  EXPECT_LT(r.settings[0].vs_fastest, 0.9);
+  EXPECT_EQ(r.best, 0u);
+  // The same rounds with a loader that only just keeps up: the faster setting.
+  for (TuneSetting& s : r.settings) s.loader_images_per_s = 4000;
+  ChooseSetting(r);
+  EXPECT_EQ(r.best, 1u);
+}
+
+}  // namespace
+}  // namespace cnnflow
