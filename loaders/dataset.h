@@ -49,14 +49,12 @@ class Dataset {
     (void)std;
     return false;
   }
-  bool normalizes() const { return normalizes_; }
+  // Whether a FuseNormalize took it.
+  virtual bool normalizes() const { return false; }
   // The record's name in the source (an LMDB key, a file), for reports.
   virtual std::string Key(int64_t index) const { return StrCat("#", index); }
   // Where the data comes from, for messages.
   virtual std::string description() const = 0;
-
- protected:
-  bool normalizes_ = false;  // set by a FuseNormalize that took it
 };
 
 }  // namespace cnnflow

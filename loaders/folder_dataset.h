@@ -33,9 +33,9 @@ class FolderDataset : public Dataset {
   // [C, H, W] floats in [0, 1] (normalisation is the data transform's).
   ReadResult Read(int64_t index, const ReadContext& ctx, float* dst) const override;
   bool FuseNormalize(const std::vector<double>& mean, const std::vector<double>& std) override {
-    normalizes_ = decoder_->FuseNormalize(mean, std);
-    return normalizes_;
+    return decoder_->FuseNormalize(mean, std);
   }
+  bool normalizes() const override { return decoder_->normalizes(); }
   // The image file's path.
   std::string Key(int64_t index) const override;
   std::string description() const override;

@@ -101,6 +101,8 @@ class ImageSampleDecoder {
   // (v / 255 - mean) / std. False (nothing changed) when mean/std do not fit
   // the channels, so the transform reports it.
   bool FuseNormalize(const std::vector<double>& mean, const std::vector<double>& std);
+  // Whether one did (the augmenters normalise only then).
+  bool normalizes() const { return !train_options_.mean.empty(); }
 
  private:
   int channels_ = 0;

@@ -34,9 +34,9 @@ class LmdbDataset : public Dataset {
   // data transform's).
   ReadResult Read(int64_t index, const ReadContext& ctx, float* dst) const override;
   bool FuseNormalize(const std::vector<double>& mean, const std::vector<double>& std) override {
-    normalizes_ = decoder_ != nullptr && !series_ && decoder_->FuseNormalize(mean, std);
-    return normalizes_;
+    return decoder_ != nullptr && !series_ && decoder_->FuseNormalize(mean, std);
   }
+  bool normalizes() const override { return decoder_ != nullptr && decoder_->normalizes(); }
   std::string Key(int64_t index) const override;
   std::string description() const override;
 

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "loaders/sampler.h"
@@ -609,12 +610,12 @@ void Trainer::InitFromWeights() {
                           " tensors left at their fresh initialisation or ignored:", list, "\n");
   }
   // Every model instance: replicas, pipeline stages.
+  std::set<std::string> loaded;
+  for (const auto& l : load) loaded.insert(l.first);
   for (Model* m : Models()) {
     std::vector<std::pair<std::string, Tensor>> dst;
-    for (auto& [name, t] : m->StateTensors()) {
-      for (const auto& l : load)
-        if (l.first == name) dst.emplace_back(name, t);
-    }
+    for (auto& [name, t] : m->StateTensors())
+      if (loaded.count(name)) dst.emplace_back(name, t);
     CopyNamedTensors(load, dst, path);
   }
   init_report_ += StrCat("train.init: ", load.size(), " tensors from ", path);

@@ -127,10 +127,11 @@ class LoadBatchStage final : public Stage {
     const int64_t per = sample.numel();
     const ReadContext ctx{state.seed, m.epoch, state.pass == "train"};
     float* dst = m.inputs.data<float>();
+    const bool normalize = !data.normalizes();  // else the source did
     for (int64_t i = s.begin; i < s.end; ++i) {
       ReadResult& r = s.work->results[static_cast<size_t>(i)];
       r = data.Read(m.sample_ids[i], ctx, dst + i * per);
-      if (r.ok() && !data.normalizes()) state.transform.Apply(dst + i * per, sample);
+      if (r.ok() && normalize) state.transform.Apply(dst + i * per, sample);
     }
   }
 

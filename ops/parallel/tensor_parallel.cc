@@ -8,65 +8,27 @@
 namespace cnnflow {
 namespace {
 
-// [N, C, S...] viewed as N blocks of C channels of `inner` values each.
-struct ChannelView {
-  int64_t n, channels, inner;
-};
-
-ChannelView ViewOf(const Tensor& t) {
-  const int64_t n = t.dim(0), c = t.rank() > 1 ? t.dim(1) : 1;
-  return {n, c, n * c == 0 ? 0 : t.numel() / (n * c)};
-}
-
-// dst[:, 0..r.size()) = src[:, r) (dst holds r.size() channels).
-void CopyChannelsOut(const Tensor& src, ShardRange r, Tensor& dst) {
-  const ChannelView s = ViewOf(src);
-  const float* from = src.data<float>();
-  float* to = dst.data<float>();
-  for (int64_t i = 0; i < s.n; ++i) {
-    std::memcpy(to + i * r.size() * s.inner, from + (i * s.channels + r.begin) * s.inner,
-                static_cast<size_t>(r.size() * s.inner) * sizeof(float));
-  }
-}
-
-// dst[:, r) = src (src holds r.size() channels).
-void CopyChannelsIn(const Tensor& src, ShardRange r, Tensor& dst) {
-  const ChannelView d = ViewOf(dst);
-  const float* from = src.data<float>();
-  float* to = dst.data<float>();
-  for (int64_t i = 0; i < d.n; ++i) {
-    std::memcpy(to + (i * d.channels + r.begin) * d.inner, from + i * r.size() * d.inner,
-                static_cast<size_t>(r.size() * d.inner) * sizeof(float));
-  }
-}
-
-// The part of a [K, C, ...] weight (or [K] bias) a member holds: rows r
-// (column split) or columns r (row split; dim 1).
-void CopyParameter(const Tensor& from, Tensor& to, TensorSplit split, ShardRange r,
-                   bool into_full) {
-  const Tensor& full = into_full ? to : from;
-  const Tensor& part = into_full ? from : to;
-  if (split == TensorSplit::kColumn || full.rank() == 1) {
-    const int64_t inner = full.numel() / full.dim(0);
-    float* f = full.data<float>() + r.begin * inner;
-    float* p = part.data<float>();
-    const size_t bytes = static_cast<size_t>(r.size() * inner) * sizeof(float);
-    into_full ? std::memcpy(f, p, bytes) : std::memcpy(p, f, bytes);
-    return;
-  }
-  // [K, C, inner]: per row k, the channels r.
-  const int64_t k = full.dim(0), c = full.dim(1), inner = full.numel() / (k * c);
-  for (int64_t i = 0; i < k; ++i) {
-    float* f = full.data<float>() + (i * c + r.begin) * inner;
+// `full` viewed as [outer, channels, inner] around dimension `axis`, and
+// `part` as the same with only the channels r: copies part into its place
+// in full (into_full) or out of it. Activations split on axis 1 ([N, C,
+// ...]), weights on 0 (rows, the column split) or 1 (columns, the row split).
+void CopyShard(const Tensor& full, int axis, ShardRange r, const Tensor& part, bool into_full) {
+  int64_t outer = 1;
+  for (int d = 0; d < axis; ++d) outer *= full.dim(d);
+  const int64_t channels = full.dim(axis);
+  const int64_t inner = outer * channels == 0 ? 0 : full.numel() / (outer * channels);
+  const size_t bytes = static_cast<size_t>(r.size() * inner) * sizeof(float);
+  for (int64_t i = 0; i < outer; ++i) {
+    float* f = full.data<float>() + (i * channels + r.begin) * inner;
     float* p = part.data<float>() + i * r.size() * inner;
-    const size_t bytes = static_cast<size_t>(r.size() * inner) * sizeof(float);
     into_full ? std::memcpy(f, p, bytes) : std::memcpy(p, f, bytes);
   }
 }
 
-const Parameter& FindParameter(const std::vector<Parameter>& ps, const std::string& name,
-                               const std::string& layer) {
-  for (const Parameter& p : ps)
+// The parameter `name` of ps (a layer's or the unsplit ones).
+template <typename Parameters>
+auto& FindParameter(Parameters& ps, const std::string& name, const std::string& layer) {
+  for (auto& p : ps)
     if (p.name == name) return p;
   throw Error(
       StrCat("tensor parallel layer '", layer, "': the unsplit parameters have no '", name, "'"));
@@ -140,20 +102,20 @@ void TensorParallelShard::LoadFull(const std::vector<Parameter>& full) {
     if (split_ == TensorSplit::kRow && p.name == "bias") {
       p.value.CopyFrom(f.value);  // member 0's whole bias
     } else {
-      CopyParameter(f.value, p.value, split_, range_, /*into_full=*/false);
+      CopyShard(f.value, ParameterAxis(f.value), range_, p.value, /*into_full=*/false);
     }
   }
 }
 
 void TensorParallelShard::StoreFull(std::vector<Parameter>& full, bool grads) const {
   for (const Parameter& p : layer_->parameters()) {
-    Parameter& f = const_cast<Parameter&>(FindParameter(full, p.name, name_));
+    Parameter& f = FindParameter(full, p.name, name_);
     Tensor& to = grads ? f.grad : f.value;
     const Tensor& from = grads ? p.grad : p.value;
     if (split_ == TensorSplit::kRow && p.name == "bias") {
       to.CopyFrom(from);
     } else {
-      CopyParameter(from, to, split_, range_, /*into_full=*/true);
+      CopyShard(to, ParameterAxis(to), range_, from, /*into_full=*/true);
     }
   }
 }
@@ -164,12 +126,12 @@ void TensorParallelShard::Forward(const Tensor& x, Tensor& y, const ForwardConte
     y_part_ = Tensor::Empty(part_out_.WithBatch(n));
     layer_->Forward({&x}, y_part_, ctx);
     y.Zero();
-    CopyChannelsIn(y_part_, range_, y);
+    CopyShard(y, 1, range_, y_part_, /*into_full=*/true);
     group_.AllReduceSum(rank_, y.data<float>(), y.numel(),
                         StrCat("layer ", name_, " forward all-gather"), 1.0f);
   } else {
     x_part_ = Tensor::Empty(WithChannels(in_shape_, range_.size()).WithBatch(n));
-    CopyChannelsOut(x, range_, x_part_);
+    CopyShard(x, 1, range_, x_part_, /*into_full=*/false);
     layer_->Forward({&x_part_}, y, ctx);
     y_part_ = y;  // the layer's y, for its Backward
     group_.AllReduceSum(rank_, y.data<float>(), y.numel(),
@@ -180,7 +142,7 @@ void TensorParallelShard::Forward(const Tensor& x, Tensor& y, const ForwardConte
 void TensorParallelShard::Backward(const Tensor& x, const Tensor& dy, Tensor* dx) {
   if (split_ == TensorSplit::kColumn) {
     Tensor dy_part = Tensor::Empty(y_part_.shape());
-    CopyChannelsOut(dy, range_, dy_part);
+    CopyShard(dy, 1, range_, dy_part, /*into_full=*/false);
     layer_->Backward({&x}, y_part_, dy_part, {dx});
     if (dx != nullptr) {
       group_.AllReduceSum(rank_, dx->data<float>(), dx->numel(),
@@ -192,7 +154,7 @@ void TensorParallelShard::Backward(const Tensor& x, const Tensor& dy, Tensor* dx
     layer_->Backward({&x_part_}, y_part_, dy, {dx != nullptr ? &dx_part : nullptr});
     if (dx != nullptr) {
       dx->Zero();
-      CopyChannelsIn(dx_part, range_, *dx);
+      CopyShard(*dx, 1, range_, dx_part, /*into_full=*/true);
       group_.AllReduceSum(rank_, dx->data<float>(), dx->numel(),
                           StrCat("layer ", name_, " backward all-gather"), 1.0f);
     }

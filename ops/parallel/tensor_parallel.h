@@ -81,6 +81,12 @@ class TensorParallelShard {
   void Backward(const Tensor& x, const Tensor& dy, Tensor* dx);
 
  private:
+  // The dimension of an unsplit weight or bias this member's share is cut
+  // from: rows (column split, and every bias) or columns (row split).
+  int ParameterAxis(const Tensor& full) const {
+    return split_ == TensorSplit::kRow && full.rank() > 1 ? 1 : 0;
+  }
+
   std::string name_;
   TensorSplit split_;
   Collective& group_;

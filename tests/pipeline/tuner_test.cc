@@ -8,12 +8,15 @@
 namespace cnnflow {
 namespace {
 
-TuneReport Report(const std::vector<std::vector<double>>& runs) {
+// Settings of 1, 2, ... threads with these rounds; each loader alone at
+// `loader` images/s.
+TuneReport Report(const std::vector<std::vector<double>>& runs, double loader = 0) {
   TuneReport r;
   for (size_t i = 0; i < runs.size(); ++i) {
     TuneSetting s;
     s.load_threads = static_cast<int64_t>(i) + 1;
     s.train_runs = runs[i];
+    s.loader_images_per_s = loader;
     r.settings.push_back(s);
   }
   r.rounds = static_cast<int>(runs[0].size());
@@ -66,22 +69,13 @@ TEST(Tuner, AGapWithinTheRoundsScatterIsNoReasonForMoreThreads) {
 // what training takes, so it is recommended though its rounds came out 12%
 // slower (the noise of a shared machine).
 TEST(Tuner, ALoaderFarAheadOfTheStepIsNotTheBottleneck) {
-  TuneReport r;
-  for (int i = 0; i < 2; ++i) {
-    TuneSetting s;
-    s.load_threads = i + 1;
-    s.train_runs =
-        i == 0 ? std::vector<double>{3200, 3300, 3250} : std::vector<double>{3650, 3700, 3690};
-    s.loader_images_per_s = 1e6;
-    r.settings.push_back(s);
-  }
-  ChooseSetting(r);
+  const std::vector<std::vector<double>> runs{{3200, 3300, 3250}, {3650, 3700, 3690}};
+  TuneReport r = Report(runs, /*loader=*/1e6);
   EXPECT_EQ(r.fastest, 1u);
   EXPECT_LT(r.settings[0].vs_fastest, 0.9);
   EXPECT_EQ(r.best, 0u);
   // The same rounds with a loader that only just keeps up: the faster setting.
-  for (TuneSetting& s : r.settings) s.loader_images_per_s = 4000;
-  ChooseSetting(r);
+  r = Report(runs, /*loader=*/4000);
   EXPECT_EQ(r.best, 1u);
 }
 
