@@ -19,7 +19,16 @@
 // member (one thread) each, and only the split settings run (mpi-column,
 // mpi-row; rank 0 prints): a TP group across processes or nodes.
 //
+// With --config FILE (a config with graph.tensor_parallel, e.g.
+// bench/configs/resnet18_224_tensor_parallel.yaml) it times the whole model
+// instead, through ReplicaSet as training and `cnnflow predict` run it:
+//   infer  1x1, 1x2, tp2 (Infer on the group: 2 members of 1 thread);
+//   train  1x1, 1x2, dp2 (2 data-parallel replicas of 1 thread, half the
+//          batch each), tp2 (the group of 2 on the whole batch): a step's
+//          forward, backward, all-reduce and optimizer, as images/s.
+//
 // Usage: tensor_parallel_bench [--reps R] [--batch 1,8] [--channels C] [--size S]
+//                              [--config FILE --train-batch B]
 // One line per setting: setting=... batch=... ms=... (median) runs=...
 #include <tbb/task_arena.h>
 
@@ -37,8 +46,11 @@
 #include "ops/collectives/collective_mpi.h"
 #include "ops/cpu/isa.h"
 #include "ops/layer.h"
+#include "ops/parallel/data_parallel.h"
 #include "ops/parallel/tensor_parallel.h"
 #include "ops/random.h"
+#include "ops/train/optimizer.h"
+#include "pipeline/run_config.h"
 
 namespace cnnflow {
 namespace {
@@ -74,10 +86,117 @@ double Ms(const std::function<void()>& f) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Each setting once a round (reversed every other round), after a warm-up
+// round; prints the medians (when `print`), with the ratios to the first
+// `bases` settings' (1x1 and 1x2: the scaling and the price of splitting).
+void TimeSettings(const std::string& what, int64_t n, int reps,
+                  const std::vector<std::pair<std::string, std::function<void()>>>& settings,
+                  int64_t images = 0, size_t bases = 2, bool print = true) {
+  std::vector<std::vector<double>> ms(settings.size());
+  for (int rep = 0; rep <= reps; ++rep) {
+    for (size_t k = 0; k < settings.size(); ++k) {
+      const size_t i = rep % 2 ? settings.size() - 1 - k : k;
+      const double t = Ms(settings[i].second);
+      if (rep > 0) ms[i].push_back(t);
+    }
+  }
+  for (size_t i = 0; i < settings.size() && print; ++i) {
+    std::string runs;
+    for (double t : ms[i]) {
+      char v[32];
+      std::snprintf(v, sizeof v, "%s%.2f", runs.empty() ? "" : ",", t);
+      runs += v;
+    }
+    const double m = Median(ms[i]);
+    std::printf("%s setting=%s batch=%lld ms=%.2f", what.c_str(), settings[i].first.c_str(),
+                static_cast<long long>(n), m);
+    if (images > 0) std::printf(" img_per_s=%.1f", images / m * 1e3);
+    for (size_t b = 0; b < bases && b < settings.size(); ++b) {
+      std::printf(" vs_%s=%.2fx", settings[b].first.c_str(), Median(ms[b]) / m);
+    }
+    std::printf(" runs=%s\n", runs.c_str());
+  }
+  std::fflush(stdout);
+}
+
+// --config: the whole model (see the top of the file).
+int RunModel(const std::string& path, int reps, const std::vector<int64_t>& batches,
+             int64_t train_batch) {
+  const RunConfig c = LoadRunConfig(path);
+  CNNFLOW_ENFORCE(c.tensor_parallel == 2, path, ": needs graph.tensor_parallel.size 2");
+  std::printf(
+      "# tensor_parallel_bench --config %s: %zu layers, %zu split; cpu %s, ISA %s, %u "
+      "hardware threads\n",
+      path.c_str(), c.layers.size(), c.split_layers.size(), CpuModel().c_str(),
+      cpu::IsaName(cpu::MaxIsa()), std::thread::hardware_concurrency());
+  auto make = [&](int replicas, int tp) {
+    DataParallelOptions o;
+    o.replicas = replicas;
+    o.threads_per_replica = 1;
+    o.tensor_parallel = tp;
+    if (tp > 1) o.split_layers = c.split_layers;
+    o.timeout_s = 600;
+    return std::make_unique<ReplicaSet>(c.layers, c.input_shape, c.seed, c.init, c.optimizer,
+                                        c.optimizer_args, o, MpiWorld::Get());
+  };
+  auto one = make(1, 1), dp = make(2, 1), tp = make(2, 2);
+  tbb::task_arena arena1(1), arena2(2);
+  Rng rng(3);
+  auto batch = [&](int64_t n) {
+    Tensor x = Tensor::Empty(c.input_shape.WithBatch(n));
+    for (int64_t i = 0; i < x.numel(); ++i)
+      x.data<float>()[i] = static_cast<float>(rng.Uniform(-1, 1));
+    return x;
+  };
+  ForwardContext infer;
+  infer.training = false;
+  infer.keep_activations = false;
+  for (int64_t n : batches) {
+    const Tensor x = batch(n);
+    TimeSettings("infer", n, reps,
+                 {{"1x1", [&] { arena1.execute([&] { one->Infer(x, infer); }); }},
+                  {"1x2", [&] { arena2.execute([&] { one->Infer(x, infer); }); }},
+                  {"tp2", [&] { tp->Infer(x, infer); }}});
+  }
+  // Training: every replica on a thread of its own, as forward_backward runs them.
+  const Tensor x = batch(train_batch);
+  std::vector<int64_t> labels(train_batch), ids(train_batch);
+  for (int64_t i = 0; i < train_batch; ++i)
+    labels[i] = static_cast<int64_t>(rng.NextU64() % 1000), ids[i] = i;
+  int64_t step = 0;
+  auto train = [&](ReplicaSet& set, tbb::task_arena* arena) {
+    const int groups = set.data_parallel(), members = set.tensor_parallel();
+    auto run = [&](int r) {
+      const int g = r / members;
+      const int64_t b = train_batch * g / groups, e = train_batch * (g + 1) / groups;
+      ForwardContext ctx{true, 1, step, ids.data() + b};
+      set.ForwardBackward(r, x.Slice(b, e), labels.data() + b, ctx,
+                          1.0 / (static_cast<double>(train_batch) * members), 0, true);
+      set.Step(r, 0.01);
+    };
+    if (arena != nullptr) {
+      arena->execute([&] { run(0); });
+    } else {
+      std::vector<std::thread> threads;
+      for (int r = 0; r < set.size(); ++r) threads.emplace_back(run, r);
+      for (auto& t : threads) t.join();
+    }
+    ++step;
+  };
+  TimeSettings("train", train_batch, reps,
+               {{"1x1", [&] { train(*one, &arena1); }},
+                {"1x2", [&] { train(*one, &arena2); }},
+                {"dp2", [&] { train(*dp, nullptr); }},
+                {"tp2", [&] { train(*tp, nullptr); }}},
+               train_batch);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   int reps = 7;
   std::vector<int64_t> batches{1, 8};
-  int64_t channels = 256, size = 64;
+  int64_t channels = 256, size = 64, train_batch = 8;
+  std::string config;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--reps")
@@ -88,13 +207,19 @@ int Main(int argc, char** argv) {
       channels = std::stoll(v);
     else if (a == "--size")
       size = std::stoll(v);
+    else if (a == "--config")
+      config = v;
+    else if (a == "--train-batch")
+      train_batch = std::stoll(v);
     else {
       std::fprintf(
           stderr,
-          "usage: tensor_parallel_bench [--reps R] [--batch 1,8] [--channels C] [--size S]\n");
+          "usage: tensor_parallel_bench [--reps R] [--batch 1,8] [--channels C] [--size S] "
+          "[--config FILE --train-batch B]\n");
       return 2;
     }
   }
+  if (!config.empty()) return RunModel(config, reps, batches, train_batch);
   std::printf(
       "# tensor_parallel_bench: conv2d %lld->%lld 3x3 pad 1 on %lldx%lld, forward (inference); "
       "cpu %s, ISA %s, %u hardware threads\n",
@@ -164,36 +289,8 @@ int Main(int argc, char** argv) {
     if (mpi) {  // the processes time the split settings only, together
       settings = {{"mpi-column", [&] { split(column); }}, {"mpi-row", [&] { split(row); }}};
     }
-    std::vector<std::vector<double>> ms(settings.size());
-    for (int rep = 0; rep <= reps; ++rep) {
-      for (size_t k = 0; k < settings.size(); ++k) {
-        const size_t i = rep % 2 ? settings.size() - 1 - k : k;
-        const double t = Ms(settings[i].second);
-        if (rep > 0) ms[i].push_back(t);
-      }
-    }
-    if (mpi) {
-      for (size_t i = 0; i < settings.size() && world.rank() == 0; ++i) {
-        std::printf("setting=%s batch=%lld ms=%.2f\n", settings[i].first.c_str(),
-                    static_cast<long long>(n), Median(ms[i]));
-      }
-      std::fflush(stdout);
-      continue;
-    }
-    const double one_ms = Median(ms[0]), two_ms = Median(ms[1]);
-    for (size_t i = 0; i < settings.size(); ++i) {
-      std::string runs;
-      for (double t : ms[i]) {
-        char v[32];
-        std::snprintf(v, sizeof v, "%s%.2f", runs.empty() ? "" : ",", t);
-        runs += v;
-      }
-      const double m = Median(ms[i]);
-      std::printf("setting=%s batch=%lld ms=%.2f vs_1x1=%.2fx vs_1x2=%.2fx runs=%s\n",
-                  settings[i].first.c_str(), static_cast<long long>(n), m, one_ms / m, two_ms / m,
-                  runs.c_str());
-    }
-    std::fflush(stdout);
+    // Under MPI the processes time the split settings together; rank 0 prints.
+    TimeSettings("layer", n, reps, settings, 0, mpi ? 0 : 2, !mpi || world.rank() == 0);
   }
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "ops/device_ops.h"
+#include "ops/parallel/tensor_parallel.h"
 #include "ops/trace.h"
 
 namespace cnnflow {
@@ -35,7 +36,8 @@ std::string SpanName(const Layer& layer) { return StrCat(layer.name(), " (", lay
 
 std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                     DType dtype, uint64_t seed, InitScheme init, Device device,
-                                    std::optional<DType> compute, bool fuse_relu) {
+                                    std::optional<DType> compute, bool fuse_relu,
+                                    const TensorParallelPlacement* tensor_parallel) {
   if (device.is_cuda() && device.index >= CudaDeviceCount()) {
     throw Error(
         StrCat("cannot build the model on ", device.ToString(), ": ", CudaDeviceCount(),
@@ -75,8 +77,20 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
                                "' has no CUDA kernels yet, so the model cannot run on ",
                                device.ToString()));
     }
-    std::unique_ptr<Layer> layer =
-        device.is_cuda() ? type->create_cuda(s.name, args) : type->create(s.name, args);
+    std::unique_ptr<Layer> layer;
+    if (tensor_parallel != nullptr && tensor_parallel->layers.count(s.name)) {
+      if (device.is_cuda()) {
+        throw ConfigError(StrCat("layer '", s.name,
+                                 "': tensor parallelism splits layers on CPU "
+                                 "devices only so far, not on ",
+                                 device.ToString()));
+      }
+      layer = std::make_unique<TensorParallelLayer>(s.name, s.type, args,
+                                                    tensor_parallel->layers.at(s.name),
+                                                    *tensor_parallel->group, tensor_parallel->rank);
+    } else {
+      layer = device.is_cuda() ? type->create_cuda(s.name, args) : type->create(s.name, args);
+    }
 
     std::vector<std::string> in_names = s.inputs;
     if (in_names.empty()) in_names.push_back(i == 0 ? kModelInput : specs[i - 1].name);
@@ -120,6 +134,14 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
     m->out_shapes_.push_back(out);
   }
   CNNFLOW_ENFORCE(!m->layers_.empty(), "the model has no layers");
+  if (tensor_parallel != nullptr) {
+    for (const auto& [name, split] : tensor_parallel->layers) {
+      if (!index.count(name)) {
+        throw ConfigError(StrCat("graph.tensor_parallel splits layer '", name,
+                                 "', which is not a layer of the model"));
+      }
+    }
+  }
   m->last_reader_.assign(m->layers_.size(), -1);
   for (size_t i = 0; i < m->layers_.size(); ++i) {
     for (int j : m->input_index_[i]) {
@@ -148,7 +170,37 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
       if (j >= 0 && readers[j] == 1 && m->layers_[j]->FuseRelu()) m->fused_into_[i] = j;
     }
   }
+  if (tensor_parallel != nullptr) m->PairTensorParallelLayers();
   return m;
+}
+
+void Model::PairTensorParallelLayers() {
+  std::vector<int> readers(layers_.size(), 0);
+  for (const auto& ins : input_index_)
+    for (int j : ins)
+      if (j >= 0) ++readers[j];
+  auto split_of = [this](int i) -> TensorParallelLayer* {
+    return i >= 0 ? dynamic_cast<TensorParallelLayer*>(layers_[i].get()) : nullptr;
+  };
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    TensorParallelLayer* row = split_of(static_cast<int>(i));
+    if (row == nullptr || row->shard().split() != TensorSplit::kRow) continue;
+    int j = input_index_[i][0];
+    if (j < 0 || readers[j] != 1) continue;
+    // Through one relu: it keeps each channel to itself.
+    if (std::string(layers_[j]->type()) == "relu") {
+      j = input_index_[j][0];
+      if (j < 0 || readers[j] != 1) continue;
+    }
+    TensorParallelLayer* column = split_of(j);
+    if (column == nullptr || column->shard().split() != TensorSplit::kColumn ||
+        column->shard().range().begin != row->shard().range().begin ||
+        column->shard().range().end != row->shard().range().end) {
+      continue;
+    }
+    column->shard().KeepOutputLocal();
+    row->shard().TakeInputLocal();
+  }
 }
 
 const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
@@ -325,6 +377,16 @@ int64_t Model::ForwardFlops(int64_t n) const {
   int64_t f = 0;
   for (const auto& l : layers_) f += l->ForwardFlops(n);
   return f;
+}
+
+std::string ModelNameOfStateDictKey(const std::string& key) {
+  const std::string n = key.rfind("module.", 0) == 0 ? key.substr(7) : key;
+  const std::string tracked = ".num_batches_tracked";
+  if (n.size() > tracked.size() &&
+      n.compare(n.size() - tracked.size(), tracked.size(), tracked) == 0) {
+    return "";
+  }
+  return n;
 }
 
 void CopyNamedTensors(const std::vector<std::pair<std::string, Tensor>>& src,

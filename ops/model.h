@@ -16,6 +16,8 @@
 
 namespace cnnflow {
 
+struct TensorParallelPlacement;  // ops/parallel/tensor_parallel.h
+
 // The name that stands for the model's input in `inputs:`.
 inline constexpr const char* kModelInput = "input";
 
@@ -47,12 +49,18 @@ class Model {
   // activations are in `compute`: Forward casts its input, every layer
   // gets and gives `compute` tensors, keeps half copies of the weights it
   // needs, and adds its parameter gradients into the f32 ones.
+  //
+  // Tensor parallelism (CPU): the layers `tensor_parallel` names are built
+  // as TensorParallelLayers, this model's member of its group holding its
+  // part; a column layer whose output only a row layer reads (directly or
+  // through a relu) is paired with it, with no all-gather between.
   static std::unique_ptr<Model> Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                       DType dtype = DType::kF32, uint64_t seed = 0,
                                       InitScheme init = InitScheme::kPytorchDefault,
                                       Device device = Device::Cpu(),
                                       std::optional<DType> compute = std::nullopt,
-                                      bool fuse_relu = true);
+                                      bool fuse_relu = true,
+                                      const TensorParallelPlacement* tensor_parallel = nullptr);
 
   // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
   // activations that Backward needs; with ctx.keep_activations false it
@@ -98,6 +106,8 @@ class Model {
 
  private:
   Model() = default;
+  // See Build: a column-split layer that feeds only a row-split one.
+  void PairTensorParallelLayers();
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::vector<std::string>> input_names_;
   std::vector<std::vector<int>> input_index_;  // -1: the model input
@@ -124,6 +134,11 @@ class Model {
 // Fills each (name, tensor) of `dst` (views: a model's StateTensors) from
 // the tensor of that name in `src`, cast to dst's dtype. Throws naming
 // `where` and the tensor when one is missing or has another shape.
+// A PyTorch state_dict key as the model names it: "module." (DataParallel,
+// DDP) dropped; "" for BatchNorm's num_batches_tracked, which has no
+// counterpart here.
+std::string ModelNameOfStateDictKey(const std::string& key);
+
 void CopyNamedTensors(const std::vector<std::pair<std::string, Tensor>>& src,
                       const std::vector<std::pair<std::string, Tensor>>& dst,
                       const std::string& where);

@@ -104,6 +104,10 @@ const Schema& GraphSectionSchema() {
           .Optional("pipeline", ParamType::kTree, std::string("{}"),
                     "model parallelism: {stages: [[layer, ...], ...] or auto, microbatches: M, "
                     "schedule: 1f1b | gpipe}; one stage per device")
+          .Optional("tensor_parallel", ParamType::kTree, std::string("{}"),
+                    "operator parallelism: {size: T, layers: {name: column | row, ...}}; groups "
+                    "of T devices split the named conv2d, conv1d and linear layers (column: "
+                    "output channels, row: input channels), the groups are data-parallel replicas")
           .Optional("collective_timeout_s", ParamType::kFloat, 300.0,
                     "a gradient reduction not done in this time fails the run, naming the "
                     "missing replica or process");
@@ -267,6 +271,42 @@ void ParsePipeline(const YamlDoc& doc, const YAML::Node& pipe, RunConfig& c) {
   }
 }
 
+void ParseTensorParallel(const YamlDoc& doc, const YAML::Node& tp, RunConfig& c) {
+  static const Schema schema =
+      Schema("Tensor (operator) parallelism.")
+          .Required("size", ParamType::kInt, "devices in a tensor-parallel group")
+          .Required("layers", ParamType::kTree, "{layer: column | row, ...}");
+  if (!tp.IsMap())
+    doc.Fail(tp, "graph.tensor_parallel", "expected a mapping {size: T, layers: {...}}");
+  const Args a = doc.CheckArgs(tp, schema, "graph.tensor_parallel");
+  const int64_t size = a.Int("size");
+  const int64_t devices = static_cast<int64_t>(c.devices.size());
+  if (size < 1 || devices % size != 0) {
+    doc.Fail(tp["size"], "graph.tensor_parallel.size",
+             StrCat(size, " must be >= 1 and divide the ", devices, " devices of graph.devices"));
+  }
+  c.tensor_parallel = static_cast<int>(size);
+  const YAML::Node layers = tp["layers"];
+  if (!layers.IsMap() || layers.size() == 0) {
+    doc.Fail(layers, "graph.tensor_parallel.layers", "expected {layer: column | row, ...}");
+  }
+  for (const auto& kv : layers) {
+    const std::string name = kv.first.as<std::string>();
+    const std::string split = kv.second.IsScalar() ? kv.second.as<std::string>() : "";
+    if (split != "column" && split != "row") {
+      doc.Fail(kv.second, StrCat("graph.tensor_parallel.layers.", name),
+               StrCat("'", split, "': expected column (output channels) or row (input channels)"));
+    }
+    bool known = false;
+    for (const LayerSpec& l : c.layers) known |= l.name == name;
+    if (!known) {
+      doc.Fail(kv.first, "graph.tensor_parallel.layers",
+               StrCat("'", name, "' is not a layer of the model"));
+    }
+    c.split_layers[name] = split == "column" ? TensorSplit::kColumn : TensorSplit::kRow;
+  }
+}
+
 }  // namespace
 
 std::string ResolveProjectPath(const std::string& path, const std::string& config_path) {
@@ -392,6 +432,15 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     if (c.accumulate != 1) doc.Fail(pipe, "graph.pipeline", "train.accumulate must be 1 with a pipeline");
     if (c.devices[0].is_cuda()) doc.Fail(pipe, "graph.pipeline", "pipelines run on CPU devices only so far");
   }
+  const YAML::Node tp = graph["tensor_parallel"];
+  if (tp.IsDefined() && !tp.IsNull() && !(tp.IsMap() && tp.size() == 0)) {
+    ParseTensorParallel(doc, tp, c);
+    if (c.pipeline)
+      doc.Fail(tp, "graph.tensor_parallel", "does not combine with graph.pipeline yet");
+    if (c.devices[0].is_cuda()) {
+      doc.Fail(tp, "graph.tensor_parallel", "runs on CPU devices only so far");
+    }
+  }
   const std::string precision = g.String("precision");
   if (precision == "bf16" || precision == "fp16") {
     c.compute = precision == "bf16" ? DType::kBF16 : DType::kF16;
@@ -413,13 +462,14 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   c.graph_template = ResolveProjectPath(tmpl_name, path);
   c.autotune = g.Bool("autotune");
   // The template reads the run's values, defaults included, and
-  // graph.replicas (the number of devices).
+  // graph.replicas (the data-parallel replicas: the devices, or their
+  // tensor-parallel groups).
   YAML::Node run = YAML::Clone(root);
   for (const auto& [k, v] : g.values()) {
     if (!run["graph"].IsMap()) run["graph"] = YAML::Node(YAML::NodeType::Map);
     if (!run["graph"][k].IsDefined()) run["graph"][k] = YAML::Load(ParamValueToString(v));
   }
-  run["graph"]["replicas"] = static_cast<int64_t>(c.devices.size());
+  run["graph"]["replicas"] = static_cast<int64_t>(c.devices.size()) / c.tensor_parallel;
   if (!run["data"]["on_bad_record"].IsDefined()) {
     run["data"]["on_bad_record"] = data_args.String("on_bad_record");
   }

@@ -11,6 +11,7 @@
 
 #include "ops/device.h"
 #include "ops/model.h"
+#include "ops/parallel/tensor_parallel.h"
 #include "pipeline/graph_spec.h"
 #include "pipeline/yaml_util.h"
 
@@ -73,6 +74,11 @@ struct RunConfig {
   std::vector<std::vector<std::string>> pipeline_stages;
   int64_t microbatches = 4;
   std::string pipeline_schedule = "1f1b";
+  // Tensor parallelism (graph.tensor_parallel): groups of this many
+  // devices split these layers (column: output channels, row: input
+  // channels); 1: none.
+  int tensor_parallel = 1;
+  std::map<std::string, TensorSplit> split_layers;
 
   std::string output_dir;
 };

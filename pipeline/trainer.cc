@@ -74,6 +74,8 @@ void Trainer::BuildModel(MpiWorld& world) {
     dp.timeout_s = config_.collective_timeout_s;
     dp.devices = config_.devices;
     dp.compute = config_.compute;
+    dp.tensor_parallel = config_.tensor_parallel;
+    dp.split_layers = config_.split_layers;
     if (dp.devices[0].is_cuda()) {
       // Under mpirun the processes of a node take the next GPUs in turn:
       // process k of a node with devices [cuda:0, cuda:1] takes cuda:2k, cuda:2k+1.
@@ -118,7 +120,8 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
 
   // The model first: a shape error is reported before any data is read.
   BuildModel(world);
-  const int data_replicas = replicas_ ? replicas : 1;  // a pipeline is one replica
+  // A pipeline is one replica; a tensor-parallel group is one.
+  const int data_replicas = replicas_ ? replicas_->data_parallel() : 1;
   for (const auto& [name, spec] : config_.data) {
     const SourceType* type = SourceRegistry::Get().Find(spec.source);
     CNNFLOW_ENFORCE(type != nullptr, "unknown source ", spec.source);
@@ -197,6 +200,10 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
                                "' (ema) averages data-parallel replicas; a pipeline has none"));
     }
     CNNFLOW_ENFORCE(ema_ == nullptr, n.where, ": a second ema node");
+    if (replicas_->tensor_parallel() > 1) {
+      throw ConfigError(StrCat(n.where, ": node '", n.name,
+                               "' (ema) does not combine with graph.tensor_parallel yet"));
+    }
     ema_ = std::make_unique<WeightAverage>(replicas_->model(0), n.args.Float("decay"),
                                            n.args.Bool("warmup"));
     ema_eval_ = n.args.Bool("eval");
@@ -214,8 +221,9 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   state_.bad_records.clear();
   state_.knobs.clear();
   state_.lanes = DeviceLanes();  // set by this graph's forward_backward, if it has one
-  const int64_t batch =
-      pass == "train" ? config_.batch * (replicas_ ? replicas_->size() : 1) : config_.eval_batch;
+  const int64_t batch = pass == "train"
+                            ? config_.batch * (replicas_ ? replicas_->data_parallel() : 1)
+                            : config_.eval_batch;
   state_.batch_bytes = batch * state_.dataset(pass == "train" ? "train" : "test").sample_shape().numel() *
                        static_cast<int64_t>(sizeof(float));
   Autotuner* tuner = pass == "train" ? autotuner_.get() : nullptr;
@@ -568,13 +576,11 @@ void Trainer::InitFromWeights() {
       if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
     return false;
   };
-  // The file's tensors by the model's names: "module." (DataParallel, DDP)
-  // dropped; BatchNorm's num_batches_tracked has no counterpart here.
+  // The file's tensors by the model's names.
   std::map<std::string, const Tensor*> given;
   for (const auto& [name, t] : file.tensors) {
-    const std::string n = name.rfind("module.", 0) == 0 ? name.substr(7) : name;
-    if (n.size() > 20 && n.compare(n.size() - 20, 20, ".num_batches_tracked") == 0) continue;
-    if (!skipped(n)) given[n] = &t;
+    const std::string n = ModelNameOfStateDictKey(name);
+    if (!n.empty() && !skipped(n)) given[n] = &t;
   }
   std::vector<std::pair<std::string, Tensor>> load;
   std::vector<std::string> problems;
@@ -629,6 +635,73 @@ void Trainer::LoadWeights(const std::string& path, const std::string& prefix) {
   for (Model* m : Models()) CopyNamedTensors(tensors, m->StateTensors(), path);
 }
 
+std::string Trainer::DescribeTensorParallel() const {
+  const int tp = replicas_->tensor_parallel();
+  Model& m = replicas_->model(0);
+  const int64_t n = config_.batch;  // a group's rows a step
+  std::ostringstream os;
+  char line[256];
+  std::snprintf(
+      line, sizeof line,
+      "tensor parallel: groups of %d devices, %d data-parallel replica(s); per device and "
+      "training step (batch %lld, forward + backward ~ 3x forward):\n",
+      tp, replicas_->data_parallel(), static_cast<long long>(n));
+  os << line;
+  std::snprintf(line, sizeof line, "  %-12s %-7s %-18s %16s %18s\n", "layer", "split",
+                "collectives", "GFLOPs/device", "MB sent/device");
+  os << line;
+  double device_flops = 0, bytes = 0, largest = 0;
+  for (int i = 0; i < m.num_layers(); ++i) {
+    const Layer& l = m.layer(i);
+    const auto* s = dynamic_cast<const TensorParallelLayer*>(&l);
+    if (s == nullptr) {
+      device_flops += 3.0 * static_cast<double>(l.ForwardFlops(n));
+      continue;
+    }
+    const TensorParallelShard& shard = s->shard();
+    const double f = 3.0 * static_cast<double>(s->MemberFlops(n));
+    const double b =
+        static_cast<double>(s->CommunicatedBytes(n, false) + s->CommunicatedBytes(n, true));
+    device_flops += f;
+    bytes += b;
+    largest =
+        std::max<double>(largest, static_cast<double>(std::max(s->CommunicatedBytes(n, false),
+                                                               s->CommunicatedBytes(n, true))));
+    // Column: y all-gathered (unless a row layer reads it), dx summed; row:
+    // y summed, dx all-gathered (unless it feeds a column layer's backward).
+    const bool column = shard.split() == TensorSplit::kColumn;
+    const std::string collectives = column ? (shard.local_output() ? "dx sum" : "y gather, dx sum")
+                                           : (shard.local_input() ? "y sum" : "y sum, dx gather");
+    std::snprintf(line, sizeof line, "  %-12s %-7s %-18s %16.3f %18.2f\n", l.name().c_str(),
+                  TensorSplitName(shard.split()), collectives.c_str(), f / 1e9, b / 1e6);
+    os << line;
+  }
+  const double whole = 3.0 * static_cast<double>(m.ForwardFlops(n));
+  std::snprintf(line, sizeof line,
+                "  per device: %.3f GFLOPs of the model's %.3f (%.0f%%), %.2f MB through the "
+                "group's collectives a step\n",
+                device_flops / 1e9, whole / 1e9, 100 * device_flops / whole, bytes / 1e6);
+  os << line;
+  // Whether it can pay: the collectives' time at this machine's measured
+  // all-reduce bandwidth against the compute at its measured GEMM rate.
+  const TensorParallelCost cost = MeasureTensorParallelCost(
+      tp, static_cast<int64_t>(largest),
+      std::max(1, config_.threads / static_cast<int>(config_.devices.size())));
+  const double comm_ms = bytes / (cost.allreduce_gb_per_s * 1e9) * 1e3;
+  const double compute_ms = device_flops / (cost.gflops_per_device * 1e9) * 1e3;
+  std::snprintf(line, sizeof line,
+                "  measured here: all-reduce among %d at %.2f GB/s -> ~%.1f ms a step; compute at "
+                "%.1f GFLOP/s a device -> ~%.1f ms a step\n",
+                tp, cost.allreduce_gb_per_s, comm_ms, cost.gflops_per_device, compute_ms);
+  os << line;
+  if (comm_ms > compute_ms) {
+    os << "  warning: tensor parallelism cannot pay here: its communication (~"
+       << static_cast<int>(comm_ms) << " ms a step) exceeds the compute it splits (~"
+       << static_cast<int>(compute_ms) << " ms); split wider layers, or fewer\n";
+  }
+  return os.str();
+}
+
 std::string Trainer::Describe() const {
   std::ostringstream os;
   Model& m = *model_;
@@ -650,6 +723,7 @@ std::string Trainer::Describe() const {
   }
   os << "  total parameters: " << m.NumParameters() << ", forward "
      << m.ForwardFlops(1) / 1e6 << " MFLOPs per sample\n";
+  if (replicas_ && replicas_->tensor_parallel() > 1) os << DescribeTensorParallel();
   if (pipeline_) {
     os << "pipeline: " << pipeline_->num_stages() << " stages, " << config_.microbatches
        << " micro-batches, schedule " << config_.pipeline_schedule << "\n";

@@ -68,6 +68,9 @@ class Trainer {
   std::string Describe() const;
 
  private:
+  // Describe's tensor-parallel part: per device FLOPs and bytes, and whether
+  // the split can pay at this machine's measured rates.
+  std::string DescribeTensorParallel() const;
   void BuildModel(MpiWorld& world);
   // train.init: the weights of config_.init_from into every model instance
   // (strict: all or an error listing each mismatch); what it did goes to

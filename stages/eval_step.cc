@@ -33,7 +33,7 @@ class EvalStepStage final : public Stage {
           return Guarded([&] {
             if (m->labels.empty()) return m;  // every record was bad and skipped
             const TraceSpan span("eval", "eval batch");
-            Evaluate(*state.model, state.seed, *m);
+            Evaluate(state, *m);
             return m;
           });
         });
@@ -45,7 +45,10 @@ class EvalStepStage final : public Stage {
   // logits do not depend on the others in evaluation mode), freeing
   // activations as each forward goes: the memory of a forward of
   // micro_batch_ rows, not of the whole batch.
-  void Evaluate(Model& model, uint64_t seed, BatchMessage& m) const {
+  // With tensor parallelism every member of group 0 runs the forward.
+  void Evaluate(RunState& state, BatchMessage& m) const {
+    Model& model = *state.model;
+    const uint64_t seed = state.seed;
     const Device device = model.device();
     const int64_t n = m.inputs.dim(0);
     const int64_t chunk = micro_batch_ > 0 ? std::min(micro_batch_, n) : n;
@@ -63,7 +66,10 @@ class EvalStepStage final : public Stage {
       label_data = labels.data<int64_t>();
     }
     auto run = [&](int64_t b, int64_t e) {
-      const Tensor& logits = model.Forward(e - b == n ? inputs : inputs.Slice(b, e), ctx);
+      const Tensor& x = e - b == n ? inputs : inputs.Slice(b, e);
+      const Tensor& logits = state.replicas != nullptr && state.replicas->tensor_parallel() > 1
+                                 ? state.replicas->Infer(x, ctx)
+                                 : model.Forward(x, ctx);
       return SoftmaxCrossEntropyAsync(logits, label_data + b, nullptr)->Get();
     };
     if (chunk == n) {  // one forward: its mean loss as it is

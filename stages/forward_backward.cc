@@ -36,22 +36,23 @@ class ForwardBackwardStage final : public Stage {
       const Device d = state.replicas->device(r);
       stagers_.push_back(d.is_cuda() ? std::make_unique<BatchStager>(d) : nullptr);
     }
-    split_ = std::make_unique<function_node<Message, Message>>(g, serial, [this, n](const Message& m) {
-      return Guarded([&] {
-        m->replica_loss.assign(n, 0.0);
-        m->replica_correct.assign(n, 0);
-        m->staged.assign(n, nullptr);
-        m->replica_pending.assign(n, nullptr);
-        const int64_t rows = static_cast<int64_t>(m->labels.size());
-        for (int r = 0; r < n; ++r) {
-          const auto [b, e] = ShardRows(rows, r, n);
-          if (stagers_[r] && e > b) {
-            m->staged[r] = stagers_[r]->Stage(m->inputs.Slice(b, e), m->labels.data() + b);
-          }
-        }
-        return m;
-      });
-    });
+    split_ = std::make_unique<function_node<Message, Message>>(
+        g, serial, [this, n, &state](const Message& m) {
+          return Guarded([&] {
+            m->replica_loss.assign(n, 0.0);
+            m->replica_correct.assign(n, 0);
+            m->staged.assign(n, nullptr);
+            m->replica_pending.assign(n, nullptr);
+            const int64_t rows = static_cast<int64_t>(m->labels.size());
+            for (int r = 0; r < n; ++r) {
+              const auto [b, e] = ReplicaRows(*state.replicas, rows, r);
+              if (stagers_[r] && e > b) {
+                m->staged[r] = stagers_[r]->Stage(m->inputs.Slice(b, e), m->labels.data() + b);
+              }
+            }
+            return m;
+          });
+        });
     StagePorts ports;
     ports.input = split_.get();
     state.lanes.release.assign(n, nullptr);
@@ -86,12 +87,13 @@ class ForwardBackwardStage final : public Stage {
       m.dropped = true;
       return;
     }
-    const int n = set.size();
     const int64_t rows = static_cast<int64_t>(m.labels.size());
-    const auto [b, e] = ShardRows(rows, r, n);
+    const auto [b, e] = ReplicaRows(set, rows, r);
     // The gradient of the mean loss over the window's batches of all
-    // replicas of all processes; buckets are summed.
-    const double global_rows = static_cast<double>(rows) * s.process_count;
+    // replicas of all processes; buckets are summed. The members of a
+    // tensor-parallel group train on the same rows: each takes 1/T (its
+    // split layers scale their own parts back, ops/parallel/tensor_parallel.h).
+    const double global_rows = static_cast<double>(rows) * s.process_count * set.tensor_parallel();
     const double scale =
         rows > 0 ? 1.0 / (global_rows * static_cast<double>(s.plan.WindowBatches(m.index))) : 0.0;
     ForwardContext ctx;
@@ -111,8 +113,10 @@ class ForwardBackwardStage final : public Stage {
         s.label_smoothing, s.plan.EndsWindow(m.index), staged ? staged->labels() : nullptr,
         m.mix_labels.empty() ? nullptr : &mix);
     if (staged) staged->Release();  // every kernel that reads the rows is issued
-    m.replica_loss[r] = res.loss_sum;
-    m.replica_correct[r] = res.correct;
+    // A group's rows count once, from its member 0.
+    const bool counts = r % set.tensor_parallel() == 0;
+    m.replica_loss[r] = counts ? res.loss_sum : 0;
+    m.replica_correct[r] = counts ? res.correct : 0;
     m.replica_pending[r] = res.pending;
   }
 

@@ -130,4 +130,10 @@ inline std::pair<int64_t, int64_t> ShardRows(int64_t rows, int r, int n) {
   return {rows * r / n, rows * (r + 1) / n};
 }
 
+// Replica r's rows of the set's batch: its data-parallel replica's share
+// (the members of a tensor-parallel group share theirs).
+inline std::pair<int64_t, int64_t> ReplicaRows(const ReplicaSet& set, int64_t rows, int r) {
+  return ShardRows(rows, r / set.tensor_parallel(), set.data_parallel());
+}
+
 }  // namespace cnnflow

@@ -30,6 +30,7 @@
 #include "pipeline/yaml_util.h"
 #include "stages/stage.h"
 #include "tools/convert.h"
+#include "tools/predict.h"
 
 namespace cnnflow {
 namespace {
@@ -47,6 +48,9 @@ commands:
   eval CONFIG --weights FILE [--ema] [--set key=value ...]
         evaluate weights (model.safetensors of a run) on the config's test set;
         --ema: its weight average (the ema stage's "ema.*" tensors)
+  predict CONFIG --weights FILE [--top K] [--set key=value ...] FILES...
+        the K (5) most likely classes of each image or .wav file, with its latency
+        (batch 1, on graph.devices' first tensor-parallel group)
   tune CONFIG [--steps N] [--rounds R] [--write] [--set key=value ...]
         train end to end at each load threads x prefetch depth, R interleaved rounds (3) of
         N timed batches (100) after a warm-up; recommend the cheapest setting within noise
@@ -427,6 +431,9 @@ int Main(int argc, char** argv) {
   }
   if (argc >= 2 && std::string(argv[1]) == "convert") {
     return RunConvert(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (argc >= 2 && std::string(argv[1]) == "predict") {
+    return RunPredict(std::vector<std::string>(argv + 2, argv + argc));
   }
   Options o;
   try {

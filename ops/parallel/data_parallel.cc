@@ -87,13 +87,35 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
   if (gpu && options.sync_bn) {
     throw ConfigError("sync_bn is not implemented for GPU replicas yet");
   }
+  const int tp = options.tensor_parallel;
+  if (tp > 1) {
+    if (options.replicas % tp != 0) {
+      throw ConfigError(StrCat("graph.tensor_parallel.size ", tp, " does not divide the ",
+                               options.replicas, " devices of graph.devices"));
+    }
+    if (gpu) throw ConfigError("tensor parallelism runs on CPU devices only so far");
+    if (options.split_layers.empty()) {
+      throw ConfigError("graph.tensor_parallel names no layers to split");
+    }
+    for (int g = 0; g < options.replicas / tp; ++g) {
+      tp_groups_.push_back(std::make_unique<LocalGroup>(
+          tp, options.timeout_s,
+          StrCat("tensor-parallel group ", g, " (replicas ", g * tp, "..", g * tp + tp - 1, ")")));
+    }
+  }
   collective_ = MakeReplicaCollective(options_.devices, world, options.timeout_s);
   for (int r = 0; r < options.replicas; ++r) {
     auto rep = std::make_unique<Replica>();
     rep->rank = r;
     rep->device = options_.devices[r];
-    rep->model =
-        Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device, options.compute);
+    TensorParallelPlacement placement;
+    if (tp > 1) {
+      placement.layers = options.split_layers;
+      placement.group = tp_groups_[r / tp].get();
+      placement.rank = r % tp;
+    }
+    rep->model = Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device,
+                              options.compute, /*fuse_relu=*/true, tp > 1 ? &placement : nullptr);
     if (options.compute == DType::kF16)
       rep->scaler = std::make_unique<LossScaler>(options.loss_scaler);
     rep->idle = MakeIdleMeter(rep->device);
@@ -279,6 +301,40 @@ bool ReplicaSet::AgreeStop(int r, bool stop_requested) {
 
 void ReplicaSet::Abort(const std::string& reason) {
   if (collective_ != nullptr) collective_->Abort(reason);
+  for (auto& g : tp_groups_) g->Abort(reason);
+}
+
+const Tensor& ReplicaSet::Infer(const Tensor& x, const ForwardContext& ctx) {
+  auto run = [this, &x, &ctx](int r) {
+    Replica& rep = *replicas_[r];
+    const Tensor* out = nullptr;
+    auto forward = [&] { out = &rep.model->Forward(x, ctx); };
+    rep.arena ? rep.arena->execute(forward) : forward();
+    return out;
+  };
+  const int tp = tensor_parallel();
+  if (tp == 1) return *run(0);
+  // Members 1.. on threads of their own (each blocks in the group's
+  // collectives until the others arrive); a member that fails breaks the
+  // group, so the others fail at once rather than at the timeout.
+  std::vector<std::thread> members;
+  std::vector<std::exception_ptr> errors(tp);
+  const Tensor* out = nullptr;
+  auto guarded = [&](int t) {
+    try {
+      const Tensor* y = run(t);
+      if (t == 0) out = y;
+    } catch (const std::exception& e) {
+      errors[t] = std::current_exception();
+      tp_groups_[0]->Abort(StrCat("replica ", t, " failed its forward: ", e.what()));
+    }
+  };
+  for (int t = 1; t < tp; ++t) members.emplace_back(guarded, t);
+  guarded(0);
+  for (auto& m : members) m.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return *out;
 }
 
 ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int64_t* labels,

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,6 +44,7 @@
 #include "ops/collectives/collective.h"
 #include "ops/collectives/collective_mpi.h"
 #include "ops/model.h"
+#include "ops/parallel/tensor_parallel.h"
 #include "ops/train/loss.h"
 #include "ops/train/loss_scaler.h"
 #include "ops/train/optimizer.h"
@@ -66,6 +68,13 @@ struct DataParallelOptions {
   // a step whose reduced gradients hold an inf or NaN is skipped.
   DType compute = DType::kF32;
   LossScalerOptions loss_scaler;  // f16 only
+  // Tensor parallelism (ops/parallel/tensor_parallel.h), CPU replicas: the
+  // replicas come in groups of `tensor_parallel` consecutive ones (replica
+  // r is member r % T of group r / T, all in this process). A group's
+  // members split the layers of `split_layers` between them and train on
+  // the same rows; the groups are the data-parallel replicas.
+  int tensor_parallel = 1;
+  std::map<std::string, TensorSplit> split_layers;
 };
 
 // Which parameters share a bucket: Model::NamedParameters() indices, in
@@ -101,6 +110,10 @@ class ReplicaSet {
   ~ReplicaSet();
 
   int size() const { return static_cast<int>(replicas_.size()); }
+  // Members of a tensor-parallel group (1: none), and the data-parallel
+  // replicas of this process: size() / tensor_parallel().
+  int tensor_parallel() const { return options_.tensor_parallel; }
+  int data_parallel() const { return size() / tensor_parallel(); }
   // Replicas over all processes, and this process's first one.
   int global_size() const;
   int global_offset() const;
@@ -141,6 +154,10 @@ class ReplicaSet {
   // Replica r: WaitForReductions, then steps its optimizer with lr (unless
   // the f16 loss scaler skips it) and zeroes its gradients.
   void Step(int r, double lr);
+  // Inference on replica 0's model (with tensor parallelism, every member
+  // of group 0 runs it, each in its arena, and member 0's output is
+  // returned): for evaluation and prediction.
+  const Tensor& Infer(const Tensor& x, const ForwardContext& ctx);
   // Replica r's part of agreeing, across every replica of every process,
   // whether any of them was asked to stop; all get the same answer (so all
   // stop after the same step). Call at the same step on every replica.
@@ -182,6 +199,8 @@ class ReplicaSet {
   // Every replica of every process (ops/collectives/collective_mpi.h's
   // MakeReplicaCollective); null when there is nobody to talk to.
   std::unique_ptr<Collective> collective_;
+  // One per tensor-parallel group (empty without).
+  std::vector<std::unique_ptr<LocalGroup>> tp_groups_;
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::chrono::steady_clock::time_point start_;
 };

@@ -1,28 +1,39 @@
 #include "ops/parallel/tensor_parallel.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
+#include "ops/cpu/gemm.h"
 #include "ops/error.h"
 
 namespace cnnflow {
 namespace {
 
 // `full` viewed as [outer, channels, inner] around dimension `axis`, and
-// `part` as the same with only the channels r: copies part into its place
-// in full (into_full) or out of it. Activations split on axis 1 ([N, C,
-// ...]), weights on 0 (rows, the column split) or 1 (columns, the row split).
-void CopyShard(const Tensor& full, int axis, ShardRange r, const Tensor& part, bool into_full) {
+// `part` as the same with only the channels r: fn(f, p, count) on each run
+// of `count` floats that part's channels make in both. Activations split
+// on axis 1 ([N, C, ...]), weights on 0 (rows, the column split) or 1
+// (columns, the row split).
+template <typename Fn>
+void ForEachShardRun(const Tensor& full, int axis, ShardRange r, const Tensor& part, Fn fn) {
   int64_t outer = 1;
   for (int d = 0; d < axis; ++d) outer *= full.dim(d);
   const int64_t channels = full.dim(axis);
   const int64_t inner = outer * channels == 0 ? 0 : full.numel() / (outer * channels);
-  const size_t bytes = static_cast<size_t>(r.size() * inner) * sizeof(float);
   for (int64_t i = 0; i < outer; ++i) {
-    float* f = full.data<float>() + (i * channels + r.begin) * inner;
-    float* p = part.data<float>() + i * r.size() * inner;
-    into_full ? std::memcpy(f, p, bytes) : std::memcpy(p, f, bytes);
+    fn(full.data<float>() + (i * channels + r.begin) * inner,
+       part.data<float>() + i * r.size() * inner, r.size() * inner);
   }
+}
+
+// Copies part into its place in full (into_full) or out of it.
+void CopyShard(const Tensor& full, int axis, ShardRange r, const Tensor& part, bool into_full) {
+  ForEachShardRun(full, axis, r, part, [into_full](float* f, float* p, int64_t n) {
+    const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+    into_full ? std::memcpy(f, p, bytes) : std::memcpy(p, f, bytes);
+  });
 }
 
 // The parameter `name` of ps (a layer's or the unsplit ones).
@@ -120,6 +131,30 @@ void TensorParallelShard::StoreFull(std::vector<Parameter>& full, bool grads) co
   }
 }
 
+void TensorParallelShard::AddGradsToFull(std::vector<Parameter>& full, float scale) const {
+  for (const Parameter& p : layer_->parameters()) {
+    Parameter& f = FindParameter(full, p.name, name_);
+    const bool whole = split_ == TensorSplit::kRow && p.name == "bias";
+    const ShardRange r = whole ? ShardRange{0, f.grad.dim(0)} : range_;
+    ForEachShardRun(f.grad, whole ? 0 : ParameterAxis(f.grad), r, p.grad,
+                    [scale](float* to, const float* from, int64_t n) {
+                      for (int64_t i = 0; i < n; ++i) to[i] += scale * from[i];
+                    });
+  }
+}
+
+void TensorParallelShard::KeepOutputLocal() {
+  CNNFLOW_ENFORCE(split_ == TensorSplit::kColumn, "layer '", name_,
+                  "': only a column split keeps its output local");
+  local_output_ = true;
+}
+
+void TensorParallelShard::TakeInputLocal() {
+  CNNFLOW_ENFORCE(split_ == TensorSplit::kRow, "layer '", name_,
+                  "': only a row split takes its input local");
+  local_input_ = true;
+}
+
 void TensorParallelShard::Forward(const Tensor& x, Tensor& y, const ForwardContext& ctx) {
   const int64_t n = x.dim(0);
   if (split_ == TensorSplit::kColumn) {
@@ -127,6 +162,7 @@ void TensorParallelShard::Forward(const Tensor& x, Tensor& y, const ForwardConte
     layer_->Forward({&x}, y_part_, ctx);
     y.Zero();
     CopyShard(y, 1, range_, y_part_, /*into_full=*/true);
+    if (local_output_) return;  // the row layer after it reads only these channels
     group_.AllReduceSum(rank_, y.data<float>(), y.numel(),
                         StrCat("layer ", name_, " forward all-gather"), 1.0f);
   } else {
@@ -155,10 +191,127 @@ void TensorParallelShard::Backward(const Tensor& x, const Tensor& dy, Tensor* dx
     if (dx != nullptr) {
       dx->Zero();
       CopyShard(*dx, 1, range_, dx_part, /*into_full=*/true);
+      if (local_input_) return;  // the column layer before it reads only these channels
       group_.AllReduceSum(rank_, dx->data<float>(), dx->numel(),
                           StrCat("layer ", name_, " backward all-gather"), 1.0f);
     }
   }
+}
+
+TensorParallelCost MeasureTensorParallelCost(int members, int64_t bytes, int threads_per_device) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  TensorParallelCost cost;
+  const int64_t count = std::max<int64_t>(bytes / 4, 1 << 18);
+  LocalGroup group(members, 30, "tensor-parallel cost");
+  std::vector<std::vector<float>> data(members, std::vector<float>(count, 1.0f));
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    std::vector<std::thread> threads;
+    for (int r = 0; r < members; ++r) {
+      threads.emplace_back(
+          [&, r] { group.AllReduceSum(r, data[r].data(), count, "measure", 1.0f); });
+    }
+    for (auto& t : threads) t.join();
+    best = std::min(best, seconds(t0));
+  }
+  cost.allreduce_gb_per_s = static_cast<double>(count) * 4 / best / 1e9;
+  const int64_t n = 256;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    cpu::Gemm<float>(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    best = std::min(best, seconds(t0));
+  }
+  cost.gflops_per_device = 2.0 * n * n * n / best / 1e9 * threads_per_device;
+  return cost;
+}
+
+TensorParallelLayer::TensorParallelLayer(const std::string& name, const std::string& type,
+                                         const Args& args, TensorSplit split, Collective& group,
+                                         int rank)
+    : Layer(name), type_(type), args_(args), split_(split), group_(group), rank_(rank) {}
+
+TensorParallelLayer::~TensorParallelLayer() = default;
+
+namespace {
+
+// The unsplit layer of `type`, built: for its parameter shapes and its
+// initialisation.
+std::unique_ptr<Layer> BuildUnsplit(const std::string& name, const std::string& type,
+                                    const Args& args, const Shape& input, DType dtype,
+                                    Shape* out = nullptr) {
+  const LayerType* t = LayerRegistry::Get().Find(type);
+  CNNFLOW_ENFORCE(t != nullptr, "no layer type ", type);
+  std::unique_ptr<Layer> layer = t->create(name, args);
+  const Shape shape = layer->Build({input}, dtype);
+  if (out != nullptr) *out = shape;
+  return layer;
+}
+
+}  // namespace
+
+Shape TensorParallelLayer::Build(const std::vector<Shape>& inputs, DType dtype) {
+  CNNFLOW_ENFORCE(inputs.size() == 1, "layer '", name(), "' takes one input");
+  in_shape_ = inputs[0];
+  Shape out;
+  const std::unique_ptr<Layer> unsplit = BuildUnsplit(name(), type_, args_, in_shape_, dtype, &out);
+  for (const Parameter& p : unsplit->parameters()) AddParameter(p.name, p.value.shape(), dtype);
+  unsplit_flops_ = unsplit->ForwardFlops(1);
+  shard_ = std::make_unique<TensorParallelShard>(name(), type_, args_, in_shape_, split_, group_,
+                                                 rank_, dtype);
+  CNNFLOW_ENFORCE(shard_->output_shape() == out, "layer '", name(), "': the split makes ",
+                  shard_->output_shape(), ", the unsplit layer ", out);
+  return out;
+}
+
+void TensorParallelLayer::ResetParameters(Rng& rng) {
+  // The unsplit layer's own initialisation, from the same stream: the same
+  // values as in an unsplit model.
+  const std::unique_ptr<Layer> unsplit =
+      BuildUnsplit(name(), type_, args_, in_shape_, parameters().front().value.dtype());
+  unsplit->ResetParameters(rng);
+  for (size_t i = 0; i < parameters().size(); ++i) {
+    parameters()[i].value.CopyFrom(unsplit->parameters()[i].value);
+  }
+}
+
+void TensorParallelLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
+                                  const ForwardContext& ctx) {
+  shard_->LoadFull(parameters());
+  shard_->Forward(*x[0], y, ctx);
+}
+
+void TensorParallelLayer::Backward(const std::vector<const Tensor*>& x, const Tensor& /*y*/,
+                                   const Tensor& dy, const std::vector<Tensor*>& dx) {
+  for (Parameter& p : shard_->layer().parameters()) p.grad.Zero();
+  shard_->Backward(*x[0], dy, dx[0]);
+  shard_->AddGradsToFull(parameters(), static_cast<float>(group_.global_size()));
+}
+
+bool TensorParallelLayer::FuseRelu() {
+  return split_ == TensorSplit::kColumn && shard_->layer().FuseRelu();
+}
+
+int64_t TensorParallelLayer::MemberFlops(int64_t n) const {
+  return shard_->layer().ForwardFlops(n);
+}
+
+void TensorParallelLayer::MoveTo(Device device) {
+  if (device.is_cuda()) {
+    throw ConfigError(
+        StrCat("layer '", name(), "': tensor parallel layers run on CPUs only so far"));
+  }
+}
+
+int64_t TensorParallelLayer::CommunicatedBytes(int64_t n, bool backward) const {
+  const int64_t y = shard_->output_shape().numel() * n * 4, x = in_shape_.numel() * n * 4;
+  if (!backward) return split_ == TensorSplit::kColumn && shard_->local_output() ? 0 : y;
+  return split_ == TensorSplit::kRow && shard_->local_input() ? 0 : x;
 }
 
 }  // namespace cnnflow

@@ -22,11 +22,20 @@
 // Weights move as the unsplit tensors (LoadFull / StoreFull), so what a
 // split run saves evaluates, exports and resumes on any layout.
 //
+// A column-parallel layer whose output only a row-parallel one reads
+// (directly or through a relu) needs no all-gather between them, as in
+// Megatron-LM: with the same members and channels, member r's input
+// channels of the row layer are the output channels it computed itself
+// (KeepOutputLocal / TakeInputLocal; Model::Build pairs them).
+//
+// In a model, a split layer is a TensorParallelLayer (below).
+//
 // CPU tensors only, for now. Not thread-safe: member r calls from its own
 // thread, every member the same sequence of calls.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,6 +74,16 @@ class TensorParallelShard {
   Shape output_shape() const { return out_shape_; }
   Layer& layer() { return *layer_; }
 
+  // Column split: Forward leaves y holding only this member's channels
+  // (zeros elsewhere) and skips the all-gather. For a column layer whose
+  // output reaches only a row layer that TakeInputLocal.
+  void KeepOutputLocal();
+  // Row split: Backward leaves dx holding only this member's channels and
+  // skips the all-gather: the column layer before it needs no more.
+  void TakeInputLocal();
+  bool local_output() const { return local_output_; }
+  bool local_input() const { return local_input_; }
+
   // This member's part of the unsplit parameters, by local name ("weight",
   // "bias": those of the unsplit layer of the same type and arguments).
   void LoadFull(const std::vector<Parameter>& full);
@@ -72,6 +91,9 @@ class TensorParallelShard {
   // grads the gradients), leaving the rest untouched: once every member has
   // written, they hold the whole layer. Members write disjoint parts.
   void StoreFull(std::vector<Parameter>& full, bool grads) const;
+  // Adds scale x this member's parameter gradients into its part of the
+  // unsplit gradients.
+  void AddGradsToFull(std::vector<Parameter>& full, float scale) const;
 
   // x [N, input...], the same on every member -> y [N, output...], the same
   // on every member.
@@ -89,6 +111,7 @@ class TensorParallelShard {
 
   std::string name_;
   TensorSplit split_;
+  bool local_output_ = false, local_input_ = false;
   Collective& group_;
   int rank_;
   ShardRange range_;
@@ -96,6 +119,79 @@ class TensorParallelShard {
   std::unique_ptr<Layer> layer_;
   // From Forward, for Backward: row, x's channels and y; column, y's channels.
   Tensor x_part_, y_part_;
+};
+
+// What tensor parallelism costs on this machine, measured: an in-process
+// all-reduce among `members` threads of `bytes` (best of 5: its payload
+// bandwidth), and a single-threaded GEMM's rate (the layers' kernels run
+// at about it) times `threads_per_device`. For `cnnflow validate`.
+struct TensorParallelCost {
+  double allreduce_gb_per_s = 0;
+  double gflops_per_device = 0;
+};
+TensorParallelCost MeasureTensorParallelCost(int members, int64_t bytes, int threads_per_device);
+
+// Where Model::Build splits layers: which ones and how, and this model's
+// member in its tensor-parallel group.
+struct TensorParallelPlacement {
+  std::map<std::string, TensorSplit> layers;
+  Collective* group = nullptr;
+  int rank = 0;
+};
+
+// A split layer in a model. Its parameters are the unsplit tensors, so the
+// optimizer, checkpoints, model.safetensors, train.init and the
+// data-parallel all-reduce all see the unsplit layer, initialised to the
+// same values as unsplit from the same seed. Each Forward takes this
+// member's part of them (a copy of 1/T of the weight: small beside the
+// convolution over a batch); Backward adds the shard's gradients, times
+// the group size, into the member's part of the unsplit gradients, the
+// rest staying zero.
+//
+// Why times T: the T members of a group train on the same rows, so the
+// trainer scales the loss gradient by 1/T and the data-parallel all-reduce
+// sums every member's gradients. An unsplit layer is then summed T times
+// (T x 1/T), and each part of a split one once, from the member that holds
+// it (T x 1/T). Exact for T a power of two.
+//
+// The memory of the split layer's weights is not divided (each member keeps
+// the unsplit tensors and their optimizer state); its compute and its
+// activations are.
+class TensorParallelLayer final : public Layer {
+ public:
+  TensorParallelLayer(const std::string& name, const std::string& type, const Args& args,
+                      TensorSplit split, Collective& group, int rank);
+  ~TensorParallelLayer() override;
+
+  const char* type() const override { return type_.c_str(); }
+  Shape Build(const std::vector<Shape>& inputs, DType dtype) override;
+  void ResetParameters(Rng& rng) override;
+  void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext& ctx) override;
+  void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
+                const std::vector<Tensor*>& dx) override;
+  // A column shard applies the relu to its channels before the gather.
+  bool FuseRelu() override;
+  // The unsplit layer's (the model's work, as in an unsplit model), and
+  // this member's share of it.
+  int64_t ForwardFlops(int64_t n) const override { return n * unsplit_flops_; }
+  int64_t MemberFlops(int64_t n) const;
+  void MoveTo(Device device) override;
+
+  TensorParallelShard& shard() { return *shard_; }
+  const TensorParallelShard& shard() const { return *shard_; }
+  // Bytes this member sends and receives in the collectives of one forward
+  // and backward of n rows (for reports).
+  int64_t CommunicatedBytes(int64_t n, bool backward) const;
+
+ private:
+  std::string type_;
+  Args args_;
+  TensorSplit split_;
+  Collective& group_;
+  int rank_;
+  Shape in_shape_;
+  int64_t unsplit_flops_ = 0;  // a sample's
+  std::unique_ptr<TensorParallelShard> shard_;
 };
 
 }  // namespace cnnflow

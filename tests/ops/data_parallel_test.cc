@@ -61,30 +61,38 @@ Args Opt(const std::string& type) {
 }
 
 std::unique_ptr<ReplicaSet> Make(int replicas, const std::string& opt, double bucket_mb = 25,
-                                 const std::vector<LayerSpec>& net = Net(), bool sync_bn = false) {
+                                 const std::vector<LayerSpec>& net = Net(), bool sync_bn = false,
+                                 int tensor_parallel = 1,
+                                 std::map<std::string, TensorSplit> split = {}) {
   DataParallelOptions o;
   o.replicas = replicas;
   o.sync_bn = sync_bn;
   o.bucket_mb = bucket_mb;
   o.timeout_s = 20;
+  o.tensor_parallel = tensor_parallel;
+  o.split_layers = std::move(split);
   return std::make_unique<ReplicaSet>(net, kInput, 7, InitScheme::kPytorchDefault, opt, Opt(opt),
                                       o, MpiWorld::Get());
 }
 
 // One optimizer step of `set` on `micro` micro-batches (each cut into equal
-// shards, one per replica, run on the replicas' own threads).
+// shards, one per data-parallel replica, run on the replicas' own threads;
+// the members of a tensor-parallel group share a shard, as
+// stages/forward_backward.cc runs them).
 void TrainStep(ReplicaSet& set, const std::vector<Data>& micro, int64_t step) {
   int64_t total = 0;
   for (const Data& d : micro) total += d.x.dim(0);
-  const int n = set.size();
+  const int n = set.data_parallel(), tp = set.tensor_parallel();
   std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < set.size(); ++r) {
     threads.emplace_back([&, r] {
+      const int g = r / tp;
       for (size_t k = 0; k < micro.size(); ++k) {
         const Data& d = micro[k];
-        const int64_t b = d.x.dim(0) * r / n, e = d.x.dim(0) * (r + 1) / n;
+        const int64_t b = d.x.dim(0) * g / n, e = d.x.dim(0) * (g + 1) / n;
         ForwardContext ctx{true, 3, step, d.ids.data() + b};
-        set.ForwardBackward(r, d.x.Slice(b, e), d.labels.data() + b, ctx, 1.0 / total, 0,
+        set.ForwardBackward(r, d.x.Slice(b, e), d.labels.data() + b, ctx,
+                            1.0 / (static_cast<double>(total) * tp), 0,
                             /*reduce=*/k + 1 == micro.size());
       }
       set.Step(r, 0.05);
@@ -252,6 +260,112 @@ TEST(DataParallel, AFailingReplicaAbortsTheOthersInsteadOfHanging) {
   EXPECT_NE(errors[0].find("99"), std::string::npos) << errors[0];
   EXPECT_NE(errors[1].find("replica 0 failed: "), std::string::npos) << errors[1];
   EXPECT_NE(errors[1].find("99"), std::string::npos) << errors[1];
+}
+
+// ------------------------------------------------- tensor parallelism
+// (ops/parallel/tensor_parallel.h's layers in replicas)
+
+// Net() with a second conv: every layer type that splits, both splits.
+// conv1 (column) feeds conv2 (row) through a relu, so they pair (no
+// all-gather between); fc1 (column) and fc2 (row) have a dropout between
+// them, so each gathers.
+std::vector<LayerSpec> NetToSplit() {
+  std::vector<LayerSpec> net = Net();
+  net.insert(
+      net.begin() + 2,
+      Spec("conv2", "conv2d", {{"out", int64_t{7}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}));
+  return net;
+}
+const std::map<std::string, TensorSplit> kSplits = {{"conv1", TensorSplit::kColumn},
+                                                    {"conv2", TensorSplit::kRow},
+                                                    {"fc1", TensorSplit::kColumn},
+                                                    {"fc2", TensorSplit::kRow}};
+
+TensorParallelLayer& Split(Model& m, const std::string& name) {
+  auto* l = dynamic_cast<TensorParallelLayer*>(m.FindLayer(name));
+  CNNFLOW_ENFORCE(l != nullptr, name, " is not split");
+  return *l;
+}
+
+// A whole model after k steps, split over T members (2, and 3 with uneven
+// shards), equals the unsplit one; every member keeps the unsplit weights,
+// identical on all.
+TEST(TensorParallel, SplitModelTrainsAsTheUnsplitOne) {
+  for (const std::string opt : {"sgd", "adam"}) {
+    for (int t : {2, 3}) {
+      SCOPED_TRACE(opt + " T=" + std::to_string(t));
+      auto single = Make(1, opt, 25, NetToSplit());
+      auto split = Make(t, opt, 0.002, NetToSplit(), false, t, kSplits);
+      EXPECT_TRUE(Split(split->model(), "conv1").shard().local_output())
+          << "conv1 pairs with conv2";
+      EXPECT_TRUE(Split(split->model(), "conv2").shard().local_input());
+      EXPECT_FALSE(Split(split->model(), "fc1").shard().local_output()) << "a dropout between";
+      EXPECT_EQ(split->model().NumParameters(), single->model().NumParameters());
+      EXPECT_LT(MaxRelDiff(single->model(), split->model()), 1e-7) << "the same initial values";
+      for (int step = 0; step < 4; ++step) {
+        const std::vector<Data> batch = {Batch(12, 500 + step)};
+        TrainStep(*single, batch, step);
+        TrainStep(*split, batch, step);
+      }
+      // Partial sums in another order, and x T / T for T = 3: a few ulps a step.
+      EXPECT_LT(MaxRelDiff(single->model(), split->model()), 2e-5);
+      auto fresh = Make(1, opt, 25, NetToSplit());
+      EXPECT_GT(MaxRelDiff(single->model(), fresh->model()), 1e-3) << "training moved the weights";
+      for (int r = 1; r < t; ++r) EXPECT_TRUE(Bitwise(split->model(0), split->model(r))) << r;
+    }
+  }
+}
+
+// DP x TP: 2 data-parallel replicas of 2 members each == 2 replicas == 1
+// replica of the whole batch; accumulation included.
+TEST(TensorParallel, DataTimesTensorParallelEqualsDataParallel) {
+  auto dp = Make(2, "sgd", 0.002, NetToSplit());
+  auto dptp = Make(4, "sgd", 0.002, NetToSplit(), false, 2, kSplits);
+  EXPECT_EQ(dptp->data_parallel(), 2);
+  for (int step = 0; step < 3; ++step) {
+    const Data whole = Batch(12, 600 + step);
+    Data a, b;
+    a.x = whole.x.Slice(0, 8);
+    b.x = whole.x.Slice(8, 12);
+    a.labels.assign(whole.labels.begin(), whole.labels.begin() + 8);
+    b.labels.assign(whole.labels.begin() + 8, whole.labels.end());
+    a.ids.assign(whole.ids.begin(), whole.ids.begin() + 8);
+    b.ids.assign(whole.ids.begin() + 8, whole.ids.end());
+    TrainStep(*dp, {a, b}, step);
+    TrainStep(*dptp, {a, b}, step);
+  }
+  EXPECT_LT(MaxRelDiff(dp->model(), dptp->model()), 2e-5);
+  for (int r = 1; r < 4; ++r) EXPECT_TRUE(Bitwise(dptp->model(0), dptp->model(r))) << r;
+}
+
+// Inference through every member of group 0 gives the unsplit logits.
+TEST(TensorParallel, InferEqualsTheUnsplitForward) {
+  auto single = Make(1, "sgd", 25, NetToSplit());
+  auto split = Make(2, "sgd", 25, NetToSplit(), false, 2, kSplits);
+  const Data d = Batch(5, 700);
+  ForwardContext ctx;
+  ctx.training = false;
+  ctx.keep_activations = false;
+  const Tensor want = single->model().Forward(d.x, ctx);
+  const Tensor got = split->Infer(d.x, ctx);
+  ASSERT_EQ(got.shape(), want.shape());
+  for (int64_t i = 0; i < want.numel(); ++i) EXPECT_NEAR(got.At(i), want.At(i), 1e-5) << i;
+}
+
+TEST(TensorParallel, BadSplitsAreNamedErrors) {
+  testing::ExpectContains(
+      testing::ErrorOf([] { Make(3, "sgd", 25, NetToSplit(), false, 2, kSplits); }),
+      {"does not divide the 3 devices"});
+  testing::ExpectContains(
+      testing::ErrorOf([] {
+        Make(2, "sgd", 25, NetToSplit(), false, 2, {{"conv9", TensorSplit::kColumn}});
+      }),
+      {"'conv9', which is not a layer of the model"});
+  testing::ExpectContains(
+      testing::ErrorOf([] {
+        Make(2, "sgd", 25, NetToSplit(), false, 2, {{"pool1", TensorSplit::kColumn}});
+      }),
+      {"layer 'pool1' (maxpool2d) cannot be split"});
 }
 
 // ------------------------------------------------------------ GPU replicas

@@ -316,6 +316,47 @@ TEST(DataParallelTraining, ResumedRunEndsBitwiseEqualToTheUninterruptedOne) {
   fs::remove_all(dir);
 }
 
+// Tensor parallelism through the graph (graph.tensor_parallel): 2 devices
+// splitting conv2 (column, gathered) and fc1 -> fc2 (a column-row pair)
+// train as 1 device on the same batch; DP x TP (2 x 2) as well; and the
+// split run evaluates as the unsplit one and resumes exactly.
+TEST(TensorParallelTraining, SplitLayersTrainAsOneDeviceAndResumeExactly) {
+  const std::string split =
+      "graph.tensor_parallel={size: 2, layers: {conv2: column, fc1: column, fc2: row}}";
+  const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=12", "threads=2"};
+  // One trainer at a time: each caps the process's threads (tbb::global_control).
+  struct Trained {
+    std::unique_ptr<Model> model;  // a copy of replica 0's
+    PassMetrics eval;
+  };
+  auto train = [&](const std::vector<std::string>& more, int data_parallel) {
+    Trainer t(LoadRunConfig(kConfig, With(common, more)));
+    const PassMetrics m = t.RunPass(t.config().train_graph, "train", 0);
+    EXPECT_EQ(m.samples, 12 * 64);
+    EXPECT_EQ(t.replicas().data_parallel(), data_parallel);
+    Trained out{Model::Build(t.config().layers, t.config().input_shape), t.Evaluate()};
+    CopyNamedTensors(t.model().StateTensors(), out.model->StateTensors(), "the trained model");
+    return out;
+  };
+  const Trained one = train({"train.batch=64"}, 1);
+  const Trained tp = train({"train.batch=64", "graph.devices=[cpu:0, cpu:1]", split}, 1);
+  const Trained dptp = train(
+      {"train.batch=32", "graph.devices=[cpu:0, cpu:1, cpu:2, cpu:3]", "threads=4", split}, 2);
+  EXPECT_LT(MaxRelDiff(*one.model, *tp.model), 1e-4);
+  EXPECT_LT(MaxRelDiff(*one.model, *dptp.model), 1e-4);
+  EXPECT_EQ(tp.eval.samples, 10000);
+  EXPECT_NEAR(one.eval.mean_loss(), tp.eval.mean_loss(), 1e-4);
+  EXPECT_NEAR(static_cast<double>(one.eval.correct), static_cast<double>(tp.eval.correct), 3);
+
+  const std::vector<std::string> config = {
+      "train.epochs=2",           "train.max_steps=20",           "threads=2",
+      "train.batch=32",           "graph.devices=[cpu:0, cpu:1]", split,
+      "train.checkpoint_every=7", "train.keep_checkpoints=0"};
+  const fs::path dir = testing::TestDir();
+  ExpectResumeIsExact(kConfig, config, dir);
+  fs::remove_all(dir);
+}
+
 // Invariant 2 through the graph: the pipeline config (2 stages, 4
 // micro-batches) trains like one device, for both schedules; and its
 // checkpoints (every stage's optimizer state) resume exactly.
