@@ -3,9 +3,11 @@
 # git-ignored data/ folder: data/fsdd/recordings/{digit}_{speaker}_{n}.wav
 # (8 kHz 16-bit mono). Without FILE it downloads the repository's v1.0.9
 # archive (2500 recordings) and checks its SHA-256; FILE is a local archive
-# holding a recordings/ folder (this machine's ../shared/data/fsdd-spoken-digits.tar.gz
-# holds 3000; a local file has no published checksum unless it is that
-# archive). Idempotent: a complete extraction is kept. The `wav` source reads
+# holding a recordings/ folder: a local copy of that archive (its top folder
+# free-spoken-digit-dataset-1.0.9/) is checked against the same hash; other
+# archives have no published checksum (this machine's
+# ../shared/data/fsdd-spoken-digits.tar.gz, 3000 recordings, is one).
+# Idempotent: a complete extraction is kept. The `wav` source reads
 # the files directly (train/test split by file name); with --lmdb it also
 # writes data/fsdd-{train,test}.lmdb (f32 [1, L] records) for `lmdb`.
 #   scripts/prepare_fsdd.sh [--lmdb] [FILE]
@@ -29,6 +31,7 @@ if [[ ! -f "$data/fsdd/.complete" ]]; then
     fetch_verified "$url" "$sha256" "$file"
   fi
   [[ -f "$file" ]] || { echo "error: no file '$file'" >&2; exit 1; }
+  [[ "$(tar_top "$file")" == free-spoken-digit-dataset-1.0.9 ]] && verify_sha256 "$file" "$sha256"
   # Extract into a temporary folder and rename, so an interrupted run never
   # leaves a half-filled data/fsdd behind.
   tmp=$(mktemp -d "$data/.fsdd.XXXXXX")

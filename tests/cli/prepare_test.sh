@@ -75,6 +75,13 @@ grep -q "FSDD: 2 recordings in $tmp/f1/fsdd/recordings" "$tmp/log" || fail "fsdd
 CNNFLOW_DATA_DIR="$tmp/f2" scripts/prepare_fsdd.sh --lmdb "$tmp/fsdd.tar.gz" > "$tmp/log" 2>&1 ||
   { cat "$tmp/log"; fail "fsdd local file"; }
 grep -q "converted 1 records" "$tmp/log" || fail "fsdd --lmdb: $(cat "$tmp/log")"
+# A local copy of the repository's v1.0.9 archive (by its top folder) is
+# checked against the pinned hash: this one is not the real archive.
+mv "$tmp/src/fsdd-1.0.9" "$tmp/src/free-spoken-digit-dataset-1.0.9"
+tar czf "$tmp/v1.0.9.tar.gz" -C "$tmp/src" free-spoken-digit-dataset-1.0.9
+CNNFLOW_DATA_DIR="$tmp/f3" scripts/prepare_fsdd.sh "$tmp/v1.0.9.tar.gz" > "$tmp/log" 2>&1 && fail "fsdd: a changed v1.0.9 archive passed"
+grep -q "expected 8bc44cde129d505cbbb6b365c09f80c663f2aa77578afc634e6141a2f87100c0" "$tmp/log" ||
+  fail "fsdd: not checked against the pinned hash: $(cat "$tmp/log")"
 
 # BasicMotions: a local folder is checked against the pinned hashes (sktime's
 # files); the real copies pass where this machine has them, a changed one fails.
