@@ -469,7 +469,9 @@ int Main(int argc, char** argv) {
       if (command.empty() || command[0] == '-' || !UsageBlock(command).empty()) {
         return std::printf("%s", CommandUsage(command == "help" ? "" : command).c_str()), 0;
       }
-      break;  // an unknown command: the error below
+      if (first != "help") break;  // an unknown command: the error below
+      std::fprintf(stderr, "cnnflow: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+      return 2;
     }
   }
   Options o;

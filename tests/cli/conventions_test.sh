@@ -48,6 +48,7 @@ ok "usage: cnnflow convert" help convert
 
 usage_error "unknown command 'frobnicate'" "usage: cnnflow COMMAND" frobnicate
 usage_error "unknown command 'frobnicate'" "usage: cnnflow COMMAND" frobnicate --help
+usage_error "unknown command 'frobnicate'" "usage: cnnflow COMMAND" help frobnicate
 usage_error "no command given" "usage: cnnflow COMMAND"
 usage_error "unknown option '--bogus'" "usage: cnnflow train" train configs/fashion_mnist.yaml --bogus
 usage_error "--weights needs a value" "usage: cnnflow eval" eval configs/fashion_mnist.yaml --weights
