@@ -106,6 +106,10 @@ std::vector<int64_t> ConvertWriteOrder(int64_t n, bool shuffle, uint64_t seed, i
   return order;
 }
 
+namespace {
+int64_t Skipped(const ConvertSummary& s) { return static_cast<int64_t>(s.skipped.size()); }
+}  // namespace
+
 ConvertSummary ConvertToLmdb(const ConvertOptions& options, const ConvertProgressFn& progress) {
   const auto start = std::chrono::steady_clock::now();
   ConvertOptions o = options;
@@ -163,7 +167,14 @@ ConvertSummary ConvertToLmdb(const ConvertOptions& options, const ConvertProgres
         values = ts.cases[src_index].data();
       } else {
         const std::string& path = wav.paths[src_index];
-        audio = ReadWav(path);  // Error naming the file
+        try {
+          audio = ReadWav(path);  // Error naming the file
+        } catch (const Error& e) {
+          if (!o.skip_bad) throw;
+          summary.skipped.push_back(e.what());
+          if (progress) progress(summary.records + Skipped(summary), total);
+          continue;
+        }
         rec.label = wav.labels[src_index];
         rec.shape = {1, static_cast<int64_t>(audio.size())};
         values = audio.data();
@@ -174,7 +185,7 @@ ConvertSummary ConvertToLmdb(const ConvertOptions& options, const ConvertProgres
       writer.Put(LmdbWriter::IndexKey(summary.records), value);
       summary.value_bytes += value.size();
       ++summary.records;
-      if (progress) progress(summary.records, total);
+      if (progress) progress(summary.records + Skipped(summary), total);
       continue;
     }
     rec.dtype = RecordDType::kU8;
@@ -191,11 +202,23 @@ ConvertSummary ConvertToLmdb(const ConvertOptions& options, const ConvertProgres
     } else {
       const ImageFolderEntry& e = folder.entries[static_cast<size_t>(src_index)];
       const std::string where = StrCat("'", e.path, "'");
+      // A bad file: fails the conversion, or (skip_bad) is listed and left out.
+      auto bad = [&](const std::string& error) {
+        if (!o.skip_bad) throw Error(error);
+        summary.skipped.push_back(error);
+        if (progress) progress(summary.records + Skipped(summary), total);
+      };
       const std::string read_error = ReadWholeFile(e.path, &file);
-      if (!read_error.empty()) throw Error(read_error);
+      if (!read_error.empty()) {
+        bad(read_error);
+        continue;
+      }
       rec.label = e.label;
       const ImageResult header = ReadImageHeader(file.data(), file.size());
-      if (!header.ok()) throw Error(StrCat(where, ": ", header.error));
+      if (!header.ok()) {
+        bad(StrCat(where, ": ", header.error));
+        continue;
+      }
       c = DefaultImageChannels(header.channels);  // CMYK and alpha are not kept
       h = header.height;
       w = header.width;
@@ -207,7 +230,10 @@ ConvertSummary ConvertToLmdb(const ConvertOptions& options, const ConvertProgres
         rec.size = file.size();
       } else {
         const ImageResult d = DecodeImage(file.data(), file.size(), c, &hwc);
-        if (!d.ok()) throw Error(StrCat(where, ": ", d.error));
+        if (!d.ok()) {
+          bad(StrCat(where, ": ", d.error));
+          continue;
+        }
         pixels = hwc.data();
       }
     }
@@ -234,7 +260,7 @@ ConvertSummary ConvertToLmdb(const ConvertOptions& options, const ConvertProgres
     writer.Put(LmdbWriter::IndexKey(summary.records), value);
     summary.value_bytes += value.size();
     ++summary.records;
-    if (progress) progress(summary.records, total);
+    if (progress) progress(summary.records + Skipped(summary), total);
   }
   writer.Finish();
   summary.encoded = o.encoded == 1;

@@ -44,6 +44,11 @@ struct ConvertOptions {
   int resize_h = 0;
   int resize_w = 0;
   int jpeg_quality = 95;
+  // A file that cannot be read or decoded (an image, a WAV): false stops
+  // the conversion with an Error naming it (the default); true leaves it
+  // out and lists it in ConvertSummary::skipped, as Caffe's
+  // convert_imageset skips unreadable images. --limit counts before skips.
+  bool skip_bad = false;
 };
 
 struct ConvertSummary {
@@ -54,9 +59,11 @@ struct ConvertSummary {
   uint64_t value_bytes = 0;  // the values written
   uint64_t disk_bytes = 0;   // data.mdb's size
   double seconds = 0;
+  // With skip_bad: each file left out and why ("'a/b.jpg': corrupt JPEG: ...").
+  std::vector<std::string> skipped;
 };
 
-// Called after each record is written: (records written, records to write).
+// Called after each record is written or skipped: (records done, records to write).
 using ConvertProgressFn = std::function<void(int64_t done, int64_t total)>;
 
 // Fills `encoded` from the source's default and checks the options. Throws
@@ -70,8 +77,8 @@ std::vector<int64_t> ConvertWriteOrder(int64_t n, bool shuffle, uint64_t seed, i
 
 // Writes the LMDB (as `to`.tmp, renamed when done: no partial data set is
 // left on failure). Throws ConfigError for bad options, Error for a bad
-// source or output, naming the file (an unreadable image, a corrupt one, an
-// existing output without overwrite).
+// source or output, naming the file (an unreadable image, a corrupt one,
+// unless skip_bad; an existing output without overwrite).
 ConvertSummary ConvertToLmdb(const ConvertOptions& options,
                              const ConvertProgressFn& progress = nullptr);
 

@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "loaders/dataset.h"
-#include "loaders/image_decoder.h"
+#include "loaders/image_dataset.h"
 #include "loaders/image_folder.h"
 #include "ops/schema.h"
 
 namespace cnnflow {
 
-class FolderDataset : public Dataset {
+class FolderDataset : public ImageDataset {
  public:
   // Args of the `folder` source schema (path, shape, num_classes, pad,
   // random_crop, hflip, resize_min_side). Scans the folder (Error naming
@@ -32,10 +32,6 @@ class FolderDataset : public Dataset {
   int num_classes() const override { return num_classes_; }
   // [C, H, W] floats in [0, 1] (normalisation is the data transform's).
   ReadResult Read(int64_t index, const ReadContext& ctx, float* dst) const override;
-  bool FuseNormalize(const std::vector<double>& mean, const std::vector<double>& std) override {
-    return decoder_->FuseNormalize(mean, std);
-  }
-  bool normalizes() const override { return decoder_->normalizes(); }
   // The image file's path.
   std::string Key(int64_t index) const override;
   std::string description() const override;
@@ -47,7 +43,6 @@ class FolderDataset : public Dataset {
   ImageFolder folder_;
   Shape shape_;
   int num_classes_ = 0;
-  std::unique_ptr<ImageSampleDecoder> decoder_;
 };
 
 // Reads the whole file at `path` into *bytes (resized to fit) with open /

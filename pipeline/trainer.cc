@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -25,6 +26,12 @@ namespace cnnflow {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The machine's physical memory (MemTotal of /proc/meminfo), 0 when unknown.
+double MachineMemoryMb() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) / 1e6 : 0;
+}
 
 std::string Timestamp() {
   const std::time_t now = std::time(nullptr);
@@ -789,6 +796,23 @@ std::string Trainer::Describe() const {
                 "optimizer state ~%.1f MB\n",
                 act_mb, static_cast<long long>(config_.batch), state_mb);
   os << line;
+  // On the host: the prefetched batches, and the replicas that run on CPUs.
+  double prefetch_mb = 0;
+  for (const NodeSpec& n : config_.train_graph.nodes) {
+    if (n.stage == "prefetch") prefetch_mb += batch_mb * static_cast<double>(n.args.Int("depth"));
+  }
+  int cpu_replicas = 0;
+  for (const Device& d : config_.devices) cpu_replicas += d.is_cuda() ? 0 : 1;
+  if (pipeline_) cpu_replicas = cpu_replicas > 0 ? 1 : 0;  // one model, its layers split
+  const double host_mb = prefetch_mb + cpu_replicas * (act_mb + state_mb);
+  const double machine_mb = MachineMemoryMb();
+  if (machine_mb > 0 && host_mb > machine_mb) {
+    std::snprintf(line, sizeof line,
+                  "warning: the run needs ~%.0f MB of host memory, more than this machine's %.0f "
+                  "MB (MemTotal): lower train.batch, graph.prefetch or the replicas\n",
+                  host_mb, machine_mb);
+    os << line;
+  }
   return os.str();
 }
 

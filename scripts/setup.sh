@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   graphviz  # cnnflow graph -o FILE.svg
+  curl ca-certificates python3  # scripts/prepare_*.sh downloads; tests/cli/prepare_test.sh
 )
 # For bench/: PyTorch on the CPU, side by side with cnnflow.
 if [[ "${CNNFLOW_SETUP_BENCH:-0}" == 1 ]]; then

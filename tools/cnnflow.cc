@@ -77,7 +77,41 @@ commands:
         with their documented parameters
 
 --set overrides a config value by its dotted path: --set train.epochs=1
+cnnflow COMMAND --help: that command's usage; cnnflow --version: the version
 )";
+
+// The block of kUsage that documents `command` (its line "  COMMAND ..."
+// and the indented lines under it); "" when kUsage has none.
+std::string UsageBlock(const std::string& command) {
+  std::istringstream in(kUsage);
+  std::string block;
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    const bool heading = line.size() > 2 && line[0] == ' ' && line[1] == ' ' && line[2] != ' ';
+    if (heading) {
+      if (inside) break;
+      inside = line.compare(2, command.size(), command) == 0 &&
+               (line.size() == 2 + command.size() || line[2 + command.size()] == ' ');
+    } else if (inside && (line.empty() || line[0] != ' ')) {
+      break;
+    }
+    if (inside) block += line + "\n";
+  }
+  return block;
+}
+
+// `cnnflow COMMAND --help`: "usage: cnnflow COMMAND ARGS" and its
+// description; the whole usage for no command or an unknown one.
+std::string CommandUsage(const std::string& command) {
+  const std::string block = command.empty() ? "" : UsageBlock(command);
+  if (block.empty()) return kUsage;
+  const size_t eol = block.find('\n');
+  return StrCat(
+      "usage: cnnflow ", block.substr(2, eol - 2), "\n", block.substr(eol + 1),
+      block.find("--set") == std::string::npos
+          ? ""
+          : "\n--set overrides a config value by its dotted path: --set train.epochs=1\n");
+}
 
 struct Options {
   std::string command, config, weights, out, resume, csv, trace;
@@ -144,7 +178,7 @@ Options Parse(int argc, char** argv) {
     } else if (a == "--resume") {
       o.resume = value("--resume");
     } else if (a == "-h" || a == "--help") {
-      o.command = "help";
+      continue;  // Main answers it (here only after an unknown command)
     } else if (!a.empty() && a[0] == '-') {
       throw ConfigError(StrCat("unknown option '", a, "'"));
     } else if (o.config.empty()) {
@@ -424,13 +458,25 @@ int Graph(const Options& o) {
 }
 
 int Main(int argc, char** argv) {
-  // --help / -h anywhere (and `help`): the usage, on stdout, and success.
+  const std::string first = argc >= 2 ? argv[1] : "";
+  if (first == "--version" || first == "-V" || first == "version") {
+    return std::printf("cnnflow %s\n", CNNFLOW_VERSION), 0;
+  }
+  if (first == "convert") return RunConvert(std::vector<std::string>(argv + 2, argv + argc));
+  // --help / -h anywhere (and `help [COMMAND]`): the command's usage (or
+  // the whole usage), on stdout, and success.
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--help" || a == "-h" || (i == 1 && a == "help")) return std::printf("%s", kUsage), 0;
-  }
-  if (argc >= 2 && std::string(argv[1]) == "convert") {
-    return RunConvert(std::vector<std::string>(argv + 2, argv + argc));
+    if (a == "--help" || a == "-h" || (i == 1 && a == "help")) {
+      const std::string command = first == "help" ? (argc >= 3 ? argv[2] : "") : first;
+      if (command == "convert") return RunConvert({"--help"});
+      if (command.empty() || command[0] == '-' || !UsageBlock(command).empty()) {
+        return std::printf("%s", CommandUsage(command == "help" ? "" : command).c_str()), 0;
+      }
+      if (first != "help") break;  // an unknown command: the error below
+      std::fprintf(stderr, "cnnflow: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+      return 2;
+    }
   }
   if (argc >= 2 && std::string(argv[1]) == "predict") {
     return RunPredict(std::vector<std::string>(argv + 2, argv + argc));
@@ -439,7 +485,7 @@ int Main(int argc, char** argv) {
   try {
     o = Parse(argc, argv);
   } catch (const ConfigError& e) {
-    std::fprintf(stderr, "cnnflow: %s\n\n%s", e.what(), kUsage);
+    std::fprintf(stderr, "cnnflow: %s\n\n%s", e.what(), CommandUsage(first).c_str());
     return 2;
   }
   if (o.command == "stages") return Stages();
@@ -453,7 +499,8 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (o.config.empty()) {
-    std::fprintf(stderr, "cnnflow %s: needs a CONFIG file\n\n%s", o.command.c_str(), kUsage);
+    std::fprintf(stderr, "cnnflow %s: needs a CONFIG file\n\n%s", o.command.c_str(),
+                 CommandUsage(o.command).c_str());
     return 2;
   }
   try {

@@ -45,6 +45,10 @@ constexpr const char* kConvertUsage =
   --seed N            seed of --shuffle (default 0)
   --limit N           write only the first N records (after shuffling)
   --overwrite         replace LMDB_DIR if it exists
+  --on-bad fail|skip  an image or WAV file that cannot be read or decoded: stop
+                      with its error (fail, the default), or leave it out and
+                      list it with its error at the end (skip, as Caffe's
+                      convert_imageset)
 )";
 
 // A usage mistake: exit code 2 with the usage text.
@@ -107,6 +111,11 @@ ConvertOptions ParseArgs(const std::vector<std::string>& args) {
       if (o.resize_h == 0 || o.resize_w == 0) {
         throw UsageError(StrCat("--resize expects positive H,W, got '", v, "'"));
       }
+    } else if (a == "--on-bad") {
+      const std::string v = value();
+      if (v != "fail" && v != "skip")
+        throw UsageError(StrCat("--on-bad expects fail or skip, got '", v, "'"));
+      o.skip_bad = v == "skip";
     } else if (a == "--encoded" && !has_inline) {
       o.encoded = 1;
     } else if (a == "--raw" && !has_inline) {
@@ -185,6 +194,10 @@ int Convert(const ConvertOptions& o) {
       o.shuffle ? StrCat("shuffled, seed ", o.seed).c_str() : "in order", o.from.c_str(),
       o.src.c_str(), sum.value_bytes / 1e6, sum.disk_bytes / 1e6, sum.seconds,
       sum.seconds > 0 ? sum.records / sum.seconds : 0.0, o.to.c_str());
+  if (!sum.skipped.empty()) {
+    std::printf("skipped %zu unreadable file(s) (--on-bad skip):\n", sum.skipped.size());
+    for (const std::string& s : sum.skipped) std::printf("  %s\n", s.c_str());
+  }
   return 0;
 }
 

@@ -19,6 +19,7 @@
 #include "loaders/record.h"
 #include "loaders/source_registry.h"
 #include "ops/error.h"
+#include "tests/testing/open_source.h"
 #include "tests/testing/test_dir.h"
 
 namespace cnnflow {
@@ -43,12 +44,7 @@ Floats Fit(const Floats& src, int64_t channels, int64_t length, SeriesFit fit,
 
 std::shared_ptr<Dataset> Open(const std::string& type,
                               const std::map<std::string, ParamValue>& values) {
-  const SourceType* t = SourceRegistry::Get().Find(type);
-  EXPECT_NE(t, nullptr) << type;
-  Args a;
-  for (const auto& [k, v] : values) a.Set(k, v);
-  a.FillDefaults(t->schema);
-  return t->open(a);
+  return testing::OpenSource(type, values);
 }
 
 Floats ReadSample(const Dataset& ds, int64_t i, const ReadContext& ctx, int64_t* label = nullptr) {
