@@ -13,6 +13,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   graphviz  # cnnflow graph -o FILE.svg
+  libcairo2-dev fonts-dejavu-core  # cnnflow plot, bench --plot (PNG, SVG)
+  libonnx-dev libprotobuf-dev      # cnnflow export (ONNX)
 )
 # For bench/: PyTorch on the CPU, side by side with cnnflow.
 if [[ "${CNNFLOW_SETUP_BENCH:-0}" == 1 ]]; then

@@ -30,6 +30,8 @@
 #include "pipeline/yaml_util.h"
 #include "stages/stage.h"
 #include "tools/convert.h"
+#include "tools/export_onnx.h"
+#include "tools/plot.h"
 
 namespace cnnflow {
 namespace {
@@ -52,10 +54,16 @@ commands:
         N timed batches (100) after a warm-up; recommend the cheapest setting within noise
         of the fastest, and say whether the loader bounds the run (the loader alone and its
         CPU beside); --write puts the setting into CONFIG
-  bench CONFIG [--max-steps S] [--devices 1,2,...] [--warmup W] [--csv FILE] [--set ...]
+  bench CONFIG [--max-steps S] [--devices 1,2,...] [--warmup W] [--csv FILE]
+        [--plot FILE.png|svg] [--set ...]
         data-parallel scaling: S timed steps per replica count at a fixed per-replica
         batch; images/s, speedup, efficiency, all-reduce and data-wait shares (under
-        mpirun: across the processes too)
+        mpirun: across the processes too); --plot draws them against the device count
+  export RUN_DIR|CONFIG [--weights FILE] -o MODEL.onnx [--ema] [--check N FILE]
+        the model and its weights as ONNX (opset 17), checked by the ONNX checker;
+        `cnnflow export -h` lists the options
+  plot RUN_DIR... -o FILE.png|FILE.svg
+        loss and accuracy, train and test, against epochs and steps, runs overlaid
   validate CONFIG [--set key=value ...]
         parse, build and shape-check; print the model and the graphs (one node per
         device for the per-device stages); no training
@@ -76,7 +84,7 @@ commands:
 )";
 
 struct Options {
-  std::string command, config, weights, out, resume, csv, trace;
+  std::string command, config, weights, out, resume, csv, trace, plot;
   int64_t trace_steps = 50;
   std::vector<int> devices = {1, 2};
   int64_t warmup = 10;
@@ -121,6 +129,8 @@ Options Parse(int argc, char** argv) {
       o.warmup = ParseCount("--warmup", value("--warmup"));
     } else if (a == "--csv") {
       o.csv = value("--csv");
+    } else if (a == "--plot") {
+      o.plot = value("--plot");
     } else if (a == "--devices") {
       o.devices.clear();
       std::stringstream list(value("--devices"));
@@ -334,6 +344,8 @@ int Bench(const Options& o) {
   b.steps = o.steps;
   b.warmup = o.warmup;
   if (LoadRunConfig(o.config, o.sets).pipeline) {
+    if (!o.plot.empty())
+      throw ConfigError("--plot draws data-parallel scaling; this config is a pipeline");
     const PipelineBench p = RunPipelineBench(b);
     if (world.rank() == 0) {
       std::printf("%s: %lld timed steps after %lld warm-up\n%s", o.config.c_str(),
@@ -353,6 +365,10 @@ int Bench(const Options& o) {
   if (!o.csv.empty()) {
     std::ofstream(o.csv) << BenchCsv(rows);
     std::printf("wrote %s\n", o.csv.c_str());
+  }
+  if (!o.plot.empty()) {
+    PlotScaling(rows, o.plot, o.config);
+    std::printf("wrote %s\n", o.plot.c_str());
   }
   return 0;
 }
@@ -427,6 +443,13 @@ int Main(int argc, char** argv) {
   }
   if (argc >= 2 && std::string(argv[1]) == "convert") {
     return RunConvert(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  // Commands with their own arguments, each in its own file.
+  if (argc >= 2 && std::string(argv[1]) == "plot") {
+    return RunPlot(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (argc >= 2 && std::string(argv[1]) == "export") {
+    return RunExport(std::vector<std::string>(argv + 2, argv + argc));
   }
   Options o;
   try {
