@@ -83,7 +83,7 @@ TfEventWriter::TfEventWriter(const std::string& dir) {
   host[sizeof host - 1] = '\0';
   const double now = UnixSeconds();
   path_ = (std::filesystem::path(dir) /
-           StrCat("events.out.tfevents.", static_cast<int64_t>(now), ".", host))
+           StrCat("events.out.tfevents.", static_cast<int64_t>(now), ".", host, ".", getpid()))
               .string();
   out_.open(path_, std::ios::binary | std::ios::trunc);
   if (!out_) throw Error(StrCat("cannot create the TensorBoard event file ", path_));

@@ -1,5 +1,6 @@
-// TensorBoard event files: events.out.tfevents.<unix time>.<host> in a run
-// folder, which TensorBoard (and its EventAccumulator) read as a run's
+// TensorBoard event files: events.out.tfevents.<unix time>.<host>.<pid> in
+// a run folder (the pid: a resumed run in the same second gets a file of
+// its own), which TensorBoard (and its EventAccumulator) read as a run's
 // scalars. The file is a TFRecord stream:
 //   uint64 length, uint32 masked CRC-32C of the length's 8 bytes,
 //   `length` bytes of data, uint32 masked CRC-32C of the data
@@ -28,7 +29,7 @@ uint32_t Crc32c(const void* data, size_t size);
 
 class TfEventWriter {
  public:
-  // Creates dir/events.out.tfevents.<time>.<host> and writes the version
+  // Creates dir/events.out.tfevents.<time>.<host>.<pid> and writes the version
   // event. Throws Error when the file cannot be created.
   explicit TfEventWriter(const std::string& dir);
   // One event at `step` holding every (tag, value) of `scalars`; flushed,

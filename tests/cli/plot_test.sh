@@ -35,6 +35,11 @@ root = ET.parse(sys.argv[1]).getroot()
 assert root.tag == "{http://www.w3.org/2000/svg}svg", root.tag
 assert root.get("width").startswith("1240"), root.attrib
 PY
+# A run from before steps.csv: the epoch panels only.
+cp -r "$out/with-test" "$out/old" && rm "$out/old/steps.csv"
+"$cnnflow" plot "$out/old" -o "$out/old.png" > "$out/log" 2>&1 || { cat "$out/log"; fail "plot of an old run"; }
+grep -qx "old: 2 epoch(s), train and test, no steps.csv" "$out/log" &&
+  grep -q "wrote $out/old.png: 1 run(s), 2 panels" "$out/log" || { cat "$out/log"; fail "old run summary"; }
 "$cnnflow" plot "$out/missing" -o "$out/x.png" > "$out/log" 2>&1
 rc=$?
 [[ $rc -eq 1 ]] && grep -q "$out/missing: no such run folder" "$out/log" || { cat "$out/log"; fail "missing run: exit $rc"; }
@@ -46,5 +51,5 @@ rc=$?
   --plot "$out/scaling.png" > "$out/log" 2>&1 || { cat "$out/log"; fail "bench --plot exited with $?"; }
 grep -q "wrote $out/scaling.png" "$out/log" || fail "bench wrote no plot"
 [[ $(head -c 8 "$out/scaling.png" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] || fail "scaling: not a PNG"
-[[ -n "${CNNFLOW_KEEP_PLOTS:-}" ]] && cp "$out"/*.png "$out"/*.svg "$CNNFLOW_KEEP_PLOTS"/
+[[ -n "${CNNFLOW_KEEP_PLOTS:-}" ]] && cp "$out"/*.png "$out"/*.svg "$CNNFLOW_KEEP_PLOTS"/  # to look at them
 echo "PASS: plots drawn"
