@@ -436,6 +436,13 @@ int Graph(const Options& o) {
 }
 
 int Main(int argc, char** argv) {
+  // Commands with their own arguments (and their own --help), each in its own file.
+  if (argc >= 2 && std::string(argv[1]) == "plot") {
+    return RunPlot(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (argc >= 2 && std::string(argv[1]) == "export") {
+    return RunExport(std::vector<std::string>(argv + 2, argv + argc));
+  }
   // --help / -h anywhere (and `help`): the usage, on stdout, and success.
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -443,13 +450,6 @@ int Main(int argc, char** argv) {
   }
   if (argc >= 2 && std::string(argv[1]) == "convert") {
     return RunConvert(std::vector<std::string>(argv + 2, argv + argc));
-  }
-  // Commands with their own arguments, each in its own file.
-  if (argc >= 2 && std::string(argv[1]) == "plot") {
-    return RunPlot(std::vector<std::string>(argv + 2, argv + argc));
-  }
-  if (argc >= 2 && std::string(argv[1]) == "export") {
-    return RunExport(std::vector<std::string>(argv + 2, argv + argc));
   }
   Options o;
   try {
