@@ -12,6 +12,9 @@ pkg_check_modules(TURBOJPEG REQUIRED IMPORTED_TARGET libturbojpeg)
 pkg_check_modules(PNG REQUIRED IMPORTED_TARGET libpng)
 find_package(MPI REQUIRED COMPONENTS CXX)   # MPI::MPI_CXX, MPIEXEC_EXECUTABLE
 find_package(OpenCV REQUIRED COMPONENTS core imgproc)
+pkg_check_modules(CAIRO REQUIRED IMPORTED_TARGET cairo)  # cnnflow plot, bench --plot: PNG and SVG
+find_package(Protobuf REQUIRED)   # protobuf::libprotobuf, which ONNX's targets name
+find_package(ONNX REQUIRED)       # onnx_proto: the ModelProto of cnnflow export
 
 if(CNNFLOW_BUILD_TESTS)
   find_package(GTest REQUIRED)

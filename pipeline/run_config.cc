@@ -48,6 +48,9 @@ const Schema& TrainSchema() {
                     "of each epoch only)")
           .Optional("keep_checkpoints", ParamType::kInt, int64_t{3},
                     "checkpoints kept in the run folder (the newest)")
+          .Optional("log_every", ParamType::kInt, int64_t{50},
+                    "write the training scalars to the run's TensorBoard event file every this "
+                    "many optimizer steps (0: per epoch only)")
           .Optional("init", ParamType::kTree, std::string("{}"),
                     "{weights: FILE.safetensors, strict: true, skip: [glob, ...]}: start from "
                     "these weights (PyTorch state_dict names; a 'module.' prefix is dropped)");
@@ -379,6 +382,8 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   c.accumulate = t.Int("accumulate");
   c.checkpoint_every = t.Int("checkpoint_every");
   c.keep_checkpoints = t.Int("keep_checkpoints");
+  c.log_every = t.Int("log_every");
+  if (c.log_every < 0) doc.Fail(train["log_every"], "train.log_every", "must be >= 0");
   if (c.accumulate <= 0) doc.Fail(train["accumulate"], "train.accumulate", "must be > 0");
   if (c.checkpoint_every < 0) doc.Fail(train["checkpoint_every"], "train.checkpoint_every", "must be >= 0");
   if (c.epochs <= 0) doc.Fail(train["epochs"], "train.epochs", "must be > 0");

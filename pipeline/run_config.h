@@ -45,6 +45,7 @@ struct RunConfig {
   int64_t accumulate = 1;   // batches per optimizer step
   int64_t checkpoint_every = 0;  // optimizer steps; 0: at epoch ends
   int64_t keep_checkpoints = 3;
+  int64_t log_every = 50;  // optimizer steps between TensorBoard scalars; 0: per epoch only
   // train.init: start from these weights (PyTorch state_dict names) instead
   // of a fresh initialisation; strict: every tensor must match; skip: globs
   // of tensors left at their fresh initialisation (a new head).

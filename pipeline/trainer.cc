@@ -5,6 +5,7 @@
 #include <tbb/task_arena.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,10 +15,12 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "loaders/sampler.h"
 #include "loaders/source_registry.h"
 #include "ops/io/safetensors.h"
+#include "ops/io/tf_events.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/executor.h"
 
@@ -243,6 +246,10 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   state_.on_batch = [this, pass, epoch, tuner, &observe](const BatchMessage& m,
                                                          const PassMetrics& p) {
     if (observe) observe(m, p);
+    if (events_ && pass == "train" && config_.log_every > 0 && !m.dropped &&
+        state_.plan.EndsWindow(m.index) && (m.global_step + 1) % config_.log_every == 0) {
+      LogStepScalars(m.global_step + 1, m, p);
+    }
     if (tuner) {
       for (const AutotuneDecision& d :
            tuner->Observe(state_.knobs, p.samples, p.seconds, m.step_busy_seconds)) {
@@ -254,6 +261,10 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
                      p.mean_loss(), p.accuracy(), p.samples_per_second(), p.seconds);
   };
   state_.sampled = 0;
+  if (events_ && pass == "train") {
+    window_ = ScalarWindow();
+    std::tie(window_.busy, window_.reduce_wait) = StepCounters();
+  }
   if (pipeline_) pipeline_->ResetStats();
   // In an arena of exactly the run's threads: replicas block while they wait
   // for each other, so each needs a thread of its own, even where `threads`
@@ -345,6 +356,44 @@ std::string MetricsRow(const std::vector<double>& v) {
   return row;
 }
 
+// steps.csv: a row every train.log_every steps (the train/* scalars), and
+// one at each epoch's last step with its test loss and accuracy; a field a
+// row does not have is empty.
+const std::vector<std::string> kStepsColumns = {
+    "step",          "epoch", "train_loss",   "train_accuracy",  "test_loss",
+    "test_accuracy", "lr",    "images_per_s", "data_wait_share", "allreduce_share"};
+
+std::string JoinCsv(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + v[i];
+  return s;
+}
+
+// A steps.csv row from scalars named "train/<column>" or "<column>".
+std::string StepsRow(int64_t step, int64_t epoch,
+                     const std::vector<std::pair<std::string, double>>& scalars) {
+  std::vector<std::string> fields(kStepsColumns.size());
+  fields[0] = std::to_string(step);
+  fields[1] = std::to_string(epoch);
+  for (const auto& [tag, v] : scalars) {
+    // train/loss -> train_loss, train/accuracy -> train_accuracy, train/lr -> lr, ...
+    std::string column = tag;
+    if (tag == "train/loss" || tag == "train/accuracy") {
+      column[5] = '_';
+    } else if (tag.rfind("train/", 0) == 0) {
+      column = tag.substr(6);
+    }
+    for (size_t i = 2; i < kStepsColumns.size(); ++i) {
+      if (kStepsColumns[i] == column) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%.7g", v);
+        fields[i] = b;
+      }
+    }
+  }
+  return JoinCsv(fields);
+}
+
 // Adds a segment's totals to a pass's.
 void Accumulate(PassMetrics& total, const PassMetrics& part) {
   total.loss_sum += part.loss_sum;
@@ -356,6 +405,39 @@ void Accumulate(PassMetrics& total, const PassMetrics& part) {
 }
 
 }  // namespace
+
+std::pair<double, double> Trainer::StepCounters() const {
+  if (!replicas_ || replicas_->device(0).is_cuda()) return {-1, 0};
+  const ReplicaSet::Counters& c = replicas_->counters(0);
+  return {c.compute_seconds + c.reduce_wait_seconds, c.reduce_wait_seconds};
+}
+
+void Trainer::LogStepScalars(int64_t step, const BatchMessage& m, const PassMetrics& p) {
+  ScalarWindow& w = window_;
+  const double seconds = p.seconds - w.seconds;
+  const auto samples = static_cast<double>(p.samples - w.samples);
+  if (samples <= 0) return;
+  std::vector<std::pair<std::string, double>> s = {
+      {"train/loss", (p.loss_sum - w.loss_sum) / samples},
+      {"train/accuracy", static_cast<double>(p.correct - w.correct) / samples},
+      {"train/lr", m.lr},
+      {"train/images_per_s", seconds > 0 ? samples / seconds : 0}};
+  // The step's busy time against the wall time, as `cnnflow bench` reports it.
+  if (m.step_busy_seconds >= 0 && w.busy >= 0 && seconds > 0) {
+    s.emplace_back("train/data_wait_share",
+                   std::max(0.0, 1.0 - (m.step_busy_seconds - w.busy) / seconds));
+    s.emplace_back("train/allreduce_share", (m.step_reduce_wait_seconds - w.reduce_wait) / seconds);
+    w.busy = m.step_busy_seconds;
+    w.reduce_wait = m.step_reduce_wait_seconds;
+  }
+  events_->Scalars(step, s);
+  *steps_csv_ << StepsRow(step, m.epoch + 1, s) << "\n";
+  steps_csv_->flush();
+  w.seconds = p.seconds;
+  w.loss_sum = p.loss_sum;
+  w.correct = p.correct;
+  w.samples = p.samples;
+}
 
 void Trainer::Resume(const std::string& run_dir) {
   std::vector<std::string> warnings;
@@ -459,6 +541,11 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     *csv << "\n";
     for (const auto& r : metrics_rows_) *csv << MetricsRow(r) << "\n";
     csv->flush();
+    events_ = std::make_unique<TfEventWriter>(run_dir_);
+    const fs::path steps = fs::path(run_dir_) / "steps.csv";
+    const bool fresh = !resumed_ || !fs::exists(steps);
+    steps_csv_ = std::make_unique<std::ofstream>(steps, fresh ? std::ios::trunc : std::ios::app);
+    if (fresh) *steps_csv_ << JoinCsv(kStepsColumns) << "\n";
   }
 
   MemoryPool& pool = PoolFor(Device::Cpu());
@@ -473,6 +560,8 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     report.epoch = epoch + 1;
     PassMetrics train = partial_train_;
     partial_train_ = PassMetrics();
+    const auto [busy0, reduce0] = StepCounters();
+    const double gpu_idle0 = replicas_ ? replicas_->counters(0).gpu_idle_seconds : 0;
     // The train pass, in segments that end at checkpoints.
     for (;;) {
       state_.start_batch = batch_in_epoch_;
@@ -512,6 +601,32 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     if (csv) {
       *csv << MetricsRow(row) << "\n";
       csv->flush();
+    }
+    if (events_) {
+      std::vector<std::pair<std::string, double>> s = {{"epoch/train_loss", row[1]},
+                                                       {"epoch/train_accuracy", row[2]}};
+      if (tested) {
+        s.emplace_back("epoch/test_loss", row[3]);
+        s.emplace_back("epoch/test_accuracy", row[4]);
+      }
+      s.emplace_back("epoch/lr", row[7]);
+      s.emplace_back("epoch/images_per_s", row[5]);
+      const double wall = report.train.seconds;
+      const auto [busy, reduce] = StepCounters();
+      if (busy0 >= 0 && wall > 0) {
+        s.emplace_back("epoch/data_wait_share", std::max(0.0, 1.0 - (busy - busy0) / wall));
+        s.emplace_back("epoch/allreduce_share", (reduce - reduce0) / wall);
+      } else if (replicas_ && device.is_cuda() && wall > 0) {  // the GPU idle between steps
+        s.emplace_back("epoch/data_wait_share",
+                       (replicas_->counters(0).gpu_idle_seconds - gpu_idle0) / wall);
+      }
+      events_->Scalars(report.epoch, s);
+      if (tested) {
+        *steps_csv_ << StepsRow(state_.global_step, report.epoch,
+                                {{"test_loss", row[3]}, {"test_accuracy", row[4]}})
+                    << "\n";
+        steps_csv_->flush();
+      }
     }
     SaveCheckpoint(epoch + 1, PassMetrics());
     if (progress_) {

@@ -5,6 +5,10 @@
 //                              metrics.csv     one row per epoch
 //                              model.safetensors  final weights, named by layer
 //                              autotune.csv    the autotuner's moves (graph.autotune)
+//                              events.out.tfevents.*  TensorBoard scalars: every
+//                                train.log_every steps (train/*) and per epoch (epoch/*)
+//                              steps.csv       the train/* scalars, and each epoch's
+//                                test loss and accuracy at its last step (cnnflow plot)
 #pragma once
 
 #include <fstream>
@@ -19,6 +23,8 @@
 #include "stages/run_state.h"
 
 namespace cnnflow {
+
+class TfEventWriter;
 
 struct EpochReport {
   int64_t epoch = 0;
@@ -77,6 +83,11 @@ class Trainer {
   // init_report_, printed when training starts.
   void InitFromWeights();
   void LogAutotune(const AutotuneDecision& d);
+  // The train/* scalars of the batches since the last ones (TensorBoard).
+  void LogStepScalars(int64_t step, const BatchMessage& m, const PassMetrics& p);
+  // Replica 0's busy and reduction-wait seconds so far (CPU replicas; else
+  // negative): read between passes only.
+  std::pair<double, double> StepCounters() const;
   void SaveCheckpoint(int64_t epoch, const PassMetrics& partial);
   std::string ResolvedConfigText() const;
   std::vector<Model*> Models();          // every model instance that holds weights
@@ -108,6 +119,13 @@ class Trainer {
   std::unique_ptr<WeightAverage> ema_;    // an ema node in the train graph
   bool ema_eval_ = false;                 // evaluate on the average
   std::unique_ptr<std::ofstream> autotune_log_;
+  std::unique_ptr<TfEventWriter> events_;  // rank 0 of a Train
+  std::unique_ptr<std::ofstream> steps_csv_;
+  // The pass's totals and replica 0's counters at the last train/* scalars.
+  struct ScalarWindow {
+    double seconds = 0, loss_sum = 0, busy = -1, reduce_wait = 0;
+    int64_t correct = 0, samples = 0;
+  } window_;
 };
 
 }  // namespace cnnflow

@@ -14,6 +14,8 @@ packages=(
   dataset-fashion-mnist
   graphviz  # cnnflow graph -o FILE.svg
   curl ca-certificates python3  # scripts/prepare_*.sh downloads; tests/cli/prepare_test.sh
+  libcairo2-dev fonts-dejavu-core  # cnnflow plot, bench --plot (PNG, SVG)
+  libonnx-dev libprotobuf-dev      # cnnflow export (ONNX)
 )
 # For bench/: PyTorch on the CPU, side by side with cnnflow.
 if [[ "${CNNFLOW_SETUP_BENCH:-0}" == 1 ]]; then

@@ -45,6 +45,7 @@ struct BatchMessage {
   // finished this batch; what is left of the wall time the step waited for
   // data. Negative: not measured (GPU replicas, pipelines).
   double step_busy_seconds = -1;
+  double step_reduce_wait_seconds = -1;  // of those, waiting for reductions
 };
 
 using Message = std::shared_ptr<BatchMessage>;

@@ -30,6 +30,8 @@
 #include "pipeline/yaml_util.h"
 #include "stages/stage.h"
 #include "tools/convert.h"
+#include "tools/export_onnx.h"
+#include "tools/plot.h"
 #include "tools/predict.h"
 
 namespace cnnflow {
@@ -56,10 +58,16 @@ commands:
         N timed batches (100) after a warm-up; recommend the cheapest setting within noise
         of the fastest, and say whether the loader bounds the run (the loader alone and its
         CPU beside); --write puts the setting into CONFIG
-  bench CONFIG [--max-steps S] [--devices 1,2,...] [--warmup W] [--csv FILE] [--set ...]
+  bench CONFIG [--max-steps S] [--devices 1,2,...] [--warmup W] [--csv FILE]
+        [--plot FILE.png|svg] [--set ...]
         data-parallel scaling: S timed steps per replica count at a fixed per-replica
         batch; images/s, speedup, efficiency, all-reduce and data-wait shares (under
-        mpirun: across the processes too)
+        mpirun: across the processes too); --plot draws them against the device count
+  export RUN_DIR|CONFIG [--weights FILE] -o MODEL.onnx [--ema] [--check N FILE]
+        the model and its weights as ONNX (opset 17), checked by the ONNX checker;
+        `cnnflow export -h` lists the options
+  plot RUN_DIR... -o FILE.png|FILE.svg
+        loss and accuracy, train and test, against epochs and steps, runs overlaid
   validate CONFIG [--set key=value ...]
         parse, build and shape-check; print the model and the graphs (one node per
         device for the per-device stages); no training
@@ -114,7 +122,7 @@ std::string CommandUsage(const std::string& command) {
 }
 
 struct Options {
-  std::string command, config, weights, out, resume, csv, trace;
+  std::string command, config, weights, out, resume, csv, trace, plot;
   int64_t trace_steps = 50;
   std::vector<int> devices = {1, 2};
   int64_t warmup = 10;
@@ -159,6 +167,8 @@ Options Parse(int argc, char** argv) {
       o.warmup = ParseCount("--warmup", value("--warmup"));
     } else if (a == "--csv") {
       o.csv = value("--csv");
+    } else if (a == "--plot") {
+      o.plot = value("--plot");
     } else if (a == "--devices") {
       o.devices.clear();
       std::stringstream list(value("--devices"));
@@ -372,6 +382,8 @@ int Bench(const Options& o) {
   b.steps = o.steps;
   b.warmup = o.warmup;
   if (LoadRunConfig(o.config, o.sets).pipeline) {
+    if (!o.plot.empty())
+      throw ConfigError("--plot draws data-parallel scaling; this config is a pipeline");
     const PipelineBench p = RunPipelineBench(b);
     if (world.rank() == 0) {
       std::printf("%s: %lld timed steps after %lld warm-up\n%s", o.config.c_str(),
@@ -391,6 +403,10 @@ int Bench(const Options& o) {
   if (!o.csv.empty()) {
     std::ofstream(o.csv) << BenchCsv(rows);
     std::printf("wrote %s\n", o.csv.c_str());
+  }
+  if (!o.plot.empty()) {
+    PlotScaling(rows, o.plot, o.config);
+    std::printf("wrote %s\n", o.plot.c_str());
   }
   return 0;
 }
@@ -462,7 +478,10 @@ int Main(int argc, char** argv) {
   if (first == "--version" || first == "-V" || first == "version") {
     return std::printf("cnnflow %s\n", CNNFLOW_VERSION), 0;
   }
+  // Commands with their own arguments (and their own --help), each in its own file.
   if (first == "convert") return RunConvert(std::vector<std::string>(argv + 2, argv + argc));
+  if (first == "plot") return RunPlot(std::vector<std::string>(argv + 2, argv + argc));
+  if (first == "export") return RunExport(std::vector<std::string>(argv + 2, argv + argc));
   // --help / -h anywhere (and `help [COMMAND]`): the command's usage (or
   // the whole usage), on stdout, and success.
   for (int i = 1; i < argc; ++i) {

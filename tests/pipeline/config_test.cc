@@ -90,7 +90,13 @@ TEST_F(ConfigTest, MisspeltKeySuggestsTheKnownOne) {
       ErrorOf(Replace(kGood, "  epochs: 1", "  epohcs: 1")),
       ":12:3: train: unknown key 'epohcs' (did you mean 'epochs'?); known: epochs, batch, "
       "optimizer, schedule, eval_batch, max_steps, accumulate, checkpoint_every, keep_checkpoints, "
-      "init");
+      "log_every, init");
+}
+
+TEST_F(ConfigTest, NegativeLogEveryIsAnError) {
+  const std::string msg = ErrorOf(Replace(kGood, "  epochs: 1", "  epochs: 1\n  log_every: -1"));
+  EXPECT_NE(msg.find("train.log_every"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("must be >= 0"), std::string::npos) << msg;
 }
 
 TEST_F(ConfigTest, MisspeltLayerParameter) {
