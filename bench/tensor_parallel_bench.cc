@@ -28,7 +28,7 @@
 //          forward, backward, all-reduce and optimizer, as images/s.
 //
 // Usage: tensor_parallel_bench [--reps R] [--batch 1,8] [--channels C] [--size S]
-//                              [--config FILE --train-batch B]
+//                              [--config FILE --train-batch B [--trace 1]]
 // One line per setting: setting=... batch=... ms=... (median) runs=...
 #include <tbb/task_arena.h>
 
@@ -49,6 +49,7 @@
 #include "ops/parallel/data_parallel.h"
 #include "ops/parallel/tensor_parallel.h"
 #include "ops/random.h"
+#include "ops/trace.h"
 #include "ops/train/optimizer.h"
 #include "pipeline/run_config.h"
 
@@ -121,7 +122,7 @@ void TimeSettings(const std::string& what, int64_t n, int reps,
 
 // --config: the whole model (see the top of the file).
 int RunModel(const std::string& path, int reps, const std::vector<int64_t>& batches,
-             int64_t train_batch) {
+             int64_t train_batch, bool trace) {
   const RunConfig c = LoadRunConfig(path);
   CNNFLOW_ENFORCE(c.tensor_parallel == 2, path, ": needs graph.tensor_parallel.size 2");
   std::printf(
@@ -157,6 +158,15 @@ int RunModel(const std::string& path, int reps, const std::vector<int64_t>& batc
                  {{"1x1", [&] { arena1.execute([&] { one->Infer(x, infer); }); }},
                   {"1x2", [&] { arena2.execute([&] { one->Infer(x, infer); }); }},
                   {"tp2", [&] { tp->Infer(x, infer); }}});
+    if (trace) {  // where tp2's time goes, by span (ops/trace.h)
+      for (auto* set : {one.get(), tp.get()}) {
+        Tracer::Start();
+        for (int i = 0; i < 3; ++i) arena1.execute([&] { set->Infer(x, infer); });
+        Tracer::Stop();
+        std::printf("# trace of 3 forwards, %s:\n%s\n", set == tp.get() ? "tp2" : "1x1",
+                    Tracer::Summary().c_str());
+      }
+    }
   }
   // Training: every replica on a thread of its own, as forward_backward runs them.
   const Tensor x = batch(train_batch);
@@ -197,6 +207,7 @@ int Main(int argc, char** argv) {
   std::vector<int64_t> batches{1, 8};
   int64_t channels = 256, size = 64, train_batch = 8;
   std::string config;
+  bool trace = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--reps")
@@ -209,6 +220,8 @@ int Main(int argc, char** argv) {
       size = std::stoll(v);
     else if (a == "--config")
       config = v;
+    else if (a == "--trace")
+      trace = v == "1";
     else if (a == "--train-batch")
       train_batch = std::stoll(v);
     else {
@@ -219,7 +232,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!config.empty()) return RunModel(config, reps, batches, train_batch);
+  if (!config.empty()) return RunModel(config, reps, batches, train_batch, trace);
   std::printf(
       "# tensor_parallel_bench: conv2d %lld->%lld 3x3 pad 1 on %lldx%lld, forward (inference); "
       "cpu %s, ISA %s, %u hardware threads\n",
