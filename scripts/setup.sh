@@ -13,6 +13,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   graphviz  # cnnflow graph -o FILE.svg
+  # scripts/fuzz.sh: libFuzzer and the sanitizer runtimes, OpenMP for clang,
+  # llvm-symbolizer for readable stacks.
+  clang-14 libclang-rt-14-dev libomp-14-dev llvm-14
 )
 # For bench/: PyTorch on the CPU, side by side with cnnflow.
 if [[ "${CNNFLOW_SETUP_BENCH:-0}" == 1 ]]; then
