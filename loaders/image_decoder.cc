@@ -208,8 +208,8 @@ std::string CheckPngChunks(const uint8_t* data, size_t size) {
     }
     const size_t left = size - pos - 8;
     if (length + 4 > left) {  // the data and its CRC
-      return StrCat("truncated PNG: chunk '", type, "' at byte ", pos, " says ", length,
-                    " bytes (+ 4 of CRC), ", left, " are left");
+      return StrCat("truncated PNG: the data ends after ", size, " bytes, inside chunk '", type,
+                    "' at byte ", pos, " (", length, " bytes + 4 of CRC)");
     }
     if (type == "IEND") return "";
     pos += 8 + static_cast<size_t>(length) + 4;

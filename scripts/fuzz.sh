@@ -52,12 +52,15 @@ for t in "${targets[@]}"; do
   mkdir -p "$build/corpus/$t" "$build/findings/$t" "$build/logs"
   log=$build/logs/$t.log
   before=$(ls "$build/findings/$t" | wc -l)
+  dict=()  # fuzz/<target>.dict, or fuzz/yaml.dict for the YAML targets
+  [[ $t == run_config || $t == graph_template ]] && dict=(-dict=fuzz/yaml.dict)
+  [[ -f fuzz/$t.dict ]] && dict=(-dict="fuzz/$t.dict")
   start=$(date +%s.%N)
   TIMEFORMAT='%U %S'
   # libFuzzer writes new inputs to the first folder; the seeds stay as committed.
   cpu=$( { time nice -n "$nice" "$bin" -max_total_time="$seconds" -timeout=10 \
              -rss_limit_mb=2048 -malloc_limit_mb=1024 -print_final_stats=1 \
-             -artifact_prefix="$build/findings/$t/" ${FUZZ_FLAGS:-} "$build/corpus/$t" "fuzz/corpus/$t" \
+             -artifact_prefix="$build/findings/$t/" "${dict[@]}" ${FUZZ_FLAGS:-} "$build/corpus/$t" "fuzz/corpus/$t" \
              >"$log" 2>&1 || true; } 2>&1 )
   wall=$(echo "$(date +%s.%N) - $start" | bc)
   cpu_s=$(echo "$cpu" | awk '{printf "%.0f", $1 + $2}')
