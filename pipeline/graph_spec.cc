@@ -196,7 +196,13 @@ GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::N
     }
   }
   const YAML::Node nodes = graph["nodes"];
-  if (!nodes.IsMap()) tmpl.Fail(graph, "graph '" + name + "'", "nodes: expected a mapping name -> {stage: ...}");
+  // A missing key of a const node is a zombie: IsMap() on it throws
+  // YAML::InvalidNode (found by fuzz/, fuzz_graph_template: a graph with
+  // edges but no nodes), so IsDefined() first; Fail at the graph, which has
+  // a location.
+  if (!nodes.IsDefined() || !nodes.IsMap()) {
+    tmpl.Fail(graph, "graph '" + name + "'", "nodes: expected a mapping name -> {stage: ...}");
+  }
   const StageRegistry& registry = StageRegistry::Get();
   for (const auto& kv : nodes) {
     NodeSpec n;
@@ -224,7 +230,9 @@ GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::N
     n.args = tmpl.CheckArgs(values, type->schema, StrCat(context, " (", n.stage, ")"));
     g.nodes.push_back(std::move(n));
   }
-  ParseEdges(tmpl, graph["edges"], g);
+  const YAML::Node edges = graph["edges"];
+  if (!edges.IsDefined()) tmpl.Fail(graph, "graph '" + name + "'", "edges: expected a list");
+  ParseEdges(tmpl, edges, g);
   g.TopologicalOrder();  // rejects cycles now
   // forward_backward (pipeline_stage) admits a replica's (the pipeline's)
   // next batch when the optimizer is done with its last one: without an
