@@ -18,6 +18,8 @@ namespace {
 
 constexpr uint32_t kImagesMagic = 0x00000803;  // uint8, 3 dimensions
 constexpr uint32_t kLabelsMagic = 0x00000801;  // uint8, 1 dimension
+// Bytes in one sample (rows x cols): 2^28, a 16384 x 16384 image.
+constexpr int64_t kMaxSampleBytes = int64_t{1} << 28;
 
 struct GzCloser {
   void operator()(gzFile f) const { gzclose(f); }
@@ -82,13 +84,29 @@ std::vector<uint8_t> ReadIdx(const std::string& path, uint32_t magic, const char
                        got_dims));
   }
   dims->clear();
-  int64_t total = 1;
-  for (int i = 0; i < rank; ++i) {
-    const int64_t d = be32(4 + 4 * i);
-    dims->push_back(d);
-    if (__builtin_mul_overflow(total, d, &total) || total > (int64_t{1} << 40)) {
-      throw Error(StrCat(pre, "implausible dimensions in the header"));
-    }
+  for (int i = 0; i < rank; ++i) dims->push_back(be32(4 + 4 * i));
+  // A sample is dims[1] x ... bytes. The total alone does not bound it: with
+  // 0 samples a header could state any rows x cols (found by fuzz/,
+  // fuzz_idx: [0, 256, 1612709888] images became samples of 400 GB).
+  auto dims_text = [&] {
+    std::string t;
+    for (int64_t d : *dims) t += (t.empty() ? "" : ", ") + std::to_string(d);
+    return "[" + t + "]";
+  };
+  if ((*dims)[0] == 0) throw Error(StrCat(pre, "the header says 0 samples ", dims_text()));
+  int64_t sample = 1;  // each factor <= 2^28 before it multiplies: no overflow
+  for (int i = 1; i < rank && sample > 0 && sample <= kMaxSampleBytes; ++i) {
+    const int64_t d = (*dims)[i];
+    sample = d == 0 || d > kMaxSampleBytes ? 0 : sample * d;
+  }
+  if (sample == 0 || sample > kMaxSampleBytes) {
+    throw Error(StrCat(pre, "implausible sample size in the header ", dims_text(), ": each of the ",
+                       (*dims)[0], " samples must be 1 to ", kMaxSampleBytes, " bytes"));
+  }
+  int64_t total = 0;
+  if (__builtin_mul_overflow((*dims)[0], rank > 1 ? sample : 1, &total) ||
+      total > (int64_t{1} << 40)) {
+    throw Error(StrCat(pre, "implausible dimensions in the header ", dims_text()));
   }
   // Grow as data arrives, so a corrupt header cannot make us allocate a
   // terabyte before finding the file is short.

@@ -26,6 +26,17 @@ int FileChannels(int colorspace) {
 // Limits on what a data record may ask of the decoder: a corrupt header
 // claiming 60000x60000 must fail, not allocate or spin.
 constexpr int kMaxSide = 1 << 15;
+// And its pixels must fit its bytes: a 1 KB file whose frame header says
+// 30000x30000 would have the caller allocate 2.7 GB for the pixels (and a
+// progressive decode, libjpeg 2 bytes per coefficient) before the decode
+// finds the data short (found by fuzz/, fuzz_image). A baseline JPEG needs
+// at least 2 bits per 8x8 block (a DC code and an end-of-block code), ~1:700
+// at 4:2:0; progressive end-of-band runs and arithmetic coding can go far
+// beyond, so the bound is generous: up to 64 MiB of pixels always, beyond
+// that at most 2048 pixel bytes per file byte (a real 8000x6000 photo is
+// 144 MB from some MB of file).
+constexpr uint64_t kAlwaysPlausibleBytes = uint64_t{64} << 20;
+constexpr uint64_t kMaxBytesPerFileByte = 2048;
 
 // The frame size and component count, read by walking the marker segments
 // up to the first scan (SOS), as libjpeg's header parse finds them, but
@@ -126,6 +137,13 @@ JpegResult JpegDecoder::ReadHeader(const uint8_t* data, size_t size) {
   if (r.width <= 0 || r.height <= 0 || r.width > kMaxSide || r.height > kMaxSide) {
     r.error = StrCat("corrupt JPEG header: image size ", r.width, "x", r.height,
                      " out of range (1..", kMaxSide, ")");
+    return r;
+  }
+  const uint64_t pixel_bytes = uint64_t(r.width) * uint64_t(r.height) * uint64_t(r.channels);
+  if (pixel_bytes > kAlwaysPlausibleBytes && pixel_bytes > kMaxBytesPerFileByte * size) {
+    r.error = StrCat("corrupt JPEG header: ", r.width, "x", r.height, "x", r.channels, " is ",
+                     pixel_bytes, " bytes of pixels, more than ", size,
+                     " bytes of JPEG can hold (at most ", kMaxBytesPerFileByte, ":1)");
   }
   return r;
 }

@@ -132,7 +132,7 @@ YAML::Node Substitute(const YamlDoc& tmpl, const YAML::Node& params, const YAML:
                       const YamlDoc& run_doc, const std::string& context) {
   YAML::Node out(YAML::NodeType::Map);
   for (const auto& kv : params) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = tmpl.Name(kv.first, context);
     if (key == "stage") continue;
     YAML::Node v = kv.second;
     if (v.IsScalar() && !v.Scalar().empty() && v.Scalar()[0] == '$') {
@@ -155,7 +155,7 @@ void ParseEdges(const YamlDoc& tmpl, const YAML::Node& edges, GraphSpec& g) {
   for (const auto& n : g.nodes) names.push_back(n.name);
   for (const auto& e : edges) {
     // "a -> b -> c" is a chain of edges.
-    std::string text = e.as<std::string>();
+    std::string text = tmpl.Name(e, "graph '" + g.name + "' edges");
     std::vector<std::string> chain;
     size_t pos = 0;
     while (true) {
@@ -186,34 +186,40 @@ GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::N
   const YAML::Node graph = root[name];
   if (!graph.IsDefined() || !graph.IsMap()) {
     std::vector<std::string> have;
-    for (const auto& kv : root) have.push_back(kv.first.as<std::string>());
+    for (const auto& kv : root) have.push_back(tmpl.Name(kv.first, ""));
     tmpl.Fail(root, "", UnknownNameMessage("graph", name, have));
   }
   for (const auto& kv : graph) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = tmpl.Name(kv.first, "graph '" + name + "'");
     if (key != "nodes" && key != "edges") {
       tmpl.Fail(kv.first, "graph '" + name + "'", UnknownNameMessage("key", key, {"edges", "nodes"}));
     }
   }
   const YAML::Node nodes = graph["nodes"];
-  if (!nodes.IsMap()) tmpl.Fail(graph, "graph '" + name + "'", "nodes: expected a mapping name -> {stage: ...}");
+  // A missing key of a const node is a zombie: IsMap() on it throws
+  // YAML::InvalidNode (found by fuzz/, fuzz_graph_template: a graph with
+  // edges but no nodes), so IsDefined() first; Fail at the graph, which has
+  // a location.
+  if (!nodes.IsDefined() || !nodes.IsMap()) {
+    tmpl.Fail(graph, "graph '" + name + "'", "nodes: expected a mapping name -> {stage: ...}");
+  }
   const StageRegistry& registry = StageRegistry::Get();
   for (const auto& kv : nodes) {
     NodeSpec n;
-    n.name = kv.first.as<std::string>();
+    n.name = tmpl.Name(kv.first, "graph '" + name + "' nodes");
     n.where = tmpl.Where(kv.first);
     const std::string context = StrCat("node '", n.name, "'");
     const YAML::Node params = kv.second;
     if (!params.IsMap() || !params["stage"].IsDefined()) {
       tmpl.Fail(kv.first, context, "expected a mapping with a 'stage' key");
     }
-    n.stage = params["stage"].as<std::string>();
+    n.stage = tmpl.Name(params["stage"], context + ": stage");
     const StageType* type = registry.Find(n.stage);
     if (type == nullptr) {
       tmpl.Fail(params["stage"], context, UnknownNameMessage("stage type", n.stage, registry.Names()));
     }
     for (const auto& p : params) {  // unknown keys, reported at the key itself
-      const std::string key = p.first.as<std::string>();
+      const std::string key = tmpl.Name(p.first, context);
       if (key != "stage" && type->schema.Find(key) == nullptr) {
         tmpl.Fail(p.first, StrCat(context, " (", n.stage, ")"),
                   UnknownNameMessage("key", key, type->schema.Names()));
@@ -224,7 +230,9 @@ GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::N
     n.args = tmpl.CheckArgs(values, type->schema, StrCat(context, " (", n.stage, ")"));
     g.nodes.push_back(std::move(n));
   }
-  ParseEdges(tmpl, graph["edges"], g);
+  const YAML::Node edges = graph["edges"];
+  if (!edges.IsDefined()) tmpl.Fail(graph, "graph '" + name + "'", "edges: expected a list");
+  ParseEdges(tmpl, edges, g);
   g.TopologicalOrder();  // rejects cycles now
   // forward_backward (pipeline_stage) admits a replica's (the pipeline's)
   // next batch when the optimizer is done with its last one: without an

@@ -155,12 +155,12 @@ DataSpec ParseSource(const YamlDoc& doc, const YAML::Node& node, const std::stri
                                    JoinNames(reg.Names()), ")"));
   }
   DataSpec d;
-  d.source = src.as<std::string>();
+  d.source = doc.Name(src, context);
   const SourceType* type = reg.Find(d.source);
   if (type == nullptr) doc.Fail(src, context, UnknownNameMessage("source", d.source, reg.Names()));
   YAML::Node rest(YAML::NodeType::Map);
   for (const auto& kv : node) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = doc.Name(kv.first, context);
     if (key == "source") continue;
     if (type->schema.Find(key) == nullptr) {
       doc.Fail(kv.first, StrCat(context, " (", d.source, ")"),
@@ -184,12 +184,15 @@ std::vector<LayerSpec> ParseLayers(const YamlDoc& doc, const YAML::Node& layers)
     YAML::Node params, type_key;
     bool has_type = false;
     for (const auto& kv : item) {
-      const std::string key = kv.first.as<std::string>();
+      const std::string key = doc.Name(kv.first, "model.layers");
       if (key == "name") {
-        s.name = kv.second.as<std::string>();
+        s.name = doc.Name(kv.second, "model.layers: name");
       } else if (key == "inputs") {
-        for (const auto& i : kv.second.IsSequence() ? kv.second : YAML::Node(std::vector<std::string>{kv.second.as<std::string>()}))
-          s.inputs.push_back(i.as<std::string>());
+        if (kv.second.IsSequence()) {
+          for (const auto& i : kv.second) s.inputs.push_back(doc.Name(i, "model.layers: inputs"));
+        } else {
+          s.inputs.push_back(doc.Name(kv.second, "model.layers: inputs"));
+        }
       } else {
         if (has_type) {
           doc.Fail(kv.first, "model.layers",
@@ -220,14 +223,14 @@ void ParseOptimizer(const YamlDoc& doc, const YAML::Node& node, RunConfig& c) {
   if (!node.IsMap() || node.size() != 1) {
     std::vector<std::string> given;
     if (node.IsMap())
-      for (const auto& kv : node) given.push_back(kv.first.as<std::string>());
+      for (const auto& kv : node) given.push_back(doc.Name(kv.first, "train.optimizer"));
     doc.Fail(node, "train.optimizer",
              StrCat("expected one optimizer, e.g. {sgd: {lr: 0.01}}",
                     given.empty() ? "" : StrCat(", got ", given.size(), " (", JoinNames(given), ")"),
                     "; known: ", JoinNames(OptimizerTypes())));
   }
   const auto kv = *node.begin();
-  c.optimizer = kv.first.as<std::string>();
+  c.optimizer = doc.Name(kv.first, "train.optimizer");
   const auto types = OptimizerTypes();
   if (std::find(types.begin(), types.end(), c.optimizer) == types.end()) {
     doc.Fail(kv.first, "train.optimizer", UnknownNameMessage("optimizer", c.optimizer, types));
@@ -262,7 +265,9 @@ void ParsePipeline(const YamlDoc& doc, const YAML::Node& pipe, RunConfig& c) {
         doc.Fail(stage, "graph.pipeline.stages", "each stage is a non-empty list of layer names");
       }
       c.pipeline_stages.emplace_back();
-      for (const auto& name : stage) c.pipeline_stages.back().push_back(name.as<std::string>());
+      for (const auto& name : stage) {
+        c.pipeline_stages.back().push_back(doc.Name(name, "graph.pipeline.stages"));
+      }
     }
     if (c.pipeline_stages.size() != c.devices.size()) {
       doc.Fail(st, "graph.pipeline.stages",
@@ -347,7 +352,7 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     for (const auto& item : t) {
       if (!item.IsMap() || item.size() != 1) doc.Fail(item, "data.transform", "expected {normalize: {...}}");
       const auto kv = *item.begin();
-      const std::string kind = kv.first.as<std::string>();
+      const std::string kind = doc.Name(kv.first, "data.transform");
       if (kind != "normalize") doc.Fail(kv.first, "data.transform", UnknownNameMessage("transform", kind, {"normalize"}));
       Args a = doc.CheckArgs(kv.second, NormalizeSchema(), "data.transform normalize");
       c.normalize_mean = a.Floats("mean");

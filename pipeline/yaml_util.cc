@@ -221,6 +221,11 @@ std::string Describe(const YAML::Node& n) {
 
 }  // namespace
 
+std::string YamlDoc::Name(const YAML::Node& node, const std::string& context) const {
+  if (!node.IsScalar()) Fail(node, context, StrCat("expected a name, got ", Describe(node)));
+  return node.Scalar();
+}
+
 ParamValue YamlDoc::Value(const YAML::Node& node, const ParamSpec& spec,
                           const std::string& context) const {
   const std::string ctx = context.empty() ? StrCat("key '", spec.name, "'")
@@ -296,7 +301,7 @@ Args YamlDoc::CheckArgs(const YAML::Node& map, const Schema& schema,
   if (map.IsDefined() && !map.IsNull()) {
     if (!map.IsMap()) Fail(map, context, StrCat("expected a mapping of parameters, got ", Describe(map)));
     for (const auto& kv : map) {
-      const std::string key = kv.first.as<std::string>();
+      const std::string key = Name(kv.first, context);
       const ParamSpec* spec = schema.Find(key);
       if (spec == nullptr) {
         Fail(kv.first, context, UnknownNameMessage("key", key, schema.Names()));

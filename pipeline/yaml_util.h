@@ -37,6 +37,11 @@ class YamlDoc {
   // the known keys), wrong types, missing required keys. Returns the values
   // with defaults filled in. `context` names the unit ("layer 'conv1' (conv2d)").
   Args CheckArgs(const YAML::Node& map, const Schema& schema, const std::string& context) const;
+  // A scalar used as a name (a key, a layer or stage name, a source type);
+  // a list, a mapping or nothing there fails with its location (yaml-cpp's
+  // as<std::string>() would throw its own exception, which names no file).
+  std::string Name(const YAML::Node& node, const std::string& context) const;
+
   // One value of a given type (for CheckArgs and for callers).
   ParamValue Value(const YAML::Node& node, const ParamSpec& spec, const std::string& context) const;
 

@@ -16,6 +16,9 @@ packages=(
   curl ca-certificates python3  # scripts/prepare_*.sh downloads; tests/cli/prepare_test.sh
   libcairo2-dev fonts-dejavu-core  # cnnflow plot, bench --plot (PNG, SVG)
   libonnx-dev libprotobuf-dev      # cnnflow export (ONNX)
+  # scripts/fuzz.sh: libFuzzer and the sanitizer runtimes, OpenMP for clang,
+  # llvm-symbolizer for readable stacks.
+  clang-14 libclang-rt-14-dev libomp-14-dev llvm-14
 )
 # For bench/: PyTorch on the CPU, side by side with cnnflow.
 if [[ "${CNNFLOW_SETUP_BENCH:-0}" == 1 ]]; then

@@ -88,21 +88,27 @@ __attribute__((target("avx512f"))) void MaxPool2x2RowAvx512(const float* r0, con
   }
 }
 
+// [x0..x7], [x8..x15] -> even [x0, x2, ..., x14] or odd [x1, ..., x15].
+// Functions, not lambdas in the caller: a lambda does not inherit its
+// caller's target attribute, and clang rejects AVX types in it unless the
+// whole file is built for AVX2 (CNNFLOW_NATIVE=OFF).
+__attribute__((target("avx2,fma"))) inline __m256 EvenColumns(__m256 lo, __m256 hi) {
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(
+      _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0))), 0xD8));
+}
+__attribute__((target("avx2,fma"))) inline __m256 OddColumns(__m256 lo, __m256 hi) {
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(
+      _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1))), 0xD8));
+}
+
 // The same with AVX2: 8 outputs per step; the even and odd columns of 16
 // input cells are split by in-lane shuffles and a cross-lane permute.
 __attribute__((target("avx2,fma"))) void MaxPool2x2RowAvx2(const float* r0, const float* r1,
                                                            int64_t out_w, int32_t base,
                                                            int32_t w_in, float* yo, int32_t* io) {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  // [x0..x7], [x8..x15] -> even [x0, x2, ..., x14] or odd [x1, ..., x15].
-  auto even = [](__m256 lo, __m256 hi) {
-    return _mm256_castpd_ps(_mm256_permute4x64_pd(
-        _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0))), 0xD8));
-  };
-  auto odd = [](__m256 lo, __m256 hi) {
-    return _mm256_castpd_ps(_mm256_permute4x64_pd(
-        _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1))), 0xD8));
-  };
+  const auto even = EvenColumns;
+  const auto odd = OddColumns;
   for (int64_t ow = 0; ow < out_w; ow += 8) {
     const int32_t count = static_cast<int32_t>(std::min<int64_t>(8, out_w - ow));
     const __m256i lo_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * count), lane);

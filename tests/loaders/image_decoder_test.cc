@@ -233,8 +233,13 @@ TEST(ImageDecoderTest, TruncatedPngsAreErrorsAtEveryLength) {
     }
   }
   const ImageResult r = DecodeImage(Bytes(png), png.size() / 2, 3, &out);
-  EXPECT_EQ(r.error,
-            "truncated PNG: the data ends after " + std::to_string(png.size() / 2) + " bytes");
+  // The chunk list is checked before libpng reads it, so the message also
+  // names the chunk the data ends in.
+  EXPECT_EQ(
+      r.error.rfind(
+          "truncated PNG: the data ends after " + std::to_string(png.size() / 2) + " bytes", 0),
+      0u)
+      << r.error;
 }
 
 // The offset of `type`'s chunk data in a PNG, or npos.
