@@ -120,6 +120,10 @@ struct OnednnConv::Impl {
 
 OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu)
     : mb_(mb), impl_(std::make_unique<Impl>()) {
+  // oneDNN sizes a primitive's OpenMP team when it creates the primitive,
+  // from this thread's max threads: pinned after creation, a primitive made
+  // here would still run on a team of every core, beside TBB's threads.
+  OneOpenMpThreadHere();
   Impl& m = *impl_;
   m.bias = bias;
   using dt = memory::data_type;
