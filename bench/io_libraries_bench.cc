@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -35,6 +36,33 @@ double MedianMs(F f, int reps = 15) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// The median over `reps` runs of 20 calls of f, per call.
+template <class F>
+double PerCallMs(F f, int reps = 15) {
+  return MedianMs(
+             [&] {
+               for (int k = 0; k < 20; ++k) f();
+             },
+             reps) /
+         20;
+}
+
+// "model name, ISA" of this CPU, from /proc/cpuinfo (the bench is built
+// outside the project, without its ISA probe).
+std::string CpuAndIsa() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model = "?", isa = "no avx2";
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0 && model == "?") model = line.substr(line.find(':') + 2);
+    if (line.rfind("flags", 0) == 0) {
+      isa = line.find(" avx512f") != std::string::npos ? "avx512"
+            : line.find(" avx2") != std::string::npos  ? "avx2"
+                                                       : isa;
+    }
+  }
+  return model + ", ISA " + isa;
 }
 
 struct CountSax : nlohmann::json_sax<nlohmann::json> {
@@ -78,45 +106,27 @@ int main() {
   meta.Set("format", Json::String("pt"));
   h.Set("__metadata__", meta);
   const std::string text = WriteJson(h);
-  std::printf("header: %zu bytes, 1000 tensors\n", text.size());
+  std::printf("cpu %s; header: %zu bytes, 1000 tensors\n", CpuAndIsa().c_str(), text.size());
   size_t sink = 0;
-  const double ours_parse = MedianMs([&] {
-                              for (int k = 0; k < 20; ++k) sink += ParseJson(text).size();
-                            }) /
-                            20;
-  const double ours_write = MedianMs([&] {
-                              for (int k = 0; k < 20; ++k) sink += WriteJson(h).size();
-                            }) /
-                            20;
+  const double ours_parse = PerCallMs([&] { sink += ParseJson(text).size(); });
+  const double ours_write = PerCallMs([&] { sink += WriteJson(h).size(); });
   nlohmann::ordered_json nj;
-  const double nl_parse = MedianMs([&] {
-                            for (int k = 0; k < 20; ++k) {
-                              nj = nlohmann::ordered_json::parse(text);
-                              sink += nj.size();
-                            }
-                          }) /
-                          20;
-  const double nl_write = MedianMs([&] {
-                            for (int k = 0; k < 20; ++k) sink += nj.dump().size();
-                          }) /
-                          20;
-  const double sax_parse = MedianMs([&] {
-                             for (int k = 0; k < 20; ++k) {
-                               CountSax c;
-                               nlohmann::json::sax_parse(text, &c);
-                               sink += c.n;
-                             }
-                           }) /
-                           20;
+  const double nl_parse = PerCallMs([&] {
+    nj = nlohmann::ordered_json::parse(text);
+    sink += nj.size();
+  });
+  const double nl_write = PerCallMs([&] { sink += nj.dump().size(); });
+  const double sax_parse = PerCallMs([&] {
+    CountSax c;
+    nlohmann::json::sax_parse(text, &c);
+    sink += c.n;
+  });
   std::printf("nlohmann SAX tokenizer alone (no tree): %.3f ms\n", sax_parse);
   nlohmann::json uj = nlohmann::json::parse(text);
-  const double nlu_parse = MedianMs([&] {
-                             for (int k = 0; k < 20; ++k) {
-                               uj = nlohmann::json::parse(text);
-                               sink += uj.size();
-                             }
-                           }) /
-                           20;
+  const double nlu_parse = PerCallMs([&] {
+    uj = nlohmann::json::parse(text);
+    sink += uj.size();
+  });
   std::printf("parse: ours %.3f ms, nlohmann ordered_json %.3f ms (%.2fx), nlohmann json %.3f ms\n",
               ours_parse, nl_parse, nl_parse / ours_parse, nlu_parse);
   std::printf("write: ours %.3f ms, nlohmann ordered_json dump %.3f ms (%.2fx)\n", ours_write,

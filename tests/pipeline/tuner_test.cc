@@ -24,17 +24,20 @@ TuneReport Report(const std::vector<std::vector<double>>& runs, double loader = 
   return r;
 }
 
+// Each setting's rate in every round: its steady rate times the machine's
+// speed in that round.
+std::vector<std::vector<double>> Swung(const std::vector<double>& rates,
+                                       const std::vector<double>& machine) {
+  std::vector<std::vector<double>> runs(rates.size());
+  for (size_t i = 0; i < rates.size(); ++i)
+    for (double m : machine) runs[i].push_back(rates[i] * m);
+  return runs;
+}
+
 TEST(Tuner, TheCheapestWithinFivePercentRoundByRound) {
   // The machine's speed swings +-30% between rounds; setting 0 is 4% below
   // setting 1 in every round, setting 2 no faster than 1.
-  const std::vector<double> machine{1.0, 0.7, 1.3};
-  std::vector<std::vector<double>> runs(3);
-  for (double m : machine) {
-    runs[0].push_back(960 * m);
-    runs[1].push_back(1000 * m);
-    runs[2].push_back(1001 * m);
-  }
-  const TuneReport r = Report(runs);
+  const TuneReport r = Report(Swung({960, 1000, 1001}, {1.0, 0.7, 1.3}));
   EXPECT_EQ(r.fastest, 2u);
   EXPECT_EQ(r.best, 0u);
   EXPECT_NEAR(r.settings[0].vs_fastest, 960.0 / 1001, 1e-9);
@@ -44,13 +47,7 @@ TEST(Tuner, TheCheapestWithinFivePercentRoundByRound) {
 TEST(Tuner, ASettingTenPercentSlowerIsNotRecommended) {
   // The spread of the rounds (20%) is larger than the 10% gap, but the gap
   // is there in every round.
-  const std::vector<double> machine{1.0, 0.85, 1.05};
-  std::vector<std::vector<double>> runs(2);
-  for (double m : machine) {
-    runs[0].push_back(900 * m);
-    runs[1].push_back(1000 * m);
-  }
-  const TuneReport r = Report(runs);
+  const TuneReport r = Report(Swung({900, 1000}, {1.0, 0.85, 1.05}));
   EXPECT_EQ(r.best, 1u);
   EXPECT_NEAR(r.settings[0].vs_fastest, 0.9, 1e-9);
 }
