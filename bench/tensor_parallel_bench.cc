@@ -47,6 +47,7 @@
 #include "ops/cpu/isa.h"
 #include "ops/layer.h"
 #include "ops/parallel/data_parallel.h"
+#include "ops/parallel/member_threads.h"
 #include "ops/parallel/tensor_parallel.h"
 #include "ops/random.h"
 #include "ops/trace.h"
@@ -277,6 +278,9 @@ int Main(int argc, char** argv) {
     row[r]->LoadFull(full->parameters());
   }
   tbb::task_arena one(1), two(2);
+  MemberThreads threads(members);
+  std::vector<std::unique_ptr<tbb::task_arena>> arenas;
+  for (int r = 0; r < members; ++r) arenas.push_back(std::make_unique<tbb::task_arena>(1));
   for (int64_t n : batches) {
     Tensor x = Tensor::Empty(in.WithBatch(n));
     for (int64_t i = 0; i < x.numel(); ++i)
@@ -284,6 +288,9 @@ int Main(int argc, char** argv) {
     Tensor y = Tensor::Empty(out.WithBatch(n));
     std::vector<Tensor> ys{Tensor::Empty(out.WithBatch(n)), Tensor::Empty(out.WithBatch(n))};
     auto split = [&](std::vector<std::unique_ptr<TensorParallelShard>>& shards) {
+      threads.Run([&](int r) { arenas[r]->execute([&] { shards[r]->Forward(x, ys[r], ctx); }); });
+    };
+    auto split_fresh = [&](std::vector<std::unique_ptr<TensorParallelShard>>& shards) {
       std::vector<std::thread> t;
       for (int r = 0; r < members; ++r) {
         t.emplace_back([&, r] {
@@ -298,6 +305,7 @@ int Main(int argc, char** argv) {
         {"1x2", [&] { two.execute([&] { full->Forward({&x}, y, ctx); }); }},
         {"column", [&] { split(column); }},
         {"row", [&] { split(row); }},
+        {"column-fresh", [&] { split_fresh(column); }},
     };
     if (mpi) {  // the processes time the split settings only, together
       settings = {{"mpi-column", [&] { split(column); }}, {"mpi-row", [&] { split(row); }}};

@@ -28,11 +28,14 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 Predictor::Predictor(const RunConfig& config, const std::string& weights) : config_(config) {
   if (config_.pipeline)
     throw ConfigError("predict runs data-parallel configs; this one is a pipeline");
+  // One group: its members in this process (all of them, unless it spans
+  // processes).
   const int group = config_.tensor_parallel;
+  const int local = std::min(group, static_cast<int>(config_.devices.size()));
   DataParallelOptions o;
-  o.replicas = group;
-  o.devices.assign(config_.devices.begin(), config_.devices.begin() + group);
-  o.threads_per_replica = std::max(1, config_.threads / group);
+  o.replicas = local;
+  o.devices.assign(config_.devices.begin(), config_.devices.begin() + local);
+  o.threads_per_replica = std::max(1, config_.threads / local);
   o.timeout_s = config_.collective_timeout_s;
   o.tensor_parallel = group;
   o.split_layers = config_.split_layers;

@@ -289,9 +289,13 @@ void ParseTensorParallel(const YamlDoc& doc, const YAML::Node& tp, RunConfig& c)
   const Args a = doc.CheckArgs(tp, schema, "graph.tensor_parallel");
   const int64_t size = a.Int("size");
   const int64_t devices = static_cast<int64_t>(c.devices.size());
-  if (size < 1 || devices % size != 0) {
+  // A multiple of the devices: a group spans size / devices processes of
+  // an MPI job (ReplicaSet checks the job's size).
+  if (size < 1 || (devices % size != 0 && size % devices != 0)) {
     doc.Fail(tp["size"], "graph.tensor_parallel.size",
-             StrCat(size, " must be >= 1 and divide the ", devices, " devices of graph.devices"));
+             StrCat(size, " must be >= 1 and divide the ", devices,
+                    " devices of graph.devices, or be a multiple of them (a group across ",
+                    "processes)"));
   }
   c.tensor_parallel = static_cast<int>(size);
   const YAML::Node layers = tp["layers"];
@@ -479,7 +483,8 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     if (!run["graph"].IsMap()) run["graph"] = YAML::Node(YAML::NodeType::Map);
     if (!run["graph"][k].IsDefined()) run["graph"][k] = YAML::Load(ParamValueToString(v));
   }
-  run["graph"]["replicas"] = static_cast<int64_t>(c.devices.size()) / c.tensor_parallel;
+  run["graph"]["replicas"] =
+      std::max<int64_t>(1, static_cast<int64_t>(c.devices.size()) / c.tensor_parallel);
   if (!run["data"]["on_bad_record"].IsDefined()) {
     run["data"]["on_bad_record"] = data_args.String("on_bad_record");
   }

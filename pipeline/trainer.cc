@@ -130,8 +130,12 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
 
   // The model first: a shape error is reported before any data is read.
   BuildModel(world);
-  // A pipeline is one replica; a tensor-parallel group is one.
+  // A pipeline is one replica; a tensor-parallel group is one, and the
+  // processes of a group that spans processes share one data shard.
   const int data_replicas = replicas_ ? replicas_->data_parallel() : 1;
+  const int group_processes = replicas_ ? replicas_->tensor_parallel_processes() : 1;
+  state_.data_rank = state_.process_rank / group_processes;
+  state_.data_ranks = state_.process_count / group_processes;
   for (const auto& [name, spec] : config_.data) {
     const SourceType* type = SourceRegistry::Get().Find(spec.source);
     CNNFLOW_ENFORCE(type != nullptr, "unknown source ", spec.source);
@@ -166,14 +170,14 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
 
   // Optimizer steps per epoch: this process's shard in batches of
   // batch x replicas, accumulate batches a step.
-  const int64_t shard = (train.size() + state_.process_count - 1) / state_.process_count;
+  const int64_t shard = (train.size() + state_.data_ranks - 1) / state_.data_ranks;
   steps_per_epoch_ = PassPlan(PassBatches(shard, config_.batch * data_replicas,
                                           /*drop_last=*/config_.sync_bn, config_.max_steps),
                               config_.accumulate)
                          .steps();
   const Args& s = config_.schedule_args;
   const int64_t global_batch =
-      config_.batch * data_replicas * state_.process_count * config_.accumulate;
+      config_.batch * data_replicas * state_.data_ranks * config_.accumulate;
   LrScheduleOptions lr;
   lr.base_lr = config_.optimizer_args.Float("lr");
   if (s.String("scale_lr") == "linear") {
@@ -287,12 +291,14 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
                            "): idle share per stage ", measured, "; theoretical bubble ",
                            static_cast<int>(100 * pipeline_->theoretical_bubble() + 0.5), "%"));
   }
-  // In an MPI job each process trained or evaluated its shard: report the whole.
+  // In an MPI job each process trained or evaluated its shard: report the
+  // whole (a shard that processes share counted once).
   MpiWorld& world = MpiWorld::Get();
   if (world.active()) {
     PassMetrics& m = state_.metrics;
     float totals[4] = {static_cast<float>(m.loss_sum), static_cast<float>(m.correct),
                        static_cast<float>(m.samples), static_cast<float>(m.skipped)};
+    if (!state_.counts_metrics()) std::fill(std::begin(totals), std::end(totals), 0.0f);
     world.AllReduceSum(totals, 4, pass + " metrics", config_.collective_timeout_s);
     m.loss_sum = totals[0];
     m.correct = std::llround(totals[1]);

@@ -93,7 +93,7 @@ class ForwardBackwardStage final : public Stage {
     // replicas of all processes; buckets are summed. The members of a
     // tensor-parallel group train on the same rows: each takes 1/T (its
     // split layers scale their own parts back, ops/parallel/tensor_parallel.h).
-    const double global_rows = static_cast<double>(rows) * s.process_count * set.tensor_parallel();
+    const double global_rows = static_cast<double>(rows) * s.data_ranks * set.tensor_parallel();
     const double scale =
         rows > 0 ? 1.0 / (global_rows * static_cast<double>(s.plan.WindowBatches(m.index))) : 0.0;
     ForwardContext ctx;
@@ -114,7 +114,7 @@ class ForwardBackwardStage final : public Stage {
         m.mix_labels.empty() ? nullptr : &mix);
     if (staged) staged->Release();  // every kernel that reads the rows is issued
     // A group's rows count once, from its member 0.
-    const bool counts = r % set.tensor_parallel() == 0;
+    const bool counts = set.tensor_parallel_member(r) == 0;
     m.replica_loss[r] = counts ? res.loss_sum : 0;
     m.replica_correct[r] = counts ? res.correct : 0;
     m.replica_pending[r] = res.pending;

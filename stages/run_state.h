@@ -80,8 +80,13 @@ struct RunState {
   int64_t epoch = 0;
   int64_t global_step = 0;   // optimizer steps done so far
   int64_t batches_done = 0;  // micro-batches trained so far (keys dropout)
-  // This process in an MPI job (the sampler's shard).
+  // This process in an MPI job, and its data shard: the processes of a
+  // tensor-parallel group that spans processes read the same one (its
+  // first process counts it in the metrics). Without such groups the
+  // shards are the processes.
   int process_rank = 0, process_count = 1;
+  int data_rank = 0, data_ranks = 1;
+  bool counts_metrics() const { return process_rank % (process_count / data_ranks) == 0; }
   double collective_timeout_s = 300;
   int64_t max_steps = 0;    // stop a pass after this many batches (0: whole epoch)
   int64_t start_batch = 0;  // the pass starts at this batch (a resumed epoch)
@@ -133,7 +138,7 @@ inline std::pair<int64_t, int64_t> ShardRows(int64_t rows, int r, int n) {
 // Replica r's rows of the set's batch: its data-parallel replica's share
 // (the members of a tensor-parallel group share theirs).
 inline std::pair<int64_t, int64_t> ReplicaRows(const ReplicaSet& set, int64_t rows, int r) {
-  return ShardRows(rows, r / set.tensor_parallel(), set.data_parallel());
+  return ShardRows(rows, set.data_replica(r), set.data_parallel());
 }
 
 }  // namespace cnnflow

@@ -29,8 +29,8 @@ class SamplerStage final : public Stage {
     opt.seed = state.seed;
     // Each process trains (padded, as DistributedSampler) and evaluates
     // (every sample once) its shard; the trainer sums the metrics.
-    opt.rank = state.process_rank;
-    opt.world_size = state.process_count;
+    opt.rank = state.data_rank;
+    opt.world_size = state.data_ranks;
     opt.uneven = state.pass != "train";
     ShardedSampler sampler(opt);
     order_ = sampler.EpochIndices(state.epoch);

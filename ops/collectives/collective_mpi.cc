@@ -116,6 +116,28 @@ MpiWorld::MpiWorld() : comm_(std::make_unique<Comm>()) {
   }
 }
 
+MpiWorld::MpiWorld(MpiWorld& parent, int color, std::string name)
+    : active_(true),
+      serialize_(parent.serialize_),
+      parent_(&parent),
+      name_(std::move(name)),
+      comm_(std::make_unique<Comm>()) {
+  {
+    auto lock = parent.Lock();
+    const int rc = MPI_Comm_split(parent.comm_->comm, color, parent.rank_, &comm_->comm);
+    if (rc != MPI_SUCCESS) parent.Fail("MPI_Comm_split", rc);
+    MPI_Comm_set_errhandler(comm_->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_->comm, &rank_);
+    MPI_Comm_size(comm_->comm, &size_);
+  }
+}
+
+std::unique_ptr<MpiWorld> MpiWorld::Split(int color, const std::string& name) {
+  CheckUsable("Split", name);
+  CNNFLOW_ENFORCE(active_, "MpiWorld::Split needs MPI (a job started by a launcher)");
+  return std::unique_ptr<MpiWorld>(new MpiWorld(*this, color, name));
+}
+
 MpiWorld::~MpiWorld() {
   try {
     Finalize();
@@ -127,6 +149,12 @@ void MpiWorld::Finalize() {
   if (!active_ || finalized_) return;
   finalized_ = true;
   active_ = false;
+  if (parent_ != nullptr) {
+    // A broken one is left for the root's Finalize to MPI_Abort: ending the
+    // job here, during the unwinding, would lose the error's message.
+    if (!broken()) MPI_Comm_free(&comm_->comm);
+    return;
+  }
   if (broken()) {
     // A collective is still pending on a peer that never came: MPI_Finalize
     // would wait for it forever. End the whole job instead.
@@ -150,7 +178,11 @@ int MpiWorld::local_rank() const {
   return 0;
 }
 
-std::string MpiWorld::Where() const { return StrCat("rank ", rank_, " of ", size_); }
+std::string MpiWorld::Where() const {
+  if (parent_ != nullptr)
+    return StrCat(parent_->Where(), ", ", name_, ": member ", rank_, " of ", size_);
+  return StrCat("rank ", rank_, " of ", size_);
+}
 
 void MpiWorld::Fail(const char* call, int code) const {
   char text[MPI_MAX_ERROR_STRING] = {0};
@@ -160,8 +192,18 @@ void MpiWorld::Fail(const char* call, int code) const {
 }
 
 std::unique_lock<std::mutex> MpiWorld::Lock() {
+  if (parent_ != nullptr) return parent_->Lock();  // SERIALIZED is per process, not per comm
   return serialize_ ? std::unique_lock<std::mutex>(mpi_mu_)
                     : std::unique_lock<std::mutex>(mpi_mu_, std::defer_lock);
+}
+
+void MpiWorld::MarkBroken(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(broken_mu_);
+    if (!broken_.load()) broken_reason_ = reason;
+    broken_.store(true);
+  }
+  if (parent_ != nullptr) parent_->MarkBroken(reason);
 }
 
 void MpiWorld::CheckUsable(const std::string& op, const std::string& tag) const {
@@ -247,11 +289,7 @@ void MpiWorld::Wait(MpiRequest& request, double timeout_s) {
           timeout_s,
           " s: a peer process died, stalled or started a different collective; the MPI state "
           "is now unusable and the job must end");
-      {
-        std::lock_guard<std::mutex> lock(broken_mu_);
-        if (!broken_.load()) broken_reason_ = msg;
-        broken_.store(true);
-      }
+      MarkBroken(msg);
       throw CollectiveTimeout(msg);
     }
     if (now - start > kBusyPoll) std::this_thread::sleep_for(kPollSleep);

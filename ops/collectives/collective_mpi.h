@@ -97,6 +97,17 @@ class MpiWorld {
   // hold which hash.
   void AgreeOnHash(uint64_t hash, const std::string& what, double timeout_s);
 
+  // The processes whose `color` is this one's, as a world of their own
+  // (MPI_Comm_split, ranked as here), e.g. those of one tensor-parallel
+  // group. Every process calls it at the same point (it blocks, with no
+  // deadline: MPI has no non-blocking split; call it at start-up, after a
+  // collective with a deadline such as AgreeOnHash). Its collectives have
+  // their own deadlines; a timeout in it breaks this world too, so the job
+  // ends with MPI_Abort rather than hanging in MPI_Finalize. `name` follows
+  // this world's Where() in its messages ("rank 1 of 4, tensor-parallel
+  // group 0: member 1 of 2"). Destroy it before this world is finalized.
+  std::unique_ptr<MpiWorld> Split(int color, const std::string& name);
+
   // Whether a collective timed out (the MPI state is unusable), and why.
   bool broken() const { return broken_.load(); }
 
@@ -113,6 +124,8 @@ class MpiWorld {
 
  private:
   MpiWorld();
+  MpiWorld(MpiWorld& parent, int color, std::string name);  // Split's
+  void MarkBroken(const std::string& reason);
   void CheckUsable(const std::string& op, const std::string& tag) const;
   std::unique_lock<std::mutex> Lock();
   [[noreturn]] void Fail(const char* call, int code) const;
@@ -121,6 +134,8 @@ class MpiWorld {
   bool owned_ = false;  // we called MPI_Init, so we finalize
   bool finalized_ = false;
   bool serialize_ = false;  // provided thread level below MULTIPLE
+  MpiWorld* parent_ = nullptr;  // a Split world's; its Lock() and breakage are the root's too
+  std::string name_;            // a Split world's
   int rank_ = 0;
   int size_ = 1;
   struct Comm;  // the MPI_Comm, kept out of this header (mpi.h is heavy)

@@ -89,19 +89,42 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
   }
   const int tp = options.tensor_parallel;
   if (tp > 1) {
-    if (options.replicas % tp != 0) {
-      throw ConfigError(StrCat("graph.tensor_parallel.size ", tp, " does not divide the ",
-                               options.replicas, " devices of graph.devices"));
-    }
     if (gpu) throw ConfigError("tensor parallelism runs on CPU devices only so far");
     if (options.split_layers.empty()) {
       throw ConfigError("graph.tensor_parallel names no layers to split");
     }
-    for (int g = 0; g < options.replicas / tp; ++g) {
-      tp_groups_.push_back(std::make_unique<LocalGroup>(
-          tp, options.timeout_s,
-          StrCat("tensor-parallel group ", g, " (replicas ", g * tp, "..", g * tp + tp - 1, ")")));
+    if (options.replicas % tp == 0) {
+      tp_local_ = tp;
+      for (int g = 0; g < options.replicas / tp; ++g) {
+        tp_groups_.push_back(
+            std::make_unique<LocalGroup>(tp, options.timeout_s,
+                                         StrCat("tensor-parallel group ", g, " (replicas ", g * tp,
+                                                "..", g * tp + tp - 1, ")")));
+      }
+    } else if (tp % options.replicas == 0) {
+      // Spans processes. Every process runs the same config (the trainer
+      // checks its hash), so every one has `replicas` devices.
+      const int processes = tp / options.replicas;
+      const int world_size = world.active() ? world.size() : 1;
+      if (world_size % processes != 0) {
+        throw ConfigError(StrCat("graph.tensor_parallel.size ", tp, " over ", options.replicas,
+                                 " device(s) a process makes groups of ", processes,
+                                 " processes, but this job has ", world_size,
+                                 " process(es): launch a multiple of ", processes, " (mpirun -n ",
+                                 processes, "), or list ", tp, " devices in graph.devices"));
+      }
+      tp_local_ = options.replicas;
+      const int group = world.rank() / processes;
+      tp_world_ = world.Split(group, StrCat("tensor-parallel group ", group));
+      tp_groups_.push_back(
+          std::make_unique<HierarchicalAllReduce>(options.replicas, *tp_world_, options.timeout_s));
+      tp_first_member_ = tp_groups_[0]->global_offset();
+    } else {
+      throw ConfigError(StrCat("graph.tensor_parallel.size ", tp,
+                               " neither divides nor is a multiple of the ", options.replicas,
+                               " devices of graph.devices"));
     }
+    if (tp_local_ > 1) tp_threads_ = std::make_unique<MemberThreads>(tp_local_);
   }
   collective_ = MakeReplicaCollective(options_.devices, world, options.timeout_s);
   for (int r = 0; r < options.replicas; ++r) {
@@ -111,8 +134,8 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     TensorParallelPlacement placement;
     if (tp > 1) {
       placement.layers = options.split_layers;
-      placement.group = tp_groups_[r / tp].get();
-      placement.rank = r % tp;
+      placement.group = tp_groups_[r / tp_local_].get();
+      placement.rank = r % tp_local_;
     }
     rep->model = Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device,
                               options.compute, /*fuse_relu=*/true, tp > 1 ? &placement : nullptr);
@@ -305,35 +328,25 @@ void ReplicaSet::Abort(const std::string& reason) {
 }
 
 const Tensor& ReplicaSet::Infer(const Tensor& x, const ForwardContext& ctx) {
-  auto run = [this, &x, &ctx](int r) {
-    Replica& rep = *replicas_[r];
-    const Tensor* out = nullptr;
-    auto forward = [&] { out = &rep.model->Forward(x, ctx); };
-    rep.arena ? rep.arena->execute(forward) : forward();
-    return out;
-  };
-  const int tp = tensor_parallel();
-  if (tp == 1) return *run(0);
-  // Members 1.. on threads of their own (each blocks in the group's
-  // collectives until the others arrive); a member that fails breaks the
-  // group, so the others fail at once rather than at the timeout.
-  std::vector<std::thread> members;
-  std::vector<std::exception_ptr> errors(tp);
   const Tensor* out = nullptr;
-  auto guarded = [&](int t) {
-    try {
-      const Tensor* y = run(t);
-      if (t == 0) out = y;
-    } catch (const std::exception& e) {
-      errors[t] = std::current_exception();
-      tp_groups_[0]->Abort(StrCat("replica ", t, " failed its forward: ", e.what()));
-    }
+  auto run = [this, &x, &ctx, &out](int r) {
+    Replica& rep = *replicas_[r];
+    const Tensor* y = nullptr;
+    auto forward = [&] { y = &rep.model->Forward(x, ctx); };
+    rep.arena ? rep.arena->execute(forward) : forward();
+    if (r == 0) out = y;
   };
-  for (int t = 1; t < tp; ++t) members.emplace_back(guarded, t);
-  guarded(0);
-  for (auto& m : members) m.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  if (tp_threads_ == nullptr) {  // no group, or this process holds one member of it
+    run(0);
+    return *out;
+  }
+  // Group 0's members at once, on threads that persist from call to call
+  // (each blocks in the group's collectives until the others arrive); a
+  // member that fails breaks the group, so the others fail at once rather
+  // than at the timeout.
+  tp_threads_->Run(run, [this](int member, const char* what) {
+    tp_groups_[0]->Abort(StrCat("replica ", member, " failed its forward: ", what));
+  });
   return *out;
 }
 

@@ -44,6 +44,7 @@
 #include "ops/collectives/collective.h"
 #include "ops/collectives/collective_mpi.h"
 #include "ops/model.h"
+#include "ops/parallel/member_threads.h"
 #include "ops/parallel/tensor_parallel.h"
 #include "ops/train/loss.h"
 #include "ops/train/loss_scaler.h"
@@ -69,10 +70,14 @@ struct DataParallelOptions {
   DType compute = DType::kF32;
   LossScalerOptions loss_scaler;  // f16 only
   // Tensor parallelism (ops/parallel/tensor_parallel.h), CPU replicas: the
-  // replicas come in groups of `tensor_parallel` consecutive ones (replica
-  // r is member r % T of group r / T, all in this process). A group's
-  // members split the layers of `split_layers` between them and train on
-  // the same rows; the groups are the data-parallel replicas.
+  // replicas come in groups of T = `tensor_parallel` consecutive ones. A
+  // group's members split the layers of `split_layers` between them and
+  // train on the same rows; the groups are the data-parallel replicas.
+  //  - T divides `replicas`: replica r is member r % T of local group r / T;
+  //  - T is a multiple of `replicas`: a group spans P = T / replicas
+  //    consecutive processes of the MPI job (ranks g*P .. g*P+P-1), all of
+  //    this process's replicas in it, its collectives on a communicator of
+  //    its own (MpiWorld::Split); those processes read the same rows.
   int tensor_parallel = 1;
   std::map<std::string, TensorSplit> split_layers;
 };
@@ -110,10 +115,16 @@ class ReplicaSet {
   ~ReplicaSet();
 
   int size() const { return static_cast<int>(replicas_.size()); }
-  // Members of a tensor-parallel group (1: none), and the data-parallel
-  // replicas of this process: size() / tensor_parallel().
+  // Members of a tensor-parallel group over all its processes (1: none).
   int tensor_parallel() const { return options_.tensor_parallel; }
-  int data_parallel() const { return size() / tensor_parallel(); }
+  // The processes a group spans (1: groups are in-process).
+  int tensor_parallel_processes() const { return tensor_parallel() / tp_local_; }
+  // The data-parallel replicas of this process (its groups, or 1 when its
+  // replicas are part of a group that spans processes), and replica r's.
+  int data_parallel() const { return size() / tp_local_; }
+  int data_replica(int r) const { return r / tp_local_; }
+  // Replica r's member index in its group, over the group's processes.
+  int tensor_parallel_member(int r) const { return tp_first_member_ + r % tp_local_; }
   // Replicas over all processes, and this process's first one.
   int global_size() const;
   int global_offset() const;
@@ -199,8 +210,13 @@ class ReplicaSet {
   // Every replica of every process (ops/collectives/collective_mpi.h's
   // MakeReplicaCollective); null when there is nobody to talk to.
   std::unique_ptr<Collective> collective_;
-  // One per tensor-parallel group (empty without).
-  std::vector<std::unique_ptr<LocalGroup>> tp_groups_;
+  // One per tensor-parallel group of this process (empty without): a
+  // LocalGroup, or over tp_world_ when the group spans processes.
+  std::unique_ptr<MpiWorld> tp_world_;
+  std::vector<std::unique_ptr<Collective>> tp_groups_;
+  int tp_local_ = 1;                           // members of a group in this process
+  int tp_first_member_ = 0;                    // this process's first one's index in its group
+  std::unique_ptr<MemberThreads> tp_threads_;  // Infer's, when tp_local_ > 1
   std::vector<std::unique_ptr<Replica>> replicas_;
   std::chrono::steady_clock::time_point start_;
 };

@@ -355,7 +355,11 @@ TEST(TensorParallel, InferEqualsTheUnsplitForward) {
 TEST(TensorParallel, BadSplitsAreNamedErrors) {
   testing::ExpectContains(
       testing::ErrorOf([] { Make(3, "sgd", 25, NetToSplit(), false, 2, kSplits); }),
-      {"does not divide the 3 devices"});
+      {"size 2 neither divides nor is a multiple of the 3 devices"});
+  // A group bigger than the devices spans processes: a plain process has one.
+  testing::ExpectContains(
+      testing::ErrorOf([] { Make(2, "sgd", 25, NetToSplit(), false, 4, kSplits); }),
+      {"makes groups of 2 processes, but this job has 1 process(es)", "mpirun -n 2"});
   testing::ExpectContains(
       testing::ErrorOf([] {
         Make(2, "sgd", 25, NetToSplit(), false, 2, {{"conv9", TensorSplit::kColumn}});
