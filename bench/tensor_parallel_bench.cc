@@ -11,6 +11,8 @@
 //   column: 2 members (own thread, own arena of 1), output channels split,
 //           then the all-gather
 //   row:    2 members, input channels split, then the all-reduce
+//   spatial: 2 members, output rows split (each reads its input rows and a
+//           halo), then the all-gather
 //
 // Every round runs every setting once, alternating; the median of --reps
 // rounds after one warm-up round (which also makes the kernel picks).
@@ -268,14 +270,27 @@ int Main(int argc, char** argv) {
   } else {
     group = std::make_unique<LocalGroup>(2, 60, "tp bench");
   }
-  std::vector<std::unique_ptr<TensorParallelShard>> column, row;
+  std::vector<std::unique_ptr<TensorParallelShard>> column, row, spatial;
   for (int r = 0; r < members; ++r) {
     column.push_back(std::make_unique<TensorParallelShard>("wide", "conv2d", args, in,
                                                            TensorSplit::kColumn, *group, r));
     row.push_back(std::make_unique<TensorParallelShard>("wide", "conv2d", args, in,
                                                         TensorSplit::kRow, *group, r));
+    spatial.push_back(std::make_unique<TensorParallelShard>("wide", "conv2d", args, in,
+                                                            TensorSplit::kSpatial, *group, r));
     column[r]->LoadFull(full->parameters());
     row[r]->LoadFull(full->parameters());
+    spatial[r]->LoadFull(full->parameters());
+  }
+  // The hardware's limit for the column split: each member's half of the
+  // layer on its own thread, with no collective and no copy.
+  Args half_args = args;
+  half_args.Set("out", channels / 2);
+  std::vector<std::unique_ptr<Layer>> halves;
+  for (int r = 0; r < members; ++r) {
+    halves.push_back(type->create("half", half_args));
+    halves.back()->Build({in}, DType::kF32);
+    halves.back()->ResetParameters(rng);
   }
   tbb::task_arena one(1), two(2);
   MemberThreads threads(members);
@@ -287,6 +302,8 @@ int Main(int argc, char** argv) {
       x.data<float>()[i] = static_cast<float>(rng.Uniform(-1, 1));
     Tensor y = Tensor::Empty(out.WithBatch(n));
     std::vector<Tensor> ys{Tensor::Empty(out.WithBatch(n)), Tensor::Empty(out.WithBatch(n))};
+    const Shape half_out = Shape({channels / 2, size, size}).WithBatch(n);
+    std::vector<Tensor> half_ys{Tensor::Empty(half_out), Tensor::Empty(half_out)};
     auto split = [&](std::vector<std::unique_ptr<TensorParallelShard>>& shards) {
       threads.Run([&](int r) { arenas[r]->execute([&] { shards[r]->Forward(x, ys[r], ctx); }); });
     };
@@ -305,10 +322,19 @@ int Main(int argc, char** argv) {
         {"1x2", [&] { two.execute([&] { full->Forward({&x}, y, ctx); }); }},
         {"column", [&] { split(column); }},
         {"row", [&] { split(row); }},
+        {"spatial", [&] { split(spatial); }},
         {"column-fresh", [&] { split_fresh(column); }},
+        {"halves-alone",
+         [&] {
+           threads.Run([&](int r) {
+             arenas[r]->execute([&] { halves[r]->Forward({&x}, half_ys[r], ctx); });
+           });
+         }},
     };
     if (mpi) {  // the processes time the split settings only, together
-      settings = {{"mpi-column", [&] { split(column); }}, {"mpi-row", [&] { split(row); }}};
+      settings = {{"mpi-column", [&] { split(column); }},
+                  {"mpi-row", [&] { split(row); }},
+                  {"mpi-spatial", [&] { split(spatial); }}};
     }
     // Under MPI the processes time the split settings together; rank 0 prints.
     TimeSettings("layer", n, reps, settings, 0, mpi ? 0 : 2, !mpi || world.rank() == 0);

@@ -283,7 +283,7 @@ void ParseTensorParallel(const YamlDoc& doc, const YAML::Node& tp, RunConfig& c)
   static const Schema schema =
       Schema("Tensor (operator) parallelism.")
           .Required("size", ParamType::kInt, "devices in a tensor-parallel group")
-          .Required("layers", ParamType::kTree, "{layer: column | row, ...}");
+          .Required("layers", ParamType::kTree, "{layer: column | row | spatial, ...}");
   if (!tp.IsMap())
     doc.Fail(tp, "graph.tensor_parallel", "expected a mapping {size: T, layers: {...}}");
   const Args a = doc.CheckArgs(tp, schema, "graph.tensor_parallel");
@@ -305,9 +305,11 @@ void ParseTensorParallel(const YamlDoc& doc, const YAML::Node& tp, RunConfig& c)
   for (const auto& kv : layers) {
     const std::string name = kv.first.as<std::string>();
     const std::string split = kv.second.IsScalar() ? kv.second.as<std::string>() : "";
-    if (split != "column" && split != "row") {
+    if (split != "column" && split != "row" && split != "spatial") {
       doc.Fail(kv.second, StrCat("graph.tensor_parallel.layers.", name),
-               StrCat("'", split, "': expected column (output channels) or row (input channels)"));
+               StrCat("'", split,
+                      "': expected column (output channels), row (input channels) "
+                      "or spatial (output rows)"));
     }
     bool known = false;
     for (const LayerSpec& l : c.layers) known |= l.name == name;
@@ -315,7 +317,9 @@ void ParseTensorParallel(const YamlDoc& doc, const YAML::Node& tp, RunConfig& c)
       doc.Fail(kv.first, "graph.tensor_parallel.layers",
                StrCat("'", name, "' is not a layer of the model"));
     }
-    c.split_layers[name] = split == "column" ? TensorSplit::kColumn : TensorSplit::kRow;
+    c.split_layers[name] = split == "column" ? TensorSplit::kColumn
+                           : split == "row"  ? TensorSplit::kRow
+                                             : TensorSplit::kSpatial;
   }
 }
 

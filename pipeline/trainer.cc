@@ -795,11 +795,12 @@ std::string Trainer::DescribeTensorParallel() const {
     largest =
         std::max<double>(largest, static_cast<double>(std::max(s->CommunicatedBytes(n, false),
                                                                s->CommunicatedBytes(n, true))));
-    // Column: y all-gathered (unless a row layer reads it), dx summed; row:
-    // y summed, dx all-gathered (unless it feeds a column layer's backward).
-    const bool column = shard.split() == TensorSplit::kColumn;
-    const std::string collectives = column ? (shard.local_output() ? "dx sum" : "y gather, dx sum")
-                                           : (shard.local_input() ? "y sum" : "y sum, dx gather");
+    // Column and spatial: y all-gathered (unless a row layer reads it), dx
+    // summed; row: y summed, dx all-gathered (unless it feeds a column
+    // layer's backward).
+    const bool row = shard.split() == TensorSplit::kRow;
+    const std::string collectives = !row ? (shard.local_output() ? "dx sum" : "y gather, dx sum")
+                                         : (shard.local_input() ? "y sum" : "y sum, dx gather");
     std::snprintf(line, sizeof line, "  %-12s %-7s %-18s %16.3f %18.2f\n", l.name().c_str(),
                   TensorSplitName(shard.split()), collectives.c_str(), f / 1e9, b / 1e6);
     os << line;

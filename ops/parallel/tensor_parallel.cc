@@ -36,6 +36,20 @@ void CopyShard(const Tensor& full, int axis, ShardRange r, const Tensor& part, b
   });
 }
 
+// Rows [src_row, src_row + rows) of src to rows [dst_row, ...) of dst, in
+// every plane (every sample and channel): tensors [N, C, R, inner...] that
+// differ only in R (src_rows, dst_rows).
+void CopyRows(const Tensor& src, int64_t src_rows, int64_t src_row, Tensor& dst, int64_t dst_rows,
+              int64_t dst_row, int64_t rows, int64_t inner) {
+  if (rows <= 0) return;
+  const int64_t planes = src.numel() / (src_rows * inner);
+  const size_t bytes = static_cast<size_t>(rows * inner) * sizeof(float);
+  for (int64_t p = 0; p < planes; ++p) {
+    std::memcpy(dst.data<float>() + (p * dst_rows + dst_row) * inner,
+                src.data<float>() + (p * src_rows + src_row) * inner, bytes);
+  }
+}
+
 // The parameter `name` of ps (a layer's or the unsplit ones).
 template <typename Parameters>
 auto& FindParameter(Parameters& ps, const std::string& name, const std::string& layer) {
@@ -55,7 +69,15 @@ Shape WithChannels(const Shape& s, int64_t c) {
 }  // namespace
 
 const char* TensorSplitName(TensorSplit split) {
-  return split == TensorSplit::kColumn ? "column" : "row";
+  switch (split) {
+    case TensorSplit::kColumn:
+      return "column";
+    case TensorSplit::kRow:
+      return "row";
+    case TensorSplit::kSpatial:
+      return "spatial";
+  }
+  return "?";
 }
 
 ShardRange ShardOf(int64_t total, int rank, int ranks) {
@@ -74,12 +96,20 @@ TensorParallelShard::TensorParallelShard(const std::string& name, const std::str
                              ") cannot be split: tensor parallelism splits conv2d, conv1d and "
                              "linear layers"));
   }
-  if (type != "linear" && args.Int("groups") != 1) {
+  // A spatial shard holds every channel, so any grouping (depthwise too).
+  if (type != "linear" && split != TensorSplit::kSpatial && args.Int("groups") != 1) {
     throw ConfigError(StrCat("layer '", name, "' has groups: ", args.Int("groups"),
-                             "; a grouped convolution cannot be split (yet)"));
+                             "; a grouped convolution splits only spatially (yet)"));
   }
   // Members are numbered across processes (a group may span them).
   const int ranks = group.global_size();
+  const int member = group.global_offset() + rank;
+  const LayerType* t = LayerRegistry::Get().Find(type);
+  CNNFLOW_ENFORCE(t != nullptr, "no layer type ", type);
+  if (split == TensorSplit::kSpatial) {
+    BuildSpatial(type, args, member, ranks, dtype);
+    return;
+  }
   const int64_t total = split == TensorSplit::kColumn ? args.Int("out") : input[0];
   if (total < ranks) {
     throw ConfigError(StrCat("layer '", name, "' has ", total,
@@ -87,7 +117,6 @@ TensorParallelShard::TensorParallelShard(const std::string& name, const std::str
                              " channels: too few to split over ", ranks, " devices (",
                              TensorSplitName(split), " split)"));
   }
-  const int member = group.global_offset() + rank;
   range_ = ShardOf(total, member, ranks);
   Args shard = args;
   Shape shard_in = input;
@@ -98,11 +127,52 @@ TensorParallelShard::TensorParallelShard(const std::string& name, const std::str
     if (shard.Has("in") && shard.Int("in") != 0) shard.Set("in", range_.size());
     shard.Set("bias", member == 0 && args.Bool("bias"));  // added once, by member 0
   }
-  const LayerType* t = LayerRegistry::Get().Find(type);
-  CNNFLOW_ENFORCE(t != nullptr, "no layer type ", type);
   layer_ = t->create(name, shard);
   part_out_ = layer_->Build({shard_in}, dtype);
   out_shape_ = split == TensorSplit::kColumn ? WithChannels(part_out_, args.Int("out")) : part_out_;
+}
+
+void TensorParallelShard::BuildSpatial(const std::string& type, const Args& args, int member,
+                                       int ranks, DType dtype) {
+  if (type == "linear") {
+    throw ConfigError(StrCat("layer '", name_,
+                             "' (linear) has no rows to split: a spatial split splits conv2d "
+                             "(along the height) and conv1d (along the length)"));
+  }
+  // The split dimension's kernel, stride, pad and dilation (conv1d's only
+  // dimension, conv2d's first), and the shard's pads: none along it (the
+  // window carries the unsplit layer's padding as zero rows).
+  const bool two_d = type == "conv2d";
+  const size_t dims = two_d ? 2 : 1;
+  const int64_t k = args.Ints("kernel", dims)[0], s = args.Ints("stride", dims)[0],
+                p = args.Ints("pad", dims)[0], d = args.Ints("dilation", dims)[0];
+  in_rows_ = in_shape_[1];
+  in_inner_ = two_d ? in_shape_[2] : 1;
+  out_rows_ = (in_rows_ + 2 * p - d * (k - 1) - 1) / s + 1;
+  if (out_rows_ < ranks) {
+    throw ConfigError(StrCat("layer '", name_, "' has ", out_rows_,
+                             " output rows: too few to split over ", ranks,
+                             " devices (spatial split)"));
+  }
+  range_ = ShardOf(out_rows_, member, ranks);
+  window_begin_ = range_.begin * s - p;
+  window_rows_ = (range_.size() - 1) * s + d * (k - 1) + 1;
+  Args shard = args;
+  if (two_d) {
+    shard.Set("pad", std::vector<int64_t>{0, args.Ints("pad", 2)[1]});
+  } else {
+    shard.Set("pad", int64_t{0});
+  }
+  std::vector<int64_t> window = in_shape_.dims();
+  window[1] = window_rows_;
+  layer_ = LayerRegistry::Get().Find(type)->create(name_, shard);
+  part_out_ = layer_->Build({Shape(window)}, dtype);
+  CNNFLOW_ENFORCE(part_out_[1] == range_.size(), "layer '", name_, "': the window of ",
+                  window_rows_, " rows makes ", part_out_[1], " output rows, not ", range_.size());
+  out_inner_ = two_d ? part_out_[2] : 1;
+  std::vector<int64_t> out = part_out_.dims();
+  out[1] = out_rows_;
+  out_shape_ = Shape(out);
 }
 
 TensorParallelShard::~TensorParallelShard() = default;
@@ -110,8 +180,8 @@ TensorParallelShard::~TensorParallelShard() = default;
 void TensorParallelShard::LoadFull(const std::vector<Parameter>& full) {
   for (Parameter& p : layer_->parameters()) {
     const Parameter& f = FindParameter(full, p.name, name_);
-    if (split_ == TensorSplit::kRow && p.name == "bias") {
-      p.value.CopyFrom(f.value);  // member 0's whole bias
+    if (split_ == TensorSplit::kSpatial || (split_ == TensorSplit::kRow && p.name == "bias")) {
+      p.value.CopyFrom(f.value);  // the whole weight; a row split's bias is member 0's
     } else {
       CopyShard(f.value, ParameterAxis(f.value), range_, p.value, /*into_full=*/false);
     }
@@ -123,7 +193,9 @@ void TensorParallelShard::StoreFull(std::vector<Parameter>& full, bool grads) co
     Parameter& f = FindParameter(full, p.name, name_);
     Tensor& to = grads ? f.grad : f.value;
     const Tensor& from = grads ? p.grad : p.value;
-    if (split_ == TensorSplit::kRow && p.name == "bias") {
+    CNNFLOW_ENFORCE(!(grads && split_ == TensorSplit::kSpatial), "layer '", name_,
+                    "': a spatial shard's gradients are partial sums (AddGradsToFull)");
+    if (split_ == TensorSplit::kSpatial || (split_ == TensorSplit::kRow && p.name == "bias")) {
       to.CopyFrom(from);
     } else {
       CopyShard(to, ParameterAxis(to), range_, from, /*into_full=*/true);
@@ -134,7 +206,8 @@ void TensorParallelShard::StoreFull(std::vector<Parameter>& full, bool grads) co
 void TensorParallelShard::AddGradsToFull(std::vector<Parameter>& full, float scale) const {
   for (const Parameter& p : layer_->parameters()) {
     Parameter& f = FindParameter(full, p.name, name_);
-    const bool whole = split_ == TensorSplit::kRow && p.name == "bias";
+    const bool whole =
+        split_ == TensorSplit::kSpatial || (split_ == TensorSplit::kRow && p.name == "bias");
     const ShardRange r = whole ? ShardRange{0, f.grad.dim(0)} : range_;
     ForEachShardRun(f.grad, whole ? 0 : ParameterAxis(f.grad), r, p.grad,
                     [scale](float* to, const float* from, int64_t n) {
@@ -157,6 +230,23 @@ void TensorParallelShard::TakeInputLocal() {
 
 void TensorParallelShard::Forward(const Tensor& x, Tensor& y, const ForwardContext& ctx) {
   const int64_t n = x.dim(0);
+  if (split_ == TensorSplit::kSpatial) {
+    std::vector<int64_t> window = in_shape_.dims();
+    window[1] = window_rows_;
+    x_part_ = Tensor::Empty(Shape(window).WithBatch(n));
+    // Rows past the edges are the unsplit layer's zero padding.
+    const int64_t lo = std::max<int64_t>(window_begin_, 0);
+    const int64_t hi = std::min(window_begin_ + window_rows_, in_rows_);
+    if (lo > window_begin_ || hi < window_begin_ + window_rows_) x_part_.Zero();
+    CopyRows(x, in_rows_, lo, x_part_, window_rows_, lo - window_begin_, hi - lo, in_inner_);
+    y_part_ = Tensor::Empty(part_out_.WithBatch(n));
+    layer_->Forward({&x_part_}, y_part_, ctx);
+    y.Zero();
+    CopyRows(y_part_, range_.size(), 0, y, out_rows_, range_.begin, range_.size(), out_inner_);
+    group_.AllReduceSum(rank_, y.data<float>(), y.numel(),
+                        StrCat("layer ", name_, " forward all-gather"), 1.0f);
+    return;
+  }
   if (split_ == TensorSplit::kColumn) {
     y_part_ = Tensor::Empty(part_out_.WithBatch(n));
     layer_->Forward({&x}, y_part_, ctx);
@@ -176,6 +266,23 @@ void TensorParallelShard::Forward(const Tensor& x, Tensor& y, const ForwardConte
 }
 
 void TensorParallelShard::Backward(const Tensor& x, const Tensor& dy, Tensor* dx) {
+  if (split_ == TensorSplit::kSpatial) {
+    Tensor dy_part = Tensor::Empty(y_part_.shape());
+    CopyRows(dy, out_rows_, range_.begin, dy_part, range_.size(), 0, range_.size(), out_inner_);
+    Tensor dx_part;
+    if (dx != nullptr) dx_part = Tensor::Empty(x_part_.shape());
+    layer_->Backward({&x_part_}, y_part_, dy_part, {dx != nullptr ? &dx_part : nullptr});
+    if (dx != nullptr) {
+      const int64_t lo = std::max<int64_t>(window_begin_, 0);
+      const int64_t hi = std::min(window_begin_ + window_rows_, in_rows_);
+      dx->Zero();
+      CopyRows(dx_part, window_rows_, lo - window_begin_, *dx, in_rows_, lo, hi - lo, in_inner_);
+      // The windows overlap by the halo: the sum adds both members' parts.
+      group_.AllReduceSum(rank_, dx->data<float>(), dx->numel(),
+                          StrCat("layer ", name_, " backward all-reduce"), 1.0f);
+    }
+    return;
+  }
   if (split_ == TensorSplit::kColumn) {
     Tensor dy_part = Tensor::Empty(y_part_.shape());
     CopyShard(dy, 1, range_, dy_part, /*into_full=*/false);
@@ -294,7 +401,7 @@ void TensorParallelLayer::Backward(const std::vector<const Tensor*>& x, const Te
 }
 
 bool TensorParallelLayer::FuseRelu() {
-  return split_ == TensorSplit::kColumn && shard_->layer().FuseRelu();
+  return split_ != TensorSplit::kRow && shard_->layer().FuseRelu();
 }
 
 int64_t TensorParallelLayer::MemberFlops(int64_t n) const {

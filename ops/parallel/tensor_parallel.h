@@ -10,6 +10,17 @@
 //   row:    member r holds input channels [C_r) and computes a partial y
 //           from x[:, C_r), all-reduced into y (the bias on member 0
 //           only); backward all-gathers dx from the members' channels.
+//   spatial (conv2d along the height, conv1d along the length): member r
+//           computes output rows [H_r) from the input rows they read, its
+//           rows plus a halo of (kernel - 1) / 2 rows a side for a
+//           stride-1 "same" conv (zeros past the edges, where the unsplit
+//           layer pads), then all-gathers y; backward sums the members'
+//           dx windows (the halos overlap, and add) with an all-reduce.
+//           Each member holds the whole weight; its gradient is the part
+//           from its rows, and the members' parts add up to the whole.
+//           Every member holds the whole x here, so the halo is read, not
+//           exchanged; a chain of spatial layers that keeps activations
+//           split (and exchanges halos) is not done.
 //
 // Shards are as even as they go: the first K % T members take one channel
 // more, so any K >= T splits. Every member is given the whole x (and the
@@ -45,10 +56,11 @@
 
 namespace cnnflow {
 
-enum class TensorSplit { kColumn, kRow };
+enum class TensorSplit { kColumn, kRow, kSpatial };
 const char* TensorSplitName(TensorSplit split);
 
-// Channels [begin, end) of `total` that member `rank` of `ranks` holds.
+// Channels (rows, for a spatial split) [begin, end) of `total` that member
+// `rank` of `ranks` holds.
 struct ShardRange {
   int64_t begin = 0, end = 0;
   int64_t size() const { return end - begin; }
@@ -89,10 +101,12 @@ class TensorParallelShard {
   void LoadFull(const std::vector<Parameter>& full);
   // Writes this member's part into the unsplit tensors (values, or with
   // grads the gradients), leaving the rest untouched: once every member has
-  // written, they hold the whole layer. Members write disjoint parts.
+  // written, they hold the whole layer. Members write disjoint parts. A
+  // spatial shard writes the whole values, and no gradients (its are
+  // partial sums: AddGradsToFull).
   void StoreFull(std::vector<Parameter>& full, bool grads) const;
   // Adds scale x this member's parameter gradients into its part of the
-  // unsplit gradients.
+  // unsplit gradients (a spatial shard: into all of them).
   void AddGradsToFull(std::vector<Parameter>& full, float scale) const;
 
   // x [N, input...], the same on every member -> y [N, output...], the same
@@ -108,6 +122,8 @@ class TensorParallelShard {
   int ParameterAxis(const Tensor& full) const {
     return split_ == TensorSplit::kRow && full.rank() > 1 ? 1 : 0;
   }
+  // The constructor's part for a spatial split.
+  void BuildSpatial(const std::string& type, const Args& args, int member, int ranks, DType dtype);
 
   std::string name_;
   TensorSplit split_;
@@ -117,8 +133,15 @@ class TensorParallelShard {
   ShardRange range_;
   Shape in_shape_, out_shape_, part_out_;  // part_out_: the shard layer's output
   std::unique_ptr<Layer> layer_;
-  // From Forward, for Backward: row, x's channels and y; column, y's channels.
+  // From Forward, for Backward: row, x's channels and y; column, y's
+  // channels; spatial, x's window and y's rows.
   Tensor x_part_, y_part_;
+  // Spatial: the split dimension's size in x and y, the floats after it in
+  // a row of each, and the window of x rows this member reads:
+  // [window_begin_, window_begin_ + window_rows_), past the edges in the
+  // padding.
+  int64_t in_rows_ = 0, out_rows_ = 0, in_inner_ = 1, out_inner_ = 1;
+  int64_t window_begin_ = 0, window_rows_ = 0;
 };
 
 // What tensor parallelism costs on this machine, measured: an in-process
@@ -169,7 +192,7 @@ class TensorParallelLayer final : public Layer {
   void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext& ctx) override;
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
-  // A column shard applies the relu to its channels before the gather.
+  // A column or spatial shard applies the relu to its part before the gather.
   bool FuseRelu() override;
   // The unsplit layer's (the model's work, as in an unsplit model), and
   // this member's share of it.

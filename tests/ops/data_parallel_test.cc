@@ -316,6 +316,29 @@ TEST(TensorParallel, SplitModelTrainsAsTheUnsplitOne) {
   }
 }
 
+// Both convs split by rows (the stem and a mid conv, their halos at the
+// member boundary) beside a column fc1: the whole model trains as unsplit.
+TEST(TensorParallel, SpatiallySplitModelTrainsAsTheUnsplitOne) {
+  const std::map<std::string, TensorSplit> splits = {{"conv1", TensorSplit::kSpatial},
+                                                     {"conv2", TensorSplit::kSpatial},
+                                                     {"fc1", TensorSplit::kColumn}};
+  for (int t : {2, 3}) {
+    SCOPED_TRACE("T=" + std::to_string(t));
+    auto single = Make(1, "sgd", 25, NetToSplit());
+    auto split = Make(t, "sgd", 0.002, NetToSplit(), false, t, splits);
+    EXPECT_LT(MaxRelDiff(single->model(), split->model()), 1e-7) << "the same initial values";
+    for (int step = 0; step < 4; ++step) {
+      const std::vector<Data> batch = {Batch(12, 700 + step)};
+      TrainStep(*single, batch, step);
+      TrainStep(*split, batch, step);
+    }
+    EXPECT_LT(MaxRelDiff(single->model(), split->model()), 2e-5);
+    auto fresh = Make(1, "sgd", 25, NetToSplit());
+    EXPECT_GT(MaxRelDiff(single->model(), fresh->model()), 1e-3) << "training moved the weights";
+    for (int r = 1; r < t; ++r) EXPECT_TRUE(Bitwise(split->model(0), split->model(r))) << r;
+  }
+}
+
 // DP x TP: 2 data-parallel replicas of 2 members each == 2 replicas == 1
 // replica of the whole batch; accumulation included.
 TEST(TensorParallel, DataTimesTensorParallelEqualsDataParallel) {

@@ -1,7 +1,8 @@
 // Tensor parallelism == the unsplit layer: forward, input gradient and
 // weight gradients, for conv2d, conv1d and linear, column and row splits,
-// even and uneven shards; the unsplit weights round-trip exactly; a member
-// that never arrives fails the others within the timeout, naming the layer.
+// and the spatial split of conv2d and conv1d (halos, strides, dilation,
+// padding at the edges, depthwise), even and uneven shards; the unsplit weights round-trip exactly;
+// a member that never arrives fails the others within the timeout, naming the layer.
 #include "ops/parallel/tensor_parallel.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "ops/collectives/collective.h"
 #include "ops/random.h"
@@ -91,7 +93,13 @@ void CheckAgainstUnsplit(const Case& c, TensorSplit split, int members) {
     shard.Forward(x, ys[r], ForwardContext{});
     shard.Backward(x, dy, &dxs[r]);
     shard.StoreFull(gathered, /*grads=*/false);
-    shard.StoreFull(gathered, /*grads=*/true);
+    if (split == TensorSplit::kSpatial) {  // partial sums over each member's rows
+      static std::mutex mu;
+      std::lock_guard<std::mutex> lock(mu);
+      shard.AddGradsToFull(gathered, 1.0f);
+    } else {
+      shard.StoreFull(gathered, /*grads=*/true);
+    }
   });
   for (int r = 0; r < members; ++r) {
     if (errors[r]) std::rethrow_exception(errors[r]);
@@ -137,6 +145,36 @@ TEST(TensorParallel, RowSplitEqualsTheUnsplitLayer) {
   }
 }
 
+// The halo: a window of (kernel - 1) / 2 rows a side for a "same" conv,
+// more with dilation, none past the edges (the padding), and a stride
+// that skips rows; the first K % T members take a row more.
+TEST(TensorParallel, SpatialSplitEqualsTheUnsplitLayer) {
+  const std::vector<Case> cases = {
+      Make("conv2d", Shape{3, 10, 6},
+           {{"out", int64_t{4}},
+            {"kernel", std::vector<int64_t>{5, 3}},
+            {"pad", std::vector<int64_t>{2, 1}}}),
+      Make("conv2d", Shape{4, 9, 8},
+           {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"stride", int64_t{2}}, {"bias", false}}),
+      Make("conv2d", Shape{2, 11, 5},
+           {{"out", int64_t{3}},
+            {"kernel", int64_t{3}},
+            {"pad", int64_t{2}},
+            {"dilation", int64_t{2}},
+            {"stride", std::vector<int64_t>{2, 1}}}),
+      Make("conv2d", Shape{4, 8, 7},  // depthwise
+           {{"out", int64_t{4}},
+            {"kernel", int64_t{3}},
+            {"pad", int64_t{1}},
+            {"groups", int64_t{4}}}),
+      Make("conv1d", Shape{3, 13},
+           {{"out", int64_t{5}}, {"kernel", int64_t{5}}, {"pad", int64_t{2}}}),
+  };
+  for (const Case& c : cases) {
+    for (int members : {2, 3, 4}) CheckAgainstUnsplit(c, TensorSplit::kSpatial, members);
+  }
+}
+
 TEST(TensorParallel, WhatCannotBeSplitIsAnErrorNamingTheLayer) {
   LocalGroup group(4, 5, "tp group");
   const Case small = Make("linear", Shape{3}, {{"out", int64_t{3}}});
@@ -157,6 +195,18 @@ TEST(TensorParallel, WhatCannotBeSplitIsAnErrorNamingTheLayer) {
                                                 TensorSplit::kColumn, group, 0);
                           }),
                           {"layer 'conv4' has groups: 2"});
+  testing::ExpectContains(testing::ErrorOf([&] {
+                            TensorParallelShard("fc9", small.type, small.args, small.input,
+                                                TensorSplit::kSpatial, group, 0);
+                          }),
+                          {"layer 'fc9' (linear) has no rows to split"});
+  const Case short_conv =
+      Make("conv2d", Shape{2, 3, 9}, {{"out", int64_t{2}}, {"kernel", int64_t{3}}});
+  testing::ExpectContains(testing::ErrorOf([&] {
+                            TensorParallelShard("conv5", short_conv.type, short_conv.args,
+                                                short_conv.input, TensorSplit::kSpatial, group, 0);
+                          }),
+                          {"layer 'conv5' has 1 output rows: too few to split over 4 devices"});
   Args relu_args;
   testing::ExpectContains(testing::ErrorOf([&] {
                             TensorParallelShard("r1", "relu", relu_args, Shape{4},
