@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -404,6 +405,26 @@ void Accumulate(PassMetrics& total, const PassMetrics& part) {
   total.seconds += part.seconds;
 }
 
+// steps.csv of a resumed run: drops the rows of steps after `step` (the
+// checkpoint's), which a run that died later had written and the resumed
+// run writes again, so that each step keeps one row. Replaced in one rename.
+void DropStepRowsAfter(const fs::path& csv, int64_t step) {
+  std::ifstream in(csv);
+  std::string text, line;
+  if (std::getline(in, line)) text = line + "\n";  // the header
+  while (std::getline(in, line)) {
+    if (std::strtoll(line.c_str(), nullptr, 10) <= step) text += line + "\n";
+  }
+  in.close();
+  const fs::path tmp = csv.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) throw Error(StrCat("cannot write ", tmp.string()));
+  }
+  fs::rename(tmp, csv);
+}
+
 }  // namespace
 
 std::pair<double, double> Trainer::StepCounters() const {
@@ -544,6 +565,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     events_ = std::make_unique<TfEventWriter>(run_dir_);
     const fs::path steps = fs::path(run_dir_) / "steps.csv";
     const bool fresh = !resumed_ || !fs::exists(steps);
+    if (!fresh) DropStepRowsAfter(steps, state_.global_step);
     steps_csv_ = std::make_unique<std::ofstream>(steps, fresh ? std::ios::trunc : std::ios::app);
     if (fresh) *steps_csv_ << JoinCsv(kStepsColumns) << "\n";
   }

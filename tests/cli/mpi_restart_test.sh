@@ -16,7 +16,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # 2 epochs of 30 steps, a checkpoint every 10 (and at the epoch's end).
 sets=(--set train.epochs=2 --set train.max_steps=30 --set train.batch=32 --set threads=1
-      --set train.checkpoint_every=10 --set train.keep_checkpoints=0)
+      --set train.checkpoint_every=10 --set train.keep_checkpoints=0 --set train.log_every=5)
 timeout 120 "$mpiexec" -n 2 --oversubscribe "$cnnflow" train configs/fashion_mnist.yaml "${sets[@]}" \
   --out "$out/straight" > "$out/straight.log" 2>&1 || { cat "$out/straight.log"; echo "FAIL: uninterrupted run"; exit 1; }
 

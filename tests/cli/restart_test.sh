@@ -13,7 +13,7 @@ cnnflow="$1"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 sets=(--set train.epochs=2 --set train.max_steps=30 --set train.batch=32 --set threads=2
-      --set train.checkpoint_every=10 --set train.keep_checkpoints=0)
+      --set train.checkpoint_every=10 --set train.keep_checkpoints=0 --set train.log_every=5)
 
 # 1. SIGKILL after the step-20 checkpoint.
 timeout 120 "$cnnflow" train configs/fashion_mnist.yaml "${sets[@]}" --out "$out/straight" \
