@@ -340,6 +340,9 @@ struct ResumeCase {
   int64_t skipped_per_epoch = 0;  // bad records the data set must really have
 };
 
+// ctest names a case by its name, not its bytes.
+void PrintTo(const ResumeCase& c, std::ostream* os) { *os << c.name; }
+
 // A BatchNorm model on the Fashion-MNIST test images (no test set, so no
 // evaluation pass): for sync_bn.
 const char* kBatchNormConfig = R"(name: bn-resume
