@@ -5,7 +5,12 @@
 #  2. a job that keeps failing is run 1 + N times, then the launcher gives
 #     up, says so and exits with the last attempt's status;
 #  3. Ctrl-C (SIGINT to the launcher) stops the job once, with a
-#     checkpoint and exit 130, and is not restarted.
+#     checkpoint and exit 130, and is not restarted; resumed (through the
+#     launcher, --resume), it ends with the weights and metrics.csv of an
+#     uninterrupted run: a stop at whatever step the signal came,
+#     accumulating 2 batches a step, so the stop waited for a window's end.
+#     (Not steps.csv: its train/* window restarts at the stop, so the first
+#     row after it averages fewer steps than the uninterrupted run's.)
 #   usage: restart_test.sh CNNFLOW_BINARY
 set -u
 source "$(dirname "$0")/mpi_lib.sh"
@@ -45,7 +50,9 @@ grep -q "giving up: attempt 3/3 failed (exit status 1) and all 2 restart(s) of -
   { echo "FAIL: no clear give-up message"; exit 1; }
 
 # 3. Ctrl-C: one stop, a checkpoint, exit 130, no restart.
-"$cnnflow" train configs/fashion_mnist.yaml --set train.epochs=1 --set threads=2 \
+stop_sets=(--set train.epochs=1 --set train.max_steps=400 --set train.accumulate=2 --set train.batch=32
+           --set threads=2)
+"$cnnflow" train configs/fashion_mnist.yaml "${stop_sets[@]}" \
   --out "$out/stopped" --max-restarts 3 > "$out/stopped.log" 2>&1 &
 launcher=$!
 for _ in $(seq 1 600); do grep -q "train epoch 1/1" "$out/stopped.log" && break; sleep 0.1; done
@@ -59,4 +66,10 @@ grep -q "attempt 1 was stopped (exit status 130, the launcher got signal 2): not
 [[ $(grep -c "^cnnflow launch: attempt [0-9]/4: " "$out/stopped.log") -eq 1 ]] || { echo "FAIL: a stopped job was restarted"; exit 1; }
 grep -q "stopped by a signal" "$out/stopped.log" || { echo "FAIL: the job did not stop cleanly (once)"; exit 1; }
 ls "$out/stopped/checkpoints/"step-*.json > /dev/null 2>&1 || { echo "FAIL: no checkpoint after Ctrl-C"; exit 1; }
-echo "PASS: restarted after SIGKILL bitwise equal; gave up after 2 restarts; Ctrl-C not restarted"
+timeout 120 "$cnnflow" train configs/fashion_mnist.yaml "${stop_sets[@]}" --resume "$out/stopped" \
+  --max-restarts 3 > "$out/resumed.log" 2>&1 || { cat "$out/resumed.log"; echo "FAIL: resume after Ctrl-C"; exit 1; }
+grep -o "resuming .*" "$out/resumed.log"
+timeout 120 "$cnnflow" train configs/fashion_mnist.yaml "${stop_sets[@]}" --out "$out/whole" \
+  > "$out/whole.log" 2>&1 || { cat "$out/whole.log"; echo "FAIL: uninterrupted run"; exit 1; }
+expect_same_end_state "$out/whole" "$out/stopped" no-steps || { echo "(stopped by Ctrl-C, resumed)"; exit 1; }
+echo "PASS: restarted after SIGKILL bitwise equal; gave up after 2 restarts; Ctrl-C not restarted, resumed bitwise equal"
