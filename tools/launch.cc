@@ -178,6 +178,10 @@ int Launch(int64_t max_restarts, const Job& job) {
   std::vector<std::string> command = job.command;
   const int64_t attempts = max_restarts + 1;
   for (int64_t attempt = 1;; ++attempt) {
+    if (g_stop != 0) {  // a stop between two attempts: none is started
+      Log(StrCat("got signal ", int(g_stop), " before attempt ", attempt, ": not restarting"));
+      return kStoppedExit;
+    }
     Log(StrCat("attempt ", attempt, "/", attempts, ": ", Join(command)));
     const int status = RunAttempt(command);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
