@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -250,6 +251,12 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   state_.on_batch = [this, pass, epoch, tuner, &observe](const BatchMessage& m,
                                                          const PassMetrics& p) {
     if (observe) observe(m, p);
+    if (events_ && pass == "train") {  // as the metrics stage adds to p
+      const auto n = static_cast<int64_t>(m.labels.size());
+      window_.loss_sum += m.loss * static_cast<double>(n);
+      window_.correct += m.correct;
+      window_.samples += n;
+    }
     if (events_ && pass == "train" && config_.log_every > 0 && !m.dropped &&
         state_.plan.EndsWindow(m.index) && (m.global_step + 1) % config_.log_every == 0) {
       LogStepScalars(m.global_step + 1, m, p);
@@ -265,10 +272,7 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
                      p.mean_loss(), p.accuracy(), p.samples_per_second(), p.seconds);
   };
   state_.sampled = 0;
-  if (events_ && pass == "train") {
-    window_ = ScalarWindow();
-    std::tie(window_.busy, window_.reduce_wait) = StepCounters();
-  }
+  if (events_ && pass == "train") window_.mark = 0;  // the segment's seconds start at 0
   if (pipeline_) pipeline_->ResetStats();
   // In an arena of exactly the run's threads: replicas block while they wait
   // for each other, so each needs a thread of its own, even where `threads`
@@ -283,6 +287,10 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
                        " batches not delivered to its end"));
   }
   state_.metrics.skipped = static_cast<int64_t>(state_.bad_records.size());
+  if (events_ && pass == "train") {
+    window_.seconds += state_.metrics.seconds - window_.mark;
+    window_.mark = 0;
+  }
   if (pass == "train" && pipeline_ && progress_ && state_.metrics.batches > 0) {
     std::string measured;
     for (double b : pipeline_->bubble()) measured += StrCat(measured.empty() ? "" : ", ", static_cast<int>(100 * b + 0.5), "%");
@@ -410,6 +418,26 @@ void Accumulate(PassMetrics& total, const PassMetrics& part) {
   total.seconds += part.seconds;
 }
 
+// steps.csv of a resumed run: drops the rows of steps after `step` (the
+// checkpoint's), which a run that died later had written and the resumed
+// run writes again, so that each step keeps one row. Replaced in one rename.
+void DropStepRowsAfter(const fs::path& csv, int64_t step) {
+  std::ifstream in(csv);
+  std::string text, line;
+  if (std::getline(in, line)) text = line + "\n";  // the header
+  while (std::getline(in, line)) {
+    if (std::strtoll(line.c_str(), nullptr, 10) <= step) text += line + "\n";
+  }
+  in.close();
+  const fs::path tmp = csv.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) throw Error(StrCat("cannot write ", tmp.string()));
+  }
+  fs::rename(tmp, csv);
+}
+
 }  // namespace
 
 std::pair<double, double> Trainer::StepCounters() const {
@@ -420,12 +448,12 @@ std::pair<double, double> Trainer::StepCounters() const {
 
 void Trainer::LogStepScalars(int64_t step, const BatchMessage& m, const PassMetrics& p) {
   ScalarWindow& w = window_;
-  const double seconds = p.seconds - w.seconds;
-  const auto samples = static_cast<double>(p.samples - w.samples);
+  const double seconds = w.seconds + (p.seconds - w.mark);
+  const auto samples = static_cast<double>(w.samples);
   if (samples <= 0) return;
   std::vector<std::pair<std::string, double>> s = {
-      {"train/loss", (p.loss_sum - w.loss_sum) / samples},
-      {"train/accuracy", static_cast<double>(p.correct - w.correct) / samples},
+      {"train/loss", w.loss_sum / samples},
+      {"train/accuracy", static_cast<double>(w.correct) / samples},
       {"train/lr", m.lr},
       {"train/images_per_s", seconds > 0 ? samples / seconds : 0}};
   // The step's busy time against the wall time, as `cnnflow bench` reports it.
@@ -439,10 +467,11 @@ void Trainer::LogStepScalars(int64_t step, const BatchMessage& m, const PassMetr
   events_->Scalars(step, s);
   *steps_csv_ << StepsRow(step, m.epoch + 1, s) << "\n";
   steps_csv_->flush();
-  w.seconds = p.seconds;
-  w.loss_sum = p.loss_sum;
-  w.correct = p.correct;
-  w.samples = p.samples;
+  w.seconds = 0;
+  w.mark = p.seconds;
+  w.loss_sum = 0;
+  w.correct = 0;
+  w.samples = 0;
 }
 
 void Trainer::Resume(const std::string& run_dir) {
@@ -485,6 +514,13 @@ void Trainer::Resume(const std::string& run_dir) {
     in >> partial_train_.loss_sum >> partial_train_.correct >> partial_train_.samples >>
         partial_train_.batches >> partial_train_.skipped >> partial_train_.seconds;
   }
+  // Mid-epoch, the train/* window goes on where it was (an epoch starts a new one).
+  window_ = ScalarWindow();
+  window_restored_ = st.batch_in_epoch > 0;
+  if (auto it = st.extra.find("log_window"); it != st.extra.end() && window_restored_) {
+    std::istringstream in(it->second);
+    in >> window_.loss_sum >> window_.correct >> window_.samples;
+  }
   run_dir_ = run_dir;
   resumed_ = true;
   if (progress_) {
@@ -509,6 +545,10 @@ void Trainer::SaveCheckpoint(int64_t epoch, const PassMetrics& partial) {
   p << partial.loss_sum << " " << partial.correct << " " << partial.samples << " "
     << partial.batches << " " << partial.skipped << " " << partial.seconds;
   st.extra["partial_train"] = p.str();
+  std::ostringstream w;
+  w.precision(17);
+  w << window_.loss_sum << " " << window_.correct << " " << window_.samples;
+  st.extra["log_window"] = w.str();
   st.metrics_columns = kMetricsColumns;
   st.metrics_rows = metrics_rows_;
   // Replicas hold identical state: replica 0's; pipeline stages: all.
@@ -550,6 +590,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     events_ = std::make_unique<TfEventWriter>(run_dir_);
     const fs::path steps = fs::path(run_dir_) / "steps.csv";
     const bool fresh = !resumed_ || !fs::exists(steps);
+    if (!fresh) DropStepRowsAfter(steps, state_.global_step);
     steps_csv_ = std::make_unique<std::ofstream>(steps, fresh ? std::ios::trunc : std::ios::app);
     if (fresh) *steps_csv_ << JoinCsv(kStepsColumns) << "\n";
   }
@@ -566,6 +607,9 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     report.epoch = epoch + 1;
     PassMetrics train = partial_train_;
     partial_train_ = PassMetrics();
+    if (!window_restored_) window_ = ScalarWindow();  // an epoch's first window starts with it
+    window_restored_ = false;
+    std::tie(window_.busy, window_.reduce_wait) = StepCounters();
     const auto [busy0, reduce0] = StepCounters();
     const double gpu_idle0 = replicas_ ? replicas_->counters(0).gpu_idle_seconds : 0;
     // The train pass, in segments that end at checkpoints.

@@ -121,11 +121,16 @@ class Trainer {
   std::unique_ptr<std::ofstream> autotune_log_;
   std::unique_ptr<TfEventWriter> events_;  // rank 0 of a Train
   std::unique_ptr<std::ofstream> steps_csv_;
-  // The pass's totals and replica 0's counters at the last train/* scalars.
+  // The train/* scalars' window: the batches since the last ones (or the
+  // epoch's start), summed batch by batch, so that where the epoch was cut
+  // into segments (checkpoints, a stop and a resume) changes no bit of it;
+  // a checkpoint carries it. Seconds: those of finished segments plus the
+  // current segment's since `mark`; replica 0's counters at the last ones.
   struct ScalarWindow {
-    double seconds = 0, loss_sum = 0, busy = -1, reduce_wait = 0;
+    double loss_sum = 0, seconds = 0, mark = 0, busy = -1, reduce_wait = 0;
     int64_t correct = 0, samples = 0;
   } window_;
+  bool window_restored_ = false;  // Resume loaded window_ for the resumed epoch
 };
 
 }  // namespace cnnflow

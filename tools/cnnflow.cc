@@ -31,6 +31,7 @@
 #include "stages/stage.h"
 #include "tools/convert.h"
 #include "tools/export_onnx.h"
+#include "tools/launch.h"
 #include "tools/plot.h"
 #include "tools/predict.h"
 
@@ -40,13 +41,20 @@ namespace {
 constexpr const char* kUsage = R"(usage: cnnflow COMMAND [ARGS]
 
 commands:
-  train CONFIG [--set key=value ...] [--out RUN_DIR] [--resume RUN_DIR]
+  train CONFIG [--set key=value ...] [--out RUN_DIR] [--resume RUN_DIR] [--max-restarts N]
         train the model of CONFIG; writes a run folder (config, metrics.csv, weights,
         checkpoints/); --resume continues a run from its newest valid checkpoint.
+        --max-restarts N (with --out): if the process fails, run it again from the newest
+        checkpoint, at most N times (one process; under mpirun: cnnflow launch).
         Under mpirun/srun, every process trains its shard (rank 0 writes the files).
         --trace FILE [--trace-steps N]: profile training steps [20, 20 + N) (N: 50), write
         them to FILE as a Chrome trace (chrome://tracing, ui.perfetto.dev) and print where
         the time went by category (forward, backward, allreduce, optimizer, load, ...)
+  launch [--max-restarts N] [-n RANKS] [--mpirun PATH] -- COMMAND...
+        gang restart: run COMMAND (cnnflow train ... --out RUN_DIR, or mpirun around it;
+        -n RANKS: `mpirun -n RANKS COMMAND`); when any rank fails, relaunch every rank from
+        the newest valid checkpoint of RUN_DIR, at most N times (3), each restart logged;
+        a job stopped by Ctrl-C (exit 130) is not restarted; `cnnflow launch -h`
   eval CONFIG --weights FILE [--ema] [--set key=value ...]
         evaluate weights (model.safetensors of a run) on the config's test set;
         --ema: its weight average (the ema stage's "ema.*" tensors)
@@ -482,6 +490,7 @@ int Main(int argc, char** argv) {
   if (first == "convert") return RunConvert(std::vector<std::string>(argv + 2, argv + argc));
   if (first == "plot") return RunPlot(std::vector<std::string>(argv + 2, argv + argc));
   if (first == "export") return RunExport(std::vector<std::string>(argv + 2, argv + argc));
+  if (first == "launch") return RunLaunch(std::vector<std::string>(argv + 2, argv + argc));
   // --help / -h anywhere (and `help [COMMAND]`): the command's usage (or
   // the whole usage), on stdout, and success.
   for (int i = 1; i < argc; ++i) {
@@ -499,6 +508,13 @@ int Main(int argc, char** argv) {
   }
   if (argc >= 2 && std::string(argv[1]) == "predict") {
     return RunPredict(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (first == "train") {
+    const std::vector<std::string> rest(argv + 2, argv + argc);
+    for (const std::string& a : rest) {
+      if (a == "--max-restarts" || a.rfind("--max-restarts=", 0) == 0)
+        return RunTrainWithRestarts(rest);
+    }
   }
   Options o;
   try {

@@ -38,7 +38,7 @@ ok "usage: cnnflow COMMAND" --help
 ok "usage: cnnflow COMMAND" -h
 ok "usage: cnnflow COMMAND" help
 ok "cnnflow 0." --version
-for c in train eval tune bench validate graph devices stages; do
+for c in train launch eval tune bench validate graph devices stages; do
   ok "usage: cnnflow $c" "$c" --help
   ok "usage: cnnflow $c" help "$c"
 done
@@ -57,4 +57,11 @@ usage_error "needs a CONFIG file" "usage: cnnflow validate" validate
 usage_error "unknown option '--bogus'" "usage: cnnflow convert" convert --bogus
 usage_error "--to needs a value" "usage: cnnflow convert" convert --from folder x --to
 usage_error "--on-bad expects fail or skip, got 'maybe'" "usage: cnnflow convert" convert --from folder x --to y --on-bad maybe
+usage_error "--max-restarts needs a count >= 0, got 'x'" "usage: cnnflow launch" launch --max-restarts x -- "$cnnflow" train c.yaml --out d
+usage_error "the train command needs --out RUN_DIR" "usage: cnnflow launch" launch -- "$cnnflow" train configs/fashion_mnist.yaml
+usage_error "the command must run \`cnnflow train\`" "usage: cnnflow launch" launch -- sleep 1
+# Inside mpirun one rank cannot relaunch the others: --max-restarts is refused there.
+OMPI_COMM_WORLD_SIZE=2 "$cnnflow" train configs/fashion_mnist.yaml --out "$out/x" --max-restarts 1 > "$out/stdout" 2> "$out/stderr"
+[[ $? == 2 ]] && grep -q "cnnflow launch --max-restarts N -n RANKS -- cnnflow train" "$out/stderr" ||
+  fail "train --max-restarts under mpirun: $(cat "$out/stderr")"
 echo "PASS: --help, --version and usage errors"

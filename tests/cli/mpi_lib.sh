@@ -31,3 +31,41 @@ wait_for_rank1() {
   echo "FAIL: rank 1 not found" >&2
   return 1
 }
+
+# Waits (up to 120 s) until file $1 exists, or fails with log $2.
+wait_for_file() {
+  for _ in $(seq 1 6000); do
+    [[ -e "$1" ]] && return 0
+    sleep 0.02
+  done
+  cat "$2" >&2
+  echo "FAIL: $1 never appeared" >&2
+  return 1
+}
+
+# Copies run folder $1 to $2 as a run that died after step $3: the
+# checkpoints of later steps and the final weights are gone.
+cut_run_at() {
+  cp -r "$1" "$2"
+  rm -f "$2/model.safetensors"
+  local f s
+  for f in "$2"/checkpoints/step-*; do
+    s=${f##*/step-}
+    s=$((10#${s%%.*}))
+    if ((s > $3)); then rm -f "$f"; fi
+  done
+  ls "$2/checkpoints/step-$(printf %09d "$3").json" > /dev/null || { echo "FAIL: no checkpoint at step $3"; return 1; }
+}
+
+# Fails unless run folders $1 and $2 end in the same state: model.safetensors
+# byte for byte, metrics.csv but for its timing columns (images_per_s,
+# seconds), and (unless $3 is "no-steps") steps.csv, one row a step, but for
+# its timing columns (images_per_s, data_wait_share, allreduce_share).
+expect_same_end_state() {
+  cmp "$1/model.safetensors" "$2/model.safetensors" || { echo "FAIL: $2/model.safetensors differs from $1's"; return 1; }
+  diff <(cut -d, -f1-5,8,9 "$1/metrics.csv") <(cut -d, -f1-5,8,9 "$2/metrics.csv") ||
+    { echo "FAIL: $2/metrics.csv differs from $1's"; return 1; }
+  [[ ${3:-} == no-steps ]] || diff <(cut -d, -f1-7 "$1/steps.csv") <(cut -d, -f1-7 "$2/steps.csv") ||
+    { echo "FAIL: $2/steps.csv differs from $1's"; return 1; }
+  [[ $(wc -l < "$1/metrics.csv") -ge 2 ]] || { echo "FAIL: $1/metrics.csv has no epoch"; return 1; }
+}

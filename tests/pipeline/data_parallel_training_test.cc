@@ -6,13 +6,16 @@
 //    uninterrupted run, and a different config is refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "ops/io/safetensors.h"
+#include "pipeline/checkpoint.h"
 #include "pipeline/trainer.h"
 #include "tests/testing/test_dir.h"
 
@@ -74,64 +77,93 @@ TEST(DataParallelTraining, TwoReplicasAndAccumulationMatchOneBigBatch) {
   }
 }
 
-// Trains `config` straight, and again from its step-14 checkpoint; the final
-// weights must be bitwise equal (in dir/straight and dir/resumed), or within
-// `tolerance` (relative) where the kernels are not deterministic (cuDNN).
+// A CSV file as text, one row a line, with only its first `columns`
+// columns but `skip` (timing): what an exact resume must reproduce.
+std::vector<std::string> CsvWithout(const fs::path& csv, std::vector<int> skip, int columns) {
+  std::ifstream in(csv);
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);) {
+    std::stringstream ss(line);
+    std::string row;
+    int col = 0;
+    for (std::string cell; std::getline(ss, cell, ',') && col < columns; ++col) {
+      if (std::find(skip.begin(), skip.end(), col) == skip.end()) row += cell + ",";
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+// metrics.csv without images_per_s and seconds.
+std::vector<std::string> MetricsWithoutTiming(const fs::path& csv) {
+  return CsvWithout(csv, {5, 6}, 100);
+}
+// steps.csv: step, epoch, train loss and accuracy, test loss and accuracy,
+// lr (not images_per_s, data_wait_share, allreduce_share).
+std::vector<std::string> StepsWithoutTiming(const fs::path& csv) { return CsvWithout(csv, {}, 7); }
+
+// Trains `config` straight, keeping every checkpoint (the config must make
+// them), then for each step of `breaks` again from the checkpoint of that
+// step, as a run that died there: the final weights (every tensor of
+// model.safetensors) must be bitwise equal (in dir/straight and
+// dir/resumed-<step>), or within `tolerance` (relative) where the kernels
+// are not deterministic (cuDNN), and metrics.csv equal but for its timing.
 void ExpectResumeIsExact(const char* config_file, const std::vector<std::string>& config,
-                         const fs::path& dir, double tolerance = 0) {
-  const fs::path straight = dir / "straight", resumed = dir / "resumed";
+                         const fs::path& dir, double tolerance = 0,
+                         const std::vector<int64_t>& breaks = {14}) {
+  const fs::path straight = dir / "straight";
+  int64_t steps = 0;
   {
     Trainer t(LoadRunConfig(config_file, config));
     t.Train(straight.string());
-  }
-  // A run that died after step 14 (mid-epoch 1): its later files are gone.
-  fs::copy(straight, resumed, fs::copy_options::recursive);
-  for (const auto& e : fs::directory_iterator(resumed / "checkpoints")) {
-    const std::string name = e.path().filename().string();
-    if (name > "step-000000014.zzz") fs::remove(e.path());
-  }
-  fs::remove(resumed / "model.safetensors");
-  {
-    Trainer t(LoadRunConfig(config_file, config));
-    t.Resume(resumed.string());
-    EXPECT_EQ(t.state().global_step, 14);
-    t.Train();
-    EXPECT_EQ(t.state().global_step, 40);
+    steps = t.state().global_step;
   }
   const SafetensorsFile a = LoadSafetensors((straight / "model.safetensors").string());
-  const SafetensorsFile b = LoadSafetensors((resumed / "model.safetensors").string());
-  ASSERT_EQ(a.tensors.size(), b.tensors.size());
-  for (const auto& [name, t] : a.tensors) {
-    const Tensor* u = b.Find(name);
-    ASSERT_NE(u, nullptr) << name;
-    if (tolerance == 0) {
-      EXPECT_EQ(std::memcmp(t.raw_data(), u->raw_data(), t.nbytes()), 0) << name;
-      continue;
+  for (const int64_t at : breaks) {
+    SCOPED_TRACE(StrCat("resumed from step ", at, " of ", steps));
+    const fs::path resumed = dir / StrCat("resumed-", at);
+    // A run that died after step `at`: its later files are gone.
+    fs::copy(straight, resumed, fs::copy_options::recursive);
+    const std::string last = CheckpointName(at) + ".zzz";
+    ASSERT_TRUE(fs::exists(resumed / "checkpoints" / (CheckpointName(at) + ".json")))
+        << "no checkpoint at step " << at;
+    for (const auto& e : fs::directory_iterator(resumed / "checkpoints")) {
+      if (e.path().filename().string() > last) fs::remove(e.path());
     }
-    double scale = 1e-12, diff = 0;
-    for (int64_t j = 0; j < t.numel(); ++j) {
-      scale = std::max(scale, std::fabs(t.At(j)));
-      diff = std::max(diff, std::fabs(t.At(j) - u->At(j)));
+    fs::remove(resumed / "model.safetensors");
+    {
+      Trainer t(LoadRunConfig(config_file, config));
+      t.Resume(resumed.string());
+      EXPECT_EQ(t.state().global_step, at);
+      t.Train();
+      EXPECT_EQ(t.state().global_step, steps);
     }
-    EXPECT_LT(diff / scale, tolerance) << name;
+    const SafetensorsFile b = LoadSafetensors((resumed / "model.safetensors").string());
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (const auto& [name, t] : a.tensors) {
+      const Tensor* u = b.Find(name);
+      ASSERT_NE(u, nullptr) << name;
+      if (tolerance == 0) {
+        EXPECT_EQ(std::memcmp(t.raw_data(), u->raw_data(), t.nbytes()), 0) << name;
+        continue;
+      }
+      double scale = 1e-12, diff = 0;
+      for (int64_t j = 0; j < t.numel(); ++j) {
+        scale = std::max(scale, std::fabs(t.At(j)));
+        diff = std::max(diff, std::fabs(t.At(j) - u->At(j)));
+      }
+      EXPECT_LT(diff / scale, tolerance) << name;
+    }
+    if (tolerance > 0) continue;
+    // Every epoch's losses, accuracies, learning rate and skipped records too.
+    EXPECT_EQ(MetricsWithoutTiming(straight / "metrics.csv"),
+              MetricsWithoutTiming(resumed / "metrics.csv"));
+    // One row a step, as the uninterrupted run logged them (the copy held
+    // the rows of the later steps too, as a run that died after them would).
+    EXPECT_EQ(StepsWithoutTiming(straight / "steps.csv"),
+              StepsWithoutTiming(resumed / "steps.csv"));
   }
-  if (tolerance > 0) return;
-  // The test accuracy of both epochs is the same too (metrics.csv, column 5).
-  auto column = [](const fs::path& csv, int col) {
-    std::ifstream in(csv);
-    std::vector<std::string> v;
-    std::string line;
-    std::getline(in, line);
-    while (std::getline(in, line)) {
-      std::stringstream ss(line);
-      std::string cell;
-      for (int i = 0; i <= col; ++i) std::getline(ss, cell, ',');
-      v.push_back(cell);
-    }
-    return v;
-  };
-  EXPECT_EQ(column(straight / "metrics.csv", 4), column(resumed / "metrics.csv", 4));
-  EXPECT_EQ(column(resumed / "metrics.csv", 4).size(), 2u);
+  EXPECT_GE(MetricsWithoutTiming(straight / "metrics.csv").size(), 3u) << "2 epochs expected";
 }
 
 // A user's template: the training stages are graph nodes of their own, so
@@ -295,19 +327,167 @@ TEST(DataParallelTraining, CutmixBeforeTheDevicesTrainsAndResumesExactly) {
   fs::remove_all(dir);
 }
 
-TEST(DataParallelTraining, ResumedRunEndsBitwiseEqualToTheUninterruptedOne) {
-  // 2 epochs of 20 steps, 2 replicas, a checkpoint every 7 steps, all kept.
-  const std::vector<std::string> config = {
-      "train.epochs=2", "train.max_steps=20", "threads=2", "train.batch=32",
-      "graph.devices=[cpu:0, cpu:1]", "train.checkpoint_every=7", "train.keep_checkpoints=0"};
-  const fs::path dir = testing::TestDir();
-  const fs::path resumed = dir / "resumed";
-  ExpectResumeIsExact(kConfig, config, dir);
+// Resume swept the DALI way (issue 16): each parallel mode, stopped at
+// several points (mid-epoch, exactly at an epoch boundary, on and off an
+// accumulation boundary), resumes to the bitwise end state of the
+// uninterrupted run. Every case trains 2 epochs; `breaks` are the steps
+// whose checkpoints it resumes from. MPI ranks: tests/cli/mpi_restart_test.sh.
+struct ResumeCase {
+  const char* name;
+  const char* config;  // a file, or "" for the case's own (MakeConfig)
+  std::vector<std::string> overrides;
+  std::vector<int64_t> breaks;
+  int64_t skipped_per_epoch = 0;  // bad records the data set must really have
+};
 
-  // Another config is refused, naming both hashes.
+// ctest names a case by its name, not its bytes.
+void PrintTo(const ResumeCase& c, std::ostream* os) { *os << c.name; }
+
+// A BatchNorm model on the Fashion-MNIST test images (no test set, so no
+// evaluation pass): for sync_bn.
+const char* kBatchNormConfig = R"(name: bn-resume
+seed: 1
+threads: 2
+data:
+  train: {source: idx, images: /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz,
+          labels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz}
+model:
+  input: [1, 28, 28]
+  layers:
+    - {name: conv1, conv2d: {out: 8, kernel: 3, pad: 1, bias: false}}
+    - {name: bn1, batchnorm: {}}
+    - {name: relu1, relu: {}}
+    - {name: pool1, maxpool2d: {kernel: 4}}
+    - {name: flatten, flatten: {}}
+    - {name: fc, linear: {out: 10}}
+train: {epochs: 2, batch: 16, max_steps: 10, checkpoint_every: 3, keep_checkpoints: 0, log_every: 2,
+        optimizer: {sgd: {lr: 0.1, momentum: 0.9}}}
+graph: {devices: [cpu:0, cpu:1], sync_bn: true, collective_timeout_s: 60}
+)";
+
+// An image folder of 60 real JPEGs (the CIFAR-10 sample, 3 times) and 6
+// broken ones (truncated, empty, not a JPEG), skipped: 9 batches of 8 an
+// epoch, the last of 2, fewer samples where a bad one was.
+const char* kBadRecordsConfig = R"(name: bad-records-resume
+seed: 3
+threads: 2
+data:
+  train: {source: folder, path: @DIR@/images, shape: [3, 32, 32], hflip: true}
+  on_bad_record: skip
+model:
+  input: [3, 32, 32]
+  layers:
+    - {name: conv1, conv2d: {out: 8, kernel: 3, pad: 1}}
+    - {name: relu1, relu: {}}
+    - {name: pool1, maxpool2d: {kernel: 4}}
+    - {name: flatten, flatten: {}}
+    - {name: fc, linear: {out: 10}}
+train: {epochs: 2, batch: 8, checkpoint_every: 2, keep_checkpoints: 0, log_every: 3,
+        optimizer: {sgd: {lr: 0.05, momentum: 0.9}}}
+graph: {devices: [cpu:0], load_threads: 2}
+)";
+
+std::string MakeConfig(const std::string& name, const fs::path& dir) {
+  if (name == "sync_bn") {
+    testing::WriteBytes((dir / "bn.yaml").string(), kBatchNormConfig);
+    return (dir / "bn.yaml").string();
+  }
+  const char* src = std::getenv("CNNFLOW_SOURCE_DIR");
+  const fs::path sample = fs::path(src ? src : ".") / "tests/data/cifar10-jpeg-sample";
+  int bad = 0;
+  for (const auto& cls : fs::directory_iterator(sample)) {
+    const fs::path to = dir / "images" / cls.path().filename();
+    fs::create_directories(to);
+    for (const auto& img : fs::directory_iterator(cls.path())) {
+      const std::string bytes = testing::ReadBytes(img.path().string());
+      for (int copy = 0; copy < 3; ++copy) {
+        testing::WriteBytes((to / StrCat(copy, "-", img.path().filename().string())).string(),
+                            bytes);
+      }
+      if (bad < 6) {
+        const std::string broken = bad % 3 == 0   ? bytes.substr(0, bytes.size() / 3)
+                                   : bad % 3 == 1 ? std::string()
+                                                  : std::string("not a JPEG at all");
+        testing::WriteBytes((to / StrCat("bad-", img.path().filename().string())).string(), broken);
+        ++bad;
+      }
+    }
+  }
+  std::string text = kBadRecordsConfig;
+  text.replace(text.find("@DIR@"), 5, dir.string());
+  testing::WriteBytes((dir / "bad.yaml").string(), text);
+  return (dir / "bad.yaml").string();
+}
+
+class ResumeSweep : public ::testing::TestWithParam<ResumeCase> {};
+
+TEST_P(ResumeSweep, EveryBreakPointResumesBitwiseExact) {
+  const ResumeCase& c = GetParam();
+  const fs::path dir = testing::TestDir();
+  const std::string config = *c.config ? c.config : MakeConfig(c.name, dir);
+  ExpectResumeIsExact(config.c_str(), c.overrides, dir, 0, c.breaks);
+  if (c.skipped_per_epoch > 0) {
+    const std::vector<std::string> rows = MetricsWithoutTiming(dir / "straight/metrics.csv");
+    ASSERT_EQ(rows.size(), 3u);
+    for (size_t r = 1; r < rows.size(); ++r) {
+      EXPECT_EQ(rows[r].substr(rows[r].rfind(',', rows[r].size() - 2) + 1),
+                StrCat(c.skipped_per_epoch, ","))
+          << "the data set's bad records were not all skipped: " << rows[r];
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// No test set: the evaluation passes would cost most of the time, and the
+// bitwise weights already say more than the test columns would.
+const std::vector<std::string> kEpochs20 = {"train.epochs=2",           "train.max_steps=20",
+                                            "train.checkpoint_every=7", "train.keep_checkpoints=0",
+                                            "data.test=null",           "train.log_every=5"};
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, ResumeSweep,
+    ::testing::Values(
+        // 2 replicas: 20 steps an epoch, checkpoints at 7, 14, 20 (the epoch's
+        // end), 27, 34, 40: mid-epoch 1, the boundary, mid-epoch 2.
+        ResumeCase{"replicas",
+                   kConfig,
+                   With(kEpochs20, {"threads=2", "train.batch=32", "graph.devices=[cpu:0, cpu:1]"}),
+                   {7, 20, 27}},
+        // accumulate 2 over 21 batches an epoch: 11 steps, the last a window
+        // of 1 batch. Step 3 (batch 6) is on a window boundary; step 11 is
+        // the epoch's end, after the short window (21 batches done, odd);
+        // step 14 is mid-epoch 2, 27 batches into the run (off the run's
+        // window grid, on the epoch's).
+        ResumeCase{"accumulate",
+                   kConfig,
+                   {"train.epochs=2", "train.max_steps=21", "train.accumulate=2", "train.batch=16",
+                    "threads=2", "train.checkpoint_every=3", "train.keep_checkpoints=0",
+                    "data.test=null", "train.log_every=2"},
+                   {3, 11, 14}},
+        // SyncBN over 2 replicas (drop_last): 10 steps an epoch.
+        ResumeCase{"sync_bn", "", {}, {3, 10, 13}},
+        // 2 pipeline stages, 4 micro-batches, 1F1B, Adam (every stage's state).
+        ResumeCase{"pipeline",
+                   "configs/fashion_mnist_pipeline.yaml",
+                   With(kEpochs20, {"train.optimizer={adam: {lr: 0.001}}"}),
+                   {7, 20, 27}},
+        // on_bad_record: skip over a folder with 6 bad JPEGs of 66: 9 batches
+        // an epoch, checkpoints at 2, 4, 6, 8, 9 (the end), 11, ...
+        ResumeCase{"bad_records", "", {}, {2, 9, 13}, 6}),
+    [](const ::testing::TestParamInfo<ResumeCase>& info) { return std::string(info.param.name); });
+
+// A checkpoint of another config is refused, naming both hashes.
+TEST(DataParallelTraining, ResumingWithAnotherConfigIsRefused) {
+  const std::vector<std::string> config = {"train.epochs=1", "train.max_steps=2", "threads=2",
+                                           "train.batch=8", "data.test=null"};
+  const fs::path dir = testing::TestDir();
+  {
+    Trainer t(LoadRunConfig(kConfig, config));
+    t.Train(dir.string());
+  }
   Trainer other(LoadRunConfig(kConfig, With(config, {"train.optimizer={sgd: {lr: 0.02}}"})));
   try {
-    other.Resume(resumed.string());
+    other.Resume(dir.string());
     FAIL() << "expected a config mismatch";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("was written by a different config"), std::string::npos)
@@ -358,9 +538,9 @@ TEST(TensorParallelTraining, SplitLayersTrainAsOneDeviceAndResumeExactly) {
 }
 
 // Invariant 2 through the graph: the pipeline config (2 stages, 4
-// micro-batches) trains like one device, for both schedules; and its
-// checkpoints (every stage's optimizer state) resume exactly.
-TEST(PipelineTraining, PipelineMatchesOneDeviceAndResumesExactly) {
+// micro-batches) trains like one device, for both schedules (its resume is
+// ResumeSweep's pipeline case).
+TEST(PipelineTraining, PipelineMatchesOneDeviceForBothSchedules) {
   const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=12", "threads=2"};
   Trainer one(LoadRunConfig(kConfig, common));
   one.RunPass(one.config().train_graph, "train", 0);
@@ -378,12 +558,7 @@ TEST(PipelineTraining, PipelineMatchesOneDeviceAndResumesExactly) {
       EXPECT_EQ(held, (std::vector<int>{4, 4}));
     }
   }
-  const fs::path dir = testing::TestDir();
-  ExpectResumeIsExact("configs/fashion_mnist_pipeline.yaml",
-                      {"train.epochs=2", "train.max_steps=20", "train.checkpoint_every=7",
-                       "train.keep_checkpoints=0", "train.optimizer={adam: {lr: 0.001}}"},
-                      dir);
-  fs::remove_all(dir);
+  // Its resume: ResumeSweep's pipeline case.
 }
 
 // More replicas than cores, with SyncBN (every replica blocks in each
