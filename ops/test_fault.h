@@ -11,7 +11,8 @@
 //   abort         std::abort() (SIGABRT, as a failed assertion).
 // It prints one line to stderr first ("cnnflow: CNNFLOW_TEST_FAULT: rank 1
 // exit1 at step 5"), which the tests time the survivors from. SIGKILL and
-// SIGTERM come from outside (kill), as they do in real life.
+// SIGTERM come from outside (kill), as they do in real life. Called by the
+// data-parallel forward_backward stage (pipeline graphs do not call it).
 //
 // The variable is read once per process (the first call); when it is unset
 // a call costs one load and a compare. A malformed value throws Error at
