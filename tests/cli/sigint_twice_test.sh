@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Ctrl-C twice: the first asks for a stop (finish the step, checkpoint), the
 # second quits at once with exit 130 and leaves no torn file.
+#  0. One Ctrl-C: the run stops after the step in flight.
 #  A. The second Ctrl-C right after the first, while the step (a batch of
 #     2048) is still running: the process must end within 1 s, without
 #     finishing the step and saving ("quitting at once", not "stopped by a
@@ -49,6 +50,21 @@ second_sigint() {
   [[ $status -eq 130 ]] || { cat "$2"; echo "FAIL: $1: exit status $status, expected 130"; exit 1; }
   awk -v e="$elapsed" 'BEGIN { exit !(e <= 1.0) }' || { echo "FAIL: $1: took ${elapsed} s to quit"; exit 1; }
 }
+
+# 0. One Ctrl-C stops after the step in flight (at most one more than the
+# progress line showed), not after the batches already prefetched too (it
+# took 4 more steps of 2048 images before).
+start "$out/log.0" --out "$out/0"
+for _ in $(seq 1 600); do grep -q "train epoch 1/1" "$out/log.0" 2>/dev/null && break; sleep 0.05; done
+shown=$(grep -o "step [0-9]*/8" "$out/log.0" | tail -n 1 | grep -o "[0-9]*/" | tr -d /)
+kill -INT "$pid"
+wait "$pid"
+status=$?
+kill "$alarm" 2> /dev/null
+stopped=$(grep -o "stopped by a signal in epoch 1 after [0-9]* steps" "$out/log.0" | grep -o "[0-9]* steps" | tr -dc 0-9)
+echo "0: one Ctrl-C at step ${shown:-?}: stopped after ${stopped:-?} steps, exit status $status"
+[[ $status -eq 130 && -n "$stopped" && -n "$shown" ]] || { cat "$out/log.0"; echo "FAIL: 0: no stop"; exit 1; }
+((stopped <= shown + 2)) || { echo "FAIL: 0: trained $((stopped - shown)) steps past the Ctrl-C"; exit 1; }
 
 # A: during the step.
 start "$out/log.a" --out "$out/a"
