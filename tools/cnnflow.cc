@@ -248,7 +248,10 @@ int Stages() {
 // name and renamed, so one cut short leaves only a temporary file, which
 // --resume ignores. The watcher stays alive for that second signal: were
 // it to end, every thread would block the signal and it would wait,
-// pending, until the step and the checkpoint were done.
+// pending, until the step and the checkpoint were done. (Threads that
+// libraries start as they load, OpenBLAS's, keep the signals unblocked and
+// may run the handler too: it is async-signal-safe, and SA_RESTART resumes
+// what it interrupts.)
 std::atomic<int> g_signals{0};
 sem_t g_signal_sem;
 
