@@ -23,8 +23,8 @@ sets=(--set train.epochs=1 --set train.max_steps=30 --set train.checkpoint_every
 ck="$disk/run/checkpoints"
 train_expect 1 "$out/log" "${sets[@]}" --out "$disk/run"  # an error, no crash
 grep "error" "$out/log" | sed 's/^/  | /'
-grep -qE "error: .*step-000000020\.safetensors.*No space left on device" "$out/log" ||
-  { echo "FAIL: the error does not name the checkpoint file and the lack of space"; exit 1; }
+grep -qE "error: checkpoint '.*/step-000000020': .*step-000000020\.safetensors.*No space left on device; the checkpoints written before it are intact: --resume .*/run continues from the newest" "$out/log" ||
+  { echo "FAIL: the error does not name the checkpoint file, the lack of space and what to do"; exit 1; }
 ls -la "$ck" | sed 's/^/  | /'
 check_checkpoints "$ck" | grep -q "valid step-000000010.json" ||
   { check_checkpoints "$ck"; echo "FAIL: the previous checkpoint (step 10) is not valid"; exit 1; }
