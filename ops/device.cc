@@ -1,8 +1,11 @@
 #include "ops/device.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "ops/device_backend.h"
 #include "ops/error.h"
@@ -52,6 +55,28 @@ class HostPool final : public CachingPool {
   std::string name() const override { return "host"; }
 };
 
+// "123 bytes available (MemAvailable), address space limited to 456 bytes
+// (ulimit -v)": what an allocation of host memory could have had.
+std::string HostMemoryAvailable() {
+  std::string out;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  long long kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") {
+      out = StrCat(kib * 1024, " bytes available (MemAvailable)");
+      break;
+    }
+  }
+  struct rlimit as {};
+  if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    out += StrCat(out.empty() ? "" : ", ", "address space limited to ", as.rlim_cur,
+                  " bytes (ulimit -v)");
+  }
+  return out.empty() ? "available memory unknown" : out;
+}
+
 }  // namespace
 
 void* CachingPool::Allocate(size_t bytes) {
@@ -66,10 +91,16 @@ void* CachingPool::Allocate(size_t bytes) {
     p = limit_ > 0 && reserved_ + size > limit_ ? nullptr : RawAllocate(size);
     if (p == nullptr) {
       const std::string who = AllocationScope::Current();
+      // The host's free memory too: Linux overcommits, so a failed host
+      // allocation means the request exceeds what the system (or ulimit -v)
+      // can give at all, and the figures say by how much.
+      const bool host = name() == "host";
       throw Error(StrCat(name(), " out of memory: asked ", size, " bytes with ", in_use_,
                          " in use and ", reserved_, " reserved",
                          limit_ > 0 ? StrCat(" (limit ", limit_, ")") : std::string(),
-                         who.empty() ? std::string() : StrCat(", for ", who)));
+                         who.empty() ? std::string() : StrCat(", for ", who),
+                         host ? StrCat("; ", HostMemoryAvailable()) : std::string(),
+                         "; use a smaller batch (train.batch) or fewer replicas per process"));
     }
     reserved_ += size;
   }

@@ -1,6 +1,7 @@
 #include "ops/model.h"
 
 #include <cmath>
+#include <new>
 #include <optional>
 
 #include "ops/device_ops.h"
@@ -31,6 +32,14 @@ void InitWeight(Tensor& w, InitScheme scheme, Rng& rng) {
 
 // "conv1 (conv2d)": a layer's name in the profiler's spans.
 std::string SpanName(const Layer& layer) { return StrCat(layer.name(), " (", layer.type(), ")"); }
+
+// A std::bad_alloc from inside a layer (a kernel's own buffer, not the
+// pool's: that one throws Error itself), as the pool's error says it: who
+// asked and what to do.
+Error OutOfMemoryIn() {
+  return Error(StrCat("out of memory (std::bad_alloc) for ", AllocationScope::Current(),
+                      "; use a smaller batch (train.batch) or fewer replicas per process"));
+}
 
 }  // namespace
 
@@ -242,10 +251,14 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
       const AllocationScope scope([layer, &shape] {
         return StrCat("layer '", layer->name(), "' (", layer->type(), ") forward, output ", shape);
       });
-      if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, compute_, x.device());
-      const TraceSpan span("forward", [layer] { return SpanName(*layer); });
-      const DeviceSpan device_span(device_, "gpu forward", [layer] { return SpanName(*layer); });
-      layers_[i]->Forward(ins, y, ctx);
+      try {
+        if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, compute_, x.device());
+        const TraceSpan span("forward", [layer] { return SpanName(*layer); });
+        const DeviceSpan device_span(device_, "gpu forward", [layer] { return SpanName(*layer); });
+        layers_[i]->Forward(ins, y, ctx);
+      } catch (const std::bad_alloc&) {
+        throw OutOfMemoryIn();
+      }
     }
     if (!keep) {
       // Free what no later layer reads: this layer's inputs if it was their
@@ -310,10 +323,12 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
         dxs.push_back(&local[k]);
       }
     }
-    {
+    try {
       const TraceSpan span("backward", [layer] { return SpanName(*layer); });
       const DeviceSpan device_span(device_, "gpu backward", [layer] { return SpanName(*layer); });
       layers_[i]->Backward(ins, acts_[i], grads[i], dxs);
+    } catch (const std::bad_alloc&) {
+      throw OutOfMemoryIn();
     }
     for (size_t k = 0; k < input_index_[i].size(); ++k) {
       const int j = input_index_[i][k];

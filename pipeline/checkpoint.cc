@@ -324,11 +324,15 @@ std::string WriteCheckpoint(const std::string& run_dir, const CheckpointState& s
   all.reserve(model_tensors.size() + optimizer_tensors.size());
   for (const auto& [n, t] : optimizer_tensors) all.emplace_back(kOptimizerTensorPrefix + n, t);
   SafetensorsWritten written;
-  SaveSafetensors(data.string(), all,
-                  {{"format", "pt"},
-                   {"cnnflow.global_step", std::to_string(state.global_step)},
-                   {"cnnflow.sidecar", name + kSidecarExt}},
-                  &written);
+  try {
+    SaveSafetensors(data.string(), all,
+                    {{"format", "pt"},
+                     {"cnnflow.global_step", std::to_string(state.global_step)},
+                     {"cnnflow.sidecar", name + kSidecarExt}},
+                    &written);
+  } catch (const Error& e) {
+    throw Error(StrCat(where, e.what()));
+  }
   const Json j =
       SidecarJson(state, name + kDataExt, written, model_tensors.size(), optimizer_tensors.size());
   try {

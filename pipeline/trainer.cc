@@ -558,8 +558,15 @@ void Trainer::SaveCheckpoint(int64_t epoch, const PassMetrics& partial) {
     if (replicas_) break;
   }
   if (ema_) st.extra["ema_updates"] = std::to_string(ema_->updates());
-  WriteCheckpoint(run_dir_, st, ExportedTensors(), optimizer_state,
-                  static_cast<int>(config_.keep_checkpoints));
+  try {
+    WriteCheckpoint(run_dir_, st, ExportedTensors(), optimizer_state,
+                    static_cast<int>(config_.keep_checkpoints));
+  } catch (const Error& e) {
+    // A failed write (a full disk) leaves the earlier ones as they were
+    // (pipeline/checkpoint.h): say where to go on from.
+    throw Error(StrCat(e.what(), "; the checkpoints written before it are intact: --resume ",
+                       run_dir_, " continues from the newest"));
+  }
 }
 
 EpochReport Trainer::Train(const std::string& run_dir) {

@@ -16,6 +16,7 @@
 //          them). Emits the batch on lane r.
 #include <tbb/flow_graph.h>
 
+#include "ops/test_fault.h"
 #include "ops/trace.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
@@ -87,6 +88,7 @@ class ForwardBackwardStage final : public Stage {
       m.dropped = true;
       return;
     }
+    if (r == 0) MaybeInjectTestFault(m.global_step);  // CNNFLOW_TEST_FAULT, for the fault tests
     const int64_t rows = static_cast<int64_t>(m.labels.size());
     const auto [b, e] = ReplicaRows(set, rows, r);
     // The gradient of the mean loss over the window's batches of all

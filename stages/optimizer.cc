@@ -51,10 +51,14 @@ class OptimizerStage final : public Stage {
     const double lr = s.schedule->At(m.global_step);
     if (r == 0) m.lr = lr;  // the lanes run at once
     set.Step(r, lr);
+    // A stop request (Ctrl-C, SIGTERM) ends the run after this step: the
+    // batches already sampled past it (up to the prefetch depth) are
+    // dropped, not trained, else a stop would take that many more steps.
     // Under MPI a signal may reach some processes only, or at different
     // steps: they agree after each step, so that all stop after the same
-    // one (else their collectives would no longer match).
-    if (s.process_count > 1 && set.AgreeStop(r, s.stop_requested.load())) StopAfter(s, m);
+    // one (else their collectives would no longer match); a process's
+    // replicas agree the same way (no collective for one replica).
+    if (set.AgreeStop(r, s.stop_requested.load())) StopAfter(s, m);
   }
 
   // Every process agreed to stop: after this step.

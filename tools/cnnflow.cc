@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
+#include <new>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -249,12 +251,24 @@ int Stages() {
 // them starts), so a signal handler never interrupts a kernel, an
 // allocator or a collective. One watcher thread keeps them unblocked: the
 // handler only counts and posts a semaphore, and the watcher asks the
-// trainer to stop. A second signal ends the process at once.
+// trainer to stop. A second signal ends the process at once (exit 128 +
+// the signal: 130 for Ctrl-C): checkpoints are written under a temporary
+// name and renamed, so one cut short leaves only a temporary file, which
+// --resume ignores. The watcher stays alive for that second signal: were
+// it to end, every thread would block the signal and it would wait,
+// pending, until the step and the checkpoint were done. (Threads that
+// libraries start as they load, OpenBLAS's, keep the signals unblocked and
+// may run the handler too: it is async-signal-safe, and SA_RESTART resumes
+// what it interrupts.)
 std::atomic<int> g_signals{0};
 sem_t g_signal_sem;
 
 extern "C" void OnSignal(int sig) {
-  if (g_signals.fetch_add(1) > 0) _exit(128 + sig);
+  if (g_signals.fetch_add(1) > 0) {
+    constexpr char kMsg[] = "\ncnnflow: second signal: quitting at once\n";
+    [[maybe_unused]] const ssize_t n = write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+    _exit(128 + sig);
+  }
   sem_post(&g_signal_sem);
 }
 
@@ -273,8 +287,31 @@ void BlockStopSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-void WatchSignals(Trainer& trainer) {
-  std::thread([&trainer] {
+// The run a stop request goes to; null before and after it. A signal can
+// come after Train() is done with the Trainer (mpirun SIGTERMs the ranks
+// still exiting when one exits non-zero, e.g. 130): the watcher must then
+// find nothing to stop, not a destroyed Trainer.
+std::mutex g_stop_mu;
+Trainer* g_stop_target = nullptr;  // guarded by g_stop_mu
+
+// Points stop requests at `trainer` for this object's lifetime (declare it
+// after the Trainer, so that it ends first).
+class StopTarget {
+ public:
+  explicit StopTarget(Trainer& trainer) {
+    const std::lock_guard<std::mutex> lock(g_stop_mu);
+    g_stop_target = &trainer;
+  }
+  ~StopTarget() {
+    const std::lock_guard<std::mutex> lock(g_stop_mu);
+    g_stop_target = nullptr;
+  }
+  StopTarget(const StopTarget&) = delete;
+  StopTarget& operator=(const StopTarget&) = delete;
+};
+
+void WatchSignals() {
+  std::thread([] {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -282,9 +319,18 @@ void WatchSignals(Trainer& trainer) {
     pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
     while (sem_wait(&g_signal_sem) != 0) {
     }
-    std::fprintf(stderr, "\ncnnflow: stopping: finishing the step and saving a checkpoint "
-                 "(signal again to quit at once)\n");
-    trainer.RequestStop();
+    {
+      const std::lock_guard<std::mutex> lock(g_stop_mu);
+      if (g_stop_target != nullptr) {
+        std::fprintf(stderr,
+                     "\ncnnflow: stopping: finishing the step and saving a checkpoint "
+                     "(signal again to quit at once)\n");
+        g_stop_target->RequestStop();
+      }
+    }
+    // Keep the signals unblocked in this thread: the next one ends the
+    // process in OnSignal.
+    for (;;) pause();
   }).detach();
 }
 
@@ -298,7 +344,8 @@ int Train(const Options& o) {
   Progress progress = Progress::ForStderr();
   if (rank0) trainer.set_progress(&progress);
   if (!o.resume.empty()) trainer.Resume(o.resume);
-  WatchSignals(trainer);
+  const StopTarget stop_target(trainer);
+  WatchSignals();
   // Past the first steps (allocations, caches, autotune's first moves).
   constexpr int64_t kTraceWarmupSteps = 20;
   if (!o.trace.empty()) Tracer::TraceSteps(kTraceWarmupSteps, kTraceWarmupSteps + o.trace_steps);
@@ -545,6 +592,14 @@ int Main(int argc, char** argv) {
     if (o.command == "bench") return Bench(o);
     if (o.command == "graph") return Graph(o);
     return Validate(o);
+  } catch (const std::bad_alloc&) {
+    // An allocation outside the tensor pools and the layers (those name
+    // themselves, ops/device.cc and ops/model.cc).
+    std::fprintf(stderr,
+                 "\ncnnflow %s: error: out of memory (std::bad_alloc); use a smaller batch "
+                 "(train.batch) or fewer replicas per process\n",
+                 o.command.c_str());
+    return 1;
   } catch (const std::exception& e) {
     // In an MPI job every rank reports its own error, naming itself.
     const MpiWorld& world = MpiWorld::Get();
