@@ -170,9 +170,10 @@ void Hierarchical(MpiWorld& world) {
       }
     }
     CHECK(bad == 0, count, " floats: ", bad, " elements off");
-    // Every replica of every process holds the same bits.
-    CHECK(std::memcmp(sum[0].data(), sum[1].data(), count * sizeof(float)) == 0);
-    CHECK(std::memcmp(mean[0].data(), mean[1].data(), count * sizeof(float)) == 0);
+    // Every replica of every process holds the same bits. (An empty vector's
+    // data() may be null, and memcmp's pointers must not be, even for 0 bytes.)
+    CHECK(count == 0 || std::memcmp(sum[0].data(), sum[1].data(), count * sizeof(float)) == 0);
+    CHECK(count == 0 || std::memcmp(mean[0].data(), mean[1].data(), count * sizeof(float)) == 0);
     try {
       world.AgreeOnHash(HashBytes(sum[0].data(), count * sizeof(float)), "hierarchical results",
                         kTimeout);
