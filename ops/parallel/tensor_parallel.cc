@@ -235,8 +235,7 @@ void TensorParallelShard::Forward(const Tensor& x, Tensor& y, const ForwardConte
     window[1] = window_rows_;
     x_part_ = Tensor::Empty(Shape(window).WithBatch(n));
     // Rows past the edges are the unsplit layer's zero padding.
-    const int64_t lo = std::max<int64_t>(window_begin_, 0);
-    const int64_t hi = std::min(window_begin_ + window_rows_, in_rows_);
+    const auto [lo, hi] = WindowInInput();
     if (lo > window_begin_ || hi < window_begin_ + window_rows_) x_part_.Zero();
     CopyRows(x, in_rows_, lo, x_part_, window_rows_, lo - window_begin_, hi - lo, in_inner_);
     y_part_ = Tensor::Empty(part_out_.WithBatch(n));
@@ -273,8 +272,7 @@ void TensorParallelShard::Backward(const Tensor& x, const Tensor& dy, Tensor* dx
     if (dx != nullptr) dx_part = Tensor::Empty(x_part_.shape());
     layer_->Backward({&x_part_}, y_part_, dy_part, {dx != nullptr ? &dx_part : nullptr});
     if (dx != nullptr) {
-      const int64_t lo = std::max<int64_t>(window_begin_, 0);
-      const int64_t hi = std::min(window_begin_ + window_rows_, in_rows_);
+      const auto [lo, hi] = WindowInInput();
       dx->Zero();
       CopyRows(dx_part, window_rows_, lo - window_begin_, *dx, in_rows_, lo, hi - lo, in_inner_);
       // The windows overlap by the halo: the sum adds both members' parts.

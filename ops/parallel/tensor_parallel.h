@@ -45,10 +45,12 @@
 // thread, every member the same sequence of calls.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/collectives/collective.h"
@@ -142,6 +144,10 @@ class TensorParallelShard {
   // padding.
   int64_t in_rows_ = 0, out_rows_ = 0, in_inner_ = 1, out_inner_ = 1;
   int64_t window_begin_ = 0, window_rows_ = 0;
+  // The rows of x the window holds: [lo, hi), clamped to x.
+  std::pair<int64_t, int64_t> WindowInInput() const {
+    return {std::max<int64_t>(window_begin_, 0), std::min(window_begin_ + window_rows_, in_rows_)};
+  }
 };
 
 // What tensor parallelism costs on this machine, measured: an in-process
