@@ -12,7 +12,10 @@
 # build-fuzz/findings/<target>/{crash,timeout,oom,leak}-<hash>; replay it
 # with build-fuzz/fuzz_<target> FILE, fix the parser, and commit the file to
 # fuzz/regressions/<target>/ (the ctest fuzz_regression_test replays those).
-# Exit status: 1 when any target had a finding. Env: FUZZ_NICE (default 15),
+# Exit status: 1 when any target had a finding. FUZZ_CPU=1 makes SECONDS
+# CPU seconds of the fuzzer (user + sys) instead of wall seconds: it is
+# stopped with SIGINT (libFuzzer then prints its final stats) once it has
+# had them, however busy the machine is. Env: FUZZ_NICE (default 15),
 # FUZZ_BUILD (default build-fuzz), CXX_FUZZ (default clang++-14), FUZZ_FLAGS
 # (more libFuzzer flags; "-fork=1 -ignore_crashes=1 -ignore_ooms=1
 # -ignore_timeouts=1" goes on past findings, collecting them all).
@@ -42,6 +45,25 @@ if ((${#targets[@]} == 0)); then
 fi
 nice -n "$nice" ninja -C "$build" "${targets[@]/#/fuzz_}" | tail -n 1
 
+# FUZZ_CPU: the wall limit is only a backstop, the CPU watcher stops the run.
+max_wall=$seconds
+[[ -z ${FUZZ_CPU:-} ]] || max_wall=$((seconds * 50))
+# stop_after_cpu PID SECONDS: SIGINT to PID once it (with its reaped -fork
+# children) has used SECONDS of CPU.
+stop_after_cpu() {
+  local tck stat f
+  tck=$(getconf CLK_TCK)
+  while kill -0 "$1" 2>/dev/null; do
+    stat=$(<"/proc/$1/stat") || return 0
+    read -ra f <<<"${stat##*) }"  # f[11..14]: utime stime cutime cstime
+    if (((f[11] + f[12] + f[13] + f[14]) >= $2 * tck)); then
+      kill -INT "$1" 2>/dev/null
+      return 0
+    fi
+    sleep 2
+  done
+}
+
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:symbolize=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 status=0
@@ -58,10 +80,15 @@ for t in "${targets[@]}"; do
   start=$(date +%s.%N)
   TIMEFORMAT='%U %S'
   # libFuzzer writes new inputs to the first folder; the seeds stay as committed.
-  cpu=$( { time nice -n "$nice" "$bin" -max_total_time="$seconds" -timeout=10 \
-             -rss_limit_mb=2048 -malloc_limit_mb=1024 -print_final_stats=1 \
-             -artifact_prefix="$build/findings/$t/" "${dict[@]}" ${FUZZ_FLAGS:-} "$build/corpus/$t" "fuzz/corpus/$t" \
-             >"$log" 2>&1 || true; } 2>&1 )
+  cpu=$( { time (
+             nice -n "$nice" "$bin" -max_total_time="$max_wall" -timeout=10 \
+               -rss_limit_mb=2048 -malloc_limit_mb=1024 -print_final_stats=1 \
+               -artifact_prefix="$build/findings/$t/" "${dict[@]}" ${FUZZ_FLAGS:-} "$build/corpus/$t" "fuzz/corpus/$t" \
+               >"$log" 2>&1 &
+             pid=$!
+             [[ -z ${FUZZ_CPU:-} ]] || stop_after_cpu "$pid" "$seconds"
+             wait "$pid" || true
+           ); } 2>&1 )
   wall=$(echo "$(date +%s.%N) - $start" | bc)
   cpu_s=$(echo "$cpu" | awk '{printf "%.0f", $1 + $2}')
   # Plain runs end with stat::number_of_executed_units; -fork runs count in
@@ -75,6 +102,6 @@ for t in "${targets[@]}"; do
   summary+=("$line")
   ((found == 0)) || status=1
 done
-echo "fuzz: ${#targets[@]} targets, ${seconds} s each:"
+echo "fuzz: ${#targets[@]} targets, ${seconds} s$([[ -z ${FUZZ_CPU:-} ]] || echo " of CPU") each:"
 printf '  %s\n' "${summary[@]}"
 exit $status

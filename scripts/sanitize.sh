@@ -82,7 +82,11 @@ else
   tbb_src=${CNNFLOW_TBB_SRC:-$root/$build/onetbb-src}
   if [[ ! -f $build/tbb/lib/cmake/TBB/TBBConfig.cmake ]]; then
     if [[ ! -f $tbb_src/CMakeLists.txt ]]; then
-      git clone --depth 1 --branch v2021.8.0 https://github.com/oneapi-src/oneTBB.git "$tbb_src"
+      git clone --depth 1 --branch v2021.8.0 https://github.com/oneapi-src/oneTBB.git "$tbb_src" || {
+        echo "sanitize: could not clone oneTBB; offline, point CNNFLOW_TBB_SRC at a v2021.8.0 source" \
+             "tree (e.g. git -C ONETBB_CLONE archive v2021.8.0 | tar -x -C DIR)" >&2
+        exit 2
+      }
     fi
     cmake -S "$tbb_src" -B "$build/tbb-build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" -DTBB_SANITIZE=thread -DTBB_TEST=OFF \

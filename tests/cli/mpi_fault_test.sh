@@ -45,13 +45,13 @@ run_job() {
   local label="$1" log="$out/$1.log" fault_env=() t0="" rank1=""
   shift
   case "$mode" in exit0 | exit1 | abort) fault_env=(-x "CNNFLOW_TEST_FAULT=rank=1,step=5,mode=$mode") ;; esac
-  timeout -k 5 60 "$mpiexec" -n 2 --oversubscribe "$@" "${fault_env[@]}" "$cnnflow" train \
+  timeout -k 5 $((60 * slowdown)) "$mpiexec" -n 2 --oversubscribe "$@" "${fault_env[@]}" "$cnnflow" train \
     configs/fashion_mnist.yaml --set train.epochs=1 --set train.max_steps=400 --set threads=1 \
     --set graph.collective_timeout_s=$timeout_s --out "$out/$label.run" > "$log" 2>&1 &
   local launcher=$!
   if [[ ${#fault_env[@]} -gt 0 ]]; then
     # The hook prints its line just before the rank ends.
-    for _ in $(seq 1 600); do
+    for _ in $(seq 1 $((600 * slowdown))); do
       grep -q "CNNFLOW_TEST_FAULT: rank 1 $mode at step 5" "$log" 2>/dev/null && t0=$EPOCHREALTIME && break
       kill -0 "$launcher" 2>/dev/null || break
       sleep 0.05

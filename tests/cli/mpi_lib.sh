@@ -16,11 +16,15 @@ mpi_rank_pid() {
   return 1
 }
 
-# Waits until training has started (log line $2) and rank 1 of launcher $1
-# exists; prints its pid, or fails with the log.
+# CNNFLOW_TEST_SLOWDOWN (set by ctest in sanitized builds) stretches the
+# start-up waits below as ctest stretches the TIMEOUTs.
+slowdown=${CNNFLOW_TEST_SLOWDOWN:-1}
+
+# Waits (up to 30 s x slowdown) until training has started (log line $2) and
+# rank 1 of launcher $1 exists; prints its pid, or fails with the log.
 wait_for_rank1() {
   local pid=""
-  for _ in $(seq 1 300); do
+  for _ in $(seq 1 $((300 * slowdown))); do
     if grep -q "train epoch 1/1" "$2" 2>/dev/null && pid=$(mpi_rank_pid "$1" 1); then
       echo "$pid"
       return 0
@@ -32,9 +36,9 @@ wait_for_rank1() {
   return 1
 }
 
-# Waits (up to 120 s) until file $1 exists, or fails with log $2.
+# Waits (up to 120 s x slowdown) until file $1 exists, or fails with log $2.
 wait_for_file() {
-  for _ in $(seq 1 6000); do
+  for _ in $(seq 1 $((6000 * slowdown))); do
     [[ -e "$1" ]] && return 0
     sleep 0.02
   done
