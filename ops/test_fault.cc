@@ -29,14 +29,16 @@ Fault ParseFault(const std::string& value) {
   std::string item;
   const auto bad = [&](const std::string& why) {
     return Error(StrCat("CNNFLOW_TEST_FAULT=\"", value, "\": ", why,
-                        " (expected rank=R,step=S,mode=exit0|exit1|abort)"));
+                        " (expected rank=R,step=S|start,mode=exit0|exit1|abort)"));
   };
   while (std::getline(in, item, ',')) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos) throw bad(StrCat("'", item, "' is not key=value"));
     const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
     char* end = nullptr;
-    if (key == "rank" || key == "step") {
+    if (key == "step" && v == "start") {
+      f.step = kTestFaultAtStart, has_step = true;
+    } else if (key == "rank" || key == "step") {
       const long long n = std::strtoll(v.c_str(), &end, 10);
       if (v.empty() || *end != '\0' || n < 0) throw bad(StrCat(key, " '", v, "' is not a count"));
       if (key == "rank") f.rank = static_cast<int>(n);
@@ -72,8 +74,13 @@ void MaybeInjectTestFault(int64_t global_step) {
   if (f.mode == FaultMode::kNone || f.step != global_step || MpiWorld::Get().rank() != f.rank) {
     return;
   }
-  std::fprintf(stderr, "cnnflow: CNNFLOW_TEST_FAULT: rank %d %s at step %lld\n", f.rank,
-               f.text.c_str(), static_cast<long long>(global_step));
+  if (global_step == kTestFaultAtStart) {
+    std::fprintf(stderr, "cnnflow: CNNFLOW_TEST_FAULT: rank %d %s at start-up\n", f.rank,
+                 f.text.c_str());
+  } else {
+    std::fprintf(stderr, "cnnflow: CNNFLOW_TEST_FAULT: rank %d %s at step %lld\n", f.rank,
+                 f.text.c_str(), static_cast<long long>(global_step));
+  }
   std::fflush(nullptr);
   switch (f.mode) {
     case FaultMode::kExit0:

@@ -1,18 +1,21 @@
 // A test hook that kills this process mid-step, so the fault tests can make
 // a rank die the ways a real one does (tests/cli/mpi_fault_test.sh):
 //
-//   CNNFLOW_TEST_FAULT="rank=1,step=5,mode=exit0|exit1|abort"
+//   CNNFLOW_TEST_FAULT="rank=1,step=5|start,mode=exit0|exit1|abort"
 //
 // The process whose MPI rank is `rank` (0 in a plain process) ends when its
 // first replica starts the forward pass of global step `step` (0-based), so
-// that its peers are left waiting in that step's gradient all-reduce:
+// that its peers are left waiting in that step's gradient all-reduce; with
+// step=start it ends once its replicas are built, before the initial
+// broadcast of the weights, so that its peers are left waiting in that:
 //   exit0, exit1  std::_Exit(0) / std::_Exit(1): no atexit handlers and no
 //                 MPI_Finalize, as a process that leaves mid-step does;
 //   abort         std::abort() (SIGABRT, as a failed assertion).
 // It prints one line to stderr first ("cnnflow: CNNFLOW_TEST_FAULT: rank 1
-// exit1 at step 5"), which the tests time the survivors from. SIGKILL and
-// SIGTERM come from outside (kill), as they do in real life. Called by the
-// data-parallel forward_backward stage (pipeline graphs do not call it).
+// exit1 at step 5", "... at start-up"), which the tests time the survivors
+// from. SIGKILL and SIGTERM come from outside (kill), as they do in real
+// life. Called by the data-parallel forward_backward stage (pipeline graphs
+// do not call it) and by ReplicaSet's constructor (kTestFaultAtStart).
 //
 // The variable is read once per process (the first call); when it is unset
 // a call costs one load and a compare. A malformed value throws Error at
@@ -22,6 +25,9 @@
 #include <cstdint>
 
 namespace cnnflow {
+
+// The `global_step` of step=start.
+inline constexpr int64_t kTestFaultAtStart = -1;
 
 // Ends the process as CNNFLOW_TEST_FAULT says when this is its rank and
 // step; else returns at once.

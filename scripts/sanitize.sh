@@ -53,12 +53,14 @@ cc=${cc/g++/gcc}
 supp=$root/scripts/sanitize
 
 # The threaded suites (README "Sanitizers"): in-process collectives, data,
-# tensor and pipeline parallel replicas, the flow-graph executor with its
-# loader graph (ordered/unordered load, prefetch limiter, live knobs), the
-# autotuner and tuner, training through the graph, and the MPI collectives
-# across two processes.
+# tensor and pipeline parallel replicas with SyncBN and the tensor-parallel
+# member threads, the flow-graph executor with its loader graph
+# (ordered/unordered load, prefetch limiter, live knobs), the autotuner and
+# tuner, the profiler's per-thread spans, training through the graph and
+# its resume sweep, and the MPI collectives across two processes.
 thread_suites='^(Collective|DataParallel|TensorParallel|PipelineModel|ExecutorTest|Autotuner|Tuner'
-thread_suites+='|Training|DataParallelTraining|PipelineTraining|TensorParallelTraining)\.|^mpi\.collectives$'
+thread_suites+='|BatchNormSync|MemberThreads|Trace|Training|DataParallelTraining|PipelineTraining'
+thread_suites+='|TensorParallelTraining|Modes/ResumeSweep)\.|^mpi\.collectives$'
 
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCNNFLOW_WITH_CUDA=OFF -DCNNFLOW_BUILD_BENCH=OFF
             -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx"

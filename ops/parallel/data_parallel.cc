@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "ops/device_ops.h"
+#include "ops/test_fault.h"
 #include "ops/trace.h"
 #include "ops/train/loss.h"
 
@@ -69,6 +70,19 @@ struct ReplicaSet::Replica {
   bool busy = false;
   bool stop = false;
   std::exception_ptr error;
+
+  // Stops and joins the communication thread, also when the ReplicaSet's
+  // constructor throws (a failed initial broadcast): a joinable std::thread
+  // destroyed would std::terminate and hide the error.
+  ~Replica() {
+    if (!comm.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    comm.join();
+  }
 };
 
 ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_shape,
@@ -176,6 +190,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
       Complete(r);
     };
   }
+  MaybeInjectTestFault(kTestFaultAtStart);  // CNNFLOW_TEST_FAULT step=start
   // The same seed built the same parameters; the broadcast makes sure, and
   // covers processes started with different seeds. Each replica from a
   // thread of its own, as in training (a collective may wait on the host
@@ -219,15 +234,8 @@ ReplicaSet::~ReplicaSet() {
       collective_->Abort("the replicas are shutting down");
     }
   }
-  for (auto& rep : replicas_) {
-    if (!rep->comm.joinable()) continue;
-    {
-      std::lock_guard<std::mutex> lock(rep->mu);
-      rep->stop = true;
-    }
-    rep->cv.notify_all();
-    rep->comm.join();
-  }
+  // replicas_, the last member, goes first: each Replica joins its
+  // communication thread while collective_ still exists.
 }
 
 int ReplicaSet::global_size() const {

@@ -1,6 +1,10 @@
 # Helpers for the fault tests (sourced): tests/cli/*_test.sh that break a
 # run on purpose.
 
+# Sanitized builds run several times slower: ctest sets CNNFLOW_TEST_SLOWDOWN
+# there, and the time bounds below stretch by it.
+slowdown=${CNNFLOW_TEST_SLOWDOWN:-1}
+
 # train_expect STATUS LOG ARGS...: `$cnnflow train ARGS` (configs/
 # fashion_mnist.yaml) under a 100 s alarm, its output in LOG; fails with the
 # log unless it exits STATUS.

@@ -92,10 +92,12 @@ void CheckAgainstUnsplit(const Case& c, TensorSplit split, int members) {
     dxs[r] = Tensor::Empty(x.shape());
     shard.Forward(x, ys[r], ForwardContext{});
     shard.Backward(x, dy, &dxs[r]);
+    // One member at a time: whole tensors (a spatial shard's weights, a row
+    // shard's bias) are written by every member.
+    static std::mutex mu;
+    std::lock_guard<std::mutex> lock(mu);
     shard.StoreFull(gathered, /*grads=*/false);
     if (split == TensorSplit::kSpatial) {  // partial sums over each member's rows
-      static std::mutex mu;
-      std::lock_guard<std::mutex> lock(mu);
       shard.AddGradsToFull(gathered, 1.0f);
     } else {
       shard.StoreFull(gathered, /*grads=*/true);
