@@ -15,7 +15,9 @@
 # Exit status: 1 when any target had a finding. FUZZ_CPU=1 makes SECONDS
 # CPU seconds of the fuzzer (user + sys) instead of wall seconds: it is
 # stopped with SIGINT (libFuzzer then prints its final stats) once it has
-# had them, however busy the machine is. Env: FUZZ_NICE (default 15),
+# had them, however busy the machine is; a slow input is then one over 60 s
+# of wall time (a starved fuzzer can wait 10 s for the CPU, which is no
+# finding). Env: FUZZ_NICE (default 15),
 # FUZZ_BUILD (default build-fuzz), CXX_FUZZ (default clang++-14), FUZZ_FLAGS
 # (more libFuzzer flags; "-fork=1 -ignore_crashes=1 -ignore_ooms=1
 # -ignore_timeouts=1" goes on past findings, collecting them all).
@@ -46,8 +48,8 @@ fi
 nice -n "$nice" ninja -C "$build" "${targets[@]/#/fuzz_}" | tail -n 1
 
 # FUZZ_CPU: the wall limit is only a backstop, the CPU watcher stops the run.
-max_wall=$seconds
-[[ -z ${FUZZ_CPU:-} ]] || max_wall=$((seconds * 50))
+max_wall=$seconds unit_timeout=10
+[[ -z ${FUZZ_CPU:-} ]] || max_wall=$((seconds * 50)) unit_timeout=60
 # stop_after_cpu PID SECONDS: SIGINT to PID once it (with its reaped -fork
 # children) has used SECONDS of CPU.
 stop_after_cpu() {
@@ -81,7 +83,7 @@ for t in "${targets[@]}"; do
   TIMEFORMAT='%U %S'
   # libFuzzer writes new inputs to the first folder; the seeds stay as committed.
   cpu=$( { time (
-             nice -n "$nice" "$bin" -max_total_time="$max_wall" -timeout=10 \
+             nice -n "$nice" "$bin" -max_total_time="$max_wall" -timeout="$unit_timeout" \
                -rss_limit_mb=2048 -malloc_limit_mb=1024 -print_final_stats=1 \
                -artifact_prefix="$build/findings/$t/" "${dict[@]}" ${FUZZ_FLAGS:-} "$build/corpus/$t" "fuzz/corpus/$t" \
                >"$log" 2>&1 &
