@@ -217,9 +217,16 @@ std::string CheckPngChunks(const uint8_t* data, size_t size) {
   return "";  // no IEND: libpng reports what it misses
 }
 
+ImageResult ReadPngHeader(const uint8_t* data, size_t size);
+
 ImageResult DecodePng(const uint8_t* data, size_t size, int out_channels,
                       std::vector<uint8_t>* hwc) {
-  ImageResult r;
+  // The header first, as ReadImageHeader reads it: libpng skips an unknown
+  // ancillary chunk before IHDR (an "iHDR", found by fuzz_image), which the
+  // PNG spec forbids and the header reader rejects; both must agree.
+  ImageResult r = ReadPngHeader(data, size);
+  if (!r.ok()) return r;
+  r = ImageResult();
   r.format = ImageFormat::kPng;
   r.error = CheckPngChunks(data, size);
   if (!r.error.empty()) return r;
