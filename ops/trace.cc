@@ -6,14 +6,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 
 #include "ops/error.h"
+#include "ops/io/file_write.h"
 #include "ops/io/json.h"
 
 namespace cnnflow {
@@ -251,19 +250,7 @@ void Tracer::WriteChromeTrace(const std::string& path, int pid) {
   }
   text += "\n],\"displayTimeUnit\":\"ms\"}\n";
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.flush();
-    if (!out) throw Error(StrCat("cannot write the trace to ", tmp));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw Error(StrCat("cannot rename the trace ", tmp, " to ", path));
-  }
+  WriteFileAtomically(path, text);
 }
 
 std::string Tracer::Summary() {

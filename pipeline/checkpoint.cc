@@ -1,8 +1,6 @@
 #include "pipeline/checkpoint.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +13,7 @@
 #include <sstream>
 
 #include "ops/error.h"
+#include "ops/io/file_write.h"
 #include "ops/io/json.h"
 #include "ops/io/safetensors.h"
 
@@ -29,8 +28,6 @@ constexpr int64_t kVersion = 1;
 constexpr char kDataExt[] = ".safetensors";
 constexpr char kSidecarExt[] = ".json";
 constexpr uintmax_t kMaxSidecarBytes = 64 << 20;
-
-std::string ErrnoText(int err) { return std::strerror(err); }
 
 // ------------------------------------------------------------------ names
 
@@ -120,49 +117,6 @@ Listing ListDir(const fs::path& dir) {
 }
 
 // ------------------------------------------------------------------ files
-
-void FsyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return;
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  // Some file systems cannot fsync a directory; the rename is safe there.
-  if (rc != 0 && err != EINVAL && err != EROFS) {
-    throw Error(StrCat("cannot fsync directory '", dir, "': ", ErrnoText(err)));
-  }
-}
-
-// The same protocol as SaveSafetensors: temp name, write, fsync, rename,
-// fsync of the directory.
-void WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(StrCat("cannot create '", tmp, "': ", ErrnoText(errno)));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(StrCat("cannot write '", tmp, "': ", ErrnoText(err)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(StrCat("cannot flush '", tmp, "': ", ErrnoText(err)));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(StrCat("cannot rename '", tmp, "' to '", path, "': ", ErrnoText(err)));
-  }
-  FsyncDir(fs::path(path).parent_path().string());
-}
 
 void RemoveFile(const fs::path& p) {
   std::error_code ec;

@@ -20,6 +20,7 @@
 
 #include "loaders/sampler.h"
 #include "loaders/source_registry.h"
+#include "ops/io/file_write.h"
 #include "ops/io/safetensors.h"
 #include "ops/io/tf_events.h"
 #include "pipeline/checkpoint.h"
@@ -326,9 +327,10 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
 void Trainer::LogAutotune(const AutotuneDecision& d) {
   if (progress_) progress_->Line(d.ToString());
   if (autotune_log_) {
-    *autotune_log_ << d.batch << "," << d.action << "," << d.knob << "," << d.from << "," << d.to
-                   << "," << d.rate_before << "," << d.rate_after << ",\"" << d.reason << "\"\n";
-    autotune_log_->flush();
+    std::ostringstream row;
+    row << d.batch << "," << d.action << "," << d.knob << "," << d.from << "," << d.to << ","
+        << d.rate_before << "," << d.rate_after << ",\"" << d.reason << "\"\n";
+    WriteLogs([&] { autotune_log_->Append(row.str()); });
   }
 }
 
@@ -429,13 +431,7 @@ void DropStepRowsAfter(const fs::path& csv, int64_t step) {
     if (std::strtoll(line.c_str(), nullptr, 10) <= step) text += line + "\n";
   }
   in.close();
-  const fs::path tmp = csv.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw Error(StrCat("cannot write ", tmp.string()));
-  }
-  fs::rename(tmp, csv);
+  WriteFileAtomically(csv.string(), text);
 }
 
 }  // namespace
@@ -464,9 +460,10 @@ void Trainer::LogStepScalars(int64_t step, const BatchMessage& m, const PassMetr
     w.busy = m.step_busy_seconds;
     w.reduce_wait = m.step_reduce_wait_seconds;
   }
-  events_->Scalars(step, s);
-  *steps_csv_ << StepsRow(step, m.epoch + 1, s) << "\n";
-  steps_csv_->flush();
+  WriteLogs([&] {
+    events_->Scalars(step, s);
+    steps_csv_->Append(StepsRow(step, m.epoch + 1, s) + "\n");
+  });
   w.seconds = 0;
   w.mark = p.seconds;
   w.loss_sum = 0;
@@ -523,6 +520,7 @@ void Trainer::Resume(const std::string& run_dir) {
   }
   run_dir_ = run_dir;
   resumed_ = true;
+  checkpointed_step_ = st.global_step;
   if (progress_) {
     progress_->Line(StrCat("resuming ", ck->data_path, ": epoch ", st.epoch + 1, ", batch ",
                            st.batch_in_epoch, ", step ", st.global_step));
@@ -564,8 +562,22 @@ void Trainer::SaveCheckpoint(int64_t epoch, const PassMetrics& partial) {
   } catch (const Error& e) {
     // A failed write (a full disk) leaves the earlier ones as they were
     // (pipeline/checkpoint.h): say where to go on from.
-    throw Error(StrCat(e.what(), "; the checkpoints written before it are intact: --resume ",
-                       run_dir_, " continues from the newest"));
+    throw Error(StrCat(e.what(), "; ", ResumeAdvice()));
+  }
+  checkpointed_step_ = state_.global_step;
+}
+
+std::string Trainer::ResumeAdvice() const {
+  if (checkpointed_step_ < 0) return "no checkpoint had been written yet: the run must start again";
+  return StrCat("the checkpoints written before it are intact: --resume ", run_dir_,
+                " continues from the newest (step ", checkpointed_step_, ")");
+}
+
+void Trainer::WriteLogs(const std::function<void()>& write) {
+  try {
+    write();
+  } catch (const Error& e) {
+    throw Error(StrCat(e.what(), "; ", ResumeAdvice()));
   }
 }
 
@@ -573,33 +585,36 @@ EpochReport Trainer::Train(const std::string& run_dir) {
   const bool writer = state_.process_rank == 0;  // only rank 0 writes files
   if (!resumed_) run_dir_ = run_dir.empty() ? MakeRunDir(config_.output_dir, config_.name) : run_dir;
   if (progress_ && !resumed_ && !init_report_.empty()) progress_->Line(init_report_);
-  std::unique_ptr<std::ofstream> csv;
+  std::unique_ptr<AppendFile> csv;
   if (writer) {
     fs::create_directories(run_dir_);
-    if (!resumed_) {
-      std::ofstream cfg(fs::path(run_dir_) / "config.yaml");
-      cfg << "# resolved config of run " << config_.name << " (from " << config_.doc.path() << ")\n"
-          << ResolvedConfigText();
-    }
-    if (autotuner_) {
-      autotune_log_ = std::make_unique<std::ofstream>(fs::path(run_dir_) / "autotune.csv",
-                                                      resumed_ ? std::ios::app : std::ios::trunc);
+    const fs::path dir = run_dir_;
+    WriteLogs([&] {
       if (!resumed_) {
-        *autotune_log_ << "batch,action,knob,from,to,images_per_s_before,images_per_s_after,reason\n";
+        WriteFileAtomically((dir / "config.yaml").string(),
+                            StrCat("# resolved config of run ", config_.name, " (from ",
+                                   config_.doc.path(), ")\n", ResolvedConfigText()));
       }
-    }
-    // metrics.csv: rebuilt from the checkpoint's rows on resume.
-    csv = std::make_unique<std::ofstream>(fs::path(run_dir_) / "metrics.csv");
-    for (size_t i = 0; i < kMetricsColumns.size(); ++i) *csv << (i ? "," : "") << kMetricsColumns[i];
-    *csv << "\n";
-    for (const auto& r : metrics_rows_) *csv << MetricsRow(r) << "\n";
-    csv->flush();
-    events_ = std::make_unique<TfEventWriter>(run_dir_);
-    const fs::path steps = fs::path(run_dir_) / "steps.csv";
-    const bool fresh = !resumed_ || !fs::exists(steps);
-    if (!fresh) DropStepRowsAfter(steps, state_.global_step);
-    steps_csv_ = std::make_unique<std::ofstream>(steps, fresh ? std::ios::trunc : std::ios::app);
-    if (fresh) *steps_csv_ << JoinCsv(kStepsColumns) << "\n";
+      if (autotuner_) {
+        autotune_log_ = std::make_unique<AppendFile>((dir / "autotune.csv").string(), !resumed_);
+        if (!resumed_) {
+          autotune_log_->Append(
+              "batch,action,knob,from,to,images_per_s_before,images_per_s_after,reason\n");
+        }
+      }
+      // metrics.csv: rebuilt from the checkpoint's rows on resume, in one
+      // step, so a failure leaves the file as the last run left it.
+      std::string rows = JoinCsv(kMetricsColumns) + "\n";
+      for (const auto& r : metrics_rows_) rows += MetricsRow(r) + "\n";
+      WriteFileAtomically((dir / "metrics.csv").string(), rows);
+      csv = std::make_unique<AppendFile>((dir / "metrics.csv").string(), /*truncate=*/false);
+      events_ = std::make_unique<TfEventWriter>(run_dir_);
+      const fs::path steps = dir / "steps.csv";
+      const bool fresh = !resumed_ || !fs::exists(steps);
+      if (!fresh) DropStepRowsAfter(steps, state_.global_step);
+      steps_csv_ = std::make_unique<AppendFile>(steps.string(), fresh);
+      if (fresh) steps_csv_->Append(JoinCsv(kStepsColumns) + "\n");
+    });
   }
 
   MemoryPool& pool = PoolFor(Device::Cpu());
@@ -655,10 +670,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
         report.lr,
         static_cast<double>(report.train.skipped + report.test.skipped)};
     metrics_rows_.push_back(row);
-    if (csv) {
-      *csv << MetricsRow(row) << "\n";
-      csv->flush();
-    }
+    if (csv) WriteLogs([&] { csv->Append(MetricsRow(row) + "\n"); });
     if (events_) {
       std::vector<std::pair<std::string, double>> s = {{"epoch/train_loss", row[1]},
                                                        {"epoch/train_accuracy", row[2]}};
@@ -677,13 +689,14 @@ EpochReport Trainer::Train(const std::string& run_dir) {
         s.emplace_back("epoch/data_wait_share",
                        (replicas_->counters(0).gpu_idle_seconds - gpu_idle0) / wall);
       }
-      events_->Scalars(report.epoch, s);
-      if (tested) {
-        *steps_csv_ << StepsRow(state_.global_step, report.epoch,
-                                {{"test_loss", row[3]}, {"test_accuracy", row[4]}})
-                    << "\n";
-        steps_csv_->flush();
-      }
+      WriteLogs([&] {
+        events_->Scalars(report.epoch, s);
+        if (tested) {
+          steps_csv_->Append(StepsRow(state_.global_step, report.epoch,
+                                      {{"test_loss", row[3]}, {"test_accuracy", row[4]}}) +
+                             "\n");
+        }
+      });
     }
     SaveCheckpoint(epoch + 1, PassMetrics());
     if (progress_) {

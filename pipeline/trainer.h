@@ -11,7 +11,7 @@
 //                                test loss and accuracy at its last step (cnnflow plot)
 #pragma once
 
-#include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,6 +24,7 @@
 
 namespace cnnflow {
 
+class AppendFile;
 class TfEventWriter;
 
 struct EpochReport {
@@ -89,6 +90,11 @@ class Trainer {
   // negative): read between passes only.
   std::pair<double, double> StepCounters() const;
   void SaveCheckpoint(int64_t epoch, const PassMetrics& partial);
+  // What a run that fails writing its files (a full disk) can go on from.
+  std::string ResumeAdvice() const;
+  // Runs `write`, a write to the run folder's logs; its Error (a full disk)
+  // ends the run with ResumeAdvice added.
+  void WriteLogs(const std::function<void()>& write);
   std::string ResolvedConfigText() const;
   std::vector<Model*> Models();          // every model instance that holds weights
   // What checkpoints and model.safetensors hold: the model's state, then
@@ -111,6 +117,7 @@ class Trainer {
   bool resumed_ = false;
   int64_t start_epoch_ = 0;
   int64_t batch_in_epoch_ = 0;
+  int64_t checkpointed_step_ = -1;  // the newest checkpoint written or resumed from
   PassMetrics partial_train_;  // the resumed epoch's totals so far
   std::vector<std::vector<double>> metrics_rows_;
   Progress* progress_ = nullptr;
@@ -118,9 +125,9 @@ class Trainer {
   std::unique_ptr<Autotuner> autotuner_;  // graph.autotune
   std::unique_ptr<WeightAverage> ema_;    // an ema node in the train graph
   bool ema_eval_ = false;                 // evaluate on the average
-  std::unique_ptr<std::ofstream> autotune_log_;
+  std::unique_ptr<AppendFile> autotune_log_;
   std::unique_ptr<TfEventWriter> events_;  // rank 0 of a Train
-  std::unique_ptr<std::ofstream> steps_csv_;
+  std::unique_ptr<AppendFile> steps_csv_;
   // The train/* scalars' window: the batches since the last ones (or the
   // epoch's start), summed batch by batch, so that where the epoch was cut
   // into segments (checkpoints, a stop and a resume) changes no bit of it;

@@ -22,6 +22,7 @@
 
 #include "loaders/source_registry.h"
 #include "ops/collectives/collective_mpi.h"
+#include "ops/io/file_write.h"
 #include "ops/layer.h"
 #include "ops/trace.h"
 #include "ops/train/optimizer.h"
@@ -417,10 +418,8 @@ int Tune(const Options& o) {
     std::string edited = SetYamlScalar(text.str(), "graph.load_threads",
                                        std::to_string(best.load_threads), o.config);
     edited = SetYamlScalar(edited, "graph.prefetch", std::to_string(best.prefetch), o.config);
-    // Replace the file in one step: a crash leaves the old config or the new one.
-    const std::string tmp = o.config + ".tmp";
-    std::ofstream(tmp, std::ios::binary) << edited;
-    std::filesystem::rename(tmp, o.config);
+    // Replaced in one step: a crash or a full disk leaves the old config or the new one.
+    WriteFileAtomically(o.config, edited);
     std::printf("wrote graph.load_threads: %lld and graph.prefetch: %lld into %s\n",
                 static_cast<long long>(best.load_threads), static_cast<long long>(best.prefetch),
                 o.config.c_str());
@@ -456,7 +455,7 @@ int Bench(const Options& o) {
   std::printf("every row shares the config's thread budget among its replicas; allreduce: waiting "
               "for gradient reductions after backward; data wait: the step idle between batches\n");
   if (!o.csv.empty()) {
-    std::ofstream(o.csv) << BenchCsv(rows);
+    WriteFileAtomically(o.csv, BenchCsv(rows));
     std::printf("wrote %s\n", o.csv.c_str());
   }
   if (!o.plot.empty()) {
@@ -494,15 +493,12 @@ int Graph(const Options& o) {
                                   config.train_graph.ToDot(devices),
                                   config.eval_graph.ToDot(devices), "}\n");
   // Written beside the target and renamed: a failed run leaves no torn file.
-  const std::string tmp = o.out + ".tmp";
-  const std::string dot_file = dot ? tmp : o.out + ".tmp.dot";
-  {
-    std::ofstream f(dot_file);
-    f << text;
-    f.close();
-    if (!f) throw Error(StrCat("cannot write ", dot_file));
-  }
-  if (svg) {
+  if (dot) {
+    WriteFileAtomically(o.out, text);
+  } else {
+    const std::string tmp = o.out + ".tmp";
+    const std::string dot_file = o.out + ".tmp.dot";
+    WriteFileAtomically(dot_file, text);
     const std::vector<std::string> args = {"dot", "-Tsvg", dot_file, "-o", tmp};
     std::vector<char*> argv;
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -519,9 +515,9 @@ int Graph(const Options& o) {
                                     "): apt-get install graphviz, or write -o FILE.dot")
                            : StrCat("`dot -Tsvg` failed on the graphs of ", o.config));
     }
-  }
-  if (std::rename(tmp.c_str(), o.out.c_str()) != 0) {
-    throw Error(StrCat("cannot rename ", tmp, " to ", o.out, ": ", std::strerror(errno)));
+    if (std::rename(tmp.c_str(), o.out.c_str()) != 0) {
+      throw Error(StrCat("cannot rename ", tmp, " to ", o.out, ": ", std::strerror(errno)));
+    }
   }
   std::printf("wrote %s: the train and eval graphs of %s on %zu device(s)\n", o.out.c_str(),
               o.config.c_str(), devices.size());

@@ -21,8 +21,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
+#include "ops/io/file_write.h"
 #include "ops/io/safetensors.h"
 #include "ops/layers/batch_norm.h"
 #include "ops/layers/conv1d.h"
@@ -258,18 +258,6 @@ void WriteCheck(Trainer& trainer, int64_t n, const std::string& path) {
   SaveSafetensors(path, {{"input", x}, {"logits", logits}}, {{"samples", std::to_string(n)}});
 }
 
-void WriteFile(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.close();
-    if (!f) throw Error(StrCat("cannot write ", tmp));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw Error(StrCat("cannot rename ", tmp, " to ", path, ": ", ec.message()));
-}
 
 int Export(const std::vector<std::string>& args) {
   std::string source, weights, out, check_path;
@@ -337,7 +325,7 @@ int Export(const std::vector<std::string>& args) {
                                      onnx::ShapeInferenceOptions(true, 1, true));
   std::string bytes;
   if (!proto.SerializeToString(&bytes)) throw Error("cannot serialise the ONNX model");
-  WriteFile(out, bytes);
+  WriteFileAtomically(out, bytes);
   std::printf(
       "wrote %s: %s, %d layers -> %d ONNX nodes, %d initializers, opset %d, input [N, %s], "
       "output logits [N, %s]\n",

@@ -1,6 +1,5 @@
 #include "ops/io/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -9,11 +8,11 @@
 #include <bit>
 #include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <set>
 
 #include "ops/error.h"
+#include "ops/io/file_write.h"
 #include "ops/io/json.h"
 
 namespace cnnflow {
@@ -26,8 +25,6 @@ namespace {
 // ------------------------------------------------------------------ helpers
 
 std::string Prefix(const std::string& path) { return StrCat("safetensors '", path, "': "); }
-
-std::string ErrnoText() { return std::strerror(errno); }
 
 bool ParseDType(const std::string& name, DType* out) {
   for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI64}) {
@@ -62,7 +59,7 @@ using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 
 void WriteAll(std::FILE* f, const void* data, size_t n, const std::string& tmp) {
   if (n > 0 && std::fwrite(data, 1, n, f) != n) {
-    throw Error(StrCat("cannot write '", tmp, "': ", ErrnoText()));
+    throw Error(StrCat("cannot write '", tmp, "': ", ErrnoText(errno)));
   }
 }
 
@@ -97,7 +94,7 @@ uint32_t Crc32(const void* data, size_t n, uint32_t crc) {
 
 SafetensorsWritten FileSizeAndCrc32(const std::string& path) {
   FilePtr f(std::fopen(path.c_str(), "rb"));
-  if (!f) throw Error(StrCat("cannot open '", path, "': ", ErrnoText()));
+  if (!f) throw Error(StrCat("cannot open '", path, "': ", ErrnoText(errno)));
   SafetensorsWritten out;
   std::vector<unsigned char> buf(1 << 20);
   size_t got;
@@ -105,7 +102,7 @@ SafetensorsWritten FileSizeAndCrc32(const std::string& path) {
     out.crc32 = Crc32(buf.data(), got, out.crc32);
     out.bytes += got;
   }
-  if (std::ferror(f.get())) throw Error(StrCat("cannot read '", path, "': ", ErrnoText()));
+  if (std::ferror(f.get())) throw Error(StrCat("cannot read '", path, "': ", ErrnoText(errno)));
   return out;
 }
 
@@ -162,7 +159,7 @@ void SaveSafetensors(const std::string& path,
   const std::string tmp = StrCat(path, ".tmp.", ::getpid());
   try {
     FilePtr f(std::fopen(tmp.c_str(), "wb"));
-    if (!f) throw Error(StrCat("cannot create '", tmp, "': ", ErrnoText()));
+    if (!f) throw Error(StrCat("cannot create '", tmp, "': ", ErrnoText(errno)));
     const uint64_t n = header.size();  // little-endian on this host (asserted above)
     SafetensorsWritten info;
     auto put = [&](const void* data, size_t bytes) {
@@ -175,29 +172,22 @@ void SaveSafetensors(const std::string& path,
     for (const Tensor& t : host) put(t.raw_data(), t.nbytes());
     if (written) *written = info;
     if (std::fflush(f.get()) != 0 || ::fsync(::fileno(f.get())) != 0) {
-      throw Error(StrCat("cannot flush '", tmp, "': ", ErrnoText()));
+      throw Error(StrCat("cannot flush '", tmp, "': ", ErrnoText(errno)));
     }
     if (std::fclose(f.release()) != 0) {
-      throw Error(StrCat("cannot close '", tmp, "': ", ErrnoText()));
+      throw Error(StrCat("cannot close '", tmp, "': ", ErrnoText(errno)));
     }
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      throw Error(StrCat("cannot rename '", tmp, "' to '", path, "': ", ErrnoText()));
+      throw Error(StrCat("cannot rename '", tmp, "' to '", path, "': ", ErrnoText(errno)));
     }
   } catch (const Error& e) {
     std::remove(tmp.c_str());
     throw Error(StrCat(Prefix(path), e.what()));
   }
-  // Make the rename itself durable. Some file systems cannot fsync a
-  // directory (EINVAL); the data is safe on those anyway.
-  const std::string dir = DirName(path);
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    const int rc = ::fsync(fd);
-    const int err = errno;
-    ::close(fd);
-    if (rc != 0 && err != EINVAL && err != EROFS) {
-      throw Error(StrCat(Prefix(path), "cannot fsync directory '", dir, "': ", std::strerror(err)));
-    }
+  try {
+    FsyncDir(DirName(path));  // makes the rename itself durable
+  } catch (const Error& e) {
+    throw Error(StrCat(Prefix(path), e.what()));
   }
 }
 
@@ -212,9 +202,9 @@ const Tensor* SafetensorsFile::Find(const std::string& name) const {
 SafetensorsFile LoadSafetensors(const std::string& path) {
   const std::string pre = Prefix(path);
   FilePtr f(std::fopen(path.c_str(), "rb"));
-  if (!f) throw Error(StrCat(pre, "cannot open: ", ErrnoText()));
+  if (!f) throw Error(StrCat(pre, "cannot open: ", ErrnoText(errno)));
   struct stat st;
-  if (::fstat(::fileno(f.get()), &st) != 0) throw Error(StrCat(pre, "cannot stat: ", ErrnoText()));
+  if (::fstat(::fileno(f.get()), &st) != 0) throw Error(StrCat(pre, "cannot stat: ", ErrnoText(errno)));
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
     throw Error(StrCat(pre, "file is ", file_size,
@@ -222,7 +212,7 @@ SafetensorsFile LoadSafetensors(const std::string& path) {
   }
   uint64_t header_len = 0;
   if (std::fread(&header_len, 1, 8, f.get()) != 8) {
-    throw Error(StrCat(pre, "cannot read the header length: ", ErrnoText()));
+    throw Error(StrCat(pre, "cannot read the header length: ", ErrnoText(errno)));
   }
   if (header_len > file_size - 8) {
     throw Error(StrCat(pre, "header length ", header_len, " exceeds the ", file_size - 8,

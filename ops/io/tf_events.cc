@@ -68,6 +68,16 @@ std::string EventHead(double wall_time, int64_t step) {
   return e;
 }
 
+// events.out.tfevents.<unix time>.<host>.<pid> in `dir`.
+std::string EventFileName(const std::string& dir) {
+  char host[256] = "localhost";
+  gethostname(host, sizeof host - 1);
+  host[sizeof host - 1] = '\0';
+  return (std::filesystem::path(dir) /
+          StrCat("events.out.tfevents.", static_cast<int64_t>(UnixSeconds()), ".", host, ".", getpid()))
+      .string();
+}
+
 }  // namespace
 
 uint32_t Crc32c(const void* data, size_t size) {
@@ -77,17 +87,8 @@ uint32_t Crc32c(const void* data, size_t size) {
   return c ^ 0xFFFFFFFFu;
 }
 
-TfEventWriter::TfEventWriter(const std::string& dir) {
-  char host[256] = "localhost";
-  gethostname(host, sizeof host - 1);
-  host[sizeof host - 1] = '\0';
-  const double now = UnixSeconds();
-  path_ = (std::filesystem::path(dir) /
-           StrCat("events.out.tfevents.", static_cast<int64_t>(now), ".", host, ".", getpid()))
-              .string();
-  out_.open(path_, std::ios::binary | std::ios::trunc);
-  if (!out_) throw Error(StrCat("cannot create the TensorBoard event file ", path_));
-  std::string e = EventHead(now, 0);
+TfEventWriter::TfEventWriter(const std::string& dir) : out_(EventFileName(dir), /*truncate=*/true) {
+  std::string e = EventHead(UnixSeconds(), 0);
   PutBytes(e, 3, "brain.Event:2");
   WriteRecord(e);
 }
@@ -114,9 +115,7 @@ void TfEventWriter::WriteRecord(const std::string& data) {
   PutFixed(r, MaskedCrc(r.data(), 8));
   r += data;
   PutFixed(r, MaskedCrc(data.data(), data.size()));
-  out_.write(r.data(), static_cast<std::streamsize>(r.size()));
-  out_.flush();
-  if (!out_) throw Error(StrCat("cannot write the TensorBoard event file ", path_));
+  out_.Append(r);
 }
 
 }  // namespace cnnflow

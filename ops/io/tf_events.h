@@ -17,10 +17,11 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "ops/io/file_write.h"
 
 namespace cnnflow {
 
@@ -32,15 +33,16 @@ class TfEventWriter {
   // Creates dir/events.out.tfevents.<time>.<host>.<pid> and writes the version
   // event. Throws Error when the file cannot be created.
   explicit TfEventWriter(const std::string& dir);
-  // One event at `step` holding every (tag, value) of `scalars`; flushed,
-  // so TensorBoard sees it while the run goes on.
+  // One event at `step` holding every (tag, value) of `scalars`, written at
+  // once so TensorBoard sees it while the run goes on. A record that cannot
+  // be written (a full disk) throws Error naming the file and the reason,
+  // and leaves the file ending with the last whole record.
   void Scalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return out_.path(); }
 
  private:
   void WriteRecord(const std::string& data);
-  std::string path_;
-  std::ofstream out_;
+  AppendFile out_;
 };
 
 }  // namespace cnnflow

@@ -10,20 +10,13 @@
 set -u
 source "$(dirname "$0")/fault_lib.sh"
 cnnflow="$1"
-out=$(mktemp -d)
-disk="$out/disk"
-mkdir -p "$disk"
-trap 'umount "$disk" 2>/dev/null; rm -rf "$out"' EXIT
-if ! mount -t tmpfs -o size=5m cnnflow-enospc-test "$disk" 2>"$out/mount.err"; then
-  echo "SKIP: cannot mount a tmpfs here ($(head -n 1 "$out/mount.err")): run as root for this test"
-  exit 77
-fi
+small_disk 5m
 sets=(--set train.epochs=1 --set train.max_steps=30 --set train.checkpoint_every=10
       --set threads=2)
 ck="$disk/run/checkpoints"
 train_expect 1 "$out/log" "${sets[@]}" --out "$disk/run"  # an error, no crash
 grep "error" "$out/log" | sed 's/^/  | /'
-grep -qE "error: checkpoint '.*/step-000000020': .*step-000000020\.safetensors.*No space left on device; the checkpoints written before it are intact: --resume .*/run continues from the newest" "$out/log" ||
+grep -qE "error: checkpoint '.*/step-000000020': .*step-000000020\.safetensors.*No space left on device; the checkpoints written before it are intact: --resume .*/run continues from the newest \(step 10\)" "$out/log" ||
   { echo "FAIL: the error does not name the checkpoint file, the lack of space and what to do"; exit 1; }
 ls -la "$ck" | sed 's/^/  | /'
 check_checkpoints "$ck" | grep -q "valid step-000000010.json" ||

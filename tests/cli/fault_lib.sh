@@ -65,3 +65,17 @@ for line in bad:
 sys.exit(1 if bad else 0)
 PY
 }
+
+# small_disk SIZE: a scratch folder $out with a tmpfs of SIZE (e.g. 5m) at
+# $disk, a real file system that fills up; both go at exit. Exits 77 (the
+# tests' skip) where mount is not permitted (not root).
+small_disk() {
+  out=$(mktemp -d)
+  disk="$out/disk"
+  mkdir -p "$disk"
+  trap 'umount "$disk" 2>/dev/null; rm -rf "$out"' EXIT
+  if ! mount -t tmpfs -o "size=$1" cnnflow-small-disk "$disk" 2>"$out/mount.err"; then
+    echo "SKIP: cannot mount a tmpfs here ($(head -n 1 "$out/mount.err")): run as root for this test"
+    exit 77
+  fi
+}

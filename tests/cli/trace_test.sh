@@ -10,7 +10,8 @@ trap 'rm -rf "$out"' EXIT
   --set threads=2 --trace "$out/trace.json" --trace-steps 10 --out "$out/run" > "$out/log" 2>&1 ||
   { cat "$out/log"; echo "FAIL: train exited with $?"; exit 1; }
 sed -n '/^profile of training steps/,/^(spans nest/p' "$out/log"
-[[ -f "$out/trace.json" && ! -e "$out/trace.json.tmp" ]] || { echo "FAIL: no trace.json"; exit 1; }
+[[ -f "$out/trace.json" ]] || { echo "FAIL: no trace.json"; exit 1; }
+ls "$out" | grep -q '\.tmp' && { echo "FAIL: a temporary file was left: $(ls "$out")"; exit 1; }
 for want in '"name":"conv1 (conv2d)","cat":"forward","ph":"X"' \
             '"name":"conv1 (conv2d)","cat":"backward","ph":"X"' \
             '"name":"decode slice","cat":"load","ph":"X"' \
