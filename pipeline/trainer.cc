@@ -330,7 +330,7 @@ void Trainer::LogAutotune(const AutotuneDecision& d) {
     std::ostringstream row;
     row << d.batch << "," << d.action << "," << d.knob << "," << d.from << "," << d.to << ","
         << d.rate_before << "," << d.rate_after << ",\"" << d.reason << "\"\n";
-    WriteLogs([&] { autotune_log_->Append(row.str()); });
+    WriteRunFiles([&] { autotune_log_->Append(row.str()); });
   }
 }
 
@@ -460,7 +460,7 @@ void Trainer::LogStepScalars(int64_t step, const BatchMessage& m, const PassMetr
     w.busy = m.step_busy_seconds;
     w.reduce_wait = m.step_reduce_wait_seconds;
   }
-  WriteLogs([&] {
+  WriteRunFiles([&] {
     events_->Scalars(step, s);
     steps_csv_->Append(StepsRow(step, m.epoch + 1, s) + "\n");
   });
@@ -556,14 +556,12 @@ void Trainer::SaveCheckpoint(int64_t epoch, const PassMetrics& partial) {
     if (replicas_) break;
   }
   if (ema_) st.extra["ema_updates"] = std::to_string(ema_->updates());
-  try {
+  // A failed write (a full disk) leaves the earlier ones as they were
+  // (pipeline/checkpoint.h).
+  WriteRunFiles([&] {
     WriteCheckpoint(run_dir_, st, ExportedTensors(), optimizer_state,
                     static_cast<int>(config_.keep_checkpoints));
-  } catch (const Error& e) {
-    // A failed write (a full disk) leaves the earlier ones as they were
-    // (pipeline/checkpoint.h): say where to go on from.
-    throw Error(StrCat(e.what(), "; ", ResumeAdvice()));
-  }
+  });
   checkpointed_step_ = state_.global_step;
 }
 
@@ -573,7 +571,7 @@ std::string Trainer::ResumeAdvice() const {
                 " continues from the newest (step ", checkpointed_step_, ")");
 }
 
-void Trainer::WriteLogs(const std::function<void()>& write) {
+void Trainer::WriteRunFiles(const std::function<void()>& write) {
   try {
     write();
   } catch (const Error& e) {
@@ -589,7 +587,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
   if (writer) {
     fs::create_directories(run_dir_);
     const fs::path dir = run_dir_;
-    WriteLogs([&] {
+    WriteRunFiles([&] {
       if (!resumed_) {
         WriteFileAtomically((dir / "config.yaml").string(),
                             StrCat("# resolved config of run ", config_.name, " (from ",
@@ -670,7 +668,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
         report.lr,
         static_cast<double>(report.train.skipped + report.test.skipped)};
     metrics_rows_.push_back(row);
-    if (csv) WriteLogs([&] { csv->Append(MetricsRow(row) + "\n"); });
+    if (csv) WriteRunFiles([&] { csv->Append(MetricsRow(row) + "\n"); });
     if (events_) {
       std::vector<std::pair<std::string, double>> s = {{"epoch/train_loss", row[1]},
                                                        {"epoch/train_accuracy", row[2]}};
@@ -689,7 +687,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
         s.emplace_back("epoch/data_wait_share",
                        (replicas_->counters(0).gpu_idle_seconds - gpu_idle0) / wall);
       }
-      WriteLogs([&] {
+      WriteRunFiles([&] {
         events_->Scalars(report.epoch, s);
         if (tested) {
           steps_csv_->Append(StepsRow(state_.global_step, report.epoch,

@@ -92,9 +92,9 @@ class Trainer {
   void SaveCheckpoint(int64_t epoch, const PassMetrics& partial);
   // What a run that fails writing its files (a full disk) can go on from.
   std::string ResumeAdvice() const;
-  // Runs `write`, a write to the run folder's logs; its Error (a full disk)
-  // ends the run with ResumeAdvice added.
-  void WriteLogs(const std::function<void()>& write);
+  // Runs `write`, a write to the run folder (a log, a checkpoint); its Error
+  // (a full disk) ends the run with ResumeAdvice added.
+  void WriteRunFiles(const std::function<void()>& write);
   std::string ResolvedConfigText() const;
   std::vector<Model*> Models();          // every model instance that holds weights
   // What checkpoints and model.safetensors hold: the model's state, then

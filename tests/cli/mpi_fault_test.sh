@@ -36,7 +36,9 @@ trap '[[ -n "${KEEP:-}" ]] || rm -rf "$out"' EXIT
 step=5 hook_mode=$mode
 waits_in="MPI AllReduceSum '(bucket [0-9]+ \(.*\)|stop request)'"
 [[ $mode != start_exit1 ]] || { step=start hook_mode=exit1 waits_in="MPI Broadcast 'initial [a-z0-9_.]+'"; }
-hook_line="CNNFLOW_TEST_FAULT: rank 1 $hook_mode at $([[ $step == start ]] && echo start-up || echo "step $step")"
+where="step $step" what=mid-step
+[[ $step != start ]] || where=start-up what="at start-up"
+hook_line="CNNFLOW_TEST_FAULT: rank 1 $hook_mode at $where"
 case "$mode" in exit0 | exit1 | abort | start_exit1 | sigkill | sigterm) ;; *)
   echo "FAIL: unknown mode '$mode'"
   exit 1
@@ -122,4 +124,4 @@ grep -qE "rank 0 of 2: error: .*$waits_in \(.*\) did not complete within $timeou
 # show_help sometimes fails to unpack it.)
 le "$((timeout_s - 1))" "$elapsed" || { echo "FAIL: survivor: ended after ${elapsed} s, before the ${timeout_s} s timeout: killed, not detected"; exit 1; }
 ! grep -q "terminate called" "$log" || { cat "$log"; echo "FAIL: survivor: a rank died in std::terminate"; exit 1; }
-echo "PASS: rank 1 $hook_mode $([[ $step == start ]] && echo at start-up || echo mid-step): the job failed in ${default_elapsed} s (default mpirun); the survivor named the collective and failed in ${elapsed} s (timeout ${timeout_s} s)"
+echo "PASS: rank 1 $hook_mode $what: the job failed in ${default_elapsed} s (default mpirun); the survivor named the collective and failed in ${elapsed} s (timeout ${timeout_s} s)"
