@@ -31,6 +31,11 @@ train tests/data/export_1d.yaml "$out/r1d"
   -o "$out/1d.onnx" --check 256 "$out/1d.check" || fail "export of a config exited with $?"
 "$py" tests/cli/onnx_check.py "$out/1d.onnx" "$out/1d.check" || fail "1D model"
 
+train tests/data/export_blocks.yaml "$out/rblocks"
+"$cnnflow" export "$out/rblocks" -o "$out/blocks.onnx" --check 256 "$out/blocks.check" ||
+  fail "export of the blocks model exited with $?"
+"$py" tests/cli/onnx_check.py "$out/blocks.onnx" "$out/blocks.check" || fail "blocks model"
+
 train configs/fashion_mnist.yaml "$out/main"
 "$cnnflow" export "$out/main" -o "$out/main.onnx" --check 1000 "$out/main.check" ||
   fail "export of the main config exited with $?"
