@@ -24,8 +24,19 @@ Trains, in eager mode, the same models as cnnflow's configs:
                     linear 64->10; batch 32, Adam lr 0.01 weight decay 1e-4 (L2,
                     as torch.optim.Adam and cnnflow's `adam`). The config's
                     cosine schedule is left out (one scalar per step).
+  --model resnet50 | mobilenet_v2 | efficientnet_b0
+                    torchvision.models.<name>(num_classes=1000) with
+                    torchvision's defaults (train mode: mobilenet_v2's and
+                    efficientnet_b0's classifier dropout 0.2, efficientnet_b0's
+                    stochastic depth 0.2), the model library's networks of
+                    bench/configs/<name>_synthetic.yaml (issue 29), on
+                    synthetic 3x224x224 data with 1000 classes; batch 16, SGD
+                    momentum 0.9 (lr / weight decay: resnet50 0.1 / 1e-4,
+                    mobilenet_v2 0.045 / 4e-5, efficientnet_b0 0.045 / 1e-5).
+                    Needs torchvision (the venv's; Debian's torch 1.13 has none).
 and softmax cross-entropy. Parameter counts (printed as params=) are those
-`cnnflow validate` prints: 421,642 / 241,546 / 11,173,962 / 25,098.
+`cnnflow validate` prints: 421,642 / 241,546 / 11,173,962 / 25,098, and
+25,557,032 / 3,504,872 / 5,288,548 for the torchvision models.
 
 Data (--source):
   idx        the real Fashion-MNIST (mlp2 and cnn3 only; their default): the
@@ -36,7 +47,9 @@ Data (--source):
   synthetic  (the default for resnet18 and m5, and what bench/gpu_vs_pytorch.sh
              uses) --pool-batches batches made once, like cnnflow's
              `synthetic` source: unit-variance uniform noise plus a per-class
-             channel mean, labels uniform over 10 classes
+             channel mean, labels uniform over 10 classes (1000 for the
+             torchvision models, whose pool is 2 batches by default: 9.6 MB
+             each at 224x224, batch 16, counted in the peak RSS)
 --feed host (default): batches live in host memory (pinned on a GPU) and each
 step copies its batch to the device with non_blocking=True, as cnnflow does;
 --feed device: the batches are made on the device once (no copy in the loop).
@@ -46,12 +59,14 @@ Run it with Debian's interpreter on the build machine (it has torch 1.13, CPU):
     /usr/bin/python3 bench/pytorch_train.py --threads 2 --epochs 10   # accuracy
     /usr/bin/python3 bench/pytorch_train.py --model resnet18 --device cpu --batch 64 --steps 3
     .venv-torch/bin/python bench/pytorch_train.py --model m5 --steps 50   # PyTorch 2.x
+    .venv-torch/bin/python bench/pytorch_train.py --model resnet50 --channels-last --steps 10 --warmup 2
 and on the GPU machine with its python3 (torch 2.x, CUDA):
     python3 bench/pytorch_train.py --model resnet18 --device cuda --precision bf16
 
 Throughput mode (default): --warmup W untimed steps, then --steps S timed
 steps (on a GPU: synchronised before and after); prints one line
     pytorch model=... precision=... device=... batch=... images_per_s=... threads=... ...
+with max_rss_mb= the process's peak resident set (getrusage ru_maxrss).
 Accuracy mode (--epochs E > 0, --source idx): E full epochs, test accuracy
 after each.
 
@@ -71,22 +86,28 @@ Works with torch 1.13 (Debian) and 2.x (the PyPI wheel, bench/torch_venv.sh).
 import argparse
 import gzip
 import os
+import resource
 import sys
 import time
 
 
 # Sample shape of each model (the synthetic source makes these).
-SHAPES = {"mlp2": (1, 28, 28), "cnn3": (1, 28, 28), "resnet18": (3, 32, 32), "m5": (1, 8000)}
+SHAPES = {"mlp2": (1, 28, 28), "cnn3": (1, 28, 28), "resnet18": (3, 32, 32), "m5": (1, 8000),
+          "resnet50": (3, 224, 224), "mobilenet_v2": (3, 224, 224), "efficientnet_b0": (3, 224, 224)}
 IDX_MODELS = ("mlp2", "cnn3")   # the Fashion-MNIST models
+# torchvision.models.<name>(num_classes=1000): the model library's networks (issue 29).
+TORCHVISION_MODELS = ("resnet50", "mobilenet_v2", "efficientnet_b0")
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["mlp2", "cnn3", "resnet18", "m5"], default="mlp2",
+    p.add_argument("--model", choices=list(SHAPES), default="mlp2",
                    help="mlp2: configs/fashion_mnist.yaml's model (A); cnn3: "
                         "configs/fashion_mnist_cnn3.yaml's (B); resnet18: "
-                        "configs/resnet18_cifar.yaml's; m5: configs/spoken_digits.yaml's")
+                        "configs/resnet18_cifar.yaml's; m5: configs/spoken_digits.yaml's; "
+                        "resnet50, mobilenet_v2, efficientnet_b0: torchvision's (1000 "
+                        "classes, 3x224x224), as bench/configs/<name>_synthetic.yaml")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                    help="bf16/fp16: torch.autocast (fp16 with a GradScaler, GPU only)")
@@ -96,8 +117,9 @@ def parse_args():
     p.add_argument("--feed", choices=["host", "device"], default="host",
                    help="host: batches in (pinned) host memory, copied to the device each step "
                         "with non_blocking=True, as cnnflow does; device: made on the device once")
-    p.add_argument("--pool-batches", type=int, default=16,
-                   help="synthetic: distinct batches made up front and cycled through")
+    p.add_argument("--pool-batches", type=int, default=None,
+                   help="synthetic: distinct batches made up front and cycled through "
+                        "(default 16; 2 for the torchvision models, 9.6 MB each)")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--steps", type=int, default=300, help="timed steps")
@@ -105,7 +127,8 @@ def parse_args():
     p.add_argument("--epochs", type=int, default=0,
                    help="> 0: accuracy run of E full epochs instead of timing")
     p.add_argument("--batch", type=int, default=None,
-                   help="default: the config's (mlp2 64, cnn3 64, resnet18 256, m5 32)")
+                   help="default: the config's (mlp2 64, cnn3 64, resnet18 256, m5 32; "
+                        "the torchvision models 16)")
     p.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
                    help="default: the config's (m5 adam, the others sgd)")
     p.add_argument("--lr", type=float, default=None,
@@ -128,7 +151,9 @@ def parse_args():
     # The configs' settings (configs/fashion_mnist.yaml, fashion_mnist_cnn3.yaml,
     # resnet18_cifar.yaml, spoken_digits.yaml): batch, optimizer, lr, weight decay.
     defaults = {"mlp2": (64, "sgd", 0.01, 0.0), "cnn3": (64, "sgd", 0.01, 0.0),
-                "resnet18": (256, "sgd", 0.1, 5e-4), "m5": (32, "adam", 0.01, 1e-4)}[a.model]
+                "resnet18": (256, "sgd", 0.1, 5e-4), "m5": (32, "adam", 0.01, 1e-4),
+                "resnet50": (16, "sgd", 0.1, 1e-4), "mobilenet_v2": (16, "sgd", 0.045, 4e-5),
+                "efficientnet_b0": (16, "sgd", 0.045, 1e-5)}[a.model]
     if a.batch is None:
         a.batch = defaults[0]
     if a.optimizer is None:
@@ -139,6 +164,8 @@ def parse_args():
         a.weight_decay = defaults[3]
     if a.source is None:
         a.source = "idx" if a.model in IDX_MODELS else "synthetic"
+    if a.pool_batches is None:
+        a.pool_batches = 2 if a.model in TORCHVISION_MODELS else 16
     if a.source == "idx" and a.model not in IDX_MODELS:
         p.error("--source idx (Fashion-MNIST, 1x28x28) fits --model mlp2 or cnn3 only")
     if a.precision == "fp16" and a.device != "cuda":
@@ -218,7 +245,7 @@ def search(args):
             "--data", args.data, "--model", args.model, "--source", args.source,
             "--device", args.device, "--precision", args.precision,
             "--optimizer", args.optimizer, "--lr", str(args.lr),
-            "--weight-decay", str(args.weight_decay)]
+            "--weight-decay", str(args.weight_decay), "--pool-batches", str(args.pool_batches)]
     got = {name: [] for name, _, _ in cands}
     for r in range(args.reps):
         for name, env, extra in cands:                  # alternate: one of each per round
@@ -354,6 +381,16 @@ class M5(nn.Module):
 MODELS = {"mlp2": Net, "cnn3": Net3, "m5": M5}
 
 
+def make_model(name):
+    if name in TORCHVISION_MODELS:
+        import torchvision  # only these models need it
+        return getattr(torchvision.models, name)(num_classes=CLASSES[name])
+    return MODELS.get(name, ResNet18)()
+
+
+CLASSES = {m: 1000 for m in TORCHVISION_MODELS}   # the others: 10
+
+
 class BasicBlock(nn.Module):
     """conv3x3 (stride s) -> BN -> ReLU -> conv3x3 -> BN, + the input or its
     1x1 conv (stride s) + BN projection, -> ReLU (torchvision's BasicBlock)."""
@@ -411,7 +448,7 @@ def main():
     # channels_last exists for 4D tensors only: the 1D model stays contiguous.
     four_d = len(SHAPES[args.model]) == 3
     fmt = torch.channels_last if args.channels_last and four_d else torch.contiguous_format
-    model = MODELS.get(args.model, ResNet18)().to(dev, memory_format=fmt)
+    model = make_model(args.model).to(dev, memory_format=fmt)
     params = sum(p.numel() for p in model.parameters())
     opt_kw = {"foreach": True} if args.foreach else {}
     if args.optimizer == "adam":
@@ -449,7 +486,7 @@ def main():
         shape = SHAPES[args.model]
         pool = []
         for _ in range(args.pool_batches):
-            x, y = synthetic(shape, 10, b, gen)
+            x, y = synthetic(shape, CLASSES.get(args.model, 10), b, gen)
             x = x.contiguous(memory_format=fmt)
             if cuda and args.feed == "device":
                 x, y = to_dev(x, y)
@@ -534,10 +571,12 @@ def main():
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     # cpu_s: CPU seconds of all this process's threads; on a shared machine
     # cpu_s/seconds well under `threads` means it was kept waiting.
+    # max_rss_mb: the process's peak resident set so far (Linux: KiB).
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     feed = f"feed={args.feed if cuda else 'host'}" if args.source == "synthetic" else "feed=index_select"
     print(f"pytorch model={args.model} precision={args.precision} device={args.device} batch={b} "
           f"images_per_s={args.steps * b / dt:.1f} threads={args.threads} steps={args.steps} "
-          f"warmup={args.warmup} seconds={dt:.3f} cpu_s={cpu:.3f} "
+          f"warmup={args.warmup} seconds={dt:.3f} cpu_s={cpu:.3f} max_rss_mb={rss_mb:.1f} "
           f"first_loss={first if first is not None else float('nan'):.4f} loss={loss.item():.4f} "
           f"source={args.source} {feed} optimizer={args.optimizer} params={params} "
           f"torch={torch.__version__} {setting}", flush=True)

@@ -32,9 +32,21 @@
 
 namespace cnnflow {
 
+// What num_inputs() returns for a layer that takes any number >= 2 of
+// inputs (concat): Model::Build then accepts 2 or more `inputs:`.
+inline constexpr int kVariadicInputs = -1;
+
+// The state_dict name of a layer's tensor: "<layer>.<local>", or the layer's
+// own name when the local name is empty (torchvision's ConvNeXt names its
+// layer scale `features.1.0.layer_scale`, a tensor directly on the module).
+// Every place that names a parameter or buffer goes through it.
+inline std::string TensorName(const std::string& layer, const std::string& local) {
+  return local.empty() ? layer : layer + "." + local;
+}
+
 // A learnable tensor and its gradient (same shape, dtype, device).
 struct Parameter {
-  std::string name;  // local name: "weight", "bias"
+  std::string name;  // local name: "weight", "bias"; "" for a tensor named as its layer
   Tensor value;
   Tensor grad;
   // false: frozen (`trainable: false` in the YAML): its gradient is still
@@ -77,6 +89,8 @@ class Layer {
 
   const std::string& name() const { return name_; }
   virtual const char* type() const = 0;
+  // How many inputs the layer reads (`inputs:` in YAML; default: the
+  // previous layer), or kVariadicInputs for any number >= 2.
   virtual int num_inputs() const { return 1; }
 
   // Checks the input sample shapes (no batch dimension), creates the

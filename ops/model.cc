@@ -168,9 +168,13 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
 
     std::vector<std::string> in_names = s.inputs;
     if (in_names.empty()) in_names.push_back(i == 0 ? kModelInput : specs[i - 1].name);
-    if (static_cast<int>(in_names.size()) != layer->num_inputs()) {
-      throw ConfigError(StrCat("layer '", s.name, "' (", s.type, ") takes ", layer->num_inputs(),
-                               " input(s), got ", in_names.size()));
+    const int wanted = layer->num_inputs();
+    if (wanted == kVariadicInputs ? in_names.size() < 2
+                                  : static_cast<int>(in_names.size()) != wanted) {
+      throw ConfigError(StrCat("layer '", s.name, "' (", s.type, ") takes ",
+                               wanted == kVariadicInputs ? std::string("2 or more")
+                                                         : std::to_string(wanted),
+                               " input(s), got ", in_names.size(), " (name them with `inputs:`)"));
     }
     std::vector<int> in_index;
     std::vector<Shape> in_shapes;
@@ -436,15 +440,15 @@ Layer* Model::FindLayer(const std::string& name) {
 std::vector<Model::NamedParameter> Model::NamedParameters() {
   std::vector<NamedParameter> out;
   for (auto& l : layers_)
-    for (auto& p : l->parameters()) out.push_back({l->name() + "." + p.name, &p});
+    for (auto& p : l->parameters()) out.push_back({TensorName(l->name(), p.name), &p});
   return out;
 }
 
 std::vector<std::pair<std::string, Tensor>> Model::StateTensors() {
   std::vector<std::pair<std::string, Tensor>> out;
   for (auto& l : layers_) {
-    for (auto& p : l->parameters()) out.emplace_back(l->name() + "." + p.name, p.value);
-    for (auto& b : l->buffers()) out.emplace_back(l->name() + "." + b.name, b.value);
+    for (auto& p : l->parameters()) out.emplace_back(TensorName(l->name(), p.name), p.value);
+    for (auto& b : l->buffers()) out.emplace_back(TensorName(l->name(), b.name), b.value);
   }
   return out;
 }

@@ -8,6 +8,18 @@
 //   relu, add        Relu, Add;  flatten  Flatten (axis 1)
 //   global_avgpool   GlobalAveragePool + Flatten: [N, C, ...] -> [N, C]
 //   dropout          Identity (inference)
+//   concat           Concat (axis 1)
+//   mul              Mul (s unsqueezed to x's rank; a scale as a [1] initializer)
+//   layer_scale      Mul by gamma [C, 1, 1] (initializer named as the layer)
+//   channel_linear   Conv with a 1x1 kernel: weight [K, C] Unsqueezed to [K, C, 1, 1] (Gemm
+//                    for [C] samples). One node that every runtime runs as a GEMM, where
+//                    Transpose -> MatMul -> Add -> Transpose would be four; the
+//                    initializer keeps the state_dict's [K, C] shape
+//   layernorm        Transpose (channels last) -> LayerNormalization (axis -1) -> Transpose
+//   groupnorm        Reshape [N, G, -1] -> InstanceNormalization -> Reshape -> Mul, Add
+//                    (GroupNormalization is opset 18; weight and bias Unsqueezed to [C, 1, 1])
+// A layer with a tensor named as the layer itself (layer_scale) has its
+// output named "<layer>/output", since ONNX names are unique.
 // The batch dimension is symbolic ("N"). A ReLU cnnflow fuses into the
 // layer before it is still its own Relu node here: fusion is only how the
 // CPU runs it. The ONNX library builds the ModelProto, checks it
@@ -25,8 +37,12 @@
 #include "ops/io/file_write.h"
 #include "ops/io/safetensors.h"
 #include "ops/layers/batch_norm.h"
+#include "ops/layers/channel_linear.h"
 #include "ops/layers/conv1d.h"
 #include "ops/layers/conv2d.h"
+#include "ops/layers/group_norm.h"
+#include "ops/layers/layer_norm.h"
+#include "ops/layers/mul.h"
 #include "ops/layers/pooling.h"
 #include "ops/layers/pooling1d.h"
 #include "ops/model.h"
@@ -80,13 +96,27 @@ class Exporter {
 
  private:
   std::string Out(int i) const {
-    return i == model_.num_layers() - 1 ? std::string("logits") : model_.layer(i).name();
+    if (i == model_.num_layers() - 1) return "logits";
+    Layer& l = model_.layer(i);
+    for (const Parameter& p : l.parameters())
+      if (p.name.empty()) return l.name() + "/output";  // the layer's name is its tensor's
+    return l.name();
+  }
+  // The layer that input k of layer i reads (-1: the model input).
+  int Source(int i, int k) const {
+    const std::string& n = model_.inputs_of(i)[k];
+    for (int j = 0; j < i; ++j)
+      if (model_.layer(j).name() == n) return j;
+    return -1;
   }
   std::string In(int i, int k = 0) const {
-    const std::string& n = model_.inputs_of(i)[k];
-    if (n == kModelInput) return "input";
-    const int last = model_.num_layers() - 1;
-    return n == model_.layer(last).name() ? "logits" : n;
+    const int j = Source(i, k);
+    return j < 0 ? std::string("input") : Out(j);
+  }
+  // The sample shape of input k of layer i.
+  Shape InShape(int i, int k = 0) const {
+    const int j = Source(i, k);
+    return j < 0 ? model_.input_shape() : model_.output_shape(j);
   }
 
   static void AddValueInfo(onnx::ValueInfoProto* v, const std::string& name, const Shape& sample) {
@@ -112,10 +142,38 @@ class Exporter {
     Tensor t = Tensor::Full(Shape{n}, v, DType::kF32);
     AddInitializer(name, t);
   }
+  // A 1D int64 initializer (Reshape's shape, Unsqueeze's axes).
+  void AddInts(const std::string& name, const std::vector<int64_t>& v) {
+    onnx::TensorProto* t = graph_->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto_DataType_INT64);
+    t->add_dims(static_cast<int64_t>(v.size()));
+    for (int64_t x : v) t->add_int64_data(x);
+  }
+  // `value` (a tensor of rank `rank`, with the batch dimension if it has
+  // one) with axes [rank, rank + extra) of size 1 appended; its name.
+  std::string Unsqueezed(int i, const std::string& value, int rank, int extra,
+                         const std::string& suffix) {
+    if (extra <= 0) return value;
+    std::vector<int64_t> axes;
+    for (int a = rank; a < rank + extra; ++a) axes.push_back(a);
+    const std::string out = model_.layer(i).name() + "/" + suffix;
+    AddInts(out + "_axes", axes);
+    Node("Unsqueeze", i, {value, out + "_axes"}, out, "/" + suffix);
+    return out;
+  }
+  // The layer's weight and bias, or ones and zeros without an affine map.
+  std::pair<std::string, std::string> AffineOrIdentity(Layer& l, bool affine, int64_t channels) {
+    if (affine) return {Weight(l, "weight"), Weight(l, "bias")};
+    const std::string w = TensorName(l.name(), "weight"), b = TensorName(l.name(), "bias");
+    AddFilled(w, channels, 1);
+    AddFilled(b, channels, 0);
+    return {w, b};
+  }
 
   // The layer's parameter or buffer `local` as an initializer; its name.
   std::string Weight(Layer& l, const std::string& local) {
-    const std::string name = l.name() + "." + local;
+    const std::string name = TensorName(l.name(), local);
     for (const Parameter& p : l.parameters())
       if (p.name == local) return AddInitializer(name, p.value), name;
     for (const Buffer& b : l.buffers())
@@ -138,17 +196,19 @@ class Exporter {
     a->set_type(onnx::AttributeProto_AttributeType_INTS);
     for (int64_t x : v) a->add_ints(x);
   }
-  static void Int(onnx::NodeProto* n, const char* name, int64_t v) {
+  static onnx::NodeProto* Int(onnx::NodeProto* n, const char* name, int64_t v) {
     onnx::AttributeProto* a = n->add_attribute();
     a->set_name(name);
     a->set_type(onnx::AttributeProto_AttributeType_INT);
     a->set_i(v);
+    return n;
   }
-  static void Float(onnx::NodeProto* n, const char* name, float v) {
+  static onnx::NodeProto* Float(onnx::NodeProto* n, const char* name, float v) {
     onnx::AttributeProto* a = n->add_attribute();
     a->set_name(name);
     a->set_type(onnx::AttributeProto_AttributeType_FLOAT);
     a->set_f(v);
+    return n;
   }
 
   void AddLayer(int i) {
@@ -191,7 +251,7 @@ class Exporter {
         Int(n, "count_include_pad", static_cast<AvgPool1d&>(l).count_include_pad());
     } else if (type == "batchnorm") {
       auto& bn = static_cast<BatchNormLayer&>(l);
-      std::string scale = l.name() + ".weight", bias = l.name() + ".bias";
+      std::string scale = TensorName(l.name(), "weight"), bias = TensorName(l.name(), "bias");
       if (bn.affine()) {
         Weight(l, "weight");
         Weight(l, "bias");
@@ -221,11 +281,80 @@ class Exporter {
       Int(Node("Flatten", i, {pooled}, Out(i), "/flatten"), "axis", 1);
     } else if (type == "dropout") {
       Node("Identity", i, {In(i)}, Out(i));
+    } else if (type == "concat") {
+      std::vector<std::string> in;
+      for (size_t k = 0; k < model_.inputs_of(i).size(); ++k) in.push_back(In(i, static_cast<int>(k)));
+      Int(Node("Concat", i, in, Out(i)), "axis", 1);
+    } else if (type == "mul") {
+      auto& m = static_cast<MulLayer&>(l);
+      if (m.has_scale()) {
+        const std::string a = l.name() + "/scale";
+        AddInitializer(a, Tensor::Full(Shape{1}, m.scale(), DType::kF32));
+        Node("Mul", i, {In(i), a}, Out(i));
+      } else {  // s [N, C] for x [N, C, H, W]: unsqueezed, NumPy broadcasting does the rest
+        const int sr = InShape(i, 1).rank() + 1, xr = InShape(i, 0).rank() + 1;
+        Node("Mul", i, {In(i, 0), Unsqueezed(i, In(i, 1), sr, xr - sr, "s")}, Out(i));
+      }
+    } else if (type == "layer_scale") {
+      Node("Mul", i, {In(i), Weight(l, "")}, Out(i));
+    } else if (type == "channel_linear") {
+      auto& cl = static_cast<ChannelLinearLayer&>(l);
+      std::vector<std::string> in = {In(i), Weight(l, "weight")};
+      if (cl.has_bias()) in.push_back(Weight(l, "bias"));
+      const int spatial = InShape(i).rank() - 1;
+      if (spatial == 0) {  // [C] samples: nn.Linear itself
+        Int(Node("Gemm", i, in, Out(i)), "transB", 1);
+      } else {
+        in[1] = Unsqueezed(i, in[1], 2, spatial, "kernel");
+        Ints(Node("Conv", i, in, Out(i)), "kernel_shape", std::vector<int64_t>(spatial, 1));
+      }
+    } else if (type == "layernorm") {
+      auto& ln = static_cast<LayerNormLayer&>(l);
+      const auto [w, b] = AffineOrIdentity(l, ln.affine(), ln.channels());
+      const int r = InShape(i).rank() + 1;  // with the batch
+      if (r == 2) {
+        Float(Int(Node("LayerNormalization", i, {In(i), w, b}, Out(i)), "axis", -1), "epsilon",
+              static_cast<float>(ln.eps()));
+      } else {
+        std::vector<int64_t> last = {0}, back = {0, r - 1};  // channels last, and back
+        for (int a = 2; a < r; ++a) last.push_back(a);
+        last.push_back(1);
+        for (int a = 1; a < r - 1; ++a) back.push_back(a);
+        const std::string t = l.name() + "/channels_last", n = l.name() + "/normalised";
+        Ints(Node("Transpose", i, {In(i)}, t, "/channels_last"), "perm", last);
+        Float(Int(Node("LayerNormalization", i, {t, w, b}, n, "/normalise"), "axis", -1),
+              "epsilon", static_cast<float>(ln.eps()));
+        Ints(Node("Transpose", i, {n}, Out(i)), "perm", back);
+      }
+    } else if (type == "groupnorm") {
+      auto& gn = static_cast<GroupNormLayer&>(l);
+      const Shape s = InShape(i);
+      const std::string grouped = l.name() + "/grouped", normed = l.name() + "/normalised";
+      const std::string ones = l.name() + "/ones", zeros = l.name() + "/zeros";
+      AddInts(grouped + "_shape", {0, gn.groups(), -1});
+      Node("Reshape", i, {In(i), grouped + "_shape"}, grouped, "/group");
+      AddFilled(ones, gn.groups(), 1);
+      AddFilled(zeros, gn.groups(), 0);
+      Float(Node("InstanceNormalization", i, {grouped, ones, zeros}, normed, "/normalise"),
+            "epsilon", static_cast<float>(gn.eps()));
+      std::vector<int64_t> shape = {0};
+      for (int64_t d : s.dims()) shape.push_back(d);
+      const std::string back = gn.affine() ? l.name() + "/ungrouped" : Out(i);
+      AddInts(l.name() + "/ungrouped_shape", shape);
+      Node("Reshape", i, {normed, l.name() + "/ungrouped_shape"}, back, "/ungroup");
+      if (gn.affine()) {
+        const int extra = s.rank() - 1;  // [C] -> [C, 1, 1]
+        const std::string scaled = l.name() + "/scaled";
+        Node("Mul", i, {back, Unsqueezed(i, Weight(l, "weight"), 1, extra, "weight")}, scaled,
+             "/scale");
+        Node("Add", i, {scaled, Unsqueezed(i, Weight(l, "bias"), 1, extra, "bias")}, Out(i));
+      }
     } else {
       throw Error(StrCat("layer '", l.name(), "' (", type,
                          ") has no ONNX export; exportable: conv1d, conv2d, maxpool1d, maxpool2d, "
                          "avgpool1d, avgpool2d, batchnorm, linear, relu, add, flatten, "
-                         "global_avgpool, dropout"));
+                         "global_avgpool, dropout, concat, mul, layer_scale, channel_linear, "
+                         "layernorm, groupnorm"));
     }
   }
 

@@ -23,6 +23,39 @@ T RowSum(const T* p, int64_t n) {
   return s;
 }
 
+// sum of a[i] * b[i], in RowSum's fixed lane order.
+template <typename T>
+T RowDot(const T* a, const T* b, int64_t n) {
+  constexpr int kLanes = 16;
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
+  }
+  T s = 0;
+  for (; i < n; ++i) s += a[i] * b[i];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+// sum of (p[i] - mean)^2 (the second pass of a two-pass variance).
+template <typename T>
+T RowSquaredDeviation(const T* p, int64_t n, T mean) {
+  constexpr int kLanes = 16;
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const T d = p[i + l] - mean;
+      acc[l] += d * d;
+    }
+  }
+  T s = 0;
+  for (; i < n; ++i) s += (p[i] - mean) * (p[i] - mean);
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
 // p[i] = max(p[i], 0): a ReLU fused into the layer that wrote p.
 template <typename T>
 void ReluInPlace(T* p, int64_t n) {

@@ -30,6 +30,7 @@ CublasApi Load() {
     Resolve(lib, "cublasSetStream_v2", api.library, api.SetStream);
     Resolve(lib, "cublasSetMathMode", api.library, api.SetMathMode);
     Resolve(lib, "cublasSgemm_v2", api.library, api.Sgemm);
+    Resolve(lib, "cublasSgemmStridedBatched", api.library, api.SgemmStridedBatched);
     Resolve(lib, "cublasGemmEx", api.library, api.GemmEx);
     Resolve(lib, "cublasGetProperty", api.library, api.GetProperty);
     return api;  // the library stays loaded for the process

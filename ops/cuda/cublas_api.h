@@ -19,6 +19,7 @@ struct CublasApi {
   decltype(&cublasSetStream_v2) SetStream = nullptr;
   decltype(&cublasSetMathMode) SetMathMode = nullptr;
   decltype(&cublasSgemm_v2) Sgemm = nullptr;
+  decltype(&cublasSgemmStridedBatched) SgemmStridedBatched = nullptr;
   // The C function (C++ also sees an inline overload taking cudaDataType).
   cublasStatus_t (*GemmEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,

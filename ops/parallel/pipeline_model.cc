@@ -122,8 +122,10 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
     std::vector<LayerSpec> specs(layers.begin() + first, layers.begin() + first + count);
     for (size_t k = 0; k < specs.size(); ++k) {
       for (const std::string& in : specs[k].inputs) {
+        // The stage's input: the previous stage's last output, read by the
+        // stage's first layer, or the model input in the first stage.
         const bool previous_output = k == 0 && s > 0 && in == layers[first - 1].name;
-        if (previous_output) continue;
+        if (previous_output || (s == 0 && in == kModelInput)) continue;
         if (stage_of.count(in) == 0 || stage_of[in] != s) {
           throw ConfigError(StrCat("pipeline stage ", s, ": layer '", specs[k].name, "' reads '",
                                    in,
@@ -132,7 +134,9 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
         }
       }
     }
-    specs[0].inputs.clear();
+    // Every input of the first layer is the stage's input (a multi-input
+    // first layer, e.g. `concat` of [x, x], keeps its count).
+    for (std::string& in : specs[0].inputs) in = kModelInput;
     const Shape in_shape = first == 0 ? input_shape : full_->output_shape(first - 1);
     auto stage = std::make_unique<Stage>();
     const int slots =

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # cnnflow export: short trainings of every exportable layer type (2D on
-# Fashion-MNIST, 1D on synthetic series) and of the main config, exported
+# Fashion-MNIST, 1D on synthetic series; issue 29's layers in
+# export_blocks*.yaml) and of the main config, exported
 # (from a RUN_DIR and from CONFIG --weights) and run in onnxruntime on the
 # test images: logits equal cnnflow's to 1e-5 relative (onnx_check.py).
 # Wrong arguments exit 2, a missing weights file 1, naming it. Skips (77)
@@ -30,6 +31,15 @@ train tests/data/export_1d.yaml "$out/r1d"
 "$cnnflow" export tests/data/export_1d.yaml --weights "$out/r1d/model.safetensors" \
   -o "$out/1d.onnx" --check 256 "$out/1d.check" || fail "export of a config exited with $?"
 "$py" tests/cli/onnx_check.py "$out/1d.onnx" "$out/1d.check" || fail "1D model"
+
+train tests/data/export_blocks.yaml "$out/rblocks"
+"$cnnflow" export "$out/rblocks" -o "$out/blocks.onnx" --check 256 "$out/blocks.check" ||
+  fail "export of the blocks model exited with $?"
+"$py" tests/cli/onnx_check.py "$out/blocks.onnx" "$out/blocks.check" || fail "blocks model"
+train tests/data/export_blocks_1d.yaml "$out/rblocks1d"
+"$cnnflow" export "$out/rblocks1d" -o "$out/blocks1d.onnx" --check 256 "$out/blocks1d.check" ||
+  fail "export of the 1D blocks model exited with $?"
+"$py" tests/cli/onnx_check.py "$out/blocks1d.onnx" "$out/blocks1d.check" || fail "1D blocks model"
 
 train configs/fashion_mnist.yaml "$out/main"
 "$cnnflow" export "$out/main" -o "$out/main.onnx" --check 1000 "$out/main.check" ||

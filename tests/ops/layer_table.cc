@@ -75,6 +75,23 @@ std::vector<LayerCase> MakeCases() {
   r.push_back(Row("flatten", A(), {{3, 4, 5}}));
   r.push_back(Row("dropout", A({{"p", 0.3}}), {{4, 5}}));
   r.push_back(Eval(Row("dropout", A({{"p", 0.3}}), {{4, 5}})));
+  // ---- joins and scales
+  r.push_back(Row("concat", A(), {{2, 3, 4}, {3, 3, 4}}));
+  r.push_back(Row("concat", A(), {{1, 5}, {2, 5}, {4, 5}}, "three_1d"));
+  r.push_back(Row("mul", A(), {{3, 4, 5}, {3, 4, 5}}, "same_shape"));
+  r.push_back(Row("mul", A(), {{3, 4, 5}, {3, 1, 1}}, "squeeze_excitation"));
+  r.push_back(Row("mul", A(), {{3, 7}, {3}}, "per_channel_1d"));
+  r.push_back(Row("mul", A({{"scale", std::vector<double>{0.111}}}), {{3, 4, 5}}, "constant"));
+  r.push_back(Row("layer_scale", A({{"init", 0.5}}), {{3, 4, 5}}));
+  r.push_back(Row("layer_scale", A({{"init", 0.5}}), {{4, 6}}, "1d"));
+  r.push_back(Row("channel_linear", A({{"out", I{5}}}), {{3, 4, 5}}));
+  r.push_back(Row("channel_linear", A({{"out", I{4}}, {"bias", false}}), {{6, 7}}, "1d_nobias"));
+  // ---- normalisation over channels
+  r.push_back(Row("layernorm", A({{"eps", 1e-6}}), {{6, 3, 4}}));
+  r.push_back(Row("layernorm", A({{"affine", false}}), {{5, 7}}, "1d_noaffine"));
+  r.push_back(Row("layernorm", A(), {{8}}, "features"));
+  r.push_back(Row("groupnorm", A({{"groups", I{2}}}), {{4, 3, 3}}));
+  r.push_back(Row("groupnorm", A({{"groups", I{3}}, {"affine", false}}), {{6, 5}}, "1d_noaffine"));
   return r;
 }
 
