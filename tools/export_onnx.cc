@@ -262,8 +262,8 @@ class Exporter {
       case Activation::kGeluErf: {  // x * 0.5 * (1 + Erf(x / sqrt 2))
         const std::string e =
             Step(i, "Erf", {Step(i, "Div", {x, Scalar(c + "sqrt2", 1.41421356f)}, "div")}, "erf");
-        const std::string xm = Step(i, "Mul", {x, Step(i, "Add", {e, Scalar(c + "one", 1)}, "add")},
-                                    "mul");
+        const std::string xm =
+            Step(i, "Mul", {x, Step(i, "Add", {e, Scalar(c + "one", 1)}, "add")}, "mul");
         Step(i, "Mul", {xm, Scalar(c + "half", 0.5f)}, "half", true);
         return;
       }
@@ -271,26 +271,31 @@ class Exporter {
         const std::string x3 = Step(i, "Mul", {Step(i, "Mul", {x, x}, "sq"), x}, "cube");
         const std::string inner =
             Step(i, "Add", {x, Step(i, "Mul", {x3, Scalar(c + "c", 0.044715f)}, "cubic")}, "inner");
-        const std::string t =
-            Step(i, "Tanh", {Step(i, "Mul", {inner, Scalar(c + "k", 0.7978845608f)}, "scaled")},
-                 "tanh");
-        const std::string xm = Step(i, "Mul", {x, Step(i, "Add", {t, Scalar(c + "one", 1)}, "add")},
-                                    "mul");
+        const std::string t = Step(
+            i, "Tanh", {Step(i, "Mul", {inner, Scalar(c + "k", 0.7978845608f)}, "scaled")}, "tanh");
+        const std::string xm =
+            Step(i, "Mul", {x, Step(i, "Add", {t, Scalar(c + "one", 1)}, "add")}, "mul");
         Step(i, "Mul", {xm, Scalar(c + "half", 0.5f)}, "half", true);
         return;
       }
       case Activation::kSilu:
         Step(i, "Mul", {x, Step(i, "Sigmoid", {x}, "sigmoid")}, "mul", true);
         return;
-      case Activation::kSigmoid: Node("Sigmoid", i, {x}, Out(i)); return;
-      case Activation::kTanh: Node("Tanh", i, {x}, Out(i)); return;
+      case Activation::kSigmoid:
+        Node("Sigmoid", i, {x}, Out(i));
+        return;
+      case Activation::kTanh:
+        Node("Tanh", i, {x}, Out(i));
+        return;
       case Activation::kHardsigmoid: {
         onnx::NodeProto* n = Node("HardSigmoid", i, {x}, Out(i));
         Float(n, "alpha", 1.f / 6);
         Float(n, "beta", 0.5f);
         return;
       }
-      case Activation::kHardswish: Node("HardSwish", i, {x}, Out(i)); return;
+      case Activation::kHardswish:
+        Node("HardSwish", i, {x}, Out(i));
+        return;
       case Activation::kRelu6:
         Node("Clip", i, {x, Scalar(c + "min", 0), Scalar(c + "max", 6)}, Out(i));
         return;

@@ -200,8 +200,8 @@ void ActivationLayer::CheckForward(const Tensor& x, const Tensor& y) const {
 }
 
 void ActivationLayer::CheckBackward(const Tensor& x, const Tensor& dy, const Tensor& dx) const {
-  CNNFLOW_ENFORCE(dy.numel() == x.numel() && dx.numel() == x.numel(), type(), " ", name(),
-                  ": x ", x.shape(), " dy ", dy.shape(), " dx ", dx.shape());
+  CNNFLOW_ENFORCE(dy.numel() == x.numel() && dx.numel() == x.numel(), type(), " ", name(), ": x ",
+                  x.shape(), " dy ", dy.shape(), " dx ", dx.shape());
 }
 
 void ActivationLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,

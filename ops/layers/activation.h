@@ -161,8 +161,9 @@ struct Hardsigmoid {
   }
 };
 
-// Gradient 0 for x < -3, x/3 + 1/2 for -3 <= x <= 3, 1 above (torch's
-// hardswish_backward, kinks included).
+// Gradient 0 for x <= -3, x/3 + 1/2 for -3 < x < 3, 1 for x >= 3: what
+// torch 2.15's hardswish_backward gives at the kinks (measured: 0 at -3, 1
+// at 3, on CPU in f32 and f64; older releases took [-3, 3] closed).
 struct Hardswish {
   template <typename T>
   CNNFLOW_HOST_DEVICE static T Forward(T x, T) {
@@ -170,7 +171,7 @@ struct Hardswish {
   }
   template <typename T>
   CNNFLOW_HOST_DEVICE static T Backward(T x, T g, T) {
-    return x < T(-3) ? T(0) : (x <= T(3) ? g * (x * T(1.0 / 3) + T(0.5)) : g);
+    return x <= T(-3) ? T(0) : (x < T(3) ? g * (x * T(1.0 / 3) + T(0.5)) : g);
   }
 };
 
@@ -204,15 +205,24 @@ struct LeakyRelu {
 template <typename Fn>
 decltype(auto) VisitActivation(Activation k, Fn&& fn) {
   switch (k) {
-    case Activation::kGeluErf: return fn(act::GeluErf{});
-    case Activation::kGeluTanh: return fn(act::GeluTanh{});
-    case Activation::kSilu: return fn(act::Silu{});
-    case Activation::kSigmoid: return fn(act::Sigmoid{});
-    case Activation::kTanh: return fn(act::Tanh{});
-    case Activation::kHardsigmoid: return fn(act::Hardsigmoid{});
-    case Activation::kHardswish: return fn(act::Hardswish{});
-    case Activation::kRelu6: return fn(act::Relu6{});
-    case Activation::kLeakyRelu: break;
+    case Activation::kGeluErf:
+      return fn(act::GeluErf{});
+    case Activation::kGeluTanh:
+      return fn(act::GeluTanh{});
+    case Activation::kSilu:
+      return fn(act::Silu{});
+    case Activation::kSigmoid:
+      return fn(act::Sigmoid{});
+    case Activation::kTanh:
+      return fn(act::Tanh{});
+    case Activation::kHardsigmoid:
+      return fn(act::Hardsigmoid{});
+    case Activation::kHardswish:
+      return fn(act::Hardswish{});
+    case Activation::kRelu6:
+      return fn(act::Relu6{});
+    case Activation::kLeakyRelu:
+      break;
   }
   return fn(act::LeakyRelu{});
 }
