@@ -1,5 +1,6 @@
 // The own CUDA layers against the CPU (gpu_check.h's CompareWithCpu): relu,
-// add, flatten, dropout and linear, in f32 and in f16/bf16 mixed precision.
+// add, flatten, dropout, linear and the activations, in f32 and in f16/bf16
+// mixed precision.
 // GPU tests skip without a GPU.
 #include <gtest/gtest.h>
 
@@ -43,6 +44,31 @@ TEST(ReluGPU, OddSizeTakesTheScalarTail) {
   const auto c = CompareWithCpu({Spec("relu1", "relu")}, Shape{3, 7}, 5);
   EXPECT_LE(c.output, 1e-6) << Describe(c);
   EXPECT_LE(c.input_grad, 1e-6) << Describe(c);
+}
+
+// Every activation type (ops/cuda/activation.cu) on inputs in [-1, 1]
+// (the kinks themselves are the CPU tests' and share the same act:: code).
+std::vector<LayerSpec> ActivationSpecs() {
+  return {Spec("act", "gelu"),
+          Spec("act", "gelu", {{"approximate", std::string("tanh")}}),
+          Spec("act", "silu"),
+          Spec("act", "sigmoid"),
+          Spec("act", "tanh"),
+          Spec("act", "hardsigmoid"),
+          Spec("act", "hardswish"),
+          Spec("act", "relu6"),
+          Spec("act", "leaky_relu", {{"negative_slope", 0.2}})};
+}
+
+TEST(ActivationGPU, MatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  for (const LayerSpec& spec : ActivationSpecs()) {
+    SCOPED_TRACE(spec.type);
+    // 5 * 23 values: the float4 body and the scalar tail.
+    const auto c = CompareWithCpu({spec}, Shape{23}, 5);
+    EXPECT_LE(c.output, 1e-5) << Describe(c);
+    EXPECT_LE(c.input_grad, 1e-5) << Describe(c);
+  }
 }
 
 TEST(AddGPU, ResidualModelMatchesCpu) {
@@ -221,6 +247,17 @@ TEST_P(HalfLayersGPU, Relu) {
   const auto c = CompareWithCpu({Spec("relu1", "relu")}, Shape{3, 7}, 5, true, 5, t);
   EXPECT_LE(c.output, HalfTolerance(t)) << Describe(c);
   EXPECT_LE(c.input_grad, HalfTolerance(t)) << Describe(c);
+}
+
+TEST_P(HalfLayersGPU, Activations) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const DType t = GetParam();
+  for (const LayerSpec& spec : ActivationSpecs()) {
+    SCOPED_TRACE(spec.type);
+    const auto c = CompareWithCpu({spec}, Shape{3, 7}, 5, true, 5, t);
+    EXPECT_LE(c.output, HalfTolerance(t)) << Describe(c);
+    EXPECT_LE(c.input_grad, HalfTolerance(t)) << Describe(c);
+  }
 }
 
 TEST_P(HalfLayersGPU, ResidualAdd) {
