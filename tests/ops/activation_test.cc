@@ -1,7 +1,9 @@
-// The activation layers (ops/layers/activation.h): every type against an
-// independent reference (the defining formula in long double, its
-// derivative by central differences), f32 (oneDNN or loops) and f64, the
-// gradient check in f64, PyTorch's gradients at the kinks, and config errors.
+// The activation layers (ops/layers/activation.h), what the layer table
+// (tests/ops/layer_table.cc: gradient check, f32 vs f64, GPU vs CPU) does
+// not check: every type against an independent reference (the defining
+// formula in long double, its derivative by central differences) in f32
+// (oneDNN or loops) and f64, PyTorch's gradients at the kinks, the same
+// result for any thread count, and config errors.
 #include "ops/layers/activation.h"
 
 #include <gtest/gtest.h>
@@ -17,7 +19,6 @@
 namespace cnnflow {
 namespace {
 
-using testing::CheckGradients;
 using testing::MakeLayer;
 using testing::RandomTensor;
 using testing::RunForward;
@@ -154,16 +155,6 @@ TEST(Activation, MatchesReference) {
       EXPECT_LE(worst_y, rtol);
       EXPECT_LE(worst_dx, rtol);
       RecordProperty(Name(c) + (f32 ? " f32" : " f64"), StrCat("y ", worst_y, " dx ", worst_dx));
-    }
-  }
-}
-
-TEST(Activation, GradientCheck) {
-  for (const Case& c : Cases()) {
-    for (const Shape& s : {Shape{1, 7}, Shape{2, 3, 5, 7}}) {
-      SCOPED_TRACE(Name(c) + " " + s.ToString());
-      auto layer = MakeLayer(c.type, c.args, {s.WithoutBatch()});
-      CheckGradients(*layer, {AwayFromKinks(s, 8, -5, 7, 0.05, DType::kF64)}, s);
     }
   }
 }
