@@ -20,6 +20,10 @@
 //                    (GroupNormalization is opset 18; weight and bias Unsqueezed to [C, 1, 1])
 // A layer with a tensor named as the layer itself (layer_scale) has its
 // output named "<layer>/output", since ONNX names are unique.
+//   sigmoid, tanh, hardsigmoid, hardswish, leaky_relu   the ONNX op of that name
+//   relu6            Clip (min 0, max 6);  silu  Sigmoid + Mul
+//   gelu             opset 17 has no Gelu: x * 0.5 * (1 + Erf(x / sqrt 2)), or
+//                    the tanh form, in elementwise nodes (as torch.onnx writes it)
 // The batch dimension is symbolic ("N"). A ReLU cnnflow fuses into the
 // layer before it is still its own Relu node here: fusion is only how the
 // CPU runs it. The ONNX library builds the ModelProto, checks it
@@ -36,6 +40,7 @@
 
 #include "ops/io/file_write.h"
 #include "ops/io/safetensors.h"
+#include "ops/layers/activation.h"
 #include "ops/layers/batch_norm.h"
 #include "ops/layers/channel_linear.h"
 #include "ops/layers/conv1d.h"
@@ -349,12 +354,83 @@ class Exporter {
              "/scale");
         Node("Add", i, {scaled, Unsqueezed(i, Weight(l, "bias"), 1, extra, "bias")}, Out(i));
       }
+    } else if (auto* act = dynamic_cast<ActivationLayer*>(&l)) {
+      AddActivation(i, *act);
     } else {
       throw Error(StrCat("layer '", l.name(), "' (", type,
                          ") has no ONNX export; exportable: conv1d, conv2d, maxpool1d, maxpool2d, "
                          "avgpool1d, avgpool2d, batchnorm, linear, relu, add, flatten, "
                          "global_avgpool, dropout, concat, mul, layer_scale, channel_linear, "
-                         "layernorm, groupnorm"));
+                         "layernorm, groupnorm, gelu, silu, sigmoid, tanh, hardsigmoid, "
+                         "hardswish, relu6, leaky_relu"));
+    }
+  }
+
+  // A scalar (0-d) f32 initializer named `name` (Clip's bounds must be
+  // 0-d); its name.
+  std::string Scalar(const std::string& name, float v) {
+    onnx::TensorProto* t = graph_->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto_DataType_FLOAT);
+    t->add_float_data(v);
+    return name;
+  }
+
+  // One node of a layer made of several: its output "<layer>/<tag>"
+  // (`last`: the layer's output).
+  std::string Step(int i, const char* op, std::vector<std::string> in, const std::string& tag,
+                   bool last = false) {
+    const std::string out = last ? Out(i) : model_.layer(i).name() + "/" + tag;
+    Node(op, i, std::move(in), out, "/" + tag);
+    return out;
+  }
+
+  void AddActivation(int i, const ActivationLayer& l) {
+    const std::string x = In(i), c = l.name() + "/";
+    switch (l.kind()) {
+      case Activation::kGeluErf: {  // x * 0.5 * (1 + Erf(x / sqrt 2))
+        const std::string e =
+            Step(i, "Erf", {Step(i, "Div", {x, Scalar(c + "sqrt2", 1.41421356f)}, "div")}, "erf");
+        const std::string xm =
+            Step(i, "Mul", {x, Step(i, "Add", {e, Scalar(c + "one", 1)}, "add")}, "mul");
+        Step(i, "Mul", {xm, Scalar(c + "half", 0.5f)}, "half", true);
+        return;
+      }
+      case Activation::kGeluTanh: {  // x * 0.5 * (1 + Tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        const std::string x3 = Step(i, "Mul", {Step(i, "Mul", {x, x}, "sq"), x}, "cube");
+        const std::string inner =
+            Step(i, "Add", {x, Step(i, "Mul", {x3, Scalar(c + "c", 0.044715f)}, "cubic")}, "inner");
+        const std::string t = Step(
+            i, "Tanh", {Step(i, "Mul", {inner, Scalar(c + "k", 0.7978845608f)}, "scaled")}, "tanh");
+        const std::string xm =
+            Step(i, "Mul", {x, Step(i, "Add", {t, Scalar(c + "one", 1)}, "add")}, "mul");
+        Step(i, "Mul", {xm, Scalar(c + "half", 0.5f)}, "half", true);
+        return;
+      }
+      case Activation::kSilu:
+        Step(i, "Mul", {x, Step(i, "Sigmoid", {x}, "sigmoid")}, "mul", true);
+        return;
+      case Activation::kSigmoid:
+        Node("Sigmoid", i, {x}, Out(i));
+        return;
+      case Activation::kTanh:
+        Node("Tanh", i, {x}, Out(i));
+        return;
+      case Activation::kHardsigmoid: {
+        onnx::NodeProto* n = Node("HardSigmoid", i, {x}, Out(i));
+        Float(n, "alpha", 1.f / 6);
+        Float(n, "beta", 0.5f);
+        return;
+      }
+      case Activation::kHardswish:
+        Node("HardSwish", i, {x}, Out(i));
+        return;
+      case Activation::kRelu6:
+        Node("Clip", i, {x, Scalar(c + "min", 0), Scalar(c + "max", 6)}, Out(i));
+        return;
+      case Activation::kLeakyRelu:
+        Float(Node("LeakyRelu", i, {x}, Out(i)), "alpha", static_cast<float>(l.alpha()));
+        return;
     }
   }
 

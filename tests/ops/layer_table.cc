@@ -92,6 +92,28 @@ std::vector<LayerCase> MakeCases() {
   r.push_back(Row("layernorm", A(), {{8}}, "features"));
   r.push_back(Row("groupnorm", A({{"groups", I{2}}}), {{4, 3, 3}}));
   r.push_back(Row("groupnorm", A({{"groups", I{3}}, {"affine", false}}), {{6, 5}}, "1d_noaffine"));
+  // ---- activations (ops/layers/activation.h): inputs across the kinks
+  // (-3, 0, 3, 6) and the saturated tails
+  auto act = [&](const char* type, Args args, std::string variant, double lo, double hi) {
+    r.push_back(Row(type, std::move(args), {{3, 4, 5}}, std::move(variant)));
+    r.back().lo = lo;
+    r.back().hi = hi;
+  };
+  act("gelu", A(), "", -6, 6);
+  act("gelu", A({{"approximate", std::string("tanh")}}), "tanh", -6, 6);
+  act("silu", A(), "", -8, 8);
+  act("sigmoid", A(), "", -8, 8);
+  act("tanh", A(), "", -4, 4);
+  act("hardsigmoid", A(), "", -5, 5);
+  act("hardswish", A(), "", -5, 5);
+  act("relu6", A(), "", -2, 8);
+  act("leaky_relu", A(), "", -2, 2);
+  act("leaky_relu", A({{"negative_slope", 0.2}}), "slope0_2", -2, 2);
+  // f32 gelu on oneDNN over several fixed-length chunks and a tail.
+  r.push_back(Row("gelu", A(), {{5, 67, 67}}, "chunks"));
+  r.back().batch = 3;
+  r.back().grad_check = false;
+  r.back().why_no_grad_check = "67335 values; the [3, 4, 5] rows check the gradient";
   return r;
 }
 

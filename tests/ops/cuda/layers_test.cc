@@ -1,5 +1,6 @@
 // The own CUDA layers against the CPU (gpu_check.h's CompareWithCpu): relu,
-// add, flatten, dropout and linear, in f32 and in f16/bf16 mixed precision.
+// add, flatten, dropout, linear and the activations, in f32 and in f16/bf16
+// mixed precision.
 // GPU tests skip without a GPU.
 #include <gtest/gtest.h>
 
@@ -221,6 +222,31 @@ TEST_P(HalfLayersGPU, Relu) {
   const auto c = CompareWithCpu({Spec("relu1", "relu")}, Shape{3, 7}, 5, true, 5, t);
   EXPECT_LE(c.output, HalfTolerance(t)) << Describe(c);
   EXPECT_LE(c.input_grad, HalfTolerance(t)) << Describe(c);
+}
+
+// Every activation type (ops/cuda/activation.cu) on inputs in [-1, 1], for
+// the f16/bf16 kernels (the layer table checks f32 against the CPU).
+std::vector<LayerSpec> ActivationSpecs() {
+  return {Spec("act", "gelu"),
+          Spec("act", "gelu", {{"approximate", std::string("tanh")}}),
+          Spec("act", "silu"),
+          Spec("act", "sigmoid"),
+          Spec("act", "tanh"),
+          Spec("act", "hardsigmoid"),
+          Spec("act", "hardswish"),
+          Spec("act", "relu6"),
+          Spec("act", "leaky_relu", {{"negative_slope", 0.2}})};
+}
+
+TEST_P(HalfLayersGPU, Activations) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const DType t = GetParam();
+  for (const LayerSpec& spec : ActivationSpecs()) {
+    SCOPED_TRACE(spec.type);
+    const auto c = CompareWithCpu({spec}, Shape{3, 7}, 5, true, 5, t);
+    EXPECT_LE(c.output, HalfTolerance(t)) << Describe(c);
+    EXPECT_LE(c.input_grad, HalfTolerance(t)) << Describe(c);
+  }
 }
 
 TEST_P(HalfLayersGPU, ResidualAdd) {
