@@ -8,6 +8,14 @@
 #   b         configs/fashion_mnist_cnn3.yaml   pytorch_train.py --model cnn3  batch 64, Fashion-MNIST
 #   resnet18  bench/configs/resnet18_synthetic.yaml on cpu:0, --model resnet18, batch 64, synthetic 3x32x32
 #   m5        configs/spoken_digits.yaml (data.train: synthetic [1, 8000]), --model m5, batch 32
+# and the model library's networks at 224x224 (issue 29), 1000 classes,
+# synthetic 3x224x224, batch 16, SGD momentum 0.9, fp32; PyTorch's side is
+# torchvision.models.<name>(num_classes=1000) (needs torchvision: only a peer
+# whose python has it runs them, i.e. torch 2.x of the venv, not Debian's):
+#   resnet50         bench/configs/resnet50_synthetic.yaml         (model: {library: resnet50})
+#   mobilenet_v2     bench/configs/mobilenet_v2_synthetic.yaml     dropout 0.2 (train mode)
+#   efficientnet_b0  bench/configs/efficientnet_b0_synthetic.yaml  dropout 0.2, stochastic depth 0.2
+# ("all": a, b, resnet18, m5; "imagenet": resnet50, mobilenet_v2, efficientnet_b0)
 # For each model, R rounds, each running every runner once (the order
 # reversed every other round):
 #   cnnflow: CNNFLOW bench CONFIG --devices 1 --warmup W --max-steps S
@@ -16,20 +24,26 @@
 #            --warmup W --steps S, in each of its best settings (the better
 #            median counts), for both PyTorch versions
 # then prints a table: per model and runner the median images/s, GFLOP/s,
-# % of the T-thread FMA peak (bench/fma_peak, its ISA), FLOPs per image, and
-# cnnflow / that runner.
+# % of the T-thread FMA peak (bench/fma_peak, its ISA), FLOPs per image, the
+# median peak RSS (the runner process's max resident set, /usr/bin/time %M),
+# and cnnflow / that runner.
 #
-# usage: bench/train_vs_pytorch.sh [--model a,b,resnet18,m5|all] [--reps R]
+# usage: bench/train_vs_pytorch.sh [--model a,b,resnet18,m5,resnet50,mobilenet_v2,
+#          efficientnet_b0|all|imagenet] [--reps R]
 #          [--steps S] [--warmup W] [--threads T] [--out FILE] [--csv FILE]
 #          [--cnnflow BIN] [--config YAML] [--fma-peak BIN]
 #          [--peers "torch2 debian"] [--venv DIR] [--no-install]
 #          [--pytorch-setting "K=V ...|ARGS" ...] [--keep-openblas-env]
 # --steps/--warmup apply to every model selected (defaults: a 500/20,
-# b 300/20, resnet18 20/3, m5 200/10); --config replaces the config of the
+# b 300/20, resnet18 20/3, m5 200/10, resnet50 10/2, mobilenet_v2 and
+# efficientnet_b0 20/3); --config replaces the config of the
 # one model selected. The torch 2.x venv (default .venv-torch, git-ignored) is
 # made by bench/torch_venv.sh --install when missing (never when $CI is set;
 # --no-install skips that peer instead). Duration on a quiet 2-core machine,
-# 3 reps: a ~4 min, b ~4 min, resnet18 ~15 min, m5 ~4 min.
+# 3 reps: a ~4 min, b ~4 min, resnet18 ~15 min, m5 ~4 min; the imagenet
+# models are not timed yet (4 runners x 3 reps each: roughly 10-20 min per
+# model). The full issue-29 table:
+#   bench/train_vs_pytorch.sh --model imagenet --peers torch2 --out FILE --csv FILE
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -63,7 +77,7 @@ PT_SETTINGS_TORCH2=("${PT_SETTINGS_DEBIAN[@]}"
 PT_GIVEN=()
 KEEP_OPENBLAS_ENV=0
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --model|--models) MODELS_ARG="$2"; shift 2 ;;
@@ -98,7 +112,7 @@ field() { sed -n "s/.*[ ]$1=\([^ ]*\).*/\1/p"; }   # value of key=value on stdin
 # Forward MACs of the conv and linear layers (output positions x output
 # channels x input channels x kernel); FIRST: those of the first layer, whose
 # input gradient neither side computes.
-declare -A CONF PTM BATCH DSTEPS DWARM SETS MACS FIRST MACS_HOW NAME
+declare -A CONF PTM BATCH DSTEPS DWARM SETS MACS FIRST MACS_HOW NAME NEEDS_TV
 CONF[a]=configs/fashion_mnist.yaml; PTM[a]=mlp2; BATCH[a]=64; DSTEPS[a]=500; DWARM[a]=20
 NAME[a]="model A, two-layer CNN + FC, Fashion-MNIST 1x28x28"
 MACS[a]=$(( 28*28*32*1*9 + 14*14*64*32*9 + 3136*128 + 128*10 )); FIRST[a]=$(( 28*28*32*9 ))
@@ -126,17 +140,73 @@ SETS[m5]="data.train={source: synthetic, shape: [1, 8000], classes: 10, size: 10
 MACS[m5]=$(( 1981*32*1*80 + 495*32*32*3 + 123*64*32*3 + 30*64*64*3 + 64*10 )); FIRST[m5]=$(( 1981*32*80 ))
 MACS_HOW[m5]="conv1 1981*32*80 + conv2 495*32*32*3 + conv3 123*64*32*3 + conv4 30*64*64*3 + fc 64*10"
 
+# The model library's networks at 224x224 (issue 29): torchvision's, 1000
+# classes, batch 16. Their MACs come from their block lists below (a
+# depthwise conv: output positions x channels x kernel); torchvision's
+# modules with forward hooks count the same: 4,089,184,256 / 300,774,272 /
+# 385,814,752.
+for m in resnet50 mobilenet_v2 efficientnet_b0; do
+  CONF[$m]=bench/configs/${m}_synthetic.yaml; PTM[$m]=$m; BATCH[$m]=16; NEEDS_TV[$m]=1
+done
+DSTEPS[resnet50]=10; DWARM[resnet50]=2
+DSTEPS[mobilenet_v2]=20; DWARM[mobilenet_v2]=3
+DSTEPS[efficientnet_b0]=20; DWARM[efficientnet_b0]=3
+NAME[resnet50]="torchvision ResNet-50 (v1.5), synthetic 3x224x224, 1000 classes"
+NAME[mobilenet_v2]="torchvision MobileNetV2, dropout 0.2, synthetic 3x224x224, 1000 classes"
+NAME[efficientnet_b0]="torchvision EfficientNet-B0, dropout 0.2, stochastic depth 0.2, synthetic 3x224x224, 1000 classes"
+# ResNet-50: per stage (planes P, blocks N, input C at size SI, output size S):
+# 1x1 C->P at SI (then 4P->P at S), 3x3 P->P at S (stride on it), 1x1 P->4P,
+# and the first block's 1x1 shortcut C->4P at S.
+r50=$(( 112*112*64*3*49 ))
+for st in "64 3 64 56 56" "128 4 256 56 28" "256 6 512 28 14" "512 3 1024 14 7"; do
+  read -r p n c si s <<<"$st"
+  r50=$(( r50 + si*si*p*c + (n-1)*s*s*p*4*p + n*(s*s*p*p*9 + s*s*4*p*p) + s*s*4*p*c ))
+done
+MACS[resnet50]=$(( r50 + 2048*1000 )); FIRST[resnet50]=$(( 112*112*64*3*49 ))
+MACS_HOW[resnet50]="stem 112*112*64*3*49 + per stage (P,N,C,SI,S) in (64,3,64,56,56) (128,4,256,56,28) (256,6,512,28,14) (512,3,1024,14,7): SI*SI*P*C + (N-1) x S*S*P*4P + N x (S*S*P*P*9 + S*S*4P*P) + shortcut S*S*4P*C; + fc 2048*1000"
+# Inverted residual blocks (MobileNetV2, EfficientNet's MBConv): expand
+# E = in x t (1x1 at the input size, left out at t = 1), depthwise k x k at
+# stride s, [squeeze-excitation: 2 x E x SQ at 1x1], project E -> out.
+# ir_macs SIZE IN "t out n s k sq-div" ... -> MACs of the stages (sq-div 0:
+# no squeeze-excitation; else its squeeze width is max(1, in / sq-div)).
+ir_macs() {
+  local size=$1 in=$2 st t c n s k sq i e so total=0; shift 2
+  for st in "$@"; do
+    read -r t c n s k sq <<<"$st"
+    for ((i = 0; i < n; i++)); do
+      e=$(( in * t )); so=$(( i == 0 ? size / s : size ))
+      (( t != 1 )) && total=$(( total + size*size*in*e ))
+      total=$(( total + so*so*e*k*k + so*so*e*c ))
+      (( sq > 0 )) && total=$(( total + 2*e*(in/sq > 1 ? in/sq : 1) ))
+      in=$c; size=$so
+    done
+  done
+  echo "$total"
+}
+# MobileNetV2: stem 3->32 s2; (t, c, n, s) of torchvision, k 3, no SE; 1x1 320->1280; fc 1280->1000.
+MACS[mobilenet_v2]=$(( 112*112*32*3*9 + $(ir_macs 112 32 "1 16 1 1 3 0" "6 24 2 2 3 0" "6 32 3 2 3 0"   "6 64 4 2 3 0" "6 96 3 1 3 0" "6 160 3 2 3 0" "6 320 1 1 3 0") + 7*7*320*1280 + 1280*1000 ))
+FIRST[mobilenet_v2]=$(( 112*112*32*3*9 ))
+MACS_HOW[mobilenet_v2]="stem 112*112*32*3*9 + inverted residuals (t,c,n,s) (1,16,1,1) (6,24,2,2) (6,32,3,2) (6,64,4,2) (6,96,3,1) (6,160,3,2) (6,320,1,1): [1x1 S*S*in*E] + depthwise So*So*E*9 + 1x1 So*So*E*c, E = in*t; + 7*7*320*1280 + fc 1280*1000"
+# EfficientNet-B0: stem 3->32 s2; MBConv (t, c, n, s, k), SE squeeze in/4; 1x1 320->1280; fc 1280->1000.
+MACS[efficientnet_b0]=$(( 112*112*32*3*9 + $(ir_macs 112 32 "1 16 1 1 3 4" "6 24 2 2 3 4" "6 40 2 2 5 4"   "6 80 3 2 3 4" "6 112 3 1 5 4" "6 192 4 2 5 4" "6 320 1 1 3 4") + 7*7*320*1280 + 1280*1000 ))
+FIRST[efficientnet_b0]=$(( 112*112*32*3*9 ))
+MACS_HOW[efficientnet_b0]="stem 112*112*32*3*9 + MBConv (t,c,n,s,k) (1,16,1,1,3) (6,24,2,2,3) (6,40,2,2,5) (6,80,3,2,3) (6,112,3,1,5) (6,192,4,2,5) (6,320,1,1,3): [1x1 S*S*in*E] + depthwise So*So*E*k*k + SE 2*E*(in/4) + 1x1 So*So*E*c, E = in*t; + 7*7*320*1280 + fc 1280*1000"
+
 MODELS=()
 IFS=', ' read -r -a req <<<"$MODELS_ARG"
 for m in "${req[@]}"; do
   case "$m" in
     all) MODELS+=(a b resnet18 m5) ;;
+    imagenet|library) MODELS+=(resnet50 mobilenet_v2 efficientnet_b0) ;;
     a|A|mlp2) MODELS+=(a) ;;
     b|B|cnn3) MODELS+=(b) ;;
     resnet18|r18) MODELS+=(resnet18) ;;
     m5|spoken_digits) MODELS+=(m5) ;;
+    resnet50|r50) MODELS+=(resnet50) ;;
+    mobilenet_v2|mbv2) MODELS+=(mobilenet_v2) ;;
+    efficientnet_b0|effb0) MODELS+=(efficientnet_b0) ;;
     "") ;;
-    *) echo "unknown model '$m' (a, b, resnet18, m5, all)" >&2; exit 2 ;;
+    *) echo "unknown model '$m' (a, b, resnet18, m5, resnet50, mobilenet_v2, efficientnet_b0, all, imagenet)" >&2; exit 2 ;;
   esac
 done
 [[ ${#MODELS[@]} -gt 0 ]] || { echo "no model selected" >&2; exit 2; }
@@ -171,7 +241,7 @@ fi
 log "$OB_NOTE"
 
 # --- the peers -----------------------------------------------------------------
-declare -A PY PYVER
+declare -A PY PYVER HAS_TV
 RUNNERS_PT=()
 for peer in $PEERS; do
   case "$peer" in
@@ -186,8 +256,13 @@ for peer in $PEERS; do
     log "${PY[$peer]} has no torch: peer $peer skipped"; unset "PY[$peer]"; continue
   fi
   RUNNERS_PT+=("$peer")
-  log "peer $peer: torch ${PYVER[$peer]} (${PY[$peer]})"
+  HAS_TV[$peer]=0
+  tv=$("${PY[$peer]}" -c 'import torchvision; print(torchvision.__version__)' 2>/dev/null) && HAS_TV[$peer]=1
+  log "peer $peer: torch ${PYVER[$peer]} (${PY[$peer]}), torchvision ${tv:-none}"
 done
+peer_runs() {  # model peer -> true when that peer can run that model
+  [[ -z "${NEEDS_TV[$1]:-}" || ${HAS_TV[$2]} -eq 1 ]]
+}
 nsettings() {  # peer -> how many settings it runs
   if [[ $1 == torch2 ]]; then echo "${#PT_SETTINGS_TORCH2[@]}"; else echo "${#PT_SETTINGS_DEBIAN[@]}"; fi
 }
@@ -234,7 +309,7 @@ run_cnnflow() {  # model rep
   sets=(--set "threads=$THREADS" --set "train.batch=${BATCH[$m]}" --set "graph.devices=[cpu:0]"
         --set data.test=null)
   [[ -n "${SETS[$m]:-}" ]] && sets+=(--set "${SETS[$m]}")
-  if ! /usr/bin/time -f "%e %U %S" -o "$dir/time" "$CNNFLOW" bench "$(cfg "$m")" --devices 1 \
+  if ! /usr/bin/time -f "%e %U %S %M" -o "$dir/time" "$CNNFLOW" bench "$(cfg "$m")" --devices 1 \
       --warmup "$(warm_of "$m")" --max-steps "$(steps_of "$m")" --csv "$dir/bench.csv" \
       "${sets[@]}" > "$dir/log" 2>&1; then
     log "$m rep $2 cnnflow failed:"; tail -5 "$dir/log" >&2; return 1
@@ -243,18 +318,24 @@ run_cnnflow() {  # model rep
   col=$(head -1 "$dir/bench.csv" | tr ',' '\n' | grep -n -x images_per_s | cut -d: -f1)
   ips=$(sed -n 2p "$dir/bench.csv" | cut -d, -f"$col")
   echo "$ips" >> "$TMP/$m.cnnflow.ips"
-  log "$m rep $2 cnnflow: $ips images/s (wall/user/sys s: $(cat "$dir/time"))"
+  rss_mb < "$dir/time" >> "$TMP/$m.cnnflow.rss"
+  log "$m rep $2 cnnflow: $ips images/s, peak RSS $(tail -1 "$TMP/$m.cnnflow.rss") MB (wall/user/sys s, max RSS KB: $(cat "$dir/time"))"
 }
+# The last field of /usr/bin/time's last line (%M, KB) in MB. (time writes a
+# "Command exited with non-zero status" line first when the command fails.)
+rss_mb() { tail -1 | awk '{ printf "%.1f\n", $NF / 1024 }'; }
 run_pytorch() {  # model rep peer setting-index
   local m=$1 peer=$3 line setting
   setting=$(setting_at "$peer" "$4")
   # shellcheck disable=SC2086
-  line=$(cd "$ROOT" && env ${setting%%|*} "${PY[$peer]}" "$ROOT/bench/pytorch_train.py" \
+  line=$(cd "$ROOT" && env ${setting%%|*} /usr/bin/time -f %M -o "$TMP/pt.time" \
+         "${PY[$peer]}" "$ROOT/bench/pytorch_train.py" \
          --model "${PTM[$m]}" --threads "$THREADS" --batch "${BATCH[$m]}" \
          --steps "$(steps_of "$m")" --warmup "$(warm_of "$m")" ${setting#*|} 2>"$TMP/pt.err" | tail -1) \
     || { log "$m rep $2 pytorch ${peer}[$4] failed:"; tail -3 "$TMP/pt.err" >&2; return 1; }
   echo "$line" | field images_per_s >> "$TMP/$m.$peer.$4.ips"
-  log "$m rep $2 ${peer}[$4] $line"
+  rss_mb < "$TMP/pt.time" >> "$TMP/$m.$peer.$4.rss"
+  log "$m rep $2 ${peer}[$4] $line peak_rss_mb(time %M)=$(tail -1 "$TMP/$m.$peer.$4.rss")"
 }
 cfg() { local c="${CONF[$1]}"; [[ "$c" == /* ]] && echo "$c" || echo "$ROOT/$c"; }
 steps_of() { echo "${STEPS:-${DSTEPS[$1]}}"; }
@@ -297,6 +378,7 @@ for m in "${MODELS[@]}"; do
   order=()
   [[ $CF_OK -eq 1 ]] && order+=(cnnflow)
   for peer in "${RUNNERS_PT[@]}"; do
+    if ! peer_runs "$m" "$peer"; then log "model $m: peer $peer has no torchvision: skipped"; continue; fi
     for ((i = 0; i < $(nsettings "$peer"); i++)); do order+=("$peer:$i"); done
   done
   log "model $m (${NAME[$m]}): $(cfg "$m"), batch ${BATCH[$m]}, $(steps_of "$m") steps after $(warm_of "$m"), $REPS reps of: ${order[*]}"
@@ -319,18 +401,19 @@ LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- the table -------------------------------------------------------------------
 CSV_TMP="$TMP/table.csv"
-echo "model,runner,torch,setting_index,setting,batch,steps,warmup,threads,flops_per_image,images_per_s_median,runs,gflops,pct_fma_peak,cnnflow_over_this,isa,fma_peak_gflops" > "$CSV_TMP"
-row() {  # model runner median runs torch setting cnnflow-median setting-index
+echo "model,runner,torch,setting_index,setting,batch,steps,warmup,threads,flops_per_image,images_per_s_median,runs,gflops,pct_fma_peak,cnnflow_over_this,isa,fma_peak_gflops,peak_rss_mb_median" > "$CSV_TMP"
+# Model names up to 15 characters (efficientnet_b0).
+row() {  # model runner median runs torch setting cnnflow-median setting-index peak-RSS-median
   local m=$1 F=$(( MACS[$1] * 6 )) ratio="-"
   [[ -n "$7" && -n "$3" ]] && ratio=$(awk -v c="$7" -v p="$3" 'BEGIN { printf "%.2f", c / p }')
   awk -v m="$m" -v n="$2" -v b="${BATCH[$m]}" -v s="$(steps_of "$m")" -v ips="$3" -v f="$F" \
-      -v p="$PEAK" -v ratio="$ratio" -v r="${4:-not run}${8:+ [$8]}" 'BEGIN {
-    if (ips == "") { printf "%-9s %-18s %5d %6d %10.1f %14s %9s %10s %13s  %s\n", m, n, b, s, f / 1e6, "-", "-", "-", "-", r; exit }
+      -v p="$PEAK" -v ratio="$ratio" -v r="${4:-not run}${8:+ [$8]}" -v rss="${9:--}" 'BEGIN {
+    if (ips == "") { printf "%-15s %-18s %5d %6d %10.1f %14s %9s %10s %12s %13s  %s\n", m, n, b, s, f / 1e6, "-", "-", "-", "-", "-", r; exit }
     g = ips * f / 1e9
-    printf "%-9s %-18s %5d %6d %10.1f %14.1f %9.1f %9.1f%% %13s  %s\n", m, n, b, s, f / 1e6, ips, g, 100 * g / p, ratio, r }'
+    printf "%-15s %-18s %5d %6d %10.1f %14.1f %9.1f %9.1f%% %12s %13s  %s\n", m, n, b, s, f / 1e6, ips, g, 100 * g / p, rss, ratio, r }'
   awk -v ips="$3" -v f="$F" -v p="$PEAK" -v ratio="$ratio" -v r="$4" \
       -v pre="$m,$2,$5,${8:-},\"$6\",${BATCH[$m]},$(steps_of "$m"),$(warm_of "$m"),$THREADS,$F" \
-      -v post="$PEAK_ISA,$PEAK" 'BEGIN {
+      -v post="$PEAK_ISA,$PEAK,${9:-}" 'BEGIN {
     if (ips == "") { printf "%s,,,,,,%s\n", pre, post; exit }
     g = ips * f / 1e9; printf "%s,%s,%s,%.2f,%.2f,%s,%s\n", pre, ips, r, g, 100 * g / p, ratio, post }' >> "$CSV_TMP"
 }
@@ -343,19 +426,24 @@ row() {  # model runner median runs torch setting cnnflow-median setting-index
   echo "each run: W untimed warm-up steps, then S timed steps (cnnflow: \`cnnflow bench --devices 1\`, its timed pass;"
   echo "pytorch: pytorch_train.py); $REPS reps, every runner once per rep, the order reversed every other rep"
   echo "FLOPs per training image = 3 x 2 x forward MACs of the conv and linear layers (mul + add; forward, and a"
-  echo "backward twice the forward: input and weight gradients); BN, ReLU, pooling, loss and optimizer left out"
+  echo "backward twice the forward: input and weight gradients; a depthwise conv counts kernel x channels per"
+  echo "output position); BN, activations, pooling, SE gates, dropout, loss and optimizer left out"
+  echo "peak RSS MB: the runner process's maximum resident set (/usr/bin/time %M), median over the reps; it"
+  echo "includes cnnflow's warm-up pass and loader, and PyTorch's interpreter, libraries and --pool-batches batches"
   echo
-  printf "%-9s %-18s %5s %6s %10s %14s %9s %10s %13s  %s\n" model runner batch steps MFLOP/img \
-    "images/s (med)" GFLOP/s "% of peak" "cnnflow/this" runs
+  printf "%-15s %-18s %5s %6s %10s %14s %9s %10s %12s %13s  %s\n" model runner batch steps MFLOP/img \
+    "images/s (med)" GFLOP/s "% of peak" "peak RSS MB" "cnnflow/this" runs
   for m in "${MODELS[@]}"; do
     CF=$(med_of "$TMP/$m.cnnflow.ips")
-    row "$m" cnnflow "$CF" "$(runs "$TMP/$m.cnnflow.ips")" "" "cnnflow bench" "$CF"
+    row "$m" cnnflow "$CF" "$(runs "$TMP/$m.cnnflow.ips")" "" "cnnflow bench" "$CF" "" \
+      "$(med_of "$TMP/$m.cnnflow.rss")"
     for peer in "${RUNNERS_PT[@]}"; do
+      peer_runs "$m" "$peer" || continue
       read -r bi best <<<"$(best_setting "$m" "$peer")" || true
       if [[ -n "${best:-}" ]]; then
         s=$(setting_at "$peer" "$bi")
         row "$m" "pytorch ${PYVER[$peer]%%+*}" "$best" "$(runs "$TMP/$m.$peer.$bi.ips")" \
-          "${PYVER[$peer]}" "${s%%|*} ${s#*|}" "$CF" "$bi"
+          "${PYVER[$peer]}" "${s%%|*} ${s#*|}" "$CF" "$bi" "$(med_of "$TMP/$m.$peer.$bi.rss")"
       else
         row "$m" "pytorch ${PYVER[$peer]%%+*}" "" "" "${PYVER[$peer]}" "" "$CF"
       fi
@@ -363,11 +451,14 @@ row() {  # model runner median runs torch setting cnnflow-median setting-index
     done
   done
   echo
-  echo "pytorch settings (median images/s of each per model; [i] after a row's runs: the best, which counts):"
+  echo "pytorch settings (median images/s / peak RSS MB of each per model; [i] after a row's runs: the best, which counts):"
   for peer in "${RUNNERS_PT[@]}"; do
     for ((i = 0; i < $(nsettings "$peer"); i++)); do
       s=$(setting_at "$peer" "$i"); meds=""
-      for m in "${MODELS[@]}"; do meds+=" $m=$(med_of "$TMP/$m.$peer.$i.ips")"; done
+      for m in "${MODELS[@]}"; do
+        peer_runs "$m" "$peer" || continue
+        meds+=" $m=$(med_of "$TMP/$m.$peer.$i.ips")/$(med_of "$TMP/$m.$peer.$i.rss")"
+      done
       echo "  torch ${PYVER[$peer]%%+*} [$i] ${s%%|*} ${s#*|}:$meds"
     done
   done
@@ -384,6 +475,7 @@ row() {  # model runner median runs torch setting cnnflow-median setting-index
   for m in "${MODELS[@]}"; do
     CF=$(med_of "$TMP/$m.cnnflow.ips"); line="$m:"
     for peer in "${RUNNERS_PT[@]}"; do
+      peer_runs "$m" "$peer" || continue
       read -r bi best <<<"$(best_setting "$m" "$peer")" || true
       if [[ -n "$CF" && -n "${best:-}" ]]; then
         line+=$(awk -v c="$CF" -v p="$best" -v v="${PYVER[$peer]%%+*}" 'BEGIN { printf "  cnnflow / pytorch %s = %.2f", v, c / p }')

@@ -3,7 +3,9 @@
 # Fashion-MNIST, 1D on synthetic series; issue 29's layers in
 # export_blocks*.yaml) and of the main config, exported
 # (from a RUN_DIR and from CONFIG --weights) and run in onnxruntime on the
-# test images: logits equal cnnflow's to 1e-5 relative (onnx_check.py).
+# test images: logits equal cnnflow's to 1e-5 relative (onnx_check.py); and
+# the library networks of tests/data/library exported with PyTorch's weights:
+# onnxruntime's logits equal PyTorch's to 1e-4 (norm-relative).
 # Wrong arguments exit 2, a missing weights file 1, naming it. Skips (77)
 # when onnxruntime is not importable.
 #   usage: export_onnx_test.sh CNNFLOW_BINARY
@@ -45,6 +47,37 @@ train configs/fashion_mnist.yaml "$out/main"
 "$cnnflow" export "$out/main" -o "$out/main.onnx" --check 1000 "$out/main.check" ||
   fail "export of the main config exited with $?"
 "$py" tests/cli/onnx_check.py "$out/main.onnx" "$out/main.check" || fail "main config"
+
+# The library networks of tests/data/library (PyTorch's weights, input and
+# logits): exported with PyTorch's weights, onnxruntime gives PyTorch's logits.
+for fixture in tests/data/library/*.safetensors; do
+  name=$(basename "$fixture" .safetensors)
+  "$py" - "$fixture" "$out/$name.yaml" <<'PY' || fail "$name: no config"
+import sys
+from safetensors import safe_open
+with safe_open(sys.argv[1], "np") as f:
+    meta, shape = f.metadata(), list(f.get_tensor("input").shape[1:])
+opts = ", ".join(o.replace("=", ": ") for o in meta["with"].split(";"))
+open(sys.argv[2], "w").write(
+    f"name: {meta['model']}\ndata:\n  train: {{source: synthetic, shape: {shape}, size: 4}}\n"
+    f"model: {{library: {meta['model']}, with: {{{opts}}}}}\n"
+    "train: {epochs: 1, batch: 2, optimizer: {sgd: {lr: 0.1}}}\n")
+PY
+  "$cnnflow" export "$out/$name.yaml" --weights "$fixture" -o "$out/$name.onnx" > "$out/log" 2>&1 ||
+    { cat "$out/log"; fail "export of library network $name exited with $?"; }
+  "$py" - "$out/$name.onnx" "$fixture" <<'PY' || fail "library network $name in onnxruntime"
+import sys
+import numpy as np
+import onnxruntime as ort
+from safetensors.numpy import load_file
+t = load_file(sys.argv[2])
+y = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"]).run(
+    None, {"input": t["input"].astype(np.float32)})[0]
+err = np.linalg.norm(y - t["logits"]) / np.linalg.norm(t["logits"])
+print(f"{sys.argv[2]}: onnxruntime vs PyTorch logits {err:.2e}")
+sys.exit(0 if err <= 1e-4 else 1)
+PY
+done
 
 "$cnnflow" export "$out/main" > "$out/log" 2>&1
 rc=$?

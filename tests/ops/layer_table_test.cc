@@ -6,10 +6,12 @@
 //                 f64 on the same values: output, input and parameter
 //                 gradients, relative to each tensor's largest value;
 //   GPU           the CUDA class against the CPU one (skipped without a GPU).
-// ONNX export of each row is checked by tests/cli/layer_table_onnx_test.sh,
-// which runs this binary's rows through `cnnflow export` and onnxruntime.
+// ONNX export is checked by tests/cli/export_onnx_test.sh: small networks
+// that use every exportable type, trained and exported, and the library
+// networks of tests/data/library exported with PyTorch's weights, run by
+// onnxruntime (this binary links no ONNX).
 //
-// How to add a layer type: add rows to Cases() below (a few small shapes,
+// How to add a layer type: add rows to MakeCases() in tests/ops/layer_table.cc (a few small shapes,
 // each option that changes the kernel). EveryLayerTypeHasARow fails until
 // a registered type has one.
 #include <gtest/gtest.h>
