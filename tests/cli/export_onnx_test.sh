@@ -26,6 +26,11 @@ train tests/data/export_2d.yaml "$out/r2d"
   fail "export of a run folder exited with $?"
 "$py" tests/cli/onnx_check.py "$out/2d.onnx" "$out/2d.check" || fail "2D model"
 
+train tests/data/export_spatial.yaml "$out/rsp"
+"$cnnflow" export "$out/rsp" -o "$out/sp.onnx" --check 256 "$out/sp.check" ||
+  fail "export of the spatial layers exited with $?"
+"$py" tests/cli/onnx_check.py "$out/sp.onnx" "$out/sp.check" || fail "spatial layers"
+
 train tests/data/export_1d.yaml "$out/r1d"
 "$cnnflow" export tests/data/export_1d.yaml --weights "$out/r1d/model.safetensors" \
   -o "$out/1d.onnx" --check 256 "$out/1d.check" || fail "export of a config exited with $?"
