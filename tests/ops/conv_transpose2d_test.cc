@@ -100,7 +100,9 @@ TEST(ConvTranspose2d, MatchesScatterLoop) {
     const Shape in{c.n, c.c, c.h, c.w}, out = OutShape(c);
     SCOPED_TRACE(in.ToString() + " -> " + out.ToString());
     auto ref_layer = MakeLayer("conv_transpose2d", CaseArgs(c, "gemm"), {in.WithoutBatch()});
-    ASSERT_EQ(ref_layer->Build({in.WithoutBatch()}, DType::kF64), out.WithoutBatch());
+    ASSERT_EQ(MakeLayer("conv_transpose2d", CaseArgs(c), {in.WithoutBatch()})
+                  ->Build({in.WithoutBatch()}, DType::kF64),
+              out.WithoutBatch());
     Tensor x64 = RandomTensor(in, 3), dy64 = RandomTensor(out, 4);
     const Tensor w64 = ref_layer->parameters()[0].value.Clone();
     const Tensor b64 = c.bias ? ref_layer->parameters()[1].value.Clone() : Tensor();
