@@ -37,6 +37,9 @@ struct Parameter {
   std::string name;  // local name: "weight", "bias"
   Tensor value;
   Tensor grad;
+  // false: frozen (`trainable: false` in the YAML): its gradient is still
+  // computed, but no optimizer updates it.
+  bool trainable = true;
 };
 
 // A non-learned state tensor saved with the model (BN running statistics).

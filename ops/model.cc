@@ -30,6 +30,71 @@ void InitWeight(Tensor& w, InitScheme scheme, Rng& rng) {
   }
 }
 
+// The tensor `local` of a layer (a parameter's value or a buffer), or a
+// ConfigError listing the layer's tensors.
+Tensor& LayerTensor(Layer& layer, const std::string& local, const char* what) {
+  std::string names;
+  for (auto& p : layer.parameters()) {
+    if (p.name == local) return p.value;
+    names += (names.empty() ? "" : ", ") + p.name;
+  }
+  for (auto& b : layer.buffers()) {
+    if (b.name == local) return b.value;
+    names += (names.empty() ? "" : ", ") + b.name;
+  }
+  throw ConfigError(StrCat("layer '", layer.name(), "': ", what, " names tensor '", local,
+                           "', which it does not have; its tensors: ",
+                           names.empty() ? std::string("none") : names));
+}
+
+// nn.init.dirac_(w, groups): w [K, C/groups, k...] passes input channel d of
+// each group to output channel d of that group, at the kernel's centre.
+void DiracInit(Tensor& w, int64_t groups) {
+  CNNFLOW_ENFORCE(w.rank() >= 3, "dirac init needs a conv weight [K, C/groups, k...], got ",
+                  w.shape());
+  w.Zero();
+  const int64_t out_per_group = w.dim(0) / groups, in_per_group = w.dim(1);
+  const int64_t taps = w.numel() / (w.dim(0) * w.dim(1));
+  int64_t centre = 0;  // the flat index of the centre tap
+  for (int d = 2; d < w.rank(); ++d) centre = centre * w.dim(d) + w.dim(d) / 2;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t d = 0; d < std::min(out_per_group, in_per_group); ++d)
+      w.Set(((g * out_per_group + d) * in_per_group + d) * taps + centre, 1.0);
+}
+
+// A layer's `init:` and `trainable:` (LayerSpec), after its own init.
+void ApplyTensorSpecs(const LayerSpec& spec, Layer& layer, const Args& args, Rng& rng) {
+  for (const auto& [local, scheme] : spec.init) {
+    Tensor& t = LayerTensor(layer, local, "init");
+    if (scheme == "zeros") {
+      t.Zero();
+    } else if (scheme == "ones") {
+      for (int64_t i = 0; i < t.numel(); ++i) t.Set(i, 1.0);
+    } else if (scheme == "dirac") {
+      DiracInit(t, args.Has("groups") ? args.Int("groups") : 1);
+    } else if (scheme == "kaiming_normal_fan_out") {  // torchvision's convs: fan_out, ReLU gain
+      const double fan_out = static_cast<double>(t.numel() / (t.rank() > 1 ? t.dim(1) : 1));
+      for (int64_t i = 0; i < t.numel(); ++i) t.Set(i, rng.Normal(0, std::sqrt(2.0 / fan_out)));
+    } else {
+      throw ConfigError(StrCat("layer '", layer.name(), "': unknown init scheme '", scheme, "'"));
+    }
+  }
+  for (const auto& [local, trainable] : spec.trainable) {
+    if (local.empty()) {
+      for (auto& p : layer.parameters()) p.trainable = trainable;
+      continue;
+    }
+    LayerTensor(layer, local, "trainable");  // names it, or says which exist
+    bool found = false;
+    for (auto& p : layer.parameters())
+      if (p.name == local) p.trainable = trainable, found = true;
+    if (!found) {
+      throw ConfigError(StrCat("layer '", layer.name(), "': trainable names '", local,
+                               "', a buffer: buffers are never trained"));
+    }
+  }
+}
+
 // "conv1 (conv2d)": a layer's name in the profiler's spans.
 std::string SpanName(const Layer& layer) { return StrCat(layer.name(), " (", layer.type(), ")"); }
 
@@ -165,6 +230,9 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
       for (auto& p : m->layers_[i]->parameters())
         if (p.name == "weight" && p.value.rank() >= 2) InitWeight(p.value, init, rng);
     }
+    Args args = specs[i].args;
+    args.FillDefaults(registry.Find(specs[i].type)->schema);
+    ApplyTensorSpecs(specs[i], *m->layers_[i], args, rng);
     if (device.is_cuda()) m->layers_[i]->MoveTo(device);
   }
   m->fused_into_.assign(m->layers_.size(), -1);

@@ -26,6 +26,12 @@ struct LayerSpec {
   std::string type;
   Args args;                        // checked against the type's schema
   std::vector<std::string> inputs;  // empty: the previous layer (or the input)
+  // Frozen tensors: local tensor name -> trainable ("" stands for every
+  // tensor of the layer).
+  std::map<std::string, bool> trainable;
+  // Named init of single tensors, after the model-wide scheme: local
+  // tensor name -> zeros | ones | dirac | kaiming_normal_fan_out.
+  std::map<std::string, std::string> init;
 };
 
 // How parameters are initialised: PyTorch's defaults, or Xavier.

@@ -6,6 +6,7 @@
 #include "loaders/source_registry.h"
 #include "ops/train/lr_schedule.h"
 #include "ops/train/optimizer.h"
+#include "pipeline/model_blocks.h"
 
 #ifndef CNNFLOW_SOURCE_DIR
 #define CNNFLOW_SOURCE_DIR "."
@@ -73,8 +74,17 @@ const Schema& InitSchema() {
 const Schema& ModelSchema() {
   static const Schema s =
       Schema("The network.")
-          .Required("input", ParamType::kIntList, "sample shape: [C, H, W] or [C, L]")
-          .Required("layers", ParamType::kTree, "list of {name: x, <type>: {params}, inputs: [...]}")
+          .Optional("input", ParamType::kIntList, std::vector<int64_t>{},
+                    "sample shape: [C, H, W] or [C, L] (a library model has its own default)")
+          .Optional("layers", ParamType::kTree, std::string(""),
+                    "list of {name: x, <type>: {params}, inputs: [...]} or "
+                    "{name: prefix, block: b, with: {...}, repeat: N}")
+          .Optional("blocks", ParamType::kTree, std::string(""),
+                    "{name: {params: {p: default}, layers: [...]}}: groups of layers used by name")
+          .Optional("library", ParamType::kString, std::string(""),
+                    "a network of the model library (cnnflow models lists them)")
+          .Optional("with", ParamType::kTree, std::string(""),
+                    "the library model's options: {classes: 10, in_channels: 1, ...}")
           .Choice("loss", {"softmax_cross_entropy"}, "softmax_cross_entropy", "the loss")
           .Optional("label_smoothing", ParamType::kFloat, 0.0, "as PyTorch's CrossEntropyLoss")
           .Choice("init", {"pytorch", "xavier_uniform", "kaiming_normal"}, "pytorch",
@@ -170,52 +180,6 @@ DataSpec ParseSource(const YamlDoc& doc, const YAML::Node& node, const std::stri
   }
   d.args = doc.CheckArgs(rest, type->schema, StrCat(context, " (", d.source, ")"));
   return d;
-}
-
-std::vector<LayerSpec> ParseLayers(const YamlDoc& doc, const YAML::Node& layers) {
-  if (!layers.IsSequence() || layers.size() == 0) {
-    doc.Fail(layers, "model.layers", "expected a non-empty list of layers");
-  }
-  const LayerRegistry& reg = LayerRegistry::Get();
-  std::vector<LayerSpec> specs;
-  for (const auto& item : layers) {
-    if (!item.IsMap()) doc.Fail(item, "model.layers", "expected {name: ..., <type>: {...}}");
-    LayerSpec s;
-    YAML::Node params, type_key;
-    bool has_type = false;
-    for (const auto& kv : item) {
-      const std::string key = doc.Name(kv.first, "model.layers");
-      if (key == "name") {
-        s.name = doc.Name(kv.second, "model.layers: name");
-      } else if (key == "inputs") {
-        if (kv.second.IsSequence()) {
-          for (const auto& i : kv.second) s.inputs.push_back(doc.Name(i, "model.layers: inputs"));
-        } else {
-          s.inputs.push_back(doc.Name(kv.second, "model.layers: inputs"));
-        }
-      } else {
-        if (has_type) {
-          doc.Fail(kv.first, "model.layers",
-                   StrCat("a layer has one type, got both '", s.type, "' and '", key, "'"));
-        }
-        has_type = true;
-        type_key.reset(kv.first);
-        s.type = key;
-        params.reset(kv.second);
-      }
-    }
-    if (s.name.empty()) doc.Fail(item, "model.layers", "a layer needs a 'name'");
-    const std::string context = StrCat("layer '", s.name, "'");
-    if (!has_type) {
-      doc.Fail(item, context, StrCat("no layer type given; known types: ",
-                                     JoinNames(reg.Names())));
-    }
-    const LayerType* type = reg.Find(s.type);
-    if (type == nullptr) doc.Fail(type_key, context, UnknownNameMessage("layer type", s.type, reg.Names()));
-    s.args = doc.CheckArgs(params, type->schema, StrCat(context, " (", s.type, ")"));
-    specs.push_back(std::move(s));
-  }
-  return specs;
 }
 
 // The single {type: {params}} entry of an optimizer mapping.
@@ -374,11 +338,12 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   // model
   const YAML::Node model = root["model"];
   Args m = doc.CheckArgs(model, ModelSchema(), "model");
-  c.input_shape = Shape(m.Ints("input"));
+  ExpandedModel net = ExpandModel(doc, model);
+  c.layers = std::move(net.layers);
+  c.input_shape = net.input_shape;
   if (c.input_shape.rank() < 2 || c.input_shape.rank() > 3) {
-    doc.Fail(model["input"], "model.input", "expected [C, H, W] or [C, L]");
+    doc.Fail(model["input"] ? model["input"] : model, "model.input", "expected [C, H, W] or [C, L]");
   }
-  c.layers = ParseLayers(doc, model["layers"]);
   const std::string init = m.String("init");
   c.init = init == "xavier_uniform"   ? InitScheme::kXavierUniform
            : init == "kaiming_normal" ? InitScheme::kKaimingNormal

@@ -35,6 +35,7 @@
 #include "tools/convert.h"
 #include "tools/export_onnx.h"
 #include "tools/launch.h"
+#include "tools/models.h"
 #include "tools/plot.h"
 #include "tools/predict.h"
 
@@ -91,6 +92,9 @@ commands:
   devices
         the GPUs this build and machine offer (CUDA driver, cuDNN, cuBLAS, NCCL
         versions; each GPU's name, memory and compute capability), or why there are none
+  models [NAME] [--set option=value ...]
+        the model library (model: {library: NAME, with: {...}}): every network's
+        parameters, GFLOPs and options; with NAME, its layers written out flat
   stages
         the registered stage types, layer types, data sources and optimizers,
         with their documented parameters
@@ -534,6 +538,7 @@ int Main(int argc, char** argv) {
   if (first == "plot") return RunPlot(std::vector<std::string>(argv + 2, argv + argc));
   if (first == "export") return RunExport(std::vector<std::string>(argv + 2, argv + argc));
   if (first == "launch") return RunLaunch(std::vector<std::string>(argv + 2, argv + argc));
+  if (first == "models") return RunModels(std::vector<std::string>(argv + 2, argv + argc));
   // --help / -h anywhere (and `help [COMMAND]`): the command's usage (or
   // the whole usage), on stdout, and success.
   for (int i = 1; i < argc; ++i) {

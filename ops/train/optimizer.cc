@@ -67,10 +67,19 @@ void CheckNonNegative(const char* optimizer, const char* name, double v) {
   }
 }
 
+// Frozen parameters (Parameter::trainable false) are not bound: they get no
+// update, no weight decay and no state, as PyTorch's requires_grad=False.
+std::vector<NamedParameter> Trainable(std::vector<NamedParameter> params) {
+  std::vector<NamedParameter> out;
+  for (auto& p : params)
+    if (p.param == nullptr || p.param->trainable) out.push_back(std::move(p));
+  return out;
+}
 }  // namespace
 
 Optimizer::Optimizer(std::vector<NamedParameter> params)
-    : state_(params.size()), params_(std::move(params)) {
+    : params_(Trainable(std::move(params))) {
+  state_.resize(params_.size());
   for (const auto& np : params_) {
     CNNFLOW_ENFORCE(np.param != nullptr, "optimizer: parameter '", np.name, "' is null");
     const Parameter& p = *np.param;

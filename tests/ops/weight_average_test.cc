@@ -11,13 +11,13 @@ namespace cnnflow {
 namespace {
 
 std::unique_ptr<Model> SmallModel(uint64_t seed) {
-  LayerSpec conv{"conv", "conv2d", {}, {}};
+  LayerSpec conv{"conv", "conv2d", {}, {}, {}, {}};
   conv.args.Set("out", int64_t{3});
   conv.args.Set("kernel", int64_t{3});
-  LayerSpec bn{"bn", "batchnorm", {}, {}};
-  LayerSpec fc{"fc", "linear", {}, {}};
+  LayerSpec bn{"bn", "batchnorm", {}, {}, {}, {}};
+  LayerSpec fc{"fc", "linear", {}, {}, {}, {}};
   fc.args.Set("out", int64_t{4});
-  LayerSpec flat{"flat", "flatten", {}, {}};
+  LayerSpec flat{"flat", "flatten", {}, {}, {}, {}};
   return Model::Build({conv, bn, flat, fc}, {2, 5, 5}, DType::kF32, seed);
 }
 

@@ -19,7 +19,7 @@ namespace cnnflow::testing {
 inline LayerSpec Spec(std::string name, std::string type,
                       std::vector<std::pair<std::string, ParamValue>> args = {},
                       std::vector<std::string> inputs = {}) {
-  LayerSpec s{std::move(name), std::move(type), {}, std::move(inputs)};
+  LayerSpec s{std::move(name), std::move(type), {}, std::move(inputs), {}, {}};
   for (auto& [k, v] : args) s.args.Set(k, v);
   return s;
 }

@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""Every model of cnnflow's library against PyTorch on the same weights.
+
+For each network: PyTorch (torchvision's definition, or the 1D references
+below, written from the papers) gets random weights with non-trivial batch
+norm statistics, layer scales and affine maps (dropout and stochastic depth
+off); they go to safetensors with the state_dict's names, and cnnflow loads
+them strictly (`cnnflow models NAME --weights W --check IN -o OUT`). Compared:
+  - logits in evaluation mode: ||cnnflow - torch|| / ||torch|| <= 1e-4;
+  - one training-mode step (BN on batch statistics): the logits, and every
+    parameter gradient of the mean cross-entropy, each relative to its norm.
+  - ONNX: the network exported by `cnnflow export` and run by onnxruntime,
+    against PyTorch's eval logits (where onnxruntime is installed).
+Prints a Markdown table (and writes it with --out). Runs in the git-ignored
+venv of bench/torch_venv.sh (torch, torchvision, safetensors; onnxruntime for
+the ONNX column), never in CI:
+
+  $(bench/torch_venv.sh) bench/library_vs_pytorch.py [--models a,b] [--out FILE]
+"""
+import argparse
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOL = 1e-4
+
+
+# ---------------------------------------------------------------- 1D references
+# Written from the papers (Wang et al. 2017; Ismail Fawaz et al. 2020) with
+# tsai's choices for odd kernels (models/timeseries.yaml says which); the
+# module names are the layer names of models/timeseries.yaml.
+
+class ConvBnRelu1d(nn.Module):
+    def __init__(self, ni, nf, k, act=True):
+        super().__init__()
+        self.conv = nn.Conv1d(ni, nf, k, padding=k // 2, bias=False)
+        self.bn = nn.BatchNorm1d(nf)
+        self.act = act
+
+    def forward(self, x):
+        x = self.bn(self.conv(x))
+        return F.relu(x) if self.act else x
+
+
+class FCN(nn.Module):
+    def __init__(self, c_in, classes):
+        super().__init__()
+        self.convblock1 = ConvBnRelu1d(c_in, 128, 7)
+        self.convblock2 = ConvBnRelu1d(128, 256, 5)
+        self.convblock3 = ConvBnRelu1d(256, 128, 3)
+        self.fc = nn.Linear(128, classes)
+
+    def forward(self, x):
+        x = self.convblock3(self.convblock2(self.convblock1(x)))
+        return self.fc(x.mean(-1))
+
+
+class ResBlock1d(nn.Module):
+    def __init__(self, ni, nf):
+        super().__init__()
+        self.convblock1 = ConvBnRelu1d(ni, nf, 7)
+        self.convblock2 = ConvBnRelu1d(nf, nf, 5)
+        self.convblock3 = ConvBnRelu1d(nf, nf, 3, act=False)
+        self.project = ni != nf
+        self.shortcut = ConvBnRelu1d(ni, nf, 1, act=False) if self.project else nn.Module()
+        if not self.project:
+            self.shortcut.bn = nn.BatchNorm1d(ni)
+
+    def forward(self, x):
+        y = self.convblock3(self.convblock2(self.convblock1(x)))
+        s = self.shortcut(x) if self.project else self.shortcut.bn(x)
+        return F.relu(y + s)
+
+
+class ResNet1d(nn.Module):
+    def __init__(self, c_in, classes, width=64):
+        super().__init__()
+        self.resblock1 = ResBlock1d(c_in, width)
+        self.resblock2 = ResBlock1d(width, 2 * width)
+        self.resblock3 = ResBlock1d(2 * width, 2 * width)
+        self.fc = nn.Linear(2 * width, classes)
+
+    def forward(self, x):
+        x = self.resblock3(self.resblock2(self.resblock1(x)))
+        return self.fc(x.mean(-1))
+
+
+class InceptionModule(nn.Module):
+    def __init__(self, ni, nf=32, bottleneck=True):
+        super().__init__()
+        self.use_bottleneck = bottleneck
+        if bottleneck:
+            self.bottleneck = nn.Conv1d(ni, nf, 1, bias=False)
+        b = nf if bottleneck else ni
+        self.convs = nn.ModuleList([nn.Conv1d(b, nf, k, padding=k // 2, bias=False) for k in (39, 19, 9)])
+        self.maxconvpool = nn.Sequential(nn.MaxPool1d(3, 1, padding=1), nn.Conv1d(ni, nf, 1, bias=False))
+        self.bn = nn.BatchNorm1d(4 * nf)
+
+    def forward(self, x):
+        b = self.bottleneck(x) if self.use_bottleneck else x
+        y = torch.cat([c(b) for c in self.convs] + [self.maxconvpool(x)], 1)
+        return F.relu(self.bn(y))
+
+
+class InceptionTime(nn.Module):
+    def __init__(self, c_in, classes, nf=32):
+        super().__init__()
+        self.inception = nn.ModuleList(
+            [InceptionModule(c_in if d == 0 else 4 * nf, nf, bottleneck=(d > 0 or c_in > 1)) for d in range(6)])
+        self.shortcut = nn.ModuleList([nn.Sequential(nn.Conv1d(c_in, 4 * nf, 1, bias=False), nn.BatchNorm1d(4 * nf)),
+                                       nn.BatchNorm1d(4 * nf)])
+        self.fc = nn.Linear(4 * nf, classes)
+
+    def forward(self, x):
+        res = x
+        for d in range(6):
+            x = self.inception[d](x)
+            if d % 3 == 2:
+                res = x = F.relu(x + self.shortcut[d // 3](res))
+        return self.fc(x.mean(-1))
+
+
+# ---------------------------------------------------------------- the networks
+
+def resnet18_cifar(classes):
+    import torchvision
+    m = torchvision.models.resnet18(num_classes=classes)
+    m.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+    m.maxpool = nn.Identity()
+    return m
+
+
+def tv(name):
+    def make(classes):
+        import torchvision
+        return getattr(torchvision.models, name)(num_classes=classes)
+    return make
+
+
+# name: (constructor(classes), input shape, cnnflow options, batch)
+MODELS = {
+    "resnet18": (tv("resnet18"), (3, 224, 224), [], 2),
+    "resnet34": (tv("resnet34"), (3, 224, 224), [], 2),
+    "resnet50": (tv("resnet50"), (3, 224, 224), [], 2),
+    "resnet101": (tv("resnet101"), (3, 224, 224), [], 2),
+    "resnext50_32x4d": (tv("resnext50_32x4d"), (3, 224, 224), [], 2),
+    "resnet18_cifar": (resnet18_cifar, (3, 32, 32), [], 4),
+    "vgg11_bn": (tv("vgg11_bn"), (3, 224, 224), ["dropout=0"], 2),
+    "mobilenet_v2": (tv("mobilenet_v2"), (3, 224, 224), ["dropout=0"], 2),
+    "mobilenet_v3_small": (tv("mobilenet_v3_small"), (3, 224, 224), ["dropout=0"], 2),
+    "efficientnet_b0": (tv("efficientnet_b0"), (3, 224, 224), ["dropout=0", "stochastic_depth=0"], 2),
+    "convnext_tiny": (tv("convnext_tiny"), (3, 224, 224), ["stochastic_depth=0"], 2),
+    "densenet121": (tv("densenet121"), (3, 224, 224), [], 2),
+    "fcn": (lambda k: FCN(3, k), (3, 128), ["in_channels=3"], 4),
+    "resnet1d": (lambda k: ResNet1d(3, k), (3, 128), ["in_channels=3"], 4),
+    "inception_time": (lambda k: InceptionTime(3, k), (3, 128), ["in_channels=3"], 4),
+}
+
+
+def randomise(model, gen):
+    """Random affine maps, BN statistics and layer scales; dropout and stochastic depth off."""
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
+                mod.weight.uniform_(0.5, 1.5, generator=gen)
+                mod.bias.uniform_(-0.2, 0.2, generator=gen)
+                mod.running_mean.uniform_(-0.2, 0.2, generator=gen)
+                mod.running_var.uniform_(0.5, 2.0, generator=gen)
+            elif isinstance(mod, nn.LayerNorm) or type(mod).__name__ == "LayerNorm2d":
+                mod.weight.uniform_(0.5, 1.5, generator=gen)
+                mod.bias.uniform_(-0.2, 0.2, generator=gen)
+            elif isinstance(mod, nn.Dropout):
+                mod.p = 0.0
+            elif type(mod).__name__ == "StochasticDepth":
+                mod.p = 0.0
+        for name, p in model.named_parameters():
+            if name.endswith("layer_scale"):
+                p.uniform_(0.2, 1.0, generator=gen)
+
+
+def rel(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\n{r.stdout}{r.stderr}")
+    return r.stdout
+
+
+def check(name, cnnflow, tmp, classes=10):
+    from safetensors.numpy import load_file, save_file
+    make, shape, options, batch = MODELS[name]
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    model = make(classes).float()
+    randomise(model, gen)
+    state = {k: v.detach().contiguous().numpy() for k, v in model.state_dict().items()
+             if not k.endswith("num_batches_tracked")}
+    weights = os.path.join(tmp, f"{name}.safetensors")
+    save_file(state, weights)
+    x = torch.randn((batch,) + shape, generator=gen)
+    labels = torch.randint(0, classes, (batch,), generator=gen)
+    inp = os.path.join(tmp, f"{name}.in.safetensors")
+    save_file({"input": x.numpy(), "labels": labels.float().numpy()}, inp)
+
+    model.eval()
+    with torch.no_grad():
+        ref_eval = model(x).numpy()
+    model.train()
+    model.zero_grad()
+    logits = model(x)
+    F.cross_entropy(logits, labels).backward()
+    ref_train = logits.detach().numpy()
+    grads = {n: p.grad.numpy() for n, p in model.named_parameters()}
+
+    out = os.path.join(tmp, f"{name}.out.safetensors")
+    sets = [a for o in [f"classes={classes}"] + options for a in ("--set", o)]
+    t0 = time.time()
+    run([cnnflow, "models", name, *sets, "--weights", weights, "--check", inp, "-o", out])
+    seconds = time.time() - t0
+    got = load_file(out)
+    row = {"name": name, "eval": rel(got["logits"], ref_eval), "train": rel(got["logits_train"], ref_train),
+           "grad": 0.0, "worst": "", "tensors": len(grads), "seconds": seconds}
+    missing = [n for n in grads if "grad." + n not in got]
+    if missing:
+        raise RuntimeError(f"{name}: cnnflow has no gradient for {missing[:5]}")
+    for n, g in grads.items():
+        e = rel(got["grad." + n], g)
+        if e >= row["grad"]:
+            row["grad"], row["worst"] = e, n
+    row["onnx"] = onnx_check(name, cnnflow, tmp, weights, x, ref_eval, classes, options, shape)
+    return row
+
+
+def onnx_check(name, cnnflow, tmp, weights, x, ref_eval, classes, options, shape):
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    config = os.path.join(tmp, f"{name}.yaml")
+    with_ = ", ".join([f"classes: {classes}"] + [o.replace("=", ": ") for o in options])
+    with open(config, "w") as f:
+        f.write(f"name: {name}\ndata:\n  train: {{source: synthetic, shape: {list(shape)}, classes: {classes}, size: 8}}\n"
+                f"model: {{library: {name}, with: {{{with_}}}}}\n"
+                f"train: {{epochs: 1, batch: 2, optimizer: {{sgd: {{lr: 0.01}}}}}}\n")
+    onnx = os.path.join(tmp, f"{name}.onnx")
+    run([cnnflow, "export", config, "--weights", weights, "-o", onnx])
+    sess = ort.InferenceSession(onnx, providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"input": x.numpy()})[0]
+    return rel(y, ref_eval)
+
+
+def isa():
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    for f in ("amx_tile", "avx512_bf16", "avx512f", "avx2"):
+        if f in flags:
+            return f
+    return platform.machine()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--cnnflow", default=os.path.join(ROOT, "build", "cnnflow"))
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    torch.set_num_threads(2)
+    import torchvision
+    lines = [f"cnnflow library vs PyTorch {torch.__version__} / torchvision {torchvision.__version__}, "
+             f"same weights; ISA {isa()}; tolerance {TOL:g} (norm-relative)", "",
+             "| model | eval logits | train logits | worst grad (tensor) | grads | ONNX (onnxruntime) | cnnflow s | pass |",
+             "|---|---:|---:|---|---:|---:|---:|---|"]
+    print("\n".join(lines), flush=True)
+    failed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in a.models.split(","):
+            try:
+                r = check(name, a.cnnflow, tmp)
+            except Exception as e:  # one model's failure is a row, not the end of the table
+                line = f"| {name} | error: {str(e).strip().splitlines()[-1][:160]} | | | | | | FAIL |"
+                failed.append(name)
+            else:
+                ok = max(r["eval"], r["train"], r["grad"]) <= TOL and (r["onnx"] is None or r["onnx"] <= TOL)
+                if not ok:
+                    failed.append(name)
+                onnx = "n/a" if r["onnx"] is None else f"{r['onnx']:.1e}"
+                line = (f"| {name} | {r['eval']:.1e} | {r['train']:.1e} | {r['grad']:.1e} ({r['worst']}) | "
+                        f"{r['tensors']} | {onnx} | {r['seconds']:.1f} | {'yes' if ok else 'FAIL'} |")
+            lines.append(line)
+            print(line, flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+# Writes OUT: a C++ file holding the model library's YAML files (IN_DIR/*.yaml)
+# as raw strings, so the library travels inside the binary.
+# Run as: cmake -DIN_DIR=... -DOUT=... -P EmbedModels.cmake
+file(GLOB files RELATIVE "${IN_DIR}" "${IN_DIR}/*.yaml")
+list(SORT files)
+set(body "")
+foreach(f ${files})
+  file(READ "${IN_DIR}/${f}" text)
+  string(FIND "${text}" ")cnnflow_yaml\"" clash)
+  if(NOT clash EQUAL -1)
+    message(FATAL_ERROR "${f} contains the raw-string delimiter )cnnflow_yaml\"")
+  endif()
+  string(APPEND body "      {\"models/${f}\", R\"cnnflow_yaml(${text})cnnflow_yaml\"},\n")
+endforeach()
+file(WRITE "${OUT}.tmp" "// Generated from models/*.yaml by cmake/EmbedModels.cmake: do not edit.\n#include \"pipeline/model_library_data.h\"\n\nnamespace cnnflow {\n\nconst std::vector<std::pair<std::string, std::string>>& ModelLibraryFiles() {\n  static const std::vector<std::pair<std::string, std::string>> files = {\n${body}  };\n  return files;\n}\n\n}  // namespace cnnflow\n")
+file(COPY_FILE "${OUT}.tmp" "${OUT}" ONLY_IF_DIFFERENT)
+file(REMOVE "${OUT}.tmp")

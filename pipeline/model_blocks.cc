@@ -1,0 +1,819 @@
+#include "pipeline/model_blocks.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "ops/layer.h"
+#include "pipeline/model_library_data.h"
+
+namespace cnnflow {
+namespace {
+
+// Keys of a layer item that are not its type.
+const std::set<std::string>& LayerKeys() {
+  static const std::set<std::string> k = {"name", "inputs", "if", "trainable", "init"};
+  return k;
+}
+const std::set<std::string>& BlockUseKeys() {
+  static const std::set<std::string> k = {"name", "inputs", "if", "block", "with", "repeat",
+                                          "start", "first"};
+  return k;
+}
+const std::vector<std::string>& InitSchemes() {
+  static const std::vector<std::string> s = {"default", "zeros", "ones", "dirac",
+                                             "kaiming_normal_fan_out"};
+  return s;
+}
+
+// ------------------------------------------------------------ expressions
+
+// A value inside an expression.
+struct Value {
+  enum Kind { kInt, kFloat, kBool, kString, kList } kind = kInt;
+  int64_t i = 0;
+  double f = 0;
+  bool b = false;
+  std::string s;
+  // Behind a pointer: assigning a YAML::Node writes into the node it refers
+  // to (here a param's list, shared with the block's definition).
+  std::shared_ptr<const YAML::Node> list;
+
+  double Number() const { return kind == kInt ? static_cast<double>(i) : f; }
+  bool IsNumber() const { return kind == kInt || kind == kFloat; }
+  std::string KindName() const {
+    static const char* names[] = {"int", "float", "bool", "string", "list"};
+    return names[kind];
+  }
+};
+
+Value FromNode(const YAML::Node& n) {
+  Value v;
+  if (n.IsSequence()) {
+    v.kind = Value::kList;
+    v.list = std::make_shared<const YAML::Node>(n);
+    return v;
+  }
+  const std::string t = n.IsScalar() ? n.Scalar() : std::string();
+  if (t == "true" || t == "false") {
+    v.kind = Value::kBool;
+    v.b = t == "true";
+    return v;
+  }
+  char* end = nullptr;
+  const long long iv = std::strtoll(t.c_str(), &end, 10);
+  if (!t.empty() && *end == '\0') {
+    v.kind = Value::kInt;
+    v.i = iv;
+    return v;
+  }
+  const double fv = std::strtod(t.c_str(), &end);
+  if (!t.empty() && *end == '\0') {
+    v.kind = Value::kFloat;
+    v.f = fv;
+    return v;
+  }
+  v.kind = Value::kString;
+  v.s = t;
+  return v;
+}
+
+YAML::Node ToNode(const Value& v) {
+  switch (v.kind) {
+    case Value::kInt: return YAML::Node(std::to_string(v.i));
+    case Value::kFloat: {
+      char buf[40];
+      std::snprintf(buf, sizeof buf, "%.17g", v.f);
+      std::string s = buf;
+      if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+      return YAML::Node(s);
+    }
+    case Value::kBool: return YAML::Node(v.b ? "true" : "false");
+    case Value::kString: return YAML::Node(v.s);
+    case Value::kList: return *v.list;
+  }
+  return YAML::Node();
+}
+
+using Env = std::map<std::string, YAML::Node>;
+
+// env[k] = v without yaml-cpp's assignment, which would write v into the
+// node env[k] already refers to (a block's default, shared by every use).
+void Bind(Env& env, const std::string& k, const YAML::Node& v) {
+  env.erase(k);
+  env.emplace(k, v);
+}
+
+// A recursive-descent evaluator of the small expression language of
+// model_blocks.h. Errors throw ConfigError with `where` in front.
+class Expression {
+ public:
+  Expression(const std::string& text, const Env& env, std::string where)
+      : t_(text), env_(env), where_(std::move(where)) {}
+
+  Value Evaluate() {
+    Value v = Ternary();
+    Skip();
+    if (p_ != t_.size()) Fail(StrCat("unexpected '", t_.substr(p_), "'"));
+    return v;
+  }
+
+ private:
+  [[noreturn]] void Fail(const std::string& msg) const {
+    throw ConfigError(StrCat(where_, ": in \"", t_, "\": ", msg));
+  }
+  void Skip() {
+    while (p_ < t_.size() && std::isspace(static_cast<unsigned char>(t_[p_]))) ++p_;
+  }
+  bool Eat(const std::string& op) {
+    Skip();
+    if (t_.compare(p_, op.size(), op) != 0) return false;
+    // A word operator must end at a word boundary ("not", "and", "or").
+    if (std::isalpha(static_cast<unsigned char>(op[0])) && p_ + op.size() < t_.size() &&
+        (std::isalnum(static_cast<unsigned char>(t_[p_ + op.size()])) || t_[p_ + op.size()] == '_'))
+      return false;
+    p_ += op.size();
+    return true;
+  }
+  bool Truth(const Value& v) const {
+    if (v.kind != Value::kBool) Fail(StrCat("expected a bool, got ", v.KindName()));
+    return v.b;
+  }
+  Value Bool(bool b) const {
+    Value v;
+    v.kind = Value::kBool;
+    v.b = b;
+    return v;
+  }
+
+  Value Ternary() {
+    Value c = Or();
+    if (!Eat("?")) return c;
+    Value a = Ternary();
+    if (!Eat(":")) Fail("expected ':' of 'cond ? a : b'");
+    Value b = Ternary();
+    return Truth(c) ? a : b;
+  }
+  Value Or() {
+    Value a = And();
+    while (Eat("or")) {
+      Value b = And();
+      a = Bool(Truth(a) || Truth(b));
+    }
+    return a;
+  }
+  Value And() {
+    Value a = Not();
+    while (Eat("and")) {
+      Value b = Not();
+      a = Bool(Truth(a) && Truth(b));
+    }
+    return a;
+  }
+  Value Not() {
+    if (Eat("not")) return Bool(!Truth(Not()));
+    return Compare();
+  }
+  Value Compare() {
+    Value a = Sum();
+    for (const char* op : {"==", "!=", "<=", ">=", "<", ">"}) {
+      if (!Eat(op)) continue;
+      Value b = Sum();
+      const std::string o = op;
+      if (a.IsNumber() && b.IsNumber()) {
+        const double x = a.Number(), y = b.Number();
+        return Bool(o == "==" ? x == y : o == "!=" ? x != y : o == "<=" ? x <= y
+                    : o == ">=" ? x >= y : o == "<" ? x < y : x > y);
+      }
+      if (o != "==" && o != "!=") Fail(StrCat("'", o, "' compares numbers, got ", a.KindName()));
+      const bool eq = a.kind == b.kind && ToNode(a).Scalar() == ToNode(b).Scalar();
+      return Bool(o == "==" ? eq : !eq);
+    }
+    return a;
+  }
+  Value Arith(const Value& a, const Value& b, const std::string& op) const {
+    if (!a.IsNumber() || !b.IsNumber()) {
+      if (op == "+" && (a.kind == Value::kString || b.kind == Value::kString)) {
+        Value v;  // concatenation; a number joins as its text ('block.' + 2)
+        v.kind = Value::kString;
+        v.s = ToNode(a).Scalar() + ToNode(b).Scalar();
+        return v;
+      }
+      Fail(StrCat("'", op, "' takes numbers, got ", a.KindName(), " and ", b.KindName()));
+    }
+    Value v;
+    if (op == "/") {
+      if (b.Number() == 0) Fail("division by zero");
+      v.kind = Value::kFloat;
+      v.f = a.Number() / b.Number();
+      return v;
+    }
+    if (a.kind == Value::kInt && b.kind == Value::kInt) {
+      v.kind = Value::kInt;
+      if ((op == "//" || op == "%") && b.i == 0) Fail("division by zero");
+      v.i = op == "+" ? a.i + b.i : op == "-" ? a.i - b.i : op == "*" ? a.i * b.i
+            : op == "//" ? (a.i - ((a.i % b.i) + b.i) % b.i) / b.i : ((a.i % b.i) + b.i) % b.i;
+      return v;
+    }
+    v.kind = Value::kFloat;
+    const double x = a.Number(), y = b.Number();
+    v.f = op == "+" ? x + y : op == "-" ? x - y : op == "*" ? x * y
+          : op == "//" ? std::floor(x / y) : x - std::floor(x / y) * y;
+    if (op == "//") {  // floor division of floats gives an int, as int(x // y) would
+      v.kind = Value::kInt;
+      v.i = static_cast<int64_t>(v.f);
+    }
+    return v;
+  }
+  Value Sum() {
+    Value a = Product();
+    for (;;) {
+      if (Eat("+")) a = Arith(a, Product(), "+");
+      else if (Eat("-")) a = Arith(a, Product(), "-");
+      else return a;
+    }
+  }
+  Value Product() {
+    Value a = Unary();
+    for (;;) {
+      if (Eat("//")) a = Arith(a, Unary(), "//");
+      else if (Eat("*")) a = Arith(a, Unary(), "*");
+      else if (Eat("/")) a = Arith(a, Unary(), "/");
+      else if (Eat("%")) a = Arith(a, Unary(), "%");
+      else return a;
+    }
+  }
+  Value Unary() {
+    if (Eat("-")) {
+      Value zero;
+      return Arith(zero, Unary(), "-");
+    }
+    return Postfix();
+  }
+  Value Postfix() {
+    Value v = Atom();
+    while (Eat("[")) {
+      Value k = Ternary();
+      if (!Eat("]")) Fail("expected ']'");
+      if (v.kind != Value::kList) Fail(StrCat("only a list can be indexed, got ", v.KindName()));
+      if (k.kind != Value::kInt) Fail("a list index must be an int");
+      const YAML::Node& list = *v.list;
+      const int64_t n = static_cast<int64_t>(list.size());
+      if (k.i < -n || k.i >= n) Fail(StrCat("index ", k.i, " out of range (", n, " items)"));
+      v = FromNode(list[static_cast<size_t>(k.i < 0 ? k.i + n : k.i)]);
+    }
+    return v;
+  }
+  Value Atom() {
+    Skip();
+    if (p_ >= t_.size()) Fail("unexpected end");
+    const char c = t_[p_];
+    if (Eat("(")) {
+      Value v = Ternary();
+      if (!Eat(")")) Fail("expected ')'");
+      return v;
+    }
+    if (c == '\'' || c == '"') {
+      const size_t end = t_.find(c, p_ + 1);
+      if (end == std::string::npos) Fail("unterminated string");
+      Value v;
+      v.kind = Value::kString;
+      v.s = t_.substr(p_ + 1, end - p_ - 1);
+      p_ = end + 1;
+      return v;
+    }
+    if (c == '$') {
+      ++p_;
+      const size_t b = p_;
+      while (p_ < t_.size() && (std::isalnum(static_cast<unsigned char>(t_[p_])) || t_[p_] == '_'))
+        ++p_;
+      const std::string name = t_.substr(b, p_ - b);
+      auto it = env_.find(name);
+      if (it == env_.end()) {
+        std::vector<std::string> known;
+        for (const auto& kv : env_) known.push_back(kv.first);
+        Fail(UnknownNameMessage("param", name, known));
+      }
+      return FromNode(it->second);
+    }
+    if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') {
+      const size_t b = p_;
+      while (p_ < t_.size() && (std::isalnum(static_cast<unsigned char>(t_[p_])) || t_[p_] == '.' ||
+                                ((t_[p_] == '-' || t_[p_] == '+') && (t_[p_ - 1] == 'e'))))
+        ++p_;
+      Value v = FromNode(YAML::Node(t_.substr(b, p_ - b)));
+      if (!v.IsNumber()) Fail(StrCat("'", t_.substr(b, p_ - b), "' is not a number"));
+      return v;
+    }
+    if (Eat("true")) return Bool(true);
+    if (Eat("false")) return Bool(false);
+    if (std::isalpha(static_cast<unsigned char>(c))) return Call();
+    Fail(StrCat("unexpected '", t_.substr(p_), "' (a param is written $name, a string 'text')"));
+  }
+
+  // The builtins: int, round, ceil, floor (a number -> an int), min, max,
+  // and make_divisible(v, d): torchvision's _make_divisible (v rounded to
+  // a multiple of d, at least d, never below 90% of v).
+  Value Call() {
+    const size_t b = p_;
+    while (p_ < t_.size() && (std::isalnum(static_cast<unsigned char>(t_[p_])) || t_[p_] == '_')) ++p_;
+    const std::string fn = t_.substr(b, p_ - b);
+    static const std::vector<std::string> known = {"int", "round", "ceil", "floor", "min", "max",
+                                                   "make_divisible"};
+    if (std::find(known.begin(), known.end(), fn) == known.end()) {
+      Fail(UnknownNameMessage("function", fn, known));
+    }
+    if (!Eat("(")) Fail(StrCat("expected '(' after ", fn));
+    std::vector<Value> a;
+    if (!Eat(")")) {
+      do a.push_back(Ternary()); while (Eat(","));
+      if (!Eat(")")) Fail(StrCat("expected ')' closing ", fn, "("));
+    }
+    const size_t want = fn == "min" || fn == "max" || fn == "make_divisible" ? 2 : 1;
+    if (a.size() != want) Fail(StrCat(fn, " takes ", want, " arguments, got ", a.size()));
+    for (const Value& v : a)
+      if (!v.IsNumber()) Fail(StrCat(fn, " takes numbers, got ", v.KindName()));
+    Value r;
+    r.kind = Value::kInt;
+    const double x = a[0].Number();
+    if (fn == "int") r.i = static_cast<int64_t>(x);  // toward zero, as Python's int()
+    if (fn == "round") r.i = static_cast<int64_t>(std::nearbyint(x));  // ties to even, as Python's
+    if (fn == "ceil") r.i = static_cast<int64_t>(std::ceil(x));
+    if (fn == "floor") r.i = static_cast<int64_t>(std::floor(x));
+    if (fn == "min" || fn == "max") {
+      const bool first = fn == "min" ? a[0].Number() <= a[1].Number() : a[0].Number() >= a[1].Number();
+      return first ? a[0] : a[1];
+    }
+    if (fn == "make_divisible") {
+      const double d = a[1].Number();
+      if (d <= 0) Fail("make_divisible: the divisor must be > 0");
+      double v = std::max(d, std::floor((x + d / 2) / d) * d);
+      if (v < 0.9 * x) v += d;
+      r.i = static_cast<int64_t>(v);
+    }
+    return r;
+  }
+
+  const std::string& t_;
+  const Env& env_;
+  std::string where_;
+  size_t p_ = 0;
+};
+
+bool IsBareParam(const std::string& s) {
+  if (s.size() < 2 || s[0] != '$') return false;
+  for (size_t i = 1; i < s.size(); ++i)
+    if (!std::isalnum(static_cast<unsigned char>(s[i])) && s[i] != '_') return false;
+  return true;
+}
+
+// ------------------------------------------------------------ expansion
+
+// A YAML file the blocks come from, for error locations.
+struct Source {
+  const YamlDoc* doc;
+};
+
+struct BlockDef {
+  const YamlDoc* doc;
+  YAML::Node node;    // the definition: {params: {...}, layers: [...], doc: "..."}
+  std::string name;
+};
+
+struct LibraryEntry {
+  const YamlDoc* doc;
+  YAML::Node node;  // {block: b, with: {...}, input: [...], doc: "..."}
+  std::string name;
+};
+
+// The library files, parsed once.
+struct Library {
+  std::vector<std::unique_ptr<YamlDoc>> docs;
+  std::map<std::string, BlockDef> blocks;
+  std::vector<LibraryEntry> models;
+
+  static const Library& Get() {
+    static const Library* lib = [] {
+      auto* l = new Library();
+      for (const auto& [file, text] : ModelLibraryFiles()) {
+        l->docs.push_back(std::make_unique<YamlDoc>(YamlDoc::Parse(text, file)));
+        const YamlDoc& d = *l->docs.back();
+        const YAML::Node blocks = d.root()["blocks"];
+        if (blocks && blocks.IsMap()) {
+          for (const auto& kv : blocks) {
+            const std::string n = d.Name(kv.first, "blocks");
+            if (l->blocks.count(n)) d.Fail(kv.first, "blocks", StrCat("block '", n, "' defined twice in the library"));
+            l->blocks[n] = {&d, kv.second, n};
+          }
+        }
+        const YAML::Node models = d.root()["models"];
+        if (models && models.IsMap()) {
+          for (const auto& kv : models) l->models.push_back({&d, kv.second, d.Name(kv.first, "models")});
+        }
+      }
+      return l;
+    }();
+    return *lib;
+  }
+  const LibraryEntry* Find(const std::string& name) const {
+    for (const auto& m : models)
+      if (m.name == name) return &m;
+    return nullptr;
+  }
+  std::vector<std::string> Names() const {
+    std::vector<std::string> n;
+    for (const auto& m : models) n.push_back(m.name);
+    return n;
+  }
+};
+
+std::string Join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+class Expander {
+ public:
+  explicit Expander(const YamlDoc& doc) : doc_(doc) {
+    for (const auto& [n, b] : Library::Get().blocks) blocks_[n] = b;
+  }
+
+  void AddBlocks(const YAML::Node& blocks) {
+    if (!blocks) return;
+    if (!blocks.IsMap()) doc_.Fail(blocks, "model.blocks", "expected {name: {params: {...}, layers: [...]}}");
+    for (const auto& kv : blocks) {
+      const std::string n = doc_.Name(kv.first, "model.blocks");
+      blocks_[n] = {&doc_, kv.second, n};  // the config's own blocks shadow the library's
+    }
+  }
+
+  // Expands a list of items with `env` in scope under `prefix`; `input` is
+  // what `input` means here (the model input at the top, a block's input
+  // inside one); `explicit_input`: the first layer reads it even if it
+  // names no inputs.
+  void Items(const YamlDoc& doc, const YAML::Node& items, const Env& env, const std::string& prefix,
+             const std::string& input, bool explicit_input, const std::string& context) {
+    if (!items) throw ConfigError(StrCat(doc.path(), ": ", context, ": needs 'layers'"));
+    if (!items.IsSequence() || items.size() == 0) {
+      doc.Fail(items, context, "expected a non-empty list of layers");
+    }
+    const size_t first = out_.size();
+    for (const auto& item : items) {
+      if (!item.IsMap()) doc.Fail(item, context, "expected {name: ..., <type>: {...}} or {name: ..., block: ...}");
+      const YAML::Node cond = item["if"];
+      if (cond && !AsBool(doc, cond, env, StrCat(context, ": if"))) continue;
+      const bool reads_input = explicit_input && out_.size() == first;
+      if (item["block"]) {
+        UseBlock(doc, item, env, prefix, input, reads_input, context);
+      } else {
+        AddLayer(doc, item, env, prefix, input, reads_input, context);
+      }
+    }
+  }
+
+  std::vector<LayerSpec> Take() { return std::move(out_); }
+  const std::map<std::string, BlockDef>& blocks() const { return blocks_; }
+
+  // The env of block `def` with `with` (already evaluated) applied.
+  Env BlockEnv(const BlockDef& def, const std::vector<std::pair<const YamlDoc*, YAML::Node>>& withs,
+               const std::string& context) const {
+    Env env;
+    const YAML::Node params = def.node["params"];
+    if (params && !params.IsMap()) def.doc->Fail(params, StrCat("block '", def.name, "'"), "params: expected {name: default, ...}");
+    std::vector<std::string> names;
+    if (params) {
+      for (const auto& kv : params) {
+        const std::string n = def.doc->Name(kv.first, StrCat("block '", def.name, "' params"));
+        names.push_back(n);
+        if (!kv.second.IsNull()) Bind(env, n, kv.second);
+      }
+    }
+    for (const auto& [wdoc, with] : withs) {
+      for (const auto& kv : with) {
+        const std::string n = wdoc->Name(kv.first, context);
+        if (std::find(names.begin(), names.end(), n) == names.end()) {
+          wdoc->Fail(kv.first, context, UnknownNameMessage(StrCat("param of block '", def.name, "'"), n, names));
+        }
+        Bind(env, n, kv.second);
+      }
+    }
+    for (const auto& n : names) {
+      if (!env.count(n)) {
+        throw ConfigError(StrCat(context, ": block '", def.name, "' needs param '", n, "' (with: {", n, ": ...})"));
+      }
+    }
+    return env;
+  }
+
+  // Evaluates every `$` scalar of `node` in `env` (a copy; `node` is kept).
+  YAML::Node Substitute(const YamlDoc& doc, const YAML::Node& node, const Env& env,
+                        const std::string& context) const {
+    if (node.IsScalar()) {
+      const std::string& s = node.Scalar();
+      if (s.find('$') == std::string::npos) return node;
+      if (IsBareParam(s)) {
+        auto it = env.find(s.substr(1));
+        if (it != env.end()) return it->second;
+      }
+      return ToNode(Expression(s, env, StrCat(doc.Where(node), ": ", context)).Evaluate());
+    }
+    if (node.IsSequence()) {
+      bool any = false;
+      YAML::Node out(YAML::NodeType::Sequence);
+      for (const auto& e : node) {
+        YAML::Node v = Substitute(doc, e, env, context);
+        any |= !v.is(e);
+        out.push_back(v);
+      }
+      return any ? out : node;
+    }
+    if (node.IsMap()) {
+      bool any = false;
+      YAML::Node out(YAML::NodeType::Map);
+      for (const auto& kv : node) {
+        YAML::Node v = Substitute(doc, kv.second, env, context);
+        any |= !v.is(kv.second);
+        out[kv.first] = v;
+      }
+      return any ? out : node;
+    }
+    return node;
+  }
+
+ private:
+  bool AsBool(const YamlDoc& doc, const YAML::Node& n, const Env& env, const std::string& context) const {
+    const YAML::Node v = Substitute(doc, n, env, context);
+    const Value b = FromNode(v);
+    if (b.kind != Value::kBool) doc.Fail(n, context, StrCat("expected true or false, got '", v.IsScalar() ? v.Scalar() : "a list", "'"));
+    return b.b;
+  }
+  std::string AsName(const YamlDoc& doc, const YAML::Node& n, const Env& env, const std::string& context) const {
+    const YAML::Node v = Substitute(doc, n, env, context);
+    if (!v.IsScalar()) doc.Fail(n, context, "expected a name");
+    return v.Scalar();
+  }
+
+  // `n` as the block at `prefix` reads it: a layer of the block (emitted),
+  // `input`, or at the top level any name (Model::Build checks it).
+  std::string Resolve(const YamlDoc& doc, const YAML::Node& where, const std::string& n,
+                      const std::string& prefix, const std::string& input,
+                      const std::string& context) const {
+    if (n == kModelInput) return input;
+    if (prefix.empty()) return n;
+    const std::string full = Join(prefix, n);
+    if (emitted_.count(full)) return full;
+    doc.Fail(where, context,
+             StrCat("reads '", n, "', which is neither 'input' nor an earlier layer of the block"));
+  }
+
+  std::vector<std::string> Inputs(const YamlDoc& doc, const YAML::Node& item, const Env& env,
+                                  const std::string& prefix, const std::string& input,
+                                  const std::string& context) const {
+    std::vector<std::string> ins;
+    const YAML::Node in = item["inputs"];
+    if (!in) return ins;
+    std::vector<YAML::Node> list;
+    if (in.IsSequence()) {
+      for (const auto& i : in) list.push_back(i);
+    } else {
+      list.push_back(in);
+    }
+    for (const auto& i : list) {
+      ins.push_back(Resolve(doc, i, AsName(doc, i, env, context + ": inputs"), prefix, input, context));
+    }
+    return ins;
+  }
+
+  void AddLayer(const YamlDoc& doc, const YAML::Node& item, const Env& env, const std::string& prefix,
+                const std::string& input, bool reads_input, const std::string& context) {
+    const LayerRegistry& reg = LayerRegistry::Get();
+    LayerSpec s;
+    YAML::Node params, type_key;
+    for (const auto& kv : item) {
+      std::string key = doc.Name(kv.first, context);
+      if (LayerKeys().count(key)) continue;
+      if (key.find('$') != std::string::npos) key = AsName(doc, kv.first, env, context + ": type");
+      if (!s.type.empty()) {
+        doc.Fail(kv.first, context, StrCat("a layer has one type, got both '", s.type, "' and '", key, "'"));
+      }
+      s.type = key;
+      type_key.reset(kv.first);
+      params.reset(kv.second);
+    }
+    if (!item["name"]) doc.Fail(item, context, "a layer needs a 'name'");
+    s.name = Join(prefix, AsName(doc, item["name"], env, context + ": name"));
+    const std::string where = prefix.empty() ? StrCat("layer '", s.name, "'")
+                                             : StrCat("layer '", s.name, "' (", context, ")");
+    if (s.type.empty()) {
+      doc.Fail(item, where, StrCat("no layer type given; known types: ", JoinNames(reg.Names())));
+    }
+    const LayerType* type = reg.Find(s.type);
+    if (type == nullptr) doc.Fail(type_key, where, UnknownNameMessage("layer type", s.type, reg.Names()));
+    s.args = doc.CheckArgs(Substitute(doc, params, env, where), type->schema,
+                           StrCat(where, " (", s.type, ")"));
+    s.inputs = Inputs(doc, item, env, prefix, input, where);
+    if (s.inputs.empty() && reads_input) s.inputs.push_back(input);
+    if (const YAML::Node t = item["trainable"]) {
+      if (t.IsMap()) {
+        for (const auto& kv : t) {
+          s.trainable[doc.Name(kv.first, where + ": trainable")] =
+              AsBool(doc, kv.second, env, where + ": trainable");
+        }
+      } else {
+        s.trainable[""] = AsBool(doc, t, env, where + ": trainable");
+      }
+    }
+    if (const YAML::Node in = item["init"]) {
+      if (!in.IsMap()) doc.Fail(in, where + ": init", "expected {tensor: scheme}, e.g. {weight: zeros}");
+      for (const auto& kv : in) {
+        const std::string scheme = AsName(doc, kv.second, env, where + ": init");
+        const auto& known = InitSchemes();
+        if (std::find(known.begin(), known.end(), scheme) == known.end()) {
+          doc.Fail(kv.second, where + ": init", UnknownNameMessage("init scheme", scheme, known));
+        }
+        if (scheme != "default") s.init[doc.Name(kv.first, where + ": init")] = scheme;
+      }
+    }
+    if (emitted_.count(s.name)) doc.Fail(item, where, "this name is used twice");
+    emitted_.insert(s.name);
+    out_.push_back(std::move(s));
+  }
+
+  void UseBlock(const YamlDoc& doc, const YAML::Node& item, const Env& env, const std::string& prefix,
+                const std::string& input, bool reads_input, const std::string& context) {
+    for (const auto& kv : item) {
+      const std::string key = doc.Name(kv.first, context);
+      if (!BlockUseKeys().count(key)) {
+        doc.Fail(kv.first, context,
+                 StrCat("a block use takes ", JoinNames({BlockUseKeys().begin(), BlockUseKeys().end()}),
+                        "; got '", key, "'"));
+      }
+    }
+    if (!item["name"]) doc.Fail(item, context, "a block use needs a 'name' (the prefix of its layers)");
+    const YAML::Node name_node = item["name"];
+    const std::string where = StrCat("'", name_node.IsScalar() ? name_node.Scalar() : "?", "'");
+    const std::string block = AsName(doc, item["block"], env, where + ": block");
+    auto it = blocks_.find(block);
+    if (it == blocks_.end()) {
+      std::vector<std::string> known;
+      for (const auto& kv : blocks_) known.push_back(kv.first);
+      doc.Fail(item["block"], where, UnknownNameMessage("block", block, known));
+    }
+    const BlockDef& def = it->second;
+    if (depth_ > 16) doc.Fail(item, where, StrCat("blocks nest more than 16 deep (does '", block, "' use itself?)"));
+    for (const char* key : {"with", "first"}) {
+      const YAML::Node n = item[key];
+      if (n && !n.IsMap()) doc.Fail(n, StrCat(where, ": ", key), "expected {param: value, ...}");
+    }
+    auto int_of = [&](const char* key, int64_t fallback) {
+      const YAML::Node r = item[key];
+      if (!r) return fallback;
+      const Value v = FromNode(Substitute(doc, r, env, StrCat(where, ": ", key)));
+      if (v.kind != Value::kInt || v.i < 0) doc.Fail(r, StrCat(where, ": ", key), "expected an int >= 0");
+      return v.i;
+    };
+    const int64_t repeat = int_of("repeat", -1);  // -1: one instance named `name`
+    const int64_t start = int_of("start", 0);
+    std::string block_input = input;
+    bool explicit_input = reads_input;
+    if (item["inputs"]) {
+      const auto ins = Inputs(doc, item, env, prefix, input, where);
+      if (ins.size() != 1) doc.Fail(item["inputs"], where, "a block reads one input");
+      block_input = ins[0];
+      explicit_input = true;
+    }
+    const YAML::Node layers = def.node["layers"];
+    const bool templated = name_node.IsScalar() && name_node.Scalar().find('$') != std::string::npos;
+    ++depth_;
+    for (int64_t k = 0; k < std::max<int64_t>(repeat, 1); ++k) {
+      if (repeat == 0) break;
+      // $index: the instance's number (start + k), in its name, with and first.
+      Env outer = env;
+      Bind(outer, "index", YAML::Node(std::to_string(start + k)));
+      const std::string base = AsName(doc, name_node, outer, where + ": name");
+      const std::string inst =
+          Join(prefix, repeat < 0 || templated ? base : StrCat(base, ".", start + k));
+      const std::string ctx = StrCat("block '", block, "' as '", inst, "', used at ", doc.Where(item));
+      std::vector<std::pair<const YamlDoc*, YAML::Node>> withs;
+      for (const char* key : {"with", "first"}) {
+        if (item[key] && (k == 0 || std::string(key) == "with"))
+          withs.push_back({&doc, Substitute(doc, item[key], outer, StrCat(where, ": ", key))});
+      }
+      const Env inner = BlockEnv(def, withs, ctx);
+      // The instance's input: what the use says for the first, then the
+      // instance before (the previous layer).
+      const std::string in = k == 0 && explicit_input ? block_input : Previous(input);
+      Items(*def.doc, layers, inner, inst, in, k == 0 && explicit_input, ctx);
+    }
+    --depth_;
+  }
+
+  // The name of the layer before the next one (the model input if none).
+  std::string Previous(const std::string& outer_input) const {
+    return out_.empty() ? outer_input : out_.back().name;
+  }
+
+  const YamlDoc& doc_;
+  std::map<std::string, BlockDef> blocks_;
+  std::vector<LayerSpec> out_;
+  std::set<std::string> emitted_;
+  int depth_ = 0;
+};
+
+ExpandedModel ExpandLibrary(const YamlDoc& doc, const YAML::Node& where, const std::string& name,
+                            const std::vector<std::pair<const YamlDoc*, YAML::Node>>& user_with) {
+  const Library& lib = Library::Get();
+  const LibraryEntry* entry = lib.Find(name);
+  if (entry == nullptr) doc.Fail(where, "model.library", UnknownNameMessage("library model", name, lib.Names()));
+  const YamlDoc& ldoc = *entry->doc;
+  Expander x(doc);
+  const std::string block = ldoc.Name(entry->node["block"], StrCat("models.", name, ".block"));
+  auto it = x.blocks().find(block);
+  if (it == x.blocks().end()) ldoc.Fail(entry->node["block"], name, StrCat("no block '", block, "'"));
+  std::vector<std::pair<const YamlDoc*, YAML::Node>> withs;
+  if (entry->node["with"]) withs.push_back({&ldoc, entry->node["with"]});
+  for (const auto& w : user_with) withs.push_back(w);
+  const Env env = x.BlockEnv(it->second, withs, StrCat("library model '", name, "'"));
+  x.Items(*it->second.doc, it->second.node["layers"], env, "", kModelInput, false,
+          StrCat("library model '", name, "'"));
+  ExpandedModel m;
+  m.layers = x.Take();
+  if (const YAML::Node in = entry->node["input"]) {
+    const YAML::Node v = x.Substitute(ldoc, in, env, StrCat("library model '", name, "': input"));
+    std::vector<int64_t> dims;
+    for (const auto& d : v) dims.push_back(FromNode(d).i);
+    m.input_shape = Shape(dims);
+  }
+  return m;
+}
+
+}  // namespace
+
+ExpandedModel ExpandModel(const YamlDoc& doc, const YAML::Node& model) {
+  const YAML::Node library = model["library"];
+  const YAML::Node layers = model["layers"];
+  const YAML::Node with = model["with"];
+  ExpandedModel m;
+  if (library) {
+    if (layers) doc.Fail(layers, "model", "give either 'library' or 'layers', not both");
+    if (model["blocks"]) doc.Fail(model["blocks"], "model", "a library model brings its own blocks");
+    if (with && !with.IsMap()) doc.Fail(with, "model.with", "expected {option: value, ...}");
+    std::vector<std::pair<const YamlDoc*, YAML::Node>> withs;
+    if (with) withs.push_back({&doc, with});
+    m = ExpandLibrary(doc, library, doc.Name(library, "model.library"), withs);
+  } else {
+    if (with) doc.Fail(with, "model", "'with' sets the options of a 'library' model");
+    if (!layers) doc.Fail(model, "model", "needs 'layers' (or 'library: NAME' for a library model)");
+    Expander x(doc);
+    x.AddBlocks(model["blocks"]);
+    x.Items(doc, layers, {}, "", kModelInput, false, "model.layers");
+    m.layers = x.Take();
+  }
+  if (const YAML::Node in = model["input"]) {
+    std::vector<int64_t> dims;
+    if (!in.IsSequence()) doc.Fail(in, "model.input", "expected [C, H, W] or [C, L]");
+    for (const auto& d : in) {
+      const Value v = FromNode(d);
+      if (v.kind != Value::kInt || v.i <= 0) doc.Fail(d, "model.input", "expected positive ints");
+      dims.push_back(v.i);
+    }
+    m.input_shape = Shape(dims);
+  }
+  return m;
+}
+
+std::vector<LibraryModel> LibraryModels() {
+  const Library& lib = Library::Get();
+  std::vector<LibraryModel> out;
+  for (const auto& e : lib.models) {
+    LibraryModel m;
+    m.name = e.name;
+    m.file = e.doc->path();
+    if (e.node["doc"]) m.doc = e.node["doc"].Scalar();
+    const std::string block = e.node["block"].Scalar();
+    auto it = lib.blocks.find(block);
+    std::map<std::string, std::string> fixed;
+    if (e.node["with"])
+      for (const auto& kv : e.node["with"]) fixed[kv.first.Scalar()] = YAML::Dump(kv.second);
+    if (it != lib.blocks.end() && it->second.node["params"] && it->second.node["params"].IsMap()) {
+      for (const auto& kv : it->second.node["params"]) {
+        const std::string n = kv.first.Scalar();
+        m.options.emplace_back(n, fixed.count(n) ? fixed[n] : YAML::Dump(kv.second));
+      }
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+ExpandedModel ExpandLibraryModel(const std::string& name, const std::vector<std::string>& overrides) {
+  std::string text = StrCat("library: ", name, "\nwith: {}\n");
+  YamlDoc doc = YamlDoc::Parse(text, "--model");
+  for (const auto& o : overrides) doc.Override("with." + o);
+  return ExpandModel(doc, doc.root());
+}
+
+}  // namespace cnnflow

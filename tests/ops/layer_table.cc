@@ -1,0 +1,157 @@
+#include "tests/ops/layer_table.h"
+
+#include <cctype>
+
+#include "tests/ops/gradient_check.h"
+
+namespace cnnflow::testing {
+namespace {
+
+Args A(std::initializer_list<std::pair<const char*, ParamValue>> kv = {}) {
+  Args a;
+  for (const auto& [k, v] : kv) a.Set(k, v);
+  return a;
+}
+
+LayerCase Row(std::string type, Args args, std::vector<Shape> inputs, std::string variant = "") {
+  LayerCase c;
+  c.type = std::move(type);
+  c.args = std::move(args);
+  c.inputs = std::move(inputs);
+  c.variant = std::move(variant);
+  return c;
+}
+
+// Evaluation mode (running statistics, dropout off).
+LayerCase Eval(LayerCase c) {
+  c.training = false;
+  c.variant += c.variant.empty() ? "eval" : "_eval";
+  return c;
+}
+
+std::vector<LayerCase> MakeCases() {
+  using I = int64_t;
+  using Ints = std::vector<int64_t>;
+  std::vector<LayerCase> r;
+  // ---- convolutions
+  r.push_back(Row("conv2d", A({{"out", I{4}}, {"kernel", I{3}}, {"pad", I{1}}}), {{3, 6, 5}}));
+  r.push_back(Row("conv2d", A({{"out", I{4}}, {"kernel", I{3}}, {"stride", I{2}}, {"bias", false}}),
+                  {{2, 7, 7}}, "stride2_nobias"));
+  r.push_back(Row("conv2d", A({{"out", I{6}}, {"kernel", Ints{3, 1}}, {"groups", I{3}}}),
+                  {{3, 5, 4}}, "groups3"));
+  r.push_back(Row("conv2d", A({{"out", I{4}}, {"kernel", I{7}}, {"pad", I{3}}, {"groups", I{4}}}),
+                  {{4, 8, 8}}, "depthwise7x7"));
+  r.push_back(Row("conv2d", A({{"out", I{3}}, {"kernel", I{3}}, {"dilation", I{2}}, {"pad", I{2}}}),
+                  {{2, 6, 6}}, "dilation2"));
+  r.push_back(Row("conv1d", A({{"out", I{4}}, {"kernel", I{3}}, {"pad", I{1}}}), {{3, 11}}));
+  r.push_back(Row("conv1d", A({{"out", I{8}}, {"kernel", I{5}}, {"pad", I{2}}}), {{8, 13}},
+                  "tapgemm"));
+  r.push_back(Row("conv1d", A({{"out", I{4}}, {"kernel", I{4}}, {"stride", I{3}}, {"groups", I{2}}}),
+                  {{2, 17}}, "stride3_groups2"));
+  // ---- fully connected
+  r.push_back(Row("linear", A({{"out", I{5}}}), {{7}}));
+  r.push_back(Row("linear", A({{"out", I{3}}, {"bias", false}}), {{2, 3, 3}}, "flattens_nobias"));
+  // ---- normalisation
+  r.push_back(Row("batchnorm", A(), {{3, 4, 5}}, "2d"));
+  r.push_back(Row("batchnorm", A({{"affine", false}}), {{3, 6}}, "1d_noaffine"));
+  r.push_back(Row("batchnorm", A(), {{5}}, "features"));
+  r.back().batch = 6;  // statistics over 2 values leave dx all cancellation
+  r.push_back(Eval(Row("batchnorm", A(), {{3, 4, 5}}, "2d")));
+  // ---- pooling
+  r.push_back(Row("maxpool2d", A({{"kernel", I{2}}}), {{2, 6, 6}}));
+  r.push_back(Row("maxpool2d", A({{"kernel", I{3}}, {"stride", I{2}}, {"pad", I{1}}}), {{2, 7, 7}},
+                  "k3s2p1"));
+  r.push_back(Row("avgpool2d", A({{"kernel", I{2}}}), {{2, 6, 6}}));
+  r.push_back(Row("avgpool2d",
+                  A({{"kernel", I{3}}, {"stride", I{2}}, {"pad", I{1}}, {"count_include_pad", false}}),
+                  {{2, 7, 7}}, "k3s2p1_excludepad"));
+  r.push_back(Row("maxpool1d", A({{"kernel", I{3}}, {"stride", I{2}}}), {{3, 11}}));
+  r.push_back(Row("avgpool1d", A({{"kernel", I{2}}}), {{3, 10}}));
+  r.push_back(Row("global_avgpool", A(), {{3, 4, 5}}, "2d"));
+  r.push_back(Row("global_avgpool", A(), {{3, 9}}, "1d"));
+  // ---- elementwise and shape
+  r.push_back(Row("relu", A(), {{3, 4, 5}}));
+  r.push_back(Row("add", A(), {{3, 4, 5}, {3, 4, 5}}));
+  r.push_back(Row("flatten", A(), {{3, 4, 5}}));
+  r.push_back(Row("dropout", A({{"p", 0.3}}), {{4, 5}}));
+  r.push_back(Eval(Row("dropout", A({{"p", 0.3}}), {{4, 5}})));
+  return r;
+}
+
+}  // namespace
+
+ForwardContext LayerCase::Context() const {
+  ForwardContext ctx;
+  ctx.training = training;
+  ctx.seed = 11;
+  ctx.step = 3;
+  return ctx;
+}
+
+std::string LayerCase::Label() const {
+  std::string s = type;
+  if (!variant.empty()) s += "(" + variant + ")";
+  for (const Shape& in : inputs) s += " " + in.ToString();
+  return s;
+}
+
+std::string LayerCase::TestName(size_t index) const {
+  std::string s = type + (variant.empty() ? "" : "_" + variant) + "_" + std::to_string(index);
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+const std::vector<LayerCase>& LayerCases() {
+  static const std::vector<LayerCase> cases = MakeCases();
+  return cases;
+}
+
+LayerRun::LayerRun(const LayerCase& c, DType dtype, Device device, const LayerRun* like)
+    : case_(c), dtype_(dtype), device_(device) {
+  const LayerType* t = LayerRegistry::Get().Find(c.type);
+  if (t == nullptr) throw Error(StrCat("layer table: no layer type '", c.type, "'"));
+  Args args = c.args;
+  args.FillDefaults(t->schema);
+  if (device.is_cuda() && !t->create_cuda) {
+    throw Error(StrCat("layer table: '", c.type, "' has no CUDA class"));
+  }
+  layer_ = device.is_cuda() ? t->create_cuda(c.type + "0", args) : t->create(c.type + "0", args);
+  out_shape_ = layer_->Build(c.inputs, dtype).WithBatch(c.batch);
+  Rng rng(5);
+  layer_->ResetParameters(rng);
+  for (size_t k = 0; k < c.inputs.size(); ++k) {
+    Tensor x = like != nullptr ? like->inputs_[k].Cast(dtype)
+                               : RandomTensor(c.inputs[k].WithBatch(c.batch), 100 + k, c.lo, c.hi,
+                                              dtype);
+    inputs_.push_back(std::move(x));
+  }
+  if (like != nullptr) {
+    auto& mine = layer_->parameters();
+    auto& theirs = like->layer_->parameters();
+    for (size_t k = 0; k < mine.size(); ++k) mine[k].value = theirs[k].value.Cast(dtype);
+    auto& mb = layer_->buffers();
+    auto& tb = like->layer_->buffers();
+    for (size_t k = 0; k < mb.size(); ++k) mb[k].value = tb[k].value.Cast(dtype);
+  }
+  if (device.is_cuda()) {
+    layer_->MoveTo(device);
+    for (auto& x : inputs_) x = x.To(device);
+  }
+}
+
+void LayerRun::ForwardBackward() {
+  std::vector<const Tensor*> in;
+  for (const auto& t : inputs_) in.push_back(&t);
+  y_ = Tensor::Empty(out_shape_, dtype_, device_);
+  layer_->Forward(in, y_, case_.Context());
+  const Tensor dy = RandomTensor(out_shape_, 991, -1, 1, dtype_).To(device_);
+  dx_.clear();
+  std::vector<Tensor*> dxp;
+  for (const auto& t : inputs_) dx_.push_back(Tensor::Zeros(t.shape(), dtype_, device_));
+  for (auto& t : dx_) dxp.push_back(&t);
+  for (auto& p : layer_->parameters()) p.grad.Zero();
+  layer_->Backward(in, y_, dy, dxp);
+}
+
+}  // namespace cnnflow::testing

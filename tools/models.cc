@@ -1,0 +1,135 @@
+#include "tools/models.h"
+
+#include <cstdio>
+#include <set>
+
+#include "ops/io/safetensors.h"
+#include "ops/model.h"
+#include "ops/train/loss.h"
+#include "pipeline/model_blocks.h"
+
+namespace cnnflow {
+namespace {
+
+// One layer as a line of model.layers.
+std::string LayerLine(const LayerSpec& s) {
+  std::string params;
+  for (const auto& [k, v] : s.args.values()) params += StrCat(params.empty() ? "" : ", ", k, ": ", ParamValueToString(v));
+  std::string line = StrCat("  - {name: ", s.name, ", ", s.type, ": {", params, "}");
+  if (!s.inputs.empty()) {
+    std::string ins;
+    for (const auto& i : s.inputs) ins += StrCat(ins.empty() ? "" : ", ", i);
+    line += StrCat(", inputs: [", ins, "]");
+  }
+  for (const auto& [t, on] : s.trainable)
+    line += t.empty() ? StrCat(", trainable: ", on ? "true" : "false")
+                      : StrCat(", trainable: {", t, ": ", on ? "true" : "false", "}");
+  for (const auto& [t, scheme] : s.init) line += StrCat(", init: {", t, ": ", scheme, "}");
+  return line + "}";
+}
+
+// --check: the network with `weights` (strict: every tensor of the model and
+// of the file, by PyTorch's names) on `input`'s "input" [N, ...]: the logits
+// in evaluation mode ("logits"), and in training mode ("logits_train") with
+// the gradients of the mean cross-entropy on "labels" ("grad.<tensor>"):
+// what bench/library_vs_pytorch.py compares with PyTorch.
+void Check(const ExpandedModel& m, const std::string& weights, const std::string& input,
+           const std::string& out) {
+  auto model = Model::Build(m.layers, m.input_shape);
+  const SafetensorsFile w = LoadSafetensors(weights);
+  std::vector<std::pair<std::string, Tensor>> given;
+  std::set<std::string> wanted;
+  for (const auto& [n, t] : model->StateTensors()) wanted.insert(n);
+  for (const auto& [name, t] : w.tensors) {
+    const std::string n = ModelNameOfStateDictKey(name);
+    if (n.empty()) continue;
+    if (!wanted.count(n)) throw Error(StrCat(weights, ": tensor '", name, "' is not in the model"));
+    given.emplace_back(n, t);
+  }
+  CopyNamedTensors(given, model->StateTensors(), weights);
+  const SafetensorsFile in = LoadSafetensors(input);
+  const Tensor* x = in.Find("input");
+  const Tensor* y = in.Find("labels");
+  if (x == nullptr || y == nullptr) throw Error(StrCat(input, ": needs tensors 'input' and 'labels'"));
+  const Tensor xf = x->Cast(DType::kF32);
+  std::vector<int64_t> labels(y->numel());
+  for (int64_t i = 0; i < y->numel(); ++i) labels[i] = static_cast<int64_t>(y->At(i));
+  std::vector<std::pair<std::string, Tensor>> result;
+  ForwardContext eval;
+  eval.training = false;
+  eval.keep_activations = false;
+  result.emplace_back("logits", model->Forward(xf, eval).Clone());
+  ForwardContext train;
+  const Tensor logits = model->Forward(xf, train).Clone();
+  Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype());
+  const LossResult loss = SoftmaxCrossEntropy(logits, labels.data(), &dlogits);
+  model->ZeroGrad();
+  model->Backward(dlogits);
+  result.emplace_back("logits_train", logits);
+  result.emplace_back("loss", Tensor::Full(Shape{1}, loss.loss, DType::kF32));
+  for (const auto& np : model->NamedParameters()) result.emplace_back("grad." + np.name, np.param->grad);
+  SaveSafetensors(out, result);
+}
+
+}  // namespace
+
+int RunModels(const std::vector<std::string>& args) {
+  std::string name, weights, check, out;
+  std::vector<std::string> overrides;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "-h" || args[i] == "--help") return std::printf("%s", kModelsUsage), 0;
+    if (args[i] == "--weights" && i + 1 < args.size()) {
+      weights = args[++i];
+    } else if (args[i] == "--check" && i + 1 < args.size()) {
+      check = args[++i];
+    } else if (args[i] == "-o" && i + 1 < args.size()) {
+      out = args[++i];
+    } else if (args[i] == "--set" && i + 1 < args.size()) {
+      overrides.push_back(args[++i]);
+    } else if (args[i].rfind("--set=", 0) == 0) {
+      overrides.push_back(args[i].substr(6));
+    } else if (name.empty() && args[i][0] != '-') {
+      name = args[i];
+    } else {
+      std::fprintf(stderr, "cnnflow models: unexpected argument '%s'\n\n%s", args[i].c_str(),
+                   kModelsUsage);
+      return 2;
+    }
+  }
+  if (!check.empty() && (name.empty() || weights.empty() || out.empty())) {
+    std::fprintf(stderr, "cnnflow models: --check needs NAME, --weights FILE and -o OUT\n\n%s",
+                 kModelsUsage);
+    return 2;
+  }
+  try {
+    if (!check.empty()) {
+      Check(ExpandLibraryModel(name, overrides), weights, check, out);
+      return 0;
+    }
+    if (!name.empty()) {
+      const ExpandedModel m = ExpandLibraryModel(name, overrides);
+      auto model = Model::Build(m.layers, m.input_shape);
+      std::printf("# %s: %zu layers, %.2f M parameters, %.3f GFLOPs per sample\nmodel:\n  input: %s\n  layers:\n",
+                  name.c_str(), m.layers.size(), model->NumParameters() / 1e6,
+                  model->ForwardFlops(1) / 1e9, m.input_shape.ToString().c_str());
+      for (const LayerSpec& s : m.layers) std::printf("  %s\n", LayerLine(s).c_str());
+      return 0;
+    }
+    std::printf("%-18s %-14s %9s %9s  %s\n", "name", "input", "params M", "GFLOPs", "options");
+    for (const LibraryModel& lm : LibraryModels()) {
+      const ExpandedModel m = ExpandLibraryModel(lm.name, overrides);
+      auto model = Model::Build(m.layers, m.input_shape);
+      std::string opts;
+      for (const auto& [k, v] : lm.options) opts += StrCat(opts.empty() ? "" : ", ", k, ": ", v);
+      std::printf("%-18s %-14s %9.2f %9.3f  %s\n", lm.name.c_str(), m.input_shape.ToString().c_str(),
+                  model->NumParameters() / 1e6, model->ForwardFlops(1) / 1e9, lm.doc.c_str());
+      std::printf("%-18s   {%s}\n", "", opts.c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cnnflow models: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace cnnflow
