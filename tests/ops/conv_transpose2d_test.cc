@@ -2,7 +2,8 @@
 // torch.nn.ConvTranspose2d: input cell (h, w) adds x * W[c, k, i, j] into
 // output (h*stride - pad + i*dilation, w*stride - pad + j*dilation)), its
 // backward against the same loop's adjoint, f32 kernels (GEMM and oneDNN
-// paths) against f64, gradient checks, init and errors.
+// paths each) against it, init and errors. The layer table
+// (tests/ops/layer_table.cc) checks the gradients.
 #include "ops/layers/conv_transpose2d.h"
 
 #include <gtest/gtest.h>
@@ -14,7 +15,6 @@
 namespace cnnflow {
 namespace {
 
-using testing::CheckGradients;
 using testing::MakeLayer;
 using testing::RandomTensor;
 using testing::RunForward;
@@ -132,15 +132,6 @@ TEST(ConvTranspose2d, MatchesScatterLoop) {
         }
       }
     }
-  }
-}
-
-TEST(ConvTranspose2d, GradientCheck) {
-  for (const Case& c : kCases) {
-    const Shape in{c.n, c.c, c.h, c.w};
-    SCOPED_TRACE(in.ToString());
-    auto layer = MakeLayer("conv_transpose2d", CaseArgs(c), {in.WithoutBatch()});
-    CheckGradients(*layer, {RandomTensor(in, 5)}, OutShape(c));
   }
 }
 

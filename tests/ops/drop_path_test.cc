@@ -1,7 +1,8 @@
 // drop_path (stochastic depth, torchvision's mode "row"): whole samples
 // zeroed or scaled by 1/(1-p), drawn from dropout's keyed stream by sample
 // id (the same decision whatever the batch position), the rate ~p, the
-// identity in evaluation and at p = 0, and a gradient check.
+// identity in evaluation and at p = 0. The layer table
+// (tests/ops/layer_table.cc) checks the gradients.
 #include "ops/layers/drop_path.h"
 
 #include <gtest/gtest.h>
@@ -15,7 +16,6 @@
 namespace cnnflow {
 namespace {
 
-using testing::CheckGradients;
 using testing::MakeLayer;
 using testing::RandomTensor;
 using testing::RunForward;
@@ -119,16 +119,6 @@ TEST(DropPath, PEqualOneGivesZeros) {
   Tensor y = RunForward(*layer, {RandomTensor(s, 1)}, s, Training());
   for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.At(i), 0.0);
   EXPECT_THROW(MakeLayer("drop_path", P(1.5), {s.WithoutBatch()}), ConfigError);
-}
-
-TEST(DropPath, GradientCheck) {
-  const Shape s{12, 2, 3};
-  std::vector<int64_t> ids(12);
-  std::iota(ids.begin(), ids.end(), 5);
-  auto layer = MakeLayer("drop_path", P(0.4), {s.WithoutBatch()});
-  testing::GradCheckOptions opt;
-  opt.ctx = Training(ids.data());
-  CheckGradients(*layer, {RandomTensor(s, 3)}, s, opt);
 }
 
 }  // namespace
