@@ -31,8 +31,8 @@ Trains, in eager mode, the same models as cnnflow's configs:
                     stochastic depth 0.2), the model library's networks of
                     bench/configs/<name>_synthetic.yaml (issue 29), on
                     synthetic 3x224x224 data with 1000 classes; batch 16, SGD
-                    momentum 0.9 (lr / weight decay: resnet50 0.1 / 1e-4,
-                    mobilenet_v2 0.045 / 4e-5, efficientnet_b0 0.045 / 1e-5).
+                    lr 0.01 momentum 0.9, weight decay 1e-4 (resnet50), 4e-5
+                    (mobilenet_v2), 1e-5 (efficientnet_b0).
                     Needs torchvision (the venv's; Debian's torch 1.13 has none).
 and softmax cross-entropy. Parameter counts (printed as params=) are those
 `cnnflow validate` prints: 421,642 / 241,546 / 11,173,962 / 25,098, and
@@ -132,10 +132,11 @@ def parse_args():
     p.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
                    help="default: the config's (m5 adam, the others sgd)")
     p.add_argument("--lr", type=float, default=None,
-                   help="default: the config's (mlp2 0.01, cnn3 0.01, resnet18 0.1, m5 0.01)")
+                   help="default: the config's (mlp2 0.01, cnn3 0.01, resnet18 0.1, m5 0.01, torchvision models 0.01)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD only")
     p.add_argument("--weight-decay", type=float, default=None,
-                   help="default: the config's (mlp2 0, cnn3 0, resnet18 5e-4, m5 1e-4)")
+                   help="default: the config's (mlp2 0, cnn3 0, resnet18 5e-4, m5 1e-4, "
+                        "resnet50 1e-4, mobilenet_v2 4e-5, efficientnet_b0 1e-5)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--openblas-threads", type=int, default=None,
                    help="set OPENBLAS_NUM_THREADS (before torch loads OpenBLAS)")
@@ -152,8 +153,8 @@ def parse_args():
     # resnet18_cifar.yaml, spoken_digits.yaml): batch, optimizer, lr, weight decay.
     defaults = {"mlp2": (64, "sgd", 0.01, 0.0), "cnn3": (64, "sgd", 0.01, 0.0),
                 "resnet18": (256, "sgd", 0.1, 5e-4), "m5": (32, "adam", 0.01, 1e-4),
-                "resnet50": (16, "sgd", 0.1, 1e-4), "mobilenet_v2": (16, "sgd", 0.045, 4e-5),
-                "efficientnet_b0": (16, "sgd", 0.045, 1e-5)}[a.model]
+                "resnet50": (16, "sgd", 0.01, 1e-4), "mobilenet_v2": (16, "sgd", 0.01, 4e-5),
+                "efficientnet_b0": (16, "sgd", 0.01, 1e-5)}[a.model]
     if a.batch is None:
         a.batch = defaults[0]
     if a.optimizer is None:

@@ -469,7 +469,7 @@ row() {  # model runner median runs torch setting cnnflow-median setting-index p
     F=$(( MACS[$m] * 6 )); F2=$(( 2 * (3 * MACS[$m] - FIRST[$m]) ))
     echo "  $m: ${NAME[$m]}; $(basename "$(cfg "$m")"), batch ${BATCH[$m]}"
     echo "     MACs = ${MACS_HOW[$m]} = ${MACS[$m]}"
-    awk -v f="$F" -v f2="$F2" 'BEGIN { printf "     FLOPs/image = 6 x MACs = %d (%.1f MFLOP); no-x1-grad %d (%.1f%% less)\n", f, f / 1e6, f2, 100 * (1 - f2 / f) }'
+    awk -v f="$F" -v f2="$F2" 'BEGIN { printf "     FLOPs/image = 6 x MACs = %.0f (%.1f MFLOP); no-x1-grad %.0f (%.1f%% less)\n", f, f / 1e6, f2, 100 * (1 - f2 / f) }'
   done
   echo
   for m in "${MODELS[@]}"; do

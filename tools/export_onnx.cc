@@ -24,6 +24,13 @@
 //   relu6            Clip (min 0, max 6);  silu  Sigmoid + Mul
 //   gelu             opset 17 has no Gelu: x * 0.5 * (1 + Erf(x / sqrt 2)), or
 //                    the tanh form, in elementwise nodes (as torch.onnx writes it)
+//   adaptive_avgpool*d  GlobalAveragePool for out 1, AveragePool (kernel =
+//                    stride = in / out) when out divides in, else an error
+//   upsample         Resize (nearest: asymmetric + floor; bilinear: linear,
+//                    half_pixel or align_corners), scales (or sizes) as an
+//                    initializer
+//   conv_transpose2d ConvTranspose (same weight layout as PyTorch's)
+//   drop_path        Identity (inference)
 // The batch dimension is symbolic ("N"). A ReLU cnnflow fuses into the
 // layer before it is still its own Relu node here: fusion is only how the
 // CPU runs it. The ONNX library builds the ModelProto, checks it
@@ -41,6 +48,7 @@
 #include "ops/io/file_write.h"
 #include "ops/io/safetensors.h"
 #include "ops/layers/activation.h"
+#include "ops/layers/adaptive_pool.h"
 #include "ops/layers/batch_norm.h"
 #include "ops/layers/channel_linear.h"
 #include "ops/layers/conv1d.h"
@@ -48,8 +56,10 @@
 #include "ops/layers/group_norm.h"
 #include "ops/layers/layer_norm.h"
 #include "ops/layers/mul.h"
+#include "ops/layers/conv_transpose2d.h"
 #include "ops/layers/pooling.h"
 #include "ops/layers/pooling1d.h"
+#include "ops/layers/upsample.h"
 #include "ops/model.h"
 #include "ops/train/weight_average.h"
 #include "pipeline/run_config.h"
@@ -284,7 +294,7 @@ class Exporter {
       const std::string pooled = l.name() + "/pooled";
       Node("GlobalAveragePool", i, {In(i)}, pooled);
       Int(Node("Flatten", i, {pooled}, Out(i), "/flatten"), "axis", 1);
-    } else if (type == "dropout") {
+    } else if (type == "dropout" || type == "drop_path") {
       Node("Identity", i, {In(i)}, Out(i));
     } else if (type == "concat") {
       std::vector<std::string> in;
@@ -356,13 +366,31 @@ class Exporter {
       }
     } else if (auto* act = dynamic_cast<ActivationLayer*>(&l)) {
       AddActivation(i, *act);
+    } else if (type == "adaptive_avgpool2d" || type == "adaptive_avgpool1d") {
+      AddAdaptivePool(i, static_cast<AdaptiveAvgPool&>(l));
+    } else if (type == "upsample") {
+      AddUpsample(i, static_cast<Upsample&>(l));
+    } else if (type == "conv_transpose2d") {
+      auto& ct = static_cast<ConvTranspose2d&>(l);
+      const Conv2dGeometry& g = ct.dual();
+      std::vector<std::string> in = {In(i), Weight(l, "weight")};
+      if (ct.has_bias()) in.push_back(Weight(l, "bias"));
+      onnx::NodeProto* n = Node("ConvTranspose", i, in, Out(i));
+      Ints(n, "kernel_shape", {g.kernel_h, g.kernel_w});
+      Ints(n, "strides", {g.stride_h, g.stride_w});
+      Ints(n, "pads", {g.pad_h, g.pad_w, g.pad_h, g.pad_w});
+      Ints(n, "dilations", {g.dilation_h, g.dilation_w});
+      Ints(n, "output_padding", {ct.output_pad_h(), ct.output_pad_w()});
+      Int(n, "group", g.groups);
     } else {
       throw Error(StrCat("layer '", l.name(), "' (", type,
                          ") has no ONNX export; exportable: conv1d, conv2d, maxpool1d, maxpool2d, "
                          "avgpool1d, avgpool2d, batchnorm, linear, relu, add, flatten, "
                          "global_avgpool, dropout, concat, mul, layer_scale, channel_linear, "
                          "layernorm, groupnorm, gelu, silu, sigmoid, tanh, hardsigmoid, "
-                         "hardswish, relu6, leaky_relu"));
+                         "hardswish, relu6, leaky_relu, drop_path, adaptive_avgpool1d, "
+                         "adaptive_avgpool2d (out 1 or dividing the input), upsample, "
+                         "conv_transpose2d"));
     }
   }
 
@@ -432,6 +460,82 @@ class Exporter {
         Float(Node("LeakyRelu", i, {x}, Out(i)), "alpha", static_cast<float>(l.alpha()));
         return;
     }
+  }
+
+  // GlobalAveragePool (out 1 everywhere) or AveragePool with kernel =
+  // stride = in / out (out divides in): then the bins are exactly those
+  // windows. Other sizes have overlapping bins of varying size that no
+  // ONNX pooling expresses.
+  void AddAdaptivePool(int i, AdaptiveAvgPool& l) {
+    const AdaptivePoolGeometry& g = l.geometry();
+    const bool two = l.rank() == 3;
+    if (g.out_h == 1 && g.out_w == 1) {
+      Node("GlobalAveragePool", i, {In(i)}, Out(i));
+      return;
+    }
+    if (g.in_h % g.out_h != 0 || g.in_w % g.out_w != 0) {
+      throw Error(StrCat("layer '", l.name(), "' (", l.type(), ") has no ONNX export for input ",
+                         two ? StrCat(g.in_h, "x", g.in_w) : StrCat(g.in_w), " -> output ",
+                         two ? StrCat(g.out_h, "x", g.out_w) : StrCat(g.out_w),
+                         ": the output size must divide the input size (an AveragePool) or be "
+                         "1 (a GlobalAveragePool)"));
+    }
+    onnx::NodeProto* n = Node("AveragePool", i, {In(i)}, Out(i));
+    const int64_t kh = g.in_h / g.out_h, kw = g.in_w / g.out_w;
+    if (two) {
+      Ints(n, "kernel_shape", {kh, kw});
+      Ints(n, "strides", {kh, kw});
+    } else {
+      Ints(n, "kernel_shape", {kw});
+      Ints(n, "strides", {kw});
+    }
+  }
+
+  // Resize (opset 11+): inputs X, roi (unused), scales or sizes. PyTorch
+  // uses 1/scale as the coordinate ratio when a scale is given, in/out when
+  // a size is, as ONNX does with scales / sizes.
+  void AddUpsample(int i, Upsample& l) {
+    onnx::NodeProto* n = nullptr;
+    if (l.scale_h() > 0) {
+      const std::string scales = l.name() + "/scales";
+      Tensor s = Tensor::Empty(Shape{4}, DType::kF32);
+      const float values[4] = {1.f, 1.f, static_cast<float>(l.scale_h()),
+                               static_cast<float>(l.scale_w())};
+      std::memcpy(s.raw_data(), values, sizeof(values));
+      AddInitializer(scales, s);
+      n = Node("Resize", i, {In(i), "", scales}, Out(i));
+    } else {
+      // sizes = [N, C] of the input (N is symbolic) ++ [H', W'].
+      const std::string p = l.name() + "/";
+      AddInt64(p + "zero", {0});
+      AddInt64(p + "two", {2});
+      AddInt64(p + "out_hw", {l.out_h(), l.out_w()});
+      Node("Shape", i, {In(i)}, p + "shape", "/shape");
+      Node("Slice", i, {p + "shape", p + "zero", p + "two"}, p + "nc", "/nc");
+      Int(Node("Concat", i, {p + "nc", p + "out_hw"}, p + "sizes", "/sizes"), "axis", 0);
+      n = Node("Resize", i, {In(i), "", "", p + "sizes"}, Out(i));
+    }
+    if (l.bilinear()) {
+      Str(n, "mode", "linear");
+      Str(n, "coordinate_transformation_mode", l.align_corners() ? "align_corners" : "half_pixel");
+    } else {
+      Str(n, "mode", "nearest");
+      Str(n, "coordinate_transformation_mode", "asymmetric");
+      Str(n, "nearest_mode", "floor");
+    }
+  }
+  void AddInt64(const std::string& name, const std::vector<int64_t>& values) {
+    onnx::TensorProto* t = graph_->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto_DataType_INT64);
+    t->add_dims(static_cast<int64_t>(values.size()));
+    for (int64_t v : values) t->add_int64_data(v);
+  }
+  static void Str(onnx::NodeProto* n, const char* name, const std::string& v) {
+    onnx::AttributeProto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto_AttributeType_STRING);
+    a->set_s(v);
   }
 
   Model& model_;

@@ -396,8 +396,9 @@ void GemmBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T*
   if (LowersChunk(g)) {
     const int64_t in_sample = g.in_channels * g.in_plane();
     const int64_t out_sample = g.out_channels * g.out_plane();
-    LoweredBackwardChunk(g, scratch, x + begin * in_sample, w, dy + begin * out_sample,
-                         dx != nullptr ? dx + begin * in_sample : nullptr, pdw, pdb, end - begin);
+    LoweredBackwardChunk(g, scratch, pdw != nullptr ? x + begin * in_sample : nullptr, w,
+                         dy + begin * out_sample, dx != nullptr ? dx + begin * in_sample : nullptr,
+                         pdw, pdb, end - begin);
     return;
   }
   const int64_t cols = g.out_plane(), rows = g.col_rows(), kg = g.out_per_group();
@@ -412,13 +413,11 @@ void GemmBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T*
   }
   for (int64_t s = begin; s < end; ++s) {
     for (int64_t grp = 0; grp < g.groups; ++grp) {
-      const T* wg = w + grp * kg * rows;
       const T* dyg = dy + (s * g.groups + grp) * kg * cols;
-      const T* xg = x + (s * g.groups + grp) * in_group;
       if (pdw != nullptr) {
-        const T* src = xg;
+        const T* src = x + (s * g.groups + grp) * in_group;
         if (!pointwise) {
-          Im2Col(g, scratch, xg, col, cols);
+          Im2Col(g, scratch, src, col, cols);
           src = col;
         }
         if (dw_transposed) {
@@ -430,6 +429,7 @@ void GemmBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T*
         }
       }
       if (dx == nullptr) continue;
+      const T* wg = w + grp * kg * rows;
       T* dxg = dx + (s * g.groups + grp) * in_group;
       if (pointwise) {
         cpu::Gemm<T>(true, false, rows, cols, kg, T(1), wg, rows, dyg, cols, T(0), dxg, cols);
@@ -502,7 +502,7 @@ void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, co
 
 // x [n, C, H, W], w [K, C/groups, kh, kw], dy [n, K, H', W'] ->
 // dx [n, C, H, W] (overwritten; null: skipped), dw [K, C/groups, kh, kw] and
-// db [K] (added into; db null: no bias). With a fused ReLU (relu_y: the
+// db [K] (added into; db null: no bias; dw null: neither, and x unused). With a fused ReLU (relu_y: the
 // layer's output y), dy is the gradient of max(conv, 0) and each chunk
 // first masks it by y > 0.
 template <typename T>
@@ -514,14 +514,16 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
   const int64_t dw_size = g.out_channels * g.col_rows();
   const int64_t part_size = dw_size + g.out_channels;  // dW then dbias, per chunk
   const bool onednn_data = std::is_same_v<T, float> && plan.backward_data == ConvAlgo::kOnednn;
+  const bool want_dw = dw != nullptr;
+  if (!want_dw) db = nullptr;
   const bool onednn_weights =
-      std::is_same_v<T, float> && plan.backward_weights == ConvAlgo::kOnednn;
+      want_dw && std::is_same_v<T, float> && plan.backward_weights == ConvAlgo::kOnednn;
   const bool dw_transposed = !onednn_weights && GemmDwTransposed(g);
-  if (!scratch.partial.defined() || scratch.partial.dtype() != DTypeOf<T>() ||
-      scratch.partial.numel() < chunks * part_size) {
+  if (want_dw && (!scratch.partial.defined() || scratch.partial.dtype() != DTypeOf<T>() ||
+                  scratch.partial.numel() < chunks * part_size)) {
     scratch.partial = Tensor::Empty({chunks * part_size}, DTypeOf<T>());
   }
-  T* partial = scratch.partial.data<T>();
+  T* partial = want_dw ? scratch.partial.data<T>() : nullptr;
   ChunkConvs convs;
   if constexpr (std::is_same_v<T, float>) {
     if (onednn_data || onednn_weights) {
@@ -536,10 +538,10 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
   const int64_t max_chunk = CeilDiv(n, chunks);
 
   cpu::ForChunks(n, chunks, [&](int64_t chunk, int64_t begin, int64_t end) {
-    T* pdw = partial + chunk * part_size;
+    T* pdw = want_dw ? partial + chunk * part_size : nullptr;
     T* pdb = db != nullptr ? pdw + dw_size : nullptr;
     const int64_t count = end - begin;
-    const T* xc = x + begin * in_sample;
+    const T* xc = want_dw ? x + begin * in_sample : nullptr;
     const T* dyc = dy + begin * out_sample;
     T* dxc = dx != nullptr ? dx + begin * in_sample : nullptr;
     if (relu_y != nullptr) {
@@ -551,10 +553,11 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
       if (onednn_weights) convs.For(count).BackwardWeights(xc, dyc, pdw, pdb);
       if (onednn_data && dxc != nullptr) convs.For(count).BackwardData(dyc, dxc);
     }
-    if (!onednn_weights) std::fill_n(pdw, db != nullptr ? part_size : dw_size, T(0));
+    if (want_dw && !onednn_weights) std::fill_n(pdw, db != nullptr ? part_size : dw_size, T(0));
     GemmBackwardChunk(g, scratch, xc, w, dyc, onednn_data ? nullptr : dxc,
                       onednn_weights ? nullptr : pdw, onednn_weights ? nullptr : pdb, 0, count);
   });
+  if (!want_dw) return;
 
   // Partial sums in chunk order, then added into the gradients.
   const int64_t total = db != nullptr ? part_size : dw_size;
@@ -661,6 +664,40 @@ ConvAlgo ParsePick(const std::string& s) {
   return s == "onednn" ? ConvAlgo::kOnednn : ConvAlgo::kGemm;
 }
 
+// The key of a geometry at batch n in the kernel pick cache.
+std::string PickKey(const Conv2dGeometry& g, bool has_bias, int64_t n) {
+  // The picks hold for one chunk size: the first chunk's stands for all.
+  const int64_t fwd_mb = n / BatchChunks(n), bwd_mb = n / BackwardChunks(g, n);
+  return StrCat("conv2d in=", g.in_channels, "x", g.in_h, "x", g.in_w, " out=", g.out_channels,
+                " kernel=", g.kernel_h, "x", g.kernel_w, " stride=", g.stride_h, "x", g.stride_w,
+                " pad=", g.pad_h, "x", g.pad_w, " dilation=", g.dilation_h, "x", g.dilation_w,
+                " groups=", g.groups, " bias=", has_bias ? 1 : 0, " mb=", fwd_mb, "/", bwd_mb);
+}
+
+// The algorithms of each pass at batch n (measured once per shape under kAuto).
+Conv2dPlan PlanConv(const Conv2dGeometry& g, bool has_bias, ConvAlgo algo, Conv2dScratch& scratch,
+                    int64_t n, DType dtype) {
+  if (dtype != DType::kF32 || algo == ConvAlgo::kGemm) return {};
+  if (algo == ConvAlgo::kOnednn) return {ConvAlgo::kOnednn, ConvAlgo::kOnednn, ConvAlgo::kOnednn};
+  std::lock_guard<std::mutex> lock(scratch.mu);
+  auto it = scratch.plans.find(n);
+  if (it != scratch.plans.end()) return it->second;
+  const int64_t fwd_mb = n / BatchChunks(n), bwd_mb = n / BackwardChunks(g, n);
+  const std::string key = PickKey(g, has_bias, n);
+  const std::string picks =
+      cpu::FindOrMeasure(key, [&] { return MeasurePicks(g, has_bias, scratch, fwd_mb, bwd_mb); });
+  Conv2dPlan plan;
+  const size_t a = picks.find(','), b = picks.find(',', a + 1), end = picks.find(' ');
+  CNNFLOW_ENFORCE(a != std::string::npos && b != std::string::npos, "conv2d: bad kernel pick '",
+                  picks, "' for ", key, " in ", cpu::KernelPickFile());
+  plan.forward = ParsePick(picks.substr(0, a));
+  plan.backward_data = ParsePick(picks.substr(a + 1, b - a - 1));
+  plan.backward_weights =
+      ParsePick(picks.substr(b + 1, end == std::string::npos ? end : end - b - 1));
+  scratch.plans[n] = plan;
+  return plan;
+}
+
 // A pair parameter (`kernel: 3` or `kernel: [3, 2]`), checked to be >= lo.
 std::pair<int64_t, int64_t> PairArg(const Args& args, const std::string& key, int64_t lo) {
   const std::vector<int64_t> v = args.Ints(key, 2);
@@ -751,38 +788,11 @@ const char* ConvAlgoName(ConvAlgo a) {
   return "?";
 }
 
-std::string Conv2d::KernelPickKey(int64_t n) const {
-  const Conv2dGeometry& g = geom_;
-  // The picks hold for one chunk size: the first chunk's stands for all.
-  const int64_t fwd_mb = n / BatchChunks(n), bwd_mb = n / BackwardChunks(g, n);
-  return StrCat("conv2d in=", g.in_channels, "x", g.in_h, "x", g.in_w, " out=", g.out_channels,
-                " kernel=", g.kernel_h, "x", g.kernel_w, " stride=", g.stride_h, "x", g.stride_w,
-                " pad=", g.pad_h, "x", g.pad_w, " dilation=", g.dilation_h, "x", g.dilation_w,
-                " groups=", g.groups, " bias=", has_bias_ ? 1 : 0, " mb=", fwd_mb, "/", bwd_mb);
-}
+std::string Conv2d::KernelPickKey(int64_t n) const { return PickKey(geom_, has_bias_, n); }
 
 Conv2dPlan Conv2d::PlanFor(int64_t n, DType dtype) {
   CNNFLOW_ENFORCE(scratch_ != nullptr, "conv2d: PlanFor before Build");
-  if (dtype != DType::kF32 || algo_ == ConvAlgo::kGemm) return {};
-  if (algo_ == ConvAlgo::kOnednn) return {ConvAlgo::kOnednn, ConvAlgo::kOnednn, ConvAlgo::kOnednn};
-  std::lock_guard<std::mutex> lock(scratch_->mu);
-  auto it = scratch_->plans.find(n);
-  if (it != scratch_->plans.end()) return it->second;
-  const Conv2dGeometry& g = geom_;
-  const int64_t fwd_mb = n / BatchChunks(n), bwd_mb = n / BackwardChunks(g, n);
-  const std::string key = KernelPickKey(n);
-  const std::string picks = cpu::FindOrMeasure(
-      key, [&] { return MeasurePicks(g, has_bias_, *scratch_, fwd_mb, bwd_mb); });
-  Conv2dPlan plan;
-  const size_t a = picks.find(','), b = picks.find(',', a + 1), end = picks.find(' ');
-  CNNFLOW_ENFORCE(a != std::string::npos && b != std::string::npos, "conv2d: bad kernel pick '",
-                  picks, "' for ", key, " in ", cpu::KernelPickFile());
-  plan.forward = ParsePick(picks.substr(0, a));
-  plan.backward_data = ParsePick(picks.substr(a + 1, b - a - 1));
-  plan.backward_weights =
-      ParsePick(picks.substr(b + 1, end == std::string::npos ? end : end - b - 1));
-  scratch_->plans[n] = plan;
-  return plan;
+  return PlanConv(geom_, has_bias_, algo_, *scratch_, n, dtype);
 }
 
 void Conv2d::Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) {
@@ -813,6 +823,45 @@ void Conv2d::Backward(const std::vector<const Tensor*>& x, const Tensor& y, cons
     ConvBackward<T>(geom_, plan, in.data<T>(), parameters()[0].value.data<T>(),
                     relu_ ? y.data<T>() : nullptr, dy.data<T>(), dxp,
                     parameters()[0].grad.data<T>(), db, n, *scratch_);
+  });
+}
+
+Conv2dPasses::Conv2dPasses(const Conv2dGeometry& g, ConvAlgo algo)
+    : geom_(g), algo_(algo), scratch_(std::make_unique<Conv2dScratch>(g)) {}
+
+Conv2dPasses::~Conv2dPasses() = default;
+
+void Conv2dPasses::Forward(const Tensor& x, const Tensor& w, Tensor& y) {
+  CNNFLOW_ENFORCE(x.is_contiguous() && y.is_contiguous(), "conv2d passes need contiguous tensors");
+  const int64_t n = x.dim(0);
+  const Conv2dPlan plan = PlanConv(geom_, false, algo_, *scratch_, n, x.dtype());
+  DispatchFloat(x.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    ConvForward<T>(geom_, plan, x.data<T>(), w.data<T>(), nullptr, false, y.data<T>(), n,
+                   *scratch_);
+  });
+}
+
+void Conv2dPasses::BackwardData(const Tensor& w, const Tensor& dy, Tensor& dx) {
+  CNNFLOW_ENFORCE(dy.is_contiguous() && dx.is_contiguous(), "conv2d passes need contiguous tensors");
+  const int64_t n = dy.dim(0);
+  const Conv2dPlan plan = PlanConv(geom_, false, algo_, *scratch_, n, dy.dtype());
+  DispatchFloat(dy.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    ConvBackward<T>(geom_, plan, nullptr, w.data<T>(), nullptr, dy.data<T>(), dx.data<T>(),
+                    nullptr, nullptr, n, *scratch_);
+  });
+}
+
+void Conv2dPasses::BackwardWeights(const Tensor& x, const Tensor& dy, Tensor& dw) {
+  CNNFLOW_ENFORCE(x.is_contiguous() && dy.is_contiguous(), "conv2d passes need contiguous tensors");
+  const int64_t n = x.dim(0);
+  const Conv2dPlan plan = PlanConv(geom_, false, algo_, *scratch_, n, x.dtype());
+  DispatchFloat(x.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    // w is read only by the backward-data half, which is skipped (dx null).
+    ConvBackward<T>(geom_, plan, x.data<T>(), nullptr, nullptr, dy.data<T>(), nullptr,
+                    dw.data<T>(), nullptr, n, *scratch_);
   });
 }
 

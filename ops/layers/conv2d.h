@@ -64,6 +64,31 @@ struct Conv2dPlan {
   ConvAlgo backward_weights = ConvAlgo::kGemm;
 };
 
+// One geometry's CPU passes, each alone, on caller-owned tensors (no
+// bias, no fused ReLU): for layers that run a convolution's passes in other
+// roles, as conv_transpose2d (whose forward is this backward-data). The
+// same kernels, per-shape algorithm picks and determinism as Conv2d's.
+class Conv2dPasses {
+ public:
+  Conv2dPasses(const Conv2dGeometry& g, ConvAlgo algo);
+  ~Conv2dPasses();
+  Conv2dPasses(const Conv2dPasses&) = delete;
+  Conv2dPasses& operator=(const Conv2dPasses&) = delete;
+
+  const Conv2dGeometry& geometry() const { return geom_; }
+  // x [n, C, H, W], w [K, C/groups, kh, kw] -> y [n, K, H', W'] (overwritten).
+  void Forward(const Tensor& x, const Tensor& w, Tensor& y);
+  // w, dy [n, K, H', W'] -> dx [n, C, H, W] (overwritten).
+  void BackwardData(const Tensor& w, const Tensor& dy, Tensor& dx);
+  // x [n, C, H, W], dy [n, K, H', W'] -> dw [K, C/groups, kh, kw] (added into).
+  void BackwardWeights(const Tensor& x, const Tensor& dy, Tensor& dw);
+
+ private:
+  Conv2dGeometry geom_;
+  ConvAlgo algo_;
+  std::unique_ptr<Conv2dScratch> scratch_;
+};
+
 // YAML: {conv2d: {out: K, kernel: k | [kh, kw], stride, pad, dilation,
 // groups, bias, in}}. Sample shapes: [C, H, W] -> [K, H', W'].
 class Conv2d : public Layer {

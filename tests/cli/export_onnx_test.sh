@@ -29,6 +29,17 @@ train tests/data/export_2d.yaml "$out/r2d"
   fail "export of a run folder exited with $?"
 "$py" tests/cli/onnx_check.py "$out/2d.onnx" "$out/2d.check" || fail "2D model"
 
+train tests/data/export_spatial.yaml "$out/rsp"
+"$cnnflow" export "$out/rsp" -o "$out/sp.onnx" --check 256 "$out/sp.check" ||
+  fail "export of the spatial layers exited with $?"
+"$py" tests/cli/onnx_check.py "$out/sp.onnx" "$out/sp.check" || fail "spatial layers"
+# Adaptive pooling whose bins are not one AveragePool's windows: a clear error.
+"$cnnflow" export tests/data/export_spatial.yaml --weights "$out/rsp/model.safetensors" \
+  --set model.layers.3.adaptive_avgpool2d.out=5 -o "$out/bad.onnx" > "$out/log" 2>&1
+rc=$?
+[[ $rc -eq 1 ]] && grep -q "'pool1' (adaptive_avgpool2d) has no ONNX export for input 56x56" "$out/log" ||
+  { cat "$out/log"; fail "non-dividing adaptive pool: exit $rc"; }
+
 train tests/data/export_1d.yaml "$out/r1d"
 "$cnnflow" export tests/data/export_1d.yaml --weights "$out/r1d/model.safetensors" \
   -o "$out/1d.onnx" --check 256 "$out/1d.check" || fail "export of a config exited with $?"

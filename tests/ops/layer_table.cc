@@ -114,6 +114,35 @@ std::vector<LayerCase> MakeCases() {
   r.back().batch = 3;
   r.back().grad_check = false;
   r.back().why_no_grad_check = "67335 values; the [3, 4, 5] rows check the gradient";
+  // ---- spatial: adaptive pooling, upsampling, transposed convolution, stochastic depth
+  using Floats = std::vector<double>;
+  const ParamValue bilinear = std::string("bilinear");
+  r.push_back(Row("adaptive_avgpool2d", A({{"out", Ints{3, 2}}}), {{3, 7, 5}}, "overlap"));
+  r.push_back(Row("adaptive_avgpool2d", A({{"out", I{2}}}), {{2, 6, 4}}, "divides"));
+  r.push_back(Row("adaptive_avgpool2d", A({{"out", Ints{5, 7}}}), {{2, 3, 5}}, "grows"));
+  r.push_back(Row("adaptive_avgpool1d", A({{"out", I{4}}}), {{3, 10}}));
+  r.push_back(Row("upsample", A({{"scale", 2.0}}), {{2, 3, 4}}, "nearest2"));
+  r.push_back(Row("upsample", A({{"scale", 1.5}}), {{2, 4, 6}}, "nearest1_5"));
+  r.push_back(Row("upsample", A({{"size", Ints{7, 3}}}), {{2, 5, 4}}, "nearest_size"));
+  r.push_back(Row("upsample", A({{"scale", Floats{2.5, 1.5}}, {"mode", bilinear}}), {{2, 5, 3}},
+                  "bilinear"));
+  r.push_back(Row("upsample", A({{"scale", 2.0}, {"mode", bilinear}, {"align_corners", true}}),
+                  {{2, 4, 5}}, "bilinear_align"));
+  r.push_back(Row("upsample", A({{"size", Ints{4, 11}}, {"mode", bilinear}}), {{2, 6, 7}},
+                  "bilinear_size"));
+  r.push_back(Row("conv_transpose2d",
+                  A({{"out", I{6}}, {"kernel", I{3}}, {"stride", I{2}}, {"pad", I{1}},
+                     {"output_pad", I{1}}, {"groups", I{2}}}),
+                  {{4, 3, 4}}, "s2_outpad_groups2"));
+  r.push_back(Row("conv_transpose2d",
+                  A({{"out", I{3}}, {"kernel", Ints{2, 3}}, {"dilation", I{2}}, {"bias", false}}),
+                  {{2, 4, 3}}, "dilated_nobias"));
+  r.push_back(Row("conv_transpose2d",
+                  A({{"out", I{4}}, {"kernel", I{4}}, {"stride", I{2}}, {"pad", I{1}}}),
+                  {{3, 4, 4}}, "k4s2p1"));
+  r.push_back(Row("drop_path", A({{"p", 0.5}}), {{3, 4}}));
+  r.back().batch = 8;  // some samples kept, some dropped
+  r.push_back(Eval(Row("drop_path", A({{"p", 0.5}}), {{3, 4}})));
   return r;
 }
 
