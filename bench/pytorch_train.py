@@ -132,7 +132,8 @@ def parse_args():
     p.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
                    help="default: the config's (m5 adam, the others sgd)")
     p.add_argument("--lr", type=float, default=None,
-                   help="default: the config's (mlp2 0.01, cnn3 0.01, resnet18 0.1, m5 0.01, torchvision models 0.01)")
+                   help="default: the config's (mlp2 0.01, cnn3 0.01, resnet18 0.1, m5 0.01, "
+                        "the torchvision models 0.01)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD only")
     p.add_argument("--weight-decay", type=float, default=None,
                    help="default: the config's (mlp2 0, cnn3 0, resnet18 5e-4, m5 1e-4, "

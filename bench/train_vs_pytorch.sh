@@ -41,8 +41,10 @@
 # made by bench/torch_venv.sh --install when missing (never when $CI is set;
 # --no-install skips that peer instead). Duration on a quiet 2-core machine,
 # 3 reps: a ~4 min, b ~4 min, resnet18 ~15 min, m5 ~4 min; the imagenet
-# models are not timed yet (4 runners x 3 reps each: roughly 10-20 min per
-# model). The full issue-29 table:
+# models (cnnflow + 3 torch 2.x settings, 3 reps: 12 runs each) not timed
+# yet: from a 1-step smoke test (resnet50 ~7-11 s per step of 16 images on
+# a busy 2-core machine) resnet50 ~20-25 min, the two others less. The full
+# issue-29 table:
 #   bench/train_vs_pytorch.sh --model imagenet --peers torch2 --out FILE --csv FILE
 set -euo pipefail
 
