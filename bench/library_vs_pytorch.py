@@ -5,10 +5,14 @@ For each network: PyTorch (torchvision's definition, or the 1D references
 below, written from the papers) gets random weights with non-trivial batch
 norm statistics, layer scales and affine maps (dropout and stochastic depth
 off); they go to safetensors with the state_dict's names, and cnnflow loads
-them strictly (`cnnflow models NAME --weights W --check IN -o OUT`). Compared:
-  - logits in evaluation mode: ||cnnflow - torch|| / ||torch|| <= 1e-4;
+them strictly (`cnnflow models NAME --weights W --check IN -o OUT`). The
+reference is PyTorch in float64 on those same values (the exact answer:
+PyTorch's own f32 gradients of deep nets with training-mode BN are off it by
+up to ~1e-2, a column shows by how much). Compared, each <= 1e-4:
+  - logits in evaluation mode: ||cnnflow - torch|| / ||torch||;
   - one training-mode step (BN on batch statistics): the logits, and every
-    parameter gradient of the mean cross-entropy, each relative to its norm.
+    parameter gradient of the mean cross-entropy, each relative to its norm
+    (at least 1e-5 of the largest gradient's: see GRAD_FLOOR).
   - ONNX: the network exported by `cnnflow export` and run by onnxruntime,
     against PyTorch's eval logits (where onnxruntime is installed).
 Prints a Markdown table (and writes it with --out). Runs in the git-ignored
@@ -18,7 +22,7 @@ the ONNX column), never in CI:
   $(bench/torch_venv.sh) bench/library_vs_pytorch.py [--models a,b] [--out FILE]
 """
 import argparse
-import math
+import copy
 import os
 import platform
 import subprocess
@@ -33,6 +37,12 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-4
+# A tensor whose true gradient is (near) zero, e.g. the bias of a batch norm
+# that another batch norm follows (training-mode BN removes any per-channel
+# constant), has only rounding noise as its gradient in f32; its error is
+# taken relative to this fraction of the largest gradient's norm instead.
+GRAD_FLOOR = 1e-5
+F64_TOL = 1e-9
 
 
 # ---------------------------------------------------------------- 1D references
@@ -188,10 +198,11 @@ def randomise(model, gen):
                 p.uniform_(0.2, 1.0, generator=gen)
 
 
-def rel(a, b):
+def rel(a, b, floor=1e-30):
+    """||a - b|| / ||b||, with ||b|| at least `floor`."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), floor))
 
 
 def run(cmd):
@@ -217,15 +228,21 @@ def check(name, cnnflow, tmp, classes=10):
     inp = os.path.join(tmp, f"{name}.in.safetensors")
     save_file({"input": x.numpy(), "labels": labels.float().numpy()}, inp)
 
-    model.eval()
-    with torch.no_grad():
-        ref_eval = model(x).numpy()
-    model.train()
-    model.zero_grad()
-    logits = model(x)
-    F.cross_entropy(logits, labels).backward()
-    ref_train = logits.detach().numpy()
-    grads = {n: p.grad.numpy() for n, p in model.named_parameters()}
+    def run_torch(m, xin):  # eval logits, train logits, gradients
+        m.eval()
+        with torch.no_grad():
+            ev = m(xin).double().numpy()
+        m.train()
+        m.zero_grad()
+        lo = m(xin)
+        F.cross_entropy(lo, labels).backward()
+        return ev, lo.detach().double().numpy(), {n: p.grad.double().numpy() for n, p in m.named_parameters()}
+    # The reference is PyTorch in float64 on the same (f32) values: the exact
+    # answer, so cnnflow's f32 and PyTorch's own f32 are measured against it.
+    m64 = copy.deepcopy(model).double()
+    ref_eval, ref_train, grads = run_torch(m64, x.double())
+    t32_eval, t32_train, t32_grads = run_torch(model, x)
+    floor = GRAD_FLOOR * max(np.linalg.norm(g) for g in grads.values())
 
     out = os.path.join(tmp, f"{name}.out.safetensors")
     sets = [a for o in [f"classes={classes}"] + options for a in ("--set", o)]
@@ -233,13 +250,20 @@ def check(name, cnnflow, tmp, classes=10):
     run([cnnflow, "models", name, *sets, "--weights", weights, "--check", inp, "-o", out])
     seconds = time.time() - t0
     got = load_file(out)
+    # cnnflow in float64 against PyTorch in float64: the same mathematics.
+    run([cnnflow, "models", name, *sets, "--weights", weights, "--check", inp, "-o", out + "64", "--f64"])
+    got64 = load_file(out + "64")
+    f64 = max([rel(got64["logits"], ref_eval), rel(got64["logits_train"], ref_train)] +
+              [rel(got64["grad." + n], g, floor) for n, g in grads.items()])
     row = {"name": name, "eval": rel(got["logits"], ref_eval), "train": rel(got["logits_train"], ref_train),
-           "grad": 0.0, "worst": "", "tensors": len(grads), "seconds": seconds}
+           "grad": 0.0, "worst": "", "tensors": len(grads), "seconds": seconds, "f64": f64,
+           "torch32": max([rel(t32_eval, ref_eval), rel(t32_train, ref_train)] +
+                          [rel(t32_grads[n], g, floor) for n, g in grads.items()])}
     missing = [n for n in grads if "grad." + n not in got]
     if missing:
         raise RuntimeError(f"{name}: cnnflow has no gradient for {missing[:5]}")
     for n, g in grads.items():
-        e = rel(got["grad." + n], g)
+        e = rel(got["grad." + n], g, floor)
         if e >= row["grad"]:
             row["grad"], row["worst"] = e, n
     row["onnx"] = onnx_check(name, cnnflow, tmp, weights, x, ref_eval, classes, options, shape)
@@ -282,8 +306,8 @@ def main():
     import torchvision
     lines = [f"cnnflow library vs PyTorch {torch.__version__} / torchvision {torchvision.__version__}, "
              f"same weights; ISA {isa()}; tolerance {TOL:g} (norm-relative)", "",
-             "| model | eval logits | train logits | worst grad (tensor) | grads | ONNX (onnxruntime) | cnnflow s | pass |",
-             "|---|---:|---:|---|---:|---:|---:|---|"]
+             "| model | eval logits | train logits | worst grad (tensor) | grads | ONNX (onnxruntime) | PyTorch f32's own worst | cnnflow f64 vs PyTorch f64 | cnnflow s | pass |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     print("\n".join(lines), flush=True)
     failed = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -291,15 +315,21 @@ def main():
             try:
                 r = check(name, a.cnnflow, tmp)
             except Exception as e:  # one model's failure is a row, not the end of the table
-                line = f"| {name} | error: {str(e).strip().splitlines()[-1][:160]} | | | | | | FAIL |"
+                line = f"| {name} | error: {str(e).strip().splitlines()[-1][:160]} | | | | | | | | FAIL |"
                 failed.append(name)
             else:
-                ok = max(r["eval"], r["train"], r["grad"]) <= TOL and (r["onnx"] is None or r["onnx"] <= TOL)
+                # f32 within TOL of the exact answer, or (a network whose f32
+                # gradients are ill-conditioned) no further off than PyTorch's
+                # own f32, with f64 equal to PyTorch's f64.
+                f32 = max(r["eval"], r["train"], r["grad"])
+                ok = (r["f64"] <= F64_TOL and (f32 <= TOL or f32 <= r["torch32"]) and
+                      (r["onnx"] is None or r["onnx"] <= TOL))
                 if not ok:
                     failed.append(name)
                 onnx = "n/a" if r["onnx"] is None else f"{r['onnx']:.1e}"
                 line = (f"| {name} | {r['eval']:.1e} | {r['train']:.1e} | {r['grad']:.1e} ({r['worst']}) | "
-                        f"{r['tensors']} | {onnx} | {r['seconds']:.1f} | {'yes' if ok else 'FAIL'} |")
+                        f"{r['tensors']} | {onnx} | {r['torch32']:.1e} | {r['f64']:.1e} | {r['seconds']:.1f} | "
+                        f"{'yes' if ok else 'FAIL'} |")
             lines.append(line)
             print(line, flush=True)
     if a.out:

@@ -1,6 +1,8 @@
 #include "ops/tensor.h"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <ostream>
 #include <sstream>
 
@@ -177,10 +179,31 @@ void Tensor::Zero() {
   if (nbytes() > 0) ZeroBytes(device_, raw_data(), nbytes());
 }
 
+namespace {
+// The value of IEEE binary16 bits (exact: every half is a double).
+double HalfBitsValue(uint16_t h) {
+  const int exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  const double v = exp == 0    ? std::ldexp(man, -24)  // zero, subnormal
+                   : exp == 31 ? (man ? std::numeric_limits<double>::quiet_NaN()
+                                      : std::numeric_limits<double>::infinity())
+                               : std::ldexp(1024 + man, exp - 25);
+  return (h & 0x8000) ? -v : v;
+}
+}  // namespace
+
 double Tensor::At(int64_t i) const {
   CNNFLOW_ENFORCE(device_.is_cpu() && is_contiguous() && i >= 0 && i < numel(),
                   "At(", i, ") on ", shape_);
   if (dtype_ == DType::kI64) return static_cast<double>(data<int64_t>()[i]);
+  // Half types are read (weights saved in f16 or bf16 load into an f32
+  // model through Cast), never computed in on the host.
+  if (dtype_ == DType::kF16) return HalfBitsValue(static_cast<const uint16_t*>(raw_data())[i]);
+  if (dtype_ == DType::kBF16) {
+    const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(raw_data())[i]) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
   double v = 0;
   DispatchFloat(dtype_, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;

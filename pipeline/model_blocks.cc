@@ -812,7 +812,7 @@ std::vector<LibraryModel> LibraryModels() {
 ExpandedModel ExpandLibraryModel(const std::string& name, const std::vector<std::string>& overrides) {
   std::string text = StrCat("library: ", name, "\nwith: {}\n");
   YamlDoc doc = YamlDoc::Parse(text, "--model");
-  for (const auto& o : overrides) doc.Override("with." + o);
+  for (const auto& o : overrides) doc.Override(o.rfind("input=", 0) == 0 ? o : "with." + o);
   return ExpandModel(doc, doc.root());
 }
 

@@ -77,8 +77,9 @@ struct LibraryModel {
   std::vector<std::pair<std::string, std::string>> options;  // name, default as YAML
 };
 std::vector<LibraryModel> LibraryModels();
-// The library network `name` with `overrides` ("classes=10") applied, as
-// a config's model section would give it.
+// The library network `name` with `overrides` ("classes=10"; "input=[3,
+// 32, 32]" sets the sample shape) applied, as a config's model section
+// would give it.
 ExpandedModel ExpandLibraryModel(const std::string& name,
                                  const std::vector<std::string>& overrides = {});
 

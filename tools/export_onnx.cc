@@ -4,7 +4,8 @@
 //   conv2d, conv1d   Conv (kernel_shape, strides, pads, dilations, group)
 //   maxpool*d        MaxPool;  avgpool*d  AveragePool (count_include_pad)
 //   batchnorm        BatchNormalization (running statistics, epsilon)
-//   linear           Gemm (transB = 1: the weight is [out, in], as PyTorch's)
+//   linear           Gemm (transB = 1: the weight is [out, in], as PyTorch's), after
+//                    a Flatten when the sample has more than one dimension
 //   relu, add        Relu, Add;  flatten  Flatten (axis 1)
 //   global_avgpool   GlobalAveragePool + Flatten: [N, C, ...] -> [N, C]
 //   dropout          Identity (inference)
@@ -279,7 +280,12 @@ class Exporter {
                {In(i), scale, bias, Weight(l, "running_mean"), Weight(l, "running_var")}, Out(i));
       Float(n, "epsilon", static_cast<float>(bn.eps()));
     } else if (type == "linear") {
-      std::vector<std::string> in = {In(i), Weight(l, "weight")};
+      std::string x = In(i);
+      if (InShape(i).rank() > 1) {  // cnnflow's linear flattens a sample; Gemm takes [N, F]
+        x = l.name() + "/flat";
+        Int(Node("Flatten", i, {In(i)}, x, "/flatten"), "axis", 1);
+      }
+      std::vector<std::string> in = {x, Weight(l, "weight")};
       bool bias = false;
       for (const Parameter& p : l.parameters()) bias = bias || p.name == "bias";
       if (bias) in.push_back(Weight(l, "bias"));

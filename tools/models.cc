@@ -32,10 +32,12 @@ std::string LayerLine(const LayerSpec& s) {
 // of the file, by PyTorch's names) on `input`'s "input" [N, ...]: the logits
 // in evaluation mode ("logits"), and in training mode ("logits_train") with
 // the gradients of the mean cross-entropy on "labels" ("grad.<tensor>"):
-// what bench/library_vs_pytorch.py compares with PyTorch.
+// what bench/library_vs_pytorch.py compares with PyTorch. In `dtype` (f64:
+// every kernel's reference path, to compare with PyTorch in float64), the
+// outputs too.
 void Check(const ExpandedModel& m, const std::string& weights, const std::string& input,
-           const std::string& out) {
-  auto model = Model::Build(m.layers, m.input_shape);
+           const std::string& out, DType dtype) {
+  auto model = Model::Build(m.layers, m.input_shape, dtype);
   const SafetensorsFile w = LoadSafetensors(weights);
   std::vector<std::pair<std::string, Tensor>> given;
   std::set<std::string> wanted;
@@ -51,7 +53,7 @@ void Check(const ExpandedModel& m, const std::string& weights, const std::string
   const Tensor* x = in.Find("input");
   const Tensor* y = in.Find("labels");
   if (x == nullptr || y == nullptr) throw Error(StrCat(input, ": needs tensors 'input' and 'labels'"));
-  const Tensor xf = x->Cast(DType::kF32);
+  const Tensor xf = x->Cast(dtype);
   std::vector<int64_t> labels(y->numel());
   for (int64_t i = 0; i < y->numel(); ++i) labels[i] = static_cast<int64_t>(y->At(i));
   std::vector<std::pair<std::string, Tensor>> result;
@@ -66,8 +68,9 @@ void Check(const ExpandedModel& m, const std::string& weights, const std::string
   model->ZeroGrad();
   model->Backward(dlogits);
   result.emplace_back("logits_train", logits);
-  result.emplace_back("loss", Tensor::Full(Shape{1}, loss.loss, DType::kF32));
-  for (const auto& np : model->NamedParameters()) result.emplace_back("grad." + np.name, np.param->grad);
+  result.emplace_back("loss", Tensor::Full(Shape{1}, loss.loss, dtype));
+  for (const auto& np : model->NamedParameters())
+    result.emplace_back("grad." + np.name, np.param->grad);
   SaveSafetensors(out, result);
 }
 
@@ -75,6 +78,7 @@ void Check(const ExpandedModel& m, const std::string& weights, const std::string
 
 int RunModels(const std::vector<std::string>& args) {
   std::string name, weights, check, out;
+  DType dtype = DType::kF32;
   std::vector<std::string> overrides;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "-h" || args[i] == "--help") return std::printf("%s", kModelsUsage), 0;
@@ -82,6 +86,8 @@ int RunModels(const std::vector<std::string>& args) {
       weights = args[++i];
     } else if (args[i] == "--check" && i + 1 < args.size()) {
       check = args[++i];
+    } else if (args[i] == "--f64") {
+      dtype = DType::kF64;
     } else if (args[i] == "-o" && i + 1 < args.size()) {
       out = args[++i];
     } else if (args[i] == "--set" && i + 1 < args.size()) {
@@ -103,7 +109,7 @@ int RunModels(const std::vector<std::string>& args) {
   }
   try {
     if (!check.empty()) {
-      Check(ExpandLibraryModel(name, overrides), weights, check, out);
+      Check(ExpandLibraryModel(name, overrides), weights, check, out, dtype);
       return 0;
     }
     if (!name.empty()) {

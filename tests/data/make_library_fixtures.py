@@ -62,12 +62,12 @@ class TinyResNet(nn.Module):
 
 def mobilenet_v2():
     import torchvision
-    return torchvision.models.mobilenet_v2(num_classes=10, width_mult=0.25)
+    return torchvision.models.mobilenet_v2(num_classes=10, width_mult=0.1)
 
 
 def efficientnet():
     from torchvision.models.efficientnet import EfficientNet, _efficientnet_conf
-    setting, last = _efficientnet_conf("efficientnet_b0", width_mult=0.25, depth_mult=0.34)
+    setting, last = _efficientnet_conf("efficientnet_b0", width_mult=0.1, depth_mult=0.34)
     return EfficientNet(setting, 0.0, stochastic_depth_prob=0.0, num_classes=10, last_channel=last)
 
 
@@ -81,9 +81,9 @@ def convnext():
 FIXTURES = {
     "resnet_bottleneck": ("resnet50", "classes=10;width=8;depths=[1, 2, 1, 1];groups=2;width_per_group=16",
                           lambda: TinyResNet([1, 2, 1, 1], 8, 2, 16, 10), (3, 32, 32)),
-    "mobilenet_v2": ("mobilenet_v2", "classes=10;width_mult=0.25;dropout=0", mobilenet_v2, (3, 32, 32)),
-    "efficientnet": ("efficientnet_b0", "classes=10;width_mult=0.25;depth_mult=0.34;dropout=0;stochastic_depth=0",
-                     efficientnet, (3, 32, 32)),
+    "mobilenet_v2": ("mobilenet_v2", "classes=10;width_mult=0.1;dropout=0", mobilenet_v2, (3, 32, 32)),
+    "efficientnet": ("efficientnet_b0", "classes=10;width_mult=0.1;depth_mult=0.34;dropout=0;stochastic_depth=0",
+                     efficientnet, (3, 64, 64)),
     "convnext": ("convnext_tiny", "classes=10;depths=[1, 1, 2, 1];dims=[8, 16, 24, 32];stochastic_depth=0",
                  convnext, (3, 32, 32)),
     "inception_time": ("inception_time", "classes=5;in_channels=3;length=32;nf=4",
@@ -104,20 +104,20 @@ def main():
             for t in list(model.parameters()) + list(model.buffers()):
                 if t.is_floating_point():
                     t.copy_(t.half().float())
-        x = torch.randn((2,) + shape, generator=gen).half().float()
+        x = torch.randn((4,) + shape, generator=gen).half().float()
+        tensors = {k: v.detach().half().contiguous() for k, v in model.state_dict().items()
+                   if not k.endswith("num_batches_tracked")}  # before a training forward moves the BN statistics
         model.eval()
         with torch.no_grad():
             logits = model(x)
         model.train()
         with torch.no_grad():
             logits_train = model(x)
-        tensors = {k: v.detach().half().contiguous() for k, v in model.state_dict().items()
-                   if not k.endswith("num_batches_tracked")}
         tensors["input"] = x.half()
         tensors["logits"] = logits.contiguous()
         tensors["logits_train"] = logits_train.contiguous()
         path = os.path.join(out_dir, f"{name}.safetensors")
-        save_file(tensors, path, metadata={"model": model_name, "with": options,
+        save_file(tensors, path, metadata={"model": model_name, "with": f"{options};input={list(shape)}",
                                             "torch": torch.__version__})
         print(f"{path}: {os.path.getsize(path)} bytes, {sum(p.numel() for p in model.parameters())} parameters")
 

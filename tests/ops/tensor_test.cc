@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
 #include <cstdint>
 
 namespace cnnflow {
@@ -77,6 +80,25 @@ TEST(DeviceGPU, AllocateAndCopyRoundTrip) {
   for (int64_t i = 0; i < back.numel(); ++i) EXPECT_EQ(back.At(i), 3.25);
   g.Zero();
   EXPECT_EQ(g.To(Device::Cpu()).At(10), 0.0);
+}
+
+TEST(Tensor, HalfValuesReadExactlyAndCastToF32) {
+  // f16: 1, -2.5, the smallest subnormal 2^-24, the largest normal 65504, +inf;
+  // bf16: 1, -3.140625.
+  const uint16_t f16[] = {0x3c00, 0xc100, 0x0001, 0x7bff, 0x7c00};
+  Tensor h = Tensor::Empty(Shape{5}, DType::kF16);
+  std::memcpy(h.raw_data(), f16, sizeof f16);
+  const Tensor f = h.Cast(DType::kF32);
+  EXPECT_EQ(f.At(0), 1.0);
+  EXPECT_EQ(f.At(1), -2.5);
+  EXPECT_EQ(f.At(2), std::ldexp(1.0, -24));
+  EXPECT_EQ(f.At(3), 65504.0);
+  EXPECT_TRUE(std::isinf(f.At(4)));
+  const uint16_t bf16[] = {0x3f80, 0xc049};
+  Tensor b = Tensor::Empty(Shape{2}, DType::kBF16);
+  std::memcpy(b.raw_data(), bf16, sizeof bf16);
+  EXPECT_EQ(b.At(0), 1.0);
+  EXPECT_EQ(b.At(1), -3.140625);
 }
 
 }  // namespace
