@@ -157,8 +157,7 @@ ForwardContext LayerCase::Context() const {
 }
 
 std::string LayerCase::Label() const {
-  std::string s = type;
-  if (!variant.empty()) s += "(" + variant + ")";
+  std::string s = variant.empty() ? type : StrCat(type, "(", variant, ")");
   for (const Shape& in : inputs) s += " " + in.ToString();
   return s;
 }
