@@ -373,11 +373,6 @@ bool IsBareParam(const std::string& s) {
 
 // ------------------------------------------------------------ expansion
 
-// A YAML file the blocks come from, for error locations.
-struct Source {
-  const YamlDoc* doc;
-};
-
 struct BlockDef {
   const YamlDoc* doc;
   YAML::Node node;    // the definition: {params: {...}, layers: [...], doc: "..."}
@@ -407,7 +402,7 @@ struct Library {
           for (const auto& kv : blocks) {
             const std::string n = d.Name(kv.first, "blocks");
             if (l->blocks.count(n)) d.Fail(kv.first, "blocks", StrCat("block '", n, "' defined twice in the library"));
-            l->blocks[n] = {&d, kv.second, n};
+            l->blocks.emplace(n, BlockDef{&d, kv.second, n});
           }
         }
         const YAML::Node models = d.root()["models"];
@@ -438,7 +433,7 @@ std::string Join(const std::string& prefix, const std::string& name) {
 class Expander {
  public:
   explicit Expander(const YamlDoc& doc) : doc_(doc) {
-    for (const auto& [n, b] : Library::Get().blocks) blocks_[n] = b;
+    blocks_ = Library::Get().blocks;
   }
 
   void AddBlocks(const YAML::Node& blocks) {
@@ -446,7 +441,10 @@ class Expander {
     if (!blocks.IsMap()) doc_.Fail(blocks, "model.blocks", "expected {name: {params: {...}, layers: [...]}}");
     for (const auto& kv : blocks) {
       const std::string n = doc_.Name(kv.first, "model.blocks");
-      blocks_[n] = {&doc_, kv.second, n};  // the config's own blocks shadow the library's
+      // The config's own blocks shadow the library's (erase, not assign: a
+      // YAML::Node assigned to writes into the node it refers to).
+      blocks_.erase(n);
+      blocks_.emplace(n, BlockDef{&doc_, kv.second, n});
     }
   }
 
@@ -551,8 +549,9 @@ class Expander {
     return b.b;
   }
   std::string AsName(const YamlDoc& doc, const YAML::Node& n, const Env& env, const std::string& context) const {
+    if (!n.IsScalar()) return doc.Name(n, context);  // fails, saying what is there instead
     const YAML::Node v = Substitute(doc, n, env, context);
-    if (!v.IsScalar()) doc.Fail(n, context, "expected a name");
+    if (!v.IsScalar()) doc.Fail(n, context, "expected a name, got a list");
     return v.Scalar();
   }
 

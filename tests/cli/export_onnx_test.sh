@@ -68,14 +68,16 @@ import sys
 from safetensors import safe_open
 with safe_open(sys.argv[1], "np") as f:
     meta, shape = f.metadata(), list(f.get_tensor("input").shape[1:])
-opts = ", ".join(o.replace("=", ": ") for o in meta["with"].split(";"))
+options = meta["with"].split(";")
+opts = ", ".join(o.replace("=", ": ") for o in options if not o.startswith("input="))
 open(sys.argv[2], "w").write(
     f"name: {meta['model']}\ndata:\n  train: {{source: synthetic, shape: {shape}, size: 4}}\n"
-    f"model: {{library: {meta['model']}, with: {{{opts}}}}}\n"
+    f"model: {{library: {meta['model']}, input: {shape}, with: {{{opts}}}}}\n"
     "train: {epochs: 1, batch: 2, optimizer: {sgd: {lr: 0.1}}}\n")
 PY
-  "$cnnflow" export "$out/$name.yaml" --weights "$fixture" -o "$out/$name.onnx" > "$out/log" 2>&1 ||
-    { cat "$out/log"; fail "export of library network $name exited with $?"; }
+  "$cnnflow" export "$out/$name.yaml" --weights "$fixture" -o "$out/$name.onnx" > "$out/log" 2>&1
+  rc=$?
+  [[ $rc -eq 0 ]] || { cat "$out/log"; fail "export of library network $name exited with $rc"; }
   "$py" - "$out/$name.onnx" "$fixture" <<'PY' || fail "library network $name in onnxruntime"
 import sys
 import numpy as np

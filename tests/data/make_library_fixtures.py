@@ -5,10 +5,10 @@ logits, for tests/pipeline/library_fixtures_test.cc (which CI runs without
 PyTorch).
 
 Each file holds the network's state_dict (f16, so the files stay small: the
-logits are computed from the f16-rounded weights and input, so they are
-exact for them), "input" and the f32 "logits" of evaluation mode and
+logits are computed from the f16-rounded weights and input, in float64, so
+they are exact for them), "input" and the "logits" of evaluation mode and
 "logits_train" of training mode (batch statistics), and metadata "model"
-(the library name) and "with" (its options, "k=v;k=v"). The weights are
+(the library name) and "with" (its options and input shape, "k=v;k=v"). The weights are
 random with non-trivial BN statistics and layer scales, as
 bench/library_vs_pytorch.py makes them.
 
@@ -81,7 +81,7 @@ def convnext():
 FIXTURES = {
     "resnet_bottleneck": ("resnet50", "classes=10;width=8;depths=[1, 2, 1, 1];groups=2;width_per_group=16",
                           lambda: TinyResNet([1, 2, 1, 1], 8, 2, 16, 10), (3, 32, 32)),
-    "mobilenet_v2": ("mobilenet_v2", "classes=10;width_mult=0.1;dropout=0", mobilenet_v2, (3, 32, 32)),
+    "mobilenet_v2": ("mobilenet_v2", "classes=10;width_mult=0.1;dropout=0", mobilenet_v2, (3, 64, 64)),
     "efficientnet": ("efficientnet_b0", "classes=10;width_mult=0.1;depth_mult=0.34;dropout=0;stochastic_depth=0",
                      efficientnet, (3, 64, 64)),
     "convnext": ("convnext_tiny", "classes=10;depths=[1, 1, 2, 1];dims=[8, 16, 24, 32];stochastic_depth=0",
@@ -107,12 +107,16 @@ def main():
         x = torch.randn((4,) + shape, generator=gen).half().float()
         tensors = {k: v.detach().half().contiguous() for k, v in model.state_dict().items()
                    if not k.endswith("num_batches_tracked")}  # before a training forward moves the BN statistics
+        # The logits in float64 (rounded to f32 once): the exact answer for
+        # these values, not PyTorch's own f32 rounding (which is off it by
+        # up to ~3e-4 in training mode for these small nets).
+        model = model.double()
         model.eval()
         with torch.no_grad():
-            logits = model(x)
+            logits = model(x.double()).float()
         model.train()
         with torch.no_grad():
-            logits_train = model(x)
+            logits_train = model(x.double()).float()
         tensors["input"] = x.half()
         tensors["logits"] = logits.contiguous()
         tensors["logits_train"] = logits_train.contiguous()

@@ -184,6 +184,24 @@ TEST(ModelBlocks, ErrorsSayWhereAndWhat) {
   EXPECT_NE(e.find("unknown init scheme 'zero' (did you mean 'zeros'?)"), std::string::npos) << e;
 }
 
+TEST(ModelBlocks, AConfigsBlockShadowsTheLibrarysForThatConfigOnly) {
+  const ExpandedModel m = Expand(R"yaml(model:
+  input: [3, 8, 8]
+  blocks:
+    conv_bn_act:
+      params: {out: ~}
+      layers:
+        - {name: conv, conv2d: {out: $out, kernel: 1}}
+  layers:
+    - {name: stem, block: conv_bn_act, with: {out: 4}}
+)yaml");
+  EXPECT_EQ(Names(m), std::vector<std::string>{"stem.conv"});
+  // The library's conv_bn_act is untouched.
+  const ExpandedModel lib = ExpandLibraryModel("mobilenet_v2");
+  EXPECT_NE(Find(lib, "features.0.1"), nullptr);
+  EXPECT_EQ(Model::Build(lib.layers, lib.input_shape)->NumParameters(), 3504872);
+}
+
 // torchvision's parameter counts (sum(p.numel() for p in model.parameters())
 // of torchvision 0.2x), and a few of its state_dict names.
 TEST(ModelLibrary, TorchvisionParameterCountsAndNames) {
