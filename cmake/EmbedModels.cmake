@@ -1,7 +1,13 @@
-# Writes OUT: a C++ file holding the model library's YAML files (IN_DIR/*.yaml)
-# as raw strings, so the library travels inside the binary.
-# Run as: cmake -DIN_DIR=... -DOUT=... -P EmbedModels.cmake
-file(GLOB files RELATIVE "${IN_DIR}" "${IN_DIR}/*.yaml")
+# Writes OUT: a C++ file holding the model library's YAML files (FILES, paths
+# under IN_DIR separated by |) as raw strings, so the library travels inside
+# the binary.
+# Run as: cmake -DIN_DIR=... "-DFILES=a.yaml|b.yaml" -DOUT=... -P EmbedModels.cmake
+string(REPLACE "|" ";" FILES "${FILES}")
+set(files "")
+foreach(f ${FILES})
+  file(RELATIVE_PATH rel "${IN_DIR}" "${f}")
+  list(APPEND files "${rel}")
+endforeach()
 list(SORT files)
 set(body "")
 foreach(f ${files})
