@@ -39,7 +39,8 @@
 // Any scalar that contains `$` is an expression over the params in scope:
 // `$planes`, `$planes * 4`, `$depths[1]`, `$w // 8`, `$a == 'x'`,
 // `$c ? 'x' : 'y'`, `not $b`, `$a and $b`, `'conv.' + $i`, and the functions
-// int, round, ceil, floor, min, max, make_divisible(v, d) (torchvision's);
+// int, round, ceil, floor, min, max, make_divisible(v, d) (torchvision's;
+// the grammar: pipeline/block_expression.h);
 // a value that is a bare `$name` keeps its type (a list stays a list). A
 // layer's type may be a param (`$act: {}`). A layer or block with
 // `if: EXPR` false is left out.
