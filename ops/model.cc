@@ -50,8 +50,6 @@ Tensor& LayerTensor(Layer& layer, const std::string& local, const char* what) {
 // nn.init.dirac_(w, groups): w [K, C/groups, k...] passes input channel d of
 // each group to output channel d of that group, at the kernel's centre.
 void DiracInit(Tensor& w, int64_t groups) {
-  CNNFLOW_ENFORCE(w.rank() >= 3, "dirac init needs a conv weight [K, C/groups, k...], got ",
-                  w.shape());
   w.Zero();
   const int64_t out_per_group = w.dim(0) / groups, in_per_group = w.dim(1);
   const int64_t taps = w.numel() / (w.dim(0) * w.dim(1));
@@ -63,7 +61,9 @@ void DiracInit(Tensor& w, int64_t groups) {
 }
 
 // A layer's `init:` and `trainable:` (LayerSpec), after its own init.
-void ApplyTensorSpecs(const LayerSpec& spec, Layer& layer, const Args& args, Rng& rng) {
+// in_channels: of the layer's (first) input, from which dirac derives the
+// groups of a conv weight [K, C/groups, k...].
+void ApplyTensorSpecs(const LayerSpec& spec, Layer& layer, int64_t in_channels, Rng& rng) {
   for (const auto& [local, scheme] : spec.init) {
     Tensor& t = LayerTensor(layer, local, "init");
     if (scheme == "zeros") {
@@ -71,7 +71,9 @@ void ApplyTensorSpecs(const LayerSpec& spec, Layer& layer, const Args& args, Rng
     } else if (scheme == "ones") {
       for (int64_t i = 0; i < t.numel(); ++i) t.Set(i, 1.0);
     } else if (scheme == "dirac") {
-      DiracInit(t, args.Has("groups") ? args.Int("groups") : 1);
+      CNNFLOW_ENFORCE(t.rank() >= 3 && in_channels % t.dim(1) == 0, "layer '", layer.name(),
+                      "': dirac init needs a conv weight [K, C/groups, k...], got ", t.shape());
+      DiracInit(t, in_channels / t.dim(1));
     } else if (scheme == "kaiming_normal_fan_out") {  // torchvision's convs: fan_out, ReLU gain
       const double fan_out = static_cast<double>(t.numel() / (t.rank() > 1 ? t.dim(1) : 1));
       for (int64_t i = 0; i < t.numel(); ++i) t.Set(i, rng.Normal(0, std::sqrt(2.0 / fan_out)));
@@ -234,9 +236,9 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
       for (auto& p : m->layers_[i]->parameters())
         if (p.name == "weight" && p.value.rank() >= 2) InitWeight(p.value, init, rng);
     }
-    Args args = specs[i].args;
-    args.FillDefaults(registry.Find(specs[i].type)->schema);
-    ApplyTensorSpecs(specs[i], *m->layers_[i], args, rng);
+    const int first_input = m->input_index_[i][0];
+    const Shape& in = first_input < 0 ? input_shape : m->out_shapes_[first_input];
+    ApplyTensorSpecs(specs[i], *m->layers_[i], in[0], rng);
     if (device.is_cuda()) m->layers_[i]->MoveTo(device);
   }
   m->fused_into_.assign(m->layers_.size(), -1);

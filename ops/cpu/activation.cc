@@ -20,7 +20,7 @@
 #include <mutex>
 #include <utility>
 
-#include "ops/cpu/onednn_conv.h"
+#include "ops/cpu/onednn.h"
 #include "ops/cpu/parallel.h"
 
 namespace cnnflow {
@@ -62,10 +62,7 @@ const ActivationInfo& Info(Activation k) {
 
 using dnnl::memory;
 
-dnnl::engine& Engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
+using cpu::OnednnEngine;
 
 // The forward and backward primitives of one algorithm on `len` contiguous
 // f32 values; execute from any number of threads at once (user scratchpad).
@@ -78,8 +75,8 @@ class Eltwise {
     using Fwd = dnnl::eltwise_forward;
     using Bwd = dnnl::eltwise_backward;
     const Fwd::primitive_desc fwd_pd(
-        Fwd::desc(dnnl::prop_kind::forward_training, alg, md_, alpha, 0.f), attr, Engine());
-    const Bwd::primitive_desc bwd_pd(Bwd::desc(alg, md_, md_, alpha, 0.f), attr, Engine(), fwd_pd);
+        Fwd::desc(dnnl::prop_kind::forward_training, alg, md_, alpha, 0.f), attr, OnednnEngine());
+    const Bwd::primitive_desc bwd_pd(Bwd::desc(alg, md_, md_, alpha, 0.f), attr, OnednnEngine(), fwd_pd);
     fwd_ = Fwd(fwd_pd);
     bwd_ = Bwd(bwd_pd);
     fwd_pad_ = fwd_pd.scratchpad_desc();
@@ -96,18 +93,17 @@ class Eltwise {
   }
 
  private:
-  memory Mem(const float* p) const { return memory(md_, Engine(), const_cast<float*>(p)); }
+  memory Mem(const float* p) const { return memory(md_, OnednnEngine(), const_cast<float*>(p)); }
 
   static void Run(const dnnl::primitive& prim, const memory::desc& pad,
                   std::unordered_map<int, memory> args) {
     cpu::OneOpenMpThreadHere();
-    thread_local dnnl::stream stream(Engine());
     thread_local std::vector<float> scratch;
     if (pad.get_size() > 0) {
       if (scratch.size() * sizeof(float) < pad.get_size()) scratch.resize(pad.get_size() / 4 + 1);
-      args.emplace(DNNL_ARG_SCRATCHPAD, memory(pad, Engine(), scratch.data()));
+      args.emplace(DNNL_ARG_SCRATCHPAD, memory(pad, OnednnEngine(), scratch.data()));
     }
-    prim.execute(stream, args);
+    prim.execute(cpu::OnednnStream(), args);
   }
 
   memory::desc md_;

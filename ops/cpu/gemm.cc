@@ -3,7 +3,7 @@
 #include <cblas.h>
 #include <dnnl.h>
 
-#include "ops/cpu/onednn_conv.h"
+#include "ops/cpu/onednn.h"
 #include "ops/error.h"
 
 namespace cnnflow::cpu {

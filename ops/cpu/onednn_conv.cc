@@ -1,40 +1,21 @@
 #include "ops/cpu/onednn_conv.h"
 
-#include <omp.h>
 #include <tbb/enumerable_thread_specific.h>
 
 #include <algorithm>
 #include <dnnl.hpp>
 #include <vector>
 
+#include "ops/cpu/onednn.h"
 #include "ops/error.h"
 #include "ops/tensor.h"
 
 namespace cnnflow::cpu {
 
-void OneOpenMpThreadHere() {
-  thread_local bool pinned = false;
-  if (!pinned) {
-    omp_set_num_threads(1);
-    pinned = true;
-  }
-}
-
 namespace {
 
 using dnnl::memory;
 using Tag = memory::format_tag;
-
-dnnl::engine& Engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
-// A stream per thread: each call executes on its own thread, synchronously.
-dnnl::stream& Stream() {
-  thread_local dnnl::stream stream(Engine());
-  return stream;
-}
 
 // A reorder from `from` to `to`, or nothing when they are the same layout.
 struct Reorder {
@@ -42,7 +23,7 @@ struct Reorder {
   Reorder(const memory::desc& from, const memory::desc& to, const dnnl::primitive_attr& attr)
       : from(from), to(to) {
     if (from != to) {
-      pd = dnnl::reorder::primitive_desc(Engine(), from, Engine(), to, attr);
+      pd = dnnl::reorder::primitive_desc(OnednnEngine(), from, OnednnEngine(), to, attr);
       prim = dnnl::reorder(pd);
     }
   }
@@ -63,9 +44,9 @@ struct Reorder {
   }
   // Runs it from `src` into `dst`: pointers laid out as `from` and `to`.
   void Run(const void* src, void* dst, void* pad) const {
-    memory s(from, Engine(), const_cast<void*>(src)), d(to, Engine(), dst);
-    memory p(pd.scratchpad_desc(), Engine(), pad);
-    prim.execute(Stream(), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d}, {DNNL_ARG_SCRATCHPAD, p}});
+    memory s(from, OnednnEngine(), const_cast<void*>(src)), d(to, OnednnEngine(), dst);
+    memory p(pd.scratchpad_desc(), OnednnEngine(), pad);
+    prim.execute(OnednnStream(), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d}, {DNNL_ARG_SCRATCHPAD, p}});
   }
 
   memory::desc from, to;
@@ -172,17 +153,17 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     // post-op; a convolution needs no training workspace, so the forward
     // itself may be an inference primitive, which is where oneDNN 2.6 has
     // the ReLU post-op.
-    const Fwd::primitive_desc hint(fwd_desc(dnnl::prop_kind::forward_training), attr, Engine());
+    const Fwd::primitive_desc hint(fwd_desc(dnnl::prop_kind::forward_training), attr, OnednnEngine());
     m.fwd_pd =
-        relu ? Fwd::primitive_desc(fwd_desc(dnnl::prop_kind::forward_inference), fwd_attr, Engine())
+        relu ? Fwd::primitive_desc(fwd_desc(dnnl::prop_kind::forward_inference), fwd_attr, OnednnEngine())
              : hint;
     m.bwd_data_pd = BwdData::primitive_desc(
         BwdData::desc(algo, any_src, any_wei, any_dst, strides, dilates, pad_l, pad_r), attr,
-        Engine(), hint);
+        OnednnEngine(), hint);
     m.bwd_weights_pd = BwdWeights::primitive_desc(
         BwdWeights::desc(algo, any_src, any_wei, bias ? m.user_bias : no_bias, any_dst, strides,
                          dilates, pad_l, pad_r),
-        attr, Engine(), hint);
+        attr, OnednnEngine(), hint);
     m.fwd = Fwd(m.fwd_pd);
     m.bwd_data = BwdData(m.bwd_data_pd);
     m.bwd_weights = BwdWeights(m.bwd_weights_pd);
@@ -254,17 +235,17 @@ void OnednnConv::Forward(const float* x, const float* bias, float* y) const {
   const void* src = m.fwd_src.In(x, s.a.raw_data(), pad);
   void* dst = m.fwd_dst.Out(y, s.b.raw_data());
   const auto& pd = m.fwd_pd;
-  memory ms(pd.src_desc(), Engine(), const_cast<void*>(src));
-  memory mw(pd.weights_desc(), Engine(), const_cast<float*>(m.fwd_wei_ptr));
-  memory md(pd.dst_desc(), Engine(), dst);
-  memory mp(pd.scratchpad_desc(), Engine(), pad);
+  memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
+  memory mw(pd.weights_desc(), OnednnEngine(), const_cast<float*>(m.fwd_wei_ptr));
+  memory md(pd.dst_desc(), OnednnEngine(), dst);
+  memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}, {DNNL_ARG_SCRATCHPAD, mp}};
   if (m.bias) {
     CNNFLOW_ENFORCE(bias != nullptr, "OnednnConv::Forward: the layer has a bias");
-    args.emplace(DNNL_ARG_BIAS, memory(m.user_bias, Engine(), const_cast<float*>(bias)));
+    args.emplace(DNNL_ARG_BIAS, memory(m.user_bias, OnednnEngine(), const_cast<float*>(bias)));
   }
-  m.fwd.execute(Stream(), args);
+  m.fwd.execute(OnednnStream(), args);
   m.fwd_dst.Finish(dst, y, pad);
 }
 
@@ -278,11 +259,11 @@ void OnednnConv::BackwardData(const float* dy, float* dx) const {
   const void* diff_dst = m.bd_diff_dst.In(dy, s.a.raw_data(), pad);
   void* diff_src = m.bd_diff_src.Out(dx, s.b.raw_data());
   const auto& pd = m.bwd_data_pd;
-  memory mdd(pd.diff_dst_desc(), Engine(), const_cast<void*>(diff_dst));
-  memory mw(pd.weights_desc(), Engine(), const_cast<float*>(m.bd_wei_ptr));
-  memory mds(pd.diff_src_desc(), Engine(), diff_src);
-  memory mp(pd.scratchpad_desc(), Engine(), pad);
-  m.bwd_data.execute(Stream(), {{DNNL_ARG_DIFF_DST, mdd},
+  memory mdd(pd.diff_dst_desc(), OnednnEngine(), const_cast<void*>(diff_dst));
+  memory mw(pd.weights_desc(), OnednnEngine(), const_cast<float*>(m.bd_wei_ptr));
+  memory mds(pd.diff_src_desc(), OnednnEngine(), diff_src);
+  memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
+  m.bwd_data.execute(OnednnStream(), {{DNNL_ARG_DIFF_DST, mdd},
                                 {DNNL_ARG_WEIGHTS, mw},
                                 {DNNL_ARG_DIFF_SRC, mds},
                                 {DNNL_ARG_SCRATCHPAD, mp}});
@@ -298,19 +279,19 @@ void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, flo
   const void* diff_dst = m.bw_diff_dst.In(dy, s.b.raw_data(), pad);
   void* diff_wei = m.bw_diff_wei.Out(dw, s.c.raw_data());
   const auto& pd = m.bwd_weights_pd;
-  memory ms(pd.src_desc(), Engine(), const_cast<void*>(src));
-  memory mdd(pd.diff_dst_desc(), Engine(), const_cast<void*>(diff_dst));
-  memory mdw(pd.diff_weights_desc(), Engine(), diff_wei);
-  memory mp(pd.scratchpad_desc(), Engine(), pad);
+  memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
+  memory mdd(pd.diff_dst_desc(), OnednnEngine(), const_cast<void*>(diff_dst));
+  memory mdw(pd.diff_weights_desc(), OnednnEngine(), diff_wei);
+  memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, ms},
                                        {DNNL_ARG_DIFF_DST, mdd},
                                        {DNNL_ARG_DIFF_WEIGHTS, mdw},
                                        {DNNL_ARG_SCRATCHPAD, mp}};
   if (m.bias) {
     CNNFLOW_ENFORCE(db != nullptr, "OnednnConv::BackwardWeights: the layer has a bias");
-    args.emplace(DNNL_ARG_DIFF_BIAS, memory(m.user_bias, Engine(), db));
+    args.emplace(DNNL_ARG_DIFF_BIAS, memory(m.user_bias, OnednnEngine(), db));
   }
-  m.bwd_weights.execute(Stream(), args);
+  m.bwd_weights.execute(OnednnStream(), args);
   m.bw_diff_wei.Finish(diff_wei, dw, pad);
 }
 

@@ -22,12 +22,6 @@
 
 namespace cnnflow::cpu {
 
-// Calls omp_set_num_threads(1) once per calling thread (OpenMP's thread
-// count is per thread): TBB owns the parallelism, and an OpenMP team per TBB
-// worker would oversubscribe the cores (7-20x slower, TOOLCHAIN.md). Every
-// call into oneDNN goes through it.
-void OneOpenMpThreadHere();
-
 class OnednnConv {
  public:
   // mb: the samples of every call; relu: Forward writes max(y, 0) (a
