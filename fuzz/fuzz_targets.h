@@ -21,7 +21,7 @@ namespace cnnflow::fuzz {
 
 using FuzzEntry = void (*)(const uint8_t* data, size_t size);
 
-// The entries (parser_targets.cc, config_targets.cc).
+// The entries (parser_targets.cc, config_targets.cc, model_targets.cc).
 void FuzzIdx(const uint8_t* data, size_t size);
 void FuzzCnnflowRecord(const uint8_t* data, size_t size);
 void FuzzCaffeDatum(const uint8_t* data, size_t size);
@@ -33,6 +33,7 @@ void FuzzGraphTemplate(const uint8_t* data, size_t size);
 void FuzzSafetensors(const uint8_t* data, size_t size);
 void FuzzCheckpointSidecar(const uint8_t* data, size_t size);
 void FuzzJson(const uint8_t* data, size_t size);
+void FuzzOnnxImport(const uint8_t* data, size_t size);
 
 struct FuzzTarget {
   const char* name;  // fuzz/corpus/<name>/, fuzz/regressions/<name>/, build-fuzz/fuzz_<name>

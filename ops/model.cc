@@ -1,12 +1,17 @@
 #include "ops/model.h"
 
+#include <fnmatch.h>
+
 #include <cmath>
+#include <map>
 #include <new>
 #include <optional>
+#include <set>
 
 #include "ops/device_ops.h"
 #include "ops/parallel/tensor_parallel.h"
 #include "ops/trace.h"
+#include "ops/train/weight_average.h"
 
 namespace cnnflow {
 
@@ -468,16 +473,6 @@ int64_t Model::ForwardFlops(int64_t n) const {
   return f;
 }
 
-std::string ModelNameOfStateDictKey(const std::string& key) {
-  const std::string n = key.rfind("module.", 0) == 0 ? key.substr(7) : key;
-  const std::string tracked = ".num_batches_tracked";
-  if (n.size() > tracked.size() &&
-      n.compare(n.size() - tracked.size(), tracked.size(), tracked) == 0) {
-    return "";
-  }
-  return n;
-}
-
 void CopyNamedTensors(const std::vector<std::pair<std::string, Tensor>>& src,
                       const std::vector<std::pair<std::string, Tensor>>& dst,
                       const std::string& where) {
@@ -493,6 +488,80 @@ void CopyNamedTensors(const std::vector<std::pair<std::string, Tensor>>& src,
     Tensor to = tensor;
     to.CopyFrom(t->dtype() == tensor.dtype() ? *t : t->Cast(tensor.dtype()));
   }
+}
+
+StateDictMatch MatchStateDict(const std::vector<std::pair<std::string, Tensor>>& file,
+                              const std::vector<std::pair<std::string, Tensor>>& model,
+                              const StateDictRules& rules) {
+  auto skipped = [&](const std::string& name) {
+    for (const std::string& g : rules.skip)
+      if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+    return false;
+  };
+  auto starts = [](const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; };
+  const std::string tracked = ".num_batches_tracked";
+  // The file's tensors by the model's names.
+  std::map<std::string, const Tensor*> given;
+  for (const auto& [key, t] : file) {
+    std::string n = key;
+    while (starts(n, "module.")) n = n.substr(7);
+    if (n.size() > tracked.size() && n.compare(n.size() - tracked.size(), tracked.size(), tracked) == 0)
+      continue;
+    if (!rules.prefix.empty()) {
+      if (!starts(n, rules.prefix)) continue;
+      n = n.substr(rules.prefix.size());
+    } else if (starts(n, kEmaPrefix)) {
+      continue;
+    }
+    if (!skipped(n)) given[n] = &t;
+  }
+  StateDictMatch m;
+  for (const auto& [name, t] : model) {
+    if (skipped(name)) continue;
+    auto it = given.find(name);
+    if (it == given.end()) {
+      m.mismatches.push_back(StrCat("the model's '", rules.prefix, name, "' ", t.shape(), " is not in the file"));
+      continue;
+    }
+    if (it->second->shape() != t.shape()) {
+      m.mismatches.push_back(StrCat("'", rules.prefix, name, "' is ", it->second->shape(), " in the file, ",
+                                    t.shape(), " in the model"));
+    } else {
+      m.tensors.emplace_back(name, *it->second);
+    }
+    given.erase(it);
+  }
+  for (const auto& [name, t] : given)
+    m.mismatches.push_back(StrCat("the file's '", rules.prefix, name, "' ", t->shape(), " is not in the model"));
+  return m;
+}
+
+std::string ListMismatches(const StateDictMatch& m) {
+  constexpr size_t kShown = 20;
+  std::string list;
+  for (size_t i = 0; i < m.mismatches.size() && i < kShown; ++i) list += "\n  " + m.mismatches[i];
+  if (m.mismatches.size() > kShown) list += StrCat("\n  ... and ", m.mismatches.size() - kShown, " more");
+  return list;
+}
+
+StateDictMatch LoadStateDict(const std::vector<std::pair<std::string, Tensor>>& file,
+                             const std::vector<Model*>& models, const StateDictRules& rules,
+                             const std::string& where) {
+  StateDictMatch m = MatchStateDict(file, models.at(0)->StateTensors(), rules);
+  if (rules.strict && !m.mismatches.empty()) {
+    throw Error(StrCat(where, ": does not fit the model (", m.mismatches.size(),
+                       " tensors; names are PyTorch state_dict keys, 'module.' dropped):",
+                       ListMismatches(m)));
+  }
+  std::set<std::string> fits;
+  for (const auto& t : m.tensors) fits.insert(t.first);
+  for (Model* model : models) {
+    std::vector<std::pair<std::string, Tensor>> dst;
+    for (auto& [name, t] : model->StateTensors())
+      if (fits.count(name)) dst.emplace_back(name, t);
+    CopyNamedTensors(m.tensors, dst, where);
+  }
+  return m;
 }
 
 }  // namespace cnnflow

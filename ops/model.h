@@ -140,13 +140,47 @@ class Model {
 // Fills each (name, tensor) of `dst` (views: a model's StateTensors) from
 // the tensor of that name in `src`, cast to dst's dtype. Throws naming
 // `where` and the tensor when one is missing or has another shape.
-// A PyTorch state_dict key as the model names it: "module." (DataParallel,
-// DDP) dropped; "" for BatchNorm's num_batches_tracked, which has no
-// counterpart here.
-std::string ModelNameOfStateDictKey(const std::string& key);
-
 void CopyNamedTensors(const std::vector<std::pair<std::string, Tensor>>& src,
                       const std::vector<std::pair<std::string, Tensor>>& dst,
                       const std::string& where);
+
+// The one way cnnflow reads weights someone else wrote into a model: every
+// command that takes weights (train.init, eval, predict, export, models
+// --check, import's own check) goes through MatchStateDict.
+//  - A file's names are PyTorch state_dict keys: a "module." prefix
+//    (DataParallel, DDP) is dropped, BatchNorm's num_batches_tracked has no
+//    counterpart here and is ignored.
+//  - `prefix` ("ema.": a run's weight average) reads the tensors under it,
+//    and only those; without one, a run's "ema.*" tensors are left out.
+//  - `skip`: globs of model tensor names that are neither read nor missed.
+//  - strict (the default): every tensor of the model must be in the file
+//    with its shape, and every tensor of the file in the model.
+struct StateDictRules {
+  bool strict = true;
+  std::string prefix;
+  std::vector<std::string> skip;
+};
+
+struct StateDictMatch {
+  // (model name, the file's tensor) for each tensor that fits.
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  // One line per tensor that does not: missing, unexpected, or shaped
+  // otherwise.
+  std::vector<std::string> mismatches;
+};
+
+StateDictMatch MatchStateDict(const std::vector<std::pair<std::string, Tensor>>& file,
+                              const std::vector<std::pair<std::string, Tensor>>& model,
+                              const StateDictRules& rules = {});
+
+// The mismatches as an indented list (the first 20, then how many more).
+std::string ListMismatches(const StateDictMatch& m);
+
+// MatchStateDict, then: mismatches under strict rules throw Error naming
+// `where` and listing them; otherwise the tensors that fit are copied into
+// every model of `models` (replicas, pipeline stages). Returns the match.
+StateDictMatch LoadStateDict(const std::vector<std::pair<std::string, Tensor>>& file,
+                             const std::vector<Model*>& models, const StateDictRules& rules,
+                             const std::string& where);
 
 }  // namespace cnnflow

@@ -1,6 +1,7 @@
 #include "ops/schema.h"
 
 #include <algorithm>
+#include <charconv>
 #include <sstream>
 
 #include "ops/error.h"
@@ -120,6 +121,18 @@ void Args::FillDefaults(const Schema& schema) {
     if (!Has(p.name) && p.default_value) values_[p.name] = *p.default_value;
 }
 
+namespace {
+
+// The shortest decimal that reads back as the same double (0.1, 1e-05,
+// 0.7071067811865476), so a value written to YAML loses nothing.
+std::string ShortestDecimal(double d) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, d);
+  return std::string(buf, r.ptr);
+}
+
+}  // namespace
+
 std::string ParamValueToString(const ParamValue& v) {
   std::ostringstream os;
   std::visit(
@@ -129,8 +142,14 @@ std::string ParamValueToString(const ParamValue& v) {
           os << (x ? "true" : "false");
         } else if constexpr (std::is_same_v<X, std::string>) {
           os << (x.empty() ? "\"\"" : x);
+        } else if constexpr (std::is_floating_point_v<X>) {
+          os << ShortestDecimal(x);
         } else if constexpr (std::is_arithmetic_v<X>) {
           os << x;
+        } else if constexpr (std::is_same_v<X, std::vector<double>>) {
+          os << '[';
+          for (size_t i = 0; i < x.size(); ++i) os << (i ? ", " : "") << ShortestDecimal(x[i]);
+          os << ']';
         } else {
           os << '[';
           for (size_t i = 0; i < x.size(); ++i) os << (i ? ", " : "") << x[i];

@@ -1,5 +1,6 @@
 #include "pipeline/model_blocks.h"
 
+#include <cctype>
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -478,6 +479,37 @@ ExpandedModel ExpandLibraryModel(const std::string& name, const std::vector<std:
   YamlDoc doc = YamlDoc::Parse(text, "--model");
   for (const auto& o : overrides) doc.Override(o.rfind("input=", 0) == 0 ? o : "with." + o);
   return ExpandModel(doc, doc.root());
+}
+
+namespace {
+
+// A name as a YAML flow scalar: plain when it is one (letters, digits, _
+// . - not starting with a digit or a sign), else double-quoted.
+std::string YamlName(const std::string& n) {
+  bool plain = !n.empty() && (std::isalpha(static_cast<unsigned char>(n[0])) || n[0] == '_');
+  for (char c : n) plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-');
+  if (plain) return n;
+  std::string q = "\"";
+  for (char c : n) q += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  return q + "\"";
+}
+
+}  // namespace
+
+std::string LayerSpecLine(const LayerSpec& s) {
+  std::string params;
+  for (const auto& [k, v] : s.args.values()) params += StrCat(params.empty() ? "" : ", ", k, ": ", ParamValueToString(v));
+  std::string line = StrCat("- {name: ", YamlName(s.name), ", ", s.type, ": {", params, "}");
+  if (!s.inputs.empty()) {
+    std::string ins;
+    for (const auto& i : s.inputs) ins += StrCat(ins.empty() ? "" : ", ", YamlName(i));
+    line += StrCat(", inputs: [", ins, "]");
+  }
+  for (const auto& [t, on] : s.trainable)
+    line += t.empty() ? StrCat(", trainable: ", on ? "true" : "false")
+                      : StrCat(", trainable: {", t, ": ", on ? "true" : "false", "}");
+  for (const auto& [t, scheme] : s.init) line += StrCat(", init: {", t, ": ", scheme, "}");
+  return line + "}";
 }
 
 }  // namespace cnnflow

@@ -69,6 +69,10 @@ struct ExpandedModel {
 // block instance it came from.
 ExpandedModel ExpandModel(const YamlDoc& doc, const YAML::Node& model);
 
+// One layer as a line of model.layers: "- {name: n, type: {args}, inputs: [...]}"
+// (names that YAML would not read back as the same string are quoted).
+std::string LayerSpecLine(const LayerSpec& s);
+
 // The model library: every named network with its options (param
 // defaults) and documentation, in file order.
 struct LibraryModel {

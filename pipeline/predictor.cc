@@ -43,14 +43,9 @@ Predictor::Predictor(const RunConfig& config, const std::string& weights) : conf
   replicas_ =
       std::make_unique<ReplicaSet>(config_.layers, config_.input_shape, config_.seed, config_.init,
                                    config_.optimizer, config_.optimizer_args, o, MpiWorld::Get());
-  const SafetensorsFile file = LoadSafetensors(weights);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [name, t] : file.tensors) {
-    if (std::string n = ModelNameOfStateDictKey(name); !n.empty()) tensors.emplace_back(n, t);
-  }
-  for (int r = 0; r < replicas_->size(); ++r) {
-    CopyNamedTensors(tensors, replicas_->model(r).StateTensors(), weights);
-  }
+  std::vector<Model*> models;
+  for (int r = 0; r < replicas_->size(); ++r) models.push_back(&replicas_->model(r));
+  LoadStateDict(LoadSafetensors(weights).tensors, models, {}, weights);
   if (config_.input_shape.rank() == 3) {
     // The test set's decode (its resize_min_side and the like), else the train set's.
     const auto spec =

@@ -62,7 +62,8 @@ const Schema& InitSchema() {
   static const Schema s =
       Schema("Start from existing weights.")
           .Optional("weights", ParamType::kString, std::string(""),
-                    "a .safetensors file (PyTorch state_dict names, 'module.' dropped)")
+                    "a .safetensors file (PyTorch state_dict names, 'module.' dropped; a relative "
+                    "path from the working folder, else from the config's)")
           .Optional("strict", ParamType::kBool, true,
                     "every tensor of the model and of the file must match by name and shape")
           .Optional("skip", ParamType::kStringList, std::vector<std::string>{},
@@ -371,6 +372,13 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     const YAML::Node init = Section(train, "init");
     Args a = doc.CheckArgs(init, InitSchema(), "train.init");
     c.init_from.weights = a.String("weights");
+    // A relative path: from the working folder, else from the config's own
+    // (an imported model's config names the weights beside it).
+    if (const fs::path w(c.init_from.weights);
+        !w.empty() && w.is_relative() && !fs::exists(w) &&
+        fs::exists(fs::absolute(path).parent_path() / w)) {
+      c.init_from.weights = (fs::absolute(path).parent_path() / w).lexically_normal().string();
+    }
     c.init_from.strict = a.Bool("strict");
     c.init_from.skip = a.Strings("skip");
     if (c.init_from.weights.empty() && init.IsMap() && init.size() > 0) {

@@ -1,6 +1,5 @@
 #include "pipeline/trainer.h"
 
-#include <fnmatch.h>
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 #include <unistd.h>
@@ -760,69 +759,32 @@ std::vector<std::pair<std::string, Tensor>> Trainer::ExportedTensors() {
 void Trainer::InitFromWeights() {
   const RunConfig::InitFrom& init = config_.init_from;
   const std::string& path = init.weights;
+  StateDictRules rules;
+  rules.strict = init.strict;
+  rules.skip = init.skip;
   const SafetensorsFile file = LoadSafetensors(path);
-  auto skipped = [&](const std::string& name) {
-    for (const std::string& g : init.skip)
-      if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
-    return false;
-  };
-  // The file's tensors by the model's names.
-  std::map<std::string, const Tensor*> given;
-  for (const auto& [name, t] : file.tensors) {
-    const std::string n = ModelNameOfStateDictKey(name);
-    if (!n.empty() && !skipped(n)) given[n] = &t;
-  }
-  std::vector<std::pair<std::string, Tensor>> load;
-  std::vector<std::string> problems;
-  for (const auto& [name, t] : model_->StateTensors()) {
-    if (skipped(name)) continue;
-    auto it = given.find(name);
-    if (it == given.end()) {
-      problems.push_back(StrCat("the model's '", name, "' ", t.shape(), " is not in the file"));
-      continue;
-    }
-    if (it->second->shape() != t.shape()) {
-      problems.push_back(StrCat("'", name, "' is ", it->second->shape(), " in the file, ",
-                                t.shape(), " in the model"));
-    } else {
-      load.emplace_back(name, *it->second);
-    }
-    given.erase(it);
-  }
-  for (const auto& [name, t] : given) {
-    problems.push_back(StrCat("the file's '", name, "' ", t->shape(), " is not in the model"));
-  }
-  if (!problems.empty()) {
-    std::string list;
-    for (const std::string& p : problems) list += "\n  " + p;
+  const StateDictMatch m = MatchStateDict(file.tensors, model_->StateTensors(), rules);
+  if (!m.mismatches.empty()) {
     if (init.strict) {
       throw ConfigError(StrCat("train.init: ", path,
                                " does not fit the model (strict: true; "
                                "strict: false loads what fits, skip: [glob] leaves tensors "
                                "at their fresh initialisation):",
-                               list));
+                               ListMismatches(m)));
     }
-    init_report_ = StrCat("train.init: ", path, ": ", problems.size(),
-                          " tensors left at their fresh initialisation or ignored:", list, "\n");
+    init_report_ = StrCat("train.init: ", path, ": ", m.mismatches.size(),
+                          " tensors left at their fresh initialisation or ignored:",
+                          ListMismatches(m), "\n");
   }
-  // Every model instance: replicas, pipeline stages.
-  std::set<std::string> loaded;
-  for (const auto& l : load) loaded.insert(l.first);
-  for (Model* m : Models()) {
-    std::vector<std::pair<std::string, Tensor>> dst;
-    for (auto& [name, t] : m->StateTensors())
-      if (loaded.count(name)) dst.emplace_back(name, t);
-    CopyNamedTensors(load, dst, path);
-  }
-  init_report_ += StrCat("train.init: ", load.size(), " tensors from ", path);
+  rules.strict = false;  // what fits, into every model instance: replicas, pipeline stages
+  LoadStateDict(file.tensors, Models(), rules, path);
+  init_report_ += StrCat("train.init: ", m.tensors.size(), " tensors from ", path);
 }
 
 void Trainer::LoadWeights(const std::string& path, const std::string& prefix) {
-  SafetensorsFile file = LoadSafetensors(path);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [name, tensor] : model_->StateTensors())
-    if (const Tensor* t = file.Find(prefix + name)) tensors.emplace_back(name, *t);
-  for (Model* m : Models()) CopyNamedTensors(tensors, m->StateTensors(), path);
+  StateDictRules rules;
+  rules.prefix = prefix;
+  LoadStateDict(LoadSafetensors(path).tensors, Models(), rules, path);
 }
 
 std::string Trainer::DescribeTensorParallel() const {

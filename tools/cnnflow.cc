@@ -34,6 +34,7 @@
 #include "stages/stage.h"
 #include "tools/convert.h"
 #include "tools/export_onnx.h"
+#include "tools/import_onnx.h"
 #include "tools/launch.h"
 #include "tools/models.h"
 #include "tools/plot.h"
@@ -78,6 +79,9 @@ commands:
   export RUN_DIR|CONFIG [--weights FILE] -o MODEL.onnx [--ema] [--check N FILE]
         the model and its weights as ONNX (opset 17), checked by the ONNX checker;
         `cnnflow export -h` lists the options
+  import MODEL.onnx -o DIR [--mean m,m,m --std s,s,s]
+        a network exported from PyTorch (torch.onnx) as DIR/model.yaml (a run config)
+        and DIR/model.safetensors (its weights by PyTorch's names); `cnnflow import -h`
   plot RUN_DIR... -o FILE.png|FILE.svg
         loss and accuracy, train and test, against epochs and steps, runs overlaid
   validate CONFIG [--set key=value ...]
@@ -92,9 +96,10 @@ commands:
   devices
         the GPUs this build and machine offer (CUDA driver, cuDNN, cuBLAS, NCCL
         versions; each GPU's name, memory and compute capability), or why there are none
-  models [NAME] [--set option=value ...]
+  models [NAME|CONFIG] [--set option=value ...]
         the model library (model: {library: NAME, with: {...}}): every network's
-        parameters, GFLOPs and options; with NAME, its layers written out flat
+        parameters, GFLOPs and options; with NAME (or a config), its layers written
+        out flat; `cnnflow models -h` for --check
   stages
         the registered stage types, layer types, data sources and optimizers,
         with their documented parameters
@@ -537,6 +542,7 @@ int Main(int argc, char** argv) {
   if (first == "convert") return RunConvert(std::vector<std::string>(argv + 2, argv + argc));
   if (first == "plot") return RunPlot(std::vector<std::string>(argv + 2, argv + argc));
   if (first == "export") return RunExport(std::vector<std::string>(argv + 2, argv + argc));
+  if (first == "import") return RunImport(std::vector<std::string>(argv + 2, argv + argc));
   if (first == "launch") return RunLaunch(std::vector<std::string>(argv + 2, argv + argc));
   if (first == "models") return RunModels(std::vector<std::string>(argv + 2, argv + argc));
   // --help / -h anywhere (and `help [COMMAND]`): the command's usage (or

@@ -626,12 +626,10 @@ int Export(const std::vector<std::string>& args) {
   std::unique_ptr<Model> model =
       Model::Build(rc.layers, rc.input_shape, DType::kF32, rc.seed, rc.init, Device::Cpu(),
                    std::nullopt, /*fuse_relu=*/false);
-  const SafetensorsFile file = LoadSafetensors(weights);
   const std::string prefix = ema ? kEmaPrefix : "";
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (auto& [name, t] : model->StateTensors())
-    if (const Tensor* f = file.Find(prefix + name)) tensors.emplace_back(name, *f);
-  CopyNamedTensors(tensors, model->StateTensors(), weights);
+  StateDictRules rules;
+  rules.prefix = prefix;
+  LoadStateDict(LoadSafetensors(weights).tensors, {model.get()}, rules, weights);
 
   onnx::ModelProto proto = Exporter(*model, rc.name).Build();
   proto.set_doc_string(StrCat("cnnflow config ", rc.name, " (", config, "), weights ", weights));

@@ -1,32 +1,17 @@
 #include "tools/models.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <set>
 
 #include "ops/io/safetensors.h"
 #include "ops/model.h"
 #include "ops/train/loss.h"
 #include "pipeline/model_blocks.h"
+#include "pipeline/run_config.h"
 
 namespace cnnflow {
 namespace {
-
-// One layer as a line of model.layers.
-std::string LayerLine(const LayerSpec& s) {
-  std::string params;
-  for (const auto& [k, v] : s.args.values()) params += StrCat(params.empty() ? "" : ", ", k, ": ", ParamValueToString(v));
-  std::string line = StrCat("  - {name: ", s.name, ", ", s.type, ": {", params, "}");
-  if (!s.inputs.empty()) {
-    std::string ins;
-    for (const auto& i : s.inputs) ins += StrCat(ins.empty() ? "" : ", ", i);
-    line += StrCat(", inputs: [", ins, "]");
-  }
-  for (const auto& [t, on] : s.trainable)
-    line += t.empty() ? StrCat(", trainable: ", on ? "true" : "false")
-                      : StrCat(", trainable: {", t, ": ", on ? "true" : "false", "}");
-  for (const auto& [t, scheme] : s.init) line += StrCat(", init: {", t, ": ", scheme, "}");
-  return line + "}";
-}
 
 // --check: the network with `weights` (strict: every tensor of the model and
 // of the file, by PyTorch's names) on `input`'s "input" [N, ...]: the logits
@@ -38,17 +23,7 @@ std::string LayerLine(const LayerSpec& s) {
 void Check(const ExpandedModel& m, const std::string& weights, const std::string& input,
            const std::string& out, DType dtype) {
   auto model = Model::Build(m.layers, m.input_shape, dtype);
-  const SafetensorsFile w = LoadSafetensors(weights);
-  std::vector<std::pair<std::string, Tensor>> given;
-  std::set<std::string> wanted;
-  for (const auto& [n, t] : model->StateTensors()) wanted.insert(n);
-  for (const auto& [name, t] : w.tensors) {
-    const std::string n = ModelNameOfStateDictKey(name);
-    if (n.empty()) continue;
-    if (!wanted.count(n)) throw Error(StrCat(weights, ": tensor '", name, "' is not in the model"));
-    given.emplace_back(n, t);
-  }
-  CopyNamedTensors(given, model->StateTensors(), weights);
+  LoadStateDict(LoadSafetensors(weights).tensors, {model.get()}, {}, weights);
   const SafetensorsFile in = LoadSafetensors(input);
   const Tensor* x = in.Find("input");
   const Tensor* y = in.Find("labels");
@@ -72,6 +47,16 @@ void Check(const ExpandedModel& m, const std::string& weights, const std::string
   for (const auto& np : model->NamedParameters())
     result.emplace_back("grad." + np.name, np.param->grad);
   SaveSafetensors(out, result);
+}
+
+// A library network by NAME, or the model section of a config file (an
+// imported model's model.yaml), with --set overrides.
+ExpandedModel ModelOf(const std::string& name, const std::vector<std::string>& overrides) {
+  if (std::filesystem::is_regular_file(name)) {
+    const RunConfig rc = LoadRunConfig(name, overrides);
+    return ExpandedModel{rc.layers, rc.input_shape};
+  }
+  return ExpandLibraryModel(name, overrides);
 }
 
 }  // namespace
@@ -109,16 +94,16 @@ int RunModels(const std::vector<std::string>& args) {
   }
   try {
     if (!check.empty()) {
-      Check(ExpandLibraryModel(name, overrides), weights, check, out, dtype);
+      Check(ModelOf(name, overrides), weights, check, out, dtype);
       return 0;
     }
     if (!name.empty()) {
-      const ExpandedModel m = ExpandLibraryModel(name, overrides);
+      const ExpandedModel m = ModelOf(name, overrides);
       auto model = Model::Build(m.layers, m.input_shape);
       std::printf("# %s: %zu layers, %.2f M parameters, %.3f GFLOPs per sample\nmodel:\n  input: %s\n  layers:\n",
                   name.c_str(), m.layers.size(), model->NumParameters() / 1e6,
                   model->ForwardFlops(1) / 1e9, m.input_shape.ToString().c_str());
-      for (const LayerSpec& s : m.layers) std::printf("  %s\n", LayerLine(s).c_str());
+      for (const LayerSpec& s : m.layers) std::printf("    %s\n", LayerSpecLine(s).c_str());
       return 0;
     }
     std::printf("%-18s %-14s %9s %9s  %s\n", "name", "input", "params M", "GFLOPs", "options");

@@ -12,10 +12,11 @@
 namespace cnnflow {
 
 inline constexpr const char* kModelsUsage =
-    "usage: cnnflow models [NAME] [--set option=value ...]\n"
-    "       cnnflow models NAME --weights W.safetensors --check IN.safetensors -o OUT.safetensors [--f64]\n"
+    "usage: cnnflow models [NAME|CONFIG] [--set option=value ...]\n"
+    "       cnnflow models NAME|CONFIG --weights W.safetensors --check IN.safetensors -o OUT.safetensors [--f64]\n"
     "  without NAME: every library network (model: {library: NAME, with: {...}}), its\n"
-    "  parameters, forward GFLOPs per sample and options; with NAME: its layers, flat.\n"
+    "  parameters, forward GFLOPs per sample and options; with NAME: its layers, flat;\n"
+    "  CONFIG (a config file, e.g. an imported model.yaml): its model section, the same way.\n"
     "  --check: load W strictly (PyTorch state_dict names), run IN's 'input' [N, ...]:\n"
     "  'logits' (eval mode), 'logits_train', 'loss' and 'grad.<tensor>' of the mean\n"
     "  cross-entropy on IN's 'labels' (training mode) go to OUT; --f64 computes in float64\n";

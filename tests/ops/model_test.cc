@@ -118,6 +118,38 @@ TEST(Model, SameSeedSameWeightsOtherSeedOther) {
   EXPECT_GT(MaxAbsDiff(wa, c->NamedParameters()[0].param->value), 0.0);
 }
 
+// The one set of rules every command reads weights by.
+TEST(StateDict, ReadsPyTorchNamesStrictlyAndListsWhatDoesNotFit) {
+  const Tensor w = Tensor::Full(Shape{2, 3}, 1), b = Tensor::Full(Shape{2}, 2);
+  const std::vector<std::pair<std::string, Tensor>> model = {{"fc.weight", w}, {"fc.bias", b}};
+  // DDP's "module.", BN's counter and a run's weight average are not the model's tensors.
+  const StateDictMatch ddp = MatchStateDict({{"module.fc.weight", w},
+                                             {"module.fc.bias", b},
+                                             {"module.bn.num_batches_tracked", Tensor::Full(Shape{1}, 5)},
+                                             {"ema.fc.weight", w}},
+                                            model);
+  EXPECT_TRUE(ddp.mismatches.empty()) << ListMismatches(ddp);
+  ASSERT_EQ(ddp.tensors.size(), 2u);
+  EXPECT_EQ(ddp.tensors[0].first, "fc.weight");
+  // The prefix reads the average, and only it.
+  StateDictRules ema;
+  ema.prefix = "ema.";
+  const StateDictMatch avg = MatchStateDict({{"fc.weight", w}, {"ema.fc.weight", w}, {"ema.fc.bias", b}}, model, ema);
+  EXPECT_TRUE(avg.mismatches.empty()) << ListMismatches(avg);
+  // Missing, unexpected and misshapen tensors, one line each.
+  const StateDictMatch bad =
+      MatchStateDict({{"fc.weight", Tensor::Full(Shape{3, 2}, 1)}, {"head.weight", w}}, model);
+  ASSERT_EQ(bad.mismatches.size(), 3u);
+  const std::string list = ListMismatches(bad);
+  EXPECT_NE(list.find("'fc.weight' is [3, 2] in the file, [2, 3] in the model"), std::string::npos) << list;
+  EXPECT_NE(list.find("the model's 'fc.bias' [2] is not in the file"), std::string::npos) << list;
+  EXPECT_NE(list.find("the file's 'head.weight' [2, 3] is not in the model"), std::string::npos) << list;
+  // skip: neither read nor missed.
+  StateDictRules skip;
+  skip.skip = {"fc.b*"};
+  EXPECT_TRUE(MatchStateDict({{"fc.weight", w}}, model, skip).mismatches.empty());
+}
+
 TEST(Model, UnknownLayerTypeAndBadInputsAreConfigErrors) {
   try {
     Model::Build({Spec("c", "conv2dd")}, {1, 4, 4});
