@@ -24,6 +24,9 @@ bench/library_vs_pytorch.py), at 224x224:
      for scale: what a runtime makes of the file);
   (--f64: the same check run in float64, `--check --f64`, must equal
      PyTorch's float64 to 1e-7: the same mathematics;)
+  the imported weights load strictly into the library network of the same
+     name (`cnnflow models NAME --weights DIR/model.safetensors --check`):
+     its eval logits against PyTorch's (<= 1e-4);
   6. (--roundtrip, on by default) `cnnflow export DIR/model.yaml --weights
      DIR/model.safetensors -o RT.onnx` in onnxruntime: its logits against
      PyTorch's eval logits (<= 1e-4).
@@ -208,6 +211,12 @@ def check(name, a, tmp):
         row["f64"] = max([rel(got64["logits"], ref_eval), rel(got64["logits_train"], ref_train)] +
                          [rel(got64["grad." + n], g, floor) for n, g in grads.items() if "grad." + n in got64])
 
+    # The imported weights, by PyTorch's names, load strictly into the
+    # library network of the same name: its eval logits against PyTorch's.
+    out_lib = os.path.join(tmp, f"{name}.library.safetensors")
+    run([a.cnnflow, "models", name, "--weights", weights, "--check", inp, "-o", out_lib])
+    row["library"] = rel(load_file(out_lib)["logits"], ref_eval)
+
     # 6. The round trip through cnnflow's exporter.
     row["roundtrip"] = None
     if a.roundtrip:
@@ -234,6 +243,8 @@ def verdict(r):
                    f"{len(r['weights_extra'])} others {r['weights_extra'][:3]}")
     if r["f64"] is not None and r["f64"] > F64_TOL:
         why.append(f"f64 {r['f64']:.1e} (> {F64_TOL:g})")
+    if r["library"] > TOL:
+        why.append(f"the weights in the library's {r['name']}: logits {r['library']:.1e}")
     if r["roundtrip"] is not None and r["roundtrip"] > TOL:
         why.append(f"round-trip ONNX {r['roundtrip']:.1e}")
     return not why, why
@@ -265,9 +276,10 @@ def main():
              f"{SHAPE[1]}x{SHAPE[2]}; reference PyTorch float64 on the same weights; tolerance {TOL:g} "
              f"(norm-relative)", "",
              "| model | ONNX nodes | layers imported | import s | eval logits | train logits | "
-             "worst grad (tensor) | grads matched | onnxruntime on the export | round-trip ONNX | "
+             "worst grad (tensor) | grads matched | weights in the library model | onnxruntime on the export | "
+             "round-trip ONNX | "
              "PyTorch f32's own worst | cnnflow f64 vs PyTorch f64 | pass |",
-             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     print("\n".join(lines), flush=True)
     failed = []
     tmp = a.keep or tempfile.mkdtemp(prefix="onnx_import_")
@@ -279,11 +291,11 @@ def main():
             except Exception as e:  # one model's failure is a row, not the end of the table
                 print(f"{name}: {e}", file=sys.stderr, flush=True)
                 last = str(e).strip().splitlines()[-1][:160].replace("|", "/")
-                line = f"| {name} | | | | error: {last} | | | | | | | | FAIL |"
+                line = f"| {name} | | | | error: {last} | | | | | | | | | FAIL |"
                 failed.append(name)
             else:
                 if a.export_only:
-                    line = (f"| {name} | {r['nodes']} | | | | | | {r['params']} parameters | {r['ort']:.1e} | | "
+                    line = (f"| {name} | {r['nodes']} | | | | | | {r['params']} parameters | | {r['ort']:.1e} | | "
                             f"{r['torch32']:.1e} | | export only |")
                 else:
                     ok, why = verdict(r)
@@ -295,7 +307,7 @@ def main():
                     f64 = "n/a" if r["f64"] is None else f"{r['f64']:.1e}"
                     line = (f"| {name} | {r['nodes']} | {layers} | {r['import_s']:.2f} | {r['eval']:.1e} | "
                             f"{r['train']:.1e} | {r['grad']:.1e} ({r['worst']}) | {r['matched']}/{r['params']} | "
-                            f"{r['ort']:.1e} | {rt} | {r['torch32']:.1e} | {f64} | {'yes' if ok else 'FAIL'} |")
+                            f"{r['library']:.1e} | {r['ort']:.1e} | {rt} | {r['torch32']:.1e} | {f64} | {'yes' if ok else 'FAIL'} |")
             lines.append(line)
             print(line, flush=True)
     finally:

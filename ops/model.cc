@@ -550,8 +550,8 @@ StateDictMatch LoadStateDict(const std::vector<std::pair<std::string, Tensor>>& 
   StateDictMatch m = MatchStateDict(file, models.at(0)->StateTensors(), rules);
   if (rules.strict && !m.mismatches.empty()) {
     throw Error(StrCat(where, ": does not fit the model (", m.mismatches.size(),
-                       " tensors; names are PyTorch state_dict keys, 'module.' dropped):",
-                       ListMismatches(m)));
+                       m.mismatches.size() == 1 ? " mismatch" : " mismatches",
+                       "; names are PyTorch state_dict keys, 'module.' dropped):", ListMismatches(m)));
   }
   std::set<std::string> fits;
   for (const auto& t : m.tensors) fits.insert(t.first);
