@@ -22,6 +22,9 @@ bench/library_vs_pytorch.py), at 224x224:
      parameter's gradient found by its PyTorch name, none other;
   5. onnxruntime on the exported file against the same reference (a column
      for scale: what a runtime makes of the file);
+  7. (--dynamo, on by default) the newer exporter's file (dynamo=True,
+     onnxscript from PyPI; its optimiser folds BN into the convs):
+     imported, its eval logits and the round trip against PyTorch f64;
   (--f64: the same check run in float64, `--check --f64`, must equal
      PyTorch's float64 to 1e-7: the same mathematics;)
   the imported weights load strictly into the library network of the same
@@ -35,7 +38,7 @@ fails. A model whose import (or check) fails is a failed row, with the
 command's stderr printed, and the next model runs.
 
 Runs in the git-ignored venv of bench/torch_venv.sh (torch, torchvision,
-onnx, onnxruntime, safetensors), never in CI:
+onnx, onnxruntime, safetensors; onnxscript for --dynamo), never in CI:
 
   $(bench/torch_venv.sh) bench/onnx_import_vs_pytorch.py [--models a,b] [--batch 2]
       [--cnnflow build/cnnflow] [--no-roundtrip] [--f64] [--keep DIR] [--out FILE]
@@ -79,6 +82,17 @@ def export_onnx(model, x, path, folded=False):
                           training=torch.onnx.TrainingMode.EVAL if folded else torch.onnx.TrainingMode.PRESERVE,
                           do_constant_folding=folded, input_names=["input"], output_names=["logits"],
                           dynamic_axes={"input": {0: "N"}, "logits": {0: "N"}}, opset_version=17)
+
+
+def export_onnx_dynamo(model, x, path):
+    """The newer exporter (dynamo=True; onnxscript from PyPI), as a user
+    calls it: eval mode, its default graph optimisation (which folds
+    BatchNormalization into the convs), weights inside the file."""
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), path, dynamo=True, input_names=["input"], output_names=["logits"],
+                          external_data=False)
 
 
 def machine():
@@ -226,6 +240,40 @@ def check(name, a, tmp):
     return row
 
 
+def check_dynamo(name, a, tmp):
+    """The newer exporter's file: imported, its eval logits (BN folded, so
+    no training step to compare) and the round trip against PyTorch f64."""
+    import torchvision
+    from safetensors.numpy import load_file, save_file
+    import onnx
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    model = getattr(torchvision.models, name)(weights=None).float()
+    randomise(model, gen)
+    x = torch.randn((a.batch,) + SHAPE, generator=gen)
+    labels = torch.randint(0, 1000, (a.batch,), generator=gen)
+    path = os.path.join(tmp, f"{name}.dynamo.onnx")
+    export_onnx_dynamo(copy.deepcopy(model), x, path)
+    row = {"nodes": len(onnx.load(path).graph.node)}
+    out_dir = os.path.join(tmp, f"{name}.dynamo.import")
+    row["import_s"], _ = run([a.cnnflow, "import", path, "-o", out_dir])
+    config, weights = os.path.join(out_dir, "model.yaml"), os.path.join(out_dir, "model.safetensors")
+    row["layers"] = count_layers(config)
+    inp = os.path.join(tmp, f"{name}.dynamo.in.safetensors")
+    save_file({"input": x.numpy(), "labels": labels.float().numpy()}, inp)
+    out = os.path.join(tmp, f"{name}.dynamo.out.safetensors")
+    run([a.cnnflow, "models", config, "--weights", weights, "--check", inp, "-o", out])
+    m = copy.deepcopy(model).double().eval()
+    with torch.no_grad():
+        ref = m(x.double()).numpy()
+    row["eval"] = rel(load_file(out)["logits"], ref)
+    row["ort"] = rel(onnx_logits(path, x.numpy()), ref)
+    rt = os.path.join(tmp, f"{name}.dynamo.rt.onnx")
+    run([a.cnnflow, "export", config, "--weights", weights, "-o", rt])
+    row["roundtrip"] = rel(onnx_logits(rt, x.numpy()), ref)
+    return row
+
+
 def verdict(r):
     """(pass, the reasons it fails)."""
     why = []
@@ -261,6 +309,8 @@ def main():
                     help="also run the check in float64: equal to PyTorch's float64 to 1e-7")
     ap.add_argument("--export-only", action="store_true",
                     help="the PyTorch half only: export, the float64 reference, onnxruntime; no cnnflow")
+    ap.add_argument("--dynamo", action=argparse.BooleanOptionalAction, default=True,
+                    help="also import the newer exporter's files (dynamo=True; needs onnxscript; default on)")
     ap.add_argument("--keep", metavar="DIR", help="keep the ONNX files, imports and check outputs in DIR")
     ap.add_argument("--threads", type=int, default=2, help="PyTorch's threads (default 2)")
     ap.add_argument("--out")
@@ -310,6 +360,29 @@ def main():
                             f"{r['library']:.1e} | {r['ort']:.1e} | {rt} | {r['torch32']:.1e} | {f64} | {'yes' if ok else 'FAIL'} |")
             lines.append(line)
             print(line, flush=True)
+        if a.dynamo and not a.export_only:
+            head = ["", "The newer exporter (dynamo=True, onnxscript; its optimiser folds BatchNormalization "
+                    "into the convs, so only evaluation is compared):", "",
+                    "| model | ONNX nodes | layers imported | import s | eval logits | onnxruntime on the export | "
+                    "round-trip ONNX | pass |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+            lines += head
+            print("\n".join(head), flush=True)
+            for name in a.models.split(","):
+                try:
+                    r = check_dynamo(name, a, tmp)
+                except Exception as e:
+                    print(f"{name} (dynamo): {e}", file=sys.stderr, flush=True)
+                    last = str(e).strip().splitlines()[-1][:160].replace("|", "/")
+                    line = f"| {name} | | | | error: {last} | | | FAIL |"
+                    failed.append(name + " (dynamo)")
+                else:
+                    ok = r["eval"] <= TOL and r["roundtrip"] <= TOL
+                    if not ok:
+                        failed.append(name + " (dynamo)")
+                    line = (f"| {name} | {r['nodes']} | {r['layers']} | {r['import_s']:.2f} | {r['eval']:.1e} | "
+                            f"{r['ort']:.1e} | {r['roundtrip']:.1e} | {'yes' if ok else 'FAIL'} |")
+                lines.append(line)
+                print(line, flush=True)
     finally:
         if not a.keep:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -6,8 +6,10 @@
 # usage: bench/torch_venv.sh [--install] [--venv DIR]
 #   --venv DIR   default: .venv-torch in the repository root (git-ignored)
 #   --install    if DIR lacks torch 2.x: python3 -m venv DIR &&
-#                DIR/bin/pip install torch numpy (from PyPI). Refused when $CI
-#                is set: CI never downloads the wheel.
+#                DIR/bin/pip install torch numpy and what the comparisons
+#                with PyTorch read and write (torchvision safetensors onnx
+#                onnxruntime onnxscript), from PyPI. Refused when $CI is set:
+#                CI never downloads the wheel.
 # Environment: TORCH_VENV_PYTHON (the interpreter that makes the venv;
 # default python3 on PATH, not Debian's /usr/bin/python3, which lacks
 # ensurepip), TORCH_PIP_ARGS (extra pip arguments; the PyPI wheel pulls
@@ -23,7 +25,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --install) INSTALL=1; shift ;;
     --venv) VENV="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "torch_venv.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -42,10 +44,11 @@ if [[ -z "$major" && $INSTALL -eq 1 ]]; then
     exit 1
   fi
   maker="${TORCH_VENV_PYTHON:-python3}"
-  echo "torch_venv.sh: installing torch + numpy from PyPI into $VENV (${TORCH_PIP_ARGS:-default index; ~5 GB with the CUDA libraries})" >&2
+  echo "torch_venv.sh: installing torch, numpy and the comparisons' packages from PyPI into $VENV (${TORCH_PIP_ARGS:-default index; ~5 GB with the CUDA libraries})" >&2
   [[ -x "$PY" ]] || "$maker" -m venv "$VENV" >&2
   # shellcheck disable=SC2086
-  "$VENV/bin/pip" install --disable-pip-version-check ${TORCH_PIP_ARGS:-} torch numpy >&2
+  "$VENV/bin/pip" install --disable-pip-version-check ${TORCH_PIP_ARGS:-} torch numpy torchvision \
+    safetensors onnx onnxruntime onnxscript >&2
   major=$(torch_major)
 fi
 if [[ -z "$major" ]]; then

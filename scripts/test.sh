@@ -10,12 +10,12 @@ scripts/setup_python.sh || echo "test.sh: no Python packages from PyPI; the Tens
 scripts/build.sh
 (cd build && ctest --output-on-failure -j2 --timeout 600)
 # Fuzz smoke (fuzz/, README "Fuzzing"): each parser target 10 s under ASan +
-# UBSan, a finding fails the run. The two config targets need a sanitized
-# build of the whole project, so CI replays only their seeds and crash inputs
+# UBSan, a finding fails the run. The two config targets and onnx_import need
+# a sanitized build of the whole project, so CI replays only their seeds and crash inputs
 # (ctest fuzz_regression_test); CNNFLOW_FUZZ_TARGETS="$(ls fuzz/corpus)" runs them too.
 if command -v clang++-14 >/dev/null; then
   FUZZ_NICE=0 scripts/fuzz.sh "${CNNFLOW_FUZZ_SECONDS:-10}" \
-    ${CNNFLOW_FUZZ_TARGETS:-$(ls fuzz/corpus | grep -vx -e run_config -e graph_template)}
+    ${CNNFLOW_FUZZ_TARGETS:-$(ls fuzz/corpus | grep -vx -e run_config -e graph_template -e onnx_import)}
 else
   echo "test: clang++-14 not found, fuzz smoke skipped"
 fi

@@ -28,6 +28,7 @@
 // does not depend on are left out.
 #include "tools/import_onnx.h"
 
+#include <google/protobuf/unknown_field_set.h>
 #include <onnx/onnx_pb.h>
 #include <unistd.h>
 
@@ -390,6 +391,7 @@ class OnnxImporter {
                          "[N, C, H, W] or [N, C, L] with fixed C, H, W (export with a sample input "
                          "of the size to train at)"));
     }
+    if (s.dim(0).has_dim_value()) batch_ = s.dim(0).dim_value();
     out_.input_shape = Shape(dims);
     if (out_.input_shape.numel() > (int64_t{1} << 28)) {
       throw Error(StrCat(what_, ": input '", in->name(), "' ", out_.input_shape, " is too large a sample"));
@@ -651,10 +653,40 @@ class OnnxImporter {
     return IsModulePath(path) ? path : "";
   }
 
+  // The module path torch.onnx's newer exporter (dynamo=True) records in a
+  // node's metadata: pkg.torch.onnx.name_scopes = "['', 'layer1',
+  // 'layer1.0', 'layer1.0.relu', 'relu']", the module's path next to last.
+  // NodeProto.metadata_props (field 9, ONNX 1.16) is newer than Debian's
+  // ONNX classes, so it is read from the fields they keep unparsed.
+  static std::string MetadataScope(const onnx::NodeProto& n) {
+    constexpr int kMetadataProps = 9;
+    const google::protobuf::UnknownFieldSet& unknown = n.GetReflection()->GetUnknownFields(n);
+    for (int f = 0; f < unknown.field_count(); ++f) {
+      if (unknown.field(f).number() != kMetadataProps ||
+          unknown.field(f).type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) {
+        continue;
+      }
+      onnx::StringStringEntryProto p;
+      if (!p.ParseFromString(unknown.field(f).length_delimited()) || p.key() != "pkg.torch.onnx.name_scopes") {
+        continue;
+      }
+      std::vector<std::string> scopes;
+      for (size_t q = p.value().find('\''); q != std::string::npos;) {
+        const size_t e = p.value().find('\'', q + 1);
+        if (e == std::string::npos) break;
+        scopes.push_back(p.value().substr(q + 1, e - q - 1));
+        q = p.value().find('\'', e + 1);
+      }
+      if (scopes.size() >= 3 && IsModulePath(scopes[scopes.size() - 2])) return scopes[scopes.size() - 2];
+    }
+    return "";
+  }
+
   // The name of a parameter-free layer (or one whose weights are not
   // PyTorch's): its scope's module path, else the op in lower case.
   std::string ScopeName(int i) const {
     std::string s = ScopePath(g_.node(i).name());
+    if (s.empty()) s = MetadataScope(g_.node(i));
     if (s.empty()) {
       for (char c : g_.node(i).op_type()) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       if (!IsModulePath(s)) s = "layer";
@@ -1104,7 +1136,7 @@ class OnnxImporter {
     if (v.shape.rank() < 2) Fail(i, "pools a flat sample");
     std::string output = g_.node(i).output(0);
     const int f = SoleReader(output);
-    if (keep_dims && IsFlatten(f)) {
+    if (keep_dims && IsFlatten(f, Shape{v.shape[0]})) {
       skip_.insert(f);
       output = g_.node(f).output(0);
       keep_dims = false;
@@ -1115,9 +1147,10 @@ class OnnxImporter {
     AddLayer(i, ScopeName(i), v.shape.rank() == 3 ? "adaptive_avgpool2d" : "adaptive_avgpool1d", args, {x}, {}, output);
   }
 
-  // Whether node f flattens [N, ...] to [N, -1] (Flatten axis 1, or a
-  // Reshape to a constant [0 | -1 | N, -1]).
-  bool IsFlatten(int f) const {
+  // Whether node f flattens samples of `sample` shape, [N, ...] to [N, -1]
+  // (Flatten axis 1, or a Reshape to a constant [0 | -1 | N, -1 | C*H*W];
+  // N: the batch of an input exported at a fixed batch size).
+  bool IsFlatten(int f, const Shape& sample) const {
     if (IsOp(f, "Flatten")) {
       for (const auto& at : g_.node(f).attribute())
         if (at.name() == "axis" && at.i() != 1) return false;
@@ -1125,7 +1158,8 @@ class OnnxImporter {
     }
     if (IsOp(f, "Reshape") && HasIn(f, 1) && IsConst(In(f, 1))) {
       const std::vector<int64_t> s = IntsOf(consts_.at(In(f, 1)));
-      return s.size() == 2 && s[1] == -1 && (s[0] == 0 || s[0] == -1);
+      return s.size() == 2 && (s[1] == -1 || s[1] == sample.numel()) && !(s[0] == -1 && s[1] == -1) &&
+             (s[0] == 0 || s[0] == -1 || (batch_ > 0 && s[0] == batch_));
     }
     return false;
   }
@@ -1134,6 +1168,7 @@ class OnnxImporter {
     const Val x = ValIn(i, 0);
     std::vector<int64_t> axes = a.Ints("axes", {});
     const int64_t keep = a.Int("keepdims", 1);
+    a.Int("noop_with_empty_axes", 0);  // opset 18: the axes are given below
     a.Done();
     if (HasIn(i, 1)) axes = IntsOf(ConstIn(i, 1));  // opset 18
     const int rank = x.shape.rank() + 1;
@@ -1154,7 +1189,7 @@ class OnnxImporter {
     } else {
       a.Int("allowzero", 0);
       a.Done();
-      if (!IsFlatten(i)) {
+      if (!IsFlatten(i, x.shape)) {
         Fail(i, HasIn(i, 1) && !IsConst(In(i, 1))
                     ? "its target shape is computed (x.view(x.size(0), -1) exports so); "
                       "torch.flatten(x, 1) exports as a Flatten"
@@ -1267,6 +1302,7 @@ class OnnxImporter {
   const onnx::GraphProto& g_;
   std::string what_;
   int opset_ = 0;
+  int64_t batch_ = -2;  // the input's batch size when fixed (a Reshape may name it)
   std::string output_;
   std::map<std::string, Tensor> consts_;
   std::map<std::string, Val> vals_;

@@ -35,7 +35,9 @@ resnet_block_folded is resnet_block's network and weights exported with
 batch norm folded into the convolutions (training=EVAL, constant folding
 on), as a user's export often is: its initializers are named by the
 exporter (onnx::Conv_NN), not by PyTorch, so its check file holds only
-"input" and "logits".
+"input" and "logits". inverted_residual_se_silu_dynamo is that network
+from the newer exporter (dynamo=True, onnxscript; its optimiser folds BN
+too), its module scopes in the nodes' metadata; input and logits as well.
 
 Run in the venv of bench/torch_venv.sh (torch, torchvision, onnx, safetensors):
   $(bench/torch_venv.sh) tests/data/make_onnx_fixtures.py [--describe]
@@ -56,7 +58,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from library_vs_pytorch import randomise  # noqa: E402
-from onnx_import_vs_pytorch import export_onnx  # noqa: E402
+from onnx_import_vs_pytorch import export_onnx, export_onnx_dynamo  # noqa: E402
 
 SHAPE = (3, 16, 16)
 BATCH = 2
@@ -136,12 +138,29 @@ class GeluNet(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
-# name: (the network, folded export too)
+# name: (the network, the other exports of it: "folded" (TorchScript, BN
+# folded), "dynamo" (the newer exporter, whose optimiser folds BN too))
 NETS = {
-    "resnet_block": (ResNetBlock, True),
-    "inverted_residual_se_silu": (InvertedResidualSE, False),
-    "gelu_net": (GeluNet, False),
+    "resnet_block": (ResNetBlock, ("folded",)),
+    "inverted_residual_se_silu": (InvertedResidualSE, ("dynamo",)),
+    "gelu_net": (GeluNet, ()),
 }
+
+
+def export_dynamo(model, x, path):
+    """export_onnx_dynamo, without the nodes' stack traces and FX text (local
+    paths, most of the file); the module scopes the importer names layers
+    by stay."""
+    import onnx
+    export_onnx_dynamo(model, x, path)
+    m = onnx.load(path)
+    for n in m.graph.node:
+        keep = [(p.key, p.value) for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"]
+        del n.metadata_props[:]
+        for k, v in keep:
+            n.metadata_props.add(key=k, value=v)
+    m.producer_version = torch.__version__.split("+")[0]
+    onnx.save(m, path)
 
 
 def reference(model, x, labels):
@@ -197,20 +216,24 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     os.makedirs(corpus, exist_ok=True)
     written = []
-    for name, (make, folded) in NETS.items():
+    for name, (make, others) in NETS.items():
         torch.manual_seed(0)
         gen = torch.Generator().manual_seed(1)
         model = make().float()
         randomise(model, gen)
         x = torch.randn((BATCH,) + SHAPE, generator=gen)
         labels = torch.randint(0, CLASSES, (BATCH,), generator=gen)
-        variants = [(name, False)] + ([(name + "_folded", True)] if folded else [])
-        for fname, fold in variants:  # exported before any training-mode forward moves the BN statistics
-            export_onnx(copy.deepcopy(model), x, os.path.join(out_dir, f"{fname}.onnx"), folded=fold)
+        variants = [(name, "")] + [(f"{name}_{kind}", kind) for kind in others]
+        for fname, kind in variants:  # exported before any training-mode forward moves the BN statistics
+            path = os.path.join(out_dir, f"{fname}.onnx")
+            if kind == "dynamo":
+                export_dynamo(copy.deepcopy(model), x, path)
+            else:
+                export_onnx(copy.deepcopy(model), x, path, folded=kind == "folded")
         ref = reference(model, x, labels)
         checks = {name: {"input": x, "labels": labels.float(), **{k: v.double() for k, v in ref.items()}}}
-        if folded:
-            checks[name + "_folded"] = {"input": x, "logits": ref["logits"].double()}
+        for fname, kind in variants[1:]:
+            checks[fname] = {"input": x, "logits": ref["logits"].double()}
         for fname, _ in variants:
             onnx_path = os.path.join(out_dir, f"{fname}.onnx")
             with open(onnx_path, "rb") as f:

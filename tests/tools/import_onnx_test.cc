@@ -127,19 +127,31 @@ TEST(ImportOnnx, MapsExporterPatternsToSingleLayers) {
   EXPECT_EQ(gelu.layers.size(), 8u);
 }
 
-TEST(ImportOnnx, ImportsBatchNormFoldedIntoConvsAsItIs) {
-  const ImportedOnnx m = ImportFile(Fixture("resnet_block_folded.onnx"));
+// BN folded into the convs, by the TorchScript exporter's constant folding
+// or by the newer exporter's optimiser: convs with biases, PyTorch's eval
+// logits, the layers named after the modules where the file records them
+// (node names; the newer exporter's metadata).
+class FoldedFixture : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+TEST_P(FoldedFixture, ImportsAsItIs) {
+  const auto& [name, first_layer] = GetParam();
+  const ImportedOnnx m = ImportFile(Fixture(name + ".onnx"));
   for (const LayerSpec& s : m.layers) EXPECT_NE(s.type, "batchnorm");
-  const SafetensorsFile ref = LoadSafetensors(Fixture("resnet_block_folded.check.safetensors"));
+  const SafetensorsFile ref = LoadSafetensors(Fixture(name + ".check.safetensors"));
   auto model = BuildImported(m);
   ForwardContext eval;
   eval.training = false;
   EXPECT_LE(RelativeError(model->Forward(ref.Find("input")->Cast(DType::kF32), eval), *ref.Find("logits")),
             1e-4);
-  // The folded weights have no PyTorch names: the layers take their scopes'.
-  EXPECT_EQ(m.layers[0].name, "conv1");
-  EXPECT_EQ(m.tensors[0].first, "conv1.weight");
+  EXPECT_EQ(m.layers[0].name, first_layer);
+  EXPECT_EQ(m.tensors[0].first, first_layer + ".weight");
+  EXPECT_EQ(m.tensors[1].first, first_layer + ".bias");
 }
+
+INSTANTIATE_TEST_SUITE_P(TorchOnnx, FoldedFixture,
+                         ::testing::Values(std::make_pair("resnet_block_folded", "conv1"),
+                                           std::make_pair("inverted_residual_se_silu_dynamo",
+                                                          "features.0.0")));
 
 TEST(ImportOnnx, TruncatedOrForeignFilesAreNamedErrors) {
   const std::string b = ReadBytes(Fixture("resnet_block.onnx"));
