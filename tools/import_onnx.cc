@@ -472,6 +472,10 @@ class OnnxImporter {
     return it != readers_.end() && it->second.size() == 1 ? it->second[0] : -1;
   }
   bool IsOp(int i, const char* op) const { return i >= 0 && g_.node(i).op_type() == op; }
+  // An elementwise op of two inputs and an output (what the patterns read).
+  bool IsBinary(int i, const char* op) const {
+    return IsOp(i, op) && g_.node(i).input_size() == 2 && g_.node(i).output_size() >= 1;
+  }
   int Producer(const std::string& v) const {
     auto it = producer_.find(v);
     return it == producer_.end() ? -1 : it->second;
@@ -487,7 +491,7 @@ class OnnxImporter {
       // SiLU: Sigmoid(x) read only by Mul(x, Sigmoid(x)).
       if (n.op_type() == "Sigmoid" && n.input_size() == 1 && n.output_size() == 1) {
         const int m = SoleReader(n.output(0));
-        if (IsOp(m, "Mul") && g_.node(m).input_size() == 2) {
+        if (IsBinary(m, "Mul")) {
           const auto& mi = g_.node(m).input();
           if ((mi[0] == n.input(0) && mi[1] == n.output(0)) || (mi[1] == n.input(0) && mi[0] == n.output(0))) {
             Fuse(m, {i}, "silu", Args(), n.input(0));
@@ -496,22 +500,22 @@ class OnnxImporter {
       }
       // GELU (erf): Div(x, sqrt 2) or Mul(x, 1/sqrt 2) -> Erf -> Add 1 ->
       // Mul by x and by 0.5, in either order (or x * 0.5 made first).
-      if (n.op_type() == "Erf" && n.input_size() == 1) {
+      if (n.op_type() == "Erf" && n.input_size() == 1 && n.output_size() == 1) {
         const int d = Producer(n.input(0));
         if (d < 0 || SoleReader(n.input(0)) != i || g_.node(d).input_size() != 2) continue;
-        const bool scaled = (IsOp(d, "Div") && near(ScalarIn(d, 1), std::sqrt(2.0))) ||
-                            (IsOp(d, "Mul") && near(ScalarIn(d, 1), 1 / std::sqrt(2.0)));
+        const bool scaled = (IsBinary(d, "Div") && near(ScalarIn(d, 1), std::sqrt(2.0))) ||
+                            (IsBinary(d, "Mul") && near(ScalarIn(d, 1), 1 / std::sqrt(2.0)));
         if (!scaled) continue;
         const std::string& x = g_.node(d).input(0);
         const int p = SoleReader(n.output(0));
-        if (!IsOp(p, "Add") || !(near(ScalarIn(p, 1), 1) || near(ScalarIn(p, 0), 1))) continue;
+        if (!IsBinary(p, "Add") || !(near(ScalarIn(p, 1), 1) || near(ScalarIn(p, 0), 1))) continue;
         const int m1 = SoleReader(g_.node(p).output(0));
-        if (!IsOp(m1, "Mul") || g_.node(m1).input_size() != 2) continue;
+        if (!IsBinary(m1, "Mul")) continue;
         const auto& a = g_.node(m1).input();
         const std::string& other = a[0] == g_.node(p).output(0) ? a[1] : a[0];
         const int m2 = SoleReader(g_.node(m1).output(0));
         auto mul_of = [&](int m, const std::string& v, auto pred) {
-          if (!IsOp(m, "Mul") || g_.node(m).input_size() != 2) return false;
+          if (!IsBinary(m, "Mul")) return false;
           const auto& b = g_.node(m).input();
           return (b[0] == v && pred(1)) || (b[1] == v && pred(0));
         };
@@ -531,7 +535,7 @@ class OnnxImporter {
       }
       // GELU (tanh): x * 0.5 * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3))),
       // found from its Tanh: walked back to x, forward to the end.
-      if (n.op_type() == "Tanh" && n.input_size() == 1) MatchGeluTanh(i);
+      if (n.op_type() == "Tanh" && n.input_size() == 1 && n.output_size() == 1) MatchGeluTanh(i);
     }
   }
 
@@ -546,17 +550,17 @@ class OnnxImporter {
     std::vector<int> members;
     // Backwards: Tanh <- Mul(c, sqrt(2/pi)) <- Add(x, cube * 0.044715).
     const int s = Producer(g_.node(t).input(0));
-    if (!IsOp(s, "Mul") || SoleReader(g_.node(s).output(0)) != t) return;
+    if (!IsBinary(s, "Mul") || SoleReader(g_.node(s).output(0)) != t) return;
     int sk = near(ScalarIn(s, 1), std::sqrt(2 / M_PI)) ? 0 : near(ScalarIn(s, 0), std::sqrt(2 / M_PI)) ? 1 : -1;
     if (sk < 0) return;
     const int a = Producer(g_.node(s).input(sk));
-    if (!IsOp(a, "Add") || SoleReader(g_.node(a).output(0)) != s) return;
+    if (!IsBinary(a, "Add") || SoleReader(g_.node(a).output(0)) != s) return;
     // One side of the Add is x, the other 0.044715 * x^3.
     for (int xi = 0; xi < 2; ++xi) {
       const std::string& x = g_.node(a).input(xi);
       const std::string& cube_scaled = g_.node(a).input(1 - xi);
       const int c = Producer(cube_scaled);
-      if (!IsOp(c, "Mul") || SoleReader(cube_scaled) != a) continue;
+      if (!IsBinary(c, "Mul") || SoleReader(cube_scaled) != a) continue;
       const int ck = near(ScalarIn(c, 1), 0.044715) ? 0 : near(ScalarIn(c, 0), 0.044715) ? 1 : -1;
       if (ck < 0) continue;
       const std::string& cube = g_.node(c).input(ck);
@@ -566,16 +570,16 @@ class OnnxImporter {
       members.insert(members.end(), {c, a, s, t});
       // Forwards: Add(tanh, 1), then the products with x and 0.5.
       const int p = SoleReader(g_.node(t).output(0));
-      if (!IsOp(p, "Add") || !(near(ScalarIn(p, 1), 1) || near(ScalarIn(p, 0), 1))) return;
+      if (!IsBinary(p, "Add") || !(near(ScalarIn(p, 1), 1) || near(ScalarIn(p, 0), 1))) return;
       members.push_back(p);
       // The rest multiplies (1 + tanh) by x and by 0.5: either 0.5 * x made
       // first (a Mul of x, read only here) or two Muls after.
       const int m1 = SoleReader(g_.node(p).output(0));
-      if (!IsOp(m1, "Mul") || g_.node(m1).input_size() != 2) return;
+      if (!IsBinary(m1, "Mul")) return;
       const auto& mi = g_.node(m1).input();
       const std::string& other = mi[0] == g_.node(p).output(0) ? mi[1] : mi[0];
       const int h = Producer(other);
-      if (IsOp(h, "Mul") && SoleReader(other) == m1 &&
+      if (IsBinary(h, "Mul") && SoleReader(other) == m1 &&
           ((g_.node(h).input(0) == x && near(ScalarIn(h, 1), 0.5)) ||
            (g_.node(h).input(1) == x && near(ScalarIn(h, 0), 0.5)))) {
         members.push_back(h);
@@ -584,7 +588,7 @@ class OnnxImporter {
         return Fuse(m1, members, "gelu", args, x);
       }
       const int m2 = SoleReader(g_.node(m1).output(0));
-      if (!IsOp(m2, "Mul") || g_.node(m2).input_size() != 2) return;
+      if (!IsBinary(m2, "Mul")) return;
       const auto& m2i = g_.node(m2).input();
       const std::string& last = m2i[0] == g_.node(m1).output(0) ? m2i[1] : m2i[0];
       const bool x_then_half = other == x && IsConst(last) && near(ScalarIn(m2, m2i[0] == last ? 0 : 1), 0.5);
@@ -603,17 +607,17 @@ class OnnxImporter {
     const int c = Producer(v);
     if (c < 0 || g_.node(c).input_size() != 2) return false;
     const auto& in = g_.node(c).input();
-    if (IsOp(c, "Pow")) {
+    if (IsBinary(c, "Pow")) {
       const auto e = ScalarIn(c, 1);
       if (in[0] != x || !e || *e != 3) return false;
       nodes->push_back(c);
       return true;
     }
-    if (!IsOp(c, "Mul")) return false;
+    if (!IsBinary(c, "Mul")) return false;
     for (int k = 0; k < 2; ++k) {
       if (in[k] != x) continue;
       const int sq = Producer(in[1 - k]);
-      if (IsOp(sq, "Mul") && SoleReader(in[1 - k]) == c && g_.node(sq).input(0) == x &&
+      if (IsBinary(sq, "Mul") && SoleReader(in[1 - k]) == c && g_.node(sq).input(0) == x &&
           g_.node(sq).input_size() == 2 && g_.node(sq).input(1) == x) {
         nodes->insert(nodes->end(), {sq, c});
         return true;
@@ -705,11 +709,12 @@ class OnnxImporter {
   std::string UniqueName(int i, const std::string& base, bool has_params) {
     std::string name = base;
     for (int k = 1; used_.count(name) || (!has_params && reserved_.count(name)); ++k) name = StrCat(base, "_", k);
-    if (has_params && name != base) {
+    if (has_params && with_weights_.count(base)) {
       out_.notes.push_back(StrCat(Where(i), ": uses the weights of layer '", base,
                                   "' again; layer '", name, "' gets a copy of its own (they train apart)"));
     }
     used_.insert(name);
+    if (has_params) with_weights_.insert(name);
     return name;
   }
 
@@ -729,7 +734,9 @@ class OnnxImporter {
     spec.args = args;
     std::vector<Shape> shapes;
     for (const std::string& v : inputs) {
-      const Val& val = vals_.at(v);
+      auto it = vals_.find(v);
+      if (it == vals_.end()) Fail(i, StrCat("reads '", v, "', which no layer before computes"));
+      const Val& val = it->second;
       spec.inputs.push_back(val.layer);
       shapes.push_back(val.shape);
     }
@@ -857,8 +864,12 @@ class OnnxImporter {
     if (op == "Concat") {
       const int64_t axis = a.Int("axis", 1);
       a.Done();
+      if (n.input_size() == 0) Fail(i, "has no inputs");
       std::vector<std::string> ins;
-      for (int k = 0; k < n.input_size(); ++k) ins.push_back((ValIn(i, k), In(i, k)));
+      for (int k = 0; k < n.input_size(); ++k) {
+        ValIn(i, k);  // each a computed value
+        ins.push_back(In(i, k));
+      }
       const int rank = vals_.at(ins[0]).shape.rank() + 1;
       if (axis != 1 && axis != 1 - rank) Fail(i, StrCat("concatenates along axis ", axis, "; cnnflow's concat joins channels (axis 1)"));
       if (ins.size() == 1) return Alias(i, ins[0]);
@@ -916,8 +927,13 @@ class OnnxImporter {
     if (w.stride.size() != s || w.dilation.size() != s || pads.size() != 2 * s) {
       Fail(i, "strides, dilations or pads do not have one value per spatial axis");
     }
+    constexpr int64_t kLargest = 1 << 20;  // beyond any network's, and no int64 overflow in shapes
     for (size_t d = 0; d < s; ++d) {
       if (w.stride[d] < 1 || w.dilation[d] < 1 || w.kernel[d] < 1) Fail(i, "a kernel, stride or dilation below 1");
+      if (w.stride[d] > kLargest || w.dilation[d] > kLargest || w.kernel[d] > kLargest ||
+          pads[d] > kLargest || pads[d] < -kLargest || pads[d + s] > kLargest || pads[d + s] < -kLargest) {
+        Fail(i, "a kernel, stride, dilation or pad beyond 2^20");
+      }
     }
     if (auto_pad == "VALID") {
       std::fill(pads.begin(), pads.end(), 0);
@@ -954,7 +970,7 @@ class OnnxImporter {
     const int64_t groups = a.Int("group", 1);
     a.Done();
     // Checked before the layer is built: its weight's size comes from the input.
-    if (groups < 1 || x.shape[0] != w.shape()[1] * groups) {
+    if (groups < 1 || groups > x.shape[0] || x.shape[0] != w.shape()[1] * groups) {
       Fail(i, StrCat("a weight ", w.shape(), " in ", groups, " groups does not fit ", x.shape[0], " input channels"));
     }
     Args args;
@@ -981,13 +997,16 @@ class OnnxImporter {
     std::vector<int64_t> k = {w.shape()[2], w.shape()[3]};
     const Window win = ReadWindow(i, a, 2, k, x.shape);
     const int64_t groups = a.Int("group", 1);
-    if (groups < 1 || x.shape[0] != w.shape()[0]) {
+    if (groups < 1 || groups > x.shape[0] || x.shape[0] != w.shape()[0]) {
       Fail(i, StrCat("a weight ", w.shape(), " does not fit ", x.shape[0], " input channels"));
     }
     const std::vector<int64_t> output_pad = a.Ints("output_padding", {0, 0});
     if (a.Has("output_shape")) Fail(i, "output_shape is not supported (give pads and output_padding)");
     a.Done();
-    if (output_pad.size() != 2) Fail(i, "output_padding needs two values");
+    if (output_pad.size() != 2 || std::any_of(output_pad.begin(), output_pad.end(),
+                                              [](int64_t p) { return p < 0 || p > (1 << 20); })) {
+      Fail(i, "output_padding needs two values of sensible size");
+    }
     Args args;
     args.Set("out", w.shape()[1] * groups);
     args.Set("kernel", k[0] == k[1] ? ParamValue(k[0]) : ParamValue(k));
@@ -1081,7 +1100,7 @@ class OnnxImporter {
     const Tensor* b = nullptr;
     std::string base = ScopeName(i);
     const int add = SoleReader(output);
-    if (IsOp(add, "Add") && g_.node(add).input_size() == 2) {
+    if (IsBinary(add, "Add")) {
       const int k = g_.node(add).input(0) == output ? 1 : 0;
       const std::string& bias = g_.node(add).input(k);
       if (IsConst(bias) && consts_.at(bias).numel() == w.shape()[0]) {
@@ -1151,6 +1170,7 @@ class OnnxImporter {
   // (Flatten axis 1, or a Reshape to a constant [0 | -1 | N, -1 | C*H*W];
   // N: the batch of an input exported at a fixed batch size).
   bool IsFlatten(int f, const Shape& sample) const {
+    if (f < 0 || g_.node(f).output_size() < 1) return false;
     if (IsOp(f, "Flatten")) {
       for (const auto& at : g_.node(f).attribute())
         if (at.name() == "axis" && at.i() != 1) return false;
@@ -1228,9 +1248,8 @@ class OnnxImporter {
     if (!c0 && !c1) {
       if (op == "Div") Fail(i, "divides one computed value by another; cnnflow has no such layer");
       std::vector<std::string> ins = {In(i, 0), In(i, 1)};
-      ValIn(i, 0), ValIn(i, 1);
       // mul's second input is the one broadcast ([C, 1, 1] gates).
-      if (op == "Mul" && vals_.at(ins[0]).shape.numel() < vals_.at(ins[1]).shape.numel()) std::swap(ins[0], ins[1]);
+      if (op == "Mul" && ValIn(i, 0).shape.numel() < ValIn(i, 1).shape.numel()) std::swap(ins[0], ins[1]);
       return AddLayer(i, ScopeName(i), op == "Add" ? "add" : "mul", Args(), ins, {}, n.output(0));
     }
     const int xk = c0 ? 1 : 0;
@@ -1289,9 +1308,12 @@ class OnnxImporter {
     if (scales != nullptr && scales->numel() == 4) {
       if (scales->At(0) != 1 || scales->At(1) != 1) Fail(i, "scales the batch or the channels");
       const double sh = scales->At(2), sw = scales->At(3);
+      if (!(sh > 0 && sh <= 1024 && sw > 0 && sw <= 1024)) Fail(i, StrCat("scales ", sh, " x ", sw, " are not in (0, 1024]"));
       args.Set("scale", sh == sw ? std::vector<double>{sh} : std::vector<double>{sh, sw});
     } else if (sizes != nullptr && sizes->numel() == 4) {
-      args.Set("size", std::vector<int64_t>{static_cast<int64_t>(sizes->At(2)), static_cast<int64_t>(sizes->At(3))});
+      const double h = sizes->At(2), w = sizes->At(3);
+      if (!(h >= 1 && h <= (1 << 20) && w >= 1 && w <= (1 << 20))) Fail(i, "sizes are not in [1, 2^20]");
+      args.Set("size", std::vector<int64_t>{static_cast<int64_t>(h), static_cast<int64_t>(w)});
     } else {
       Fail(i, "needs constant scales or sizes of 4 values");
     }
@@ -1311,7 +1333,7 @@ class OnnxImporter {
   std::vector<bool> live_;
   std::map<int, Fused> fused_;
   std::set<int> skip_;
-  std::set<std::string> reserved_, used_;
+  std::set<std::string> reserved_, used_, with_weights_;
   ImportedOnnx out_;
 };
 
