@@ -1,7 +1,7 @@
 #include "pipeline/model_blocks.h"
 
-#include <cctype>
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <memory>
 #include <set>
