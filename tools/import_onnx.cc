@@ -294,7 +294,7 @@ const std::vector<std::string>& KnownOps() {
       "ConvTranspose", "Div", "Dropout", "Erf (in GELU)", "Flatten", "Gelu", "Gemm",
       "GlobalAveragePool", "HardSigmoid", "HardSwish", "Identity", "LeakyRelu", "LogSoftmax (last)",
       "MatMul", "MaxPool", "Mul", "ReduceMean", "Relu", "Reshape", "Resize", "Sigmoid",
-      "Softmax (last)", "Tanh"};
+      "Softmax (last)", "Tanh", "Transpose (of a constant)"};
   return ops;
 }
 
@@ -334,12 +334,11 @@ class OnnxImporter {
       if (IsModulePath(name) && dot != std::string::npos) reserved_.insert(name.substr(0, dot));
     }
     reserved_.insert("input");
+    // Constants first (the patterns compare them): Constant nodes, and the
+    // few ops exporters apply to constants (Identity aliases, a weight's
+    // Transpose, Resize's scales put together by Concat).
     for (int i = 0; i < g_.node_size(); ++i) {
-      if (live_[i] && (g_.node(i).op_type() == "Constant" ||
-                       (g_.node(i).op_type() == "Identity" && HasIn(i, 0) && IsConst(In(i, 0))))) {
-        Convert(i);
-        skip_.insert(i);
-      }
+      if (live_[i] && FoldConstant(i)) skip_.insert(i);
     }
     FindPatterns();
     for (int i = 0; i < g_.node_size(); ++i) {
@@ -428,6 +427,47 @@ class OnnxImporter {
       }
     }
     producer_ = std::move(producer);
+  }
+
+  // Whether node i computes a constant from constants alone; if so, its
+  // output joins the constants.
+  bool FoldConstant(int i) {
+    const auto& n = g_.node(i);
+    const std::string& op = n.op_type();
+    if (op == "Constant") return Convert(i), true;
+    if (n.input_size() == 0 || n.output_size() < 1 || n.output(0).empty()) return false;
+    for (const auto& v : n.input())
+      if (!v.empty() && !IsConst(v)) return false;
+    if (op == "Identity") return Convert(i), true;
+    NodeAttrs a(n, Where(i));
+    if (op == "Transpose") {
+      const Tensor& t = ConstIn(i, 0);
+      const std::vector<int64_t> perm = a.Ints("perm", {1, 0});
+      a.Done();
+      if (t.shape().rank() != 2 || perm != std::vector<int64_t>{1, 0} || t.dtype() != DType::kF32) {
+        Fail(i, "transposes a constant other than a 2-D float matrix");
+      }
+      consts_[n.output(0)] = Transposed(t);
+      return true;
+    }
+    if (op == "Concat") {
+      const int64_t axis = a.Int("axis", 0);
+      a.Done();
+      std::vector<double> v;
+      DType dtype = ConstIn(i, 0).dtype();
+      for (int k = 0; k < n.input_size(); ++k) {
+        const Tensor& t = ConstIn(i, k);
+        if (t.shape().rank() != 1 || t.dtype() != dtype || (axis != 0 && axis != -1)) {
+          Fail(i, "concatenates constants other than vectors of one type");
+        }
+        for (int64_t j = 0; j < t.numel(); ++j) v.push_back(t.At(j));
+      }
+      Tensor out = Tensor::Empty(Shape{static_cast<int64_t>(v.size())}, dtype);
+      for (size_t j = 0; j < v.size(); ++j) out.Set(static_cast<int64_t>(j), v[j]);
+      consts_[n.output(0)] = out;
+      return true;
+    }
+    return false;
   }
 
   std::string Where(int i) const {

@@ -23,7 +23,7 @@ run() {  # LOG COMMAND...: run it, or print the log and fail
   "$@" > "$log" 2>&1 || { cat "$log"; fail "$* exited with $?"; }
 }
 
-for f in resnet_block inverted_residual_se_silu gelu_net resnet_block_folded inverted_residual_se_silu_dynamo; do
+for f in resnet_block inverted_residual_se_silu gelu_net zoo_net resnet_block_folded inverted_residual_se_silu_dynamo; do
   run "$out/log" "$cnnflow" import "tests/data/onnx/$f.onnx" -o "$out/$f"
   grep -q "wrote $out/$f/model.yaml" "$out/log" || { cat "$out/log"; fail "import $f said nothing"; }
   run "$out/log" "$cnnflow" validate "$out/$f/model.yaml"
@@ -68,7 +68,7 @@ grep -q "train.init: 31 tensors from $m/model.safetensors" "$out/log" ||
 
 # Out again: cnnflow export of each imported model, run by onnxruntime on
 # the fixture's input, gives PyTorch's logits.
-for f in resnet_block inverted_residual_se_silu gelu_net resnet_block_folded inverted_residual_se_silu_dynamo; do
+for f in resnet_block inverted_residual_se_silu gelu_net zoo_net resnet_block_folded inverted_residual_se_silu_dynamo; do
   run "$out/log" "$cnnflow" export "$out/$f/model.yaml" --weights "$out/$f/model.safetensors" -o "$out/$f.onnx"
   "$py" - "$out/$f.onnx" "tests/data/onnx/$f.check.safetensors" <<'PY' || fail "$f: round trip"
 import sys

@@ -27,6 +27,7 @@ maps (randomise of bench/library_vs_pytorch.py); these nets have no dropout.
                              (expansion, depthwise, SqueezeExcitation with
                              SiLU, projection, residual add; BN eps 1e-3),
                              a conv+BN+ReLU6 head (Clip), pool, Linear
+  zoo_net                    the other mappings (ZooNet's docstring says which)
   gelu_net                   conv+BN+GELU (erf), conv+GELU (tanh), max pool,
                              flatten of an 8x8 map, Linear; the two zero conv
                              biases export as one initializer and an Identity
@@ -138,12 +139,44 @@ class GeluNet(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
+class ZooNet(nn.Module):
+    """The importer's other mappings on one small network: LeakyReLU,
+    ConvTranspose2d, Hardswish, AvgPool2d (padded, count_include_pad=False),
+    nearest Upsample (Resize), a branch joined by torch.cat (Concat) through
+    a Hardsigmoid, a per-channel scale (Mul by a [C, 1, 1] parameter: a
+    layer_scale), a division by a constant, the mean over H and W
+    (ReduceMean: global_avgpool), a bias-free Linear, and a final softmax
+    (left out on import: the check holds the logits before it)."""
+
+    def __init__(self, width=8, classes=CLASSES):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 3, 2, 1)
+        self.act1 = nn.LeakyReLU(0.2)
+        self.up = nn.ConvTranspose2d(width, width, 4, 2, 1)
+        self.act2 = nn.Hardswish()
+        self.pool = nn.AvgPool2d(3, 2, 1, count_include_pad=False)
+        self.resize = nn.Upsample(scale_factor=2, mode="nearest")
+        self.branch = nn.Conv2d(3, width, 3, 1, 1)
+        self.gate = nn.Hardsigmoid()
+        self.layer_scale = nn.Parameter(torch.linspace(0.5, 1.5, 2 * width).reshape(2 * width, 1, 1))
+        self.fc = nn.Linear(2 * width, classes, bias=False)
+        self.softmax = False  # True for the export only
+
+    def forward(self, x):
+        a = self.resize(self.pool(self.act2(self.up(self.act1(self.conv1(x))))))
+        b = self.gate(self.branch(x))
+        y = (self.layer_scale * torch.cat([a, b], 1) / 3.0).mean((2, 3))
+        y = self.fc(y)
+        return torch.softmax(y, 1) if self.softmax else y
+
+
 # name: (the network, the other exports of it: "folded" (TorchScript, BN
 # folded), "dynamo" (the newer exporter, whose optimiser folds BN too))
 NETS = {
     "resnet_block": (ResNetBlock, ("folded",)),
     "inverted_residual_se_silu": (InvertedResidualSE, ("dynamo",)),
     "gelu_net": (GeluNet, ()),
+    "zoo_net": (ZooNet, ()),
 }
 
 
@@ -226,10 +259,13 @@ def main():
         variants = [(name, "")] + [(f"{name}_{kind}", kind) for kind in others]
         for fname, kind in variants:  # exported before any training-mode forward moves the BN statistics
             path = os.path.join(out_dir, f"{fname}.onnx")
+            exported = copy.deepcopy(model)
+            if hasattr(exported, "softmax"):
+                exported.softmax = True
             if kind == "dynamo":
-                export_dynamo(copy.deepcopy(model), x, path)
+                export_dynamo(exported, x, path)
             else:
-                export_onnx(copy.deepcopy(model), x, path, folded=kind == "folded")
+                export_onnx(exported, x, path, folded=kind == "folded")
         ref = reference(model, x, labels)
         checks = {name: {"input": x, "labels": labels.float(), **{k: v.double() for k, v in ref.items()}}}
         for fname, kind in variants[1:]:

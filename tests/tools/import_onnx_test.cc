@@ -107,7 +107,8 @@ TEST_P(OnnxFixture, GivesPyTorchsLogitsAndGradients) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TorchOnnx, OnnxFixture,
-                         ::testing::Values("resnet_block", "inverted_residual_se_silu", "gelu_net"));
+                         ::testing::Values("resnet_block", "inverted_residual_se_silu", "gelu_net",
+                                           "zoo_net"));
 
 TEST(ImportOnnx, MapsExporterPatternsToSingleLayers) {
   auto types = [](const ImportedOnnx& m) {
@@ -125,6 +126,15 @@ TEST(ImportOnnx, MapsExporterPatternsToSingleLayers) {
   const ImportedOnnx gelu = ImportFile(Fixture("gelu_net.onnx"));
   EXPECT_EQ(types(gelu).count("gelu"), 2u);  // erf (5 nodes) and tanh (9 nodes)
   EXPECT_EQ(gelu.layers.size(), 8u);
+  const ImportedOnnx zoo = ImportFile(Fixture("zoo_net.onnx"));
+  const auto z = types(zoo);
+  for (const char* t : {"leaky_relu", "conv_transpose2d", "hardswish", "avgpool2d", "upsample",
+                        "hardsigmoid", "concat", "layer_scale", "mul", "global_avgpool", "linear"}) {
+    EXPECT_EQ(z.count(t), 1u) << t;
+  }
+  // The final Softmax is left out, and said so.
+  ASSERT_EQ(zoo.notes.size(), 1u);
+  EXPECT_NE(zoo.notes[0].find("the final Softmax is left out"), std::string::npos) << zoo.notes[0];
 }
 
 // BN folded into the convs, by the TorchScript exporter's constant folding
