@@ -21,11 +21,13 @@
 //   a final Softmax           dropped (cnnflow's loss and predict apply it), said in a note
 // Squeeze-excitation needs no pattern of its own: GlobalAveragePool, Conv,
 // Sigmoid and Mul map one to one onto its layers. Constants (initializers,
-// Constant nodes, Identity of either) are weights or attributes; a layer is
-// named after its weight's initializer where that is a module path
-// (`layer1.0.conv1.weight` -> layer1.0.conv1), else after the node's scope
-// (torch.onnx names nodes /layer1/layer1.0/relu/Relu). Nodes the output
-// does not depend on are left out.
+// Constant nodes, and Identity, a 2-D Transpose or a vector Concat of them)
+// are weights or attributes; a layer is named after its weight's initializer
+// where that is a module path (`layer1.0.conv1.weight` -> layer1.0.conv1),
+// else after the node's scope (the TorchScript exporter names nodes
+// /layer1/layer1.0/relu/Relu; the newer one records
+// pkg.torch.onnx.name_scopes in their metadata). Nodes the output does not
+// depend on are left out.
 #include "tools/import_onnx.h"
 
 #include <google/protobuf/unknown_field_set.h>
