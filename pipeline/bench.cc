@@ -1,6 +1,8 @@
 #include "pipeline/bench.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -92,13 +94,25 @@ PipelineBench RunPipelineBench(const BenchOptions& o) {
   return b;
 }
 
+namespace {
+
+// Images per second to three significant digits: 5.23, 48.7, 4163.
+std::string Rate(double v) {
+  const int decimals = v > 0 ? std::max(0, 2 - static_cast<int>(std::floor(std::log10(v)))) : 0;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+}  // namespace
+
 std::string PipelineBench::ToString() const {
   std::ostringstream os;
   char line[200];
-  std::snprintf(line, sizeof line, "  one device (all threads): %8.0f images/s\n", single_images_per_s);
+  std::snprintf(line, sizeof line, "  one device (all threads): %8s images/s\n", Rate(single_images_per_s).c_str());
   os << line;
-  std::snprintf(line, sizeof line, "  pipeline (%d stages, %d micro-batches, %s): %8.0f images/s (%.2fx)\n",
-                stages, microbatches, schedule.c_str(), pipeline_images_per_s,
+  std::snprintf(line, sizeof line, "  pipeline (%d stages, %d micro-batches, %s): %8s images/s (%.2fx)\n",
+                stages, microbatches, schedule.c_str(), Rate(pipeline_images_per_s).c_str(),
                 pipeline_images_per_s / single_images_per_s);
   os << line;
   os << "  idle share per stage (measured):";
@@ -119,9 +133,9 @@ std::string BenchTable(const std::vector<BenchRow>& rows) {
                 "data wait");
   os << line;
   for (const BenchRow& r : rows) {
-    std::snprintf(line, sizeof line, "%9d %9d %6lld %7lld %10.0f %7.2fx %9.0f%% %9.1f%% %9.1f%%\n",
+    std::snprintf(line, sizeof line, "%9d %9d %6lld %7lld %10s %7.2fx %9.0f%% %9.1f%% %9.1f%%\n",
                   r.processes, r.devices, static_cast<long long>(r.steps),
-                  static_cast<long long>(r.batch), r.images_per_s, r.speedup, 100 * r.efficiency,
+                  static_cast<long long>(r.batch), Rate(r.images_per_s).c_str(), r.speedup, 100 * r.efficiency,
                   100 * r.allreduce_share, 100 * r.data_wait_share);
     os << line;
   }

@@ -699,7 +699,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     if (progress_) {
       const std::string test =
           tested ? StrCat(", test loss ", report.test.mean_loss(), ", test accuracy ",
-                          100 * report.test.accuracy(), "%")
+                          100 * report.test.accuracy(), "% of ", report.test.samples, " samples")
                  : StrCat(", train accuracy ", 100 * report.train.accuracy(), "% (no test set)");
       progress_->Line(StrCat("epoch ", report.epoch, "/", config_.epochs, ": train loss ",
                              report.train.mean_loss(), test, ", ",

@@ -87,9 +87,9 @@ commands:
   validate CONFIG [--set key=value ...]
         parse, build and shape-check; print the model and the graphs (one node per
         device for the per-device stages); no training
-  graph CONFIG -o FILE.dot|FILE.svg [--set key=value ...]
+  graph CONFIG -o FILE.dot|FILE.svg|FILE.png [--set key=value ...]
         draw the train and eval graphs as they run on graph.devices (Graphviz; .svg
-        runs `dot`, from Debian's graphviz package)
+        and .png run `dot`, from Debian's graphviz package)
   convert --from folder|idx SRC --to LMDB_DIR [options]
         write a data set as an LMDB of records (cnnflow or Caffe Datum layout);
         `cnnflow convert -h` lists the options
@@ -382,9 +382,9 @@ int Train(const Options& o) {
   }
   if (rank0) {
     if (r.test.samples > 0) {
-      std::printf("done after epoch %lld: test accuracy %.2f%%, test loss %.4f; run folder %s\n",
-                  static_cast<long long>(r.epoch), 100 * r.test.accuracy(), r.test.mean_loss(),
-                  trainer.run_dir().c_str());
+      std::printf("done after epoch %lld: test accuracy %.2f%% of %lld samples, test loss %.4f; run folder %s\n",
+                  static_cast<long long>(r.epoch), 100 * r.test.accuracy(),
+                  static_cast<long long>(r.test.samples), r.test.mean_loss(), trainer.run_dir().c_str());
     } else {
       std::printf(
           "done after epoch %lld: train accuracy %.2f%%, train loss %.4f (no test set); "
@@ -491,10 +491,13 @@ int Validate(const Options& o) {
 }
 
 int Graph(const Options& o) {
-  if (o.out.empty()) throw ConfigError("cnnflow graph needs -o FILE.dot or -o FILE.svg");
-  const bool svg = o.out.size() > 4 && o.out.compare(o.out.size() - 4, 4, ".svg") == 0;
-  const bool dot = o.out.size() > 4 && o.out.compare(o.out.size() - 4, 4, ".dot") == 0;
-  if (!svg && !dot) throw ConfigError(StrCat("-o ", o.out, ": the file must end in .dot or .svg"));
+  if (o.out.empty()) throw ConfigError("cnnflow graph needs -o FILE.dot, FILE.svg or FILE.png");
+  // .dot as it is; .svg and .png drawn by Graphviz's dot (-Tsvg, -Tpng).
+  const std::string ext = std::filesystem::path(o.out).extension().string();
+  const bool dot = ext == ".dot";
+  if (!dot && ext != ".svg" && ext != ".png") {
+    throw ConfigError(StrCat("-o ", o.out, ": the file must end in .dot, .svg or .png"));
+  }
   const RunConfig config = LoadRunConfig(o.config, o.sets);
   std::vector<std::string> devices;
   for (const Device& d : config.devices) devices.push_back(d.ToString());
@@ -508,7 +511,8 @@ int Graph(const Options& o) {
     const std::string tmp = o.out + ".tmp";
     const std::string dot_file = o.out + ".tmp.dot";
     WriteFileAtomically(dot_file, text);
-    const std::vector<std::string> args = {"dot", "-Tsvg", dot_file, "-o", tmp};
+    const std::string format = "-T" + ext.substr(1);
+    const std::vector<std::string> args = {"dot", format, dot_file, "-o", tmp};
     std::vector<char*> argv;
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -522,7 +526,7 @@ int Graph(const Options& o) {
       std::remove(tmp.c_str());
       throw Error(err != 0 ? StrCat("cannot run Graphviz's `dot` (", std::strerror(err),
                                     "): apt-get install graphviz, or write -o FILE.dot")
-                           : StrCat("`dot -Tsvg` failed on the graphs of ", o.config));
+                           : StrCat("`dot ", format, "` failed on the graphs of ", o.config));
     }
     if (std::rename(tmp.c_str(), o.out.c_str()) != 0) {
       throw Error(StrCat("cannot rename ", tmp, " to ", o.out, ": ", std::strerror(errno)));
