@@ -14,7 +14,7 @@
 
 #include "ops/tensor.h"
 #include "ops/trace.h"
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 
 namespace cnnflow {
 
@@ -32,7 +32,7 @@ void Cast(const Tensor& src, Tensor& dst);
 // GPU-only as graph.precision is).
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale);
 
-// Softmax cross-entropy (ops/train/loss.h) on logits wherever they are, the labels
+// Softmax cross-entropy (ops/loss.h) on logits wherever they are, the labels
 // in the same device's memory. On a GPU it returns at once and the loss
 // follows (PendingLoss::ready() false until then), so the host goes on
 // issuing backward; on the CPU it is computed now.

@@ -9,9 +9,7 @@
 #include <set>
 
 #include "ops/device_ops.h"
-#include "ops/parallel/tensor_parallel.h"
 #include "ops/trace.h"
-#include "ops/train/weight_average.h"
 
 namespace cnnflow {
 
@@ -118,7 +116,7 @@ Error OutOfMemoryIn() {
 std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                     DType dtype, uint64_t seed, InitScheme init, Device device,
                                     std::optional<DType> compute, bool fuse_relu,
-                                    const TensorParallelPlacement* tensor_parallel) {
+                                    const LayerSplitter* splitter) {
   if (device.is_cuda() && device.index >= CudaDeviceCount()) {
     throw Error(
         StrCat("cannot build the model on ", device.ToString(), ": ", CudaDeviceCount(),
@@ -158,18 +156,8 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
                                "' has no CUDA kernels yet, so the model cannot run on ",
                                device.ToString()));
     }
-    std::unique_ptr<Layer> layer;
-    if (tensor_parallel != nullptr && tensor_parallel->layers.count(s.name)) {
-      if (device.is_cuda()) {
-        throw ConfigError(StrCat("layer '", s.name,
-                                 "': tensor parallelism splits layers on CPU "
-                                 "devices only so far, not on ",
-                                 device.ToString()));
-      }
-      layer = std::make_unique<TensorParallelLayer>(s.name, s.type, args,
-                                                    tensor_parallel->layers.at(s.name),
-                                                    *tensor_parallel->group, tensor_parallel->rank);
-    } else {
+    std::unique_ptr<Layer> layer = splitter != nullptr ? splitter->Split(s, args, device) : nullptr;
+    if (layer == nullptr) {
       layer = device.is_cuda() ? type->create_cuda(s.name, args) : type->create(s.name, args);
     }
 
@@ -219,14 +207,6 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
     m->out_shapes_.push_back(out);
   }
   CNNFLOW_ENFORCE(!m->layers_.empty(), "the model has no layers");
-  if (tensor_parallel != nullptr) {
-    for (const auto& [name, split] : tensor_parallel->layers) {
-      if (!index.count(name)) {
-        throw ConfigError(StrCat("graph.tensor_parallel splits layer '", name,
-                                 "', which is not a layer of the model"));
-      }
-    }
-  }
   m->last_reader_.assign(m->layers_.size(), -1);
   for (size_t i = 0; i < m->layers_.size(); ++i) {
     for (int j : m->input_index_[i]) {
@@ -258,37 +238,8 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
       if (j >= 0 && readers[j] == 1 && m->layers_[j]->FuseRelu()) m->fused_into_[i] = j;
     }
   }
-  if (tensor_parallel != nullptr) m->PairTensorParallelLayers();
+  if (splitter != nullptr) splitter->Pair(*m);
   return m;
-}
-
-void Model::PairTensorParallelLayers() {
-  std::vector<int> readers(layers_.size(), 0);
-  for (const auto& ins : input_index_)
-    for (int j : ins)
-      if (j >= 0) ++readers[j];
-  auto split_of = [this](int i) -> TensorParallelLayer* {
-    return i >= 0 ? dynamic_cast<TensorParallelLayer*>(layers_[i].get()) : nullptr;
-  };
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    TensorParallelLayer* row = split_of(static_cast<int>(i));
-    if (row == nullptr || row->shard().split() != TensorSplit::kRow) continue;
-    int j = input_index_[i][0];
-    if (j < 0 || readers[j] != 1) continue;
-    // Through one relu: it keeps each channel to itself.
-    if (std::string(layers_[j]->type()) == "relu") {
-      j = input_index_[j][0];
-      if (j < 0 || readers[j] != 1) continue;
-    }
-    TensorParallelLayer* column = split_of(j);
-    if (column == nullptr || column->shard().split() != TensorSplit::kColumn ||
-        column->shard().range().begin != row->shard().range().begin ||
-        column->shard().range().end != row->shard().range().end) {
-      continue;
-    }
-    column->shard().KeepOutputLocal();
-    row->shard().TakeInputLocal();
-  }
 }
 
 const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {

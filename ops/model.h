@@ -16,8 +16,6 @@
 
 namespace cnnflow {
 
-struct TensorParallelPlacement;  // ops/parallel/tensor_parallel.h
-
 // The name that stands for the model's input in `inputs:`.
 inline constexpr const char* kModelInput = "input";
 
@@ -36,6 +34,22 @@ struct LayerSpec {
 
 // How parameters are initialised: PyTorch's defaults, or Xavier.
 enum class InitScheme { kPytorchDefault, kXavierUniform, kKaimingNormal };
+
+class Model;
+
+// How a tensor-parallel group splits layers (TensorParallelPlacement,
+// ops/parallel/tensor_parallel.h): Model::Build asks it for each layer, and
+// lets it pair the split layers once every layer is built. The model knows
+// no more of tensor parallelism than this.
+class LayerSplitter {
+ public:
+  virtual ~LayerSplitter() = default;
+  // The split form of layer `spec` (`args`: its args with defaults), or
+  // null to build it whole.
+  virtual std::unique_ptr<Layer> Split(const LayerSpec& spec, const Args& args, Device device) const = 0;
+  // After Build, on the whole model.
+  virtual void Pair(Model& model) const = 0;
+};
 
 class Model {
  public:
@@ -56,17 +70,15 @@ class Model {
   // gets and gives `compute` tensors, keeps half copies of the weights it
   // needs, and adds its parameter gradients into the f32 ones.
   //
-  // Tensor parallelism (CPU): the layers `tensor_parallel` names are built
-  // as TensorParallelLayers, this model's member of its group holding its
-  // part; a column layer whose output only a row layer reads (directly or
-  // through a relu) is paired with it, with no all-gather between.
+  // Tensor parallelism: `splitter` builds the layers it splits (a member
+  // of a group holding its part), then pairs them.
   static std::unique_ptr<Model> Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                       DType dtype = DType::kF32, uint64_t seed = 0,
                                       InitScheme init = InitScheme::kPytorchDefault,
                                       Device device = Device::Cpu(),
                                       std::optional<DType> compute = std::nullopt,
                                       bool fuse_relu = true,
-                                      const TensorParallelPlacement* tensor_parallel = nullptr);
+                                      const LayerSplitter* splitter = nullptr);
 
   // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
   // activations that Backward needs; with ctx.keep_activations false it
@@ -92,6 +104,8 @@ class Model {
   const Shape& output_shape(int i) const { return out_shapes_[i]; }
   const Shape& output_shape() const { return out_shapes_.back(); }
   const std::vector<std::string>& inputs_of(int i) const { return input_names_[i]; }
+  // The layers layer i reads, by index (-1: the model's input).
+  const std::vector<int>& input_indices(int i) const { return input_index_[i]; }
   // The layer a relu i is fused into (see Build), or -1.
   int fused_into(int i) const { return fused_into_[i]; }
   DType dtype() const { return dtype_; }
@@ -112,8 +126,6 @@ class Model {
 
  private:
   Model() = default;
-  // See Build: a column-split layer that feeds only a row-split one.
-  void PairTensorParallelLayers();
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::vector<std::string>> input_names_;
   std::vector<std::vector<int>> input_index_;  // -1: the model input
@@ -155,6 +167,10 @@ void CopyNamedTensors(const std::vector<std::pair<std::string, Tensor>>& src,
 //  - `skip`: globs of model tensor names that are neither read nor missed.
 //  - strict (the default): every tensor of the model must be in the file
 //    with its shape, and every tensor of the file in the model.
+// The prefix of a run's weight average (the ema stage) in checkpoints and
+// model.safetensors: "ema.<layer>.<tensor>".
+inline constexpr char kEmaPrefix[] = "ema.";
+
 struct StateDictRules {
   bool strict = true;
   std::string prefix;

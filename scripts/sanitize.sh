@@ -8,7 +8,7 @@
 #
 # CTEST_ARGS go to ctest as they are (e.g. -R Collective to run fewer).
 # Suppressions, all for third-party code, each with its reason, are in
-# scripts/sanitize/{lsan,ubsan,tsan}.supp; README "Sanitizers" says what
+# scripts/sanitize/{lsan,ubsan,tsan}.supp; docs/testing.md "Sanitizers" says what
 # runs where and how long it takes.
 #
 # address: with clang-14 the build is the fuzz configuration
@@ -52,7 +52,7 @@ cc=${cxx/clang++/clang}
 cc=${cc/g++/gcc}
 supp=$root/scripts/sanitize
 
-# The threaded suites (README "Sanitizers"): in-process collectives, data,
+# The threaded suites (docs/testing.md, "Sanitizers"): in-process collectives, data,
 # tensor and pipeline parallel replicas with SyncBN and the tensor-parallel
 # member threads, the flow-graph executor with its loader graph
 # (ordered/unordered load, prefetch limiter, live knobs), the autotuner and

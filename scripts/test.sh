@@ -9,7 +9,7 @@ scripts/setup.sh
 scripts/setup_python.sh || echo "test.sh: no Python packages from PyPI; the TensorBoard and ONNX tests will skip"
 scripts/build.sh
 (cd build && ctest --output-on-failure -j2 --timeout 600)
-# Fuzz smoke (fuzz/, README "Fuzzing"): each parser target 10 s under ASan +
+# Fuzz smoke (fuzz/, docs/testing.md "Fuzzing"): each parser target 10 s under ASan +
 # UBSan, a finding fails the run. The two config targets and onnx_import need
 # a sanitized build of the whole project, so CI replays only their seeds and crash inputs
 # (ctest fuzz_regression_test); CNNFLOW_FUZZ_TARGETS="$(ls fuzz/corpus)" runs them too.

@@ -10,7 +10,7 @@
 
 #include "ops/device_ops.h"
 #include "ops/trace.h"
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
 

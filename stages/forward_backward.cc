@@ -4,7 +4,7 @@
 //   split -> queue r -> gate r -> replica r     (r = 0 .. N-1)
 //
 // split:   hands the batch to every lane; for GPU replicas it starts copying
-//          each replica's rows to its GPU (ops/parallel/batch_stager.h), so that copy
+//          each replica's rows to its GPU (ops/cuda/batch_stager.h), so that copy
 //          runs while the replica is still computing the previous batch;
 // gate r:  admits replica r's next batch once the optimizer stage is done
 //          with its previous one (RunState::lanes): until then its

@@ -7,9 +7,9 @@
 #include <memory>
 #include <vector>
 
-#include "ops/parallel/batch_stager.h"
+#include "ops/cuda/batch_stager.h"
 #include "ops/tensor.h"
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 
 namespace cnnflow {
 

@@ -6,7 +6,7 @@
 
 #include "ops/io/safetensors.h"
 #include "ops/model.h"
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 #include "pipeline/model_blocks.h"
 #include "pipeline/run_config.h"
 

@@ -12,8 +12,6 @@
 #include <cstring>
 #include <thread>
 
-#include "ops/cuda/nccl_comm.h"
-
 namespace cnnflow {
 namespace {
 
@@ -419,7 +417,7 @@ std::unique_ptr<Collective> MakeReplicaCollective(const std::vector<Device>& dev
   if (!devices.empty() && devices[0].is_cuda()) {
     std::vector<int> indices;
     for (const Device& d : devices) indices.push_back(d.index);
-    return std::make_unique<NcclGroup>(indices, world, timeout_s);
+    return MakeGpuCollective(indices, world, timeout_s);
   }
   return std::make_unique<HierarchicalAllReduce>(static_cast<int>(devices.size()), world,
                                                  timeout_s);

@@ -204,11 +204,17 @@ class HierarchicalAllReduce final : public Collective {
 };
 
 // The collectives of data-parallel replicas on `devices` (this process's),
-// across every process of `world`: NCCL for GPUs (ops/cuda/nccl_comm.h),
-// else the in-process group with MPI across processes. Null when there is
+// across every process of `world`: NCCL for GPUs (MakeGpuCollective), else
+// the in-process group with MPI across processes. Null when there is
 // nobody to talk to (one replica in one process). Every process calls it at
 // the same point.
 std::unique_ptr<Collective> MakeReplicaCollective(const std::vector<Device>& devices,
                                                   MpiWorld& world, double timeout_s);
+
+// The NCCL group of the GPU replicas on cuda:`devices` (ops/cuda/nccl_comm.h).
+// Defined in ops/cuda/ (nccl_comm.cc; device_stub.cc in a build without
+// CUDA, where it throws), so this room needs no CUDA header.
+std::unique_ptr<Collective> MakeGpuCollective(const std::vector<int>& devices, MpiWorld& world,
+                                              double timeout_s);
 
 }  // namespace cnnflow

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "ops/cpu/parallel.h"
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 
 namespace cnnflow {
 

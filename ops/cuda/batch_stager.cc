@@ -1,4 +1,4 @@
-#include "ops/parallel/batch_stager.h"
+#include "ops/cuda/batch_stager.h"
 
 #include <cstring>
 

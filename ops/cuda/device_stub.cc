@@ -1,10 +1,11 @@
 // The CUDA backend of a build without CUDA: no GPU, and a clear error if one
 // is asked for.
+#include "ops/collectives/collective_mpi.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/nccl_comm.h"
 #include "ops/device_backend.h"
 #include "ops/error.h"
-#include "ops/parallel/batch_stager.h"
+#include "ops/cuda/batch_stager.h"
 
 namespace cnnflow::detail {
 
@@ -93,5 +94,8 @@ void NcclGroup::Wait(int) { detail::NoCuda(); }
 void NcclGroup::Barrier(int, const std::string&) { detail::NoCuda(); }
 void NcclGroup::Abort(const std::string&) {}
 std::string NcclGroup::broken_reason() const { return {}; }
+std::unique_ptr<Collective> MakeGpuCollective(const std::vector<int>&, MpiWorld&, double) {
+  detail::NoCuda();
+}
 
 }  // namespace cnnflow

@@ -13,7 +13,7 @@
 
 #include "ops/device_ops.h"
 #include "ops/tensor.h"
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 
 namespace cnnflow::cuda {
 
@@ -35,7 +35,7 @@ void AddCast(const Tensor& src, Tensor& dst);
 // torch._amp_foreach_non_finite_check_and_unscale_). The tensors are on one GPU.
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale);
 
-// Softmax cross-entropy as ops/train/loss.h's, on GPU logits [N, K] (f32, f16 or
+// Softmax cross-entropy as ops/loss.h's, on GPU logits [N, K] (f32, f16 or
 // bf16; computed in f32/f64 whatever the type; dlogits in the logits' type) with
 // `labels` N int64 values in GPU memory. Waits for the result (the loss and
 // the count of correct rows come back to the host); a label outside [0, K)

@@ -573,4 +573,9 @@ void NcclGroup::Wait(int r) {
   }
 }
 
+std::unique_ptr<Collective> MakeGpuCollective(const std::vector<int>& devices, MpiWorld& world,
+                                              double timeout_s) {
+  return std::make_unique<NcclGroup>(devices, world, timeout_s);
+}
+
 }  // namespace cnnflow

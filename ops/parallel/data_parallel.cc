@@ -6,7 +6,7 @@
 #include "ops/device_ops.h"
 #include "ops/test_fault.h"
 #include "ops/trace.h"
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 
 namespace cnnflow {
 

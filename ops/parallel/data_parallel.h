@@ -46,7 +46,7 @@
 #include "ops/model.h"
 #include "ops/parallel/member_threads.h"
 #include "ops/parallel/tensor_parallel.h"
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 #include "ops/train/loss_scaler.h"
 #include "ops/train/optimizer.h"
 
@@ -147,7 +147,7 @@ class ReplicaSet {
   };
   // Replica r: forward and backward of its shard x [n, ...] with labels.
   // For a GPU replica, x may be on its GPU already (then `device_labels`
-  // holds the labels in GPU memory: see ops/parallel/batch_stager.h); a host x is
+  // holds the labels in GPU memory: see ops/cuda/batch_stager.h); a host x is
   // copied first.
   // grad_scale multiplies the summed loss gradient (1 / global batch, over
   // accumulated micro-batches too). With reduce, each bucket is all-reduced

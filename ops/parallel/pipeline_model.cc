@@ -7,7 +7,7 @@
 #include <map>
 
 #include "ops/collectives/collective_mpi.h"
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 
 namespace cnnflow {
 

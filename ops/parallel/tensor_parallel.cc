@@ -419,4 +419,52 @@ int64_t TensorParallelLayer::CommunicatedBytes(int64_t n, bool backward) const {
   return split_ == TensorSplit::kRow && shard_->local_input() ? 0 : x;
 }
 
+std::unique_ptr<Layer> TensorParallelPlacement::Split(const LayerSpec& spec, const Args& args,
+                                                      Device device) const {
+  auto it = layers.find(spec.name);
+  if (it == layers.end()) return nullptr;
+  if (device.is_cuda()) {
+    throw ConfigError(StrCat("layer '", spec.name,
+                             "': tensor parallelism splits layers on CPU devices only so far, not on ",
+                             device.ToString()));
+  }
+  return std::make_unique<TensorParallelLayer>(spec.name, spec.type, args, it->second, *group, rank);
+}
+
+void TensorParallelPlacement::Pair(Model& model) const {
+  for (const auto& [name, split] : layers) {
+    if (model.FindLayer(name) == nullptr) {
+      throw ConfigError(StrCat("graph.tensor_parallel splits layer '", name,
+                               "', which is not a layer of the model"));
+    }
+  }
+  const int n = model.num_layers();
+  std::vector<int> readers(n, 0);
+  for (int i = 0; i < n; ++i)
+    for (int j : model.input_indices(i))
+      if (j >= 0) ++readers[j];
+  auto split_of = [&model](int i) -> TensorParallelLayer* {
+    return i >= 0 ? dynamic_cast<TensorParallelLayer*>(&model.layer(i)) : nullptr;
+  };
+  for (int i = 0; i < n; ++i) {
+    TensorParallelLayer* row = split_of(i);
+    if (row == nullptr || row->shard().split() != TensorSplit::kRow) continue;
+    int j = model.input_indices(i)[0];
+    if (j < 0 || readers[j] != 1) continue;
+    // Through one relu: it keeps each channel to itself.
+    if (std::string(model.layer(j).type()) == "relu") {
+      j = model.input_indices(j)[0];
+      if (j < 0 || readers[j] != 1) continue;
+    }
+    TensorParallelLayer* column = split_of(j);
+    if (column == nullptr || column->shard().split() != TensorSplit::kColumn ||
+        column->shard().range().begin != row->shard().range().begin ||
+        column->shard().range().end != row->shard().range().end) {
+      continue;
+    }
+    column->shard().KeepOutputLocal();
+    row->shard().TakeInputLocal();
+  }
+}
+
 }  // namespace cnnflow

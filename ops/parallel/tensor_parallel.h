@@ -55,6 +55,7 @@
 
 #include "ops/collectives/collective.h"
 #include "ops/layer.h"
+#include "ops/model.h"
 
 namespace cnnflow {
 
@@ -161,11 +162,17 @@ struct TensorParallelCost {
 TensorParallelCost MeasureTensorParallelCost(int members, int64_t bytes, int threads_per_device);
 
 // Where Model::Build splits layers: which ones and how, and this model's
-// member in its tensor-parallel group.
-struct TensorParallelPlacement {
+// member in its tensor-parallel group. Split builds the named layers as
+// TensorParallelLayers (CPU devices only so far); Pair joins a column layer
+// whose output only a row layer reads (directly or through a relu) to it,
+// with no all-gather between (Megatron's pairing).
+struct TensorParallelPlacement : LayerSplitter {
   std::map<std::string, TensorSplit> layers;
   Collective* group = nullptr;
   int rank = 0;
+
+  std::unique_ptr<Layer> Split(const LayerSpec& spec, const Args& args, Device device) const override;
+  void Pair(Model& model) const override;
 };
 
 // A split layer in a model. Its parameters are the unsplit tensors, so the

@@ -8,7 +8,7 @@
 // weights. On the model's device; an
 // update is two passes over the weights and allocates nothing.
 //
-// Its tensors are named "ema.<layer>.<tensor>" (kEmaPrefix) in checkpoints,
+// Its tensors are named "ema.<layer>.<tensor>" (kEmaPrefix, ops/model.h) in checkpoints,
 // so a resumed run continues the average bitwise, and in model.safetensors
 // beside the weights themselves.
 #pragma once
@@ -21,8 +21,6 @@
 #include "ops/model.h"
 
 namespace cnnflow {
-
-inline constexpr char kEmaPrefix[] = "ema.";
 
 class WeightAverage {
  public:

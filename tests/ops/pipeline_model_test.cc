@@ -10,7 +10,7 @@
 #include <cmath>
 
 #include "ops/random.h"
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 #include "tests/testing/helpers.h"
 
 namespace cnnflow {

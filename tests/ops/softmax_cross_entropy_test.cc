@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 #include "tests/ops/gradient_check.h"
 
 namespace cnnflow {

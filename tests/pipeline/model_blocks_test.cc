@@ -45,7 +45,7 @@ std::vector<std::string> Names(const ExpandedModel& m) {
   return n;
 }
 
-// A template that uses blocks by hand: the README's example, kept working.
+// A template that uses blocks by hand: the example of docs/models.md, kept working.
 constexpr const char* kBlocks = R"yaml(model:
   input: [3, 16, 16]
   blocks:

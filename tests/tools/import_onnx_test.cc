@@ -19,7 +19,7 @@
 
 #include "ops/io/safetensors.h"
 #include "ops/model.h"
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 #include "pipeline/run_config.h"
 
 namespace cnnflow {

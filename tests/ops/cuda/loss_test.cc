@@ -1,7 +1,7 @@
 // Softmax cross-entropy on a GPU against the CPU's: f32 and half logits,
 // bad labels, and the asynchronous losses in flight on every GPU. GPU tests
 // skip without a GPU.
-#include "ops/train/loss.h"
+#include "ops/loss.h"
 
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@
 
 #include "ops/cuda/kernels.h"
 #include "ops/layers/dropout.h"
-#include "ops/parallel/batch_stager.h"
+#include "ops/cuda/batch_stager.h"
 #include "ops/train/optimizer.h"
 #include "tests/ops/cuda/util.h"
 #include "tests/ops/gpu_check.h"

@@ -17,8 +17,8 @@
 
 #include "ops/cuda/kernels.h"
 #include "ops/layers/dropout.h"
-#include "ops/parallel/batch_stager.h"
-#include "ops/train/loss.h"
+#include "ops/cuda/batch_stager.h"
+#include "ops/loss.h"
 #include "tests/ops/cuda/util.h"
 #include "tests/ops/gpu_check.h"
 #include "tests/ops/gradient_check.h"

@@ -15,8 +15,8 @@
 
 #include "ops/cuda/kernels.h"
 #include "ops/layers/dropout.h"
-#include "ops/parallel/batch_stager.h"
-#include "ops/train/loss.h"
+#include "ops/cuda/batch_stager.h"
+#include "ops/loss.h"
 #include "ops/train/optimizer.h"
 #include "tests/ops/cuda/util.h"
 #include "tests/ops/gpu_check.h"

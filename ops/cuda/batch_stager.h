@@ -10,6 +10,9 @@
 // event that the next copy into the slot waits for). A slot is taken per
 // staged batch and a new one made when all are taken, so there are as many
 // as batches in flight (the prefetch depth).
+//
+// Plain C++, so code built without CUDA includes it: ops/cuda/batch_stager.cc
+// implements it, ops/cuda/device_stub.cc in a build without CUDA.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,8 @@
-// Losses on logits (not layers: the training step calls them on the
-// model's output). Softmax cross-entropy as torch.nn.CrossEntropyLoss
-// (mean reduction, optional label smoothing).
+// The loss contract: losses on logits (not layers: the training step calls
+// them on the model's output). Softmax cross-entropy as
+// torch.nn.CrossEntropyLoss (mean reduction, optional label smoothing); the
+// CPU kernel (ops/cpu/softmax_cross_entropy.cc) and the device seam
+// (ops/device_ops.h) implement it, so it sits below both.
 #pragma once
 
 #include <cstdint>
