@@ -1,21 +1,15 @@
 #include "ops/train/optimizer.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <map>
 
-#include "ops/cpu/parallel.h"
+#include "ops/cpu/optimizer_kernels.h"
 #include "ops/device_ops.h"
 #include "ops/error.h"
 
 namespace cnnflow {
 namespace {
-
-// Elements per parallel task: the update is memory bound, so small
-// parameters (biases, small convolutions) run on the calling thread.
-constexpr int64_t kGrain = 1 << 15;
 
 // A parameter's value and gradient as host tensors. On the host they are
 // the parameter's own tensors; a GPU parameter is copied here and back.
@@ -170,50 +164,6 @@ Sgd::Sgd(std::vector<NamedParameter> params, SgdOptions options)
 
 std::vector<std::string> Sgd::StateNames() const { return {"momentum_buffer"}; }
 
-namespace {
-
-// One range of the SGD update; the flags are template parameters so each
-// variant is a branch-free loop the compiler vectorises.
-template <typename T, bool kMomentum, bool kFirst, bool kNesterov>
-void SgdRange(T* __restrict p, const T* __restrict grad, T* __restrict buf, int64_t begin,
-              int64_t end, T wd, T mu, T one_minus_d, T neg_lr) {
-  for (int64_t k = begin; k < end; ++k) {
-    T g = grad[k] + wd * p[k];  // wd 0: exactly grad
-    if constexpr (kMomentum) {
-      T b;
-      if constexpr (kFirst) {
-        b = g;  // torch: buf = clone(grad) at the first step
-      } else {
-        b = buf[k] * mu + one_minus_d * g;
-      }
-      buf[k] = b;
-      g = kNesterov ? g + mu * b : b;
-    }
-    p[k] = p[k] + neg_lr * g;
-  }
-}
-
-template <typename T>
-void SgdUpdate(T* p, const T* grad, T* buf, bool first, int64_t n, const SgdOptions& o, double lr) {
-  const T wd = static_cast<T>(o.weight_decay);
-  const T mu = static_cast<T>(o.momentum);
-  const T one_minus_d = static_cast<T>(1 - o.dampening);
-  const T neg_lr = static_cast<T>(-lr);
-  const bool nesterov = o.nesterov;
-  cpu::ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
-    auto run = [&](auto range) { range(p, grad, buf, begin, end, wd, mu, one_minus_d, neg_lr); };
-    if (buf == nullptr) {
-      run(SgdRange<T, false, false, false>);
-    } else if (first) {
-      nesterov ? run(SgdRange<T, true, true, true>) : run(SgdRange<T, true, true, false>);
-    } else {
-      nesterov ? run(SgdRange<T, true, false, true>) : run(SgdRange<T, true, false, false>);
-    }
-  });
-}
-
-}  // namespace
-
 void Sgd::Step(double lr) {
   ++step_count_;
   std::map<int, std::vector<ParamSlot>> gpu;  // by GPU index
@@ -240,7 +190,9 @@ void Sgd::Step(double lr) {
     DispatchFloat(h.value.dtype(), [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       T* buf = state_[i].empty() ? nullptr : state_[i][0].data<T>();
-      SgdUpdate<T>(h.value.data<T>(), h.grad.data<T>(), buf, first, h.value.numel(), options_, lr);
+      const cpu::SgdScalars s{options_.weight_decay, options_.momentum, options_.dampening,
+                              options_.nesterov};
+      cpu::SgdUpdate<T>(h.value.data<T>(), h.grad.data<T>(), buf, first, h.value.numel(), s, lr);
     });
     WriteBack(param, h);
   }
@@ -267,98 +219,10 @@ Adam::Adam(std::vector<NamedParameter> params, AdamOptions options, bool decoupl
 
 std::vector<std::string> Adam::StateNames() const { return {"exp_avg", "exp_avg_sq"}; }
 
-namespace {
-
-struct AdamScalars {
-  double decay_factor;  // AdamW: 1 - lr * wd; 1 otherwise
-  double l2;            // Adam: wd; 0 otherwise
-  double beta1, beta2, eps;
-  double step_size;  // lr / (1 - beta1^t)
-  double bc2_sqrt;   // sqrt(1 - beta2^t)
-};
-
-// x[i] = sqrt(x[i]). Intrinsics because GCC does not vectorise std::sqrt
-// unless -fno-math-errno is set; the vector instructions are correctly
-// rounded, so results equal the scalar sqrt.
-inline void SqrtInPlace(float* x, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  // The masked form: _mm512_sqrt_ps trips GCC 12's -Wmaybe-uninitialized.
-  for (; i + 16 <= n; i += 16) {
-    const __m512 a = _mm512_loadu_ps(x + i);
-    _mm512_storeu_ps(x + i, _mm512_mask_sqrt_ps(a, static_cast<__mmask16>(0xFFFF), a));
-  }
-#elif defined(__AVX__)
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sqrt_ps(_mm256_loadu_ps(x + i)));
-#endif
-  for (; i < n; ++i) x[i] = std::sqrt(x[i]);
-}
-
-inline void SqrtInPlace(double* x, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 8 <= n; i += 8) {
-    const __m512d a = _mm512_loadu_pd(x + i);
-    _mm512_storeu_pd(x + i, _mm512_mask_sqrt_pd(a, static_cast<__mmask8>(0xFF), a));
-  }
-#elif defined(__AVX__)
-  for (; i + 4 <= n; i += 4) _mm256_storeu_pd(x + i, _mm256_sqrt_pd(_mm256_loadu_pd(x + i)));
-#endif
-  for (; i < n; ++i) x[i] = std::sqrt(x[i]);
-}
-
-// One range of the Adam update, in blocks: moments, then sqrt, then the
-// parameter, each a loop the compiler vectorises.
-template <typename T>
-void AdamRange(T* __restrict p, const T* __restrict grad, T* __restrict m, T* __restrict v,
-               int64_t begin, int64_t end, T decay, T l2, T one_minus_b1, T b2, T one_minus_b2,
-               T eps, T neg_step, T bc2_sqrt) {
-  constexpr int64_t kBlock = 512;
-  alignas(64) T root[kBlock];
-  for (int64_t b0 = begin; b0 < end; b0 += kBlock) {
-    const int64_t len = std::min(kBlock, end - b0);
-    T* __restrict pb = p + b0;
-    const T* __restrict gb = grad + b0;
-    T* __restrict mb = m + b0;
-    T* __restrict vb = v + b0;
-    for (int64_t k = 0; k < len; ++k) {
-      const T pk = pb[k] * decay;                  // AdamW: p *= 1 - lr * wd (decay is 1 for Adam)
-      const T g = gb[k] + l2 * pk;                 // Adam: L2 on the grad (l2 is 0 for AdamW)
-      mb[k] = mb[k] + one_minus_b1 * (g - mb[k]);  // torch: exp_avg.lerp_(grad, 1 - beta1)
-      const T vk = vb[k] * b2 + one_minus_b2 * g * g;
-      vb[k] = vk;
-      root[k] = vk;
-    }
-    SqrtInPlace(root, len);
-    for (int64_t k = 0; k < len; ++k) {
-      const T denom = root[k] / bc2_sqrt + eps;
-      pb[k] = pb[k] * decay + neg_step * (mb[k] / denom);
-    }
-  }
-}
-
-template <typename T>
-void AdamUpdate(T* p, const T* grad, T* m, T* v, int64_t n, const AdamScalars& s) {
-  const T decay = static_cast<T>(s.decay_factor);
-  const T l2 = static_cast<T>(s.l2);
-  const T one_minus_b1 = static_cast<T>(1 - s.beta1);
-  const T b2 = static_cast<T>(s.beta2);
-  const T one_minus_b2 = static_cast<T>(1 - s.beta2);
-  const T eps = static_cast<T>(s.eps);
-  const T neg_step = static_cast<T>(-s.step_size);
-  const T bc2_sqrt = static_cast<T>(s.bc2_sqrt);
-  cpu::ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
-    AdamRange<T>(p, grad, m, v, begin, end, decay, l2, one_minus_b1, b2, one_minus_b2, eps,
-                 neg_step, bc2_sqrt);
-  });
-}
-
-}  // namespace
-
 void Adam::Step(double lr) {
   ++step_count_;
   const double t = static_cast<double>(step_count_);
-  AdamScalars s;
+  cpu::AdamScalars s;
   s.decay_factor = decoupled_ ? 1 - lr * options_.weight_decay : 1;
   s.l2 = decoupled_ ? 0 : options_.weight_decay;
   s.beta1 = options_.beta1;
@@ -387,7 +251,7 @@ void Adam::Step(double lr) {
     }
     DispatchFloat(h.value.dtype(), [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
-      AdamUpdate<T>(h.value.data<T>(), h.grad.data<T>(), state_[i][0].data<T>(),
+      cpu::AdamUpdate<T>(h.value.data<T>(), h.grad.data<T>(), state_[i][0].data<T>(),
                     state_[i][1].data<T>(), h.value.numel(), s);
     });
     WriteBack(param, h);
@@ -398,48 +262,47 @@ void Adam::Step(double lr) {
   }
 }
 
-// ---------------------------------------------------------------- factory
+// ---------------------------------------------------------------- registry
 
-std::vector<std::string> OptimizerTypes() { return {"sgd", "adam", "adamw"}; }
-
-namespace {
-
-Schema AdamSchema(const char* doc, double weight_decay, const char* wd_doc) {
-  return Schema(doc)
-      .Required("lr", ParamType::kFloat, "base learning rate (the schedule scales it each step)")
-      .Optional("beta1", ParamType::kFloat, 0.9, "decay of the running mean of gradients")
-      .Optional("beta2", ParamType::kFloat, 0.999, "decay of the running mean of squared gradients")
-      .Optional("eps", ParamType::kFloat, 1e-8, "added to the denominator for stability")
-      .Optional("weight_decay", ParamType::kFloat, weight_decay, wd_doc);
+OptimizerRegistry& OptimizerRegistry::Get() {
+  static OptimizerRegistry r;
+  return r;
 }
 
-}  // namespace
+void OptimizerRegistry::Register(OptimizerType t) {
+  CNNFLOW_ENFORCE(Find(t.type) == nullptr, "optimizer type '", t.type, "' registered twice");
+  types_.push_back(std::move(t));
+}
+
+const OptimizerType* OptimizerRegistry::Find(const std::string& type) const {
+  for (const OptimizerType& t : types_)
+    if (t.type == type) return &t;
+  return nullptr;
+}
+
+std::vector<std::string> OptimizerRegistry::Names() const {
+  std::vector<std::string> names;
+  for (const OptimizerType& t : types_) names.push_back(t.type);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+OptimizerRegistration::OptimizerRegistration(const char* type, Schema schema,
+                                             OptimizerFactory create) {
+  OptimizerRegistry::Get().Register(OptimizerType{type, std::move(schema), std::move(create)});
+}
+
+std::vector<std::string> OptimizerTypes() { return OptimizerRegistry::Get().Names(); }
 
 const Schema& OptimizerSchema(const std::string& type) {
-  static const Schema sgd =
-      Schema("Stochastic gradient descent with optional momentum (torch.optim.SGD).")
-          .Required("lr", ParamType::kFloat,
-                    "base learning rate (the schedule scales it each step)")
-          .Optional("momentum", ParamType::kFloat, 0.0, "momentum factor (0: none)")
-          .Optional("dampening", ParamType::kFloat, 0.0, "dampening of the momentum")
-          .Optional("nesterov", ParamType::kBool, false,
-                    "Nesterov momentum (needs momentum > 0 and dampening 0)")
-          .Optional("weight_decay", ParamType::kFloat, 0.0,
-                    "L2 penalty, added to the gradient as weight_decay * param");
-  static const Schema adam =
-      AdamSchema("Adam (torch.optim.Adam): adaptive moments with bias correction.", 0.0,
-                 "L2 penalty, added to the gradient as weight_decay * param");
-  static const Schema adamw =
-      AdamSchema("AdamW (torch.optim.AdamW): Adam with decoupled weight decay.", 0.01,
-                 "decoupled weight decay: param *= 1 - lr * weight_decay each step");
-  if (type == "sgd") return sgd;
-  if (type == "adam") return adam;
-  if (type == "adamw") return adamw;
+  if (const OptimizerType* t = OptimizerRegistry::Get().Find(type)) return t->schema;
   std::string msg = StrCat("unknown optimizer type '", type, "'");
-  const std::string close = ClosestMatch(type, OptimizerTypes());
+  const std::vector<std::string> known = OptimizerTypes();
+  const std::string close = ClosestMatch(type, known);
   if (!close.empty()) msg += StrCat(" (did you mean '", close, "'?)");
-  msg += "; known types: sgd, adam, adamw";
-  throw ConfigError(msg);
+  std::string list;
+  for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+  throw ConfigError(StrCat(msg, "; known types: ", list));
 }
 
 std::unique_ptr<Optimizer> MakeOptimizer(const std::string& type, const Args& args,
@@ -454,21 +317,66 @@ std::unique_ptr<Optimizer> MakeOptimizer(const std::string& type, const Args& ar
   }
   Args a = args;
   a.FillDefaults(schema);
-  if (type == "sgd") {
-    SgdOptions o;
-    o.momentum = a.Float("momentum");
-    o.dampening = a.Float("dampening");
-    o.nesterov = a.Bool("nesterov");
-    o.weight_decay = a.Float("weight_decay");
-    return std::make_unique<Sgd>(std::move(params), o);
-  }
+  return OptimizerRegistry::Get().Find(type)->create(a, std::move(params));
+}
+
+// ---------------------------------------------------------------- the types
+
+namespace {
+
+Schema AdamSchema(const char* doc, double weight_decay, const char* wd_doc) {
+  return Schema(doc)
+      .Required("lr", ParamType::kFloat, "base learning rate (the schedule scales it each step)")
+      .Optional("beta1", ParamType::kFloat, 0.9, "decay of the running mean of gradients")
+      .Optional("beta2", ParamType::kFloat, 0.999, "decay of the running mean of squared gradients")
+      .Optional("eps", ParamType::kFloat, 1e-8, "added to the denominator for stability")
+      .Optional("weight_decay", ParamType::kFloat, weight_decay, wd_doc);
+}
+
+AdamOptions AdamOptionsOf(const Args& a) {
   AdamOptions o;
   o.beta1 = a.Float("beta1");
   o.beta2 = a.Float("beta2");
   o.eps = a.Float("eps");
   o.weight_decay = a.Float("weight_decay");
-  if (type == "adamw") return std::make_unique<AdamW>(std::move(params), o);
-  return std::make_unique<Adam>(std::move(params), o, /*decoupled=*/false);
+  return o;
 }
+
+}  // namespace
+
+CNNFLOW_REGISTER_OPTIMIZER(
+    sgd,
+    Schema("Stochastic gradient descent with optional momentum (torch.optim.SGD).")
+        .Required("lr", ParamType::kFloat, "base learning rate (the schedule scales it each step)")
+        .Optional("momentum", ParamType::kFloat, 0.0, "momentum factor (0: none)")
+        .Optional("dampening", ParamType::kFloat, 0.0, "dampening of the momentum")
+        .Optional("nesterov", ParamType::kBool, false,
+                  "Nesterov momentum (needs momentum > 0 and dampening 0)")
+        .Optional("weight_decay", ParamType::kFloat, 0.0,
+                  "L2 penalty, added to the gradient as weight_decay * param"),
+    [](const Args& a, std::vector<NamedParameter> params) -> std::unique_ptr<Optimizer> {
+      SgdOptions o;
+      o.momentum = a.Float("momentum");
+      o.dampening = a.Float("dampening");
+      o.nesterov = a.Bool("nesterov");
+      o.weight_decay = a.Float("weight_decay");
+      return std::make_unique<Sgd>(std::move(params), o);
+    });
+
+CNNFLOW_REGISTER_OPTIMIZER(
+    adam,
+    AdamSchema("Adam (torch.optim.Adam): adaptive moments with bias correction.", 0.0,
+               "L2 penalty, added to the gradient as weight_decay * param"),
+    [](const Args& a, std::vector<NamedParameter> params) -> std::unique_ptr<Optimizer> {
+      return std::make_unique<Adam>(std::move(params), AdamOptionsOf(a), /*decoupled=*/false);
+    });
+
+CNNFLOW_REGISTER_OPTIMIZER(
+    adamw,
+    AdamSchema("AdamW (torch.optim.AdamW): Adam with decoupled weight decay.", 0.01,
+               "decoupled weight decay: param *= 1 - lr * weight_decay each step"),
+    [](const Args& a, std::vector<NamedParameter> params) -> std::unique_ptr<Optimizer> {
+      return std::make_unique<AdamW>(std::move(params), AdamOptionsOf(a));
+    });
 
 }  // namespace cnnflow

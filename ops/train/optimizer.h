@@ -10,11 +10,14 @@
 // comes from the caller each step (the LR schedule), so `lr` in the schema
 // is the BASE learning rate the schedule starts from.
 //
-// How to add an optimizer type: a class deriving from Optimizer in
-// optimizer.cc, its schema in OptimizerSchema and a case in MakeOptimizer.
+// How to add an optimizer type: a class deriving from Optimizer, and
+// CNNFLOW_REGISTER_OPTIMIZER(name, schema, factory) in its .cc (as layers,
+// stages and sources register); its host loops in ops/cpu/ (as
+// optimizer_kernels.h), its GPU ones behind ops/device_ops.h.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -131,7 +134,38 @@ class AdamW : public Adam {
       : Adam(std::move(params), options, /*decoupled=*/true) {}
 };
 
-// The known optimizer types: "sgd", "adam", "adamw".
+// Registered optimizer types, by name.
+// `args` has the schema's defaults filled in and was checked against it.
+using OptimizerFactory =
+    std::function<std::unique_ptr<Optimizer>(const Args& args, std::vector<NamedParameter> params)>;
+
+struct OptimizerType {
+  std::string type;
+  Schema schema;
+  OptimizerFactory create;
+};
+
+class OptimizerRegistry {
+ public:
+  static OptimizerRegistry& Get();
+  void Register(OptimizerType t);
+  // nullptr when unknown.
+  const OptimizerType* Find(const std::string& type) const;
+  std::vector<std::string> Names() const;  // sorted
+
+ private:
+  std::vector<OptimizerType> types_;
+};
+
+struct OptimizerRegistration {
+  OptimizerRegistration(const char* type, Schema schema, OptimizerFactory create);
+};
+
+#define CNNFLOW_REGISTER_OPTIMIZER(type_name, schema_expr, factory)                     \
+  static ::cnnflow::OptimizerRegistration cnnflow_optimizer_registration_##type_name( \
+      #type_name, schema_expr, factory)
+
+// The registered optimizer types (adam, adamw, sgd).
 std::vector<std::string> OptimizerTypes();
 // The YAML schema of an optimizer type; throws ConfigError naming the known
 // types (and the closest one) for an unknown type.

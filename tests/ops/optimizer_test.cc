@@ -7,8 +7,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "ops/cpu/isa.h"
+#include "ops/cpu/optimizer_kernels.h"
 
 namespace cnnflow {
 namespace {
@@ -335,7 +339,53 @@ TEST(Sgd, FactoryReadsTheSchema) {
   EXPECT_FALSE(s.Find("lr")->default_value.has_value());  // required
   for (const char* name : {"momentum", "dampening", "nesterov", "weight_decay"})
     EXPECT_NE(s.Find(name), nullptr) << name;
-  EXPECT_EQ(OptimizerTypes(), (std::vector<std::string>{"sgd", "adam", "adamw"}));
+  EXPECT_EQ(OptimizerTypes(), (std::vector<std::string>{"adam", "adamw", "sgd"}));
+}
+
+// A type registers itself as layers, stages and sources do; its args reach
+// its factory checked and with the schema's defaults.
+TEST(OptimizerRegistry, ATypeRegisteredByNameIsMadeByMakeOptimizer) {
+  static const OptimizerRegistration plain(
+      "test_plain_sgd", Schema("a test type").Required("lr", ParamType::kFloat, "lr").Optional(
+                            "momentum", ParamType::kFloat, 0.25, "m"),
+      [](const Args& a, std::vector<NamedParameter> params) -> std::unique_ptr<Optimizer> {
+        SgdOptions o;
+        o.momentum = a.Float("momentum");  // the default, filled in
+        return std::make_unique<Sgd>(std::move(params), o);
+      });
+  Parameter p = MakeParam({1, -2});
+  Args args;
+  args.Set("lr", 0.1);
+  auto opt = MakeOptimizer("test_plain_sgd", args, {{"w", &p}});
+  EXPECT_STREQ(opt->type(), "sgd");
+  EXPECT_DOUBLE_EQ(static_cast<Sgd&>(*opt).options().momentum, 0.25);
+  const std::vector<std::string> types = OptimizerTypes();
+  EXPECT_NE(std::find(types.begin(), types.end(), "test_plain_sgd"), types.end());
+  args.Set("momentun", 0.5);
+  EXPECT_THROW(MakeOptimizer("test_plain_sgd", args, {{"w", &p}}), ConfigError);
+}
+
+// The host update loops (ops/cpu/optimizer_kernels.cc) give the same bits
+// under every ISA this CPU has: Adam's vector square roots are correctly
+// rounded, as the scalar one.
+TEST(OptimizerKernels, AdamIsBitwiseTheSameUnderEveryIsa) {
+  const cpu::Isa machine = cpu::MaxIsa();
+  std::vector<std::vector<float>> results;
+  for (int isa = 0; isa <= static_cast<int>(cpu::CpuIsa()); ++isa) {
+    cpu::SetMaxIsa(static_cast<cpu::Isa>(isa));
+    const int64_t n = 1000;  // not a multiple of any vector width
+    std::vector<float> p(n), g(n), m(n, 0.f), v(n, 0.f);
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] = std::sin(0.1f * i);
+      g[i] = std::cos(0.37f * i) * (i % 7 == 0 ? 1e-4f : 1.f);
+    }
+    cpu::AdamScalars s{1 - 1e-3 * 0.01, 0, 0.9, 0.999, 1e-8, 1e-3 / (1 - 0.9), std::sqrt(1 - 0.999)};
+    for (int step = 0; step < 3; ++step) cpu::AdamUpdate<float>(p.data(), g.data(), m.data(), v.data(), n, s);
+    results.push_back(p);
+  }
+  cpu::SetMaxIsa(machine);
+  for (size_t k = 1; k < results.size(); ++k)
+    EXPECT_EQ(results[k], results[0]) << cpu::IsaName(static_cast<cpu::Isa>(k)) << " vs scalar";
 }
 
 TEST(Sgd, FactoryErrorsNameTypesAndCloseMatches) {
@@ -345,7 +395,7 @@ TEST(Sgd, FactoryErrorsNameTypesAndCloseMatches) {
     FAIL() << "no error for an unknown type";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("did you mean 'sgd'"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("sgd, adam, adamw"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("adam, adamw, sgd"), std::string::npos) << e.what();
   }
   Args args;
   args.Set("momentun", 0.9);
