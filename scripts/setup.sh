@@ -1,25 +1,37 @@
 #!/usr/bin/env bash
-# Installs every Debian package cnnflow needs to build, test and run its main
-# job. Safe to run twice: apt-get skips what is installed, and the package
-# lists are refreshed only when a package is missing.
+# Installs the Debian packages cnnflow needs. Safe to run twice: apt-get
+# skips what is installed, and the package lists are refreshed only when a
+# package is missing.
+#
+#   scripts/setup.sh run   what building the cnnflow binary and running its
+#                          main job need (scripts/train.sh)
+#   scripts/setup.sh       that, and what the tests, the fuzzers and the
+#                          tools the tests call need (scripts/test.sh)
 set -euo pipefail
 
+# Build and run: the compiler, the libraries the cnnflow target links, the
+# default data set.
 packages=(
   build-essential cmake ninja-build pkg-config ccache
   libtbb-dev libyaml-cpp-dev zlib1g-dev libopenblas-dev
-  liblmdb-dev lmdb-utils libturbojpeg0-dev libpng-dev libopencv-dev
+  liblmdb-dev libturbojpeg0-dev libpng-dev libopencv-dev
   libdnnl-dev ocl-icd-opencl-dev opencl-c-headers
   libopenmpi-dev openmpi-bin
-  libgtest-dev libgmock-dev libbenchmark-dev
-  dataset-fashion-mnist
-  graphviz  # cnnflow graph -o FILE.svg
-  curl ca-certificates python3  # scripts/prepare_*.sh downloads; tests/cli/prepare_test.sh
   libcairo2-dev fonts-dejavu-core  # cnnflow plot, bench --plot (PNG, SVG)
-  libonnx-dev libprotobuf-dev      # cnnflow export (ONNX)
-  # scripts/fuzz.sh: libFuzzer and the sanitizer runtimes, OpenMP for clang,
-  # llvm-symbolizer for readable stacks.
-  clang-14 libclang-rt-14-dev libomp-14-dev llvm-14
+  libonnx-dev libprotobuf-dev      # cnnflow export and import (ONNX)
+  dataset-fashion-mnist
 )
+if [[ "${1:-all}" != run ]]; then
+  packages+=(
+    libgtest-dev libgmock-dev libbenchmark-dev  # the tests and bench/
+    lmdb-utils
+    graphviz  # cnnflow graph -o FILE.svg
+    curl ca-certificates python3  # scripts/prepare_*.sh downloads; tests/cli/prepare_test.sh
+    # scripts/fuzz.sh: libFuzzer and the sanitizer runtimes, OpenMP for clang,
+    # llvm-symbolizer for readable stacks.
+    clang-14 libclang-rt-14-dev libomp-14-dev llvm-14
+  )
+fi
 # For bench/: PyTorch on the CPU, side by side with cnnflow.
 if [[ "${CNNFLOW_SETUP_BENCH:-0}" == 1 ]]; then
   packages+=(python3-torch python3-numpy python3-pil python3-lmdb plasma-workspace-wallpapers)
