@@ -24,18 +24,13 @@
 #include "ops/io/tf_events.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/executor.h"
+#include "pipeline/validate_report.h"
 
 namespace cnnflow {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-// The machine's physical memory (MemTotal of /proc/meminfo), 0 when unknown.
-double MachineMemoryMb() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) / 1e6 : 0;
-}
 
 std::string Timestamp() {
   const std::time_t now = std::time(nullptr);
@@ -787,179 +782,8 @@ void Trainer::LoadWeights(const std::string& path, const std::string& prefix) {
   LoadStateDict(LoadSafetensors(path).tensors, Models(), rules, path);
 }
 
-std::string Trainer::DescribeTensorParallel() const {
-  const int tp = replicas_->tensor_parallel();
-  Model& m = replicas_->model(0);
-  const int64_t n = config_.batch;  // a group's rows a step
-  std::ostringstream os;
-  char line[256];
-  std::snprintf(
-      line, sizeof line,
-      "tensor parallel: groups of %d devices, %d data-parallel replica(s); per device and "
-      "training step (batch %lld, forward + backward ~ 3x forward):\n",
-      tp, replicas_->data_parallel(), static_cast<long long>(n));
-  os << line;
-  std::snprintf(line, sizeof line, "  %-12s %-7s %-18s %16s %18s\n", "layer", "split",
-                "collectives", "GFLOPs/device", "MB sent/device");
-  os << line;
-  double device_flops = 0, bytes = 0, largest = 0;
-  for (int i = 0; i < m.num_layers(); ++i) {
-    const Layer& l = m.layer(i);
-    const auto* s = dynamic_cast<const TensorParallelLayer*>(&l);
-    if (s == nullptr) {
-      device_flops += 3.0 * static_cast<double>(l.ForwardFlops(n));
-      continue;
-    }
-    const TensorParallelShard& shard = s->shard();
-    const double f = 3.0 * static_cast<double>(s->MemberFlops(n));
-    const double b =
-        static_cast<double>(s->CommunicatedBytes(n, false) + s->CommunicatedBytes(n, true));
-    device_flops += f;
-    bytes += b;
-    largest =
-        std::max<double>(largest, static_cast<double>(std::max(s->CommunicatedBytes(n, false),
-                                                               s->CommunicatedBytes(n, true))));
-    // Column and spatial: y all-gathered (unless a row layer reads it), dx
-    // summed; row: y summed, dx all-gathered (unless it feeds a column
-    // layer's backward).
-    const bool row = shard.split() == TensorSplit::kRow;
-    const std::string collectives = !row ? (shard.local_output() ? "dx sum" : "y gather, dx sum")
-                                         : (shard.local_input() ? "y sum" : "y sum, dx gather");
-    std::snprintf(line, sizeof line, "  %-12s %-7s %-18s %16.3f %18.2f\n", l.name().c_str(),
-                  TensorSplitName(shard.split()), collectives.c_str(), f / 1e9, b / 1e6);
-    os << line;
-  }
-  const double whole = 3.0 * static_cast<double>(m.ForwardFlops(n));
-  std::snprintf(line, sizeof line,
-                "  per device: %.3f GFLOPs of the model's %.3f (%.0f%%), %.2f MB through the "
-                "group's collectives a step\n",
-                device_flops / 1e9, whole / 1e9, 100 * device_flops / whole, bytes / 1e6);
-  os << line;
-  // Whether it can pay: the collectives' time at this machine's measured
-  // all-reduce bandwidth against the compute at its measured GEMM rate.
-  const TensorParallelCost cost = MeasureTensorParallelCost(
-      tp, static_cast<int64_t>(largest),
-      std::max(1, config_.threads / static_cast<int>(config_.devices.size())));
-  const double comm_ms = bytes / (cost.allreduce_gb_per_s * 1e9) * 1e3;
-  const double compute_ms = device_flops / (cost.gflops_per_device * 1e9) * 1e3;
-  std::snprintf(line, sizeof line,
-                "  measured here: all-reduce among %d at %.2f GB/s -> ~%.1f ms a step; compute at "
-                "%.1f GFLOP/s a device -> ~%.1f ms a step\n",
-                tp, cost.allreduce_gb_per_s, comm_ms, cost.gflops_per_device, compute_ms);
-  os << line;
-  if (comm_ms > compute_ms) {
-    os << "  warning: tensor parallelism cannot pay here: its communication (~"
-       << static_cast<int>(comm_ms) << " ms a step) exceeds the compute it splits (~"
-       << static_cast<int>(compute_ms) << " ms); split wider layers, or fewer\n";
-  }
-  return os.str();
-}
-
 std::string Trainer::Describe() const {
-  std::ostringstream os;
-  Model& m = *model_;
-  os << "model (input " << m.input_shape() << "):\n";
-  char line[256];
-  std::snprintf(line, sizeof line, "  %-12s %-15s %-14s %-18s %12s %14s\n", "layer", "type", "inputs",
-                "output", "parameters", "MFLOPs/sample");
-  os << line;
-  for (int i = 0; i < m.num_layers(); ++i) {
-    Layer& l = m.layer(i);
-    int64_t params = 0;
-    for (auto& p : l.parameters()) params += p.value.numel();
-    std::string ins;
-    for (const auto& n : m.inputs_of(i)) ins += (ins.empty() ? "" : ",") + n;
-    std::snprintf(line, sizeof line, "  %-12s %-15s %-14s %-18s %12lld %14.3f\n", l.name().c_str(),
-                  l.type(), ins.c_str(), m.output_shape(i).ToString().c_str(),
-                  static_cast<long long>(params), l.ForwardFlops(1) / 1e6);
-    os << line;
-  }
-  os << "  total parameters: " << m.NumParameters() << ", forward "
-     << m.ForwardFlops(1) / 1e6 << " MFLOPs per sample\n";
-  if (replicas_ && replicas_->tensor_parallel() > 1) os << DescribeTensorParallel();
-  if (pipeline_) {
-    os << "pipeline: " << pipeline_->num_stages() << " stages, " << config_.microbatches
-       << " micro-batches, schedule " << config_.pipeline_schedule << "\n";
-    std::map<std::string, int> index;
-    for (int i = 0; i < m.num_layers(); ++i) index[m.layer(i).name()] = i;
-    double lo = 1e300, hi = 0;
-    int lo_s = 0, hi_s = 0;
-    for (int s = 0; s < pipeline_->num_stages(); ++s) {
-      int64_t params = 0;
-      double flops = 0;
-      for (const std::string& name : pipeline_->stage_layers(s)) {
-        Layer& l = m.layer(index[name]);
-        for (auto& p : l.parameters()) params += p.value.numel();
-        flops += static_cast<double>(l.ForwardFlops(1));
-      }
-      if (flops < lo) lo = flops, lo_s = s;
-      if (flops > hi) hi = flops, hi_s = s;
-      std::snprintf(line, sizeof line, "  stage %d on %-6s %-40s %10lld params %10.3f MFLOPs/sample\n",
-                    s, config_.devices[s].ToString().c_str(),
-                    (pipeline_->stage_layers(s).front() + ".." + pipeline_->stage_layers(s).back()).c_str(),
-                    static_cast<long long>(params), flops / 1e6);
-      os << line;
-    }
-    if (lo > 0 && hi / lo > 1.5) {
-      os << "  warning: unbalanced cut: stage " << hi_s << " has " << static_cast<int>(hi / lo * 10) / 10.0
-         << "x the forward FLOPs of stage " << lo_s
-         << "; the pipeline runs at the pace of its slowest stage"
-         << (config_.pipeline_stages.empty()
-                 ? " (this is already the most even cut of these layers)\n"
-                 : " (graph.pipeline.stages: auto finds the most even cut)\n");
-    }
-  }
-  std::vector<std::string> devices;
-  for (const Device& d : config_.devices) devices.push_back(d.ToString());
-  os << "train graph (" << config_.train_graph.file << "; per-device nodes expanded):\n"
-     << config_.train_graph.ToString(devices);
-  os << "eval graph:\n" << config_.eval_graph.ToString(devices);
-  os << "threads: " << config_.threads << ", devices:";
-  for (const auto& d : config_.devices) os << " " << d.ToString();
-  os << ", steps per epoch: " << steps_per_epoch_ << "\n";
-
-  // Memory known before the run: the prefetched input batches (bounded by
-  // the prefetch stage) and, per replica, activations and parameter state.
-  const int replicas = replicas_ ? replicas_->size() : 1;
-  const double batch_mb = static_cast<double>(config_.batch * replicas * m.input_shape().numel()) *
-                          sizeof(float) / 1e6;
-  for (const NodeSpec& n : config_.train_graph.nodes) {
-    if (n.stage != "prefetch") continue;
-    int64_t depth = n.args.Int("depth");
-    const double budget = n.args.Float("memory_mb");
-    if (budget > 0) depth = std::min<int64_t>(depth, static_cast<int64_t>(budget / batch_mb));
-    std::snprintf(line, sizeof line,
-                  "memory: prefetched batches <= %.1f MB (%lld x %.2f MB)", depth * batch_mb,
-                  static_cast<long long>(depth), batch_mb);
-    os << line;
-  }
-  double acts = 0;
-  for (int i = 0; i < m.num_layers(); ++i) acts += static_cast<double>(m.output_shape(i).numel());
-  const double act_mb = acts * config_.batch * sizeof(float) / 1e6;
-  const double state_mb = static_cast<double>(m.NumParameters()) * sizeof(float) * 4 / 1e6;
-  std::snprintf(line, sizeof line,
-                "; per replica: activations ~%.1f MB (batch %lld), parameters + gradients + "
-                "optimizer state ~%.1f MB\n",
-                act_mb, static_cast<long long>(config_.batch), state_mb);
-  os << line;
-  // On the host: the prefetched batches, and the replicas that run on CPUs.
-  double prefetch_mb = 0;
-  for (const NodeSpec& n : config_.train_graph.nodes) {
-    if (n.stage == "prefetch") prefetch_mb += batch_mb * static_cast<double>(n.args.Int("depth"));
-  }
-  int cpu_replicas = 0;
-  for (const Device& d : config_.devices) cpu_replicas += d.is_cuda() ? 0 : 1;
-  if (pipeline_) cpu_replicas = cpu_replicas > 0 ? 1 : 0;  // one model, its layers split
-  const double host_mb = prefetch_mb + cpu_replicas * (act_mb + state_mb);
-  const double machine_mb = MachineMemoryMb();
-  if (machine_mb > 0 && host_mb > machine_mb) {
-    std::snprintf(line, sizeof line,
-                  "warning: the run needs ~%.0f MB of host memory, more than this machine's %.0f "
-                  "MB (MemTotal): lower train.batch, graph.prefetch or the replicas\n",
-                  host_mb, machine_mb);
-    os << line;
-  }
-  return os.str();
+  return ValidateReport(config_, *model_, replicas_.get(), pipeline_.get(), steps_per_epoch_);
 }
 
 }  // namespace cnnflow

@@ -71,13 +71,10 @@ class Trainer {
   // Asks a running Train to stop after the current step (signal handlers).
   void RequestStop() { state_.stop_requested = true; }
 
-  // A summary for `cnnflow validate`: layers, shapes, parameters, FLOPs, graphs.
+  // A summary for `cnnflow validate` (pipeline/validate_report.h).
   std::string Describe() const;
 
  private:
-  // Describe's tensor-parallel part: per device FLOPs and bytes, and whether
-  // the split can pay at this machine's measured rates.
-  std::string DescribeTensorParallel() const;
   void BuildModel(MpiWorld& world);
   // train.init: the weights of config_.init_from into every model instance
   // (strict: all or an error listing each mismatch); what it did goes to
