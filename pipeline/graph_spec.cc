@@ -260,4 +260,16 @@ GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::N
   return g;
 }
 
+GraphPlan GraphSpec::Plan() const {
+  GraphPlan plan;
+  for (const NodeSpec& n : nodes) {
+    const StageType* type = StageRegistry::Get().Find(n.stage);
+    if (type == nullptr || !type->plan) continue;
+    Args args = n.args;
+    args.FillDefaults(type->schema);
+    type->plan(args, StrCat(n.where, ": node '", n.name, "' (", n.stage, ")"), plan);
+  }
+  return plan;
+}
+
 }  // namespace cnnflow

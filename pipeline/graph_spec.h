@@ -12,6 +12,7 @@
 
 #include "ops/schema.h"
 #include "pipeline/yaml_util.h"
+#include "stages/graph_plan.h"
 
 namespace cnnflow {
 
@@ -54,6 +55,9 @@ struct GraphSpec {
   std::string ToString(const std::vector<std::string>& devices = {}) const;
   // Graphviz: this graph as a cluster (subgraph) named after it.
   std::string ToDot(const std::vector<std::string>& devices) const;
+  // What the graph decides before it is built: each node's stage type's
+  // plan hook on the node's arguments (stages/graph_plan.h).
+  GraphPlan Plan() const;
 };
 
 // Parses graph `name` of a template. `run` resolves `$path` values (a

@@ -126,9 +126,8 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
 
   // The model first: a shape error is reported before any data is read.
   BuildModel(world);
-  // A pipeline is one replica; a tensor-parallel group is one, and the
-  // processes of a group that spans processes share one data shard.
-  const int data_replicas = replicas_ ? replicas_->data_parallel() : 1;
+  // The processes of a tensor-parallel group that spans processes share
+  // one data shard.
   const int group_processes = replicas_ ? replicas_->tensor_parallel_processes() : 1;
   state_.data_rank = state_.process_rank / group_processes;
   state_.data_ranks = state_.process_count / group_processes;
@@ -164,16 +163,21 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
                             ")"));
   }
 
-  // Optimizer steps per epoch: this process's shard in batches of
-  // batch x replicas, accumulate batches a step.
+  // Optimizer steps per epoch: this process's shard in the training
+  // graph's sampler's batches (a user template's sampler may cut them
+  // otherwise than train.batch), accumulate batches a step.
+  const GraphPlan plan = config_.train_graph.Plan();
+  if (plan.batch_samples <= 0) {
+    throw ConfigError(StrCat(config_.train_graph.file, ": the train graph has no sampler"));
+  }
   const int64_t shard = (train.size() + state_.data_ranks - 1) / state_.data_ranks;
-  steps_per_epoch_ = PassPlan(PassBatches(shard, config_.batch * data_replicas,
-                                          /*drop_last=*/config_.sync_bn, config_.max_steps),
-                              config_.accumulate)
-                         .steps();
+  steps_per_epoch_ =
+      PassPlan(PassBatches(shard, plan.batch_samples, plan.drop_last, config_.max_steps),
+               config_.accumulate)
+          .steps();
   const Args& s = config_.schedule_args;
   const int64_t global_batch =
-      config_.batch * data_replicas * state_.data_ranks * config_.accumulate;
+      plan.batch_samples * state_.data_ranks * config_.accumulate;
   LrScheduleOptions lr;
   lr.base_lr = config_.optimizer_args.Float("lr");
   if (s.String("scale_lr") == "linear") {

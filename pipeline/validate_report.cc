@@ -101,12 +101,11 @@ MemoryEstimate EstimateMemory(const RunConfig& config, const Model& m, int data_
   // members of a tensor-parallel group share theirs.
   e.batch_mb = static_cast<double>(config.batch * data_parallel * m.input_shape().numel()) *
                sizeof(float) / 1e6;
-  for (const NodeSpec& n : config.train_graph.nodes) {
-    if (n.stage != "prefetch") continue;
-    int64_t depth = n.args.Int("depth");
-    const double budget = n.args.Float("memory_mb");
-    if (budget > 0) depth = std::min<int64_t>(depth, static_cast<int64_t>(budget / e.batch_mb));
-    e.prefetch_depth += depth;
+  const GraphPlan plan = config.train_graph.Plan();
+  e.prefetch_depth = plan.prefetch_depth;
+  if (plan.prefetch_memory_mb > 0) {
+    e.prefetch_depth =
+        std::min<int64_t>(e.prefetch_depth, static_cast<int64_t>(plan.prefetch_memory_mb / e.batch_mb));
   }
   e.prefetch_mb = static_cast<double>(e.prefetch_depth) * e.batch_mb;
   double acts = 0;

@@ -82,4 +82,10 @@ CNNFLOW_REGISTER_STAGE(prefetch, PrefetchStage,
                                      "memory budget of the batches in flight, in MB (0: none); "
                                      "caps depth"));
 
+// The batches in flight: what `cnnflow validate` counts the input memory by.
+CNNFLOW_STAGE_PLAN(prefetch, [](const Args& a, const std::string&, GraphPlan& plan) {
+  plan.prefetch_depth += a.Int("depth");
+  plan.prefetch_memory_mb += a.Float("memory_mb");
+});
+
 }  // namespace cnnflow

@@ -93,4 +93,11 @@ CNNFLOW_REGISTER_STAGE(
         .Optional("shuffle", ParamType::kBool, true, "reshuffle every epoch")
         .Optional("drop_last", ParamType::kBool, false, "drop the last incomplete batch"));
 
+// The pass's batches: what the trainer counts its optimizer steps by.
+CNNFLOW_STAGE_PLAN(sampler, [](const Args& a, const std::string& where, GraphPlan& plan) {
+  if (plan.batch_samples > 0) throw ConfigError(StrCat(where, ": a second sampler in one pass"));
+  plan.batch_samples = a.Int("batch") * a.Int("replicas");
+  plan.drop_last = a.Bool("drop_last");
+});
+
 }  // namespace cnnflow

@@ -22,6 +22,20 @@ const StageType* StageRegistry::Find(const std::string& type) const {
   return nullptr;
 }
 
+void StageRegistry::SetPlanner(const std::string& type, StagePlanner planner) {
+  for (auto& t : types_) {
+    if (t.type == type) {
+      t.plan = std::move(planner);
+      return;
+    }
+  }
+  CNNFLOW_ENFORCE(false, "a plan for stage type '", type, "', which is not registered (yet)");
+}
+
+StagePlanRegistration::StagePlanRegistration(const char* type, StagePlanner planner) {
+  StageRegistry::Get().SetPlanner(type, std::move(planner));
+}
+
 std::vector<std::string> StageRegistry::Names() const {
   std::vector<std::string> n;
   for (const auto& t : types_) n.push_back(t.type);
@@ -31,7 +45,7 @@ std::vector<std::string> StageRegistry::Names() const {
 
 StageRegistration::StageRegistration(const char* type, Schema schema, StageFactory create,
                                      StageLayout layout) {
-  StageRegistry::Get().Register({type, std::move(schema), std::move(create), layout});
+  StageRegistry::Get().Register({type, std::move(schema), std::move(create), layout, {}});
 }
 
 const Dataset& RunState::dataset(const std::string& name) const {

@@ -19,6 +19,7 @@
 #include <tbb/flow_graph.h>  // costly to compile: include this header only where nodes are built
 
 #include "ops/schema.h"
+#include "stages/graph_plan.h"
 #include "stages/message.h"
 
 namespace cnnflow {
@@ -113,6 +114,7 @@ struct StageType {
   Schema schema;
   StageFactory create;
   StageLayout layout = StageLayout::kOne;
+  StagePlanner plan;  // what its nodes decide before the graph is built (graph_plan.h); may be empty
   bool per_device() const { return layout != StageLayout::kOne; }
 };
 
@@ -121,6 +123,7 @@ class StageRegistry {
   static StageRegistry& Get();
   void Register(StageType t);
   const StageType* Find(const std::string& type) const;  // nullptr when unknown
+  void SetPlanner(const std::string& type, StagePlanner planner);
   std::vector<std::string> Names() const;
 
  private:

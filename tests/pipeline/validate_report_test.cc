@@ -9,9 +9,14 @@
 #include "ops/model.h"
 #include "ops/parallel/data_parallel.h"
 #include "pipeline/trainer.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {
+
+using testing::ReadBytes;
+using testing::TestDir;
+using testing::WriteBytes;
 
 struct Built {
   std::unique_ptr<Trainer> trainer;
@@ -51,6 +56,25 @@ TEST(ValidateReport, TheHostTotalKeepsToThePrefetchBudget) {
   EXPECT_DOUBLE_EQ(capped.memory.host_mb,
                    capped.memory.prefetch_mb + capped.memory.activations_mb + capped.memory.state_mb);
   EXPECT_LT(capped.memory.host_mb, free.memory.host_mb);
+}
+
+// A user template whose sampler cuts other batches than train.batch: the
+// step count (and so the LR schedule's length) is the sampler's, read from
+// the graph's plan, not re-derived from train.batch.
+TEST(GraphPlan, TheStepCountIsTheSamplersBatches) {
+  std::string tmpl = ReadBytes("graphs/data_parallel.yaml");
+  const std::string from = "batch: $train.batch, replicas: $graph.replicas";
+  const size_t at = tmpl.find(from);
+  ASSERT_NE(at, std::string::npos);
+  tmpl.replace(at, from.size(), "batch: 32, replicas: $graph.replicas");
+  const std::string path = TestDir() + "/half_batches.yaml";
+  WriteBytes(path, tmpl);
+  const Built shipped = Build({"train.batch=64"});
+  const Built user = Build({"train.batch=64", "graph.template=" + path});
+  EXPECT_EQ(shipped.trainer->steps_per_epoch(), 938);   // 60,000 / 64, rounded up
+  EXPECT_EQ(user.trainer->steps_per_epoch(), 1875);     // 60,000 / 32
+  EXPECT_EQ(shipped.trainer->config().train_graph.Plan().batch_samples, 64);
+  EXPECT_NE(user.trainer->Describe().find("steps per epoch: 1875"), std::string::npos);
 }
 
 }  // namespace

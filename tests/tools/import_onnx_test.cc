@@ -102,8 +102,11 @@ TEST_P(OnnxFixture, GivesPyTorchsLogitsAndGradients) {
     EXPECT_LE(RelativeError(np.param->grad, *g, 1e-3 * largest), 1e-4) << np.name;
     checked.insert(np.name);
   }
-  for (const auto& [name, t] : ref.tensors)
-    if (name.rfind("grad.", 0) == 0) EXPECT_TRUE(checked.count(name.substr(5))) << name << " not imported";
+  for (const auto& [name, t] : ref.tensors) {
+    if (name.rfind("grad.", 0) == 0) {
+      EXPECT_TRUE(checked.count(name.substr(5))) << name << " not imported";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TorchOnnx, OnnxFixture,
