@@ -8,7 +8,7 @@
 //        CNNFLOW_REGISTER_LAYER(name, Class, Schema("doc").Optional(...));
 //      The schema documents the YAML parameters; Class's constructor takes
 //      (const std::string& layer_name, const Args& args).
-//   3. tests/ops/<name>_test.cc: a gradient check and a naive reference.
+//   3. tests/ops/layers/<name>_test.cc (and rows in tests/ops/layers/layer_table.cc): a gradient check and a naive reference.
 //
 // A layer that runs on a GPU has a CUDA class too, in a file of its own
 // (ops/cuda/<name>.cu, or <name>_cudnn.cc / _cublas.cc over a library),

@@ -1,4 +1,4 @@
-// The rows of the layer table (tests/ops/layer_table_test.cc) and how one row
+// The rows of the layer table (tests/ops/layers/layer_table_test.cc) and how one row
 // is run: a layer built from its registered type, its inputs and output
 // gradient drawn from fixed seeds, so every check of a row (f64, f32, GPU,
 // ONNX) sees the same values.

@@ -1,4 +1,4 @@
-#include "tests/ops/layer_table.h"
+#include "tests/ops/layers/layer_table.h"
 
 #include <cctype>
 

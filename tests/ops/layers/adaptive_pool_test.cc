@@ -1,7 +1,7 @@
 // adaptive_avgpool2d / adaptive_avgpool1d against a direct f64 bin loop
 // (torch.nn.AdaptiveAvgPool's bins [floor(i*H/h), ceil((i+1)*H/h)) computed
 // in floating point here), and their errors. The layer table
-// (tests/ops/layer_table.cc) checks the gradients and f32 against f64.
+// (tests/ops/layers/layer_table.cc) checks the gradients and f32 against f64.
 #include "ops/layers/adaptive_pool.h"
 
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // zeroed or scaled by 1/(1-p), drawn from dropout's keyed stream by sample
 // id (the same decision whatever the batch position), the rate ~p, the
 // identity in evaluation and at p = 0. The layer table
-// (tests/ops/layer_table.cc) checks the gradients.
+// (tests/ops/layers/layer_table.cc) checks the gradients.
 #include "ops/layers/drop_path.h"
 
 #include <gtest/gtest.h>

@@ -2,7 +2,7 @@
 // src = floor(dst / scale), or floor(dst * in/out) for a size; bilinear with
 // align_corners false / true), forward and backward (the adjoint, by
 // scattering each output's taps), and its errors. The layer table
-// (tests/ops/layer_table.cc) checks the gradients and f32 against f64.
+// (tests/ops/layers/layer_table.cc) checks the gradients and f32 against f64.
 #include "ops/layers/upsample.h"
 
 #include <gtest/gtest.h>

@@ -11,7 +11,7 @@
 // networks of tests/data/library exported with PyTorch's weights, run by
 // onnxruntime (this binary links no ONNX).
 //
-// How to add a layer type: add rows to MakeCases() in tests/ops/layer_table.cc (a few small shapes,
+// How to add a layer type: add rows to MakeCases() in tests/ops/layers/layer_table.cc (a few small shapes,
 // each option that changes the kernel). EveryLayerTypeHasARow fails until
 // a registered type has one.
 #include <gtest/gtest.h>
@@ -25,7 +25,7 @@
 #include "ops/device.h"
 #include "tests/ops/gpu_check.h"
 #include "tests/ops/gradient_check.h"
-#include "tests/ops/layer_table.h"
+#include "tests/ops/layers/layer_table.h"
 
 namespace cnnflow::testing {
 namespace {
@@ -98,7 +98,7 @@ TEST(LayerTableCoverage, EveryLayerTypeHasARow) {
   for (const LayerCase& c : LayerCases()) covered.insert(c.type);
   for (const std::string& type : LayerRegistry::Get().Names())
     EXPECT_TRUE(covered.count(type)) << "layer type '" << type
-                                     << "' has no row in tests/ops/layer_table.cc";
+                                     << "' has no row in tests/ops/layers/layer_table.cc";
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The activation layers (ops/layers/activation.h), what the layer table
-// (tests/ops/layer_table.cc: gradient check, f32 vs f64, GPU vs CPU) does
+// (tests/ops/layers/layer_table.cc: gradient check, f32 vs f64, GPU vs CPU) does
 // not check: every type against an independent reference (the defining
 // formula in long double, its derivative by central differences) in f32
 // (oneDNN or loops) and f64, PyTorch's gradients at the kinks, the same

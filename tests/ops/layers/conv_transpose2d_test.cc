@@ -3,7 +3,7 @@
 // output (h*stride - pad + i*dilation, w*stride - pad + j*dilation)), its
 // backward against the same loop's adjoint, f32 kernels (GEMM and oneDNN
 // paths each) against it, init and errors. The layer table
-// (tests/ops/layer_table.cc) checks the gradients.
+// (tests/ops/layers/layer_table.cc) checks the gradients.
 #include "ops/layers/conv_transpose2d.h"
 
 #include <gtest/gtest.h>
