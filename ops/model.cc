@@ -504,15 +504,20 @@ StateDictMatch LoadStateDict(const std::vector<std::pair<std::string, Tensor>>& 
                        m.mismatches.size() == 1 ? " mismatch" : " mismatches",
                        "; names are PyTorch state_dict keys, 'module.' dropped):", ListMismatches(m)));
   }
+  CopyStateDict(m, models, where);
+  return m;
+}
+
+void CopyStateDict(const StateDictMatch& match, const std::vector<Model*>& models,
+                   const std::string& where) {
   std::set<std::string> fits;
-  for (const auto& t : m.tensors) fits.insert(t.first);
+  for (const auto& t : match.tensors) fits.insert(t.first);
   for (Model* model : models) {
     std::vector<std::pair<std::string, Tensor>> dst;
     for (auto& [name, t] : model->StateTensors())
       if (fits.count(name)) dst.emplace_back(name, t);
-    CopyNamedTensors(m.tensors, dst, where);
+    CopyNamedTensors(match.tensors, dst, where);
   }
-  return m;
 }
 
 }  // namespace cnnflow

@@ -192,9 +192,13 @@ StateDictMatch MatchStateDict(const std::vector<std::pair<std::string, Tensor>>&
 // The mismatches as an indented list (the first 20, then how many more).
 std::string ListMismatches(const StateDictMatch& m);
 
+// Copies the tensors of `match` into every model of `models` (replicas,
+// pipeline stages).
+void CopyStateDict(const StateDictMatch& match, const std::vector<Model*>& models,
+                   const std::string& where);
+
 // MatchStateDict, then: mismatches under strict rules throw Error naming
-// `where` and listing them; otherwise the tensors that fit are copied into
-// every model of `models` (replicas, pipeline stages). Returns the match.
+// `where` and listing them; otherwise CopyStateDict. Returns the match.
 StateDictMatch LoadStateDict(const std::vector<std::pair<std::string, Tensor>>& file,
                              const std::vector<Model*>& models, const StateDictRules& rules,
                              const std::string& where);

@@ -775,8 +775,7 @@ void Trainer::InitFromWeights() {
                           " tensors left at their fresh initialisation or ignored:",
                           ListMismatches(m), "\n");
   }
-  rules.strict = false;  // what fits, into every model instance: replicas, pipeline stages
-  LoadStateDict(file.tensors, Models(), rules, path);
+  CopyStateDict(m, Models(), path);  // what fits, into every replica and pipeline stage
   init_report_ += StrCat("train.init: ", m.tensors.size(), " tensors from ", path);
 }
 

@@ -525,8 +525,10 @@ class OnnxImporter {
 
   // ---- patterns of several nodes that are one layer
 
+  // A scalar constant close to `want` (exporters write sqrt 2, 0.044715 ... as floats).
+  static bool Near(std::optional<double> v, double want) { return v && std::abs(*v - want) < 1e-4; }
+
   void FindPatterns() {
-    auto near = [](std::optional<double> v, double want) { return v && std::abs(*v - want) < 1e-4; };
     for (int i = 0; i < g_.node_size(); ++i) {
       if (!live_[i]) continue;
       const auto& n = g_.node(i);
@@ -545,12 +547,12 @@ class OnnxImporter {
       if (n.op_type() == "Erf" && n.input_size() == 1 && n.output_size() == 1) {
         const int d = Producer(n.input(0));
         if (d < 0 || SoleReader(n.input(0)) != i || g_.node(d).input_size() != 2) continue;
-        const bool scaled = (IsBinary(d, "Div") && near(ScalarIn(d, 1), std::sqrt(2.0))) ||
-                            (IsBinary(d, "Mul") && near(ScalarIn(d, 1), 1 / std::sqrt(2.0)));
+        const bool scaled = (IsBinary(d, "Div") && Near(ScalarIn(d, 1), std::sqrt(2.0))) ||
+                            (IsBinary(d, "Mul") && Near(ScalarIn(d, 1), 1 / std::sqrt(2.0)));
         if (!scaled) continue;
         const std::string& x = g_.node(d).input(0);
         const int p = SoleReader(n.output(0));
-        if (!IsBinary(p, "Add") || !(near(ScalarIn(p, 1), 1) || near(ScalarIn(p, 0), 1))) continue;
+        if (!IsBinary(p, "Add") || !(Near(ScalarIn(p, 1), 1) || Near(ScalarIn(p, 0), 1))) continue;
         const int m1 = SoleReader(g_.node(p).output(0));
         if (!IsBinary(m1, "Mul")) continue;
         const auto& a = g_.node(m1).input();
@@ -562,16 +564,13 @@ class OnnxImporter {
           return (b[0] == v && pred(1)) || (b[1] == v && pred(0));
         };
         Args args;
-        if (other == x && mul_of(m2, g_.node(m1).output(0), [&](int k) { return near(ScalarIn(m2, k), 0.5); })) {
+        if (other == x && mul_of(m2, g_.node(m1).output(0), [&](int k) { return Near(ScalarIn(m2, k), 0.5); })) {
           Fuse(m2, {d, i, p, m1}, "gelu", args, x);
-        } else if (near(IsConst(other) && consts_.at(other).numel() == 1
-                            ? std::optional<double>(consts_.at(other).At(0))
-                            : std::nullopt,
-                        0.5) &&
+        } else if (Near(ScalarIn(m1, a[0] == other ? 0 : 1), 0.5) &&
                    mul_of(m2, g_.node(m1).output(0), [&](int k) { return g_.node(m2).input(k) == x; })) {
           Fuse(m2, {d, i, p, m1}, "gelu", args, x);
         } else if (const int h = Producer(other); h >= 0 && SoleReader(other) == m1 &&
-                                                  mul_of(h, x, [&](int k) { return near(ScalarIn(h, k), 0.5); })) {
+                                                  mul_of(h, x, [&](int k) { return Near(ScalarIn(h, k), 0.5); })) {
           Fuse(m1, {h, d, i, p}, "gelu", args, x);
         }
       }
@@ -588,12 +587,11 @@ class OnnxImporter {
   // members are every node between x and the end that only this chain
   // reads.
   void MatchGeluTanh(int t) {
-    auto near = [](std::optional<double> v, double want) { return v && std::abs(*v - want) < 1e-4; };
     std::vector<int> members;
     // Backwards: Tanh <- Mul(c, sqrt(2/pi)) <- Add(x, cube * 0.044715).
     const int s = Producer(g_.node(t).input(0));
     if (!IsBinary(s, "Mul") || SoleReader(g_.node(s).output(0)) != t) return;
-    int sk = near(ScalarIn(s, 1), std::sqrt(2 / M_PI)) ? 0 : near(ScalarIn(s, 0), std::sqrt(2 / M_PI)) ? 1 : -1;
+    int sk = Near(ScalarIn(s, 1), std::sqrt(2 / M_PI)) ? 0 : Near(ScalarIn(s, 0), std::sqrt(2 / M_PI)) ? 1 : -1;
     if (sk < 0) return;
     const int a = Producer(g_.node(s).input(sk));
     if (!IsBinary(a, "Add") || SoleReader(g_.node(a).output(0)) != s) return;
@@ -603,7 +601,7 @@ class OnnxImporter {
       const std::string& cube_scaled = g_.node(a).input(1 - xi);
       const int c = Producer(cube_scaled);
       if (!IsBinary(c, "Mul") || SoleReader(cube_scaled) != a) continue;
-      const int ck = near(ScalarIn(c, 1), 0.044715) ? 0 : near(ScalarIn(c, 0), 0.044715) ? 1 : -1;
+      const int ck = Near(ScalarIn(c, 1), 0.044715) ? 0 : Near(ScalarIn(c, 0), 0.044715) ? 1 : -1;
       if (ck < 0) continue;
       const std::string& cube = g_.node(c).input(ck);
       std::vector<int> cube_nodes;
@@ -612,7 +610,7 @@ class OnnxImporter {
       members.insert(members.end(), {c, a, s, t});
       // Forwards: Add(tanh, 1), then the products with x and 0.5.
       const int p = SoleReader(g_.node(t).output(0));
-      if (!IsBinary(p, "Add") || !(near(ScalarIn(p, 1), 1) || near(ScalarIn(p, 0), 1))) return;
+      if (!IsBinary(p, "Add") || !(Near(ScalarIn(p, 1), 1) || Near(ScalarIn(p, 0), 1))) return;
       members.push_back(p);
       // The rest multiplies (1 + tanh) by x and by 0.5: either 0.5 * x made
       // first (a Mul of x, read only here) or two Muls after.
@@ -622,8 +620,8 @@ class OnnxImporter {
       const std::string& other = mi[0] == g_.node(p).output(0) ? mi[1] : mi[0];
       const int h = Producer(other);
       if (IsBinary(h, "Mul") && SoleReader(other) == m1 &&
-          ((g_.node(h).input(0) == x && near(ScalarIn(h, 1), 0.5)) ||
-           (g_.node(h).input(1) == x && near(ScalarIn(h, 0), 0.5)))) {
+          ((g_.node(h).input(0) == x && Near(ScalarIn(h, 1), 0.5)) ||
+           (g_.node(h).input(1) == x && Near(ScalarIn(h, 0), 0.5)))) {
         members.push_back(h);
         Args args;
         args.Set("approximate", std::string("tanh"));
@@ -633,8 +631,8 @@ class OnnxImporter {
       if (!IsBinary(m2, "Mul")) return;
       const auto& m2i = g_.node(m2).input();
       const std::string& last = m2i[0] == g_.node(m1).output(0) ? m2i[1] : m2i[0];
-      const bool x_then_half = other == x && IsConst(last) && near(ScalarIn(m2, m2i[0] == last ? 0 : 1), 0.5);
-      const bool half_then_x = IsConst(other) && near(ScalarIn(m1, mi[0] == other ? 0 : 1), 0.5) && last == x;
+      const bool x_then_half = other == x && IsConst(last) && Near(ScalarIn(m2, m2i[0] == last ? 0 : 1), 0.5);
+      const bool half_then_x = IsConst(other) && Near(ScalarIn(m1, mi[0] == other ? 0 : 1), 0.5) && last == x;
       if (!x_then_half && !half_then_x) return;
       members.push_back(m1);
       Args args;
@@ -1099,7 +1097,7 @@ class OnnxImporter {
     return t;
   }
 
-  void Linear(int i, const std::string& base, const std::string& x, const Tensor& w,
+  void LiNear(int i, const std::string& base, const std::string& x, const Tensor& w,
               const Tensor* b, const std::string& output) {
     const Shape& in = vals_.at(x).shape;
     if (in.rank() != 1) Fail(i, StrCat("a matrix product of samples ", in, ": cnnflow's linear takes [N, features]"));
@@ -1128,7 +1126,7 @@ class OnnxImporter {
     }
     const Tensor w = trans_b ? bm : Transposed(bm);
     const Tensor* b = HasIn(i, 2) ? &ConstIn(i, 2) : nullptr;
-    Linear(i, WeightName(i, 1, "weight"), In(i, 0), w, b, g_.node(i).output(0));
+    LiNear(i, WeightName(i, 1, "weight"), In(i, 0), w, b, g_.node(i).output(0));
   }
 
   // x [N, in] @ W [in, out], with the bias of an Add that follows.
@@ -1152,7 +1150,7 @@ class OnnxImporter {
         output = g_.node(add).output(0);
       }
     }
-    Linear(i, base, In(i, 0), w, b, output);
+    LiNear(i, base, In(i, 0), w, b, output);
   }
 
   void Pool(int i, NodeAttrs& a) {
