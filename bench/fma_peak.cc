@@ -28,6 +28,7 @@
 //   sgemm n=2048 threads=1 gflops_median=... gflops_best=... core=Haswell
 //
 // Usage: fma_peak [--threads N] [--reps R] [--seconds S] [--n SIZE] [--no-sgemm]
+#include <cblas.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -38,8 +39,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <cblas.h>
 
 namespace {
 
@@ -136,8 +135,8 @@ std::string simd_flags() {
   std::string all = " ", out;  // " flag flag ... ", so that " avx2 " matches a whole flag
   all += cpuinfo_field("flags");
   all += ' ';
-  for (const char* f : {"avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-                        "amx_tile", "amx_bf16", "amx_int8"}) {
+  for (const char* f : {"avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16",
+                        "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}) {
     if (all.find(std::string(" ") + f + " ") == std::string::npos) continue;
     if (!out.empty()) out += ',';
     out += f;
@@ -184,12 +183,15 @@ void run_sgemm(int n, int threads, int reps) {
   openblas_set_num_threads(threads);
   std::vector<float> A(size_t(n) * n), B(size_t(n) * n), C(size_t(n) * n);
   unsigned s = 12345;
-  auto rnd = [&] { s = s * 1664525u + 1013904223u; return float(s >> 8) / float(1 << 24) - 0.5f; };
+  auto rnd = [&] {
+    s = s * 1664525u + 1013904223u;
+    return float(s >> 8) / float(1 << 24) - 0.5f;
+  };
   for (auto& x : A) x = rnd();
   for (auto& x : B) x = rnd();
   auto once = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A.data(), n,
-                B.data(), n, 0.0f, C.data(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, A.data(), n, B.data(), n,
+                0.0f, C.data(), n);
   };
   once();  // warm: page in, let OpenBLAS allocate its buffers
   std::vector<double> g;
@@ -200,8 +202,8 @@ void run_sgemm(int n, int threads, int reps) {
   }
   g_sink = C[0];
   std::printf("sgemm n=%d threads=%d gflops_median=%.1f gflops_best=%.1f openblas=\"%s\" core=%s\n",
-              n, threads, median(g), *std::max_element(g.begin(), g.end()),
-              openblas_get_config(), openblas_get_corename());
+              n, threads, median(g), *std::max_element(g.begin(), g.end()), openblas_get_config(),
+              openblas_get_corename());
   std::fflush(stdout);
 }
 
@@ -215,17 +217,26 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] {
-      if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); std::exit(2); }
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
       return argv[++i];
     };
-    if (a == "--threads") max_threads = std::atoi(next());
-    else if (a == "--reps") reps = std::atoi(next());
-    else if (a == "--seconds") seconds = std::atof(next());
-    else if (a == "--n") n = std::atoi(next());
-    else if (a == "--no-sgemm") sgemm = false;
+    if (a == "--threads")
+      max_threads = std::atoi(next());
+    else if (a == "--reps")
+      reps = std::atoi(next());
+    else if (a == "--seconds")
+      seconds = std::atof(next());
+    else if (a == "--n")
+      n = std::atoi(next());
+    else if (a == "--no-sgemm")
+      sgemm = false;
     else {
-      std::fprintf(stderr,
-                   "usage: fma_peak [--threads N] [--reps R] [--seconds S] [--n SIZE] [--no-sgemm]\n");
+      std::fprintf(
+          stderr,
+          "usage: fma_peak [--threads N] [--reps R] [--seconds S] [--n SIZE] [--no-sgemm]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -237,7 +248,10 @@ int main(int argc, char** argv) {
   };
   const char* peak_isa = "none";
   for (const Isa& isa : isas)
-    if (isa.supported) { peak_isa = isa.name; break; }
+    if (isa.supported) {
+      peak_isa = isa.name;
+      break;
+    }
   std::printf("cpu model=\"%s\" flags=%s peak_isa=%s\n", cpuinfo_field("model name").c_str(),
               simd_flags().c_str(), peak_isa);
   std::fflush(stdout);

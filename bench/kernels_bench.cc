@@ -4,7 +4,6 @@
 //   build/bench/kernels_bench [--benchmark_filter=Conv]
 // Threads: the TBB arena of each benchmark (second argument where given).
 #include <benchmark/benchmark.h>
-
 #include <tbb/global_control.h>
 
 #include <vector>

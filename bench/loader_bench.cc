@@ -317,7 +317,8 @@ void SinglePasses(const std::vector<std::string>& jpegs, Trainer* trainer, const
   if (trainer != nullptr) {
     std::printf("cnnflow_read images_per_s=%.0f best=%.0f cpu_cores=%.2f records=%lld runs=%s\n",
                 read.median(), read.best(), Median(read.cores),
-                static_cast<long long>(std::min<int64_t>(o.records, trainer->state().dataset("train").size())),
+                static_cast<long long>(
+                    std::min<int64_t>(o.records, trainer->state().dataset("train").size())),
                 Join(read.rates).c_str());
   }
   std::fflush(stdout);
@@ -354,7 +355,8 @@ int Main(int argc, char** argv) {
     const std::string path = train->second.args.String("path");
     std::printf("config %s threads=%d batch=%lld lmdb=%s\n", o.config.c_str(), config.threads,
                 static_cast<long long>(config.batch), path.c_str());
-    const std::vector<std::string> jpegs = o.raw ? ReadJpegs(path, o.records) : std::vector<std::string>{};
+    const std::vector<std::string> jpegs =
+        o.raw ? ReadJpegs(path, o.records) : std::vector<std::string>{};
     std::unique_ptr<Trainer> trainer;
     if (o.read || o.loader) trainer = std::make_unique<Trainer>(std::move(config));
     if (o.raw || o.read) SinglePasses(jpegs, o.read ? trainer.get() : nullptr, o);

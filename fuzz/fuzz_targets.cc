@@ -17,7 +17,8 @@ const std::vector<FuzzTarget>& FuzzTargets() {
       {"safetensors", FuzzSafetensors, "LoadSafetensors (ops/io/safetensors.h)"},
       {"checkpoint_sidecar", FuzzCheckpointSidecar, "LoadCheckpoint (pipeline/checkpoint.h)"},
       {"json", FuzzJson, "ParseJson + WriteJson (ops/io/json.h)"},
-      {"onnx_import", FuzzOnnxImport, "ImportOnnx + Model::Build + LoadStateDict (tools/import_onnx.h)"},
+      {"onnx_import", FuzzOnnxImport,
+       "ImportOnnx + Model::Build + LoadStateDict (tools/import_onnx.h)"},
   };
   return targets;
 }

@@ -1,7 +1,5 @@
 #include "loaders/idx.h"
 
-#include "loaders/source_registry.h"
-
 #include <sys/stat.h>
 #include <zlib.h>
 
@@ -11,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "loaders/source_registry.h"
 #include "ops/error.h"
 
 namespace cnnflow {

@@ -64,8 +64,8 @@ ImageFolder ScanImageFolder(const std::string& root) {
     }
     if (ec) throw Error(StrCat("cannot list class directory '", dir.string(), "': ", ec.message()));
     if (files.empty()) {
-      throw Error(StrCat("class directory '", dir.string(),
-                         "' holds no images (.jpg, .jpeg or .png)"));
+      throw Error(
+          StrCat("class directory '", dir.string(), "' holds no images (.jpg, .jpeg or .png)"));
     }
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {

@@ -13,7 +13,7 @@
 namespace cnnflow {
 
 struct ImageFolderEntry {
-  std::string path;  // root/<class>/<file>
+  std::string path;   // root/<class>/<file>
   int64_t label = 0;  // index into ImageFolder::classes
 };
 

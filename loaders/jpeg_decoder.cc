@@ -197,8 +197,8 @@ JpegResult JpegDecoder::Decode(const uint8_t* data, size_t size, int out_channel
   if (options_.fast_dct) flags |= TJFLAG_FASTDCT;
   tjhandle h = static_cast<tjhandle>(handle_);
   const int pixel_format = out_channels == 1 ? TJPF_GRAY : TJPF_RGB;
-  if (tjDecompress2(h, data, static_cast<unsigned long>(size), dst, s.width,
-                    s.width * out_channels, s.height, pixel_format, flags) != 0) {
+  if (tjDecompress2(h, data, static_cast<unsigned long>(size), dst, s.width, s.width * out_channels,
+                    s.height, pixel_format, flags) != 0) {
     // Without STOPONWARNING a warning still returns -1, after a full decode.
     if (!options_.warnings_are_errors && tjGetErrorCode(h) == TJERR_WARNING) {
       r.warning = tjGetErrorStr2(h);
@@ -224,8 +224,8 @@ struct TjDeleter {
 
 std::string EncodeJpeg(const uint8_t* pixels, int width, int height, int channels, int quality,
                        bool subsample_chroma) {
-  CNNFLOW_ENFORCE(pixels != nullptr && width > 0 && height > 0,
-                  "EncodeJpeg: empty image ", width, "x", height);
+  CNNFLOW_ENFORCE(pixels != nullptr && width > 0 && height > 0, "EncodeJpeg: empty image ", width,
+                  "x", height);
   CNNFLOW_ENFORCE(channels == 1 || channels == 3, "EncodeJpeg: channels must be 1 or 3, got ",
                   channels);
   CNNFLOW_ENFORCE(quality >= 1 && quality <= 100, "EncodeJpeg: quality must be 1..100, got ",
@@ -236,9 +236,9 @@ std::string EncodeJpeg(const uint8_t* pixels, int width, int height, int channel
   const int subsamp = channels == 1 ? TJSAMP_GRAY : (subsample_chroma ? TJSAMP_420 : TJSAMP_444);
   unsigned char* out = nullptr;
   unsigned long out_size = 0;
-  const int rc = tjCompress2(h, pixels, width, width * channels, height,
-                             channels == 1 ? TJPF_GRAY : TJPF_RGB, &out, &out_size, subsamp,
-                             quality, 0);
+  const int rc =
+      tjCompress2(h, pixels, width, width * channels, height, channels == 1 ? TJPF_GRAY : TJPF_RGB,
+                  &out, &out_size, subsamp, quality, 0);
   std::unique_ptr<unsigned char, void (*)(unsigned char*)> owned(out, tjFree);
   CNNFLOW_ENFORCE(rc == 0, "tjCompress2 failed: ", tjGetErrorStr2(h));
   return std::string(reinterpret_cast<const char*>(out), out_size);

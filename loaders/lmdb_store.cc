@@ -41,9 +41,9 @@ struct LmdbReader::Env {
   std::string path;
   MDB_env* env = nullptr;
   MDB_dbi dbi = 0;
-  std::mutex mu;                // guards the pool
-  std::vector<MDB_txn*> all;    // every transaction made; aborted at the end
-  std::vector<MDB_txn*> free;   // reset transactions returned by exited threads
+  std::mutex mu;               // guards the pool
+  std::vector<MDB_txn*> all;   // every transaction made; aborted at the end
+  std::vector<MDB_txn*> free;  // reset transactions returned by exited threads
 
   ~Env() {
     for (MDB_txn* t : all) mdb_txn_abort(t);
@@ -79,7 +79,8 @@ LmdbReader::LmdbReader(const std::string& path) : path_(path), id_(next_reader_i
   CNNFLOW_LMDB_CHECK(mdb_dbi_open(txn, nullptr, 0, &env_->dbi), path);
   MDB_stat stat;
   CNNFLOW_LMDB_CHECK(mdb_stat(txn, env_->dbi, &stat), path);
-  if (stat.ms_entries == 0) throw Error(StrCat("LMDB '", path, "' holds no records (empty database)"));
+  if (stat.ms_entries == 0)
+    throw Error(StrCat("LMDB '", path, "' holds no records (empty database)"));
 
   // One cursor scan: keys in LMDB order.
   MDB_cursor* cursor = nullptr;
@@ -102,7 +103,8 @@ LmdbReader::LmdbReader(const std::string& path) : path_(path), id_(next_reader_i
   // Fixed-length keys need no offsets.
   const uint64_t stride = offsets[1];
   bool uniform = stride > 0;
-  for (size_t i = 1; uniform && i < offsets.size(); ++i) uniform = offsets[i] - offsets[i - 1] == stride;
+  for (size_t i = 1; uniform && i < offsets.size(); ++i)
+    uniform = offsets[i] - offsets[i - 1] == stride;
   if (uniform) {
     key_stride_ = stride;
   } else {
@@ -165,8 +167,8 @@ LmdbReader::Txn* LmdbReader::ThreadTxn() const {
 }
 
 std::string_view LmdbReader::Get(int64_t index) const {
-  CNNFLOW_ENFORCE(index >= 0 && index < count_, "LMDB '", path_, "': index ", index, " out of range [0, ",
-                  count_, ")");
+  CNNFLOW_ENFORCE(index >= 0 && index < count_, "LMDB '", path_, "': index ", index,
+                  " out of range [0, ", count_, ")");
   Txn* t = ThreadTxn();
   if (!t->active) {
     CNNFLOW_LMDB_CHECK(mdb_txn_renew(t->txn), path_);
@@ -191,10 +193,11 @@ void LmdbReader::ReleaseThreadTransaction() const {
 }
 
 std::string_view LmdbReader::Key(int64_t index) const {
-  CNNFLOW_ENFORCE(index >= 0 && index < count_, "LMDB '", path_, "': index ", index, " out of range [0, ",
-                  count_, ")");
+  CNNFLOW_ENFORCE(index >= 0 && index < count_, "LMDB '", path_, "': index ", index,
+                  " out of range [0, ", count_, ")");
   if (key_stride_) return std::string_view(key_blob_).substr(index * key_stride_, key_stride_);
-  return std::string_view(key_blob_).substr(key_offsets_[index], key_offsets_[index + 1] - key_offsets_[index]);
+  return std::string_view(key_blob_).substr(key_offsets_[index],
+                                            key_offsets_[index + 1] - key_offsets_[index]);
 }
 
 // ---------------------------------------------------------------- writer
@@ -218,8 +221,8 @@ std::string LmdbWriter::IndexKey(int64_t index) {
 
 LmdbWriter::LmdbWriter(const std::string& path, Options options)
     : path_(path), tmp_path_(path + ".tmp"), options_(options), state_(std::make_unique<State>()) {
-  CNNFLOW_ENFORCE(options_.initial_map_size > 0 && options_.commit_every > 0, "LmdbWriter for '", path,
-                  "': initial_map_size and commit_every must be positive");
+  CNNFLOW_ENFORCE(options_.initial_map_size > 0 && options_.commit_every > 0, "LmdbWriter for '",
+                  path, "': initial_map_size and commit_every must be positive");
   std::error_code ec;
   if (!options_.overwrite && fs::exists(path, ec)) {
     throw Error(StrCat("LMDB '", path, "' already exists (set overwrite to replace it)"));
@@ -268,8 +271,8 @@ namespace {
 
 // One put: appended when the key is past every key written (fast, dense
 // pages), else a normal insert; never overwrites. Returns LMDB's code.
-int PutOne(MDB_txn* txn, MDB_dbi dbi, std::string_view key, std::string_view value, std::string* max_key,
-           bool* any_key) {
+int PutOne(MDB_txn* txn, MDB_dbi dbi, std::string_view key, std::string_view value,
+           std::string* max_key, bool* any_key) {
   const bool append = !*any_key || key > std::string_view(*max_key);
   MDB_val k = Val(key), v = Val(value);
   const int rc = mdb_put(txn, dbi, &k, &v, MDB_NOOVERWRITE | (append ? MDB_APPEND : 0));
@@ -325,7 +328,8 @@ void LmdbWriter::Put(std::string_view key, std::string_view value) {
   CNNFLOW_ENFORCE(!finished_, "LmdbWriter '", path_, "': Put after Finish");
   State& s = *state_;
   CNNFLOW_ENFORCE(s.txn != nullptr, "LmdbWriter '", path_, "': Put after an earlier LMDB failure");
-  if (static_cast<int64_t>(s.pending.size()) >= options_.commit_every || s.pending_bytes >= options_.commit_bytes) {
+  if (static_cast<int64_t>(s.pending.size()) >= options_.commit_every ||
+      s.pending_bytes >= options_.commit_bytes) {
     Commit();
     Begin();
   }

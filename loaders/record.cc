@@ -126,8 +126,8 @@ bool IsDatumTagByte(uint8_t b) {
   // unknown fields are allowed: accept any field >= 1 with a valid wire type.
   const uint32_t field = b >> 3, wire = b & 7;
   if (b & 0x80) return true;  // multi-byte tag (field >= 16), plausible
-  return field >= 1 && (wire == kVarint || wire == kFixed64 || wire == kLengthDelimited ||
-                        wire == kFixed32);
+  return field >= 1 &&
+         (wire == kVarint || wire == kFixed64 || wire == kLengthDelimited || wire == kFixed32);
 }
 
 void AppendVarint(std::string* s, uint64_t v) {
@@ -138,11 +138,14 @@ void AppendVarint(std::string* s, uint64_t v) {
   s->push_back(static_cast<char>(v));
 }
 
-void AppendTag(std::string* s, uint32_t field, uint32_t wire) { AppendVarint(s, (field << 3) | wire); }
+void AppendTag(std::string* s, uint32_t field, uint32_t wire) {
+  AppendVarint(s, (field << 3) | wire);
+}
 
 int32_t CheckedInt32(int64_t v, const char* what) {
-  CNNFLOW_ENFORCE(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
-                  "Caffe Datum ", what, " ", v, " does not fit int32");
+  CNNFLOW_ENFORCE(
+      v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
+      "Caffe Datum ", what, " ", v, " does not fit int32");
   return static_cast<int32_t>(v);
 }
 
@@ -150,26 +153,34 @@ int32_t CheckedInt32(int64_t v, const char* what) {
 
 const char* RecordEncodingName(RecordEncoding e) {
   switch (e) {
-    case RecordEncoding::kRaw: return "raw";
-    case RecordEncoding::kJpeg: return "jpeg";
-    case RecordEncoding::kPng: return "png";
+    case RecordEncoding::kRaw:
+      return "raw";
+    case RecordEncoding::kJpeg:
+      return "jpeg";
+    case RecordEncoding::kPng:
+      return "png";
   }
   return "?";
 }
 
 const char* RecordDTypeName(RecordDType t) {
   switch (t) {
-    case RecordDType::kU8: return "u8";
-    case RecordDType::kF32: return "f32";
+    case RecordDType::kU8:
+      return "u8";
+    case RecordDType::kF32:
+      return "f32";
   }
   return "?";
 }
 
 const char* RecordFormatName(RecordFormat f) {
   switch (f) {
-    case RecordFormat::kUnknown: return "unknown";
-    case RecordFormat::kCnnflow: return "cnnflow";
-    case RecordFormat::kCaffeDatum: return "caffe";
+    case RecordFormat::kUnknown:
+      return "unknown";
+    case RecordFormat::kCnnflow:
+      return "cnnflow";
+    case RecordFormat::kCaffeDatum:
+      return "caffe";
   }
   return "?";
 }
@@ -204,26 +215,33 @@ RecordFormat DetectRecordFormat(std::string_view value) {
 
 RecordStatus DecodeRecord(std::string_view value, RecordView* out) {
   switch (DetectRecordFormat(value)) {
-    case RecordFormat::kCnnflow: return DecodeCnnflowRecord(value, out);
-    case RecordFormat::kCaffeDatum: return DecodeCaffeDatum(value, out);
-    case RecordFormat::kUnknown: break;
+    case RecordFormat::kCnnflow:
+      return DecodeCnnflowRecord(value, out);
+    case RecordFormat::kCaffeDatum:
+      return DecodeCaffeDatum(value, out);
+    case RecordFormat::kUnknown:
+      break;
   }
   if (value.empty()) return RecordStatus::Corrupt("value is empty");
-  return RecordStatus::Corrupt(StrCat("value is neither a cnnflow record (magic \"CFR1\") nor a Caffe Datum "
-                                      "(first byte ", HexByte(static_cast<uint8_t>(value[0])), ")"));
+  return RecordStatus::Corrupt(
+      StrCat("value is neither a cnnflow record (magic \"CFR1\") nor a Caffe Datum "
+             "(first byte ",
+             HexByte(static_cast<uint8_t>(value[0])), ")"));
 }
 
 // ---- cnnflow layout ----
 
 std::string EncodeCnnflowRecord(const RecordView& r) {
   const int rank = static_cast<int>(r.shape.size());
-  CNNFLOW_ENFORCE(rank <= kMaxRank, "a record's rank is at most ", kMaxRank, ", got ", ShapeString(r.shape));
+  CNNFLOW_ENFORCE(rank <= kMaxRank, "a record's rank is at most ", kMaxRank, ", got ",
+                  ShapeString(r.shape));
   int64_t numel = 0;
   CNNFLOW_ENFORCE(Product(r.shape, &numel), "record shape ", ShapeString(r.shape),
                   " has a negative dim or overflows");
   if (r.encoding == RecordEncoding::kRaw) {
     int64_t want = -1;
-    if (__builtin_mul_overflow(numel, static_cast<int64_t>(RecordDTypeSize(r.dtype)), &want)) want = -1;
+    if (__builtin_mul_overflow(numel, static_cast<int64_t>(RecordDTypeSize(r.dtype)), &want))
+      want = -1;
     CNNFLOW_ENFORCE(rank > 0 && static_cast<int64_t>(r.size) == want, "raw record of shape ",
                     ShapeString(r.shape), " ", RecordDTypeName(r.dtype), " needs ", want,
                     " payload bytes, got ", r.size);
@@ -250,12 +268,12 @@ RecordStatus DecodeCnnflowRecord(std::string_view value, RecordView* out) {
     return RecordStatus::Corrupt(StrCat("value is ", n, " bytes, the header needs ", kFixedHeader));
   }
   if (std::memcmp(p, kMagic, 4) != 0) {
-    return RecordStatus::Corrupt(StrCat("bad magic ", HexByte(p[0]), " ", HexByte(p[1]), " ", HexByte(p[2]),
-                                        " ", HexByte(p[3]), ", expected \"CFR1\""));
+    return RecordStatus::Corrupt(StrCat("bad magic ", HexByte(p[0]), " ", HexByte(p[1]), " ",
+                                        HexByte(p[2]), " ", HexByte(p[3]), ", expected \"CFR1\""));
   }
   if (p[4] != kVersion) {
-    return RecordStatus::Corrupt(StrCat("record version ", int{p[4]}, ", this build reads version ",
-                                        int{kVersion}));
+    return RecordStatus::Corrupt(
+        StrCat("record version ", int{p[4]}, ", this build reads version ", int{kVersion}));
   }
   if (p[5] > static_cast<uint8_t>(RecordEncoding::kPng)) {
     return RecordStatus::Corrupt(StrCat("unknown encoding ", int{p[5]}, " (0 raw, 1 jpeg, 2 png)"));
@@ -269,7 +287,8 @@ RecordStatus DecodeCnnflowRecord(std::string_view value, RecordView* out) {
   }
   const size_t header = kFixedHeader + 8 * static_cast<size_t>(rank);
   if (n < header) {
-    return RecordStatus::Corrupt(StrCat("value is ", n, " bytes, the header with rank ", rank, " needs ", header));
+    return RecordStatus::Corrupt(
+        StrCat("value is ", n, " bytes, the header with rank ", rank, " needs ", header));
   }
   const auto encoding = static_cast<RecordEncoding>(p[5]);
   const auto dtype = static_cast<RecordDType>(p[6]);
@@ -278,21 +297,24 @@ RecordStatus DecodeCnnflowRecord(std::string_view value, RecordView* out) {
   out->shape.resize(rank);
   for (int i = 0; i < rank; ++i) out->shape[i] = LoadLE<int64_t>(p + kFixedHeader + 8 * i);
   if (payload != n - header) {
-    return RecordStatus::Corrupt(StrCat("value is ", n, " bytes, header (", header, ") + payload (", payload,
-                                        ") = ", payload + header, payload > n - header ? " (truncated)" : ""));
+    return RecordStatus::Corrupt(StrCat("value is ", n, " bytes, header (", header, ") + payload (",
+                                        payload, ") = ", payload + header,
+                                        payload > n - header ? " (truncated)" : ""));
   }
   int64_t numel = 0;
   if (!Product(out->shape, &numel)) {
-    return RecordStatus::Corrupt(StrCat("shape ", ShapeString(out->shape), " has a negative dim or overflows"));
+    return RecordStatus::Corrupt(
+        StrCat("shape ", ShapeString(out->shape), " has a negative dim or overflows"));
   }
   if (encoding == RecordEncoding::kRaw) {
     uint64_t want = 0;
-    if (rank == 0 || __builtin_mul_overflow(static_cast<uint64_t>(numel), RecordDTypeSize(dtype), &want) ||
+    if (rank == 0 ||
+        __builtin_mul_overflow(static_cast<uint64_t>(numel), RecordDTypeSize(dtype), &want) ||
         want != payload) {
-      return RecordStatus::Corrupt(StrCat("raw payload is ", payload, " bytes, shape ", ShapeString(out->shape),
-                                          " ", RecordDTypeName(dtype), " needs ",
-                                          rank == 0 ? std::string("a rank > 0")
-                                                    : std::to_string(numel * RecordDTypeSize(dtype))));
+      return RecordStatus::Corrupt(StrCat(
+          "raw payload is ", payload, " bytes, shape ", ShapeString(out->shape), " ",
+          RecordDTypeName(dtype), " needs ",
+          rank == 0 ? std::string("a rank > 0") : std::to_string(numel * RecordDTypeSize(dtype))));
     }
   } else if (payload == 0) {
     return RecordStatus::Corrupt(StrCat(RecordEncodingName(encoding), " payload is empty"));
@@ -323,13 +345,16 @@ std::string EncodeCaffeDatum(const RecordView& r, bool pack_floats) {
   CNNFLOW_ENFORCE(c32 >= 0 && h32 >= 0 && w32 >= 0, "negative dim in ", ShapeString(r.shape));
   CNNFLOW_ENFORCE(r.size == 0 || r.data != nullptr, "record payload is null");
   int64_t numel = 0;
-  CNNFLOW_ENFORCE(Product({c32, h32, w32}, &numel), "Datum shape ", ShapeString(r.shape), " overflows");
+  CNNFLOW_ENFORCE(Product({c32, h32, w32}, &numel), "Datum shape ", ShapeString(r.shape),
+                  " overflows");
   const bool floats = r.encoding == RecordEncoding::kRaw && r.dtype == RecordDType::kF32;
   if (r.encoding == RecordEncoding::kRaw) {
     int64_t want = -1;
-    if (__builtin_mul_overflow(numel, static_cast<int64_t>(RecordDTypeSize(r.dtype)), &want)) want = -1;
-    CNNFLOW_ENFORCE(static_cast<int64_t>(r.size) == want, "raw record of shape ", ShapeString(r.shape), " ",
-                    RecordDTypeName(r.dtype), " needs ", want, " payload bytes, got ", r.size);
+    if (__builtin_mul_overflow(numel, static_cast<int64_t>(RecordDTypeSize(r.dtype)), &want))
+      want = -1;
+    CNNFLOW_ENFORCE(static_cast<int64_t>(r.size) == want, "raw record of shape ",
+                    ShapeString(r.shape), " ", RecordDTypeName(r.dtype), " needs ", want,
+                    " payload bytes, got ", r.size);
   }
   std::string s;
   s.reserve(r.size + (floats && !pack_floats ? r.size / 4 : 0) + 48);
@@ -407,13 +432,14 @@ RecordStatus DecodeCaffeDatum(std::string_view value, RecordView* out) {
     const uint32_t wire = static_cast<uint32_t>(tag & 7);
     if (field == 0) return RecordStatus::Corrupt(StrCat("Datum field number 0 at byte ", tag_pos));
     auto wrong_wire = [&](uint32_t expected) {
-      return RecordStatus::Corrupt(StrCat("Datum field ", field, " has wire type ", wire, ", expected ",
-                                          expected, " (at byte ", tag_pos, ")"));
+      return RecordStatus::Corrupt(StrCat("Datum field ", field, " has wire type ", wire,
+                                          ", expected ", expected, " (at byte ", tag_pos, ")"));
     };
     switch (wire) {
       case kVarint: {
         uint64_t v = 0;
-        if (!in.Varint(&v, &err)) return RecordStatus::Corrupt(StrCat("Datum field ", field, ": ", err));
+        if (!in.Varint(&v, &err))
+          return RecordStatus::Corrupt(StrCat("Datum field ", field, ": ", err));
         // int32 fields: protobuf truncates to the low 32 bits.
         const int64_t as_int32 = static_cast<int32_t>(static_cast<uint32_t>(v));
         if (field == kChannels || field == kHeight || field == kWidth) {
@@ -428,7 +454,8 @@ RecordStatus DecodeCaffeDatum(std::string_view value, RecordView* out) {
         break;
       }
       case kFixed64:
-        if (field >= kChannels && field <= kEncoded) return wrong_wire(field == kFloatData ? kFixed32 : kVarint);
+        if (field >= kChannels && field <= kEncoded)
+          return wrong_wire(field == kFloatData ? kFixed32 : kVarint);
         if (!in.Skip(8, StrCat("Datum field ", field, " (fixed64) at byte ", tag_pos), &err)) {
           return RecordStatus::Corrupt(err);
         }
@@ -446,9 +473,11 @@ RecordStatus DecodeCaffeDatum(std::string_view value, RecordView* out) {
       }
       case kLengthDelimited: {
         uint64_t len = 0;
-        if (!in.Varint(&len, &err)) return RecordStatus::Corrupt(StrCat("Datum field ", field, " length: ", err));
+        if (!in.Varint(&len, &err))
+          return RecordStatus::Corrupt(StrCat("Datum field ", field, " length: ", err));
         const size_t at = in.pos();
-        if (!in.Skip(len, StrCat("Datum field ", field, " length ", len, " at byte ", tag_pos), &err)) {
+        if (!in.Skip(len, StrCat("Datum field ", field, " length ", len, " at byte ", tag_pos),
+                     &err)) {
           return RecordStatus::Corrupt(err);
         }
         if (field == kData) {
@@ -456,8 +485,9 @@ RecordStatus DecodeCaffeDatum(std::string_view value, RecordView* out) {
           data_size = len;
         } else if (field == kFloatData) {
           if (len % 4 != 0) {
-            return RecordStatus::Corrupt(
-                StrCat("Datum packed float_data is ", len, " bytes, not a multiple of 4 (at byte ", tag_pos, ")"));
+            return RecordStatus::Corrupt(StrCat("Datum packed float_data is ", len,
+                                                " bytes, not a multiple of 4 (at byte ", tag_pos,
+                                                ")"));
           }
           if (len) add_floats(in.at(at), len);
         } else if (field >= kChannels && field <= kEncoded) {
@@ -466,14 +496,17 @@ RecordStatus DecodeCaffeDatum(std::string_view value, RecordView* out) {
         break;
       }
       default:
-        return RecordStatus::Corrupt(StrCat("unknown wire type ", wire, " at byte ", tag_pos, " (Datum field ",
-                                            field, ")"));
+        return RecordStatus::Corrupt(
+            StrCat("unknown wire type ", wire, " at byte ", tag_pos, " (Datum field ", field, ")"));
     }
   }
 
   for (int i = 0; i < 3; ++i) {
     if (dims[i] < 0) {
-      return RecordStatus::Corrupt(StrCat("Datum has negative ", i == 0 ? "channels" : i == 1 ? "height" : "width",
+      return RecordStatus::Corrupt(StrCat("Datum has negative ",
+                                          i == 0   ? "channels"
+                                          : i == 1 ? "height"
+                                                   : "width",
                                           " ", dims[i]));
     }
   }
@@ -490,8 +523,9 @@ RecordStatus DecodeCaffeDatum(std::string_view value, RecordView* out) {
     bool known = false;
     out->encoding = SniffEncoding(data, data_size, &known);
     if (!known) {
-      return RecordStatus::Corrupt(StrCat("encoded Datum data is neither JPEG nor PNG (starts with ",
-                                          HexByte(data[0]), data_size > 1 ? " " + HexByte(data[1]) : "", ")"));
+      return RecordStatus::Corrupt(
+          StrCat("encoded Datum data is neither JPEG nor PNG (starts with ", HexByte(data[0]),
+                 data_size > 1 ? " " + HexByte(data[1]) : "", ")"));
     }
     out->dtype = RecordDType::kU8;
     out->data = data;
@@ -510,9 +544,12 @@ RecordStatus DecodeCaffeDatum(std::string_view value, RecordView* out) {
     return RecordStatus::Ok();
   }
   const size_t float_count = gathering ? out->gathered_.size() : float_bytes / 4;
-  if (float_count == 0) return RecordStatus::Corrupt(StrCat("Datum holds neither data nor float_data (", shape_text, ")"));
+  if (float_count == 0)
+    return RecordStatus::Corrupt(
+        StrCat("Datum holds neither data nor float_data (", shape_text, ")"));
   if (static_cast<int64_t>(float_count) != numel) {
-    return RecordStatus::Corrupt(StrCat("Datum float_data holds ", float_count, " floats, ", shape_text));
+    return RecordStatus::Corrupt(
+        StrCat("Datum float_data holds ", float_count, " floats, ", shape_text));
   }
   out->dtype = RecordDType::kF32;
   out->data = gathering ? reinterpret_cast<const uint8_t*>(out->gathered_.data()) : floats;

@@ -38,7 +38,8 @@ struct SourceRegistration {
   }
 };
 
-#define CNNFLOW_REGISTER_SOURCE(type_name, schema_expr, open_fn) \
-  static ::cnnflow::SourceRegistration cnnflow_source_registration_##type_name(#type_name, schema_expr, open_fn)
+#define CNNFLOW_REGISTER_SOURCE(type_name, schema_expr, open_fn)                \
+  static ::cnnflow::SourceRegistration cnnflow_source_registration_##type_name( \
+      #type_name, schema_expr, open_fn)
 
 }  // namespace cnnflow

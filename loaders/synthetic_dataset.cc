@@ -26,9 +26,10 @@ SyntheticDataset::SyntheticDataset(SyntheticOptions options) : o_(std::move(opti
     ok = ok && d > 0 && !__builtin_mul_overflow(numel, d, &numel) && numel <= (int64_t{1} << 32);
   }
   if (!ok) {
-    throw Error(StrCat("synthetic: shape must be [C, H, W] or [C, L] with every dim > 0 (and at "
-                       "most 2^32 values), got ",
-                       DimsString(o_.shape)));
+    throw Error(
+        StrCat("synthetic: shape must be [C, H, W] or [C, L] with every dim > 0 (and at "
+               "most 2^32 values), got ",
+               DimsString(o_.shape)));
   }
   if (o_.classes < 1 || o_.classes > (int64_t{1} << 30)) {
     throw Error(StrCat("synthetic: classes must be in [1, 2^30], got ", o_.classes));
@@ -87,8 +88,8 @@ ReadResult SyntheticDataset::Read(int64_t index, const ReadContext&, float* dst)
 }
 
 std::string SyntheticDataset::description() const {
-  return StrCat("synthetic ", o_.size, " samples of ", shape_, ", ", o_.classes,
-                " classes, seed ", o_.seed, ", separation ", o_.separation);
+  return StrCat("synthetic ", o_.size, " samples of ", shape_, ", ", o_.classes, " classes, seed ",
+                o_.seed, ", separation ", o_.separation);
 }
 
 CNNFLOW_REGISTER_SOURCE(

@@ -19,8 +19,8 @@ void SampleTransform::Apply(float* x, const Shape& shape) const {
   if (mean_.empty()) return;
   const int64_t channels = shape[0];
   if (mean_.size() != 1 && static_cast<int64_t>(mean_.size()) != channels) {
-    throw ConfigError(StrCat("normalize has ", mean_.size(), " values, samples have ", channels,
-                             " channels"));
+    throw ConfigError(
+        StrCat("normalize has ", mean_.size(), " values, samples have ", channels, " channels"));
   }
   const int64_t plane = shape.numel() / channels;
   for (int64_t c = 0; c < channels; ++c) {

@@ -30,9 +30,7 @@ Device Device::Parse(const std::string& text) {
   throw ConfigError(StrCat("bad device '", text, "': expected cpu:K or cuda:K"));
 }
 
-std::string Device::ToString() const {
-  return StrCat(is_cpu() ? "cpu:" : "cuda:", index);
-}
+std::string Device::ToString() const { return StrCat(is_cpu() ? "cpu:" : "cuda:", index); }
 
 namespace {
 

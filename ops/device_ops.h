@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
+#include "ops/loss.h"
 #include "ops/tensor.h"
 #include "ops/trace.h"
-#include "ops/loss.h"
 
 namespace cnnflow {
 

@@ -17,10 +17,16 @@ const char* SafetensorsName(DType t);  // "F32", ...
 template <typename T>
 constexpr DType DTypeOf();
 template <>
-constexpr DType DTypeOf<float>() { return DType::kF32; }
+constexpr DType DTypeOf<float>() {
+  return DType::kF32;
+}
 template <>
-constexpr DType DTypeOf<double>() { return DType::kF64; }
+constexpr DType DTypeOf<double>() {
+  return DType::kF64;
+}
 template <>
-constexpr DType DTypeOf<int64_t>() { return DType::kI64; }
+constexpr DType DTypeOf<int64_t>() {
+  return DType::kI64;
+}
 
 }  // namespace cnnflow

@@ -39,10 +39,10 @@ std::string StrCat(Args&&... args) {
 
 // CNNFLOW_ENFORCE(cond, msg...) throws cnnflow::Error with the message and
 // the source location when cond is false.
-#define CNNFLOW_ENFORCE(cond, ...)                                                   \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      throw ::cnnflow::Error(::cnnflow::StrCat(__VA_ARGS__, " [", #cond, " at ",    \
-                                               __FILE__, ":", __LINE__, "]"));       \
-    }                                                                                \
+#define CNNFLOW_ENFORCE(cond, ...)                                                            \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      throw ::cnnflow::Error(                                                                 \
+          ::cnnflow::StrCat(__VA_ARGS__, " [", #cond, " at ", __FILE__, ":", __LINE__, "]")); \
+    }                                                                                         \
   } while (0)

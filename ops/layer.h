@@ -8,7 +8,8 @@
 //        CNNFLOW_REGISTER_LAYER(name, Class, Schema("doc").Optional(...));
 //      The schema documents the YAML parameters; Class's constructor takes
 //      (const std::string& layer_name, const Args& args).
-//   3. tests/ops/layers/<name>_test.cc (and rows in tests/ops/layers/layer_table.cc): a gradient check and a naive reference.
+//   3. tests/ops/layers/<name>_test.cc (and rows in tests/ops/layers/layer_table.cc): a gradient
+//   check and a naive reference.
 //
 // A layer that runs on a GPU has a CUDA class too, in a file of its own
 // (ops/cuda/<name>.cu, or <name>_cudnn.cc / _cublas.cc over a library),
@@ -170,16 +171,16 @@ struct CudaLayerRegistration {
   CudaLayerRegistration(const char* type, LayerFactory create);
 };
 
-#define CNNFLOW_REGISTER_LAYER(type_name, Class, schema_expr)                                \
-  static ::cnnflow::LayerRegistration cnnflow_layer_registration_##type_name(               \
-      #type_name, schema_expr, [](const std::string& n, const ::cnnflow::Args& a) {        \
-        return std::unique_ptr<::cnnflow::Layer>(new Class(n, a));                         \
+#define CNNFLOW_REGISTER_LAYER(type_name, Class, schema_expr)                       \
+  static ::cnnflow::LayerRegistration cnnflow_layer_registration_##type_name(       \
+      #type_name, schema_expr, [](const std::string& n, const ::cnnflow::Args& a) { \
+        return std::unique_ptr<::cnnflow::Layer>(new Class(n, a));                  \
       })
 
-#define CNNFLOW_REGISTER_CUDA_LAYER(type_name, Class)                                       \
-  static ::cnnflow::CudaLayerRegistration cnnflow_cuda_layer_registration_##type_name(      \
-      #type_name, [](const std::string& n, const ::cnnflow::Args& a) {                     \
-        return std::unique_ptr<::cnnflow::Layer>(new Class(n, a));                         \
+#define CNNFLOW_REGISTER_CUDA_LAYER(type_name, Class)                                  \
+  static ::cnnflow::CudaLayerRegistration cnnflow_cuda_layer_registration_##type_name( \
+      #type_name, [](const std::string& n, const ::cnnflow::Args& a) {                 \
+        return std::unique_ptr<::cnnflow::Layer>(new Class(n, a));                     \
       })
 
 }  // namespace cnnflow

@@ -45,9 +45,9 @@ Tensor& LayerTensor(Layer& layer, const std::string& local, const char* what) {
     if (b.name == local) return b.value;
     names += (names.empty() ? "" : ", ") + b.name;
   }
-  throw ConfigError(StrCat("layer '", layer.name(), "': ", what, " names tensor '", local,
-                           "', which it does not have; its tensors: ",
-                           names.empty() ? std::string("none") : names));
+  throw ConfigError(StrCat(
+      "layer '", layer.name(), "': ", what, " names tensor '", local,
+      "', which it does not have; its tensors: ", names.empty() ? std::string("none") : names));
 }
 
 // nn.init.dirac_(w, groups): w [K, C/groups, k...] passes input channel d of
@@ -166,10 +166,10 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
     const int wanted = layer->num_inputs();
     if (wanted == kVariadicInputs ? in_names.size() < 2
                                   : static_cast<int>(in_names.size()) != wanted) {
-      throw ConfigError(StrCat("layer '", s.name, "' (", s.type, ") takes ",
-                               wanted == kVariadicInputs ? std::string("2 or more")
-                                                         : std::to_string(wanted),
-                               " input(s), got ", in_names.size(), " (name them with `inputs:`)"));
+      throw ConfigError(
+          StrCat("layer '", s.name, "' (", s.type, ") takes ",
+                 wanted == kVariadicInputs ? std::string("2 or more") : std::to_string(wanted),
+                 " input(s), got ", in_names.size(), " (name them with `inputs:`)"));
     }
     std::vector<int> in_index;
     std::vector<Shape> in_shapes;
@@ -431,7 +431,8 @@ void CopyNamedTensors(const std::vector<std::pair<std::string, Tensor>>& src,
     const Tensor* t = nullptr;
     for (const auto& [n, v] : src)
       if (n == name) t = &v;
-    if (t == nullptr) throw Error(StrCat(where, ": has no tensor '", name, "' that the model needs"));
+    if (t == nullptr)
+      throw Error(StrCat(where, ": has no tensor '", name, "' that the model needs"));
     if (t->shape() != tensor.shape()) {
       throw ShapeError(StrCat(where, ": '", name, "' has shape ", t->shape(), ", the model needs ",
                               tensor.shape()));
@@ -456,7 +457,8 @@ StateDictMatch MatchStateDict(const std::vector<std::pair<std::string, Tensor>>&
   for (const auto& [key, t] : file) {
     std::string n = key;
     while (starts(n, "module.")) n = n.substr(7);
-    if (n.size() > tracked.size() && n.compare(n.size() - tracked.size(), tracked.size(), tracked) == 0)
+    if (n.size() > tracked.size() &&
+        n.compare(n.size() - tracked.size(), tracked.size(), tracked) == 0)
       continue;
     if (!rules.prefix.empty()) {
       if (!starts(n, rules.prefix)) continue;
@@ -471,19 +473,21 @@ StateDictMatch MatchStateDict(const std::vector<std::pair<std::string, Tensor>>&
     if (skipped(name)) continue;
     auto it = given.find(name);
     if (it == given.end()) {
-      m.mismatches.push_back(StrCat("the model's '", rules.prefix, name, "' ", t.shape(), " is not in the file"));
+      m.mismatches.push_back(
+          StrCat("the model's '", rules.prefix, name, "' ", t.shape(), " is not in the file"));
       continue;
     }
     if (it->second->shape() != t.shape()) {
-      m.mismatches.push_back(StrCat("'", rules.prefix, name, "' is ", it->second->shape(), " in the file, ",
-                                    t.shape(), " in the model"));
+      m.mismatches.push_back(StrCat("'", rules.prefix, name, "' is ", it->second->shape(),
+                                    " in the file, ", t.shape(), " in the model"));
     } else {
       m.tensors.emplace_back(name, *it->second);
     }
     given.erase(it);
   }
   for (const auto& [name, t] : given)
-    m.mismatches.push_back(StrCat("the file's '", rules.prefix, name, "' ", t->shape(), " is not in the model"));
+    m.mismatches.push_back(
+        StrCat("the file's '", rules.prefix, name, "' ", t->shape(), " is not in the model"));
   return m;
 }
 
@@ -491,7 +495,8 @@ std::string ListMismatches(const StateDictMatch& m) {
   constexpr size_t kShown = 20;
   std::string list;
   for (size_t i = 0; i < m.mismatches.size() && i < kShown; ++i) list += "\n  " + m.mismatches[i];
-  if (m.mismatches.size() > kShown) list += StrCat("\n  ... and ", m.mismatches.size() - kShown, " more");
+  if (m.mismatches.size() > kShown)
+    list += StrCat("\n  ... and ", m.mismatches.size() - kShown, " more");
   return list;
 }
 
@@ -500,9 +505,10 @@ StateDictMatch LoadStateDict(const std::vector<std::pair<std::string, Tensor>>& 
                              const std::string& where) {
   StateDictMatch m = MatchStateDict(file, models.at(0)->StateTensors(), rules);
   if (rules.strict && !m.mismatches.empty()) {
-    throw Error(StrCat(where, ": does not fit the model (", m.mismatches.size(),
-                       m.mismatches.size() == 1 ? " mismatch" : " mismatches",
-                       "; names are PyTorch state_dict keys, 'module.' dropped):", ListMismatches(m)));
+    throw Error(
+        StrCat(where, ": does not fit the model (", m.mismatches.size(),
+               m.mismatches.size() == 1 ? " mismatch" : " mismatches",
+               "; names are PyTorch state_dict keys, 'module.' dropped):", ListMismatches(m)));
   }
   CopyStateDict(m, models, where);
   return m;

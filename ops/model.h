@@ -46,7 +46,8 @@ class LayerSplitter {
   virtual ~LayerSplitter() = default;
   // The split form of layer `spec` (`args`: its args with defaults), or
   // null to build it whole.
-  virtual std::unique_ptr<Layer> Split(const LayerSpec& spec, const Args& args, Device device) const = 0;
+  virtual std::unique_ptr<Layer> Split(const LayerSpec& spec, const Args& args,
+                                       Device device) const = 0;
   // After Build, on the whole model.
   virtual void Pair(Model& model) const = 0;
 };

@@ -10,14 +10,22 @@ namespace cnnflow {
 
 const char* ParamTypeName(ParamType t) {
   switch (t) {
-    case ParamType::kInt: return "int";
-    case ParamType::kFloat: return "float";
-    case ParamType::kBool: return "bool";
-    case ParamType::kString: return "string";
-    case ParamType::kIntList: return "int or list of ints";
-    case ParamType::kFloatList: return "float or list of floats";
-    case ParamType::kStringList: return "list of strings";
-    case ParamType::kTree: return "mapping or list";
+    case ParamType::kInt:
+      return "int";
+    case ParamType::kFloat:
+      return "float";
+    case ParamType::kBool:
+      return "bool";
+    case ParamType::kString:
+      return "string";
+    case ParamType::kIntList:
+      return "int or list of ints";
+    case ParamType::kFloatList:
+      return "float or list of floats";
+    case ParamType::kStringList:
+      return "list of strings";
+    case ParamType::kTree:
+      return "mapping or list";
   }
   return "?";
 }
@@ -168,8 +176,8 @@ size_t EditDistance(const std::string& a, const std::string& b) {
   for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
     for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
-                          d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
         d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
       }

@@ -10,33 +10,48 @@ namespace cnnflow {
 
 size_t DTypeSize(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kF64: return 8;
-    case DType::kF16: return 2;
-    case DType::kBF16: return 2;
-    case DType::kI64: return 8;
+    case DType::kF32:
+      return 4;
+    case DType::kF64:
+      return 8;
+    case DType::kF16:
+      return 2;
+    case DType::kBF16:
+      return 2;
+    case DType::kI64:
+      return 8;
   }
   return 0;
 }
 
 const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kI64: return "i64";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI64:
+      return "i64";
   }
   return "?";
 }
 
 const char* SafetensorsName(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF64: return "F64";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kI64: return "I64";
+    case DType::kF32:
+      return "F32";
+    case DType::kF64:
+      return "F64";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kI64:
+      return "I64";
   }
   return "?";
 }
@@ -138,8 +153,8 @@ Tensor Tensor::Reshape(const Shape& shape) const {
 }
 
 Tensor Tensor::Slice(int64_t begin, int64_t end) const {
-  CNNFLOW_ENFORCE(rank() >= 1 && 0 <= begin && begin <= end && end <= dim(0),
-                  "slice [", begin, ", ", end, ") out of range for ", shape_);
+  CNNFLOW_ENFORCE(rank() >= 1 && 0 <= begin && begin <= end && end <= dim(0), "slice [", begin,
+                  ", ", end, ") out of range for ", shape_);
   Tensor t = *this;
   t.shape_[0] = end - begin;
   t.offset_ += begin * strides_[0];
@@ -192,8 +207,8 @@ double HalfBitsValue(uint16_t h) {
 }  // namespace
 
 double Tensor::At(int64_t i) const {
-  CNNFLOW_ENFORCE(device_.is_cpu() && is_contiguous() && i >= 0 && i < numel(),
-                  "At(", i, ") on ", shape_);
+  CNNFLOW_ENFORCE(device_.is_cpu() && is_contiguous() && i >= 0 && i < numel(), "At(", i, ") on ",
+                  shape_);
   if (dtype_ == DType::kI64) return static_cast<double>(data<int64_t>()[i]);
   // Half types are read (weights saved in f16 or bf16 load into an f32
   // model through Cast), never computed in on the host.
@@ -213,8 +228,8 @@ double Tensor::At(int64_t i) const {
 }
 
 void Tensor::Set(int64_t i, double v) {
-  CNNFLOW_ENFORCE(device_.is_cpu() && is_contiguous() && i >= 0 && i < numel(),
-                  "Set(", i, ") on ", shape_);
+  CNNFLOW_ENFORCE(device_.is_cpu() && is_contiguous() && i >= 0 && i < numel(), "Set(", i, ") on ",
+                  shape_);
   if (dtype_ == DType::kI64) {
     data<int64_t>()[i] = static_cast<int64_t>(v);
     return;

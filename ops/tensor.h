@@ -18,10 +18,8 @@ class Tensor {
   Tensor() = default;
 
   // Uninitialised memory from the device's pool.
-  static Tensor Empty(const Shape& shape, DType dtype = DType::kF32,
-                      Device device = Device::Cpu());
-  static Tensor Zeros(const Shape& shape, DType dtype = DType::kF32,
-                      Device device = Device::Cpu());
+  static Tensor Empty(const Shape& shape, DType dtype = DType::kF32, Device device = Device::Cpu());
+  static Tensor Zeros(const Shape& shape, DType dtype = DType::kF32, Device device = Device::Cpu());
   // A contiguous tensor of `shape` over the start of `storage` (which must
   // hold it), sharing it.
   static Tensor FromStorage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype);
@@ -43,8 +41,8 @@ class Tensor {
   // Typed pointer to the first element; checks the dtype.
   template <typename T>
   T* data() const {
-    CNNFLOW_ENFORCE(dtype_ == DTypeOf<T>(), "tensor holds ", DTypeName(dtype_),
-                    ", accessed as ", DTypeName(DTypeOf<T>()));
+    CNNFLOW_ENFORCE(dtype_ == DTypeOf<T>(), "tensor holds ", DTypeName(dtype_), ", accessed as ",
+                    DTypeName(DTypeOf<T>()));
     return static_cast<T*>(raw_data());
   }
 
@@ -81,9 +79,14 @@ Tensor LabelTensor(const int64_t* labels, int64_t n, Device device);
 template <typename Fn>
 void DispatchFloat(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::kF32: fn(static_cast<float*>(nullptr)); return;
-    case DType::kF64: fn(static_cast<double*>(nullptr)); return;
-    default: throw Error(StrCat("no CPU kernel for dtype ", DTypeName(dtype)));
+    case DType::kF32:
+      fn(static_cast<float*>(nullptr));
+      return;
+    case DType::kF64:
+      fn(static_cast<double*>(nullptr));
+      return;
+    default:
+      throw Error(StrCat("no CPU kernel for dtype ", DTypeName(dtype)));
   }
 }
 

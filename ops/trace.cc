@@ -71,7 +71,7 @@ struct Registry {
   std::vector<std::unique_ptr<ThreadBuffer>> buffers;  // never shrinks: spans outlive threads
   std::map<std::string, ThreadBuffer*> lanes;          // RecordOn's, among the buffers
   std::vector<void (*)()> flushers;
-  uint32_t last_session = 0;                           // the latest trace (0: none yet)
+  uint32_t last_session = 0;  // the latest trace (0: none yet)
   int64_t start_ns = 0, stop_ns = 0;
   bool running = false;
   int64_t window_begin = 0, window_end = 0;

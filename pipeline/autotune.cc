@@ -42,7 +42,8 @@ std::optional<Autotuner::Window> Autotuner::EndWindow() {
 }
 
 int64_t Autotuner::Target(const TunableKnob& k, bool up) const {
-  const int64_t t = k.doubling ? (up ? k.value * 2 : k.value / 2) : (up ? k.value + 1 : k.value - 1);
+  const int64_t t =
+      k.doubling ? (up ? k.value * 2 : k.value / 2) : (up ? k.value + 1 : k.value - 1);
   return std::clamp(t, k.min, k.max);
 }
 

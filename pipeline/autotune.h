@@ -36,7 +36,7 @@ struct AutotuneDecision {
   std::string knob;   // empty for "settled"
   int64_t from = 0, to = 0;
   double rate_before = 0, rate_after = 0;  // images/s
-  std::string action;  // "try", "keep", "revert", "settled"
+  std::string action;                      // "try", "keep", "revert", "settled"
   std::string reason;
   std::string ToString() const;
 };
@@ -47,9 +47,9 @@ struct AutotuneOptions {
   int64_t settle_batches = 4;   // skipped after a move and at a pass's start
   double gain = 0.05;
   double tolerance = 0.03;
-  double wait_bound = 0.05;     // of a window: the step waits for data
-  double idle_bound = 0.02;     // the step never waits
-  int64_t max_moves = 24;       // settle after this many tries in any case
+  double wait_bound = 0.05;  // of a window: the step waits for data
+  double idle_bound = 0.02;  // the step never waits
+  int64_t max_moves = 24;    // settle after this many tries in any case
 };
 
 class Autotuner {
@@ -86,8 +86,8 @@ class Autotuner {
 
   AutotuneOptions opt_;
   Phase phase_ = Phase::kBaseline;
-  int64_t batches_ = 0;          // over the run
-  int64_t skip_ = 0;             // batches still to skip before measuring
+  int64_t batches_ = 0;  // over the run
+  int64_t skip_ = 0;     // batches still to skip before measuring
   // The window being measured: batches, samples and seconds at one
   // setting, summed batch by batch, so a window may span passes (the time
   // between them, evaluation included, counts nowhere).
@@ -97,10 +97,10 @@ class Autotuner {
   bool have_last_ = false;  // a batch of this pass was seen
   int64_t last_samples_ = 0;
   double last_seconds_ = 0, last_busy_ = -1;
-  double baseline_ = 0;          // A
-  double baseline_wait_ = -1;    // A's data-wait share (< 0: unknown)
-  double trial_rate_ = 0;        // B
-  size_t next_candidate_ = 0;    // index into the round's moves
+  double baseline_ = 0;        // A
+  double baseline_wait_ = -1;  // A's data-wait share (< 0: unknown)
+  double trial_rate_ = 0;      // B
+  size_t next_candidate_ = 0;  // index into the round's moves
   size_t tried_in_round_ = 0;
   int64_t moves_ = 0;
   std::optional<Move> trial_, last_kept_;

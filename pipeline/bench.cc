@@ -32,7 +32,8 @@ std::vector<BenchRow> RunScalingBench(const BenchOptions& o) {
     state.max_steps = o.steps;
     const auto begin = std::chrono::steady_clock::now();
     const PassMetrics m = trainer.RunPass(graph, "train", 1);
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     const ReplicaSet::Counters& c = trainer.replicas().counters(0);
     BenchRow r;
     r.devices = d;
@@ -42,16 +43,16 @@ std::vector<BenchRow> RunScalingBench(const BenchOptions& o) {
     r.images_per_s = static_cast<double>(m.samples) / wall;
     r.allreduce_share = c.reduce_wait_seconds / wall;
     // A GPU runs ahead of its host: what counts is the GPU idle between steps.
-    r.data_wait_share = first.is_cuda()
-                            ? c.gpu_idle_seconds / wall
-                            : std::max(0.0, 1.0 - (c.compute_seconds + c.reduce_wait_seconds) / wall);
+    r.data_wait_share =
+        first.is_cuda() ? c.gpu_idle_seconds / wall
+                        : std::max(0.0, 1.0 - (c.compute_seconds + c.reduce_wait_seconds) / wall);
     rows.push_back(r);
   }
   const BenchRow& base = rows.front();
   for (BenchRow& r : rows) {
     r.speedup = r.images_per_s / base.images_per_s;
-    r.efficiency = r.speedup * (base.devices * base.processes) /
-                   static_cast<double>(r.devices * r.processes);
+    r.efficiency =
+        r.speedup * (base.devices * base.processes) / static_cast<double>(r.devices * r.processes);
   }
   return rows;
 }
@@ -67,7 +68,8 @@ double TimeSteps(Trainer& trainer, int64_t warmup, int64_t steps) {
   state.max_steps = steps;
   const auto begin = std::chrono::steady_clock::now();
   const PassMetrics m = trainer.RunPass(graph, "train", 1);
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   return static_cast<double>(m.samples) / wall;
 }
 
@@ -77,8 +79,8 @@ PipelineBench RunPipelineBench(const BenchOptions& o) {
   PipelineBench b;
   {
     std::vector<std::string> sets = o.overrides;
-    for (const char* s : {"graph.pipeline={}", "graph.devices=[cpu:0]",
-                          "graph.template=graphs/data_parallel.yaml"})
+    for (const char* s :
+         {"graph.pipeline={}", "graph.devices=[cpu:0]", "graph.template=graphs/data_parallel.yaml"})
       sets.push_back(s);
     Trainer single(LoadRunConfig(o.config, sets));
     b.single_images_per_s = TimeSteps(single, o.warmup, o.steps);
@@ -109,10 +111,12 @@ std::string Rate(double v) {
 std::string PipelineBench::ToString() const {
   std::ostringstream os;
   char line[200];
-  std::snprintf(line, sizeof line, "  one device (all threads): %8s images/s\n", Rate(single_images_per_s).c_str());
+  std::snprintf(line, sizeof line, "  one device (all threads): %8s images/s\n",
+                Rate(single_images_per_s).c_str());
   os << line;
-  std::snprintf(line, sizeof line, "  pipeline (%d stages, %d micro-batches, %s): %8s images/s (%.2fx)\n",
-                stages, microbatches, schedule.c_str(), Rate(pipeline_images_per_s).c_str(),
+  std::snprintf(line, sizeof line,
+                "  pipeline (%d stages, %d micro-batches, %s): %8s images/s (%.2fx)\n", stages,
+                microbatches, schedule.c_str(), Rate(pipeline_images_per_s).c_str(),
                 pipeline_images_per_s / single_images_per_s);
   os << line;
   os << "  idle share per stage (measured):";
@@ -120,7 +124,8 @@ std::string PipelineBench::ToString() const {
     std::snprintf(line, sizeof line, "%s stage %zu %.0f%%", s ? "," : "", s, 100 * bubble[s]);
     os << line;
   }
-  std::snprintf(line, sizeof line, "\n  theoretical bubble (S-1)/(M+S-1): %.0f%%\n", 100 * theoretical_bubble);
+  std::snprintf(line, sizeof line, "\n  theoretical bubble (S-1)/(M+S-1): %.0f%%\n",
+                100 * theoretical_bubble);
   os << line;
   return os.str();
 }
@@ -135,8 +140,8 @@ std::string BenchTable(const std::vector<BenchRow>& rows) {
   for (const BenchRow& r : rows) {
     std::snprintf(line, sizeof line, "%9d %9d %6lld %7lld %10s %7.2fx %9.0f%% %9.1f%% %9.1f%%\n",
                   r.processes, r.devices, static_cast<long long>(r.steps),
-                  static_cast<long long>(r.batch), Rate(r.images_per_s).c_str(), r.speedup, 100 * r.efficiency,
-                  100 * r.allreduce_share, 100 * r.data_wait_share);
+                  static_cast<long long>(r.batch), Rate(r.images_per_s).c_str(), r.speedup,
+                  100 * r.efficiency, 100 * r.allreduce_share, 100 * r.data_wait_share);
     os << line;
   }
   return os.str();

@@ -14,7 +14,7 @@
 namespace cnnflow {
 
 struct BenchRow {
-  int devices = 1;    // replicas per process
+  int devices = 1;  // replicas per process
   int processes = 1;
   int64_t steps = 0;
   int64_t batch = 0;  // global batch per step

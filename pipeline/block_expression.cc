@@ -45,7 +45,8 @@ Value FromNode(const YAML::Node& n) {
 
 YAML::Node ToNode(const Value& v) {
   switch (v.kind) {
-    case Value::kInt: return YAML::Node(std::to_string(v.i));
+    case Value::kInt:
+      return YAML::Node(std::to_string(v.i));
     case Value::kFloat: {
       char buf[40];
       std::snprintf(buf, sizeof buf, "%.17g", v.f);
@@ -53,9 +54,12 @@ YAML::Node ToNode(const Value& v) {
       if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
       return YAML::Node(s);
     }
-    case Value::kBool: return YAML::Node(v.b ? "true" : "false");
-    case Value::kString: return YAML::Node(v.s);
-    case Value::kList: return *v.list;
+    case Value::kBool:
+      return YAML::Node(v.b ? "true" : "false");
+    case Value::kString:
+      return YAML::Node(v.s);
+    case Value::kList:
+      return *v.list;
   }
   return YAML::Node();
 }
@@ -140,8 +144,12 @@ class Expression {
       const std::string o = op;
       if (a.IsNumber() && b.IsNumber()) {
         const double x = a.Number(), y = b.Number();
-        return Bool(o == "==" ? x == y : o == "!=" ? x != y : o == "<=" ? x <= y
-                    : o == ">=" ? x >= y : o == "<" ? x < y : x > y);
+        return Bool(o == "=="   ? x == y
+                    : o == "!=" ? x != y
+                    : o == "<=" ? x <= y
+                    : o == ">=" ? x >= y
+                    : o == "<"  ? x < y
+                                : x > y);
       }
       if (o != "==" && o != "!=") Fail(StrCat("'", o, "' compares numbers, got ", a.KindName()));
       const bool eq = a.kind == b.kind && ToNode(a).Scalar() == ToNode(b).Scalar();
@@ -169,14 +177,20 @@ class Expression {
     if (a.kind == Value::kInt && b.kind == Value::kInt) {
       v.kind = Value::kInt;
       if ((op == "//" || op == "%") && b.i == 0) Fail("division by zero");
-      v.i = op == "+" ? a.i + b.i : op == "-" ? a.i - b.i : op == "*" ? a.i * b.i
-            : op == "//" ? (a.i - ((a.i % b.i) + b.i) % b.i) / b.i : ((a.i % b.i) + b.i) % b.i;
+      v.i = op == "+"    ? a.i + b.i
+            : op == "-"  ? a.i - b.i
+            : op == "*"  ? a.i * b.i
+            : op == "//" ? (a.i - ((a.i % b.i) + b.i) % b.i) / b.i
+                         : ((a.i % b.i) + b.i) % b.i;
       return v;
     }
     v.kind = Value::kFloat;
     const double x = a.Number(), y = b.Number();
-    v.f = op == "+" ? x + y : op == "-" ? x - y : op == "*" ? x * y
-          : op == "//" ? std::floor(x / y) : x - std::floor(x / y) * y;
+    v.f = op == "+"    ? x + y
+          : op == "-"  ? x - y
+          : op == "*"  ? x * y
+          : op == "//" ? std::floor(x / y)
+                       : x - std::floor(x / y) * y;
     if (op == "//") {  // floor division of floats gives an int, as int(x // y) would
       v.kind = Value::kInt;
       v.i = static_cast<int64_t>(v.f);
@@ -186,19 +200,27 @@ class Expression {
   Value Sum() {
     Value a = Product();
     for (;;) {
-      if (Eat("+")) a = Arith(a, Product(), "+");
-      else if (Eat("-")) a = Arith(a, Product(), "-");
-      else return a;
+      if (Eat("+"))
+        a = Arith(a, Product(), "+");
+      else if (Eat("-"))
+        a = Arith(a, Product(), "-");
+      else
+        return a;
     }
   }
   Value Product() {
     Value a = Unary();
     for (;;) {
-      if (Eat("//")) a = Arith(a, Unary(), "//");
-      else if (Eat("*")) a = Arith(a, Unary(), "*");
-      else if (Eat("/")) a = Arith(a, Unary(), "/");
-      else if (Eat("%")) a = Arith(a, Unary(), "%");
-      else return a;
+      if (Eat("//"))
+        a = Arith(a, Unary(), "//");
+      else if (Eat("*"))
+        a = Arith(a, Unary(), "*");
+      else if (Eat("/"))
+        a = Arith(a, Unary(), "/");
+      else if (Eat("%"))
+        a = Arith(a, Unary(), "%");
+      else
+        return a;
     }
   }
   Value Unary() {
@@ -274,17 +296,19 @@ class Expression {
   // a multiple of d, at least d, never below 90% of v).
   Value Call() {
     const size_t b = p_;
-    while (p_ < t_.size() && (std::isalnum(static_cast<unsigned char>(t_[p_])) || t_[p_] == '_')) ++p_;
+    while (p_ < t_.size() && (std::isalnum(static_cast<unsigned char>(t_[p_])) || t_[p_] == '_'))
+      ++p_;
     const std::string fn = t_.substr(b, p_ - b);
-    static const std::vector<std::string> known = {"int", "round", "ceil", "floor", "min", "max",
-                                                   "make_divisible"};
+    static const std::vector<std::string> known = {"int", "round", "ceil",          "floor",
+                                                   "min", "max",   "make_divisible"};
     if (std::find(known.begin(), known.end(), fn) == known.end()) {
       Fail(UnknownNameMessage("function", fn, known));
     }
     if (!Eat("(")) Fail(StrCat("expected '(' after ", fn));
     std::vector<Value> a;
     if (!Eat(")")) {
-      do a.push_back(Ternary()); while (Eat(","));
+      do a.push_back(Ternary());
+      while (Eat(","));
       if (!Eat(")")) Fail(StrCat("expected ')' closing ", fn, "("));
     }
     const size_t want = fn == "min" || fn == "max" || fn == "make_divisible" ? 2 : 1;
@@ -299,7 +323,8 @@ class Expression {
     if (fn == "ceil") r.i = static_cast<int64_t>(std::ceil(x));
     if (fn == "floor") r.i = static_cast<int64_t>(std::floor(x));
     if (fn == "min" || fn == "max") {
-      const bool first = fn == "min" ? a[0].Number() <= a[1].Number() : a[0].Number() >= a[1].Number();
+      const bool first =
+          fn == "min" ? a[0].Number() <= a[1].Number() : a[0].Number() >= a[1].Number();
       return first ? a[0] : a[1];
     }
     if (fn == "make_divisible") {
@@ -330,6 +355,5 @@ bool IsBareParam(const std::string& s) {
     if (!std::isalnum(static_cast<unsigned char>(s[i])) && s[i] != '_') return false;
   return true;
 }
-
 
 }  // namespace cnnflow::blocks

@@ -6,12 +6,12 @@
 // '+' joins strings (a number as its text); '/' gives a float, '//' floors.
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
-
-#include <yaml-cpp/yaml.h>
 
 namespace cnnflow::blocks {
 

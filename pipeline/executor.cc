@@ -1,10 +1,10 @@
 #include "pipeline/executor.h"
 
+#include <tbb/flow_graph.h>
+
 #include <map>
 #include <memory>
 #include <set>
-
-#include <tbb/flow_graph.h>
 
 #include "stages/run_state.h"
 #include "stages/stage.h"
@@ -103,7 +103,8 @@ void RunGraph(const GraphSpec& spec, RunState& state) {
     if (sinks.size() != 1 || ports[sinks[0]].output == nullptr) {
       throw ConfigError(StrCat(spec.file, ": graph '", spec.name,
                                "' has a prefetch limit, so it needs exactly one sink node with an "
-                               "output; it has ", sinks.size()));
+                               "output; it has ",
+                               sinks.size()));
     }
     release = std::make_unique<tbb::flow::function_node<Message, tbb::flow::continue_msg>>(
         g, tbb::flow::serial, [&limiters](const Message&) {

@@ -77,7 +77,8 @@ std::string GraphSpec::ToString(const std::vector<std::string>& devices) const {
   for (size_t i = 0; i < x.nodes.size(); ++i) {
     const Expanded::Node& n = x.nodes[i];
     os << "  " << n.name << " (" << n.stage;
-    for (const auto& [k, v] : n.spec->args.values()) os << ", " << k << "=" << ParamValueToString(v);
+    for (const auto& [k, v] : n.spec->args.values())
+      os << ", " << k << "=" << ParamValueToString(v);
     os << ")";
     std::string outs;
     for (const auto& e : x.edges) {
@@ -95,13 +96,14 @@ std::string GraphSpec::ToDot(const std::vector<std::string>& devices) const {
   const Expanded x = Expand(devices);
   auto id = [&](int i) { return StrCat("\"", name, ".", x.nodes[i].name, "\""); };
   std::ostringstream os;
-  os << "  subgraph \"cluster_" << name << "\" {\n    label=\"" << name << " (" << file
-     << ")\";\n";
+  os << "  subgraph \"cluster_" << name << "\" {\n    label=\"" << name << " (" << file << ")\";\n";
   for (size_t i = 0; i < x.nodes.size(); ++i) {
     const Expanded::Node& n = x.nodes[i];
     // Per-device nodes: the spec's name, the stage and the device, shaded.
-    os << "    " << id(static_cast<int>(i)) << " [label=\"" << n.spec->name << "\\n" << n.stage
-       << (n.device.empty() ? "\"]" : StrCat("\\n", n.device, "\", style=filled, fillcolor=\"#dde8f5\"]"))
+    os << "    " << id(static_cast<int>(i)) << " [label=\"" << n.spec->name << "\\n"
+       << n.stage
+       << (n.device.empty() ? "\"]"
+                            : StrCat("\\n", n.device, "\", style=filled, fillcolor=\"#dde8f5\"]"))
        << ";\n";
   }
   for (const auto& e : x.edges) {
@@ -160,7 +162,8 @@ void ParseEdges(const YamlDoc& tmpl, const YAML::Node& edges, GraphSpec& g) {
     size_t pos = 0;
     while (true) {
       size_t arrow = text.find("->", pos);
-      std::string part = text.substr(pos, arrow == std::string::npos ? std::string::npos : arrow - pos);
+      std::string part =
+          text.substr(pos, arrow == std::string::npos ? std::string::npos : arrow - pos);
       part.erase(0, part.find_first_not_of(" \t"));
       part.erase(part.find_last_not_of(" \t") + 1);
       if (g.Find(part) == nullptr) {
@@ -192,7 +195,8 @@ GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::N
   for (const auto& kv : graph) {
     const std::string key = tmpl.Name(kv.first, "graph '" + name + "'");
     if (key != "nodes" && key != "edges") {
-      tmpl.Fail(kv.first, "graph '" + name + "'", UnknownNameMessage("key", key, {"edges", "nodes"}));
+      tmpl.Fail(kv.first, "graph '" + name + "'",
+                UnknownNameMessage("key", key, {"edges", "nodes"}));
     }
   }
   const YAML::Node nodes = graph["nodes"];
@@ -216,7 +220,8 @@ GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::N
     n.stage = tmpl.Name(params["stage"], context + ": stage");
     const StageType* type = registry.Find(n.stage);
     if (type == nullptr) {
-      tmpl.Fail(params["stage"], context, UnknownNameMessage("stage type", n.stage, registry.Names()));
+      tmpl.Fail(params["stage"], context,
+                UnknownNameMessage("stage type", n.stage, registry.Names()));
     }
     for (const auto& p : params) {  // unknown keys, reported at the key itself
       const std::string key = tmpl.Name(p.first, context);

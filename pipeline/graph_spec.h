@@ -4,11 +4,11 @@
 // stage types, typed parameters, edges between known nodes, no cycles.
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <yaml-cpp/yaml.h>
 
 #include "ops/schema.h"
 #include "pipeline/yaml_util.h"
@@ -26,7 +26,7 @@ struct NodeSpec {
 struct GraphSpec {
   std::string name;  // "train", "eval"
   std::string file;
-  std::vector<NodeSpec> nodes;                            // in file order
+  std::vector<NodeSpec> nodes;                             // in file order
   std::vector<std::pair<std::string, std::string>> edges;  // from -> to
   const NodeSpec* Find(const std::string& node) const;
   // Nodes in an order where every edge goes forward (checked acyclic).

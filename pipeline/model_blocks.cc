@@ -27,8 +27,8 @@ const std::set<std::string>& LayerKeys() {
   return k;
 }
 const std::set<std::string>& BlockUseKeys() {
-  static const std::set<std::string> k = {"name", "inputs", "if", "block", "with", "repeat",
-                                          "start", "first"};
+  static const std::set<std::string> k = {"name", "inputs", "if",    "block",
+                                          "with", "repeat", "start", "first"};
   return k;
 }
 const std::vector<std::string>& InitSchemes() {
@@ -41,7 +41,7 @@ const std::vector<std::string>& InitSchemes() {
 
 struct BlockDef {
   const YamlDoc* doc;
-  YAML::Node node;    // the definition: {params: {...}, layers: [...], doc: "..."}
+  YAML::Node node;  // the definition: {params: {...}, layers: [...], doc: "..."}
   std::string name;
 };
 
@@ -67,13 +67,15 @@ struct Library {
         if (blocks && blocks.IsMap()) {
           for (const auto& kv : blocks) {
             const std::string n = d.Name(kv.first, "blocks");
-            if (l->blocks.count(n)) d.Fail(kv.first, "blocks", StrCat("block '", n, "' defined twice in the library"));
+            if (l->blocks.count(n))
+              d.Fail(kv.first, "blocks", StrCat("block '", n, "' defined twice in the library"));
             l->blocks.emplace(n, BlockDef{&d, kv.second, n});
           }
         }
         const YAML::Node models = d.root()["models"];
         if (models && models.IsMap()) {
-          for (const auto& kv : models) l->models.push_back({&d, kv.second, d.Name(kv.first, "models")});
+          for (const auto& kv : models)
+            l->models.push_back({&d, kv.second, d.Name(kv.first, "models")});
         }
       }
       return l;
@@ -98,13 +100,12 @@ std::string Join(const std::string& prefix, const std::string& name) {
 
 class Expander {
  public:
-  explicit Expander(const YamlDoc& doc) : doc_(doc) {
-    blocks_ = Library::Get().blocks;
-  }
+  explicit Expander(const YamlDoc& doc) : doc_(doc) { blocks_ = Library::Get().blocks; }
 
   void AddBlocks(const YAML::Node& blocks) {
     if (!blocks) return;
-    if (!blocks.IsMap()) doc_.Fail(blocks, "model.blocks", "expected {name: {params: {...}, layers: [...]}}");
+    if (!blocks.IsMap())
+      doc_.Fail(blocks, "model.blocks", "expected {name: {params: {...}, layers: [...]}}");
     for (const auto& kv : blocks) {
       const std::string n = doc_.Name(kv.first, "model.blocks");
       // The config's own blocks shadow the library's (erase, not assign: a
@@ -126,7 +127,8 @@ class Expander {
     }
     const size_t first = out_.size();
     for (const auto& item : items) {
-      if (!item.IsMap()) doc.Fail(item, context, "expected {name: ..., <type>: {...}} or {name: ..., block: ...}");
+      if (!item.IsMap())
+        doc.Fail(item, context, "expected {name: ..., <type>: {...}} or {name: ..., block: ...}");
       const YAML::Node cond = item["if"];
       if (cond && !AsBool(doc, cond, env, StrCat(context, ": if"))) continue;
       const bool reads_input = explicit_input && out_.size() == first;
@@ -146,7 +148,9 @@ class Expander {
                const std::string& context) const {
     Env env;
     const YAML::Node params = def.node["params"];
-    if (params && !params.IsMap()) def.doc->Fail(params, StrCat("block '", def.name, "'"), "params: expected {name: default, ...}");
+    if (params && !params.IsMap())
+      def.doc->Fail(params, StrCat("block '", def.name, "'"),
+                    "params: expected {name: default, ...}");
     std::vector<std::string> names;
     if (params) {
       for (const auto& kv : params) {
@@ -159,14 +163,16 @@ class Expander {
       for (const auto& kv : with) {
         const std::string n = wdoc->Name(kv.first, context);
         if (std::find(names.begin(), names.end(), n) == names.end()) {
-          wdoc->Fail(kv.first, context, UnknownNameMessage(StrCat("param of block '", def.name, "'"), n, names));
+          wdoc->Fail(kv.first, context,
+                     UnknownNameMessage(StrCat("param of block '", def.name, "'"), n, names));
         }
         Bind(env, n, kv.second);
       }
     }
     for (const auto& n : names) {
       if (!env.count(n)) {
-        throw ConfigError(StrCat(context, ": block '", def.name, "' needs param '", n, "' (with: {", n, ": ...})"));
+        throw ConfigError(StrCat(context, ": block '", def.name, "' needs param '", n, "' (with: {",
+                                 n, ": ...})"));
       }
     }
     return env;
@@ -208,13 +214,17 @@ class Expander {
   }
 
  private:
-  bool AsBool(const YamlDoc& doc, const YAML::Node& n, const Env& env, const std::string& context) const {
+  bool AsBool(const YamlDoc& doc, const YAML::Node& n, const Env& env,
+              const std::string& context) const {
     const YAML::Node v = Substitute(doc, n, env, context);
     const Value b = FromNode(v);
-    if (b.kind != Value::kBool) doc.Fail(n, context, StrCat("expected true or false, got '", v.IsScalar() ? v.Scalar() : "a list", "'"));
+    if (b.kind != Value::kBool)
+      doc.Fail(n, context,
+               StrCat("expected true or false, got '", v.IsScalar() ? v.Scalar() : "a list", "'"));
     return b.b;
   }
-  std::string AsName(const YamlDoc& doc, const YAML::Node& n, const Env& env, const std::string& context) const {
+  std::string AsName(const YamlDoc& doc, const YAML::Node& n, const Env& env,
+                     const std::string& context) const {
     if (!n.IsScalar()) return doc.Name(n, context);  // fails, saying what is there instead
     const YAML::Node v = Substitute(doc, n, env, context);
     if (!v.IsScalar()) doc.Fail(n, context, "expected a name, got a list");
@@ -247,13 +257,15 @@ class Expander {
       list.push_back(in);
     }
     for (const auto& i : list) {
-      ins.push_back(Resolve(doc, i, AsName(doc, i, env, context + ": inputs"), prefix, input, context));
+      ins.push_back(
+          Resolve(doc, i, AsName(doc, i, env, context + ": inputs"), prefix, input, context));
     }
     return ins;
   }
 
-  void AddLayer(const YamlDoc& doc, const YAML::Node& item, const Env& env, const std::string& prefix,
-                const std::string& input, bool reads_input, const std::string& context) {
+  void AddLayer(const YamlDoc& doc, const YAML::Node& item, const Env& env,
+                const std::string& prefix, const std::string& input, bool reads_input,
+                const std::string& context) {
     const LayerRegistry& reg = LayerRegistry::Get();
     LayerSpec s;
     YAML::Node params, type_key;
@@ -262,7 +274,8 @@ class Expander {
       if (LayerKeys().count(key)) continue;
       if (key.find('$') != std::string::npos) key = AsName(doc, kv.first, env, context + ": type");
       if (!s.type.empty()) {
-        doc.Fail(kv.first, context, StrCat("a layer has one type, got both '", s.type, "' and '", key, "'"));
+        doc.Fail(kv.first, context,
+                 StrCat("a layer has one type, got both '", s.type, "' and '", key, "'"));
       }
       s.type = key;
       type_key.reset(kv.first);
@@ -276,7 +289,8 @@ class Expander {
       doc.Fail(item, where, StrCat("no layer type given; known types: ", JoinNames(reg.Names())));
     }
     const LayerType* type = reg.Find(s.type);
-    if (type == nullptr) doc.Fail(type_key, where, UnknownNameMessage("layer type", s.type, reg.Names()));
+    if (type == nullptr)
+      doc.Fail(type_key, where, UnknownNameMessage("layer type", s.type, reg.Names()));
     s.args = doc.CheckArgs(Substitute(doc, params, env, where), type->schema,
                            StrCat(where, " (", s.type, ")"));
     s.inputs = Inputs(doc, item, env, prefix, input, where);
@@ -292,7 +306,8 @@ class Expander {
       }
     }
     if (const YAML::Node in = item["init"]) {
-      if (!in.IsMap()) doc.Fail(in, where + ": init", "expected {tensor: scheme}, e.g. {weight: zeros}");
+      if (!in.IsMap())
+        doc.Fail(in, where + ": init", "expected {tensor: scheme}, e.g. {weight: zeros}");
       for (const auto& kv : in) {
         const std::string scheme = AsName(doc, kv.second, env, where + ": init");
         const auto& known = InitSchemes();
@@ -307,17 +322,20 @@ class Expander {
     out_.push_back(std::move(s));
   }
 
-  void UseBlock(const YamlDoc& doc, const YAML::Node& item, const Env& env, const std::string& prefix,
-                const std::string& input, bool reads_input, const std::string& context) {
+  void UseBlock(const YamlDoc& doc, const YAML::Node& item, const Env& env,
+                const std::string& prefix, const std::string& input, bool reads_input,
+                const std::string& context) {
     for (const auto& kv : item) {
       const std::string key = doc.Name(kv.first, context);
       if (!BlockUseKeys().count(key)) {
-        doc.Fail(kv.first, context,
-                 StrCat("a block use takes ", JoinNames({BlockUseKeys().begin(), BlockUseKeys().end()}),
-                        "; got '", key, "'"));
+        doc.Fail(
+            kv.first, context,
+            StrCat("a block use takes ", JoinNames({BlockUseKeys().begin(), BlockUseKeys().end()}),
+                   "; got '", key, "'"));
       }
     }
-    if (!item["name"]) doc.Fail(item, context, "a block use needs a 'name' (the prefix of its layers)");
+    if (!item["name"])
+      doc.Fail(item, context, "a block use needs a 'name' (the prefix of its layers)");
     const YAML::Node name_node = item["name"];
     const std::string where = StrCat("'", name_node.IsScalar() ? name_node.Scalar() : "?", "'");
     const std::string block = AsName(doc, item["block"], env, where + ": block");
@@ -328,7 +346,9 @@ class Expander {
       doc.Fail(item["block"], where, UnknownNameMessage("block", block, known));
     }
     const BlockDef& def = it->second;
-    if (depth_ > 16) doc.Fail(item, where, StrCat("blocks nest more than 16 deep (does '", block, "' use itself?)"));
+    if (depth_ > 16)
+      doc.Fail(item, where,
+               StrCat("blocks nest more than 16 deep (does '", block, "' use itself?)"));
     for (const char* key : {"with", "first"}) {
       const YAML::Node n = item[key];
       if (n && !n.IsMap()) doc.Fail(n, StrCat(where, ": ", key), "expected {param: value, ...}");
@@ -337,7 +357,8 @@ class Expander {
       const YAML::Node r = item[key];
       if (!r) return fallback;
       const Value v = FromNode(Substitute(doc, r, env, StrCat(where, ": ", key)));
-      if (v.kind != Value::kInt || v.i < 0) doc.Fail(r, StrCat(where, ": ", key), "expected an int >= 0");
+      if (v.kind != Value::kInt || v.i < 0)
+        doc.Fail(r, StrCat(where, ": ", key), "expected an int >= 0");
       return v.i;
     };
     const int64_t repeat = int_of("repeat", -1);  // -1: one instance named `name`
@@ -351,7 +372,8 @@ class Expander {
       explicit_input = true;
     }
     const YAML::Node layers = def.node["layers"];
-    const bool templated = name_node.IsScalar() && name_node.Scalar().find('$') != std::string::npos;
+    const bool templated =
+        name_node.IsScalar() && name_node.Scalar().find('$') != std::string::npos;
     ++depth_;
     for (int64_t k = 0; k < std::max<int64_t>(repeat, 1); ++k) {
       if (repeat == 0) break;
@@ -361,7 +383,8 @@ class Expander {
       const std::string base = AsName(doc, name_node, outer, where + ": name");
       const std::string inst =
           Join(prefix, repeat < 0 || templated ? base : StrCat(base, ".", start + k));
-      const std::string ctx = StrCat("block '", block, "' as '", inst, "', used at ", doc.Where(item));
+      const std::string ctx =
+          StrCat("block '", block, "' as '", inst, "', used at ", doc.Where(item));
       std::vector<std::pair<const YamlDoc*, YAML::Node>> withs;
       for (const char* key : {"with", "first"}) {
         if (item[key] && (k == 0 || std::string(key) == "with"))
@@ -392,12 +415,14 @@ ExpandedModel ExpandLibrary(const YamlDoc& doc, const YAML::Node& where, const s
                             const std::vector<std::pair<const YamlDoc*, YAML::Node>>& user_with) {
   const Library& lib = Library::Get();
   const LibraryEntry* entry = lib.Find(name);
-  if (entry == nullptr) doc.Fail(where, "model.library", UnknownNameMessage("library model", name, lib.Names()));
+  if (entry == nullptr)
+    doc.Fail(where, "model.library", UnknownNameMessage("library model", name, lib.Names()));
   const YamlDoc& ldoc = *entry->doc;
   Expander x(doc);
   const std::string block = ldoc.Name(entry->node["block"], StrCat("models.", name, ".block"));
   auto it = x.blocks().find(block);
-  if (it == x.blocks().end()) ldoc.Fail(entry->node["block"], name, StrCat("no block '", block, "'"));
+  if (it == x.blocks().end())
+    ldoc.Fail(entry->node["block"], name, StrCat("no block '", block, "'"));
   std::vector<std::pair<const YamlDoc*, YAML::Node>> withs;
   if (entry->node["with"]) withs.push_back({&ldoc, entry->node["with"]});
   for (const auto& w : user_with) withs.push_back(w);
@@ -424,14 +449,16 @@ ExpandedModel ExpandModel(const YamlDoc& doc, const YAML::Node& model) {
   ExpandedModel m;
   if (library) {
     if (layers) doc.Fail(layers, "model", "give either 'library' or 'layers', not both");
-    if (model["blocks"]) doc.Fail(model["blocks"], "model", "a library model brings its own blocks");
+    if (model["blocks"])
+      doc.Fail(model["blocks"], "model", "a library model brings its own blocks");
     if (with && !with.IsMap()) doc.Fail(with, "model.with", "expected {option: value, ...}");
     std::vector<std::pair<const YamlDoc*, YAML::Node>> withs;
     if (with) withs.push_back({&doc, with});
     m = ExpandLibrary(doc, library, doc.Name(library, "model.library"), withs);
   } else {
     if (with) doc.Fail(with, "model", "'with' sets the options of a 'library' model");
-    if (!layers) doc.Fail(model, "model", "needs 'layers' (or 'library: NAME' for a library model)");
+    if (!layers)
+      doc.Fail(model, "model", "needs 'layers' (or 'library: NAME' for a library model)");
     Expander x(doc);
     x.AddBlocks(model["blocks"]);
     x.Items(doc, layers, {}, "", kModelInput, false, "model.layers");
@@ -474,7 +501,8 @@ std::vector<LibraryModel> LibraryModels() {
   return out;
 }
 
-ExpandedModel ExpandLibraryModel(const std::string& name, const std::vector<std::string>& overrides) {
+ExpandedModel ExpandLibraryModel(const std::string& name,
+                                 const std::vector<std::string>& overrides) {
   std::string text = StrCat("library: ", name, "\nwith: {}\n");
   YamlDoc doc = YamlDoc::Parse(text, "--model");
   for (const auto& o : overrides) doc.Override(o.rfind("input=", 0) == 0 ? o : "with." + o);
@@ -487,7 +515,9 @@ namespace {
 // . - not starting with a digit or a sign), else double-quoted.
 std::string YamlName(const std::string& n) {
   bool plain = !n.empty() && (std::isalpha(static_cast<unsigned char>(n[0])) || n[0] == '_');
-  for (char c : n) plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-');
+  for (char c : n)
+    plain =
+        plain && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-');
   if (plain) return n;
   std::string q = "\"";
   for (char c : n) q += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
@@ -498,7 +528,8 @@ std::string YamlName(const std::string& n) {
 
 std::string LayerSpecLine(const LayerSpec& s) {
   std::string params;
-  for (const auto& [k, v] : s.args.values()) params += StrCat(params.empty() ? "" : ", ", k, ": ", ParamValueToString(v));
+  for (const auto& [k, v] : s.args.values())
+    params += StrCat(params.empty() ? "" : ", ", k, ": ", ParamValueToString(v));
   std::string line = StrCat("- {name: ", YamlName(s.name), ", ", s.type, ": {", params, "}");
   if (!s.inputs.empty()) {
     std::string ins;

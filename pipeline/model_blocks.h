@@ -11,12 +11,14 @@
 //           basic:                                 # params: their defaults (~: required)
 //             params: {planes: ~, stride: 1, downsample: false}
 //             layers:
-//               - {name: conv1, conv2d: {out: $planes, kernel: 3, stride: $stride, pad: 1, bias: false}}
+//               - {name: conv1, conv2d: {out: $planes, kernel: 3, stride: $stride, pad: 1, bias:
+//               false}}
 //               - {name: bn1, batchnorm: {}}
 //               - {name: relu1, relu: {}}
 //               - {name: conv2, conv2d: {out: $planes, kernel: 3, pad: 1, bias: false}}
 //               - {name: bn2, batchnorm: {}}
-//               - {name: downsample.0, conv2d: {out: $planes, kernel: 1, stride: $stride, bias: false},
+//               - {name: downsample.0, conv2d: {out: $planes, kernel: 1, stride: $stride, bias:
+//               false},
 //                  inputs: input, if: $downsample}
 //               - {name: downsample.1, batchnorm: {}, if: $downsample}
 //               - {name: add, add: {}, inputs: [bn2, "$downsample ? 'downsample.1' : 'input'"]}

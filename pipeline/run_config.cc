@@ -131,21 +131,22 @@ const Schema& GraphSectionSchema() {
 namespace {
 
 const Schema& DataSchema() {
-  static const Schema s = Schema("Data sets and the per-sample transform.")
-                              .Required("train", ParamType::kTree, "the training set: {source: ..., ...}")
-                              .Optional("test", ParamType::kTree, std::string("{}"), "the test set")
-                              .Optional("transform", ParamType::kTree, std::string("[]"),
-                                        "list of transforms: [{normalize: {mean: [...], std: [...]}}]")
-                              .Choice("on_bad_record", {"fail", "skip"}, "fail",
-                                      "a record that cannot be read (corrupt JPEG, short value, "
-                                      "label out of range): fail the run, or skip and report it");
+  static const Schema s =
+      Schema("Data sets and the per-sample transform.")
+          .Required("train", ParamType::kTree, "the training set: {source: ..., ...}")
+          .Optional("test", ParamType::kTree, std::string("{}"), "the test set")
+          .Optional("transform", ParamType::kTree, std::string("[]"),
+                    "list of transforms: [{normalize: {mean: [...], std: [...]}}]")
+          .Choice("on_bad_record", {"fail", "skip"}, "fail",
+                  "a record that cannot be read (corrupt JPEG, short value, "
+                  "label out of range): fail the run, or skip and report it");
   return s;
 }
 
 const Schema& OutputSchema() {
-  static const Schema s = Schema("Where results go.")
-                              .Optional("dir", ParamType::kString, std::string("runs"),
-                                        "parent folder of run folders");
+  static const Schema s =
+      Schema("Where results go.")
+          .Optional("dir", ParamType::kString, std::string("runs"), "parent folder of run folders");
   return s;
 }
 
@@ -162,8 +163,7 @@ DataSpec ParseSource(const YamlDoc& doc, const YAML::Node& node, const std::stri
   const YAML::Node src = node["source"];
   const SourceRegistry& reg = SourceRegistry::Get();
   if (!src.IsDefined()) {
-    doc.Fail(node, context, StrCat("missing key 'source' (one of: ",
-                                   JoinNames(reg.Names()), ")"));
+    doc.Fail(node, context, StrCat("missing key 'source' (one of: ", JoinNames(reg.Names()), ")"));
   }
   DataSpec d;
   d.source = doc.Name(src, context);
@@ -189,10 +189,11 @@ void ParseOptimizer(const YamlDoc& doc, const YAML::Node& node, RunConfig& c) {
     std::vector<std::string> given;
     if (node.IsMap())
       for (const auto& kv : node) given.push_back(doc.Name(kv.first, "train.optimizer"));
-    doc.Fail(node, "train.optimizer",
-             StrCat("expected one optimizer, e.g. {sgd: {lr: 0.01}}",
-                    given.empty() ? "" : StrCat(", got ", given.size(), " (", JoinNames(given), ")"),
-                    "; known: ", JoinNames(OptimizerTypes())));
+    doc.Fail(
+        node, "train.optimizer",
+        StrCat("expected one optimizer, e.g. {sgd: {lr: 0.01}}",
+               given.empty() ? "" : StrCat(", got ", given.size(), " (", JoinNames(given), ")"),
+               "; known: ", JoinNames(OptimizerTypes())));
   }
   const auto kv = *node.begin();
   c.optimizer = doc.Name(kv.first, "train.optimizer");
@@ -215,12 +216,14 @@ void ParsePipeline(const YamlDoc& doc, const YAML::Node& pipe, RunConfig& c) {
           .Required("stages", ParamType::kTree, "[[layer, ...], ...] (one list per device) or auto")
           .Optional("microbatches", ParamType::kInt, int64_t{4}, "micro-batches per batch")
           .Choice("schedule", {"1f1b", "gpipe"}, "1f1b", "the order of forwards and backwards");
-  if (!pipe.IsMap()) doc.Fail(pipe, "graph.pipeline", "expected a mapping {stages: ..., microbatches: M}");
+  if (!pipe.IsMap())
+    doc.Fail(pipe, "graph.pipeline", "expected a mapping {stages: ..., microbatches: M}");
   const Args a = doc.CheckArgs(pipe, schema, "graph.pipeline");
   c.pipeline = true;
   c.microbatches = a.Int("microbatches");
   c.pipeline_schedule = a.String("schedule");
-  if (c.microbatches < 1) doc.Fail(pipe["microbatches"], "graph.pipeline.microbatches", "must be >= 1");
+  if (c.microbatches < 1)
+    doc.Fail(pipe["microbatches"], "graph.pipeline.microbatches", "must be >= 1");
   const YAML::Node st = pipe["stages"];
   if (st.IsScalar() && st.as<std::string>() == "auto") {
     c.pipeline_stages.clear();  // cut by the trainer, one stage per device
@@ -319,14 +322,17 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   const YAML::Node data = root["data"];
   const Args data_args = doc.CheckArgs(data, DataSchema(), "data");
   c.data["train"] = ParseSource(doc, data["train"], "train");
-  if (data["test"].IsDefined() && !data["test"].IsNull()) c.data["test"] = ParseSource(doc, data["test"], "test");
+  if (data["test"].IsDefined() && !data["test"].IsNull())
+    c.data["test"] = ParseSource(doc, data["test"], "test");
   if (const YAML::Node t = data["transform"]; t.IsDefined() && !t.IsNull()) {
     if (!t.IsSequence()) doc.Fail(t, "data.transform", "expected a list");
     for (const auto& item : t) {
-      if (!item.IsMap() || item.size() != 1) doc.Fail(item, "data.transform", "expected {normalize: {...}}");
+      if (!item.IsMap() || item.size() != 1)
+        doc.Fail(item, "data.transform", "expected {normalize: {...}}");
       const auto kv = *item.begin();
       const std::string kind = doc.Name(kv.first, "data.transform");
-      if (kind != "normalize") doc.Fail(kv.first, "data.transform", UnknownNameMessage("transform", kind, {"normalize"}));
+      if (kind != "normalize")
+        doc.Fail(kv.first, "data.transform", UnknownNameMessage("transform", kind, {"normalize"}));
       Args a = doc.CheckArgs(kv.second, NormalizeSchema(), "data.transform normalize");
       c.normalize_mean = a.Floats("mean");
       c.normalize_std = a.Floats("std");
@@ -343,7 +349,8 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   c.layers = std::move(net.layers);
   c.input_shape = net.input_shape;
   if (c.input_shape.rank() < 2 || c.input_shape.rank() > 3) {
-    doc.Fail(model["input"] ? model["input"] : model, "model.input", "expected [C, H, W] or [C, L]");
+    doc.Fail(model["input"] ? model["input"] : model, "model.input",
+             "expected [C, H, W] or [C, L]");
   }
   const std::string init = m.String("init");
   c.init = init == "xavier_uniform"   ? InitScheme::kXavierUniform
@@ -364,7 +371,8 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   c.log_every = t.Int("log_every");
   if (c.log_every < 0) doc.Fail(train["log_every"], "train.log_every", "must be >= 0");
   if (c.accumulate <= 0) doc.Fail(train["accumulate"], "train.accumulate", "must be > 0");
-  if (c.checkpoint_every < 0) doc.Fail(train["checkpoint_every"], "train.checkpoint_every", "must be >= 0");
+  if (c.checkpoint_every < 0)
+    doc.Fail(train["checkpoint_every"], "train.checkpoint_every", "must be >= 0");
   if (c.epochs <= 0) doc.Fail(train["epochs"], "train.epochs", "must be > 0");
   if (c.batch <= 0) doc.Fail(train["batch"], "train.batch", "must be > 0");
   if (c.eval_batch <= 0) doc.Fail(train["eval_batch"], "train.eval_batch", "must be > 0");
@@ -374,9 +382,8 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     c.init_from.weights = a.String("weights");
     // A relative path: from the working folder, else from the config's own
     // (an imported model's config names the weights beside it).
-    if (const fs::path w(c.init_from.weights);
-        !w.empty() && w.is_relative() && !fs::exists(w) &&
-        fs::exists(fs::absolute(path).parent_path() / w)) {
+    if (const fs::path w(c.init_from.weights); !w.empty() && w.is_relative() && !fs::exists(w) &&
+                                               fs::exists(fs::absolute(path).parent_path() / w)) {
       c.init_from.weights = (fs::absolute(path).parent_path() / w).lexically_normal().string();
     }
     c.init_from.strict = a.Bool("strict");
@@ -404,7 +411,8 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     }
     for (size_t j = 0; j < i; ++j) {
       if (c.devices[j] == c.devices[i]) {
-        doc.Fail(graph["devices"], "graph.devices", StrCat(c.devices[i].ToString(), " is listed twice"));
+        doc.Fail(graph["devices"], "graph.devices",
+                 StrCat(c.devices[i].ToString(), " is listed twice"));
       }
     }
   }
@@ -420,8 +428,10 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   const YAML::Node pipe = graph["pipeline"];
   if (pipe.IsDefined() && !pipe.IsNull() && !(pipe.IsMap() && pipe.size() == 0)) {
     ParsePipeline(doc, pipe, c);
-    if (c.accumulate != 1) doc.Fail(pipe, "graph.pipeline", "train.accumulate must be 1 with a pipeline");
-    if (c.devices[0].is_cuda()) doc.Fail(pipe, "graph.pipeline", "pipelines run on CPU devices only so far");
+    if (c.accumulate != 1)
+      doc.Fail(pipe, "graph.pipeline", "train.accumulate must be 1 with a pipeline");
+    if (c.devices[0].is_cuda())
+      doc.Fail(pipe, "graph.pipeline", "pipelines run on CPU devices only so far");
   }
   const YAML::Node tp = graph["tensor_parallel"];
   if (tp.IsDefined() && !tp.IsNull() && !(tp.IsMap() && tp.size() == 0)) {
@@ -466,7 +476,8 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     run["data"]["on_bad_record"] = data_args.String("on_bad_record");
   }
   for (const auto& [k, v] : t.values()) {
-    if (!run["train"][k].IsDefined() && k != "schedule") run["train"][k] = YAML::Load(ParamValueToString(v));
+    if (!run["train"][k].IsDefined() && k != "schedule")
+      run["train"][k] = YAML::Load(ParamValueToString(v));
   }
   const YamlDoc tmpl = YamlDoc::Load(c.graph_template);
   c.train_graph = ParseGraph(tmpl, "train", run, doc);

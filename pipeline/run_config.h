@@ -39,10 +39,10 @@ struct RunConfig {
   double label_smoothing = 0;
 
   int64_t epochs = 1;
-  int64_t batch = 64;       // per replica
+  int64_t batch = 64;  // per replica
   int64_t eval_batch = 1000;
-  int64_t max_steps = 0;    // per pass; 0: whole epochs
-  int64_t accumulate = 1;   // batches per optimizer step
+  int64_t max_steps = 0;         // per pass; 0: whole epochs
+  int64_t accumulate = 1;        // batches per optimizer step
   int64_t checkpoint_every = 0;  // optimizer steps; 0: at epoch ends
   int64_t keep_checkpoints = 3;
   int64_t log_every = 50;  // optimizer steps between TensorBoard scalars; 0: per epoch only
@@ -54,7 +54,7 @@ struct RunConfig {
     bool strict = true;
     std::vector<std::string> skip;
   } init_from;
-  std::string optimizer;    // "sgd", ...
+  std::string optimizer;  // "sgd", ...
   Args optimizer_args;
   Args schedule_args;
 

@@ -176,8 +176,7 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
                config_.accumulate)
           .steps();
   const Args& s = config_.schedule_args;
-  const int64_t global_batch =
-      plan.batch_samples * state_.data_ranks * config_.accumulate;
+  const int64_t global_batch = plan.batch_samples * state_.data_ranks * config_.accumulate;
   LrScheduleOptions lr;
   lr.base_lr = config_.optimizer_args.Float("lr");
   if (s.String("scale_lr") == "linear") {
@@ -238,7 +237,8 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   const int64_t batch = pass == "train"
                             ? config_.batch * (replicas_ ? replicas_->data_parallel() : 1)
                             : config_.eval_batch;
-  state_.batch_bytes = batch * state_.dataset(pass == "train" ? "train" : "test").sample_shape().numel() *
+  state_.batch_bytes = batch *
+                       state_.dataset(pass == "train" ? "train" : "test").sample_shape().numel() *
                        static_cast<int64_t>(sizeof(float));
   Autotuner* tuner = pass == "train" ? autotuner_.get() : nullptr;
   state_.tuned.clear();  // evaluation runs as configured
@@ -292,9 +292,10 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   }
   if (pass == "train" && pipeline_ && progress_ && state_.metrics.batches > 0) {
     std::string measured;
-    for (double b : pipeline_->bubble()) measured += StrCat(measured.empty() ? "" : ", ", static_cast<int>(100 * b + 0.5), "%");
-    progress_->Line(StrCat("pipeline: ", pipeline_->num_stages(), " stages, ",
-                           config_.microbatches, " micro-batches (", config_.pipeline_schedule,
+    for (double b : pipeline_->bubble())
+      measured += StrCat(measured.empty() ? "" : ", ", static_cast<int>(100 * b + 0.5), "%");
+    progress_->Line(StrCat("pipeline: ", pipeline_->num_stages(), " stages, ", config_.microbatches,
+                           " micro-batches (", config_.pipeline_schedule,
                            "): idle share per stage ", measured, "; theoretical bubble ",
                            static_cast<int>(100 * pipeline_->theoretical_bubble() + 0.5), "%"));
   }
@@ -314,7 +315,8 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   }
   if (progress_ && !state_.bad_records.empty()) {
     std::string list;
-    for (size_t i = 0; i < state_.bad_records.size() && i < 10; ++i) list += "\n  " + state_.bad_records[i];
+    for (size_t i = 0; i < state_.bad_records.size() && i < 10; ++i)
+      list += "\n  " + state_.bad_records[i];
     progress_->Line(StrCat("skipped ", state_.bad_records.size(), " bad record(s) in the ", pass,
                            " pass of epoch ", epoch + 1, ":", list,
                            state_.bad_records.size() > 10 ? "\n  ..." : ""));
@@ -353,8 +355,8 @@ std::string Trainer::ResolvedConfigText() const {
 namespace {
 
 const std::vector<std::string> kMetricsColumns = {
-    "epoch",        "train_loss", "train_accuracy", "test_loss", "test_accuracy",
-    "images_per_s", "seconds",    "lr",             "skipped_records"};
+    "epoch",   "train_loss", "train_accuracy", "test_loss", "test_accuracy", "images_per_s",
+    "seconds", "lr",         "skipped_records"};
 
 // A row's test loss and accuracy when the run has no test set: written as
 // empty fields, not as a loss and an accuracy of 0.
@@ -579,7 +581,8 @@ void Trainer::WriteRunFiles(const std::function<void()>& write) {
 
 EpochReport Trainer::Train(const std::string& run_dir) {
   const bool writer = state_.process_rank == 0;  // only rank 0 writes files
-  if (!resumed_) run_dir_ = run_dir.empty() ? MakeRunDir(config_.output_dir, config_.name) : run_dir;
+  if (!resumed_)
+    run_dir_ = run_dir.empty() ? MakeRunDir(config_.output_dir, config_.name) : run_dir;
   if (progress_ && !resumed_ && !init_report_.empty()) progress_->Line(init_report_);
   std::unique_ptr<AppendFile> csv;
   if (writer) {
@@ -771,9 +774,9 @@ void Trainer::InitFromWeights() {
                                "at their fresh initialisation):",
                                ListMismatches(m)));
     }
-    init_report_ = StrCat("train.init: ", path, ": ", m.mismatches.size(),
-                          " tensors left at their fresh initialisation or ignored:",
-                          ListMismatches(m), "\n");
+    init_report_ =
+        StrCat("train.init: ", path, ": ", m.mismatches.size(),
+               " tensors left at their fresh initialisation or ignored:", ListMismatches(m), "\n");
   }
   CopyStateDict(m, Models(), path);  // what fits, into every replica and pipeline stage
   init_report_ += StrCat("train.init: ", m.tensors.size(), " tensors from ", path);

@@ -11,11 +11,11 @@
 //                                test loss and accuracy at its last step (cnnflow plot)
 #pragma once
 
+#include <tbb/task_arena.h>
+
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <tbb/task_arena.h>
 
 #include "pipeline/autotune.h"
 #include "pipeline/progress.h"
@@ -61,7 +61,7 @@ class Trainer {
   void LoadWeights(const std::string& path, const std::string& prefix = "");
 
   Model& model() { return *model_; }
-  ReplicaSet& replicas() { return *replicas_; }   // data parallel (no graph.pipeline)
+  ReplicaSet& replicas() { return *replicas_; }          // data parallel (no graph.pipeline)
   PipelineModel* pipeline() { return pipeline_.get(); }  // graph.pipeline, else null
   RunState& state() { return state_; }
   const RunConfig& config() const { return config_; }
@@ -93,19 +93,19 @@ class Trainer {
   // (a full disk) ends the run with ResumeAdvice added.
   void WriteRunFiles(const std::function<void()>& write);
   std::string ResolvedConfigText() const;
-  std::vector<Model*> Models();          // every model instance that holds weights
+  std::vector<Model*> Models();  // every model instance that holds weights
   // What checkpoints and model.safetensors hold: the model's state, then
   // the weight average's ("ema.*"), if the graph has one.
   std::vector<std::pair<std::string, Tensor>> ExportedTensors();
   std::vector<Optimizer*> Optimizers();
 
   RunConfig config_;
-  std::shared_ptr<void> thread_limit_;  // a tbb::global_control: the run's thread budget
+  std::shared_ptr<void> thread_limit_;      // a tbb::global_control: the run's thread budget
   std::unique_ptr<tbb::task_arena> arena_;  // the graph runs in it, `threads` slots
   std::string config_hash_;
-  std::unique_ptr<ReplicaSet> replicas_;  // each with its optimizer
+  std::unique_ptr<ReplicaSet> replicas_;     // each with its optimizer
   std::unique_ptr<PipelineModel> pipeline_;  // instead, with graph.pipeline
-  Model* model_ = nullptr;                // replica 0's
+  Model* model_ = nullptr;                   // replica 0's
   std::unique_ptr<LrSchedule> schedule_;
   RunState state_;
   int64_t steps_per_epoch_ = 0;
@@ -115,7 +115,7 @@ class Trainer {
   int64_t start_epoch_ = 0;
   int64_t batch_in_epoch_ = 0;
   int64_t checkpointed_step_ = -1;  // the newest checkpoint written or resumed from
-  PassMetrics partial_train_;  // the resumed epoch's totals so far
+  PassMetrics partial_train_;       // the resumed epoch's totals so far
   std::vector<std::vector<double>> metrics_rows_;
   Progress* progress_ = nullptr;
   std::string init_report_;

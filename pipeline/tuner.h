@@ -49,7 +49,7 @@ struct TuneReport {
   double noise = 0;                   // the rounds' typical spread (>= 2%), for the report
   double tolerance = 0.05;            // the recommendation trains within this of the fastest,
   double ratio_noise = 0;             // or within this: the ratios' typical scatter
-  int64_t threads = 1;  // the run's thread budget
+  int64_t threads = 1;                // the run's thread budget
   int rounds = 0;
   bool loader_bound = false;
   std::string verdict;  // one line: what the user gains

@@ -104,8 +104,8 @@ MemoryEstimate EstimateMemory(const RunConfig& config, const Model& m, int data_
   const GraphPlan plan = config.train_graph.Plan();
   e.prefetch_depth = plan.prefetch_depth;
   if (plan.prefetch_memory_mb > 0) {
-    e.prefetch_depth =
-        std::min<int64_t>(e.prefetch_depth, static_cast<int64_t>(plan.prefetch_memory_mb / e.batch_mb));
+    e.prefetch_depth = std::min<int64_t>(
+        e.prefetch_depth, static_cast<int64_t>(plan.prefetch_memory_mb / e.batch_mb));
   }
   e.prefetch_mb = static_cast<double>(e.prefetch_depth) * e.batch_mb;
   double acts = 0;
@@ -125,8 +125,8 @@ std::string ValidateReport(const RunConfig& config, Model& m, ReplicaSet* replic
   std::ostringstream os;
   os << "model (input " << m.input_shape() << "):\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %-12s %-15s %-14s %-18s %12s %14s\n", "layer", "type", "inputs",
-                "output", "parameters", "MFLOPs/sample");
+  std::snprintf(line, sizeof line, "  %-12s %-15s %-14s %-18s %12s %14s\n", "layer", "type",
+                "inputs", "output", "parameters", "MFLOPs/sample");
   os << line;
   for (int i = 0; i < m.num_layers(); ++i) {
     Layer& l = m.layer(i);
@@ -139,9 +139,10 @@ std::string ValidateReport(const RunConfig& config, Model& m, ReplicaSet* replic
                   static_cast<long long>(params), l.ForwardFlops(1) / 1e6);
     os << line;
   }
-  os << "  total parameters: " << m.NumParameters() << ", forward "
-     << m.ForwardFlops(1) / 1e6 << " MFLOPs per sample\n";
-  if (replicas != nullptr && replicas->tensor_parallel() > 1) os << DescribeTensorParallel(config, *replicas);
+  os << "  total parameters: " << m.NumParameters() << ", forward " << m.ForwardFlops(1) / 1e6
+     << " MFLOPs per sample\n";
+  if (replicas != nullptr && replicas->tensor_parallel() > 1)
+    os << DescribeTensorParallel(config, *replicas);
   if (pipeline) {
     os << "pipeline: " << pipeline->num_stages() << " stages, " << config.microbatches
        << " micro-batches, schedule " << config.pipeline_schedule << "\n";
@@ -159,15 +160,16 @@ std::string ValidateReport(const RunConfig& config, Model& m, ReplicaSet* replic
       }
       if (flops < lo) lo = flops, lo_s = s;
       if (flops > hi) hi = flops, hi_s = s;
-      std::snprintf(line, sizeof line, "  stage %d on %-6s %-40s %10lld params %10.3f MFLOPs/sample\n",
-                    s, config.devices[s].ToString().c_str(),
-                    (pipeline->stage_layers(s).front() + ".." + pipeline->stage_layers(s).back()).c_str(),
-                    static_cast<long long>(params), flops / 1e6);
+      std::snprintf(
+          line, sizeof line, "  stage %d on %-6s %-40s %10lld params %10.3f MFLOPs/sample\n", s,
+          config.devices[s].ToString().c_str(),
+          (pipeline->stage_layers(s).front() + ".." + pipeline->stage_layers(s).back()).c_str(),
+          static_cast<long long>(params), flops / 1e6);
       os << line;
     }
     if (lo > 0 && hi / lo > 1.5) {
-      os << "  warning: unbalanced cut: stage " << hi_s << " has " << static_cast<int>(hi / lo * 10) / 10.0
-         << "x the forward FLOPs of stage " << lo_s
+      os << "  warning: unbalanced cut: stage " << hi_s << " has "
+         << static_cast<int>(hi / lo * 10) / 10.0 << "x the forward FLOPs of stage " << lo_s
          << "; the pipeline runs at the pace of its slowest stage"
          << (config.pipeline_stages.empty()
                  ? " (this is already the most even cut of these layers)\n"
@@ -185,8 +187,8 @@ std::string ValidateReport(const RunConfig& config, Model& m, ReplicaSet* replic
 
   // Memory known before the run: the prefetched input batches (bounded by
   // the prefetch stage) and, per replica, activations and parameter state.
-  const MemoryEstimate e =
-      EstimateMemory(config, m, replicas != nullptr ? replicas->data_parallel() : 1, pipeline != nullptr);
+  const MemoryEstimate e = EstimateMemory(
+      config, m, replicas != nullptr ? replicas->data_parallel() : 1, pipeline != nullptr);
   std::snprintf(line, sizeof line, "memory: prefetched batches <= %.1f MB (%lld x %.2f MB)",
                 e.prefetch_mb, static_cast<long long>(e.prefetch_depth), e.batch_mb);
   os << line;
@@ -205,6 +207,5 @@ std::string ValidateReport(const RunConfig& config, Model& m, ReplicaSet* replic
   }
   return os.str();
 }
-
 
 }  // namespace cnnflow

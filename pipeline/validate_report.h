@@ -17,7 +17,7 @@ class ReplicaSet;
 
 // The memory a run's training graph holds, known before it starts.
 struct MemoryEstimate {
-  double batch_mb = 0;        // one batch: train.batch rows per data-parallel replica
+  double batch_mb = 0;         // one batch: train.batch rows per data-parallel replica
   int64_t prefetch_depth = 0;  // batches the prefetch stages hold at most (memory_mb caps them)
   double prefetch_mb = 0;
   double activations_mb = 0;  // one replica's, at train.batch

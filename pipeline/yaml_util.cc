@@ -28,8 +28,10 @@ size_t EndOfValue(const std::string& t, size_t pos) {
   if (t[pos] == '"' || t[pos] == '\'') {
     const char q = t[pos];
     for (size_t i = pos + 1; i < t.size(); ++i) {
-      if (q == '"' && t[i] == '\\') ++i;
-      else if (t[i] == q) return i + 1;
+      if (q == '"' && t[i] == '\\')
+        ++i;
+      else if (t[i] == q)
+        return i + 1;
     }
     return t.size();
   }
@@ -37,9 +39,12 @@ size_t EndOfValue(const std::string& t, size_t pos) {
     int depth = 0;
     for (size_t i = pos; i < t.size(); ++i) {
       const char c = t[i];
-      if (c == '"' || c == '\'') i = EndOfValue(t, i) - 1;
-      else if (c == '{' || c == '[') ++depth;
-      else if ((c == '}' || c == ']') && --depth == 0) return i + 1;
+      if (c == '"' || c == '\'')
+        i = EndOfValue(t, i) - 1;
+      else if (c == '{' || c == '[')
+        ++depth;
+      else if ((c == '}' || c == ']') && --depth == 0)
+        return i + 1;
     }
     return t.size();
   }
@@ -86,10 +91,10 @@ std::string SetYamlScalar(const std::string& text, const std::string& key, const
   }
   // The result must parse and hold the value.
   const YamlDoc check = YamlDoc::Parse(out, name);
-  CNNFLOW_ENFORCE(check.root()[section][field].IsDefined() &&
-                      check.root()[section][field].as<std::string>() ==
-                          YAML::Load(value).as<std::string>(),
-                  name, ": could not set ", key, " in the text");
+  CNNFLOW_ENFORCE(
+      check.root()[section][field].IsDefined() &&
+          check.root()[section][field].as<std::string>() == YAML::Load(value).as<std::string>(),
+      name, ": could not set ", key, " in the text");
   return out;
 }
 
@@ -107,8 +112,8 @@ YamlDoc YamlDoc::Parse(const std::string& text, const std::string& name) {
   try {
     doc.root_ = YAML::Load(text);
   } catch (const YAML::ParserException& e) {
-    throw ConfigError(StrCat(name, ":", e.mark.line + 1, ":", e.mark.column + 1,
-                             ": YAML syntax error: ", e.msg));
+    throw ConfigError(
+        StrCat(name, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML syntax error: ", e.msg));
   }
   if (!doc.root_.IsMap()) {
     throw ConfigError(StrCat(name, ": expected a mapping of keys at the top level"));
@@ -139,8 +144,8 @@ void YamlDoc::Override(const std::string& assignment) {
       char* end = nullptr;
       const long i = std::strtol(part.c_str(), &end, 10);
       if (part.empty() || *end != '\0' || i < 0 || static_cast<size_t>(i) >= parent.size()) {
-        throw ConfigError(StrCat("--set ", assignment, ": '", part, "' is not an index of the list (size ",
-                                 parent.size(), ")"));
+        throw ConfigError(StrCat("--set ", assignment, ": '", part,
+                                 "' is not an index of the list (size ", parent.size(), ")"));
       }
       return parent[static_cast<size_t>(i)];
     }
@@ -152,7 +157,8 @@ void YamlDoc::Override(const std::string& assignment) {
     }
     return parent[part];
   };
-  for (size_t i = 0; i + 1 < parts.size(); ++i) chain.push_back(child(chain.back(), parts[i], true));
+  for (size_t i = 0; i + 1 < parts.size(); ++i)
+    chain.push_back(child(chain.back(), parts[i], true));
   YAML::Node& parent = chain.back();
   if (parent.IsSequence()) {
     YAML::Node target = child(parent, parts.back(), false);
@@ -160,7 +166,8 @@ void YamlDoc::Override(const std::string& assignment) {
   } else if (parent.IsMap()) {
     parent[parts.back()] = value;
   } else {
-    throw ConfigError(StrCat("--set ", assignment, ": cannot set '", parts.back(), "' inside a value"));
+    throw ConfigError(
+        StrCat("--set ", assignment, ": cannot set '", parts.back(), "' inside a value"));
   }
   YAML::Node set = parent.IsSequence() ? parent[static_cast<size_t>(std::stol(parts.back()))]
                                        : parent[parts.back()];
@@ -299,7 +306,8 @@ Args YamlDoc::CheckArgs(const YAML::Node& map, const Schema& schema,
                         const std::string& context) const {
   Args args;
   if (map.IsDefined() && !map.IsNull()) {
-    if (!map.IsMap()) Fail(map, context, StrCat("expected a mapping of parameters, got ", Describe(map)));
+    if (!map.IsMap())
+      Fail(map, context, StrCat("expected a mapping of parameters, got ", Describe(map)));
     for (const auto& kv : map) {
       const std::string key = Name(kv.first, context);
       const ParamSpec* spec = schema.Find(key);
@@ -311,8 +319,9 @@ Args YamlDoc::CheckArgs(const YAML::Node& map, const Schema& schema,
   }
   for (const auto& p : schema.params()) {
     if (!p.default_value && !args.Has(p.name)) {
-      Fail(map, context, StrCat("missing required key '", p.name, "' (", ParamTypeName(p.type),
-                                ": ", p.doc, ")"));
+      Fail(
+          map, context,
+          StrCat("missing required key '", p.name, "' (", ParamTypeName(p.type), ": ", p.doc, ")"));
     }
   }
   args.FillDefaults(schema);

@@ -3,10 +3,10 @@
 // that came from `--set key=value` are reported as such.
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <string>
 #include <vector>
-
-#include <yaml-cpp/yaml.h>
 
 #include "ops/error.h"
 #include "ops/schema.h"

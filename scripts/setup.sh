@@ -25,6 +25,7 @@ if [[ "${1:-all}" != run ]]; then
   packages+=(
     libgtest-dev libgmock-dev libbenchmark-dev  # the tests and bench/
     lmdb-utils
+    clang-format-14  # scripts/format.sh --check (ctest cli.format)
     graphviz  # cnnflow graph -o FILE.svg
     curl ca-certificates python3  # scripts/prepare_*.sh downloads; tests/cli/prepare_test.sh
     # scripts/fuzz.sh: libFuzzer and the sanitizer runtimes, OpenMP for clang,

@@ -6,11 +6,11 @@
 // raising it unparks them at once.
 #pragma once
 
+#include <tbb/flow_graph.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
-
-#include <tbb/flow_graph.h>
 
 #include "ops/error.h"
 

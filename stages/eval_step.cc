@@ -9,8 +9,8 @@
 #include <algorithm>
 
 #include "ops/device_ops.h"
-#include "ops/trace.h"
 #include "ops/loss.h"
+#include "ops/trace.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
 

@@ -26,7 +26,8 @@ struct GraphPlan {
 
 // A stage type's plan hook: what its node with `args` (defaults filled)
 // decides, added to `plan`. The node's `where` names it in errors.
-using StagePlanner = std::function<void(const Args& args, const std::string& where, GraphPlan& plan)>;
+using StagePlanner =
+    std::function<void(const Args& args, const std::string& where, GraphPlan& plan)>;
 
 struct StagePlanRegistration {
   // Attaches `planner` to the registered stage type `type` (registered

@@ -44,7 +44,9 @@ class LaneGather {
         }) {
     for (int r = 0; r < lanes; ++r) {
       tags_.push_back(std::make_unique<tbb::flow::function_node<Message, LaneMessage>>(
-          g, tbb::flow::serial, [r](const Message& m) { return LaneMessage{r, m}; }));
+          g, tbb::flow::serial, [r](const Message& m) {
+            return LaneMessage{r, m};
+          }));
       tbb::flow::make_edge(*tags_.back(), node_);
     }
   }

@@ -8,18 +8,18 @@
 #include <vector>
 
 #include "ops/cuda/batch_stager.h"
-#include "ops/tensor.h"
 #include "ops/loss.h"
+#include "ops/tensor.h"
 
 namespace cnnflow {
 
 struct BatchMessage {
   // Set by the sampler.
   int64_t epoch = 0;
-  int64_t index = 0;        // batch number within the epoch
-  int64_t sequence = 0;     // position in this run of the graph: the sequencing key
-  int64_t global_step = 0;  // optimizer steps before this batch, over all epochs
-  int64_t micro_step = 0;   // batches before this one, over all epochs
+  int64_t index = 0;                // batch number within the epoch
+  int64_t sequence = 0;             // position in this run of the graph: the sequencing key
+  int64_t global_step = 0;          // optimizer steps before this batch, over all epochs
+  int64_t micro_step = 0;           // batches before this one, over all epochs
   std::vector<int64_t> sample_ids;  // the loader drops those of bad records
   // Set by the loader.
   Tensor inputs;  // [N, C, H, W] or [N, C, L]
@@ -35,7 +35,7 @@ struct BatchMessage {
   double loss = 0;  // mean over the batch
   int64_t correct = 0;
   double lr = 0;
-  bool dropped = false;  // not trained: every process agreed to stop before it
+  bool dropped = false;              // not trained: every process agreed to stop before it
   std::vector<double> replica_loss;  // loss sums of the replicas' shards
   // GPU replicas' losses on their way back (read by the step's gather).
   std::vector<std::shared_ptr<PendingLoss>> replica_pending;

@@ -22,9 +22,9 @@ class MetricsStage final : public Stage {
             p.correct += m->correct;
             p.samples += n;
             p.batches += 1;
-            p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                      state.pass_start)
-                            .count();
+            p.seconds =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - state.pass_start)
+                    .count();
             if (state.on_batch) state.on_batch(*m, p);
             return m;
           });

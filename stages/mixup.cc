@@ -42,7 +42,9 @@ double Beta(Rng& rng, double a) {
 class MixStage final : public Stage {
  public:
   MixStage(const StageInfo& info, const Args& args)
-      : Stage(info), cutmix_(info.type == "cutmix"), alpha_(args.Float("alpha")),
+      : Stage(info),
+        cutmix_(info.type == "cutmix"),
+        alpha_(args.Float("alpha")),
         prob_(args.Float("prob")) {
     if (!(alpha_ > 0)) throw ConfigError(StrCat(info.type, ": alpha must be > 0, got ", alpha_));
     if (!(prob_ >= 0 && prob_ <= 1)) {

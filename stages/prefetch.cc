@@ -73,14 +73,14 @@ class PrefetchStage final : public Stage {
 
 }  // namespace
 
-CNNFLOW_REGISTER_STAGE(prefetch, PrefetchStage,
-                       Schema("Bounded prefetch: at most `depth` batches between this node and the "
-                              "end of the graph (a limiter_node; tokens return when a batch leaves).")
-                           .Optional("depth", ParamType::kInt, int64_t{4},
-                                     "batches in flight at most")
-                           .Optional("memory_mb", ParamType::kFloat, 0.0,
-                                     "memory budget of the batches in flight, in MB (0: none); "
-                                     "caps depth"));
+CNNFLOW_REGISTER_STAGE(
+    prefetch, PrefetchStage,
+    Schema("Bounded prefetch: at most `depth` batches between this node and the "
+           "end of the graph (a limiter_node; tokens return when a batch leaves).")
+        .Optional("depth", ParamType::kInt, int64_t{4}, "batches in flight at most")
+        .Optional("memory_mb", ParamType::kFloat, 0.0,
+                  "memory budget of the batches in flight, in MB (0: none); "
+                  "caps depth"));
 
 // The batches in flight: what `cnnflow validate` counts the input memory by.
 CNNFLOW_STAGE_PLAN(prefetch, [](const Args& a, const std::string&, GraphPlan& plan) {

@@ -45,7 +45,7 @@ struct PassMetrics {
 struct TunableKnob {
   std::string name;  // "<node>.<param>", e.g. "load.threads"
   int64_t value = 0, min = 1, max = 1;
-  bool doubling = false;  // moves by x2 and /2 (depths), else by +-1 (threads)
+  bool doubling = false;                // moves by x2 and /2 (depths), else by +-1 (threads)
   std::function<int64_t(int64_t)> set;  // applies a value, returns the one in force
 };
 
@@ -97,8 +97,8 @@ struct RunState {
   std::atomic<int64_t> stop_after_step{-1};
 
   // The pass being run (reset by the trainer before each graph run).
-  std::string pass;  // "train" or "eval"
-  PassPlan plan;     // its step accounting, made by its sampler
+  std::string pass;     // "train" or "eval"
+  PassPlan plan;        // its step accounting, made by its sampler
   int64_t sampled = 0;  // batches the sampler emitted in this run of the graph
   PassMetrics metrics;
   std::chrono::steady_clock::time_point pass_start;

@@ -1,9 +1,10 @@
 // sampler: the source of a pass. Cuts this epoch's order of a data set
 // (ShardedSampler, seeded by (seed, epoch)) into batches of indices and
 // emits one message per batch.
+#include "loaders/sampler.h"
+
 #include <tbb/flow_graph.h>
 
-#include "loaders/sampler.h"
 #include "stages/run_state.h"
 #include "stages/stage.h"
 
@@ -58,7 +59,8 @@ class SamplerStage final : public Stage {
             m->global_step = state.plan.GlobalStep(next_);
             m->micro_step = state.plan.MicroStep(next_);
             const int64_t begin = next_ * batch_;
-            const int64_t end = std::min<int64_t>(begin + batch_, static_cast<int64_t>(order_.size()));
+            const int64_t end =
+                std::min<int64_t>(begin + batch_, static_cast<int64_t>(order_.size()));
             m->sample_ids.assign(order_.begin() + begin, order_.begin() + end);
             ++next_;
             return m;

@@ -11,12 +11,12 @@
 // message.h and run_state.h.
 #pragma once
 
+#include <tbb/flow_graph.h>  // costly to compile: include this header only where nodes are built
+
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <tbb/flow_graph.h>  // costly to compile: include this header only where nodes are built
 
 #include "ops/schema.h"
 #include "stages/graph_plan.h"
@@ -114,7 +114,8 @@ struct StageType {
   Schema schema;
   StageFactory create;
   StageLayout layout = StageLayout::kOne;
-  StagePlanner plan;  // what its nodes decide before the graph is built (graph_plan.h); may be empty
+  StagePlanner
+      plan;  // what its nodes decide before the graph is built (graph_plan.h); may be empty
   bool per_device() const { return layout != StageLayout::kOne; }
 };
 
@@ -135,10 +136,10 @@ struct StageRegistration {
                     StageLayout layout = StageLayout::kOne);
 };
 
-#define CNNFLOW_REGISTER_STAGE(type_name, Class, schema_expr)                           \
-  static ::cnnflow::StageRegistration cnnflow_stage_registration_##type_name(          \
+#define CNNFLOW_REGISTER_STAGE(type_name, Class, schema_expr)                                \
+  static ::cnnflow::StageRegistration cnnflow_stage_registration_##type_name(                \
       #type_name, schema_expr, [](const ::cnnflow::StageInfo& i, const ::cnnflow::Args& a) { \
-        return std::unique_ptr<::cnnflow::Stage>(new Class(i, a));                       \
+        return std::unique_ptr<::cnnflow::Stage>(new Class(i, a));                           \
       })
 
 // A stage of one node per device (StagePorts' lanes); `layout` is

@@ -156,7 +156,8 @@ struct Options {
 int64_t ParseCount(const char* flag, const std::string& v) {
   char* end = nullptr;
   const long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n <= 0) throw ConfigError(StrCat(flag, " needs a positive count, got '", v, "'"));
+  if (v.empty() || *end != '\0' || n <= 0)
+    throw ConfigError(StrCat(flag, " needs a positive count, got '", v, "'"));
   return n;
 }
 
@@ -226,12 +227,14 @@ Options Parse(int argc, char** argv) {
 void PrintSchema(const std::string& name, const Schema& s) {
   std::printf("  %s\n      %s\n", name.c_str(), s.doc().c_str());
   for (const auto& p : s.params()) {
-    std::string def = p.default_value ? "default " + ParamValueToString(*p.default_value) : "required";
-    if (!p.choices.empty()) def += "; one of: " + [&] {
-      std::string c;
-      for (const auto& x : p.choices) c += (c.empty() ? "" : ", ") + x;
-      return c;
-    }();
+    std::string def =
+        p.default_value ? "default " + ParamValueToString(*p.default_value) : "required";
+    if (!p.choices.empty())
+      def += "; one of: " + [&] {
+        std::string c;
+        for (const auto& x : p.choices) c += (c.empty() ? "" : ", ") + x;
+        return c;
+      }();
     std::printf("      %-18s %-24s %s (%s)\n", p.name.c_str(), ParamTypeName(p.type), p.doc.c_str(),
                 def.c_str());
   }
@@ -244,11 +247,14 @@ int Stages() {
   PrintSchema("train", TrainSchema());
   PrintSchema("graph", GraphSectionSchema());
   std::printf("\nstage types (graphs/*.yaml nodes):\n");
-  for (const auto& n : StageRegistry::Get().Names()) PrintSchema(n, StageRegistry::Get().Find(n)->schema);
+  for (const auto& n : StageRegistry::Get().Names())
+    PrintSchema(n, StageRegistry::Get().Find(n)->schema);
   std::printf("\nlayer types (model.layers):\n");
-  for (const auto& n : LayerRegistry::Get().Names()) PrintSchema(n, LayerRegistry::Get().Find(n)->schema);
+  for (const auto& n : LayerRegistry::Get().Names())
+    PrintSchema(n, LayerRegistry::Get().Find(n)->schema);
   std::printf("\ndata sources (data.train, data.test):\n");
-  for (const auto& n : SourceRegistry::Get().Names()) PrintSchema(n, SourceRegistry::Get().Find(n)->schema);
+  for (const auto& n : SourceRegistry::Get().Names())
+    PrintSchema(n, SourceRegistry::Get().Find(n)->schema);
   std::printf("\noptimizers (train.optimizer):\n");
   for (const auto& n : OptimizerTypes()) PrintSchema(n, OptimizerSchema(n));
   std::printf("\nlearning-rate schedule (train.schedule):\n");
@@ -372,19 +378,21 @@ int Train(const Options& o) {
   }
   if (trainer.state().stop_requested.load()) {
     if (rank0) {
-      std::printf("stopped by a signal in epoch %lld after %lld steps; checkpoint in %s "
-                  "(continue with --resume %s)\n",
-                  static_cast<long long>(r.epoch),
-                  static_cast<long long>(trainer.state().global_step), trainer.run_dir().c_str(),
-                  trainer.run_dir().c_str());
+      std::printf(
+          "stopped by a signal in epoch %lld after %lld steps; checkpoint in %s "
+          "(continue with --resume %s)\n",
+          static_cast<long long>(r.epoch), static_cast<long long>(trainer.state().global_step),
+          trainer.run_dir().c_str(), trainer.run_dir().c_str());
     }
     return 130;
   }
   if (rank0) {
     if (r.test.samples > 0) {
-      std::printf("done after epoch %lld: test accuracy %.2f%% of %lld samples, test loss %.4f; run folder %s\n",
-                  static_cast<long long>(r.epoch), 100 * r.test.accuracy(),
-                  static_cast<long long>(r.test.samples), r.test.mean_loss(), trainer.run_dir().c_str());
+      std::printf(
+          "done after epoch %lld: test accuracy %.2f%% of %lld samples, test loss %.4f; run folder "
+          "%s\n",
+          static_cast<long long>(r.epoch), 100 * r.test.accuracy(),
+          static_cast<long long>(r.test.samples), r.test.mean_loss(), trainer.run_dir().c_str());
     } else {
       std::printf(
           "done after epoch %lld: train accuracy %.2f%%, train loss %.4f (no test set); "
@@ -461,8 +469,9 @@ int Bench(const Options& o) {
               o.config.c_str(), static_cast<long long>(o.steps), static_cast<long long>(o.warmup),
               static_cast<long long>(rows[0].batch / rows[0].devices / rows[0].processes),
               BenchTable(rows).c_str());
-  std::printf("every row shares the config's thread budget among its replicas; allreduce: waiting "
-              "for gradient reductions after backward; data wait: the step idle between batches\n");
+  std::printf(
+      "every row shares the config's thread budget among its replicas; allreduce: waiting "
+      "for gradient reductions after backward; data wait: the step idle between batches\n");
   if (!o.csv.empty()) {
     WriteFileAtomically(o.csv, BenchCsv(rows));
     std::printf("wrote %s\n", o.csv.c_str());
@@ -501,9 +510,9 @@ int Graph(const Options& o) {
   const RunConfig config = LoadRunConfig(o.config, o.sets);
   std::vector<std::string> devices;
   for (const Device& d : config.devices) devices.push_back(d.ToString());
-  const std::string text = StrCat("digraph \"", config.name, "\" {\n  rankdir=LR;\n  node [shape=box];\n",
-                                  config.train_graph.ToDot(devices),
-                                  config.eval_graph.ToDot(devices), "}\n");
+  const std::string text =
+      StrCat("digraph \"", config.name, "\" {\n  rankdir=LR;\n  node [shape=box];\n",
+             config.train_graph.ToDot(devices), config.eval_graph.ToDot(devices), "}\n");
   // Written beside the target and renamed: a failed run leaves no torn file.
   if (dot) {
     WriteFileAtomically(o.out, text);
@@ -586,8 +595,8 @@ int Main(int argc, char** argv) {
     std::printf("cpu:K: host threads (threads: in the config); %s", DescribeCuda().c_str());
     return 0;
   }
-  if (o.command != "train" && o.command != "eval" && o.command != "validate" && o.command != "tune" &&
-      o.command != "bench" && o.command != "graph") {
+  if (o.command != "train" && o.command != "eval" && o.command != "validate" &&
+      o.command != "tune" && o.command != "bench" && o.command != "graph") {
     std::fprintf(stderr, "cnnflow: unknown command '%s'\n\n%s", o.command.c_str(), kUsage);
     return 2;
   }
@@ -614,7 +623,8 @@ int Main(int argc, char** argv) {
   } catch (const std::exception& e) {
     // In an MPI job every rank reports its own error, naming itself.
     const MpiWorld& world = MpiWorld::Get();
-    const std::string rank = world.active() ? StrCat("rank ", world.rank(), " of ", world.size(), ": ") : "";
+    const std::string rank =
+        world.active() ? StrCat("rank ", world.rank(), " of ", world.size(), ": ") : "";
     std::fprintf(stderr, "\ncnnflow %s: %serror: %s\n", o.command.c_str(), rank.c_str(), e.what());
     return 1;
   }

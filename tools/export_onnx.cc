@@ -54,10 +54,10 @@
 #include "ops/layers/channel_linear.h"
 #include "ops/layers/conv1d.h"
 #include "ops/layers/conv2d.h"
+#include "ops/layers/conv_transpose2d.h"
 #include "ops/layers/group_norm.h"
 #include "ops/layers/layer_norm.h"
 #include "ops/layers/mul.h"
-#include "ops/layers/conv_transpose2d.h"
 #include "ops/layers/pooling.h"
 #include "ops/layers/pooling1d.h"
 #include "ops/layers/upsample.h"
@@ -304,7 +304,8 @@ class Exporter {
       Node("Identity", i, {In(i)}, Out(i));
     } else if (type == "concat") {
       std::vector<std::string> in;
-      for (size_t k = 0; k < model_.inputs_of(i).size(); ++k) in.push_back(In(i, static_cast<int>(k)));
+      for (size_t k = 0; k < model_.inputs_of(i).size(); ++k)
+        in.push_back(In(i, static_cast<int>(k)));
       Int(Node("Concat", i, in, Out(i)), "axis", 1);
     } else if (type == "mul") {
       auto& m = static_cast<MulLayer&>(l);
@@ -343,8 +344,8 @@ class Exporter {
         for (int a = 1; a < r - 1; ++a) back.push_back(a);
         const std::string t = l.name() + "/channels_last", n = l.name() + "/normalised";
         Ints(Node("Transpose", i, {In(i)}, t, "/channels_last"), "perm", last);
-        Float(Int(Node("LayerNormalization", i, {t, w, b}, n, "/normalise"), "axis", -1),
-              "epsilon", static_cast<float>(ln.eps()));
+        Float(Int(Node("LayerNormalization", i, {t, w, b}, n, "/normalise"), "axis", -1), "epsilon",
+              static_cast<float>(ln.eps()));
         Ints(Node("Transpose", i, {n}, Out(i)), "perm", back);
       }
     } else if (type == "groupnorm") {
@@ -572,7 +573,6 @@ void WriteCheck(Trainer& trainer, int64_t n, const std::string& path) {
       model.Forward(model.device().is_cuda() ? x.To(model.device()) : x, fc).To(Device::Cpu());
   SaveSafetensors(path, {{"input", x}, {"logits", logits}}, {{"samples", std::to_string(n)}});
 }
-
 
 int Export(const std::vector<std::string>& args) {
   std::string source, weights, out, check_path;

@@ -5,13 +5,11 @@
 //   BatchNormalization        batchnorm (momentum 1 - ONNX's; inference or training mode)
 //   Gemm, MatMul (+ Add)      linear (a [in, out] weight transposed)
 //   MaxPool, AveragePool      maxpool*d, avgpool*d (ceil_mode only where it changes nothing)
-//   GlobalAveragePool         global_avgpool when a Flatten follows, else adaptive_avgpool*d {out: 1}
-//   ReduceMean (spatial)      the same
-//   Flatten, Reshape [N, -1]  flatten (nothing when the sample is flat already)
-//   Relu, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, Gelu   the layer of that name
-//   Clip [0, 6] / [0, inf)    relu6 / relu
-//   Sigmoid + Mul(x, .)       silu (torch.onnx's SiLU)
-//   Div(x, sqrt 2), Erf, Add 1, Mul x, Mul 0.5   gelu (torch.onnx's exact GELU)
+//   GlobalAveragePool         global_avgpool when a Flatten follows, else adaptive_avgpool*d {out:
+//   1} ReduceMean (spatial)      the same Flatten, Reshape [N, -1]  flatten (nothing when the
+//   sample is flat already) Relu, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, Gelu   the
+//   layer of that name Clip [0, 6] / [0, inf)    relu6 / relu Sigmoid + Mul(x, .)       silu
+//   (torch.onnx's SiLU) Div(x, sqrt 2), Erf, Add 1, Mul x, Mul 0.5   gelu (torch.onnx's exact GELU)
 //   the tanh form's chain     gelu {approximate: tanh}
 //   Add, Mul, Concat          add, mul, concat of computed values; Mul by a
 //                             scalar: mul {scale}; by a [C, 1, 1] tensor: layer_scale
@@ -82,7 +80,14 @@ struct UsageError : Error {
 // ------------------------------------------------------------------ tensors
 
 // The ONNX TensorProto data types the importer reads.
-enum OnnxType : int { kFloat = 1, kInt32 = 6, kInt64 = 7, kFloat16 = 10, kDouble = 11, kBFloat16 = 16 };
+enum OnnxType : int {
+  kFloat = 1,
+  kInt32 = 6,
+  kInt64 = 7,
+  kFloat16 = 10,
+  kDouble = 11,
+  kBFloat16 = 16
+};
 
 // A TensorProto as a host tensor: floating types as f32, integers as i64.
 // Every size is checked against the bytes present before anything is
@@ -93,13 +98,16 @@ Tensor ReadTensor(const onnx::TensorProto& t, const std::string& where) {
                        "' is stored in an external file; save the model with its weights "
                        "inside (onnx.save_model(m, path, save_as_external_data=False))"));
   }
-  if (t.dims_size() > 8) throw Error(StrCat(where, ": tensor '", t.name(), "' has ", t.dims_size(), " dimensions"));
+  if (t.dims_size() > 8)
+    throw Error(StrCat(where, ": tensor '", t.name(), "' has ", t.dims_size(), " dimensions"));
   std::vector<int64_t> dims;
   int64_t n = 1;
   for (int64_t d : t.dims()) {
-    if (d < 0 || d > (int64_t{1} << 32)) throw Error(StrCat(where, ": tensor '", t.name(), "' has dimension ", d));
+    if (d < 0 || d > (int64_t{1} << 32))
+      throw Error(StrCat(where, ": tensor '", t.name(), "' has dimension ", d));
     n *= d;
-    if (n > (int64_t{1} << 34)) throw Error(StrCat(where, ": tensor '", t.name(), "' is too large"));
+    if (n > (int64_t{1} << 34))
+      throw Error(StrCat(where, ": tensor '", t.name(), "' is too large"));
     dims.push_back(d);
   }
   const Shape shape = dims.empty() ? Shape{1} : Shape(dims);
@@ -111,7 +119,8 @@ Tensor ReadTensor(const onnx::TensorProto& t, const std::string& where) {
   };
   auto from_raw = [&](DType dtype) {
     const size_t es = DTypeSize(dtype);
-    if (raw != static_cast<size_t>(n) * es) throw bad_size(static_cast<int64_t>(raw / es), "values");
+    if (raw != static_cast<size_t>(n) * es)
+      throw bad_size(static_cast<int64_t>(raw / es), "values");
     Tensor out = Tensor::Empty(shape, dtype);
     if (n > 0) std::memcpy(out.raw_data(), t.raw_data().data(), raw);  // little-endian, as ONNX
     return out;
@@ -138,7 +147,8 @@ Tensor ReadTensor(const onnx::TensorProto& t, const std::string& where) {
       if (t.int32_data_size() != n) throw bad_size(t.int32_data_size(), "values");
       Tensor h = Tensor::Empty(shape, half);
       auto* bits = static_cast<uint16_t*>(h.raw_data());
-      for (int64_t i = 0; i < n; ++i) bits[i] = static_cast<uint16_t>(t.int32_data(static_cast<int>(i)));
+      for (int64_t i = 0; i < n; ++i)
+        bits[i] = static_cast<uint16_t>(t.int32_data(static_cast<int>(i)));
       return h.Cast(DType::kF32);
     }
     case kInt64: {
@@ -151,7 +161,8 @@ Tensor ReadTensor(const onnx::TensorProto& t, const std::string& where) {
     case kInt32: {
       Tensor out = Tensor::Empty(shape, DType::kI64);
       if (has_raw) {
-        if (raw != static_cast<size_t>(n) * 4) throw bad_size(static_cast<int64_t>(raw / 4), "integers");
+        if (raw != static_cast<size_t>(n) * 4)
+          throw bad_size(static_cast<int64_t>(raw / 4), "integers");
         for (int64_t i = 0; i < n; ++i) {
           int32_t v;
           std::memcpy(&v, t.raw_data().data() + 4 * i, 4);
@@ -195,7 +206,8 @@ bool IsModulePath(const std::string& s) {
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() > suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Args from a list of ints: omitted when every one is `dflt`, a scalar when
@@ -257,7 +269,8 @@ class NodeAttrs {
   }
 
  private:
-  const onnx::AttributeProto* Find(const std::string& name, onnx::AttributeProto::AttributeType type) {
+  const onnx::AttributeProto* Find(const std::string& name,
+                                   onnx::AttributeProto::AttributeType type) {
     read_.insert(name);
     for (const auto& a : n_.attribute()) {
       if (a.name() != name) continue;
@@ -291,18 +304,44 @@ struct Fused {
 };
 
 const std::vector<std::string>& KnownOps() {
-  static const std::vector<std::string> ops = {
-      "Add", "AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv",
-      "ConvTranspose", "Div", "Dropout", "Erf (in GELU)", "Flatten", "Gelu", "Gemm",
-      "GlobalAveragePool", "HardSigmoid", "HardSwish", "Identity", "LeakyRelu", "LogSoftmax (last)",
-      "MatMul", "MaxPool", "Mul", "ReduceMean", "Relu", "Reshape", "Resize", "Sigmoid",
-      "Softmax (last)", "Tanh", "Transpose (of a constant)"};
+  static const std::vector<std::string> ops = {"Add",
+                                               "AveragePool",
+                                               "BatchNormalization",
+                                               "Clip",
+                                               "Concat",
+                                               "Constant",
+                                               "Conv",
+                                               "ConvTranspose",
+                                               "Div",
+                                               "Dropout",
+                                               "Erf (in GELU)",
+                                               "Flatten",
+                                               "Gelu",
+                                               "Gemm",
+                                               "GlobalAveragePool",
+                                               "HardSigmoid",
+                                               "HardSwish",
+                                               "Identity",
+                                               "LeakyRelu",
+                                               "LogSoftmax (last)",
+                                               "MatMul",
+                                               "MaxPool",
+                                               "Mul",
+                                               "ReduceMean",
+                                               "Relu",
+                                               "Reshape",
+                                               "Resize",
+                                               "Sigmoid",
+                                               "Softmax (last)",
+                                               "Tanh",
+                                               "Transpose (of a constant)"};
   return ops;
 }
 
 class OnnxImporter {
  public:
-  OnnxImporter(const onnx::ModelProto& m, std::string what) : m_(m), g_(m.graph()), what_(std::move(what)) {
+  OnnxImporter(const onnx::ModelProto& m, std::string what)
+      : m_(m), g_(m.graph()), what_(std::move(what)) {
     for (const auto& op : m.opset_import())
       if (op.domain().empty() || op.domain() == "ai.onnx") opset_ = static_cast<int>(op.version());
   }
@@ -314,7 +353,8 @@ class OnnxImporter {
                          ", opset ", opset_);
     out_.name = g_.name();
     for (const auto& t : g_.initializer()) {
-      if (consts_.count(t.name())) throw Error(StrCat(what_, ": two initializers named '", t.name(), "'"));
+      if (consts_.count(t.name()))
+        throw Error(StrCat(what_, ": two initializers named '", t.name(), "'"));
       consts_.emplace(t.name(), ReadTensor(t, what_));
     }
     ReadInput();
@@ -348,7 +388,8 @@ class OnnxImporter {
     }
     auto it = vals_.find(output_);
     if (it == vals_.end()) {
-      throw Error(StrCat(what_, ": the output '", output_, "' is not computed from the input by layers"));
+      throw Error(
+          StrCat(what_, ": the output '", output_, "' is not computed from the input by layers"));
     }
     if (out_.layers.empty() || it->second.layer != out_.layers.back().name) {
       throw Error(StrCat(what_, ": the output '", output_, "' is not the last layer's"));
@@ -383,7 +424,8 @@ class OnnxImporter {
     std::vector<int64_t> dims;
     bool fixed = s.dim_size() == 3 || s.dim_size() == 4;
     for (int d = 1; d < s.dim_size() && fixed; ++d) {
-      fixed = s.dim(d).has_dim_value() && s.dim(d).dim_value() > 0 && s.dim(d).dim_value() <= (1 << 20);
+      fixed =
+          s.dim(d).has_dim_value() && s.dim(d).dim_value() > 0 && s.dim(d).dim_value() <= (1 << 20);
       if (fixed) dims.push_back(s.dim(d).dim_value());
     }
     if (!fixed) {
@@ -395,7 +437,8 @@ class OnnxImporter {
     if (s.dim(0).has_dim_value()) batch_ = s.dim(0).dim_value();
     out_.input_shape = Shape(dims);
     if (out_.input_shape.numel() > (int64_t{1} << 28)) {
-      throw Error(StrCat(what_, ": input '", in->name(), "' ", out_.input_shape, " is too large a sample"));
+      throw Error(
+          StrCat(what_, ": input '", in->name(), "' ", out_.input_shape, " is too large a sample"));
     }
     vals_[in->name()] = Val{"input", out_.input_shape};
   }
@@ -422,8 +465,9 @@ class OnnxImporter {
       for (const auto& v : n.input()) {
         if (v.empty()) continue;
         if (auto p = producer.find(v); p != producer.end() && p->second >= i) {
-          throw Error(StrCat(Where(i), ": reads '", v,
-                             "', which a later node writes (the nodes are not in topological order)"));
+          throw Error(
+              StrCat(Where(i), ": reads '", v,
+                     "', which a later node writes (the nodes are not in topological order)"));
         }
         needed.insert(v);
       }
@@ -477,26 +521,32 @@ class OnnxImporter {
     return StrCat(what_, ": node ", n.name().empty() ? StrCat("#", i) : StrCat("'", n.name(), "'"),
                   " (", n.op_type(), ")");
   }
-  [[noreturn]] void Fail(int i, const std::string& msg) const { throw Error(StrCat(Where(i), ": ", msg)); }
+  [[noreturn]] void Fail(int i, const std::string& msg) const {
+    throw Error(StrCat(Where(i), ": ", msg));
+  }
 
   const std::string& In(int i, int k) const {
     const auto& n = g_.node(i);
     if (k >= n.input_size() || n.input(k).empty()) Fail(i, StrCat("has no input ", k));
     return n.input(k);
   }
-  bool HasIn(int i, int k) const { return k < g_.node(i).input_size() && !g_.node(i).input(k).empty(); }
+  bool HasIn(int i, int k) const {
+    return k < g_.node(i).input_size() && !g_.node(i).input(k).empty();
+  }
   bool IsConst(const std::string& v) const { return consts_.count(v) != 0; }
   const Tensor& ConstIn(int i, int k) const {
     auto it = consts_.find(In(i, k));
-    if (it == consts_.end()) Fail(i, StrCat("input ", k, " ('", In(i, k), "') must be a constant (an initializer)"));
+    if (it == consts_.end())
+      Fail(i, StrCat("input ", k, " ('", In(i, k), "') must be a constant (an initializer)"));
     return it->second;
   }
   const Val& ValIn(int i, int k) const {
     auto it = vals_.find(In(i, k));
     if (it == vals_.end()) {
       Fail(i, StrCat("input ", k, " ('", In(i, k), "') ",
-                     IsConst(In(i, k)) ? "is a constant; this op needs a computed value there"
-                                       : "is not computed from the model's input by the layers before"));
+                     IsConst(In(i, k))
+                         ? "is a constant; this op needs a computed value there"
+                         : "is not computed from the model's input by the layers before"));
     }
     return it->second;
   }
@@ -537,7 +587,8 @@ class OnnxImporter {
         const int m = SoleReader(n.output(0));
         if (IsBinary(m, "Mul")) {
           const auto& mi = g_.node(m).input();
-          if ((mi[0] == n.input(0) && mi[1] == n.output(0)) || (mi[1] == n.input(0) && mi[0] == n.output(0))) {
+          if ((mi[0] == n.input(0) && mi[1] == n.output(0)) ||
+              (mi[1] == n.input(0) && mi[0] == n.output(0))) {
             Fuse(m, {i}, "silu", Args(), n.input(0));
           }
         }
@@ -564,13 +615,16 @@ class OnnxImporter {
           return (b[0] == v && pred(1)) || (b[1] == v && pred(0));
         };
         Args args;
-        if (other == x && mul_of(m2, g_.node(m1).output(0), [&](int k) { return Near(ScalarIn(m2, k), 0.5); })) {
+        if (other == x &&
+            mul_of(m2, g_.node(m1).output(0), [&](int k) { return Near(ScalarIn(m2, k), 0.5); })) {
           Fuse(m2, {d, i, p, m1}, "gelu", args, x);
         } else if (Near(ScalarIn(m1, a[0] == other ? 0 : 1), 0.5) &&
-                   mul_of(m2, g_.node(m1).output(0), [&](int k) { return g_.node(m2).input(k) == x; })) {
+                   mul_of(m2, g_.node(m1).output(0),
+                          [&](int k) { return g_.node(m2).input(k) == x; })) {
           Fuse(m2, {d, i, p, m1}, "gelu", args, x);
-        } else if (const int h = Producer(other); h >= 0 && SoleReader(other) == m1 &&
-                                                  mul_of(h, x, [&](int k) { return Near(ScalarIn(h, k), 0.5); })) {
+        } else if (const int h = Producer(other);
+                   h >= 0 && SoleReader(other) == m1 &&
+                   mul_of(h, x, [&](int k) { return Near(ScalarIn(h, k), 0.5); })) {
           Fuse(m1, {h, d, i, p}, "gelu", args, x);
         }
       }
@@ -591,7 +645,9 @@ class OnnxImporter {
     // Backwards: Tanh <- Mul(c, sqrt(2/pi)) <- Add(x, cube * 0.044715).
     const int s = Producer(g_.node(t).input(0));
     if (!IsBinary(s, "Mul") || SoleReader(g_.node(s).output(0)) != t) return;
-    int sk = Near(ScalarIn(s, 1), std::sqrt(2 / M_PI)) ? 0 : Near(ScalarIn(s, 0), std::sqrt(2 / M_PI)) ? 1 : -1;
+    int sk = Near(ScalarIn(s, 1), std::sqrt(2 / M_PI))   ? 0
+             : Near(ScalarIn(s, 0), std::sqrt(2 / M_PI)) ? 1
+                                                         : -1;
     if (sk < 0) return;
     const int a = Producer(g_.node(s).input(sk));
     if (!IsBinary(a, "Add") || SoleReader(g_.node(a).output(0)) != s) return;
@@ -631,8 +687,10 @@ class OnnxImporter {
       if (!IsBinary(m2, "Mul")) return;
       const auto& m2i = g_.node(m2).input();
       const std::string& last = m2i[0] == g_.node(m1).output(0) ? m2i[1] : m2i[0];
-      const bool x_then_half = other == x && IsConst(last) && Near(ScalarIn(m2, m2i[0] == last ? 0 : 1), 0.5);
-      const bool half_then_x = IsConst(other) && Near(ScalarIn(m1, mi[0] == other ? 0 : 1), 0.5) && last == x;
+      const bool x_then_half =
+          other == x && IsConst(last) && Near(ScalarIn(m2, m2i[0] == last ? 0 : 1), 0.5);
+      const bool half_then_x =
+          IsConst(other) && Near(ScalarIn(m1, mi[0] == other ? 0 : 1), 0.5) && last == x;
       if (!x_then_half && !half_then_x) return;
       members.push_back(m1);
       Args args;
@@ -690,7 +748,8 @@ class OnnxImporter {
     parts.pop_back();  // the op
     std::string path, prev;
     for (const std::string& p : parts) {
-      const std::string rel = !prev.empty() && p.rfind(prev + ".", 0) == 0 ? p.substr(prev.size() + 1) : p;
+      const std::string rel =
+          !prev.empty() && p.rfind(prev + ".", 0) == 0 ? p.substr(prev.size() + 1) : p;
       path += (path.empty() ? "" : ".") + rel;
       prev = p;
     }
@@ -711,7 +770,8 @@ class OnnxImporter {
         continue;
       }
       onnx::StringStringEntryProto p;
-      if (!p.ParseFromString(unknown.field(f).length_delimited()) || p.key() != "pkg.torch.onnx.name_scopes") {
+      if (!p.ParseFromString(unknown.field(f).length_delimited()) ||
+          p.key() != "pkg.torch.onnx.name_scopes") {
         continue;
       }
       std::vector<std::string> scopes;
@@ -721,7 +781,8 @@ class OnnxImporter {
         scopes.push_back(p.value().substr(q + 1, e - q - 1));
         q = p.value().find('\'', e + 1);
       }
-      if (scopes.size() >= 3 && IsModulePath(scopes[scopes.size() - 2])) return scopes[scopes.size() - 2];
+      if (scopes.size() >= 3 && IsModulePath(scopes[scopes.size() - 2]))
+        return scopes[scopes.size() - 2];
     }
     return "";
   }
@@ -732,7 +793,8 @@ class OnnxImporter {
     std::string s = ScopePath(g_.node(i).name());
     if (s.empty()) s = MetadataScope(g_.node(i));
     if (s.empty()) {
-      for (char c : g_.node(i).op_type()) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      for (char c : g_.node(i).op_type())
+        s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       if (!IsModulePath(s)) s = "layer";
     }
     return s;
@@ -742,16 +804,19 @@ class OnnxImporter {
   // ("layer1.0.conv1.weight" -> "layer1.0.conv1"), else from its scope.
   std::string WeightName(int i, int k, const std::string& local) const {
     const std::string& v = In(i, k);
-    if (IsModulePath(v) && EndsWith(v, "." + local)) return v.substr(0, v.size() - local.size() - 1);
+    if (IsModulePath(v) && EndsWith(v, "." + local))
+      return v.substr(0, v.size() - local.size() - 1);
     return ScopeName(i);
   }
 
   std::string UniqueName(int i, const std::string& base, bool has_params) {
     std::string name = base;
-    for (int k = 1; used_.count(name) || (!has_params && reserved_.count(name)); ++k) name = StrCat(base, "_", k);
+    for (int k = 1; used_.count(name) || (!has_params && reserved_.count(name)); ++k)
+      name = StrCat(base, "_", k);
     if (has_params && with_weights_.count(base)) {
       out_.notes.push_back(StrCat(Where(i), ": uses the weights of layer '", base,
-                                  "' again; layer '", name, "' gets a copy of its own (they train apart)"));
+                                  "' again; layer '", name,
+                                  "' gets a copy of its own (they train apart)"));
     }
     used_.insert(name);
     if (has_params) with_weights_.insert(name);
@@ -764,8 +829,8 @@ class OnnxImporter {
   // local name, and builds it: the shapes and every tensor are checked
   // here, so an error names the ONNX node.
   void AddLayer(int i, const std::string& base, const std::string& type, const Args& args,
-                const std::vector<std::string>& inputs, std::vector<std::pair<std::string, Tensor>> tensors,
-                const std::string& output) {
+                const std::vector<std::string>& inputs,
+                std::vector<std::pair<std::string, Tensor>> tensors, const std::string& output) {
     const LayerType* lt = LayerRegistry::Get().Find(type);
     CNNFLOW_ENFORCE(lt != nullptr, "no layer type ", type);
     LayerSpec spec;
@@ -795,9 +860,11 @@ class OnnxImporter {
     std::map<std::string, Tensor> given(tensors.begin(), tensors.end());
     auto take = [&](const std::string& local, const Tensor& want) {
       auto it = given.find(local);
-      if (it == given.end()) Fail(i, StrCat("gives no '", local, "' for cnnflow ", type, " '", spec.name, "'"));
+      if (it == given.end())
+        Fail(i, StrCat("gives no '", local, "' for cnnflow ", type, " '", spec.name, "'"));
       Tensor t = it->second;
-      if (t.dtype() != DType::kF32) Fail(i, StrCat("its '", local, "' is not a floating-point tensor"));
+      if (t.dtype() != DType::kF32)
+        Fail(i, StrCat("its '", local, "' is not a floating-point tensor"));
       if (t.shape() != want.shape()) {
         if (t.numel() != want.shape().numel()) {
           Fail(i, StrCat("its '", local, "' is ", t.shape(), "; cnnflow ", type, " '", spec.name,
@@ -816,7 +883,8 @@ class OnnxImporter {
   }
 
   // One input, no tensors, the node's own scope as the name.
-  void Simple(int i, const std::string& type, const Args& args = Args(), const std::string& x = "") {
+  void Simple(int i, const std::string& type, const Args& args = Args(),
+              const std::string& x = "") {
     AddLayer(i, ScopeName(i), type, args, {x.empty() ? In(i, 0) : x}, {}, g_.node(i).output(0));
   }
   void Alias(int i, const std::string& from) {
@@ -832,10 +900,12 @@ class OnnxImporter {
     const std::string& op = n.op_type();
     if (n.output_size() < 1 || n.output(0).empty()) Fail(i, "has no output");
     if (!n.domain().empty() && n.domain() != "ai.onnx") {
-      Fail(i, StrCat("is of the op domain '", n.domain(), "'; the importer maps ONNX's own ops: ", OpList()));
+      Fail(i, StrCat("is of the op domain '", n.domain(),
+                     "'; the importer maps ONNX's own ops: ", OpList()));
     }
     if (auto f = fused_.find(i); f != fused_.end()) {
-      if (!vals_.count(f->second.x)) Fail(i, StrCat("reads '", f->second.x, "', which is not computed by a layer"));
+      if (!vals_.count(f->second.x))
+        Fail(i, StrCat("reads '", f->second.x, "', which is not computed by a layer"));
       return Simple(i, f->second.type, f->second.args, f->second.x);
     }
     // Nodes on constants alone (shape arithmetic of some exporters) are
@@ -875,7 +945,10 @@ class OnnxImporter {
     if (op == "Flatten" || op == "Reshape") return Flatten(i, a);
     if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "HardSwish") {
       a.Done();
-      std::string type = op == "HardSwish" ? "hardswish" : op == "Relu" ? "relu" : op == "Tanh" ? "tanh" : "sigmoid";
+      std::string type = op == "HardSwish" ? "hardswish"
+                         : op == "Relu"    ? "relu"
+                         : op == "Tanh"    ? "tanh"
+                                           : "sigmoid";
       return Simple(i, type);
     }
     if (op == "LeakyRelu") {
@@ -888,7 +961,8 @@ class OnnxImporter {
       const double alpha = a.Float("alpha", 0.2), beta = a.Float("beta", 0.5);
       a.Done();
       if (std::abs(alpha - 1.0 / 6) > 1e-6 || std::abs(beta - 0.5) > 1e-6) {
-        Fail(i, StrCat("alpha ", alpha, ", beta ", beta, ": cnnflow's hardsigmoid is PyTorch's (alpha 1/6, beta 0.5)"));
+        Fail(i, StrCat("alpha ", alpha, ", beta ", beta,
+                       ": cnnflow's hardsigmoid is PyTorch's (alpha 1/6, beta 0.5)"));
       }
       return Simple(i, "hardsigmoid");
     }
@@ -911,7 +985,9 @@ class OnnxImporter {
         ins.push_back(In(i, k));
       }
       const int rank = vals_.at(ins[0]).shape.rank() + 1;
-      if (axis != 1 && axis != 1 - rank) Fail(i, StrCat("concatenates along axis ", axis, "; cnnflow's concat joins channels (axis 1)"));
+      if (axis != 1 && axis != 1 - rank)
+        Fail(i, StrCat("concatenates along axis ", axis,
+                       "; cnnflow's concat joins channels (axis 1)"));
       if (ins.size() == 1) return Alias(i, ins[0]);
       return AddLayer(i, ScopeName(i), "concat", Args(), ins, {}, n.output(0));
     }
@@ -932,9 +1008,11 @@ class OnnxImporter {
     if (op == "Softmax" || op == "LogSoftmax") {
       a.Int("axis", -1);
       a.Done();
-      if (n.output(0) != output_) Fail(i, "is not the model's last op; cnnflow has no softmax layer");
-      out_.notes.push_back(StrCat(Where(i), ": the final ", op,
-                                  " is left out: cnnflow's loss and predict apply the softmax to the logits"));
+      if (n.output(0) != output_)
+        Fail(i, "is not the model's last op; cnnflow has no softmax layer");
+      out_.notes.push_back(
+          StrCat(Where(i), ": the final ", op,
+                 " is left out: cnnflow's loss and predict apply the softmax to the logits"));
       output_ = In(i, 0);
       return Alias(i, In(i, 0));
     }
@@ -969,9 +1047,11 @@ class OnnxImporter {
     }
     constexpr int64_t kLargest = 1 << 20;  // beyond any network's, and no int64 overflow in shapes
     for (size_t d = 0; d < s; ++d) {
-      if (w.stride[d] < 1 || w.dilation[d] < 1 || w.kernel[d] < 1) Fail(i, "a kernel, stride or dilation below 1");
+      if (w.stride[d] < 1 || w.dilation[d] < 1 || w.kernel[d] < 1)
+        Fail(i, "a kernel, stride or dilation below 1");
       if (w.stride[d] > kLargest || w.dilation[d] > kLargest || w.kernel[d] > kLargest ||
-          pads[d] > kLargest || pads[d] < -kLargest || pads[d + s] > kLargest || pads[d + s] < -kLargest) {
+          pads[d] > kLargest || pads[d] < -kLargest || pads[d + s] > kLargest ||
+          pads[d + s] < -kLargest) {
         Fail(i, "a kernel, stride, dilation or pad beyond 2^20");
       }
     }
@@ -981,7 +1061,8 @@ class OnnxImporter {
       for (size_t d = 0; d < s; ++d) {
         const int64_t in = x[static_cast<int>(d) + 1];
         const int64_t out = (in + w.stride[d] - 1) / w.stride[d];
-        const int64_t total = std::max<int64_t>(0, (out - 1) * w.stride[d] + (w.kernel[d] - 1) * w.dilation[d] + 1 - in);
+        const int64_t total = std::max<int64_t>(
+            0, (out - 1) * w.stride[d] + (w.kernel[d] - 1) * w.dilation[d] + 1 - in);
         pads[d] = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
         pads[d + s] = total - pads[d];
       }
@@ -990,7 +1071,8 @@ class OnnxImporter {
     }
     for (size_t d = 0; d < s; ++d) {
       if (pads[d] != pads[d + s] || pads[d] < 0) {
-        Fail(i, StrCat("pads ", Shape(pads), " differ at the two ends of an axis: cnnflow pads both "
+        Fail(i, StrCat("pads ", Shape(pads),
+                       " differ at the two ends of an axis: cnnflow pads both "
                        "ends alike (export with symmetric padding, or pad in the data)"));
       }
       w.pad.push_back(pads[d]);
@@ -1003,7 +1085,8 @@ class OnnxImporter {
     const Tensor& w = ConstIn(i, 1);
     const int s = w.shape().rank() - 2;
     if ((s != 1 && s != 2) || x.shape.rank() != s + 1) {
-      Fail(i, StrCat("a weight ", w.shape(), " on samples ", x.shape, ": cnnflow has conv1d and conv2d"));
+      Fail(i, StrCat("a weight ", w.shape(), " on samples ", x.shape,
+                     ": cnnflow has conv1d and conv2d"));
     }
     std::vector<int64_t> k(w.shape().dims().begin() + 2, w.shape().dims().end());
     const Window win = ReadWindow(i, a, s, k, x.shape);
@@ -1011,7 +1094,8 @@ class OnnxImporter {
     a.Done();
     // Checked before the layer is built: its weight's size comes from the input.
     if (groups < 1 || groups > x.shape[0] || x.shape[0] != w.shape()[1] * groups) {
-      Fail(i, StrCat("a weight ", w.shape(), " in ", groups, " groups does not fit ", x.shape[0], " input channels"));
+      Fail(i, StrCat("a weight ", w.shape(), " in ", groups, " groups does not fit ", x.shape[0],
+                     " input channels"));
     }
     Args args;
     args.Set("out", w.shape()[0]);
@@ -1041,7 +1125,8 @@ class OnnxImporter {
       Fail(i, StrCat("a weight ", w.shape(), " does not fit ", x.shape[0], " input channels"));
     }
     const std::vector<int64_t> output_pad = a.Ints("output_padding", {0, 0});
-    if (a.Has("output_shape")) Fail(i, "output_shape is not supported (give pads and output_padding)");
+    if (a.Has("output_shape"))
+      Fail(i, "output_shape is not supported (give pads and output_padding)");
     a.Done();
     if (output_pad.size() != 2 || std::any_of(output_pad.begin(), output_pad.end(),
                                               [](int64_t p) { return p < 0 || p > (1 << 20); })) {
@@ -1061,7 +1146,8 @@ class OnnxImporter {
     } else {
       args.Set("bias", false);
     }
-    AddLayer(i, WeightName(i, 1, "weight"), "conv_transpose2d", args, {In(i, 0)}, t, g_.node(i).output(0));
+    AddLayer(i, WeightName(i, 1, "weight"), "conv_transpose2d", args, {In(i, 0)}, t,
+             g_.node(i).output(0));
   }
 
   void BatchNorm(int i, NodeAttrs& a) {
@@ -1100,7 +1186,8 @@ class OnnxImporter {
   void LiNear(int i, const std::string& base, const std::string& x, const Tensor& w,
               const Tensor* b, const std::string& output) {
     const Shape& in = vals_.at(x).shape;
-    if (in.rank() != 1) Fail(i, StrCat("a matrix product of samples ", in, ": cnnflow's linear takes [N, features]"));
+    if (in.rank() != 1)
+      Fail(i, StrCat("a matrix product of samples ", in, ": cnnflow's linear takes [N, features]"));
     if (w.shape().rank() != 2 || w.shape()[1] != in[0]) {
       Fail(i, StrCat("a weight ", w.shape(), " does not fit ", in[0], " input features"));
     }
@@ -1157,13 +1244,15 @@ class OnnxImporter {
     const Val x = ValIn(i, 0);
     const bool max = g_.node(i).op_type() == "MaxPool";
     const int s = x.shape.rank() - 1;
-    if (s != 1 && s != 2) Fail(i, StrCat("pools samples ", x.shape, ": cnnflow pools [C, L] and [C, H, W]"));
+    if (s != 1 && s != 2)
+      Fail(i, StrCat("pools samples ", x.shape, ": cnnflow pools [C, L] and [C, H, W]"));
     const Window w = ReadWindow(i, a, s, {}, x.shape);
     const int64_t ceil_mode = a.Int("ceil_mode", 0);
     bool count_include_pad = false;
     if (max) {
       if (a.Int("storage_order", 0) != 0) Fail(i, "storage_order 1 is not supported");
-      if (g_.node(i).output_size() > 1 && !g_.node(i).output(1).empty() && readers_.count(g_.node(i).output(1))) {
+      if (g_.node(i).output_size() > 1 && !g_.node(i).output(1).empty() &&
+          readers_.count(g_.node(i).output(1))) {
         Fail(i, "its indices output is used; cnnflow's max pooling has none");
       }
     } else {
@@ -1179,10 +1268,13 @@ class OnnxImporter {
       }
     }
     Args args;
-    args.Set("kernel", w.kernel[0] == w.kernel.back() ? ParamValue(w.kernel[0]) : ParamValue(w.kernel));
-    args.Set("stride", w.stride[0] == w.stride.back() ? ParamValue(w.stride[0]) : ParamValue(w.stride));
+    args.Set("kernel",
+             w.kernel[0] == w.kernel.back() ? ParamValue(w.kernel[0]) : ParamValue(w.kernel));
+    args.Set("stride",
+             w.stride[0] == w.stride.back() ? ParamValue(w.stride[0]) : ParamValue(w.stride));
     SetInts(args, "pad", w.pad, 0);
-    if (!max && !count_include_pad && std::any_of(w.pad.begin(), w.pad.end(), [](int64_t p) { return p > 0; })) {
+    if (!max && !count_include_pad &&
+        std::any_of(w.pad.begin(), w.pad.end(), [](int64_t p) { return p > 0; })) {
       args.Set("count_include_pad", false);
     }
     Simple(i, StrCat(max ? "maxpool" : "avgpool", s, "d"), args);
@@ -1203,7 +1295,8 @@ class OnnxImporter {
     if (!keep_dims) return AddLayer(i, ScopeName(i), "global_avgpool", Args(), {x}, {}, output);
     Args args;
     args.Set("out", int64_t{1});
-    AddLayer(i, ScopeName(i), v.shape.rank() == 3 ? "adaptive_avgpool2d" : "adaptive_avgpool1d", args, {x}, {}, output);
+    AddLayer(i, ScopeName(i), v.shape.rank() == 3 ? "adaptive_avgpool2d" : "adaptive_avgpool1d",
+             args, {x}, {}, output);
   }
 
   // Whether node f flattens samples of `sample` shape, [N, ...] to [N, -1]
@@ -1218,7 +1311,8 @@ class OnnxImporter {
     }
     if (IsOp(f, "Reshape") && HasIn(f, 1) && IsConst(In(f, 1))) {
       const std::vector<int64_t> s = IntsOf(consts_.at(In(f, 1)));
-      return s.size() == 2 && (s[1] == -1 || s[1] == sample.numel()) && !(s[0] == -1 && s[1] == -1) &&
+      return s.size() == 2 && (s[1] == -1 || s[1] == sample.numel()) &&
+             !(s[0] == -1 && s[1] == -1) &&
              (s[0] == 0 || s[0] == -1 || (batch_ > 0 && s[0] == batch_));
     }
     return false;
@@ -1236,7 +1330,8 @@ class OnnxImporter {
     std::sort(axes.begin(), axes.end());
     std::vector<int64_t> spatial;
     for (int d = 2; d < rank; ++d) spatial.push_back(d);
-    if (axes != spatial) Fail(i, "a mean over other axes than all the spatial ones has no cnnflow layer");
+    if (axes != spatial)
+      Fail(i, "a mean over other axes than all the spatial ones has no cnnflow layer");
     GlobalPool(i, In(i, 0), keep != 0);
   }
 
@@ -1245,15 +1340,18 @@ class OnnxImporter {
     if (g_.node(i).op_type() == "Flatten") {
       const int64_t axis = a.Int("axis", 1);
       a.Done();
-      if (axis != 1) Fail(i, StrCat("flattens from axis ", axis, "; cnnflow's flatten keeps the batch (axis 1)"));
+      if (axis != 1)
+        Fail(i,
+             StrCat("flattens from axis ", axis, "; cnnflow's flatten keeps the batch (axis 1)"));
     } else {
       a.Int("allowzero", 0);
       a.Done();
       if (!IsFlatten(i, x.shape)) {
-        Fail(i, HasIn(i, 1) && !IsConst(In(i, 1))
-                    ? "its target shape is computed (x.view(x.size(0), -1) exports so); "
-                      "torch.flatten(x, 1) exports as a Flatten"
-                    : "reshapes to another shape than [N, -1]; only that flatten is a cnnflow layer");
+        Fail(i,
+             HasIn(i, 1) && !IsConst(In(i, 1))
+                 ? "its target shape is computed (x.view(x.size(0), -1) exports so); "
+                   "torch.flatten(x, 1) exports as a Flatten"
+                 : "reshapes to another shape than [N, -1]; only that flatten is a cnnflow layer");
       }
     }
     if (x.shape.rank() == 1) return Alias(i, In(i, 0));
@@ -1289,7 +1387,8 @@ class OnnxImporter {
       if (op == "Div") Fail(i, "divides one computed value by another; cnnflow has no such layer");
       std::vector<std::string> ins = {In(i, 0), In(i, 1)};
       // mul's second input is the one broadcast ([C, 1, 1] gates).
-      if (op == "Mul" && ValIn(i, 0).shape.numel() < ValIn(i, 1).shape.numel()) std::swap(ins[0], ins[1]);
+      if (op == "Mul" && ValIn(i, 0).shape.numel() < ValIn(i, 1).shape.numel())
+        std::swap(ins[0], ins[1]);
       return AddLayer(i, ScopeName(i), op == "Add" ? "add" : "mul", Args(), ins, {}, n.output(0));
     }
     const int xk = c0 ? 1 : 0;
@@ -1298,10 +1397,12 @@ class OnnxImporter {
     const Tensor& c = consts_.at(cname);
     if (c.dtype() != DType::kF32) Fail(i, "its constant is not a floating-point tensor");
     if (op == "Add") {
-      Fail(i, "adds a constant tensor to a computed value; cnnflow has no such layer (a bias "
-              "belongs to the layer before)");
+      Fail(i,
+           "adds a constant tensor to a computed value; cnnflow has no such layer (a bias "
+           "belongs to the layer before)");
     }
-    if (op == "Div" && xk != 0) Fail(i, "divides a constant by a computed value; cnnflow has no such layer");
+    if (op == "Div" && xk != 0)
+      Fail(i, "divides a constant by a computed value; cnnflow has no such layer");
     if (c.numel() == 1) {
       const double s = op == "Div" ? 1.0 / c.At(0) : c.At(0);
       Args args;
@@ -1331,7 +1432,8 @@ class OnnxImporter {
     Args args;
     if (mode == "nearest") {
       if (coord != "asymmetric" || nearest != "floor") {
-        Fail(i, StrCat("nearest with ", coord, " / ", nearest, "; cnnflow's is PyTorch's (asymmetric, floor)"));
+        Fail(i, StrCat("nearest with ", coord, " / ", nearest,
+                       "; cnnflow's is PyTorch's (asymmetric, floor)"));
       }
     } else if (mode == "linear") {
       args.Set("mode", std::string("bilinear"));
@@ -1348,11 +1450,13 @@ class OnnxImporter {
     if (scales != nullptr && scales->numel() == 4) {
       if (scales->At(0) != 1 || scales->At(1) != 1) Fail(i, "scales the batch or the channels");
       const double sh = scales->At(2), sw = scales->At(3);
-      if (!(sh > 0 && sh <= 1024 && sw > 0 && sw <= 1024)) Fail(i, StrCat("scales ", sh, " x ", sw, " are not in (0, 1024]"));
+      if (!(sh > 0 && sh <= 1024 && sw > 0 && sw <= 1024))
+        Fail(i, StrCat("scales ", sh, " x ", sw, " are not in (0, 1024]"));
       args.Set("scale", sh == sw ? std::vector<double>{sh} : std::vector<double>{sh, sw});
     } else if (sizes != nullptr && sizes->numel() == 4) {
       const double h = sizes->At(2), w = sizes->At(3);
-      if (!(h >= 1 && h <= (1 << 20) && w >= 1 && w <= (1 << 20))) Fail(i, "sizes are not in [1, 2^20]");
+      if (!(h >= 1 && h <= (1 << 20) && w >= 1 && w <= (1 << 20)))
+        Fail(i, "sizes are not in [1, 2^20]");
       args.Set("size", std::vector<int64_t>{static_cast<int64_t>(h), static_cast<int64_t>(w)});
     } else {
       Fail(i, "needs constant scales or sizes of 4 values");
@@ -1383,7 +1487,8 @@ std::vector<double> ParseFloats(const std::string& s, const char* flag) {
   for (std::string item; std::getline(ss, item, ',');) {
     char* end = nullptr;
     const double d = std::strtod(item.c_str(), &end);
-    if (item.empty() || *end != '\0') throw UsageError(StrCat(flag, " takes numbers separated by commas, not '", s, "'"));
+    if (item.empty() || *end != '\0')
+      throw UsageError(StrCat(flag, " takes numbers separated by commas, not '", s, "'"));
     v.push_back(d);
   }
   return v;
@@ -1399,14 +1504,16 @@ std::string Floats(const std::vector<double>& v) {
 
 ImportedOnnx ImportOnnx(const void* bytes, size_t size, const std::string& what) {
   if (size > static_cast<size_t>(INT_MAX)) {
-    throw Error(StrCat(what, ": ", size, " bytes; protobuf reads ONNX files up to 2 GiB (larger "
-                                         "models keep their weights in external files, which the "
-                                         "importer does not read)"));
+    throw Error(StrCat(what, ": ", size,
+                       " bytes; protobuf reads ONNX files up to 2 GiB (larger "
+                       "models keep their weights in external files, which the "
+                       "importer does not read)"));
   }
   onnx::ModelProto proto;
   if (!proto.ParseFromArray(bytes, static_cast<int>(size))) {
-    throw Error(StrCat(what, ": not an ONNX model (its protobuf does not parse: a truncated file, or "
-                             "another kind of file)"));
+    throw Error(StrCat(what,
+                       ": not an ONNX model (its protobuf does not parse: a truncated file, or "
+                       "another kind of file)"));
   }
   if (!proto.has_graph() || proto.graph().node_size() == 0) {
     throw Error(StrCat(what, ": not an ONNX model, or one without a graph (no nodes)"));
@@ -1438,10 +1545,12 @@ std::string ImportedConfig(const ImportedOnnx& m, const std::string& onnx_path,
   y << "name: " << m.name << "\n"
     << "seed: 0\n"
     << "data:\n"
-    << "  train: {source: synthetic, shape: " << shape << ", classes: " << m.classes << ", size: 1024}\n"
+    << "  train: {source: synthetic, shape: " << shape << ", classes: " << m.classes
+    << ", size: 1024}\n"
     << "  test: {source: synthetic, shape: " << shape << ", classes: " << m.classes
     << ", size: 256, seed: 1}\n";
-  if (!mean.empty()) y << "  transform: [{normalize: {mean: " << Floats(mean) << ", std: " << Floats(std) << "}}]\n";
+  if (!mean.empty())
+    y << "  transform: [{normalize: {mean: " << Floats(mean) << ", std: " << Floats(std) << "}}]\n";
   y << "model:\n"
     << "  input: " << shape << "\n"
     << "  layers:\n";
@@ -1462,10 +1571,12 @@ namespace {
 void WriteImported(const ImportedOnnx& m, const std::string& config, const std::string& dir) {
   const fs::path out = fs::absolute(dir).lexically_normal();
   if (fs::exists(out) && !(fs::is_directory(out) && fs::is_empty(out))) {
-    throw Error(StrCat(dir, ": exists and is not an empty folder; cnnflow import writes a new one"));
+    throw Error(
+        StrCat(dir, ": exists and is not an empty folder; cnnflow import writes a new one"));
   }
   fs::create_directories(out.parent_path());
-  const fs::path tmp = out.parent_path() / StrCat(".", out.filename().string(), ".tmp.", ::getpid());
+  const fs::path tmp =
+      out.parent_path() / StrCat(".", out.filename().string(), ".tmp.", ::getpid());
   fs::remove_all(tmp);
   fs::create_directory(tmp);
   try {
@@ -1511,7 +1622,8 @@ int RunImport(const std::vector<std::string>& args) {
     }
     if (in.empty() || out.empty()) throw UsageError("needs MODEL.onnx and -o DIR");
     if (mean.size() != std.size()) throw UsageError("--mean and --std need as many values each");
-    if (!name.empty() && !IsModulePath(name)) throw UsageError(StrCat("--name '", name, "': letters, digits, _ and ."));
+    if (!name.empty() && !IsModulePath(name))
+      throw UsageError(StrCat("--name '", name, "': letters, digits, _ and ."));
   } catch (const UsageError& e) {
     std::fprintf(stderr, "cnnflow import: %s\n\n%s", e.what(), kImportUsage);
     return 2;
@@ -1523,19 +1635,23 @@ int RunImport(const std::vector<std::string>& args) {
     ImportedOnnx m = ImportOnnx(bytes.data(), bytes.size(), in);
     if (!name.empty()) {
       m.name = name;
-    } else if (m.name == "imported" || m.name == "main_graph" || m.name == "torch_jit" || m.name == "main") {
+    } else if (m.name == "imported" || m.name == "main_graph" || m.name == "torch_jit" ||
+               m.name == "main") {
       const std::string stem = fs::path(in).stem().string();
       if (IsModulePath(stem)) m.name = stem;
     }
     if (!mean.empty() && mean.size() != static_cast<size_t>(m.input_shape[0])) {
-      throw Error(StrCat("--mean has ", mean.size(), " values for ", m.input_shape[0], " input channels"));
+      throw Error(
+          StrCat("--mean has ", mean.size(), " values for ", m.input_shape[0], " input channels"));
     }
     WriteImported(m, ImportedConfig(m, in, mean, std), out);
     int64_t params = 0;
     for (const auto& [n, t] : m.tensors) params += t.numel();
-    std::printf("imported %s (%s): %d ONNX nodes -> %zu layers, %zu tensors (%.2f M values), input %s, %lld classes\n",
-                in.c_str(), m.source.c_str(), m.onnx_nodes, m.layers.size(), m.tensors.size(), params / 1e6,
-                m.input_shape.ToString().c_str(), static_cast<long long>(m.classes));
+    std::printf(
+        "imported %s (%s): %d ONNX nodes -> %zu layers, %zu tensors (%.2f M values), input %s, "
+        "%lld classes\n",
+        in.c_str(), m.source.c_str(), m.onnx_nodes, m.layers.size(), m.tensors.size(), params / 1e6,
+        m.input_shape.ToString().c_str(), static_cast<long long>(m.classes));
     for (const std::string& note : m.notes) std::printf("note: %s\n", note.c_str());
     std::printf("wrote %s/model.yaml and %s/model.safetensors\n", out.c_str(), out.c_str());
     return 0;

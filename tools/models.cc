@@ -5,8 +5,8 @@
 #include <set>
 
 #include "ops/io/safetensors.h"
-#include "ops/model.h"
 #include "ops/loss.h"
+#include "ops/model.h"
 #include "pipeline/model_blocks.h"
 #include "pipeline/run_config.h"
 
@@ -27,7 +27,8 @@ void Check(const ExpandedModel& m, const std::string& weights, const std::string
   const SafetensorsFile in = LoadSafetensors(input);
   const Tensor* x = in.Find("input");
   const Tensor* y = in.Find("labels");
-  if (x == nullptr || y == nullptr) throw Error(StrCat(input, ": needs tensors 'input' and 'labels'"));
+  if (x == nullptr || y == nullptr)
+    throw Error(StrCat(input, ": needs tensors 'input' and 'labels'"));
   const Tensor xf = x->Cast(dtype);
   std::vector<int64_t> labels(y->numel());
   for (int64_t i = 0; i < y->numel(); ++i) labels[i] = static_cast<int64_t>(y->At(i));
@@ -100,9 +101,11 @@ int RunModels(const std::vector<std::string>& args) {
     if (!name.empty()) {
       const ExpandedModel m = ModelOf(name, overrides);
       auto model = Model::Build(m.layers, m.input_shape);
-      std::printf("# %s: %zu layers, %.2f M parameters, %.3f GFLOPs per sample\nmodel:\n  input: %s\n  layers:\n",
-                  name.c_str(), m.layers.size(), model->NumParameters() / 1e6,
-                  model->ForwardFlops(1) / 1e9, m.input_shape.ToString().c_str());
+      std::printf(
+          "# %s: %zu layers, %.2f M parameters, %.3f GFLOPs per sample\nmodel:\n  input: %s\n  "
+          "layers:\n",
+          name.c_str(), m.layers.size(), model->NumParameters() / 1e6, model->ForwardFlops(1) / 1e9,
+          m.input_shape.ToString().c_str());
       for (const LayerSpec& s : m.layers) std::printf("    %s\n", LayerSpecLine(s).c_str());
       return 0;
     }
@@ -112,8 +115,9 @@ int RunModels(const std::vector<std::string>& args) {
       auto model = Model::Build(m.layers, m.input_shape);
       std::string opts;
       for (const auto& [k, v] : lm.options) opts += StrCat(opts.empty() ? "" : ", ", k, ": ", v);
-      std::printf("%-18s %-14s %9.2f %9.3f  %s\n", lm.name.c_str(), m.input_shape.ToString().c_str(),
-                  model->NumParameters() / 1e6, model->ForwardFlops(1) / 1e9, lm.doc.c_str());
+      std::printf("%-18s %-14s %9.2f %9.3f  %s\n", lm.name.c_str(),
+                  m.input_shape.ToString().c_str(), model->NumParameters() / 1e6,
+                  model->ForwardFlops(1) / 1e9, lm.doc.c_str());
       std::printf("%-18s   {%s}\n", "", opts.c_str());
     }
     return 0;

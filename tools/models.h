@@ -13,7 +13,8 @@ namespace cnnflow {
 
 inline constexpr const char* kModelsUsage =
     "usage: cnnflow models [NAME|CONFIG] [--set option=value ...]\n"
-    "       cnnflow models NAME|CONFIG --weights W.safetensors --check IN.safetensors -o OUT.safetensors [--f64]\n"
+    "       cnnflow models NAME|CONFIG --weights W.safetensors --check IN.safetensors -o "
+    "OUT.safetensors [--f64]\n"
     "  without NAME: every library network (model: {library: NAME, with: {...}}), its\n"
     "  parameters, forward GFLOPs per sample and options; with NAME: its layers, flat;\n"
     "  CONFIG (a config file, e.g. an imported model.yaml): its model section, the same way.\n"

@@ -133,7 +133,7 @@ class MpiWorld {
   bool active_ = false;
   bool owned_ = false;  // we called MPI_Init, so we finalize
   bool finalized_ = false;
-  bool serialize_ = false;  // provided thread level below MULTIPLE
+  bool serialize_ = false;      // provided thread level below MULTIPLE
   MpiWorld* parent_ = nullptr;  // a Split world's; its Lock() and breakage are the root's too
   std::string name_;            // a Split world's
   int rank_ = 0;

@@ -76,7 +76,8 @@ class Eltwise {
     using Bwd = dnnl::eltwise_backward;
     const Fwd::primitive_desc fwd_pd(
         Fwd::desc(dnnl::prop_kind::forward_training, alg, md_, alpha, 0.f), attr, OnednnEngine());
-    const Bwd::primitive_desc bwd_pd(Bwd::desc(alg, md_, md_, alpha, 0.f), attr, OnednnEngine(), fwd_pd);
+    const Bwd::primitive_desc bwd_pd(Bwd::desc(alg, md_, md_, alpha, 0.f), attr, OnednnEngine(),
+                                     fwd_pd);
     fwd_ = Fwd(fwd_pd);
     bwd_ = Bwd(bwd_pd);
     fwd_pad_ = fwd_pd.scratchpad_desc();

@@ -71,9 +71,9 @@ AdaptiveAvgPool::AdaptiveAvgPool(const std::string& name, const Args& args, int 
     geom_.out_w = args.Int("out");
   }
   if (geom_.out_h < 1 || geom_.out_w < 1) {
-    throw ConfigError(StrCat(type(), " '", name, "': 'out' must be >= 1, got ",
-                             rank_ == 3 ? StrCat("[", geom_.out_h, ", ", geom_.out_w, "]")
-                                        : StrCat(geom_.out_w)));
+    throw ConfigError(StrCat(
+        type(), " '", name, "': 'out' must be >= 1, got ",
+        rank_ == 3 ? StrCat("[", geom_.out_h, ", ", geom_.out_w, "]") : StrCat(geom_.out_w)));
   }
 }
 
@@ -98,8 +98,9 @@ void AdaptiveAvgPool::Forward(const std::vector<const Tensor*>& x, Tensor& y,
                               const ForwardContext&) {
   const Tensor& in = *x[0];
   const int64_t planes = in.dim(0) * geom_.channels;
-  CNNFLOW_ENFORCE(in.numel() == planes * geom_.in_plane() && y.numel() == planes * geom_.out_plane(),
-                  type(), " '", name(), "': ", in.shape(), " -> ", y.shape());
+  CNNFLOW_ENFORCE(
+      in.numel() == planes * geom_.in_plane() && y.numel() == planes * geom_.out_plane(), type(),
+      " '", name(), "': ", in.shape(), " -> ", y.shape());
   const AdaptivePoolGeometry& g = geom_;
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -114,13 +115,13 @@ void AdaptiveAvgPool::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   });
 }
 
-void AdaptiveAvgPool::Backward(const std::vector<const Tensor*>& x, const Tensor&,
-                               const Tensor& dy, const std::vector<Tensor*>& dx) {
+void AdaptiveAvgPool::Backward(const std::vector<const Tensor*>& x, const Tensor&, const Tensor& dy,
+                               const std::vector<Tensor*>& dx) {
   if (dx.empty() || dx[0] == nullptr) return;
   const int64_t planes = x[0]->dim(0) * geom_.channels;
-  CNNFLOW_ENFORCE(dy.numel() == planes * geom_.out_plane() &&
-                      dx[0]->numel() == planes * geom_.in_plane(),
-                  type(), " '", name(), "': dy ", dy.shape(), " dx ", dx[0]->shape());
+  CNNFLOW_ENFORCE(
+      dy.numel() == planes * geom_.out_plane() && dx[0]->numel() == planes * geom_.in_plane(),
+      type(), " '", name(), "': dy ", dy.shape(), " dx ", dx[0]->shape());
   const AdaptivePoolGeometry& g = geom_;
   DispatchFloat(dy.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;

@@ -17,8 +17,7 @@ inline constexpr int64_t kBroadcastGrain = int64_t{1} << 15;
 
 // y[n, m, r] = x[n, m, r] * s[n * s_stride + m] (y may be x).
 template <typename T>
-void BroadcastMul(const T* x, const T* s, int64_t s_stride, T* y, int64_t n, int64_t m,
-                  int64_t r) {
+void BroadcastMul(const T* x, const T* s, int64_t s_stride, T* y, int64_t n, int64_t m, int64_t r) {
   if (r == 1) {  // the factor changes every element: vectorise over m
     ParallelFor(n, std::max<int64_t>(1, kBroadcastGrain / std::max<int64_t>(m, 1)),
                 [&](int64_t b, int64_t e) {

@@ -58,8 +58,8 @@ void ChannelLinearLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
                                  const ForwardContext& /*ctx*/) {
   const Tensor& in = *x[0];
   const int64_t n = in.dim(0), p = positions_;
-  CNNFLOW_ENFORCE(in.numel() == n * in_ * p && y.numel() == n * out_ * p, "channel_linear ",
-                  name(), ": input ", in.shape(), " output ", y.shape());
+  CNNFLOW_ENFORCE(in.numel() == n * in_ * p && y.numel() == n * out_ * p, "channel_linear ", name(),
+                  ": input ", in.shape(), " output ", y.shape());
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xs = in.data<T>();
@@ -88,8 +88,7 @@ void ChannelLinearLayer::Backward(const std::vector<const Tensor*>& x, const Ten
   const int64_t part = out_ * in_ + (has_bias_ ? out_ : 0);  // one chunk's dW then db
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    if (!partial_.defined() || partial_.dtype() != in.dtype() ||
-        partial_.numel() < chunks * part) {
+    if (!partial_.defined() || partial_.dtype() != in.dtype() || partial_.numel() < chunks * part) {
       partial_ = Tensor::Empty({chunks * part}, in.dtype());
     }
     const T* xs = in.data<T>();

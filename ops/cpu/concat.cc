@@ -59,9 +59,10 @@ Shape ConcatLayer::Build(const std::vector<Shape>& inputs, DType /*dtype*/) {
     bool same = s.rank() == out.rank();
     for (int d = 1; same && d < s.rank(); ++d) same = s[d] == out[d];
     if (!same) {
-      throw ShapeError(StrCat("concat joins along channels (dim 1 of [N, C, ...]); every other "
-                              "dimension must agree, got ",
-                              list()));
+      throw ShapeError(
+          StrCat("concat joins along channels (dim 1 of [N, C, ...]); every other "
+                 "dimension must agree, got ",
+                 list()));
     }
     block_.push_back(s.numel());
   }
@@ -73,14 +74,14 @@ Shape ConcatLayer::Build(const std::vector<Shape>& inputs, DType /*dtype*/) {
 
 void ConcatLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
                           const ForwardContext& /*ctx*/) {
-  CNNFLOW_ENFORCE(x.size() == block_.size(), "concat ", name(), ": ", x.size(), " inputs, built for ",
-                  block_.size());
+  CNNFLOW_ENFORCE(x.size() == block_.size(), "concat ", name(), ": ", x.size(),
+                  " inputs, built for ", block_.size());
   const int64_t n = y.dim(0);
   CNNFLOW_ENFORCE(y.numel() == n * out_block_, "concat ", name(), ": output ", y.shape());
   std::vector<char*> parts;
   for (size_t k = 0; k < x.size(); ++k) {
-    CNNFLOW_ENFORCE(x[k]->numel() == n * block_[k] && x[k]->dtype() == y.dtype(), "concat ",
-                    name(), ": input ", k, " ", x[k]->shape(), " output ", y.shape());
+    CNNFLOW_ENFORCE(x[k]->numel() == n * block_[k] && x[k]->dtype() == y.dtype(), "concat ", name(),
+                    ": input ", k, " ", x[k]->shape(), " output ", y.shape());
     parts.push_back(static_cast<char*>(x[k]->raw_data()));
   }
   CopyBlocks(parts, static_cast<char*>(y.raw_data()), block_, out_block_, n, DTypeSize(y.dtype()),
@@ -100,8 +101,8 @@ void ConcatLayer::Backward(const std::vector<const Tensor*>& /*x*/, const Tensor
     }
     parts.push_back(dx[k] != nullptr ? static_cast<char*>(dx[k]->raw_data()) : nullptr);
   }
-  CopyBlocks(parts, static_cast<char*>(dy.raw_data()), block_, out_block_, n,
-             DTypeSize(dy.dtype()), false);
+  CopyBlocks(parts, static_cast<char*>(dy.raw_data()), block_, out_block_, n, DTypeSize(dy.dtype()),
+             false);
 }
 
 CNNFLOW_REGISTER_LAYER(concat, ConcatLayer,

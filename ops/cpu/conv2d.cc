@@ -502,9 +502,8 @@ void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, co
 
 // x [n, C, H, W], w [K, C/groups, kh, kw], dy [n, K, H', W'] ->
 // dx [n, C, H, W] (overwritten; null: skipped), dw [K, C/groups, kh, kw] and
-// db [K] (added into; db null: no bias; dw null: neither, and x unused). With a fused ReLU (relu_y: the
-// layer's output y), dy is the gradient of max(conv, 0) and each chunk
-// first masks it by y > 0.
+// db [K] (added into; db null: no bias; dw null: neither, and x unused). With a fused ReLU (relu_y:
+// the layer's output y), dy is the gradient of max(conv, 0) and each chunk first masks it by y > 0.
 template <typename T>
 void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, const T* w,
                   const T* relu_y, const T* dy, T* dx, T* dw, T* db, int64_t n,
@@ -843,13 +842,14 @@ void Conv2dPasses::Forward(const Tensor& x, const Tensor& w, Tensor& y) {
 }
 
 void Conv2dPasses::BackwardData(const Tensor& w, const Tensor& dy, Tensor& dx) {
-  CNNFLOW_ENFORCE(dy.is_contiguous() && dx.is_contiguous(), "conv2d passes need contiguous tensors");
+  CNNFLOW_ENFORCE(dy.is_contiguous() && dx.is_contiguous(),
+                  "conv2d passes need contiguous tensors");
   const int64_t n = dy.dim(0);
   const Conv2dPlan plan = PlanConv(geom_, false, algo_, *scratch_, n, dy.dtype());
   DispatchFloat(dy.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    ConvBackward<T>(geom_, plan, nullptr, w.data<T>(), nullptr, dy.data<T>(), dx.data<T>(),
-                    nullptr, nullptr, n, *scratch_);
+    ConvBackward<T>(geom_, plan, nullptr, w.data<T>(), nullptr, dy.data<T>(), dx.data<T>(), nullptr,
+                    nullptr, n, *scratch_);
   });
 }
 
@@ -860,8 +860,8 @@ void Conv2dPasses::BackwardWeights(const Tensor& x, const Tensor& dy, Tensor& dw
   DispatchFloat(x.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     // w is read only by the backward-data half, which is skipped (dx null).
-    ConvBackward<T>(geom_, plan, x.data<T>(), nullptr, nullptr, dy.data<T>(), nullptr,
-                    dw.data<T>(), nullptr, n, *scratch_);
+    ConvBackward<T>(geom_, plan, x.data<T>(), nullptr, nullptr, dy.data<T>(), nullptr, dw.data<T>(),
+                    nullptr, n, *scratch_);
   });
 }
 

@@ -60,9 +60,9 @@ ConvTranspose2d::ConvTranspose2d(const std::string& name, const Args& args) : La
   if ((output_pad_h_ >= g.stride_h && output_pad_h_ >= g.dilation_h) ||
       (output_pad_w_ >= g.stride_w && output_pad_w_ >= g.dilation_w)) {
     throw ConfigError(StrCat("conv_transpose2d '", name, "': output_pad [", output_pad_h_, ", ",
-                             output_pad_w_, "] must be smaller than the stride [", g.stride_h,
-                             ", ", g.stride_w, "] or the dilation [", g.dilation_h, ", ",
-                             g.dilation_w, "]"));
+                             output_pad_w_, "] must be smaller than the stride [", g.stride_h, ", ",
+                             g.stride_w, "] or the dilation [", g.dilation_h, ", ", g.dilation_w,
+                             "]"));
   }
 }
 
@@ -95,10 +95,9 @@ Shape ConvTranspose2d::Build(const std::vector<Shape>& inputs, DType dtype) {
   // floor rule gives more than H rows; its extra rows would read the
   // padding only, so the GEMM kernels run with out_h = H as set above, and
   // oneDNN (which checks the rule) is not asked.
-  const bool exact = ConvOutputSize(g.in_h, g.kernel_h, g.stride_h, g.pad_h, g.dilation_h) ==
-                         g.out_h &&
-                     ConvOutputSize(g.in_w, g.kernel_w, g.stride_w, g.pad_w, g.dilation_w) ==
-                         g.out_w;
+  const bool exact =
+      ConvOutputSize(g.in_h, g.kernel_h, g.stride_h, g.pad_h, g.dilation_h) == g.out_h &&
+      ConvOutputSize(g.in_w, g.kernel_w, g.stride_w, g.pad_w, g.dilation_w) == g.out_w;
   passes_ = std::make_unique<Conv2dPasses>(g, exact ? algo_ : ConvAlgo::kGemm);
   AddParameter("weight", {g.out_channels, g.in_per_group(), g.kernel_h, g.kernel_w}, dtype);
   if (has_bias_) AddParameter("bias", {g.in_channels}, dtype);

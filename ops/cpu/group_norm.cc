@@ -85,9 +85,9 @@ void GroupNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
                               const Tensor& dy, const std::vector<Tensor*>& dx) {
   const Tensor& in = *x[0];
   const int64_t n = in.dim(0), cg = channels_ / groups_, m = cg * positions_;
-  CNNFLOW_ENFORCE(dy.numel() == n * channels_ * positions_ && mean_.defined() &&
-                      mean_.numel() == n * groups_,
-                  "groupnorm ", name(), ": dy ", dy.shape(), " without a forward of its shape");
+  CNNFLOW_ENFORCE(
+      dy.numel() == n * channels_ * positions_ && mean_.defined() && mean_.numel() == n * groups_,
+      "groupnorm ", name(), ": dy ", dy.shape(), " without a forward of its shape");
   if (!partial_.defined() || partial_.dtype() != in.dtype() ||
       partial_.numel() < 2 * n * channels_) {
     partial_ = Tensor::Empty({2 * n * channels_}, in.dtype());
@@ -100,7 +100,7 @@ void GroupNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
     const T* w = affine_ ? parameters()[0].value.data<T>() : nullptr;
     const T* mu = mean_.data<T>();
     const T* rs = rstd_.data<T>();
-    T* ds = partial_.data<T>();  // [N, C]: sum_p dy x
+    T* ds = partial_.data<T>();   // [N, C]: sum_p dy x
     T* dbs = ds + n * channels_;  // [N, C]: sum_p dy
     const T inv_m = T(1) / static_cast<T>(m);
     cpu::ParallelFor(n * groups_, std::max<int64_t>(1, kGrain / m), [&](int64_t lo, int64_t hi) {

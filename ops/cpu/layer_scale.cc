@@ -48,8 +48,7 @@ void LayerScaleLayer::Backward(const std::vector<const Tensor*>& x, const Tensor
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* g = dy.data<T>();
     if (dx[0] != nullptr) {
-      cpu::BroadcastMul<T>(g, gamma.value.data<T>(), 0, dx[0]->data<T>(), n, channels_,
-                           positions_);
+      cpu::BroadcastMul<T>(g, gamma.value.data<T>(), 0, dx[0]->data<T>(), n, channels_, positions_);
     }
     // dgamma[c] += sum over n of (sum over positions of dy x): per-sample
     // sums first, then the batch in order, vectorised over c.

@@ -33,9 +33,10 @@ Shape MulLayer::Build(const std::vector<Shape>& inputs, DType /*dtype*/) {
   bool fits = s.rank() <= x.rank();
   for (int d = 0; fits && d < core; ++d) fits = s[d] == x[d];
   if (!fits) {
-    throw ShapeError(StrCat("mul multiplies x by s of x's shape or broadcast over x's trailing "
-                            "dimensions (x [C, H, W] by s [C, 1, 1], [C, 1] or [C]); got x ",
-                            x, " and s ", s));
+    throw ShapeError(
+        StrCat("mul multiplies x by s of x's shape or broadcast over x's trailing "
+               "dimensions (x [C, H, W] by s [C, 1, 1], [C, 1] or [C]); got x ",
+               x, " and s ", s));
   }
   factors_ = s.numel();
   repeat_ = x.numel() / factors_;

@@ -153,10 +153,11 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     // post-op; a convolution needs no training workspace, so the forward
     // itself may be an inference primitive, which is where oneDNN 2.6 has
     // the ReLU post-op.
-    const Fwd::primitive_desc hint(fwd_desc(dnnl::prop_kind::forward_training), attr, OnednnEngine());
-    m.fwd_pd =
-        relu ? Fwd::primitive_desc(fwd_desc(dnnl::prop_kind::forward_inference), fwd_attr, OnednnEngine())
-             : hint;
+    const Fwd::primitive_desc hint(fwd_desc(dnnl::prop_kind::forward_training), attr,
+                                   OnednnEngine());
+    m.fwd_pd = relu ? Fwd::primitive_desc(fwd_desc(dnnl::prop_kind::forward_inference), fwd_attr,
+                                          OnednnEngine())
+                    : hint;
     m.bwd_data_pd = BwdData::primitive_desc(
         BwdData::desc(algo, any_src, any_wei, any_dst, strides, dilates, pad_l, pad_r), attr,
         OnednnEngine(), hint);
@@ -264,9 +265,9 @@ void OnednnConv::BackwardData(const float* dy, float* dx) const {
   memory mds(pd.diff_src_desc(), OnednnEngine(), diff_src);
   memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
   m.bwd_data.execute(OnednnStream(), {{DNNL_ARG_DIFF_DST, mdd},
-                                {DNNL_ARG_WEIGHTS, mw},
-                                {DNNL_ARG_DIFF_SRC, mds},
-                                {DNNL_ARG_SCRATCHPAD, mp}});
+                                      {DNNL_ARG_WEIGHTS, mw},
+                                      {DNNL_ARG_DIFF_SRC, mds},
+                                      {DNNL_ARG_SCRATCHPAD, mp}});
   m.bd_diff_src.Finish(diff_src, dx, pad);
 }
 

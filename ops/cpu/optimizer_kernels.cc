@@ -81,9 +81,12 @@ using SqrtFn = void (*)(T*, int64_t);
 template <typename T>
 SqrtFn<T> SqrtFor(Isa isa) {
   switch (isa) {
-    case Isa::kAvx512: return static_cast<SqrtFn<T>>(SqrtAvx512);
-    case Isa::kAvx2: return static_cast<SqrtFn<T>>(SqrtAvx2);
-    default: return SqrtScalar<T>;
+    case Isa::kAvx512:
+      return static_cast<SqrtFn<T>>(SqrtAvx512);
+    case Isa::kAvx2:
+      return static_cast<SqrtFn<T>>(SqrtAvx2);
+    default:
+      return SqrtScalar<T>;
   }
 }
 
@@ -155,7 +158,8 @@ void AdamUpdate(T* p, const T* grad, T* m, T* v, int64_t n, const AdamScalars& s
   });
 }
 
-template void SgdUpdate<float>(float*, const float*, float*, bool, int64_t, const SgdScalars&, double);
+template void SgdUpdate<float>(float*, const float*, float*, bool, int64_t, const SgdScalars&,
+                               double);
 template void SgdUpdate<double>(double*, const double*, double*, bool, int64_t, const SgdScalars&,
                                 double);
 template void AdamUpdate<float>(float*, const float*, float*, float*, int64_t, const AdamScalars&);

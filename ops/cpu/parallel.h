@@ -8,11 +8,11 @@
 // result with 1 or 16 threads.
 #pragma once
 
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <functional>
-
-#include <tbb/parallel_for.h>
 
 namespace cnnflow::cpu {
 
@@ -32,9 +32,8 @@ void ForChunks(int64_t n, int64_t chunks, Fn&& fn) {
     if (n > 0) fn(int64_t{0}, int64_t{0}, n);
     return;
   }
-  tbb::parallel_for(int64_t{0}, chunks, [&](int64_t c) {
-    fn(c, n * c / chunks, n * (c + 1) / chunks);
-  });
+  tbb::parallel_for(int64_t{0}, chunks,
+                    [&](int64_t c) { fn(c, n * c / chunks, n * (c + 1) / chunks); });
 }
 
 // fn(begin, end) over [0, n) in parallel, for loops whose iterations are

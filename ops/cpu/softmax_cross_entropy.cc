@@ -28,8 +28,8 @@ LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tens
       throw Error(StrCat("label ", labels[i], " at index ", i, " is out of range [0, ", k,
                          ") for logits ", logits.shape()));
     }
-    if (mix != nullptr && (mix->other[i] < 0 || mix->other[i] >= k || !(mix->weight[i] >= 0) ||
-                           mix->weight[i] > 1)) {
+    if (mix != nullptr &&
+        (mix->other[i] < 0 || mix->other[i] >= k || !(mix->weight[i] >= 0) || mix->weight[i] > 1)) {
       throw Error(StrCat("mixed label ", mix->other[i], " with weight ", mix->weight[i],
                          " at index ", i, " is out of range ([0, ", k, "), [0, 1])"));
     }

@@ -199,8 +199,8 @@ Shape Upsample::Build(const std::vector<Shape>& inputs, DType) {
     out_w_ = static_cast<int64_t>(std::floor(static_cast<double>(in_w_) * scale_w_));
   }
   if (in_h_ < 1 || in_w_ < 1 || out_h_ < 1 || out_w_ < 1) {
-    throw ShapeError(StrCat("upsample '", name(), "': input ", s, " gives an empty output ",
-                            out_h_, "x", out_w_));
+    throw ShapeError(StrCat("upsample '", name(), "': input ", s, " gives an empty output ", out_h_,
+                            "x", out_w_));
   }
   return {channels_, out_h_, out_w_};
 }

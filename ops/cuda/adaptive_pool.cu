@@ -77,8 +77,7 @@ class CudaAdaptiveAvgPool : public AdaptiveAvgPool {
     const Tensor& in = *x[0];
     Check(in, y, "input", "output");
     const int64_t total = in.dim(0) * geometry().channels * geometry().out_plane();
-    CNNFLOW_ENFORCE(y.numel() == total, type(), " '", name(), "': ", in.shape(), " -> ",
-                    y.shape());
+    CNNFLOW_ENFORCE(y.numel() == total, type(), " '", name(), "': ", in.shape(), " -> ", y.shape());
     if (total == 0) return;
     CudaContext& c = CudaContext::For(in.device());
     DispatchGpuFloat(in.dtype(), [&](auto* tag) {

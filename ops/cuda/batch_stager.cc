@@ -83,8 +83,10 @@ std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor& inputs,
     // issued before the wait is covered.
     slot->device = std::make_shared<Storage>(device_, need);
     ctx.Synchronize();
-    if (!slot->copied) CNNFLOW_CUDA_CHECK(cudaEventCreateWithFlags(&slot->copied, cudaEventDisableTiming));
-    if (!slot->released) CNNFLOW_CUDA_CHECK(cudaEventCreateWithFlags(&slot->released, cudaEventDisableTiming));
+    if (!slot->copied)
+      CNNFLOW_CUDA_CHECK(cudaEventCreateWithFlags(&slot->copied, cudaEventDisableTiming));
+    if (!slot->released)
+      CNNFLOW_CUDA_CHECK(cudaEventCreateWithFlags(&slot->released, cudaEventDisableTiming));
     slot->capacity = need;
     slot->copy_issued = slot->release_recorded = false;
   }

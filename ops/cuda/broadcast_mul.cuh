@@ -15,8 +15,8 @@
 namespace cnnflow::cuda {
 
 // y[i] = x[i] * s[n * s_stride + m] for element i = (n * M + m) * R + r.
-static __global__ void BroadcastMulKernel(const float* x, const float* s, int64_t s_stride, float* y,
-                                   int64_t total, int64_t m, int64_t r) {
+static __global__ void BroadcastMulKernel(const float* x, const float* s, int64_t s_stride,
+                                          float* y, int64_t total, int64_t m, int64_t r) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {
@@ -37,7 +37,7 @@ inline void BroadcastMul(const float* x, const float* s, int64_t s_stride, float
 // One block per output element j: the sum over o < outer, k < r of
 // a[e] * b[e], e = j * r + o * outer_stride + k; out[j] = it (or += it).
 static __global__ void RowDotsKernel(const float* a, const float* b, float* out, int64_t r,
-                              int64_t outer, int64_t outer_stride, bool accumulate) {
+                                     int64_t outer, int64_t outer_stride, bool accumulate) {
   const int64_t base = static_cast<int64_t>(blockIdx.x) * r;
   float v = 0.f;
   for (int64_t t = threadIdx.x; t < outer * r; t += blockDim.x) {

@@ -112,8 +112,7 @@ __global__ void ConvTBackwardWeightsKernel(const float* x, const float* dy, floa
     const int64_t s_n = t / plane, iy = t % plane / g.w, ix = t % g.w;
     const int64_t oy = iy * g.sh - g.ph + i * g.dh, ox = ix * g.sw - g.pw + j * g.dw;
     if (oy < 0 || oy >= g.oh || ox < 0 || ox >= g.ow) continue;
-    s += x[(s_n * g.c + c) * plane + iy * g.w + ix] *
-         dy[((s_n * g.k + k) * g.oh + oy) * g.ow + ox];
+    s += x[(s_n * g.c + c) * plane + iy * g.w + ix] * dy[((s_n * g.k + k) * g.oh + oy) * g.ow + ox];
   }
   s = BlockSum(s);
   if (threadIdx.x == 0) dw[b] += s;
@@ -180,9 +179,9 @@ class CudaConvTranspose2d : public ConvTranspose2d {
  private:
   Geo Geometry() const {
     const Conv2dGeometry& d = dual_;
-    return {d.out_channels, d.out_h,   d.out_w,   d.in_channels, d.in_h,
-            d.in_w,         d.kernel_h, d.kernel_w, d.stride_h,   d.stride_w,
-            d.pad_h,        d.pad_w,   d.dilation_h, d.dilation_w, d.groups};
+    return {d.out_channels, d.out_h,    d.out_w,      d.in_channels, d.in_h,
+            d.in_w,         d.kernel_h, d.kernel_w,   d.stride_h,    d.stride_w,
+            d.pad_h,        d.pad_w,    d.dilation_h, d.dilation_w,  d.groups};
   }
 };
 

@@ -13,32 +13,32 @@ namespace cnnflow::detail {
 const char* CublasStatusName(cublasStatus_t status);
 }  // namespace cnnflow::detail
 
-#define CNNFLOW_CUDA_CHECK(call)                                                            \
-  do {                                                                                      \
-    cudaError_t err_ = (call);                                                              \
-    if (err_ != cudaSuccess) {                                                              \
-      throw ::cnnflow::Error(::cnnflow::StrCat(#call, " failed: ", cudaGetErrorString(err_), \
-                                               " (", __FILE__, ":", __LINE__, ")"));        \
-    }                                                                                       \
+#define CNNFLOW_CUDA_CHECK(call)                                                                   \
+  do {                                                                                             \
+    cudaError_t err_ = (call);                                                                     \
+    if (err_ != cudaSuccess) {                                                                     \
+      throw ::cnnflow::Error(::cnnflow::StrCat(#call, " failed: ", cudaGetErrorString(err_), " (", \
+                                               __FILE__, ":", __LINE__, ")"));                     \
+    }                                                                                              \
   } while (0)
 
-#define CNNFLOW_CUDNN_CHECK(call)                                                              \
-  do {                                                                                         \
-    cudnnStatus_t st_ = (call);                                                                \
-    if (st_ != CUDNN_STATUS_SUCCESS) {                                                         \
-      throw ::cnnflow::Error(::cnnflow::StrCat(#call, " failed: ", cudnnGetErrorString(st_),  \
-                                               " (", __FILE__, ":", __LINE__, ")"));           \
-    }                                                                                          \
+#define CNNFLOW_CUDNN_CHECK(call)                                                                  \
+  do {                                                                                             \
+    cudnnStatus_t st_ = (call);                                                                    \
+    if (st_ != CUDNN_STATUS_SUCCESS) {                                                             \
+      throw ::cnnflow::Error(::cnnflow::StrCat(#call, " failed: ", cudnnGetErrorString(st_), " (", \
+                                               __FILE__, ":", __LINE__, ")"));                     \
+    }                                                                                              \
   } while (0)
 
-#define CNNFLOW_CUBLAS_CHECK(call)                                                           \
-  do {                                                                                       \
-    cublasStatus_t st_ = (call);                                                             \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                      \
-      throw ::cnnflow::Error(::cnnflow::StrCat(#call, " failed: ",                          \
-                                               ::cnnflow::detail::CublasStatusName(st_),    \
-                                               " (", __FILE__, ":", __LINE__, ")"));         \
-    }                                                                                        \
+#define CNNFLOW_CUBLAS_CHECK(call)                                                              \
+  do {                                                                                          \
+    cublasStatus_t st_ = (call);                                                                \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+      throw ::cnnflow::Error(                                                                   \
+          ::cnnflow::StrCat(#call, " failed: ", ::cnnflow::detail::CublasStatusName(st_), " (", \
+                            __FILE__, ":", __LINE__, ")"));                                     \
+    }                                                                                           \
   } while (0)
 
 // After a kernel launch: a bad launch configuration is reported here, an

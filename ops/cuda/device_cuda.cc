@@ -83,7 +83,8 @@ void CudaCopy(Device dst_device, void* dst, Device src_device, const void* src, 
   bool wait = dst_device.is_cpu() || dst_device != src_device;
   if (src_device.is_cpu()) {
     cudaPointerAttributes attr{};
-    wait = cudaPointerGetAttributes(&attr, src) != cudaSuccess || attr.type != cudaMemoryTypeUnregistered;
+    wait = cudaPointerGetAttributes(&attr, src) != cudaSuccess ||
+           attr.type != cudaMemoryTypeUnregistered;
     (void)cudaGetLastError();
   }
   if (wait) ctx.Synchronize();
@@ -111,15 +112,16 @@ std::string CudaDescription() {
   }
   int nccl = 0;
   ncclGetVersion(&nccl);
-  out += StrCat("\ncuDNN ", cudnn / 10000, ".", (cudnn % 10000) / 100, ".", cudnn % 100, ", cuBLAS ",
-                cublas, ", NCCL ", nccl / 10000, ".", (nccl % 10000) / 100, ".",
+  out += StrCat("\ncuDNN ", cudnn / 10000, ".", (cudnn % 10000) / 100, ".", cudnn % 100,
+                ", cuBLAS ", cublas, ", NCCL ", nccl / 10000, ".", (nccl % 10000) / 100, ".",
                 nccl % 100, " (loaded)\n");
   const int n = CudaDeviceCountImpl();
   if (n == 0) {
     int probe = 0;
     const cudaError_t err = cudaGetDeviceCount(&probe);
     (void)cudaGetLastError();
-    return out + StrCat("no GPU: ", err == cudaSuccess ? "none found" : cudaGetErrorString(err), "\n");
+    return out +
+           StrCat("no GPU: ", err == cudaSuccess ? "none found" : cudaGetErrorString(err), "\n");
   }
   for (int i = 0; i < n; ++i) {
     cudaDeviceProp p{};

@@ -1,11 +1,11 @@
 // The CUDA backend of a build without CUDA: no GPU, and a clear error if one
 // is asked for.
 #include "ops/collectives/collective_mpi.h"
+#include "ops/cuda/batch_stager.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/nccl_comm.h"
 #include "ops/device_backend.h"
 #include "ops/error.h"
-#include "ops/cuda/batch_stager.h"
 
 namespace cnnflow::detail {
 

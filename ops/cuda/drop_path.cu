@@ -93,8 +93,8 @@ class CudaDropPathLayer : public DropPathLayer {
         const unsigned bx = static_cast<unsigned>(
             std::max<int64_t>(1, std::min<int64_t>(CudaBlocks(per), 4096 / count)));
         const dim3 grid(bx, static_cast<unsigned>(count));
-        ScaleRowsKernel<T><<<grid, kCudaThreads, 0, stream>>>(s + r0 * per, d + r0 * per, per,
-                                                               scales);
+        ScaleRowsKernel<T>
+            <<<grid, kCudaThreads, 0, stream>>>(s + r0 * per, d + r0 * per, per, scales);
         CNNFLOW_CUDA_CHECK_LAUNCH();
       }
     });

@@ -61,8 +61,8 @@ __global__ void GroupNormBackwardData(const float* x, const float* dy, const flo
 
 // dw[c] += sum dy xhat, db[c] += sum dy over the batch and positions; one block per channel.
 __global__ void GroupNormParamGrads(const float* x, const float* dy, const float* mean,
-                                    const float* rstd, float* dw, float* db, int64_t n,
-                                    int64_t c_n, int64_t groups, int64_t p) {
+                                    const float* rstd, float* dw, float* db, int64_t n, int64_t c_n,
+                                    int64_t groups, int64_t p) {
   const int64_t c = blockIdx.x, cg = c_n / groups;
   float sw = 0.f, sb = 0.f;
   for (int64_t t = threadIdx.x; t < n * p; t += blockDim.x) {
@@ -109,9 +109,9 @@ class CudaGroupNormLayer : public GroupNormLayer {
     const Tensor& in = *x[0];
     CheckGpuF32(dy, StrCat("groupnorm '", name(), "' dy"));
     const int64_t n = in.dim(0);
-    CNNFLOW_ENFORCE(dy.numel() == n * channels_ * positions_ && mean_.defined() &&
-                        mean_.numel() == n * groups_,
-                    "groupnorm ", name(), ": dy ", dy.shape(), " without a forward of its shape");
+    CNNFLOW_ENFORCE(
+        dy.numel() == n * channels_ * positions_ && mean_.defined() && mean_.numel() == n * groups_,
+        "groupnorm ", name(), ": dy ", dy.shape(), " without a forward of its shape");
     if (n == 0) return;
     cudaStream_t stream = CudaContext::For(dy.device()).stream();
     const float* w = affine_ ? parameters()[0].value.data<float>() : nullptr;

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "ops/device_ops.h"
-#include "ops/tensor.h"
 #include "ops/loss.h"
+#include "ops/tensor.h"
 
 namespace cnnflow::cuda {
 

@@ -47,8 +47,8 @@ __global__ void LayerNormForward(const float* x, const float* w, const float* b,
 
 // dx = rstd (g - mean_c(g) - xhat mean_c(g xhat)), g = dy w.
 __global__ void LayerNormBackwardData(const float* x, const float* dy, const float* w,
-                                      const float* mean, const float* rstd, float* dx,
-                                      int64_t rows, int64_t c, int64_t p) {
+                                      const float* mean, const float* rstd, float* dx, int64_t rows,
+                                      int64_t c, int64_t p) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows;
        i += stride) {
@@ -99,8 +99,8 @@ class CudaLayerNormLayer : public LayerNormLayer {
     CheckGpuF32(in, StrCat("layernorm '", name(), "' input"));
     CheckGpuF32(y, StrCat("layernorm '", name(), "' output"));
     const int64_t rows = in.dim(0) * positions_;
-    CNNFLOW_ENFORCE(in.numel() == rows * channels_ && y.numel() == in.numel(), "layernorm ",
-                    name(), ": ", in.shape(), " -> ", y.shape());
+    CNNFLOW_ENFORCE(in.numel() == rows * channels_ && y.numel() == in.numel(), "layernorm ", name(),
+                    ": ", in.shape(), " -> ", y.shape());
     if (!mean_.defined() || mean_.numel() != rows || mean_.device() != in.device()) {
       mean_ = Tensor::Empty({rows}, DType::kF32, in.device());
       rstd_ = Tensor::Empty({rows}, DType::kF32, in.device());

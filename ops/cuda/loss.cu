@@ -173,8 +173,8 @@ ResultSlot* AcquireSlot(int device) {
   }
   auto s = std::make_unique<ResultSlot>();
   s->device = device;
-  CNNFLOW_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s->host), sizeof(LossOut),
-                                   cudaHostAllocPortable));
+  CNNFLOW_CUDA_CHECK(
+      cudaHostAlloc(reinterpret_cast<void**>(&s->host), sizeof(LossOut), cudaHostAllocPortable));
   CNNFLOW_CUDA_CHECK(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
   return s.release();
 }
@@ -278,8 +278,8 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
   SumRows<<<1, kReduceThreads, 0, c.stream()>>>(row_loss, row_correct, labels, n, out);
   CNNFLOW_CUDA_CHECK_LAUNCH();
   impl->slot = AcquireSlot(c.device());
-  CNNFLOW_CUDA_CHECK(cudaMemcpyAsync(impl->slot->host, out, sizeof(LossOut), cudaMemcpyDeviceToHost,
-                                     c.stream()));
+  CNNFLOW_CUDA_CHECK(
+      cudaMemcpyAsync(impl->slot->host, out, sizeof(LossOut), cudaMemcpyDeviceToHost, c.stream()));
   CNNFLOW_CUDA_CHECK(cudaEventRecord(impl->slot->done, c.stream()));
   return std::make_unique<PendingLoss>(std::move(impl));
 }

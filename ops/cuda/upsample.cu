@@ -63,7 +63,8 @@ __global__ void UpsampleBackwardKernel(const T* dy, T* dx, int64_t total, Axis a
     for (int64_t o = ah.lo[h]; o < ah.hi[h]; ++o) {
       const float th = Tap(ah, o, h);
       float row = 0.f;
-      for (int64_t p = aw.lo[w]; p < aw.hi[w]; ++p) row += Tap(aw, p, w) * ToFloat(g[o * aw.out + p]);
+      for (int64_t p = aw.lo[w]; p < aw.hi[w]; ++p)
+        row += Tap(aw, p, w) * ToFloat(g[o * aw.out + p]);
       s += th * row;
     }
     dx[i] = FromFloat<T>(s);
@@ -78,8 +79,7 @@ class CudaUpsample : public Upsample {
     const Tensor& in = *x[0];
     Check(in, y, "input", "output");
     const int64_t total = in.dim(0) * channels() * out_h() * out_w();
-    CNNFLOW_ENFORCE(y.numel() == total, "upsample '", name(), "': ", in.shape(), " -> ",
-                    y.shape());
+    CNNFLOW_ENFORCE(y.numel() == total, "upsample '", name(), "': ", in.shape(), " -> ", y.shape());
     if (total == 0) return;
     Upload(in.device());
     CudaContext& c = CudaContext::For(in.device());

@@ -204,7 +204,8 @@ SafetensorsFile LoadSafetensors(const std::string& path) {
   FilePtr f(std::fopen(path.c_str(), "rb"));
   if (!f) throw Error(StrCat(pre, "cannot open: ", ErrnoText(errno)));
   struct stat st;
-  if (::fstat(::fileno(f.get()), &st) != 0) throw Error(StrCat(pre, "cannot stat: ", ErrnoText(errno)));
+  if (::fstat(::fileno(f.get()), &st) != 0)
+    throw Error(StrCat(pre, "cannot stat: ", ErrnoText(errno)));
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
     throw Error(StrCat(pre, "file is ", file_size,

@@ -73,8 +73,9 @@ std::string EventFileName(const std::string& dir) {
   char host[256] = "localhost";
   gethostname(host, sizeof host - 1);
   host[sizeof host - 1] = '\0';
-  return (std::filesystem::path(dir) /
-          StrCat("events.out.tfevents.", static_cast<int64_t>(UnixSeconds()), ".", host, ".", getpid()))
+  return (std::filesystem::path(dir) / StrCat("events.out.tfevents.",
+                                              static_cast<int64_t>(UnixSeconds()), ".", host, ".",
+                                              getpid()))
       .string();
 }
 

@@ -27,7 +27,7 @@ class LayerNormLayer : public ChannelNormLayer {
                 const std::vector<Tensor*>& dx) override;
   int64_t ForwardFlops(int64_t n) const override { return 8 * n * channels_ * positions_; }
 
- private:  // (mean_ and rstd_ hold [N * P] statistics)
+ private:           // (mean_ and rstd_ hold [N * P] statistics)
   Tensor scratch_;  // transposed [C, N] copies of a rank-1 batch; backward's partial sums
 };
 

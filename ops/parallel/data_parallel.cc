@@ -4,9 +4,9 @@
 #include <optional>
 
 #include "ops/device_ops.h"
+#include "ops/loss.h"
 #include "ops/test_fault.h"
 #include "ops/trace.h"
-#include "ops/loss.h"
 
 namespace cnnflow {
 

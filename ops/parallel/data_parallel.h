@@ -43,10 +43,10 @@
 
 #include "ops/collectives/collective.h"
 #include "ops/collectives/collective_mpi.h"
+#include "ops/loss.h"
 #include "ops/model.h"
 #include "ops/parallel/member_threads.h"
 #include "ops/parallel/tensor_parallel.h"
-#include "ops/loss.h"
 #include "ops/train/loss_scaler.h"
 #include "ops/train/optimizer.h"
 

@@ -424,11 +424,13 @@ std::unique_ptr<Layer> TensorParallelPlacement::Split(const LayerSpec& spec, con
   auto it = layers.find(spec.name);
   if (it == layers.end()) return nullptr;
   if (device.is_cuda()) {
-    throw ConfigError(StrCat("layer '", spec.name,
-                             "': tensor parallelism splits layers on CPU devices only so far, not on ",
-                             device.ToString()));
+    throw ConfigError(
+        StrCat("layer '", spec.name,
+               "': tensor parallelism splits layers on CPU devices only so far, not on ",
+               device.ToString()));
   }
-  return std::make_unique<TensorParallelLayer>(spec.name, spec.type, args, it->second, *group, rank);
+  return std::make_unique<TensorParallelLayer>(spec.name, spec.type, args, it->second, *group,
+                                               rank);
 }
 
 void TensorParallelPlacement::Pair(Model& model) const {

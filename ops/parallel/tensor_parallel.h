@@ -171,7 +171,8 @@ struct TensorParallelPlacement : LayerSplitter {
   Collective* group = nullptr;
   int rank = 0;
 
-  std::unique_ptr<Layer> Split(const LayerSpec& spec, const Args& args, Device device) const override;
+  std::unique_ptr<Layer> Split(const LayerSpec& spec, const Args& args,
+                               Device device) const override;
   void Pair(Model& model) const override;
 };
 

@@ -71,8 +71,7 @@ std::vector<NamedParameter> Trainable(std::vector<NamedParameter> params) {
 }
 }  // namespace
 
-Optimizer::Optimizer(std::vector<NamedParameter> params)
-    : params_(Trainable(std::move(params))) {
+Optimizer::Optimizer(std::vector<NamedParameter> params) : params_(Trainable(std::move(params))) {
   state_.resize(params_.size());
   for (const auto& np : params_) {
     CNNFLOW_ENFORCE(np.param != nullptr, "optimizer: parameter '", np.name, "' is null");
@@ -252,7 +251,7 @@ void Adam::Step(double lr) {
     DispatchFloat(h.value.dtype(), [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       cpu::AdamUpdate<T>(h.value.data<T>(), h.grad.data<T>(), state_[i][0].data<T>(),
-                    state_[i][1].data<T>(), h.value.numel(), s);
+                         state_[i][1].data<T>(), h.value.numel(), s);
     });
     WriteBack(param, h);
   }

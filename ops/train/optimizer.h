@@ -161,7 +161,7 @@ struct OptimizerRegistration {
   OptimizerRegistration(const char* type, Schema schema, OptimizerFactory create);
 };
 
-#define CNNFLOW_REGISTER_OPTIMIZER(type_name, schema_expr, factory)                     \
+#define CNNFLOW_REGISTER_OPTIMIZER(type_name, schema_expr, factory)                   \
   static ::cnnflow::OptimizerRegistration cnnflow_optimizer_registration_##type_name( \
       #type_name, schema_expr, factory)
 

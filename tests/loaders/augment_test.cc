@@ -51,7 +51,8 @@ std::vector<float> Reference(const std::vector<uint8_t>& img, int h, int w, int 
 }
 
 std::vector<float> RunAugment(const std::vector<uint8_t>& img, int h, int w, int c,
-                       const AugmentOptions& o, uint64_t seed, int64_t epoch, int64_t index) {
+                              const AugmentOptions& o, uint64_t seed, int64_t epoch,
+                              int64_t index) {
   std::vector<float> out(static_cast<size_t>(c) * o.out_h * o.out_w, -1e9f);
   Augment(img.data(), h, w, c, o, seed, epoch, index, out.data());
   return out;
@@ -98,7 +99,8 @@ TEST(AugmentTest, RgbCropWithNormalisationMatchesReference) {
     o.random_crop = random;
     for (int64_t i = 0; i < 20; ++i) {
       const AugmentParams p = DrawAugmentParams(h, w, o, 5, 1, i);
-      EXPECT_TRUE(BitwiseEqual(RunAugment(img, h, w, c, o, 5, 1, i), Reference(img, h, w, c, o, p)));
+      EXPECT_TRUE(
+          BitwiseEqual(RunAugment(img, h, w, c, o, 5, 1, i), Reference(img, h, w, c, o, p)));
     }
   }
 }
@@ -153,8 +155,8 @@ TEST(AugmentTest, FlipMirrorsTheCrop) {
   o.out_w = 5;
   o.pad = 1;
   Augmenter aug(o);
-  for (const AugmentParams base : {AugmentParams{0, 0, false}, AugmentParams{2, 3, false},
-                                   AugmentParams{1, 1, false}}) {
+  for (const AugmentParams base :
+       {AugmentParams{0, 0, false}, AugmentParams{2, 3, false}, AugmentParams{1, 1, false}}) {
     AugmentParams flipped = base;
     flipped.flip = true;
     std::vector<float> a(c * 20), b(c * 20);
@@ -176,7 +178,8 @@ TEST(AugmentTest, FlipMirrorsTheCrop) {
     const AugmentParams p = DrawAugmentParams(h, w, o, 9, 0, i);
     flips += p.flip;
     if (i < 20) {
-      EXPECT_TRUE(BitwiseEqual(RunAugment(img, h, w, c, o, 9, 0, i), Reference(img, h, w, c, o, p)));
+      EXPECT_TRUE(
+          BitwiseEqual(RunAugment(img, h, w, c, o, 9, 0, i), Reference(img, h, w, c, o, p)));
     }
   }
   EXPECT_GT(flips, 60);
@@ -223,9 +226,9 @@ TEST(AugmentTest, PaddedRandomCropStaysInRangeAndPadsWithZero) {
   std::vector<float> out(c * 32 * 32);
   aug.RunWithParams(img.data(), h, w, c, {0, 8, false}, out.data());
   const float zero0 = (0.f - o.mean[0]) / o.std[0];
-  EXPECT_EQ(out[0], zero0);                 // top-left: padded row
+  EXPECT_EQ(out[0], zero0);  // top-left: padded row
   EXPECT_EQ(out[4 * 32 + 27], Norm(img[(0 * 32 + 31) * 3], o.mean[0], o.std[0]));
-  EXPECT_EQ(out[4 * 32 + 28], zero0);       // right padding
+  EXPECT_EQ(out[4 * 32 + 28], zero0);  // right padding
   EXPECT_EQ(out[31 * 32 + 0], Norm(img[(27 * 32 + 4) * 3], o.mean[0], o.std[0]));
 }
 
@@ -258,7 +261,8 @@ TEST(AugmentTest, NormalisationValuesAreExact) {
   auto out = RunAugment(img, 16, 16, 3, o, 0, 0, 0);
   for (int ch = 0; ch < 3; ++ch) {
     for (int i = 0; i < 256; ++i) {
-      ASSERT_EQ(out[ch * 256 + i], (static_cast<float>(img[i * 3 + ch]) / 255.f - o.mean[ch]) / o.std[ch]);
+      ASSERT_EQ(out[ch * 256 + i],
+                (static_cast<float>(img[i * 3 + ch]) / 255.f - o.mean[ch]) / o.std[ch]);
     }
   }
   EXPECT_FLOAT_EQ(out[255], (1.f - 0.485f) / 0.229f);  // v = 255 in channel 0

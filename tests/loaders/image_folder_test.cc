@@ -47,9 +47,11 @@ TEST(ImageFolderTest, ClassesSortedFilesSortedLabelsByClass) {
   const ImageFolder f = ScanImageFolder(root.string());
   ASSERT_EQ(f.classes, (std::vector<std::string>{"Bee", "ant", "zebra"}));  // bytewise
   ASSERT_EQ(f.entries.size(), 5u);
-  const std::vector<std::pair<fs::path, int64_t>> want = {
-      {root / "Bee" / "x.PNG", 0},   {root / "ant" / "10.jpg", 1}, {root / "ant" / "2.jpeg", 1},
-      {root / "zebra" / "a.JPEG", 2}, {root / "zebra" / "b.jpg", 2}};
+  const std::vector<std::pair<fs::path, int64_t>> want = {{root / "Bee" / "x.PNG", 0},
+                                                          {root / "ant" / "10.jpg", 1},
+                                                          {root / "ant" / "2.jpeg", 1},
+                                                          {root / "zebra" / "a.JPEG", 2},
+                                                          {root / "zebra" / "b.jpg", 2}};
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(f.entries[i].path, want[i].first.string()) << i;
     EXPECT_EQ(f.entries[i].label, want[i].second) << i;

@@ -75,14 +75,15 @@ Pixels DecodeOrDie(const std::string& jpeg, int out_channels, int target_min_sid
   const JpegScale s = JpegDecoder::PickScale(hdr.width, hdr.height, target_min_side);
   const size_t n = static_cast<size_t>(s.width) * s.height * out_channels;
   Pixels buf(n + 16, 0xAB);
-  const JpegResult r = dec.Decode(Bytes(jpeg), jpeg.size(), out_channels, buf.data(), n,
-                                  target_min_side);
+  const JpegResult r =
+      dec.Decode(Bytes(jpeg), jpeg.size(), out_channels, buf.data(), n, target_min_side);
   EXPECT_TRUE(r.ok()) << r.error;
   EXPECT_TRUE(r.warning.empty()) << r.warning;
   EXPECT_EQ(r.width, s.width);
   EXPECT_EQ(r.height, s.height);
   EXPECT_EQ(r.channels, out_channels);
-  for (size_t i = n; i < buf.size(); ++i) EXPECT_EQ(buf[i], 0xAB) << "wrote past the image at " << i;
+  for (size_t i = n; i < buf.size(); ++i)
+    EXPECT_EQ(buf[i], 0xAB) << "wrote past the image at " << i;
   buf.resize(n);
   if (result != nullptr) *result = r;
   return buf;
@@ -416,8 +417,8 @@ TEST(JpegDecoderTest, TwoThreadsDecodeIdentically) {
     for (int rep = 0; rep < 50; ++rep) {
       for (size_t i = 0; i < jpegs.size(); ++i) {
         Pixels buf(want[i].size());
-        const JpegResult r = dec.Decode(Bytes(jpegs[i]), jpegs[i].size(), 3, buf.data(),
-                                        buf.size(), i % 2 ? 0 : 8);
+        const JpegResult r =
+            dec.Decode(Bytes(jpegs[i]), jpegs[i].size(), 3, buf.data(), buf.size(), i % 2 ? 0 : 8);
         if (!r.ok() || buf != want[i]) ++mismatches[t];
       }
     }

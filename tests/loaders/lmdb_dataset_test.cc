@@ -48,10 +48,10 @@ class LmdbDatasetTest : public ::testing::Test {
       put(EncodeCnnflowRecord(Jpeg(jpegs_.back(), i)));
     }
     const std::string cut = jpegs_[0].substr(0, jpegs_[0].size() / 2);
-    put(EncodeCnnflowRecord(Jpeg(cut, 1)));                  // 4: truncated JPEG
-    put("CFR1xy");                                           // 5: a short value
-    put(EncodeCnnflowRecord(Jpeg(jpegs_[1], 9)));            // 6: label out of range
-    raw_ = Image(5);                                         // 7: raw CHW uint8, label 2
+    put(EncodeCnnflowRecord(Jpeg(cut, 1)));        // 4: truncated JPEG
+    put("CFR1xy");                                 // 5: a short value
+    put(EncodeCnnflowRecord(Jpeg(jpegs_[1], 9)));  // 6: label out of range
+    raw_ = Image(5);                               // 7: raw CHW uint8, label 2
     std::vector<uint8_t> chw(raw_.size());
     for (int c = 0; c < 3; ++c)
       for (int p = 0; p < kSide * kSide; ++p) chw[c * kSide * kSide + p] = raw_[p * 3 + c];
@@ -109,13 +109,15 @@ TEST_F(LmdbDatasetTest, GoodRecordsDecodeToTheImages) {
   ASSERT_TRUE(r.ok()) << r.error;
   EXPECT_EQ(r.label, 2);
   for (int c = 0; c < 3; ++c)
-    for (int p = 0; p < kSide * kSide; ++p) ASSERT_FLOAT_EQ(x[c * kSide * kSide + p], raw_[p * 3 + c] / 255.f);
+    for (int p = 0; p < kSide * kSide; ++p)
+      ASSERT_FLOAT_EQ(x[c * kSide * kSide + p], raw_[p * 3 + c] / 255.f);
 }
 
 TEST_F(LmdbDatasetTest, BadRecordsAreErrorValues) {
   auto ds = Open(false);
   std::vector<float> x(3 * kSide * kSide);
-  EXPECT_EQ(ds->Read(4, {}, x.data()).error.rfind("corrupt JPEG", 0), 0u) << ds->Read(4, {}, x.data()).error;
+  EXPECT_EQ(ds->Read(4, {}, x.data()).error.rfind("corrupt JPEG", 0), 0u)
+      << ds->Read(4, {}, x.data()).error;
   EXPECT_NE(ds->Read(5, {}, x.data()).error.find("value is 6 bytes, the header needs 24"),
             std::string::npos)
       << ds->Read(5, {}, x.data()).error;

@@ -22,9 +22,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#define EXPECT_CONTAINS(text, part)                                          \
-  do {                                                                       \
-    const std::string text_ = (text);                                        \
+#define EXPECT_CONTAINS(text, part)                                         \
+  do {                                                                      \
+    const std::string text_ = (text);                                       \
     EXPECT_NE(text_.find(part), std::string::npos) << "message: " << text_; \
   } while (0)
 
@@ -109,7 +109,8 @@ TEST(LmdbStore, KeysComeOutSortedAndDuplicatesAreRejected) {
     LmdbWriter w(path, opt);
     for (int i : order) w.Put(LmdbWriter::IndexKey(i), ValueFor(i, 10));
     // Duplicate of a key appended last and of one in an earlier commit.
-    EXPECT_CONTAINS(ErrorOf([&] { w.Put(LmdbWriter::IndexKey(order.back()), "x"); }), "duplicate key");
+    EXPECT_CONTAINS(ErrorOf([&] { w.Put(LmdbWriter::IndexKey(order.back()), "x"); }),
+                    "duplicate key");
     EXPECT_CONTAINS(ErrorOf([&] { w.Put(LmdbWriter::IndexKey(order.front()), "x"); }),
                     "duplicate key '" + LmdbWriter::IndexKey(order.front()) + "'");
     w.Put("zz-variable-length-key", "last");
@@ -165,17 +166,28 @@ TEST(LmdbStore, OpenErrorsNameThePath) {
   EXPECT_CONTAINS(garbage, "MDB_INVALID");
 
   fs::create_directories(dir + "/fake_db");
-  { std::ofstream f(dir + "/fake_db/data.mdb", std::ios::binary); f << "not an lmdb"; }
-  EXPECT_CONTAINS(ErrorOf([&] { LmdbReader r(dir + "/fake_db"); }), "mdb_env_open failed for LMDB '" + dir + "/fake_db'");
+  {
+    std::ofstream f(dir + "/fake_db/data.mdb", std::ios::binary);
+    f << "not an lmdb";
+  }
+  EXPECT_CONTAINS(ErrorOf([&] { LmdbReader r(dir + "/fake_db"); }),
+                  "mdb_env_open failed for LMDB '" + dir + "/fake_db'");
 
-  { LmdbWriter w(dir + "/empty"); w.Finish(); }
+  {
+    LmdbWriter w(dir + "/empty");
+    w.Finish();
+  }
   EXPECT_EQ(ErrorOf([&] { LmdbReader r(dir + "/empty"); }),
             "LMDB '" + dir + "/empty' holds no records (empty database)");
 }
 
 TEST(LmdbStore, OpensTheDataFileItself) {
   const std::string path = testing::TestDir() + "/db";
-  { LmdbWriter w(path); for (int i = 0; i < 5; ++i) w.Put(LmdbWriter::IndexKey(i), ValueFor(i, 20)); w.Finish(); }
+  {
+    LmdbWriter w(path);
+    for (int i = 0; i < 5; ++i) w.Put(LmdbWriter::IndexKey(i), ValueFor(i, 20));
+    w.Finish();
+  }
   LmdbReader reader(path + "/data.mdb");  // MDB_NOSUBDIR
   ASSERT_EQ(reader.size(), 5);
   EXPECT_EQ(reader.Get(4), ValueFor(4, 20));
@@ -191,8 +203,13 @@ TEST(LmdbStore, WriterIsAtomicAndRefusesToOverwrite) {
   EXPECT_FALSE(fs::exists(path));
   EXPECT_FALSE(fs::exists(path + ".tmp"));
 
-  { LmdbWriter w(path); w.Put("a", "old"); w.Finish(); }
-  EXPECT_EQ(ErrorOf([&] { LmdbWriter w(path); }), "LMDB '" + path + "' already exists (set overwrite to replace it)");
+  {
+    LmdbWriter w(path);
+    w.Put("a", "old");
+    w.Finish();
+  }
+  EXPECT_EQ(ErrorOf([&] { LmdbWriter w(path); }),
+            "LMDB '" + path + "' already exists (set overwrite to replace it)");
   {
     LmdbWriter::Options opt;
     opt.overwrite = true;
@@ -213,7 +230,11 @@ TEST(LmdbStore, WriterIsAtomicAndRefusesToOverwrite) {
 
 TEST(LmdbStore, ReleaseThreadTransactionAndManyReaders) {
   const std::string path = testing::TestDir() + "/db";
-  { LmdbWriter w(path); for (int i = 0; i < 10; ++i) w.Put(LmdbWriter::IndexKey(i), ValueFor(i, 8)); w.Finish(); }
+  {
+    LmdbWriter w(path);
+    for (int i = 0; i < 10; ++i) w.Put(LmdbWriter::IndexKey(i), ValueFor(i, 8));
+    w.Finish();
+  }
   LmdbReader keep(path);
   EXPECT_EQ(keep.Get(3), ValueFor(3, 8));
   keep.ReleaseThreadTransaction();
@@ -242,11 +263,11 @@ TEST(LmdbStore, CaffeDatumLmdbFromHandBuiltEncoder) {
     for (int i = 0; i < kN; ++i) {
       pixels[i] = ValueFor(i, kC * kH * kW);
       std::string d;
-      d += '\x08', varint(&d, kC);          // channels
-      d += '\x10', varint(&d, kH);          // height
-      d += '\x18', varint(&d, kW);          // width
+      d += '\x08', varint(&d, kC);                                // channels
+      d += '\x10', varint(&d, kH);                                // height
+      d += '\x18', varint(&d, kW);                                // width
       d += '\x22', varint(&d, pixels[i].size()), d += pixels[i];  // data
-      d += '\x28', varint(&d, i % 10);      // label
+      d += '\x28', varint(&d, i % 10);                            // label
       w.Put(LmdbWriter::IndexKey(i), d);
     }
     w.Finish();
@@ -286,7 +307,8 @@ TEST(LmdbStore, ShortValueIsAnErrorValue) {
   LmdbReader reader(path);
   RecordView r;
   EXPECT_TRUE(DecodeRecord(reader.Get(0), &r).ok());
-  EXPECT_EQ(DecodeRecord(reader.Get(1), &r).message(), "value is 55 bytes, header (48) + payload (12) = 60 (truncated)");
+  EXPECT_EQ(DecodeRecord(reader.Get(1), &r).message(),
+            "value is 55 bytes, header (48) + payload (12) = 60 (truncated)");
 }
 
 }  // namespace

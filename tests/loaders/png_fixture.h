@@ -25,9 +25,9 @@ inline void PngFlush(png_structp) {}
 // packed from the high bit) with libpng. palette: RGB triples; trns: the
 // palette's alpha values. Throws std::runtime_error on libpng errors.
 inline std::string WritePng(int width, int height, int color_type, int bit_depth,
-                     const std::vector<uint8_t>& rows, bool interlace = false,
-                     const std::vector<uint8_t>& palette = {},
-                     const std::vector<uint8_t>& trns = {}) {
+                            const std::vector<uint8_t>& rows, bool interlace = false,
+                            const std::vector<uint8_t>& palette = {},
+                            const std::vector<uint8_t>& trns = {}) {
   std::string out;
   std::vector<png_bytep> row_ptrs(static_cast<size_t>(height));
   const size_t rowbytes = rows.size() / height;

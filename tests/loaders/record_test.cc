@@ -16,9 +16,9 @@ namespace cnnflow {
 namespace {
 
 // Asserts that `text` contains `part` (no gmock in this binary).
-#define EXPECT_CONTAINS(text, part)                                          \
-  do {                                                                       \
-    const std::string text_ = (text);                                        \
+#define EXPECT_CONTAINS(text, part)                                         \
+  do {                                                                      \
+    const std::string text_ = (text);                                       \
     EXPECT_NE(text_.find(part), std::string::npos) << "message: " << text_; \
   } while (0)
 
@@ -28,8 +28,8 @@ std::string Bytes(std::initializer_list<int> bytes) {
   return s;
 }
 
-RecordView MakeView(int64_t label, std::vector<int64_t> shape, RecordEncoding enc, RecordDType dtype,
-                    const std::string& payload) {
+RecordView MakeView(int64_t label, std::vector<int64_t> shape, RecordEncoding enc,
+                    RecordDType dtype, const std::string& payload) {
   RecordView r;
   r.label = label;
   r.shape = std::move(shape);
@@ -40,7 +40,9 @@ RecordView MakeView(int64_t label, std::vector<int64_t> shape, RecordEncoding en
   return r;
 }
 
-std::string Payload(const RecordView& r) { return std::string(reinterpret_cast<const char*>(r.data), r.size); }
+std::string Payload(const RecordView& r) {
+  return std::string(reinterpret_cast<const char*>(r.data), r.size);
+}
 
 bool PointsInto(const RecordView& r, const std::string& value) {
   const auto* b = reinterpret_cast<const uint8_t*>(value.data());
@@ -116,7 +118,8 @@ TEST(RecordCnnflow, RoundTripRawU8ZeroCopy) {
 }
 
 TEST(RecordCnnflow, RoundTripRawF32) {
-  const std::vector<float> f = {0.5f, -1.25f, 3e-7f, 1e30f, 0.f, -0.f, 42.f, 7.5f, -8.f, 1.f, 2.f, 3.f, 4.f, 5.f};
+  const std::vector<float> f = {0.5f, -1.25f, 3e-7f, 1e30f, 0.f, -0.f, 42.f,
+                                7.5f, -8.f,   1.f,   2.f,   3.f, 4.f,  5.f};
   const std::string payload = FloatBytes(f);
   const std::string value =
       EncodeCnnflowRecord(MakeView(-5, {2, 7}, RecordEncoding::kRaw, RecordDType::kF32, payload));
@@ -131,7 +134,8 @@ TEST(RecordCnnflow, RoundTripRawF32) {
 
 TEST(RecordCnnflow, RoundTripEncodedBytes) {
   const std::string jpeg = Bytes({0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3, 4, 5, 0xFF, 0xD9});
-  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{}, std::vector<int64_t>{3, 32, 32}}) {
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{}, std::vector<int64_t>{3, 32, 32}}) {
     const std::string value =
         EncodeCnnflowRecord(MakeView(3, shape, RecordEncoding::kJpeg, RecordDType::kU8, jpeg));
     RecordView r;
@@ -145,7 +149,9 @@ TEST(RecordCnnflow, RoundTripEncodedBytes) {
   }
   const std::string png = Bytes({0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n', 0, 0});
   RecordView r;
-  ASSERT_TRUE(DecodeRecord(EncodeCnnflowRecord(MakeView(1, {1, 2, 2}, RecordEncoding::kPng, RecordDType::kU8, png)), &r)
+  ASSERT_TRUE(DecodeRecord(EncodeCnnflowRecord(
+                               MakeView(1, {1, 2, 2}, RecordEncoding::kPng, RecordDType::kU8, png)),
+                           &r)
                   .ok());
   EXPECT_EQ(r.encoding, RecordEncoding::kPng);
 }
@@ -159,12 +165,14 @@ TEST(RecordCnnflow, ShortAndCorruptValuesAreErrors) {
   for (size_t n = 0; n < good.size(); ++n) {
     EXPECT_FALSE(DecodeCnnflowRecord(std::string_view(good).substr(0, n), &r).ok()) << n;
   }
-  EXPECT_EQ(DecodeCnnflowRecord(good.substr(0, 10), &r).message(), "value is 10 bytes, the header needs 24");
+  EXPECT_EQ(DecodeCnnflowRecord(good.substr(0, 10), &r).message(),
+            "value is 10 bytes, the header needs 24");
   EXPECT_EQ(DecodeCnnflowRecord(good.substr(0, 30), &r).message(),
             "value is 30 bytes, the header with rank 3 needs 48");
   EXPECT_EQ(DecodeCnnflowRecord(good.substr(0, good.size() - 1), &r).message(),
             "value is 59 bytes, header (48) + payload (12) = 60 (truncated)");
-  EXPECT_EQ(DecodeCnnflowRecord(good + "z", &r).message(), "value is 61 bytes, header (48) + payload (12) = 60");
+  EXPECT_EQ(DecodeCnnflowRecord(good + "z", &r).message(),
+            "value is 61 bytes, header (48) + payload (12) = 60");
 
   std::string bad = good;
   bad[0] = 'X';
@@ -184,10 +192,12 @@ TEST(RecordCnnflow, ShortAndCorruptValuesAreErrors) {
   // A dim that disagrees with the payload size.
   bad = good;
   bad[24] = 4;  // channels 3 -> 4
-  EXPECT_EQ(DecodeCnnflowRecord(bad, &r).message(), "raw payload is 12 bytes, shape [4, 2, 2] u8 needs 16");
+  EXPECT_EQ(DecodeCnnflowRecord(bad, &r).message(),
+            "raw payload is 12 bytes, shape [4, 2, 2] u8 needs 16");
   bad = good;
   bad[6] = 1;  // u8 -> f32
-  EXPECT_EQ(DecodeCnnflowRecord(bad, &r).message(), "raw payload is 12 bytes, shape [3, 2, 2] f32 needs 48");
+  EXPECT_EQ(DecodeCnnflowRecord(bad, &r).message(),
+            "raw payload is 12 bytes, shape [3, 2, 2] f32 needs 48");
   bad = good;
   bad[31] = static_cast<char>(0x80);  // channels negative
   EXPECT_CONTAINS(DecodeCnnflowRecord(bad, &r).message(), "negative dim");
@@ -196,8 +206,11 @@ TEST(RecordCnnflow, ShortAndCorruptValuesAreErrors) {
 
 TEST(RecordCnnflow, EncoderRejectsInconsistentRecords) {
   const std::string pixels(10, 'x');
-  EXPECT_THROW(EncodeCnnflowRecord(MakeView(0, {3, 2, 2}, RecordEncoding::kRaw, RecordDType::kU8, pixels)), Error);
-  EXPECT_THROW(EncodeCnnflowRecord(MakeView(0, {}, RecordEncoding::kRaw, RecordDType::kU8, "")), Error);
+  EXPECT_THROW(
+      EncodeCnnflowRecord(MakeView(0, {3, 2, 2}, RecordEncoding::kRaw, RecordDType::kU8, pixels)),
+      Error);
+  EXPECT_THROW(EncodeCnnflowRecord(MakeView(0, {}, RecordEncoding::kRaw, RecordDType::kU8, "")),
+               Error);
   EXPECT_THROW(EncodeCnnflowRecord(MakeView(0, {1, 1, 1, 1, 1, 1, 1, 1, 10}, RecordEncoding::kRaw,
                                             RecordDType::kU8, pixels)),
                Error);
@@ -207,7 +220,8 @@ TEST(RecordCnnflow, EncoderRejectsInconsistentRecords) {
 
 TEST(RecordCaffe, LiteralDatumBytes) {
   // channels 1, height 2, width 2, data {1,2,3,4}, label 7, as protobuf writes it.
-  const std::string value = Bytes({0x08, 0x01, 0x10, 0x02, 0x18, 0x02, 0x22, 0x04, 1, 2, 3, 4, 0x28, 0x07});
+  const std::string value =
+      Bytes({0x08, 0x01, 0x10, 0x02, 0x18, 0x02, 0x22, 0x04, 1, 2, 3, 4, 0x28, 0x07});
   EXPECT_EQ(DetectRecordFormat(value), RecordFormat::kCaffeDatum);
   RecordView r;
   const RecordStatus st = DecodeRecord(value, &r);
@@ -220,15 +234,17 @@ TEST(RecordCaffe, LiteralDatumBytes) {
   EXPECT_EQ(Payload(r), Bytes({1, 2, 3, 4}));
   // Our encoder writes exactly these bytes.
   const std::string pixels = Bytes({1, 2, 3, 4});
-  EXPECT_EQ(EncodeCaffeDatum(MakeView(7, {1, 2, 2}, RecordEncoding::kRaw, RecordDType::kU8, pixels)), value);
+  EXPECT_EQ(
+      EncodeCaffeDatum(MakeView(7, {1, 2, 2}, RecordEncoding::kRaw, RecordDType::kU8, pixels)),
+      value);
 }
 
 TEST(RecordCaffe, HandBuiltDatumWithUnknownFieldsAnyOrder) {
   std::string pixels(2 * 3 * 5, '\0');
   for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<char>(255 - i);
   Proto p;
-  p.Int(5, 300)                     // label first (2-byte varint)
-      .Int(20, 123456789)           // unknown varint (2-byte tag)
+  p.Int(5, 300)                        // label first (2-byte varint)
+      .Int(20, 123456789)              // unknown varint (2-byte tag)
       .Fixed64(9, 0x0102030405060708)  // unknown fixed64
       .Int(3, 5)
       .Len(100, "some unknown bytes")  // unknown length-delimited
@@ -250,7 +266,7 @@ TEST(RecordCaffe, HandBuiltDatumWithUnknownFieldsAnyOrder) {
 TEST(RecordCaffe, NegativeLabelIsTenByteVarint) {
   Proto p;
   p.Int(1, 1).Int(2, 1).Int(3, 1).Len(4, "A").Int(5, -3);  // int32 -3 sign-extended to 64 bits
-  ASSERT_EQ(p.bytes.size(), 6u + 3u + 1u + 10u);  // dims, data, label tag, label
+  ASSERT_EQ(p.bytes.size(), 6u + 3u + 1u + 10u);           // dims, data, label tag, label
   RecordView r;
   ASSERT_TRUE(DecodeCaffeDatum(p.bytes, &r).ok());
   EXPECT_EQ(r.label, -3);
@@ -290,14 +306,19 @@ TEST(RecordCaffe, FloatDataPackedUnpackedAndMixed) {
       tmp.gathered_.assign(6, 99.f);
     }
     EXPECT_EQ(ReadFloats(copy), f);
-    EXPECT_EQ(EncodeCaffeDatum(MakeView(4, {1, 2, 3}, RecordEncoding::kRaw, RecordDType::kF32, FloatBytes(f))),
+    EXPECT_EQ(EncodeCaffeDatum(
+                  MakeView(4, {1, 2, 3}, RecordEncoding::kRaw, RecordDType::kF32, FloatBytes(f))),
               p.bytes);
   }
   // Mixed: a packed run, single floats, and another packed run, in order.
   {
     Proto p;
     p.Int(1, 1).Int(2, 2).Int(3, 3);
-    p.PackedFloats(6, {f[0], f[1]}).Fixed32(6, f[2]).Int(5, 4).Fixed32(6, f[3]).PackedFloats(6, {f[4], f[5]});
+    p.PackedFloats(6, {f[0], f[1]})
+        .Fixed32(6, f[2])
+        .Int(5, 4)
+        .Fixed32(6, f[3])
+        .PackedFloats(6, {f[4], f[5]});
     RecordView r;
     const RecordStatus st = DecodeCaffeDatum(p.bytes, &r);
     ASSERT_TRUE(st.ok()) << st.message();
@@ -327,13 +348,16 @@ TEST(RecordCaffe, EncodedDatumKeepsBytesAndGivenShape) {
     ASSERT_TRUE(DecodeRecord(p.bytes, &r).ok());
     EXPECT_EQ(r.encoding, RecordEncoding::kPng);
     EXPECT_EQ(r.shape, (std::vector<int64_t>{3, 32, 32}));
-    EXPECT_EQ(EncodeCaffeDatum(MakeView(2, {3, 32, 32}, RecordEncoding::kPng, RecordDType::kU8, png)), p.bytes);
+    EXPECT_EQ(
+        EncodeCaffeDatum(MakeView(2, {3, 32, 32}, RecordEncoding::kPng, RecordDType::kU8, png)),
+        p.bytes);
   }
   {
     Proto p;
     p.Len(4, "GIF89a").Int(7, 1);
     RecordView r;
-    EXPECT_EQ(DecodeRecord(p.bytes, &r).message(), "encoded Datum data is neither JPEG nor PNG (starts with 0x47 0x49)");
+    EXPECT_EQ(DecodeRecord(p.bytes, &r).message(),
+              "encoded Datum data is neither JPEG nor PNG (starts with 0x47 0x49)");
   }
 }
 
@@ -348,7 +372,8 @@ TEST(RecordCaffe, EncoderRoundTrips) {
   const std::string fb = FloatBytes(f);
   const std::vector<Case> cases = {
       {MakeView(1, {3, 2, 2}, RecordEncoding::kRaw, RecordDType::kU8, u8), false},
-      {MakeView(2, {2, 6}, RecordEncoding::kRaw, RecordDType::kU8, u8), false},  // [C, L] -> C, 1, L
+      {MakeView(2, {2, 6}, RecordEncoding::kRaw, RecordDType::kU8, u8),
+       false},  // [C, L] -> C, 1, L
       {MakeView(3, {1, 2, 3}, RecordEncoding::kRaw, RecordDType::kF32, fb), false},
       {MakeView(4, {1, 2, 3}, RecordEncoding::kRaw, RecordDType::kF32, fb), true},
       {MakeView(5, {}, RecordEncoding::kJpeg, RecordDType::kU8, jpeg), false},
@@ -370,9 +395,11 @@ TEST(RecordCaffe, EncoderRoundTrips) {
       EXPECT_EQ(r.shape, c.in.shape);
     }
   }
-  EXPECT_THROW(EncodeCaffeDatum(MakeView(int64_t{1} << 40, {3, 2, 2}, RecordEncoding::kRaw, RecordDType::kU8, u8)),
+  EXPECT_THROW(EncodeCaffeDatum(MakeView(int64_t{1} << 40, {3, 2, 2}, RecordEncoding::kRaw,
+                                         RecordDType::kU8, u8)),
                Error);
-  EXPECT_THROW(EncodeCaffeDatum(MakeView(0, {12}, RecordEncoding::kRaw, RecordDType::kU8, u8)), Error);
+  EXPECT_THROW(EncodeCaffeDatum(MakeView(0, {12}, RecordEncoding::kRaw, RecordDType::kU8, u8)),
+               Error);
 }
 
 TEST(RecordCaffe, CorruptDatumsAreErrors) {
@@ -388,7 +415,8 @@ TEST(RecordCaffe, CorruptDatumsAreErrors) {
   {
     Proto p;
     p.Int(1, 1).Int(2, 1).Int(3, 1).Tag(6, 7);
-    EXPECT_EQ(DecodeCaffeDatum(p.bytes, &r).message(), "unknown wire type 7 at byte 6 (Datum field 6)");
+    EXPECT_EQ(DecodeCaffeDatum(p.bytes, &r).message(),
+              "unknown wire type 7 at byte 6 (Datum field 6)");
   }
   {
     Proto p;
@@ -410,7 +438,8 @@ TEST(RecordCaffe, CorruptDatumsAreErrors) {
   {
     Proto p;
     p.Int(1, 1).Len(2, "x");  // height as bytes
-    EXPECT_EQ(DecodeCaffeDatum(p.bytes, &r).message(), "Datum field 2 has wire type 2, expected 0 (at byte 2)");
+    EXPECT_EQ(DecodeCaffeDatum(p.bytes, &r).message(),
+              "Datum field 2 has wire type 2, expected 0 (at byte 2)");
   }
   {
     Proto p;
@@ -430,8 +459,11 @@ TEST(RecordCaffe, CorruptDatumsAreErrors) {
   }
   EXPECT_EQ(DecodeCaffeDatum(Bytes({0x08, 0x81}), &r).message(),
             "Datum field 1: varint at byte 1 runs past the end (value is 2 bytes)");
-  EXPECT_CONTAINS(DecodeCaffeDatum(Bytes({0x08, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01}), &r)
-                  .message(), "longer than 10 bytes");
+  EXPECT_CONTAINS(
+      DecodeCaffeDatum(
+          Bytes({0x08, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01}), &r)
+          .message(),
+      "longer than 10 bytes");
   // Every truncation of a valid Datum decodes or fails cleanly; those that
   // cut into the data field fail.
   Proto good;
@@ -453,7 +485,8 @@ TEST(RecordFormatDetection, MutatedValuesNeverReadOutOfBounds) {
   const std::vector<std::string> seeds = {
       EncodeCnnflowRecord(MakeView(2, {2, 3, 4}, RecordEncoding::kRaw, RecordDType::kU8, pixels)),
       EncodeCaffeDatum(MakeView(2, {2, 3, 4}, RecordEncoding::kRaw, RecordDType::kU8, pixels)),
-      EncodeCaffeDatum(MakeView(2, {1, 2, 3}, RecordEncoding::kRaw, RecordDType::kF32, FloatBytes(f)), true),
+      EncodeCaffeDatum(
+          MakeView(2, {1, 2, 3}, RecordEncoding::kRaw, RecordDType::kF32, FloatBytes(f)), true),
       unpacked.bytes,
   };
   std::mt19937 rng(123);
@@ -482,8 +515,9 @@ TEST(RecordFormatDetection, DetectsAndDispatches) {
   EXPECT_EQ(DetectRecordFormat(Bytes({0x0F})), RecordFormat::kUnknown);  // wire type 7
   RecordView r;
   EXPECT_EQ(DecodeRecord("", &r).message(), "value is empty");
-  EXPECT_EQ(DecodeRecord(Bytes({0x07, 1, 2}), &r).message(),
-            "value is neither a cnnflow record (magic \"CFR1\") nor a Caffe Datum (first byte 0x07)");
+  EXPECT_EQ(
+      DecodeRecord(Bytes({0x07, 1, 2}), &r).message(),
+      "value is neither a cnnflow record (magic \"CFR1\") nor a Caffe Datum (first byte 0x07)");
   EXPECT_EQ(DecodeRecord("CFR1xx", &r).message(), "value is 6 bytes, the header needs 24");
   EXPECT_STREQ(RecordFormatName(RecordFormat::kCaffeDatum), "caffe");
 }

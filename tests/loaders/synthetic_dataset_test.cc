@@ -37,7 +37,8 @@ std::string OpenError(const Params& values) {
   return testing::ErrorOf([&] { Open(values); });
 }
 
-Floats ReadSample(const Dataset& ds, int64_t i, const ReadContext& ctx = {}, int64_t* label = nullptr) {
+Floats ReadSample(const Dataset& ds, int64_t i, const ReadContext& ctx = {},
+                  int64_t* label = nullptr) {
   Floats x(static_cast<size_t>(ds.sample_shape().numel()), std::nanf(""));
   const ReadResult r = ds.Read(i, ctx, x.data());
   EXPECT_TRUE(r.ok()) << i << ": " << r.error;
@@ -52,7 +53,8 @@ double DocumentedMean(double separation, int64_t k, int64_t c, int64_t classes) 
 }
 
 TEST(SyntheticDataset, ShapesSizeAndClassesAreTheParameters) {
-  auto img = Open({{"shape", std::vector<int64_t>{3, 32, 32}}, {"classes", int64_t{7}},
+  auto img = Open({{"shape", std::vector<int64_t>{3, 32, 32}},
+                   {"classes", int64_t{7}},
                    {"size", int64_t{123}}});
   EXPECT_EQ(img->sample_shape(), Shape({3, 32, 32}));
   EXPECT_EQ(img->size(), 123);
@@ -67,16 +69,16 @@ TEST(SyntheticDataset, ShapesSizeAndClassesAreTheParameters) {
 
 TEST(SyntheticDataset, EveryValueIsWrittenAndBounded) {
   // An odd number of values: the last one must be written too.
-  for (const auto& shape : {std::vector<int64_t>{1, 7}, std::vector<int64_t>{3, 5, 3},
-                            std::vector<int64_t>{2, 1, 1}}) {
+  for (const auto& shape :
+       {std::vector<int64_t>{1, 7}, std::vector<int64_t>{3, 5, 3}, std::vector<int64_t>{2, 1, 1}}) {
     auto ds = Open({{"shape", shape}, {"separation", 2.0}, {"classes", int64_t{4}}});
     for (int64_t i = 0; i < 50; ++i) {
       int64_t label = -1;
       const Floats x = ReadSample(*ds, i, {}, &label);
       const int64_t plane = static_cast<int64_t>(x.size()) / shape[0];
       for (size_t e = 0; e < x.size(); ++e) {
-        ASSERT_TRUE(std::isfinite(x[e])) << "shape " << Shape(shape) << " sample " << i
-                                         << " value " << e << " not written";
+        ASSERT_TRUE(std::isfinite(x[e]))
+            << "shape " << Shape(shape) << " sample " << i << " value " << e << " not written";
         // Noise is uniform in [-sqrt 3, sqrt 3) around the class mean.
         const double mean = DocumentedMean(2.0, label, static_cast<int64_t>(e) / plane, 4);
         EXPECT_LE(std::fabs(x[e] - mean), std::sqrt(3.0) + 1e-5) << i << " " << e;
@@ -157,7 +159,8 @@ TEST(SyntheticDataset, ThreadsReadingInAnyOrderGetTheSameSamples) {
 TEST(SyntheticDataset, NoiseHasUnitVarianceAroundTheClassMean) {
   constexpr int64_t kClasses = 5;
   constexpr double kSeparation = 1.5;
-  auto ds = Open({{"shape", std::vector<int64_t>{3, 64, 64}}, {"classes", kClasses},
+  auto ds = Open({{"shape", std::vector<int64_t>{3, 64, 64}},
+                  {"classes", kClasses},
                   {"separation", kSeparation}});
   for (int64_t i = 0; i < 8; ++i) {
     int64_t label = -1;

@@ -18,7 +18,7 @@
 #include "tests/ops/gradient_check.h"
 #include "tests/testing/helpers.h"
 
-#define CNNFLOW_SKIP_WITHOUT_GPU()                                                       \
+#define CNNFLOW_SKIP_WITHOUT_GPU()                                                        \
   do {                                                                                    \
     if (!::cnnflow::CudaAvailable()) {                                                    \
       GTEST_SKIP() << "no GPU found (" << ::cnnflow::CudaDeviceCount() << " CUDA devices" \
@@ -50,10 +50,10 @@ inline Tensor ToF32(const Tensor& t) {
 }
 
 struct GpuCpuComparison {
-  double output = 0;       // normalised error of the model's output
-  double input_grad = 0;   // of the gradient with respect to the input
-  double param_grad = 0;   // largest over the parameters
-  double buffer = 0;       // largest over the buffers (BN running statistics)
+  double output = 0;      // normalised error of the model's output
+  double input_grad = 0;  // of the gradient with respect to the input
+  double param_grad = 0;  // largest over the parameters
+  double buffer = 0;      // largest over the buffers (BN running statistics)
   std::string worst_param;
 };
 
@@ -64,8 +64,8 @@ inline GpuCpuComparison CompareWithCpu(const std::vector<LayerSpec>& specs,
                                        const Shape& sample_shape, int64_t n, bool training = true,
                                        uint64_t seed = 5, DType compute = DType::kF32) {
   auto cpu = Model::Build(specs, sample_shape, DType::kF32, seed);
-  auto gpu = Model::Build(specs, sample_shape, DType::kF32, seed,
-                          InitScheme::kPytorchDefault, Device::Cuda(0), compute);
+  auto gpu = Model::Build(specs, sample_shape, DType::kF32, seed, InitScheme::kPytorchDefault,
+                          Device::Cuda(0), compute);
   const Tensor x = RandomTensor(sample_shape.WithBatch(n), seed + 1, -1, 1, DType::kF32);
   ForwardContext ctx;
   ctx.training = training;
@@ -100,7 +100,8 @@ inline GpuCpuComparison CompareWithCpu(const std::vector<LayerSpec>& specs,
   }
   auto sc = cpu->StateTensors();
   auto sg = gpu->StateTensors();
-  for (size_t i = 0; i < sc.size(); ++i) c.buffer = std::max(c.buffer, NormalisedError(sc[i].second, sg[i].second));
+  for (size_t i = 0; i < sc.size(); ++i)
+    c.buffer = std::max(c.buffer, NormalisedError(sc[i].second, sg[i].second));
   return c;
 }
 

@@ -100,7 +100,8 @@ inline void CheckGradients(Layer& layer, std::vector<Tensor> inputs, const Shape
     }
   };
   if (opt.check_inputs) {
-    for (size_t k = 0; k < inputs.size(); ++k) compare("input" + std::to_string(k), inputs[k], dx[k]);
+    for (size_t k = 0; k < inputs.size(); ++k)
+      compare("input" + std::to_string(k), inputs[k], dx[k]);
   }
   for (auto& p : layer.parameters()) {
     Tensor g = p.grad.Clone();

@@ -19,12 +19,13 @@ using testing::Spec;
 // conv -> relu -> conv, with a residual add of the relu output: relu1 feeds
 // two layers, so its gradient is a sum.
 std::vector<LayerSpec> ResidualSpecs() {
-  return {Spec("conv1", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          Spec("relu1", "relu"),
-          Spec("conv2", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          Spec("res", "add", {}, {"conv2", "relu1"}),
-          Spec("flat", "flatten"),
-          Spec("fc", "linear", {{"out", int64_t{4}}})};
+  return {
+      Spec("conv1", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("relu1", "relu"),
+      Spec("conv2", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("res", "add", {}, {"conv2", "relu1"}),
+      Spec("flat", "flatten"),
+      Spec("fc", "linear", {{"out", int64_t{4}}})};
 }
 
 // Every `stride`-th element of every parameter gradient of a forward and
@@ -79,10 +80,10 @@ TEST(Model, BackwardAccumulatesUntilZeroGrad) {
 }
 
 TEST(Model, StateIsNamedByLayerWithoutPrefix) {
-  auto model = Model::Build(
-      {Spec("conv1", "conv2d", {{"out", int64_t{2}}, {"kernel", int64_t{3}}}), Spec("bn1", "batchnorm"),
-       Spec("flat", "flatten"), Spec("fc", "linear", {{"out", int64_t{3}}})},
-      {1, 6, 6});
+  auto model = Model::Build({Spec("conv1", "conv2d", {{"out", int64_t{2}}, {"kernel", int64_t{3}}}),
+                             Spec("bn1", "batchnorm"), Spec("flat", "flatten"),
+                             Spec("fc", "linear", {{"out", int64_t{3}}})},
+                            {1, 6, 6});
   std::vector<std::string> names;
   for (auto& [n, t] : model->StateTensors()) names.push_back(n);
   EXPECT_EQ(names, (std::vector<std::string>{"conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias",
@@ -123,27 +124,31 @@ TEST(StateDict, ReadsPyTorchNamesStrictlyAndListsWhatDoesNotFit) {
   const Tensor w = Tensor::Full(Shape{2, 3}, 1), b = Tensor::Full(Shape{2}, 2);
   const std::vector<std::pair<std::string, Tensor>> model = {{"fc.weight", w}, {"fc.bias", b}};
   // DDP's "module.", BN's counter and a run's weight average are not the model's tensors.
-  const StateDictMatch ddp = MatchStateDict({{"module.fc.weight", w},
-                                             {"module.fc.bias", b},
-                                             {"module.bn.num_batches_tracked", Tensor::Full(Shape{1}, 5)},
-                                             {"ema.fc.weight", w}},
-                                            model);
+  const StateDictMatch ddp =
+      MatchStateDict({{"module.fc.weight", w},
+                      {"module.fc.bias", b},
+                      {"module.bn.num_batches_tracked", Tensor::Full(Shape{1}, 5)},
+                      {"ema.fc.weight", w}},
+                     model);
   EXPECT_TRUE(ddp.mismatches.empty()) << ListMismatches(ddp);
   ASSERT_EQ(ddp.tensors.size(), 2u);
   EXPECT_EQ(ddp.tensors[0].first, "fc.weight");
   // The prefix reads the average, and only it.
   StateDictRules ema;
   ema.prefix = "ema.";
-  const StateDictMatch avg = MatchStateDict({{"fc.weight", w}, {"ema.fc.weight", w}, {"ema.fc.bias", b}}, model, ema);
+  const StateDictMatch avg =
+      MatchStateDict({{"fc.weight", w}, {"ema.fc.weight", w}, {"ema.fc.bias", b}}, model, ema);
   EXPECT_TRUE(avg.mismatches.empty()) << ListMismatches(avg);
   // Missing, unexpected and misshapen tensors, one line each.
   const StateDictMatch bad =
       MatchStateDict({{"fc.weight", Tensor::Full(Shape{3, 2}, 1)}, {"head.weight", w}}, model);
   ASSERT_EQ(bad.mismatches.size(), 3u);
   const std::string list = ListMismatches(bad);
-  EXPECT_NE(list.find("'fc.weight' is [3, 2] in the file, [2, 3] in the model"), std::string::npos) << list;
+  EXPECT_NE(list.find("'fc.weight' is [3, 2] in the file, [2, 3] in the model"), std::string::npos)
+      << list;
   EXPECT_NE(list.find("the model's 'fc.bias' [2] is not in the file"), std::string::npos) << list;
-  EXPECT_NE(list.find("the file's 'head.weight' [2, 3] is not in the model"), std::string::npos) << list;
+  EXPECT_NE(list.find("the file's 'head.weight' [2, 3] is not in the model"), std::string::npos)
+      << list;
   // skip: neither read nor missed.
   StateDictRules skip;
   skip.skip = {"fc.b*"};
@@ -174,9 +179,10 @@ namespace {
 // Out of memory names the layer that asked (the pool capped to provoke it),
 // and the pool recovers once the cap is lifted.
 TEST(Model, OutOfMemoryNamesTheLayerThatAsked) {
-  auto model = Model::Build(
-      {Spec("conv1", "conv2d", {{"out", int64_t{64}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})},
-      {3, 61, 67}, DType::kF32, 1);
+  auto model =
+      Model::Build({Spec("conv1", "conv2d",
+                         {{"out", int64_t{64}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})},
+                   {3, 61, 67}, DType::kF32, 1);
   MemoryPool& pool = PoolFor(Device::Cpu());
   struct Uncap {
     MemoryPool& p;
@@ -222,14 +228,15 @@ ForwardContext FreeingContext() {
 // shape, so a block freed after its first reader would be relu2's output
 // and the add would read relu2 twice.
 std::vector<LayerSpec> FanOutSpecs() {
-  return {Spec("conv1", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          Spec("relu1", "relu"),
-          Spec("conv2", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          Spec("relu2", "relu"),
-          Spec("res", "add", {}, {"relu2", "relu1"}),
-          Spec("pool", "maxpool2d", {{"kernel", int64_t{2}}}),
-          Spec("flat", "flatten"),
-          Spec("fc", "linear", {{"out", int64_t{4}}})};
+  return {
+      Spec("conv1", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("relu1", "relu"),
+      Spec("conv2", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("relu2", "relu"),
+      Spec("res", "add", {}, {"relu2", "relu1"}),
+      Spec("pool", "maxpool2d", {{"kernel", int64_t{2}}}),
+      Spec("flat", "flatten"),
+      Spec("fc", "linear", {{"out", int64_t{4}}})};
 }
 
 TEST(Model, ForwardWithoutKeepingActivationsGivesTheSameOutput) {
@@ -314,15 +321,22 @@ TEST(Model, BackwardAfterForwardWithoutActivationsIsAnError) {
 std::vector<LayerSpec> FusableSpecs() {
   auto conv = [](const char* name, std::vector<std::string> in = {}) {
     return Spec(name, "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}},
-             std::move(in));
+                std::move(in));
   };
-  return {conv("conv1"),         Spec("bn1", "batchnorm"),
-          Spec("relu1", "relu"),    conv("conv2"),
-          Spec("bn2", "batchnorm"), Spec("res", "add", {}, {"bn2", "relu1"}),
-          Spec("relu2", "relu"),    conv("conv3"),
-          Spec("relu3", "relu"),    conv("conv4"),
-          Spec("relu4", "relu"),    Spec("res2", "add", {}, {"relu4", "conv4"}),
-          Spec("flat", "flatten"),  Spec("fc", "linear", {{"out", int64_t{3}}})};
+  return {conv("conv1"),
+          Spec("bn1", "batchnorm"),
+          Spec("relu1", "relu"),
+          conv("conv2"),
+          Spec("bn2", "batchnorm"),
+          Spec("res", "add", {}, {"bn2", "relu1"}),
+          Spec("relu2", "relu"),
+          conv("conv3"),
+          Spec("relu3", "relu"),
+          conv("conv4"),
+          Spec("relu4", "relu"),
+          Spec("res2", "add", {}, {"relu4", "conv4"}),
+          Spec("flat", "flatten"),
+          Spec("fc", "linear", {{"out", int64_t{3}}})};
 }
 
 TEST(Model, ReluFusionPicksTheOnlyReaderCases) {

@@ -112,8 +112,7 @@ inline double CheckLayer(const std::string& type, const Args& args,
     EXPECT_LE(RelError(dx32[k], Values(dx64[k])), f32_tol) << type << " f32 dx" << k;
   }
   for (size_t i = 0; i < p.f64->parameters().size(); ++i) {
-    EXPECT_LE(RelError(p.f32->parameters()[i].grad, Values(p.f64->parameters()[i].grad)),
-              f32_tol)
+    EXPECT_LE(RelError(p.f32->parameters()[i].grad, Values(p.f64->parameters()[i].grad)), f32_tol)
         << type << " f32 gradient of parameter '" << p.f64->parameters()[i].name << "'";
   }
   if (grad_check) CheckGradients(*p.f64, p.x64, p.out);

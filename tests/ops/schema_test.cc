@@ -24,7 +24,8 @@ TEST(Schema, ClosestMatchSuggestsOnlyCloseNames) {
 
 TEST(Schema, ArgsFillDefaultsAndRepeatScalars) {
   Schema s("test");
-  s.Required("kernel", ParamType::kIntList, "k").Optional("stride", ParamType::kIntList, int64_t{1}, "s");
+  s.Required("kernel", ParamType::kIntList, "k")
+      .Optional("stride", ParamType::kIntList, int64_t{1}, "s");
   Args a;
   a.Set("kernel", std::vector<int64_t>{3});
   a.FillDefaults(s);

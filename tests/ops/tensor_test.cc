@@ -3,9 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
-
 #include <cstdint>
+#include <cstring>
 
 namespace cnnflow {
 namespace {

@@ -154,8 +154,7 @@ eval:
   edges: []
 )",
                                  "tmpl.yaml");
-  const std::string msg =
-      ErrorOf(std::string(kGood) + "graph: {template: " + tmpl + "}\n");
+  const std::string msg = ErrorOf(std::string(kGood) + "graph: {template: " + tmpl + "}\n");
   EXPECT_NE(msg.find("tmpl.yaml:4:23: node 'prefetch': unknown stage type 'prefech' (did you mean "
                      "'prefetch'?); known: "),
             std::string::npos)
@@ -183,14 +182,16 @@ TEST_F(ConfigTest, YamlSyntaxErrorHasLineAndColumn) {
 
 TEST_F(ConfigTest, ShapeMismatchNamesBothLayersAndShapes) {
   // A stride-2 conv makes the flattened features 196, not the 784 fc1 says.
-  RunConfig c = LoadRunConfig(Write(Replace(kGood, "kernel: 3, pad: 1", "kernel: 3, pad: 1, stride: 2")));
+  RunConfig c =
+      LoadRunConfig(Write(Replace(kGood, "kernel: 3, pad: 1", "kernel: 3, pad: 1, stride: 2")));
   try {
     Model::Build(c.layers, c.input_shape);
     FAIL();
   } catch (const ShapeError& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("shape mismatch at layer 'fc1' (linear): 'flatten' (flatten) produces [196]"),
-              std::string::npos)
+    EXPECT_NE(
+        msg.find("shape mismatch at layer 'fc1' (linear): 'flatten' (flatten) produces [196]"),
+        std::string::npos)
         << msg;
     EXPECT_NE(msg.find("784"), std::string::npos) << msg;
   }
@@ -215,21 +216,24 @@ TEST_F(ConfigTest, AddOfDifferentShapesNamesBothInputs) {
 // `cnnflow tune --write`: the setting goes into the text, the rest stays.
 TEST(SetYamlScalar, ReplacesAValueWhereItStandsKeepingComments) {
   const std::string text =
-      "# my run\nname: x  # named\ngraph: {template: g.yaml, prefetch: 4, load_threads: 1}  # keep\n";
+      "# my run\nname: x  # named\ngraph: {template: g.yaml, prefetch: 4, load_threads: 1}  # "
+      "keep\n";
   std::string out = SetYamlScalar(text, "graph.load_threads", "2", "c.yaml");
   out = SetYamlScalar(out, "graph.prefetch", "16", "c.yaml");
   EXPECT_EQ(out,
-            "# my run\nname: x  # named\ngraph: {template: g.yaml, prefetch: 16, load_threads: 2}  # keep\n");
+            "# my run\nname: x  # named\ngraph: {template: g.yaml, prefetch: 16, load_threads: 2}  "
+            "# keep\n");
 }
 
 TEST(SetYamlScalar, AddsAMissingKeyToFlowAndBlockSections) {
   EXPECT_EQ(SetYamlScalar("graph: {devices: [cpu:0]}\nseed: 1\n", "graph.prefetch", "8", "c"),
             "graph: {devices: [cpu:0], prefetch: 8}\nseed: 1\n");
   EXPECT_EQ(SetYamlScalar("graph: {}\n", "graph.prefetch", "8", "c"), "graph: {prefetch: 8}\n");
-  EXPECT_EQ(SetYamlScalar("graph:\n  # the template\n  template: g.yaml\nseed: 1\n", "graph.prefetch",
-                          "8", "c"),
+  EXPECT_EQ(SetYamlScalar("graph:\n  # the template\n  template: g.yaml\nseed: 1\n",
+                          "graph.prefetch", "8", "c"),
             "graph:\n  # the template\n  prefetch: 8\n  template: g.yaml\nseed: 1\n");
-  EXPECT_EQ(SetYamlScalar("seed: 1", "graph.prefetch", "8", "c"), "seed: 1\ngraph: {prefetch: 8}\n");
+  EXPECT_EQ(SetYamlScalar("seed: 1", "graph.prefetch", "8", "c"),
+            "seed: 1\ngraph: {prefetch: 8}\n");
   // Block values, with comments after them.
   EXPECT_EQ(SetYamlScalar("graph:\n  prefetch: 4   # why\n  load_threads: 1\n", "graph.prefetch",
                           "2", "c"),
@@ -264,7 +268,8 @@ TEST_F(ConfigTest, GpuDeviceListsAreCheckedBeforeTheRun) {
             DType::kBF16);
   EXPECT_NE(ErrorOf(kGood, {"graph.precision=fp16"}).find("CPU devices train in fp32"),
             std::string::npos);
-  EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:0]", "graph.precision=f16"}).find("expected fp32, bf16 or fp16"),
+  EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:0]", "graph.precision=f16"})
+                .find("expected fp32, bf16 or fp16"),
             std::string::npos);
 }
 

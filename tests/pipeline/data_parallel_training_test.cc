@@ -315,10 +315,14 @@ TEST(DataParallelTraining, CutmixBeforeTheDevicesTrainsAndResumesExactly) {
   const std::string node = "    devices:   {stage: forward_backward}\n";
   t.replace(t.find(node), 0, "    mix:       {stage: cutmix, alpha: 1.0}\n");
   testing::WriteBytes((dir / "cutmix.yaml").string(), t);
-  const std::vector<std::string> config = {
-      "train.epochs=2", "train.max_steps=20", "threads=2", "train.batch=32",
-      "graph.devices=[cpu:0, cpu:1]", "train.checkpoint_every=7", "train.keep_checkpoints=0",
-      "graph.template=" + (dir / "cutmix.yaml").string()};
+  const std::vector<std::string> config = {"train.epochs=2",
+                                           "train.max_steps=20",
+                                           "threads=2",
+                                           "train.batch=32",
+                                           "graph.devices=[cpu:0, cpu:1]",
+                                           "train.checkpoint_every=7",
+                                           "train.keep_checkpoints=0",
+                                           "graph.template=" + (dir / "cutmix.yaml").string()};
   {
     Trainer probe(LoadRunConfig(kConfig, config));
     ASSERT_EQ(probe.config().train_graph.Find("mix")->stage, "cutmix");
@@ -620,7 +624,8 @@ TEST(DataParallelTrainingGPU, TheSameConfigTrainsOnAGpuAsOnTheCpu) {
     const Tensor a = pc[i].param->value, b = pg[i].param->value.To(Device::Cpu());
     double scale = 1e-12;
     for (int64_t j = 0; j < a.numel(); ++j) scale = std::max(scale, std::fabs(a.At(j)));
-    for (int64_t j = 0; j < a.numel(); ++j) worst = std::max(worst, std::fabs(a.At(j) - b.At(j)) / scale);
+    for (int64_t j = 0; j < a.numel(); ++j)
+      worst = std::max(worst, std::fabs(a.At(j) - b.At(j)) / scale);
   }
   EXPECT_LT(worst, 1e-2);
 }
@@ -630,9 +635,13 @@ TEST(DataParallelTrainingGPU, TheSameConfigTrainsOnAGpuAsOnTheCpu) {
 // fastest algorithms are not bitwise deterministic).
 TEST(DataParallelTrainingGPU, ResumedGpuRunEndsCloseToTheUninterruptedOne) {
   if (!CudaAvailable()) GTEST_SKIP() << "no GPU found: GPU test skipped";
-  const std::vector<std::string> config = {
-      "train.epochs=2", "train.max_steps=20", "threads=2", "graph.devices=[cuda:0]",
-      "train.checkpoint_every=7", "train.keep_checkpoints=0", "train.optimizer={adam: {lr: 0.001}}"};
+  const std::vector<std::string> config = {"train.epochs=2",
+                                           "train.max_steps=20",
+                                           "threads=2",
+                                           "graph.devices=[cuda:0]",
+                                           "train.checkpoint_every=7",
+                                           "train.keep_checkpoints=0",
+                                           "train.optimizer={adam: {lr: 0.001}}"};
   const fs::path dir = testing::TestDir();
   ExpectResumeIsExact("bench/configs/mlp2_synthetic.yaml", config, dir, 1e-3);
   fs::remove_all(dir);

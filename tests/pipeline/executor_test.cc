@@ -4,14 +4,13 @@
 #include "pipeline/executor.h"
 
 #include <gtest/gtest.h>
+#include <tbb/global_control.h>
 
 #include <atomic>
 #include <chrono>
 #include <mutex>
 #include <set>
 #include <thread>
-
-#include <tbb/global_control.h>
 
 #include "ops/random.h"
 #include "stages/run_state.h"
@@ -59,7 +58,8 @@ std::vector<int64_t> g_seen;
 
 class RecordStage final : public Stage {
  public:
-  RecordStage(const StageInfo& info, const Args& args) : Stage(info), sleep_us_(args.Int("sleep_us")) {}
+  RecordStage(const StageInfo& info, const Args& args)
+      : Stage(info), sleep_us_(args.Int("sleep_us")) {}
   StagePorts Build(FlowGraph& g, RunState&) override {
     node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
         g, tbb::flow::serial, [this](const Message& m) {
@@ -76,8 +76,8 @@ class RecordStage final : public Stage {
   std::unique_ptr<tbb::flow::function_node<Message, Message>> node_;
 };
 CNNFLOW_REGISTER_STAGE(test_record, RecordStage,
-                       Schema("test: records batch indices").Optional("sleep_us", ParamType::kInt,
-                                                                     int64_t{0}, "delay"));
+                       Schema("test: records batch indices")
+                           .Optional("sleep_us", ParamType::kInt, int64_t{0}, "delay"));
 
 class ThrowStage final : public Stage {
  public:
@@ -97,8 +97,9 @@ class ThrowStage final : public Stage {
   int64_t at_;
   std::unique_ptr<tbb::flow::function_node<Message, Message>> node_;
 };
-CNNFLOW_REGISTER_STAGE(test_throw, ThrowStage,
-                       Schema("test: throws at one batch").Required("at", ParamType::kInt, "batch"));
+CNNFLOW_REGISTER_STAGE(
+    test_throw, ThrowStage,
+    Schema("test: throws at one batch").Required("at", ParamType::kInt, "batch"));
 
 // Keeps every batch that reaches it (inputs copied, labels and mixing).
 std::vector<BatchMessage> g_captured;
@@ -207,10 +208,11 @@ train:
 TEST_F(ExecutorTest, PrefetchBudgetSmallerThanABatchIsAnError) {
   state.batch_bytes = 3'000'000;
   try {
-    RunGraph(Graph("train:\n  nodes:\n    sample: {stage: sampler, batch: 4}\n"
-                   "    prefetch: {stage: prefetch, memory_mb: 2}\n    record: {stage: test_record}\n"
-                   "  edges: [sample -> prefetch -> record]\n"),
-             state);
+    RunGraph(
+        Graph("train:\n  nodes:\n    sample: {stage: sampler, batch: 4}\n"
+              "    prefetch: {stage: prefetch, memory_mb: 2}\n    record: {stage: test_record}\n"
+              "  edges: [sample -> prefetch -> record]\n"),
+        state);
     FAIL() << "expected an error";
   } catch (const StageError& e) {
     EXPECT_NE(std::string(e.what()).find("node 'prefetch' (prefetch): memory_mb 2 holds no batch: "
@@ -259,7 +261,8 @@ train:
   nodes:
     sample: {stage: sampler, batch: 10, shuffle: false}
     prefetch: {stage: prefetch, depth: 4}
-    load: {stage: load_batch, threads: )", from, R"(, slice: 1}
+    load: {stage: load_batch, threads: )",
+                          from, R"(, slice: 1}
     metrics: {stage: metrics}
   edges: [sample -> prefetch -> load -> metrics]
 )")),
@@ -288,7 +291,8 @@ train:
     RunGraph(spec, state);
     FAIL() << "expected an exception";
   } catch (const StageError& e) {
-    EXPECT_NE(std::string(e.what()).find("node 'boom' (test_throw): bad batch 7"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("node 'boom' (test_throw): bad batch 7"),
+              std::string::npos)
         << e.what();
   }
   EXPECT_LT(g_seen.size(), 40u);
@@ -366,25 +370,27 @@ train:
   EXPECT_EQ(state.metrics.samples, 196);
   std::vector<std::string> bad = state.bad_records;
   std::sort(bad.begin(), bad.end());
-  EXPECT_EQ(bad, (std::vector<std::string>{"k103 (sample 103): corrupt record",
-                                           "k153 (sample 153): corrupt record",
-                                           "k3 (sample 3): corrupt record",
-                                           "k53 (sample 53): corrupt record"}));
+  EXPECT_EQ(bad, (std::vector<std::string>{
+                     "k103 (sample 103): corrupt record", "k153 (sample 153): corrupt record",
+                     "k3 (sample 3): corrupt record", "k53 (sample 53): corrupt record"}));
 }
 
 TEST(GraphSpec, RejectsUnknownNodeInEdgeAndCycles) {
   try {
-    Graph("train:\n  nodes:\n    a: {stage: sampler, batch: 2}\n    b: {stage: test_record}\n"
-          "  edges: [a -> c]\n");
+    Graph(
+        "train:\n  nodes:\n    a: {stage: sampler, batch: 2}\n    b: {stage: test_record}\n"
+        "  edges: [a -> c]\n");
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("test_graph.yaml:5:11: graph 'train' edges: unknown node 'c'"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("test_graph.yaml:5:11: graph 'train' edges: unknown node 'c'"),
+        std::string::npos)
         << e.what();
   }
   try {
-    Graph("train:\n  nodes:\n    a: {stage: test_record}\n    b: {stage: test_record}\n"
-          "  edges: [a -> b, b -> a]\n");
+    Graph(
+        "train:\n  nodes:\n    a: {stage: test_record}\n    b: {stage: test_record}\n"
+        "  edges: [a -> b, b -> a]\n");
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("has a cycle"), std::string::npos) << e.what();
@@ -402,7 +408,8 @@ TEST_F(ExecutorTest, MixupAndCutmixMixRowsWithTheirMirrorAndSayHowMuch) {
       g_captured.clear();
       state.seed = 5;
       RunGraph(Graph(StrCat("train:\n  nodes:\n    sample: {stage: sampler, batch: 5}\n"
-                            "    load: {stage: load_batch}\n    mix: {stage: ", type,
+                            "    load: {stage: load_batch}\n    mix: {stage: ",
+                            type,
                             ", alpha: 1.0}\n    keep: {stage: test_capture}\n"
                             "  edges: [sample -> load -> mix -> keep]\n")),
                state);
@@ -457,10 +464,10 @@ TEST(GraphSpec, ExpandsPerDeviceStagesIntoLanes) {
   for (const auto& e : x.edges) edges.push_back(x.nodes[e.from].name + " -> " + x.nodes[e.to].name);
   EXPECT_EQ(names, (std::vector<std::string>{"load", "fb[cpu:0]", "fb[cpu:1]", "ar[cpu:0]",
                                              "ar[cpu:1]", "opt[cpu:0]", "opt[cpu:1]", "end"}));
-  EXPECT_EQ(edges, (std::vector<std::string>{
-                       "load -> fb[cpu:0]", "load -> fb[cpu:1]", "fb[cpu:0] -> ar[cpu:0]",
-                       "fb[cpu:1] -> ar[cpu:1]", "ar[cpu:0] -> opt[cpu:0]",
-                       "ar[cpu:1] -> opt[cpu:1]", "opt[cpu:0] -> end", "opt[cpu:1] -> end"}));
+  EXPECT_EQ(edges, (std::vector<std::string>{"load -> fb[cpu:0]", "load -> fb[cpu:1]",
+                                             "fb[cpu:0] -> ar[cpu:0]", "fb[cpu:1] -> ar[cpu:1]",
+                                             "ar[cpu:0] -> opt[cpu:0]", "ar[cpu:1] -> opt[cpu:1]",
+                                             "opt[cpu:0] -> end", "opt[cpu:1] -> end"}));
   EXPECT_EQ(g.Expand({}).nodes.size(), 5u) << "no devices: the graph as written";
   const std::string dot = g.ToDot({"cpu:0", "cpu:1"});
   EXPECT_NE(dot.find("subgraph \"cluster_train\""), std::string::npos) << dot;

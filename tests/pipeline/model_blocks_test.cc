@@ -10,8 +10,8 @@
 #include <map>
 #include <set>
 
-#include "ops/model.h"
 #include "ops/cpu/elementwise.h"
+#include "ops/model.h"
 #include "ops/train/optimizer.h"
 #include "tests/ops/gradient_check.h"
 
@@ -114,7 +114,7 @@ TEST(ModelBlocks, Expressions) {
     - {name: x, block: b}
 )yaml");
   EXPECT_EQ(Find(m, "x.a")->args.Int("out"), 6 * 4 / 3 + 12 - 4);
-  EXPECT_EQ(Find(m, "x.b")->args.Int("out"), 16);  // make_divisible(9, 8): 9 -> 8 < 0.9 * 9, so 16
+  EXPECT_EQ(Find(m, "x.b")->args.Int("out"), 16);   // make_divisible(9, 8): 9 -> 8 < 0.9 * 9, so 16
   EXPECT_EQ(Find(m, "x.c.1")->args.Int("out"), 3);  // round(2.5) == 2 (ties to even) -> max(3, 2)
   EXPECT_EQ(Find(m, "x.d")->args.Int("out"), 3 + 1 + 2);  // floor(-0.5) % 3 == -1 % 3 == 2
   EXPECT_DOUBLE_EQ(Find(m, "x.e")->args.Float("p"), 0.5);
@@ -151,7 +151,9 @@ TEST(ModelBlocks, ErrorsSayWhereAndWhat) {
   EXPECT_NE(e.find("cfg.yaml:9:"), std::string::npos) << e;
   EXPECT_NE(e.find("unknown block 'bb'; known: b, "), std::string::npos) << e;
   e = ErrorOf(base + "    - {name: x, block: b, with: {plane: 2}}\n");
-  EXPECT_NE(e.find("unknown param of block 'b' 'plane' (did you mean 'planes'?)"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown param of block 'b' 'plane' (did you mean 'planes'?)"),
+            std::string::npos)
+      << e;
   e = ErrorOf(base + "    - {name: x, block: b}\n");
   EXPECT_NE(e.find("needs param 'planes'"), std::string::npos) << e;
   e = ErrorOf(base + "    - {name: x, block: b, with: {planes: \"$planes * 2\"}}\n");
@@ -173,7 +175,9 @@ TEST(ModelBlocks, ErrorsSayWhereAndWhat) {
       << e;
   EXPECT_NE(e.find("cfg.yaml:6:"), std::string::npos) << e;
   e = ErrorOf("model: {library: resnet05}\n");
-  EXPECT_NE(e.find("unknown library model 'resnet05' (did you mean 'resnet50'?)"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown library model 'resnet05' (did you mean 'resnet50'?)"),
+            std::string::npos)
+      << e;
   e = ErrorOf("model: {library: resnet18, with: {clases: 10}}\n");
   EXPECT_NE(e.find("'clases' (did you mean 'classes'?)"), std::string::npos) << e;
   e = ErrorOf(R"yaml(model:
@@ -206,10 +210,10 @@ TEST(ModelBlocks, AConfigsBlockShadowsTheLibrarysForThatConfigOnly) {
 // of torchvision 0.2x), and a few of its state_dict names.
 TEST(ModelLibrary, TorchvisionParameterCountsAndNames) {
   const std::map<std::string, int64_t> counts = {
-      {"resnet18", 11689512},        {"resnet34", 21797672},      {"resnet50", 25557032},
-      {"resnet101", 44549160},       {"resnext50_32x4d", 25028904}, {"vgg11_bn", 132868840},
-      {"mobilenet_v2", 3504872},     {"mobilenet_v3_small", 2542856},
-      {"efficientnet_b0", 5288548},  {"convnext_tiny", 28589128}, {"densenet121", 7978856},
+      {"resnet18", 11689512},      {"resnet34", 21797672},          {"resnet50", 25557032},
+      {"resnet101", 44549160},     {"resnext50_32x4d", 25028904},   {"vgg11_bn", 132868840},
+      {"mobilenet_v2", 3504872},   {"mobilenet_v3_small", 2542856}, {"efficientnet_b0", 5288548},
+      {"convnext_tiny", 28589128}, {"densenet121", 7978856},
   };
   std::set<std::string> listed;
   for (const LibraryModel& lm : LibraryModels()) listed.insert(lm.name);
@@ -279,8 +283,10 @@ TEST(LayerTensorSpecs, FrozenTensorsAreNotUpdatedAndNamedInitsApply) {
     const bool frozen = p.name == "bn.weight" || p.name.rfind("fc.", 0) == 0;
     EXPECT_EQ(p.param->trainable, !frozen) << p.name;
     const double moved = MaxAbsDiff(before[p.name], p.param->value);
-    if (frozen) EXPECT_EQ(moved, 0.0) << p.name;
-    else EXPECT_GT(moved, 0.0) << p.name;
+    if (frozen)
+      EXPECT_EQ(moved, 0.0) << p.name;
+    else
+      EXPECT_GT(moved, 0.0) << p.name;
   }
   EXPECT_EQ(model->layer(1).parameters()[0].value.At(0), 0.0);
 }

@@ -162,7 +162,8 @@ TEST(Training, ARunWithoutATestSetLeavesTheTestColumnsEmpty) {
 // far less than a forward of 1000 rows, whose conv1 output [1000, 32, 28, 28]
 // alone is 100 MB.
 TEST(Training, EvaluationRunsInMicroBatchesOfTheTrainingBatch) {
-  Trainer reference(LoadRunConfig("configs/fashion_mnist.yaml", {"threads=2", "train.eval_batch=64"}));
+  Trainer reference(
+      LoadRunConfig("configs/fashion_mnist.yaml", {"threads=2", "train.eval_batch=64"}));
   const PassMetrics ref = reference.Evaluate();
   EXPECT_EQ(ref.batches, 157);
 

@@ -34,11 +34,11 @@ Built Build(std::vector<std::string> sets) {
 
 TEST(ValidateReport, TensorParallelMembersShareTheirBatch) {
   const Built one = Build({});
-  const Built tp = Build({"graph.devices=[cpu:0, cpu:1]",
-                          "graph.tensor_parallel={size: 2, layers: {conv2: column}}"});
+  const Built tp = Build(
+      {"graph.devices=[cpu:0, cpu:1]", "graph.tensor_parallel={size: 2, layers: {conv2: column}}"});
   const Built dp = Build({"graph.devices=[cpu:0, cpu:1]"});
   EXPECT_GT(one.memory.batch_mb, 0);
-  EXPECT_DOUBLE_EQ(tp.memory.batch_mb, one.memory.batch_mb);  // 2 members, one group's rows
+  EXPECT_DOUBLE_EQ(tp.memory.batch_mb, one.memory.batch_mb);      // 2 members, one group's rows
   EXPECT_DOUBLE_EQ(dp.memory.batch_mb, 2 * one.memory.batch_mb);  // 2 replicas, 2 x the rows
   const std::string report = tp.trainer->Describe();
   char want[64];
@@ -53,8 +53,8 @@ TEST(ValidateReport, TheHostTotalKeepsToThePrefetchBudget) {
   EXPECT_EQ(free.memory.prefetch_depth, 4);
   EXPECT_EQ(capped.memory.prefetch_depth, 2);
   EXPECT_DOUBLE_EQ(capped.memory.prefetch_mb, 2 * capped.memory.batch_mb);
-  EXPECT_DOUBLE_EQ(capped.memory.host_mb,
-                   capped.memory.prefetch_mb + capped.memory.activations_mb + capped.memory.state_mb);
+  EXPECT_DOUBLE_EQ(capped.memory.host_mb, capped.memory.prefetch_mb + capped.memory.activations_mb +
+                                              capped.memory.state_mb);
   EXPECT_LT(capped.memory.host_mb, free.memory.host_mb);
 }
 
@@ -71,8 +71,8 @@ TEST(GraphPlan, TheStepCountIsTheSamplersBatches) {
   WriteBytes(path, tmpl);
   const Built shipped = Build({"train.batch=64"});
   const Built user = Build({"train.batch=64", "graph.template=" + path});
-  EXPECT_EQ(shipped.trainer->steps_per_epoch(), 938);   // 60,000 / 64, rounded up
-  EXPECT_EQ(user.trainer->steps_per_epoch(), 1875);     // 60,000 / 32
+  EXPECT_EQ(shipped.trainer->steps_per_epoch(), 938);  // 60,000 / 64, rounded up
+  EXPECT_EQ(user.trainer->steps_per_epoch(), 1875);    // 60,000 / 32
   EXPECT_EQ(shipped.trainer->config().train_graph.Plan().batch_samples, 64);
   EXPECT_NE(user.trainer->Describe().find("steps per epoch: 1875"), std::string::npos);
 }

@@ -18,8 +18,8 @@
 #include <set>
 
 #include "ops/io/safetensors.h"
-#include "ops/model.h"
 #include "ops/loss.h"
+#include "ops/model.h"
 #include "pipeline/run_config.h"
 
 namespace cnnflow {
@@ -120,19 +120,20 @@ TEST(ImportOnnx, MapsExporterPatternsToSingleLayers) {
     return t;
   };
   const auto se = types(ImportFile(Fixture("inverted_residual_se_silu.onnx")));
-  EXPECT_EQ(se.count("silu"), 4u);  // Sigmoid + Mul
+  EXPECT_EQ(se.count("silu"), 4u);   // Sigmoid + Mul
   EXPECT_EQ(se.count("relu6"), 1u);  // Clip [0, 6]
-  EXPECT_EQ(se.count("mul"), 1u);  // the SE gate
+  EXPECT_EQ(se.count("mul"), 1u);    // the SE gate
   EXPECT_EQ(se.count("sigmoid"), 1u);
-  EXPECT_EQ(se.count("global_avgpool"), 1u);  // GlobalAveragePool + Flatten
+  EXPECT_EQ(se.count("global_avgpool"), 1u);      // GlobalAveragePool + Flatten
   EXPECT_EQ(se.count("adaptive_avgpool2d"), 1u);  // the SE's pool, [C, 1, 1]
   const ImportedOnnx gelu = ImportFile(Fixture("gelu_net.onnx"));
   EXPECT_EQ(types(gelu).count("gelu"), 2u);  // erf (5 nodes) and tanh (9 nodes)
   EXPECT_EQ(gelu.layers.size(), 8u);
   const ImportedOnnx zoo = ImportFile(Fixture("zoo_net.onnx"));
   const auto z = types(zoo);
-  for (const char* t : {"leaky_relu", "conv_transpose2d", "hardswish", "avgpool2d", "upsample",
-                        "hardsigmoid", "concat", "layer_scale", "mul", "global_avgpool", "linear"}) {
+  for (const char* t :
+       {"leaky_relu", "conv_transpose2d", "hardswish", "avgpool2d", "upsample", "hardsigmoid",
+        "concat", "layer_scale", "mul", "global_avgpool", "linear"}) {
     EXPECT_EQ(z.count(t), 1u) << t;
   }
   // The final Softmax is left out, and said so.
@@ -154,7 +155,8 @@ TEST_P(FoldedFixture, ImportsAsItIs) {
   auto model = BuildImported(m);
   ForwardContext eval;
   eval.training = false;
-  EXPECT_LE(RelativeError(model->Forward(ref.Find("input")->Cast(DType::kF32), eval), *ref.Find("logits")),
+  EXPECT_LE(RelativeError(model->Forward(ref.Find("input")->Cast(DType::kF32), eval),
+                          *ref.Find("logits")),
             1e-4);
   EXPECT_EQ(m.layers[0].name, first_layer);
   EXPECT_EQ(m.tensors[0].first, first_layer + ".weight");
@@ -277,7 +279,8 @@ TEST(ImportOnnx, AnAttributeWithoutACounterpartIsNamed) {
     odd->set_type(onnx::AttributeProto::INT);
     odd->set_i(1);
   }));
-  EXPECT_NE(e2.find("node '/pool/MaxPool' (MaxPool): attribute 'frobnicate'"), std::string::npos) << e2;
+  EXPECT_NE(e2.find("node '/pool/MaxPool' (MaxPool): attribute 'frobnicate'"), std::string::npos)
+      << e2;
 }
 
 TEST(ImportOnnx, AFailedImportWritesNothing) {

@@ -43,16 +43,16 @@ TEST(LayerScaleGPU, MatchesCpu) {
 TEST(ChannelLinearGPU, MatchesCpu) {
   CNNFLOW_SKIP_WITHOUT_GPU();
   ExpectMatches({Spec("pw", "channel_linear", {{"out", int64_t{8}}})}, Shape{6, 7, 5}, 1e-5);
-  ExpectMatches({Spec("pw", "channel_linear", {{"out", int64_t{3}}, {"bias", false}})},
-                Shape{6, 9}, 1e-5);
+  ExpectMatches({Spec("pw", "channel_linear", {{"out", int64_t{3}}, {"bias", false}})}, Shape{6, 9},
+                1e-5);
 }
 
 TEST(LayerNormGPU, MatchesCpu) {
   CNNFLOW_SKIP_WITHOUT_GPU();
   for (const Shape& s : {Shape{6, 7, 5}, Shape{6, 9}, Shape{12}}) {
     SCOPED_TRACE(s.ToString());
-    ExpectMatches({Spec("fc", "channel_linear", {{"out", int64_t{6}}}), Spec("ln", "layernorm")},
-                  s, 1e-4);
+    ExpectMatches({Spec("fc", "channel_linear", {{"out", int64_t{6}}}), Spec("ln", "layernorm")}, s,
+                  1e-4);
   }
 }
 

@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "ops/cuda/batch_stager.h"
 #include "ops/cuda/kernels.h"
 #include "ops/layers/dropout.h"
-#include "ops/cuda/batch_stager.h"
 #include "ops/train/optimizer.h"
 #include "tests/ops/cuda/util.h"
 #include "tests/ops/gpu_check.h"

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
+#include "ops/cuda/batch_stager.h"
 #include "ops/cuda/kernels.h"
 #include "ops/layers/dropout.h"
-#include "ops/cuda/batch_stager.h"
 #include "ops/loss.h"
 #include "tests/ops/cuda/util.h"
 #include "tests/ops/gpu_check.h"

@@ -20,11 +20,11 @@ class SpatialHalfGPU : public ::testing::TestWithParam<DType> {};
 
 TEST_P(SpatialHalfGPU, PoolUpsampleAndDropPath) {
   CNNFLOW_SKIP_WITHOUT_GPU();
-  const auto c = CompareWithCpu(
-      {Spec("up", "upsample", {{"scale", 2.0}, {"mode", std::string("bilinear")}}),
-       Spec("pool", "adaptive_avgpool2d", {{"out", std::vector<int64_t>{3, 5}}}),
-       Spec("drop", "drop_path", {{"p", 0.3}})},
-      Shape{2, 4, 5}, 8, true, 5, GetParam());
+  const auto c =
+      CompareWithCpu({Spec("up", "upsample", {{"scale", 2.0}, {"mode", std::string("bilinear")}}),
+                      Spec("pool", "adaptive_avgpool2d", {{"out", std::vector<int64_t>{3, 5}}}),
+                      Spec("drop", "drop_path", {{"p", 0.3}})},
+                     Shape{2, 4, 5}, 8, true, 5, GetParam());
   EXPECT_LE(c.output, 2e-2) << Describe(c);
   EXPECT_LE(c.input_grad, 2e-2) << Describe(c);
 }

@@ -52,7 +52,8 @@ std::string WithFileSizeLimit(rlim_t max_bytes, const std::function<void()>& bod
   ::close(fds[1]);
   std::string what;
   char buf[512];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) what.append(buf, static_cast<size_t>(n));
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+    what.append(buf, static_cast<size_t>(n));
   ::close(fds[0]);
   int status = 0;
   EXPECT_EQ(::waitpid(pid, &status, 0), pid);
@@ -144,7 +145,8 @@ TEST(FileWrite, AppendFileNamesAFileItCannotOpen) {
     AppendFile f(path, true);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "cannot open '" + path + "' to write: No such file or directory");
+    EXPECT_EQ(std::string(e.what()),
+              "cannot open '" + path + "' to write: No such file or directory");
   }
 }
 

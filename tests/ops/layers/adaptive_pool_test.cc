@@ -25,8 +25,8 @@ int64_t Hi(int64_t i, int64_t in, int64_t out) {
 }
 
 struct Case {
-  Shape x;          // [N, C, H, W] or [N, C, L]
-  int64_t oh, ow;   // oh = 1 for 1D
+  Shape x;         // [N, C, H, W] or [N, C, L]
+  int64_t oh, ow;  // oh = 1 for 1D
 };
 
 Args OutArgs(const Case& c) {
@@ -71,13 +71,12 @@ Shape OutShape(const Case& c) {
 }
 
 const Case kCases[] = {
-    {{2, 3, 7, 5}, 3, 2},    // overlapping bins
-    {{1, 2, 8, 6}, 4, 3},    // divisible: plain average pooling
-    {{1, 2, 3, 5}, 5, 7},    // more outputs than inputs
-    {{2, 3, 6, 6}, 1, 1},    // global
-    {{3, 2, 224 / 16, 9}, 7, 7},
-    {{2, 3, 10}, 1, 4},      // 1D
-    {{1, 2, 5}, 1, 8},       // 1D, upsampling
+    {{2, 3, 7, 5}, 3, 2},                             // overlapping bins
+    {{1, 2, 8, 6}, 4, 3},                             // divisible: plain average pooling
+    {{1, 2, 3, 5}, 5, 7},                             // more outputs than inputs
+    {{2, 3, 6, 6}, 1, 1},                             // global
+    {{3, 2, 224 / 16, 9}, 7, 7}, {{2, 3, 10}, 1, 4},  // 1D
+    {{1, 2, 5}, 1, 8},                                // 1D, upsampling
 };
 
 TEST(AdaptiveAvgPool, ForwardAndBackwardMatchNaiveBins) {

@@ -411,9 +411,9 @@ TEST(BatchNormSync, CallsAndDeterminism) {
   for (size_t r = 0; r < a.size(); ++r) {
     for (auto field : {&StepResult::y, &StepResult::dx, &StepResult::dweight, &StepResult::dbias,
                        &StepResult::running_mean, &StepResult::running_var}) {
-      EXPECT_EQ(std::memcmp((a[r].*field).raw_data(), (b[r].*field).raw_data(),
-                            (a[r].*field).nbytes()),
-                0)
+      EXPECT_EQ(
+          std::memcmp((a[r].*field).raw_data(), (b[r].*field).raw_data(), (a[r].*field).nbytes()),
+          0)
           << "replica " << r;
     }
   }
@@ -484,9 +484,9 @@ TEST(BatchNormSync, EvalIgnoresSyncSum) {
   const StepResult plain = TrainStep(*layer, x, dy, Mode(false));
   EXPECT_EQ(calls, 0);
   for (auto field : {&StepResult::y, &StepResult::dx, &StepResult::dweight})
-    EXPECT_EQ(std::memcmp((synced.*field).raw_data(), (plain.*field).raw_data(),
-                          (plain.*field).nbytes()),
-              0);
+    EXPECT_EQ(
+        std::memcmp((synced.*field).raw_data(), (plain.*field).raw_data(), (plain.*field).nbytes()),
+        0);
   EXPECT_EQ(std::memcmp(layer->buffers()[0].value.raw_data(), rm.raw_data(), rm.nbytes()), 0);
 }
 

@@ -23,7 +23,8 @@ std::vector<double> NaiveChannelLinear(const std::vector<Tensor>& x, Layer& laye
     for (int64_t k = 0; k < k_out; ++k) {
       for (int64_t q = 0; q < p; ++q) {
         double v = bias ? layer.parameters()[1].value.At(k) : 0.0;
-        for (int64_t c = 0; c < c_in; ++c) v += w.At(k * c_in + c) * x[0].At((s * c_in + c) * p + q);
+        for (int64_t c = 0; c < c_in; ++c)
+          v += w.At(k * c_in + c) * x[0].At((s * c_in + c) * p + q);
         y.push_back(v);
       }
     }

@@ -50,24 +50,27 @@ TEST(Concat, BackwardSkipsMissingGradients) {
 }
 
 TEST(Concat, OtherDimensionsMustAgree) {
-  const std::string e = ErrorOf<ShapeError>(
-      [] { MakeLayer("concat", {}, {Shape{3, 4, 5}, Shape{2, 4, 6}}); });
+  const std::string e = ErrorOf<ShapeError>([] {
+    MakeLayer("concat", {}, {Shape{3, 4, 5}, Shape{2, 4, 6}});
+  });
   ExpectContains(e, {"along channels", "[3, 4, 5], [2, 4, 6]"});
-  ExpectContains(ErrorOf<ShapeError>([] { MakeLayer("concat", {}, {Shape{3, 4}, Shape{3}}); }),
+  ExpectContains(ErrorOf<ShapeError>([] {
+                   MakeLayer("concat", {}, {Shape{3, 4}, Shape{3}});
+                 }),
                  {"[3, 4], [3]"});
 }
 
 TEST(Concat, ModelTakesAnyNumberOfInputsFromTwo) {
-  auto m = Model::Build({Spec("a", "relu"), Spec("b", "relu"),
-                         Spec("cat", "concat", {}, {"a", "input", "b"})},
-                        Shape{2, 3, 3}, DType::kF32, 1);
+  auto m = Model::Build(
+      {Spec("a", "relu"), Spec("b", "relu"), Spec("cat", "concat", {}, {"a", "input", "b"})},
+      Shape{2, 3, 3}, DType::kF32, 1);
   EXPECT_EQ(m->output_shape(), (Shape{6, 3, 3}));
   EXPECT_EQ(m->layer(2).num_inputs(), kVariadicInputs);
-  ExpectContains(ErrorOf<ConfigError>([] {
-                   Model::Build({Spec("a", "relu"), Spec("cat", "concat")}, Shape{2, 3},
-                                DType::kF32, 1);
-                 }),
-                 {"layer 'cat' (concat) takes 2 or more input(s), got 1"});
+  ExpectContains(
+      ErrorOf<ConfigError>([] {
+        Model::Build({Spec("a", "relu"), Spec("cat", "concat")}, Shape{2, 3}, DType::kF32, 1);
+      }),
+      {"layer 'cat' (concat) takes 2 or more input(s), got 1"});
   // A shape mismatch names the layers it came from.
   ExpectContains(ErrorOf<ShapeError>([] {
                    Model::Build({Spec("fc", "linear", {{"out", int64_t{4}}}),

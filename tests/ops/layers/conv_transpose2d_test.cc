@@ -87,12 +87,12 @@ void Reference(const Case& c, const Tensor& x, const Tensor& w, const Tensor* b,
 }
 
 const Case kCases[] = {
-    {2, 4, 3, 4, 6, {3}, {2}, {1}, {1}, {1}, 2, true},          // grouped, output_pad
-    {2, 3, 4, 3, 2, {2, 3}, {1, 2}, {0}, {0}, {2}, 1, false},   // dilated, no bias
-    {3, 2, 4, 4, 4, {4}, {2}, {1}, {0}, {1}, 1, true},          // DCGAN-style x2
-    {1, 2, 3, 3, 3, {3}, {1}, {1}, {1}, {2}, 1, true},          // output_pad >= stride (< dilation)
-    {2, 5, 2, 3, 3, {1}, {1}, {0}, {0}, {1}, 1, true},          // pointwise
-    {2, 3, 5, 5, 4, {3}, {3}, {2}, {2, 1}, {1}, 1, true},       // stride 3, asymmetric output_pad
+    {2, 4, 3, 4, 6, {3}, {2}, {1}, {1}, {1}, 2, true},         // grouped, output_pad
+    {2, 3, 4, 3, 2, {2, 3}, {1, 2}, {0}, {0}, {2}, 1, false},  // dilated, no bias
+    {3, 2, 4, 4, 4, {4}, {2}, {1}, {0}, {1}, 1, true},         // DCGAN-style x2
+    {1, 2, 3, 3, 3, {3}, {1}, {1}, {1}, {2}, 1, true},         // output_pad >= stride (< dilation)
+    {2, 5, 2, 3, 3, {1}, {1}, {0}, {0}, {1}, 1, true},         // pointwise
+    {2, 3, 5, 5, 4, {3}, {3}, {2}, {2, 1}, {1}, 1, true},      // stride 3, asymmetric output_pad
 };
 
 TEST(ConvTranspose2d, MatchesScatterLoop) {
@@ -107,7 +107,8 @@ TEST(ConvTranspose2d, MatchesScatterLoop) {
     const Tensor w64 = ref_layer->parameters()[0].value.Clone();
     const Tensor b64 = c.bias ? ref_layer->parameters()[1].value.Clone() : Tensor();
     Tensor y_ref = Tensor::Empty(out, DType::kF64), dx_ref = Tensor::Empty(in, DType::kF64);
-    Tensor dw_ref = Tensor::Empty(w64.shape(), DType::kF64), db_ref = Tensor::Zeros({c.k}, DType::kF64);
+    Tensor dw_ref = Tensor::Empty(w64.shape(), DType::kF64),
+           db_ref = Tensor::Zeros({c.k}, DType::kF64);
     Reference(c, x64, w64, c.bias ? &b64 : nullptr, dy64, y_ref, dx_ref, dw_ref, db_ref);
     for (DType dt : {DType::kF64, DType::kF32}) {
       for (const char* algo : {"gemm", "onednn", "auto"}) {

@@ -95,8 +95,8 @@ TEST(DropPath, DecisionIsKeyedBySampleId) {
   for (int64_t n = 0; n < 64; ++n) ASSERT_EQ(y_rev.At(n * 5), y.At((63 - n) * 5)) << n;
   // A half batch (a micro-batch) of the same ids: the same decisions.
   const Shape half{32, 5};
-  Tensor y_half = RunForward(*layer, {Tensor::Full(half, 1.0, DType::kF64)}, half,
-                             Training(ids.data() + 32));
+  Tensor y_half =
+      RunForward(*layer, {Tensor::Full(half, 1.0, DType::kF64)}, half, Training(ids.data() + 32));
   for (int64_t n = 0; n < 32; ++n) ASSERT_EQ(y_half.At(n * 5), y.At((32 + n) * 5)) << n;
 }
 

@@ -64,7 +64,9 @@ TEST(GroupNorm, MatchesNaiveAndGradients) {
 }
 
 TEST(GroupNorm, GroupsMustDivideChannels) {
-  ExpectContains(ErrorOf<ShapeError>([] { MakeLayer("groupnorm", Groups(4), {Shape{6, 3, 3}}); }),
+  ExpectContains(ErrorOf<ShapeError>([] {
+                   MakeLayer("groupnorm", Groups(4), {Shape{6, 3, 3}});
+                 }),
                  {"C divisible by 4", "[6, 3, 3]"});
   ExpectContains(ErrorOf<ConfigError>([] { MakeLayer("groupnorm", Groups(0), {Shape{6}}); }),
                  {"groupnorm 'groupnorm0': groups must be >= 1"});

@@ -27,7 +27,8 @@ std::vector<double> NaiveLayerNorm(const std::vector<Tensor>& x, Layer& layer, d
       var /= c_n;
       for (int64_t c = 0; c < c_n; ++c) {
         double v = (x[0].At(at(c)) - mean) / std::sqrt(var + eps);
-        if (ln->affine()) v = v * layer.parameters()[0].value.At(c) + layer.parameters()[1].value.At(c);
+        if (ln->affine())
+          v = v * layer.parameters()[0].value.At(c) + layer.parameters()[1].value.At(c);
         y[at(c)] = v;
       }
     }
@@ -46,18 +47,20 @@ TEST(LayerNorm, MatchesNaiveAndGradients) {
   for (bool affine : {true, false}) {
     for (const Shape& s : {Shape{2, 5, 3, 4}, Shape{3, 6, 7}, Shape{4, 9}, Shape{1, 7}}) {
       SCOPED_TRACE(StrCat(s, affine ? " affine" : ""));
-      CheckLayer("layernorm", Options(1e-6, affine), {s},
-                 [](const std::vector<Tensor>& x, Layer& l) { return NaiveLayerNorm(x, l, 1e-6); },
-                 1e-5);
+      CheckLayer(
+          "layernorm", Options(1e-6, affine), {s},
+          [](const std::vector<Tensor>& x, Layer& l) { return NaiveLayerNorm(x, l, 1e-6); }, 1e-5);
     }
   }
   // More positions than a block (256), more samples than a task.
-  CheckLayer("layernorm", Options(1e-5, true), {Shape{3, 16, 20, 20}},
-             [](const std::vector<Tensor>& x, Layer& l) { return NaiveLayerNorm(x, l, 1e-5); },
-             1e-5, false);
-  CheckLayer("layernorm", Options(1e-5, true), {Shape{300, 40}},
-             [](const std::vector<Tensor>& x, Layer& l) { return NaiveLayerNorm(x, l, 1e-5); },
-             1e-5, false);
+  CheckLayer(
+      "layernorm", Options(1e-5, true), {Shape{3, 16, 20, 20}},
+      [](const std::vector<Tensor>& x, Layer& l) { return NaiveLayerNorm(x, l, 1e-5); }, 1e-5,
+      false);
+  CheckLayer(
+      "layernorm", Options(1e-5, true), {Shape{300, 40}},
+      [](const std::vector<Tensor>& x, Layer& l) { return NaiveLayerNorm(x, l, 1e-5); }, 1e-5,
+      false);
 }
 
 TEST(LayerNorm, ParametersAsLayerNorm2d) {

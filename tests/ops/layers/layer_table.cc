@@ -44,9 +44,10 @@ std::vector<LayerCase> MakeCases() {
   r.push_back(Row("conv2d", A({{"out", I{3}}, {"kernel", I{3}}, {"dilation", I{2}}, {"pad", I{2}}}),
                   {{2, 6, 6}}, "dilation2"));
   r.push_back(Row("conv1d", A({{"out", I{4}}, {"kernel", I{3}}, {"pad", I{1}}}), {{3, 11}}));
-  r.push_back(Row("conv1d", A({{"out", I{8}}, {"kernel", I{5}}, {"pad", I{2}}}), {{8, 13}},
-                  "tapgemm"));
-  r.push_back(Row("conv1d", A({{"out", I{4}}, {"kernel", I{4}}, {"stride", I{3}}, {"groups", I{2}}}),
+  r.push_back(
+      Row("conv1d", A({{"out", I{8}}, {"kernel", I{5}}, {"pad", I{2}}}), {{8, 13}}, "tapgemm"));
+  r.push_back(Row("conv1d",
+                  A({{"out", I{4}}, {"kernel", I{4}}, {"stride", I{3}}, {"groups", I{2}}}),
                   {{2, 17}}, "stride3_groups2"));
   // ---- fully connected
   r.push_back(Row("linear", A({{"out", I{5}}}), {{7}}));
@@ -62,9 +63,10 @@ std::vector<LayerCase> MakeCases() {
   r.push_back(Row("maxpool2d", A({{"kernel", I{3}}, {"stride", I{2}}, {"pad", I{1}}}), {{2, 7, 7}},
                   "k3s2p1"));
   r.push_back(Row("avgpool2d", A({{"kernel", I{2}}}), {{2, 6, 6}}));
-  r.push_back(Row("avgpool2d",
-                  A({{"kernel", I{3}}, {"stride", I{2}}, {"pad", I{1}}, {"count_include_pad", false}}),
-                  {{2, 7, 7}}, "k3s2p1_excludepad"));
+  r.push_back(
+      Row("avgpool2d",
+          A({{"kernel", I{3}}, {"stride", I{2}}, {"pad", I{1}}, {"count_include_pad", false}}),
+          {{2, 7, 7}}, "k3s2p1_excludepad"));
   r.push_back(Row("maxpool1d", A({{"kernel", I{3}}, {"stride", I{2}}}), {{3, 11}}));
   r.push_back(Row("avgpool1d", A({{"kernel", I{2}}}), {{3, 10}}));
   r.push_back(Row("global_avgpool", A(), {{3, 4, 5}}, "2d"));
@@ -131,8 +133,12 @@ std::vector<LayerCase> MakeCases() {
   r.push_back(Row("upsample", A({{"size", Ints{4, 11}}, {"mode", bilinear}}), {{2, 6, 7}},
                   "bilinear_size"));
   r.push_back(Row("conv_transpose2d",
-                  A({{"out", I{6}}, {"kernel", I{3}}, {"stride", I{2}}, {"pad", I{1}},
-                     {"output_pad", I{1}}, {"groups", I{2}}}),
+                  A({{"out", I{6}},
+                     {"kernel", I{3}},
+                     {"stride", I{2}},
+                     {"pad", I{1}},
+                     {"output_pad", I{1}},
+                     {"groups", I{2}}}),
                   {{4, 3, 4}}, "s2_outpad_groups2"));
   r.push_back(Row("conv_transpose2d",
                   A({{"out", I{3}}, {"kernel", Ints{2, 3}}, {"dilation", I{2}}, {"bias", false}}),
@@ -188,9 +194,9 @@ LayerRun::LayerRun(const LayerCase& c, DType dtype, Device device, const LayerRu
   Rng rng(5);
   layer_->ResetParameters(rng);
   for (size_t k = 0; k < c.inputs.size(); ++k) {
-    Tensor x = like != nullptr ? like->inputs_[k].Cast(dtype)
-                               : RandomTensor(c.inputs[k].WithBatch(c.batch), 100 + k, c.lo, c.hi,
-                                              dtype);
+    Tensor x = like != nullptr
+                   ? like->inputs_[k].Cast(dtype)
+                   : RandomTensor(c.inputs[k].WithBatch(c.batch), 100 + k, c.lo, c.hi, dtype);
     inputs_.push_back(std::move(x));
   }
   if (like != nullptr) {

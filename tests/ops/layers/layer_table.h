@@ -20,7 +20,7 @@ struct LayerCase {
   std::vector<Shape> inputs;  // sample shapes (no batch dimension)
   std::string variant;        // what sets this row apart, for its test name
   int64_t batch = 2;
-  double lo = -2, hi = 2;     // inputs ~ U(lo, hi)
+  double lo = -2, hi = 2;  // inputs ~ U(lo, hi)
   bool training = true;
   // Tolerances: the gradient check (f64), f32 against f64 and GPU against
   // CPU (relative to each tensor's largest value).

@@ -11,9 +11,11 @@
 // networks of tests/data/library exported with PyTorch's weights, run by
 // onnxruntime (this binary links no ONNX).
 //
-// How to add a layer type: add rows to MakeCases() in tests/ops/layers/layer_table.cc (a few small shapes,
-// each option that changes the kernel). EveryLayerTypeHasARow fails until
-// a registered type has one.
+// How to add a layer type: add rows to MakeCases() in tests/ops/layers/layer_table.cc (a few small
+// shapes, each option that changes the kernel). EveryLayerTypeHasARow fails until a registered type
+// has one.
+#include "tests/ops/layers/layer_table.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,7 +27,6 @@
 #include "ops/device.h"
 #include "tests/ops/gpu_check.h"
 #include "tests/ops/gradient_check.h"
-#include "tests/ops/layers/layer_table.h"
 
 namespace cnnflow::testing {
 namespace {
@@ -97,8 +98,8 @@ TEST(LayerTableCoverage, EveryLayerTypeHasARow) {
   std::set<std::string> covered;
   for (const LayerCase& c : LayerCases()) covered.insert(c.type);
   for (const std::string& type : LayerRegistry::Get().Names())
-    EXPECT_TRUE(covered.count(type)) << "layer type '" << type
-                                     << "' has no row in tests/ops/layers/layer_table.cc";
+    EXPECT_TRUE(covered.count(type))
+        << "layer type '" << type << "' has no row in tests/ops/layers/layer_table.cc";
 }
 
 }  // namespace

@@ -35,15 +35,14 @@ Args Scale(double a) {
 TEST(Mul, TwoInputsMatchNaiveAndGradients) {
   // Same shape; squeeze-excitation gates [C, 1, 1] and [C]; a [C, H, 1]
   // factor; 1D [C, 1] and [C]; a factor per sample [1, 1].
-  for (const auto& [x, s] : std::vector<std::pair<Shape, Shape>>{
-           {{2, 3, 4, 5}, {2, 3, 4, 5}},
-           {{2, 3, 4, 5}, {2, 3, 1, 1}},
-           {{2, 3, 4, 5}, {2, 3}},
-           {{2, 3, 4, 5}, {2, 3, 4, 1}},
-           {{3, 4, 7}, {3, 4, 1}},
-           {{3, 4, 7}, {3, 4}},
-           {{3, 4, 7}, {3, 1, 1}},
-           {{3, 6}, {3, 6}}}) {
+  for (const auto& [x, s] : std::vector<std::pair<Shape, Shape>>{{{2, 3, 4, 5}, {2, 3, 4, 5}},
+                                                                 {{2, 3, 4, 5}, {2, 3, 1, 1}},
+                                                                 {{2, 3, 4, 5}, {2, 3}},
+                                                                 {{2, 3, 4, 5}, {2, 3, 4, 1}},
+                                                                 {{3, 4, 7}, {3, 4, 1}},
+                                                                 {{3, 4, 7}, {3, 4}},
+                                                                 {{3, 4, 7}, {3, 1, 1}},
+                                                                 {{3, 6}, {3, 6}}}) {
     SCOPED_TRACE(StrCat("x ", x, " s ", s));
     CheckLayer("mul", {}, {x, s}, NaiveMul, 1e-5);
   }
@@ -66,16 +65,15 @@ TEST(Mul, ScaleMatchesNaiveAndGradients) {
 TEST(Mul, InputCountDependsOnScale) {
   EXPECT_EQ(MakeLayer("mul", {}, {Shape{3}, Shape{3}})->num_inputs(), 2);
   EXPECT_EQ(MakeLayer("mul", Scale(2), {Shape{3}})->num_inputs(), 1);
-  ExpectContains(ErrorOf<ConfigError>([] {
-                   Model::Build({Spec("m", "mul", {{"scale", std::vector<double>{0.5}}},
-                                      {"input", "input"})},
-                                Shape{3}, DType::kF32, 1);
-                 }),
-                 {"takes 1 input(s), got 2"});
-  ExpectContains(ErrorOf<ConfigError>([] {
-                   Model::Build({Spec("m", "mul")}, Shape{3}, DType::kF32, 1);
-                 }),
-                 {"takes 2 input(s), got 1"});
+  ExpectContains(
+      ErrorOf<ConfigError>([] {
+        Model::Build({Spec("m", "mul", {{"scale", std::vector<double>{0.5}}}, {"input", "input"})},
+                     Shape{3}, DType::kF32, 1);
+      }),
+      {"takes 1 input(s), got 2"});
+  ExpectContains(
+      ErrorOf<ConfigError>([] { Model::Build({Spec("m", "mul")}, Shape{3}, DType::kF32, 1); }),
+      {"takes 2 input(s), got 1"});
   Args two;
   two.Set("scale", std::vector<double>{1, 2});
   ExpectContains(ErrorOf<ConfigError>([&] { MakeLayer("mul", two, {Shape{3}}); }),
@@ -83,10 +81,13 @@ TEST(Mul, InputCountDependsOnScale) {
 }
 
 TEST(Mul, FactorMustBroadcastOverTrailingDimensions) {
-  for (const auto& [x, s] : std::vector<std::pair<Shape, Shape>>{
-           {{3, 4, 5}, {4, 1, 1}}, {{3, 4, 5}, {3, 4, 5, 1}}, {{3, 4, 5}, {1, 4, 5}},
-           {{3, 4, 5}, {3, 5}}}) {
-    ExpectContains(ErrorOf<ShapeError>([&] { MakeLayer("mul", {}, {x, s}); }),
+  for (const auto& [x, s] : std::vector<std::pair<Shape, Shape>>{{{3, 4, 5}, {4, 1, 1}},
+                                                                 {{3, 4, 5}, {3, 4, 5, 1}},
+                                                                 {{3, 4, 5}, {1, 4, 5}},
+                                                                 {{3, 4, 5}, {3, 5}}}) {
+    ExpectContains(ErrorOf<ShapeError>([&] {
+                     MakeLayer("mul", {}, {x, s});
+                   }),
                    {"broadcast over x's trailing", StrCat("x ", x, " and s ", s)});
   }
 }

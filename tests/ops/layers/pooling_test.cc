@@ -384,8 +384,9 @@ TEST(MaxPool2dBench, DISABLED_MaxPool2x2Timing) {
       cpu::SetMaxIsa(static_cast<cpu::Isa>(isa));
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < 200; ++i) layer->Forward({&x}, y, {});
-      const double us = std::chrono::duration<double, std::micro>(
-                            std::chrono::steady_clock::now() - t0).count() / 200;
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+          200;
       std::printf("%-7s forward %.1f us\n", cpu::IsaName(cpu::MaxIsa()), us);
     }
   }

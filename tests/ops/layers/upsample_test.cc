@@ -20,7 +20,7 @@ using testing::RandomTensor;
 using testing::RunForward;
 
 struct Case {
-  Shape x;                   // [N, C, H, W]
+  Shape x;                    // [N, C, H, W]
   std::vector<double> scale;  // empty: size
   std::vector<int64_t> size;
   bool bilinear;
@@ -93,22 +93,22 @@ void Reference(const Case& c, const Tensor& x, const Tensor& dy, Tensor& y, Tens
 }
 
 const Case kCases[] = {
-    {{2, 3, 4, 5}, {2}, {}, false, false},          // nearest x2
-    {{1, 2, 3, 4}, {3, 2}, {}, false, false},       // nearest, per-axis integer scale
-    {{1, 2, 4, 6}, {1.5}, {}, false, false},        // nearest, float scale
-    {{1, 2, 5, 4}, {}, {7, 3}, false, false},       // nearest, size (down in W)
-    {{2, 3, 4, 5}, {2}, {}, true, false},           // bilinear x2
-    {{1, 2, 5, 3}, {2.5, 1.5}, {}, true, false},    // bilinear, float scales
-    {{2, 2, 4, 5}, {2}, {}, true, true},            // bilinear, align_corners
-    {{1, 2, 6, 7}, {}, {4, 11}, true, false},       // bilinear, size (down in H)
-    {{1, 2, 6, 7}, {}, {1, 9}, true, true},         // align_corners with one output row
+    {{2, 3, 4, 5}, {2}, {}, false, false},        // nearest x2
+    {{1, 2, 3, 4}, {3, 2}, {}, false, false},     // nearest, per-axis integer scale
+    {{1, 2, 4, 6}, {1.5}, {}, false, false},      // nearest, float scale
+    {{1, 2, 5, 4}, {}, {7, 3}, false, false},     // nearest, size (down in W)
+    {{2, 3, 4, 5}, {2}, {}, true, false},         // bilinear x2
+    {{1, 2, 5, 3}, {2.5, 1.5}, {}, true, false},  // bilinear, float scales
+    {{2, 2, 4, 5}, {2}, {}, true, true},          // bilinear, align_corners
+    {{1, 2, 6, 7}, {}, {4, 11}, true, false},     // bilinear, size (down in H)
+    {{1, 2, 6, 7}, {}, {1, 9}, true, true},       // align_corners with one output row
 };
 
 TEST(Upsample, ForwardAndBackwardMatchDirectFormulas) {
   for (const Case& c : kCases) {
     const Shape out = OutShape(c);
-    SCOPED_TRACE(c.x.ToString() + " -> " + out.ToString() + (c.bilinear ? " bilinear" : " nearest") +
-                 (c.align_corners ? " align" : ""));
+    SCOPED_TRACE(c.x.ToString() + " -> " + out.ToString() +
+                 (c.bilinear ? " bilinear" : " nearest") + (c.align_corners ? " align" : ""));
     Tensor x64 = RandomTensor(c.x, 3), dy64 = RandomTensor(out, 4);
     Tensor y_ref = Tensor::Empty(out, DType::kF64), dx_ref = Tensor::Empty(c.x, DType::kF64);
     Reference(c, x64, dy64, y_ref, dx_ref);

@@ -25,14 +25,15 @@ using testing::Spec;
 // A small CNN of every kind of layer the invariant covers (no BatchNorm:
 // its batch statistics depend on the shard).
 std::vector<LayerSpec> Net() {
-  return {Spec("conv1", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          Spec("relu1", "relu"),
-          Spec("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
-          Spec("flatten", "flatten"),
-          Spec("fc1", "linear", {{"out", int64_t{16}}}),
-          Spec("relu2", "relu"),
-          Spec("drop", "dropout", {{"p", 0.25}}),
-          Spec("fc2", "linear", {{"out", int64_t{5}}})};
+  return {
+      Spec("conv1", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("relu1", "relu"),
+      Spec("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
+      Spec("flatten", "flatten"),
+      Spec("fc1", "linear", {{"out", int64_t{16}}}),
+      Spec("relu2", "relu"),
+      Spec("drop", "dropout", {{"p", 0.25}}),
+      Spec("fc2", "linear", {{"out", int64_t{5}}})};
 }
 const Shape kInput{2, 8, 8};
 
@@ -44,7 +45,8 @@ Data Batch(int64_t n, uint64_t seed) {
   Data d;
   d.x = Tensor::Empty(kInput.WithBatch(n), DType::kF32);
   Rng rng(seed);
-  for (int64_t i = 0; i < d.x.numel(); ++i) d.x.data<float>()[i] = static_cast<float>(rng.Uniform() * 2 - 1);
+  for (int64_t i = 0; i < d.x.numel(); ++i)
+    d.x.data<float>()[i] = static_cast<float>(rng.Uniform() * 2 - 1);
   for (int64_t i = 0; i < n; ++i) {
     d.labels.push_back(static_cast<int64_t>(rng.NextU64() % 5));
     d.ids.push_back(static_cast<int64_t>(seed * 1000 + i));
@@ -71,8 +73,8 @@ std::unique_ptr<ReplicaSet> Make(int replicas, const std::string& opt, double bu
   o.timeout_s = 20;
   o.tensor_parallel = tensor_parallel;
   o.split_layers = std::move(split);
-  return std::make_unique<ReplicaSet>(net, kInput, 7, InitScheme::kPytorchDefault, opt, Opt(opt),
-                                      o, MpiWorld::Get());
+  return std::make_unique<ReplicaSet>(net, kInput, 7, InitScheme::kPytorchDefault, opt, Opt(opt), o,
+                                      MpiWorld::Get());
 }
 
 // One optimizer step of `set` on `micro` micro-batches (each cut into equal
@@ -108,7 +110,8 @@ double MaxRelDiff(Model& a, Model& b) {
     const Tensor& x = pa[i].param->value;
     const Tensor& y = pb[i].param->value;
     double scale = 0;
-    for (int64_t j = 0; j < x.numel(); ++j) scale = std::max(scale, std::fabs(double(x.data<float>()[j])));
+    for (int64_t j = 0; j < x.numel(); ++j)
+      scale = std::max(scale, std::fabs(double(x.data<float>()[j])));
     for (int64_t j = 0; j < x.numel(); ++j) {
       worst = std::max(worst, std::fabs(double(x.data<float>()[j]) - y.data<float>()[j]) / scale);
     }
@@ -167,9 +170,13 @@ TEST(DataParallel, NReplicasOfBEqualOneReplicaOfNB) {
 }
 
 std::vector<LayerSpec> NetWithBatchNorm() {
-  return {Spec("conv1", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-          Spec("bn1", "batchnorm"), Spec("relu1", "relu"), Spec("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
-          Spec("flatten", "flatten"), Spec("fc", "linear", {{"out", int64_t{5}}})};
+  return {
+      Spec("conv1", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("bn1", "batchnorm"),
+      Spec("relu1", "relu"),
+      Spec("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
+      Spec("flatten", "flatten"),
+      Spec("fc", "linear", {{"out", int64_t{5}}})};
 }
 
 // Invariant 1 with BatchNorm: with sync_bn the replicas normalise with the
@@ -227,7 +234,9 @@ TEST(DataParallel, FirstBucketIsReducedBeforeBackwardEnds) {
       Spec("conv1", "conv2d", {{"out", int64_t{32}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
       Spec("relu1", "relu"),
       Spec("conv2", "conv2d", {{"out", int64_t{32}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-      Spec("relu2", "relu"), Spec("flatten", "flatten"), Spec("fc", "linear", {{"out", int64_t{5}}})};
+      Spec("relu2", "relu"),
+      Spec("flatten", "flatten"),
+      Spec("fc", "linear", {{"out", int64_t{5}}})};
   auto set = Make(2, "sgd", /*bucket_mb=*/0.001, net);
   for (int step = 0; step < 3; ++step) TrainStep(*set, {Batch(256, 300 + step)}, step);
   const StepTimeline& t0 = set->timeline(0);
@@ -249,7 +258,8 @@ TEST(DataParallel, AFailingReplicaAbortsTheOthersInsteadOfHanging) {
     threads.emplace_back([&, r] {
       try {
         ForwardContext ctx{true, 3, 0, d.ids.data() + 4 * r};
-        set->ForwardBackward(r, d.x.Slice(4 * r, 4 * r + 4), d.labels.data() + 4 * r, ctx, 0.125, 0, true);
+        set->ForwardBackward(r, d.x.Slice(4 * r, 4 * r + 4), d.labels.data() + 4 * r, ctx, 0.125, 0,
+                             true);
         set->Step(r, 0.1);
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -415,8 +425,8 @@ std::unique_ptr<ReplicaSet> MakeOnGpu(const std::string& opt, DType compute,
   o.compute = compute;
   o.loss_scaler = scaler;
   o.timeout_s = 20;
-  return std::make_unique<ReplicaSet>(net, kInput, 7, InitScheme::kPytorchDefault, opt, Opt(opt),
-                                      o, MpiWorld::Get());
+  return std::make_unique<ReplicaSet>(net, kInput, 7, InitScheme::kPytorchDefault, opt, Opt(opt), o,
+                                      MpiWorld::Get());
 }
 
 // Host copies of every parameter, in order.

@@ -9,8 +9,8 @@
 
 #include <cmath>
 
-#include "ops/random.h"
 #include "ops/loss.h"
+#include "ops/random.h"
 #include "tests/testing/helpers.h"
 
 namespace cnnflow {
@@ -24,15 +24,18 @@ std::vector<LayerSpec> Net(bool bn) {
   if (bn) v.push_back(Spec("bn1", "batchnorm"));
   for (auto& l : std::vector<LayerSpec>{
            Spec("relu1", "relu"), Spec("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
-           Spec("conv2", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
-           Spec("relu2", "relu"), Spec("flatten", "flatten"), Spec("fc1", "linear", {{"out", int64_t{12}}}),
-           Spec("relu3", "relu"), Spec("fc2", "linear", {{"out", int64_t{5}}})})
+           Spec("conv2", "conv2d",
+                {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+           Spec("relu2", "relu"), Spec("flatten", "flatten"),
+           Spec("fc1", "linear", {{"out", int64_t{12}}}), Spec("relu3", "relu"),
+           Spec("fc2", "linear", {{"out", int64_t{5}}})})
     v.push_back(l);
   return v;
 }
 const Shape kInput{2, 8, 8};
 
-std::vector<std::vector<std::string>> Cut(const std::vector<LayerSpec>& net, std::vector<int> sizes) {
+std::vector<std::vector<std::string>> Cut(const std::vector<LayerSpec>& net,
+                                          std::vector<int> sizes) {
   std::vector<std::vector<std::string>> out;
   size_t k = 0;
   for (int n : sizes) {
@@ -58,7 +61,8 @@ Batch MakeBatch(int64_t n, uint64_t seed) {
   Batch b;
   b.x = Tensor::Empty(kInput.WithBatch(n), DType::kF32);
   Rng rng(seed);
-  for (int64_t i = 0; i < b.x.numel(); ++i) b.x.data<float>()[i] = static_cast<float>(rng.Uniform(-1, 1));
+  for (int64_t i = 0; i < b.x.numel(); ++i)
+    b.x.data<float>()[i] = static_cast<float>(rng.Uniform(-1, 1));
   for (int64_t i = 0; i < n; ++i) {
     b.labels.push_back(static_cast<int64_t>(rng.NextU64() % 5));
     b.ids.push_back(i);
@@ -73,7 +77,8 @@ void PipelineStep(PipelineModel& p, const Batch& b, int64_t step) {
   const int m = p.BeginStep(b.x, b.labels.data(), ctx, 1.0 / b.x.dim(0), 0);
   const int s_count = p.num_stages();
   std::vector<std::vector<PipelineAction>> plan;
-  for (int s = 0; s < s_count; ++s) plan.push_back(StageSchedule(p.options().schedule, s, s_count, m));
+  for (int s = 0; s < s_count; ++s)
+    plan.push_back(StageSchedule(p.options().schedule, s, s_count, m));
   std::vector<size_t> next(s_count, 0);
   std::vector<std::vector<bool>> fdone(s_count, std::vector<bool>(m)), bdone = fdone;
   for (bool progress = true; progress;) {
@@ -121,7 +126,8 @@ double MaxRelDiff(Model& a, Model& b) {
     const float* x = pa[i].param->value.data<float>();
     const float* y = pb[i].param->value.data<float>();
     double scale = 1e-12;
-    for (int64_t j = 0; j < pa[i].param->value.numel(); ++j) scale = std::max(scale, std::fabs(double(x[j])));
+    for (int64_t j = 0; j < pa[i].param->value.numel(); ++j)
+      scale = std::max(scale, std::fabs(double(x[j])));
     for (int64_t j = 0; j < pa[i].param->value.numel(); ++j)
       worst = std::max(worst, std::fabs(double(x[j]) - y[j]) / scale);
   }
@@ -226,7 +232,8 @@ TEST(PipelineModel, BalancedCutMinimisesTheLargestStage) {
     ASSERT_EQ(static_cast<int>(cut.size()), s);
     // Cost of the largest stage, and the brute-force best over every cut.
     std::vector<double> flops;
-    for (int i = 0; i < model->num_layers(); ++i) flops.push_back(double(model->layer(i).ForwardFlops(1)));
+    for (int i = 0; i < model->num_layers(); ++i)
+      flops.push_back(double(model->layer(i).ForwardFlops(1)));
     auto worst = [&](const std::vector<int>& bounds) {
       double w = 0;
       for (size_t k = 0; k + 1 < bounds.size(); ++k) {

@@ -346,8 +346,10 @@ TEST(Sgd, FactoryReadsTheSchema) {
 // its factory checked and with the schema's defaults.
 TEST(OptimizerRegistry, ATypeRegisteredByNameIsMadeByMakeOptimizer) {
   static const OptimizerRegistration plain(
-      "test_plain_sgd", Schema("a test type").Required("lr", ParamType::kFloat, "lr").Optional(
-                            "momentum", ParamType::kFloat, 0.25, "m"),
+      "test_plain_sgd",
+      Schema("a test type")
+          .Required("lr", ParamType::kFloat, "lr")
+          .Optional("momentum", ParamType::kFloat, 0.25, "m"),
       [](const Args& a, std::vector<NamedParameter> params) -> std::unique_ptr<Optimizer> {
         SgdOptions o;
         o.momentum = a.Float("momentum");  // the default, filled in
@@ -379,8 +381,10 @@ TEST(OptimizerKernels, AdamIsBitwiseTheSameUnderEveryIsa) {
       p[i] = std::sin(0.1f * i);
       g[i] = std::cos(0.37f * i) * (i % 7 == 0 ? 1e-4f : 1.f);
     }
-    cpu::AdamScalars s{1 - 1e-3 * 0.01, 0, 0.9, 0.999, 1e-8, 1e-3 / (1 - 0.9), std::sqrt(1 - 0.999)};
-    for (int step = 0; step < 3; ++step) cpu::AdamUpdate<float>(p.data(), g.data(), m.data(), v.data(), n, s);
+    cpu::AdamScalars s{1 - 1e-3 * 0.01,     0, 0.9, 0.999, 1e-8, 1e-3 / (1 - 0.9),
+                       std::sqrt(1 - 0.999)};
+    for (int step = 0; step < 3; ++step)
+      cpu::AdamUpdate<float>(p.data(), g.data(), m.data(), v.data(), n, s);
     results.push_back(p);
   }
   cpu::SetMaxIsa(machine);
