@@ -459,7 +459,8 @@ TEST(BatchNormGPU, SyncBatchNormIsRefused) {
 TEST(CudnnLayersGPU, SmallCnnMatchesCpu) {
   CNNFLOW_SKIP_WITHOUT_GPU();
   const std::vector<LayerSpec> specs = {
-      Spec("conv1", "conv2d", {{"out", int64_t{8}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("conv1", "conv2d",
+           {{"out", int64_t{8}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}, {"bias", false}}),
       Spec("bn1", "batchnorm"),
       Spec("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
       Spec("conv2", "conv2d", {{"out", int64_t{12}}, {"kernel", int64_t{3}}, {"bias", false}}),
@@ -467,6 +468,8 @@ TEST(CudnnLayersGPU, SmallCnnMatchesCpu) {
       Spec("gap", "global_avgpool"),
   };
   ModelPair m(specs, Shape{3, 14, 14});
+  // conv1 has no bias, as convolutions before a BN have: training-mode BN
+  // cancels a bias's gradient, leaving rounding noise on either device.
   // TF32 errors pass through BN (which rescales them): a looser bound.
   ExpectMatches(m.Step(6, true, 41), 3 * kConvTol, "conv-bn-pool CNN (train)");
   ExpectMatches(m.Step(6, false, 43), 3 * kConvTol, "conv-bn-pool CNN (eval)");
@@ -614,7 +617,8 @@ TEST_P(HalfPrecisionGPU, SmallCnnMatchesCpu) {
   // Average pools only: after BN, rounded values tie in max windows where
   // the CPU's f32 ones do not (see DistinctExactValues).
   const std::vector<LayerSpec> specs = {
-      Spec("conv1", "conv2d", {{"out", int64_t{8}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("conv1", "conv2d",
+           {{"out", int64_t{8}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}, {"bias", false}}),
       Spec("bn1", "batchnorm"),
       Spec("pool1", "avgpool2d", {{"kernel", int64_t{2}}}),
       Spec("conv2", "conv2d", {{"out", int64_t{12}}, {"kernel", int64_t{3}}, {"bias", false}}),
