@@ -3,6 +3,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "stages/stage.h"
 
@@ -12,6 +13,10 @@ const NodeSpec* GraphSpec::Find(const std::string& node) const {
   for (const auto& n : nodes)
     if (n.name == node) return &n;
   return nullptr;
+}
+
+NodeSpec* GraphSpec::Find(const std::string& node) {
+  return const_cast<NodeSpec*>(std::as_const(*this).Find(node));
 }
 
 std::vector<std::string> GraphSpec::TopologicalOrder() const {
@@ -239,24 +244,25 @@ GraphSpec ParseGraph(const YamlDoc& tmpl, const std::string& name, const YAML::N
   if (!edges.IsDefined()) tmpl.Fail(graph, "graph '" + name + "'", "edges: expected a list");
   ParseEdges(tmpl, edges, g);
   g.TopologicalOrder();  // rejects cycles now
-  // forward_backward (pipeline_stage) admits a replica's (the pipeline's)
-  // next batch when the optimizer is done with its last one: without an
-  // optimizer after it, it would wait forever.
-  for (const NodeSpec& n : g.nodes) {
-    if (n.stage != "forward_backward" && n.stage != "pipeline_stage") continue;
-    std::set<std::string> seen{n.name};
-    std::vector<std::string> todo{n.name};
+  // A node that admits a device's next batch when the optimizer is done with
+  // its last one (forward_backward, pipeline_stage) would wait forever without
+  // an optimizer after it.
+  const GraphPlan plan = g.Plan();
+  for (const std::string& name : plan.waits_for_optimizer) {
+    std::set<std::string> seen{name};
+    std::vector<std::string> todo{name};
     bool found = false;
     while (!todo.empty() && !found) {
       const std::string at = todo.back();
       todo.pop_back();
       for (const auto& [a, b] : g.edges) {
         if (a != at || !seen.insert(b).second) continue;
-        found |= g.Find(b)->stage == "optimizer";
+        found |= plan.optimizer_nodes.count(b) != 0;
         todo.push_back(b);
       }
     }
     if (!found) {
+      const NodeSpec& n = *g.Find(name);
       throw ConfigError(StrCat(n.where, ": node '", n.name, "' (", n.stage,
                                ") needs an optimizer node after it: the optimizer lets each "
                                "next batch in"));
@@ -272,7 +278,8 @@ GraphPlan GraphSpec::Plan() const {
     if (type == nullptr || !type->plan) continue;
     Args args = n.args;
     args.FillDefaults(type->schema);
-    type->plan(args, StrCat(n.where, ": node '", n.name, "' (", n.stage, ")"), plan);
+    type->plan(args, PlanNode{n.name, StrCat(n.where, ": node '", n.name, "' (", n.stage, ")")},
+               plan);
   }
   return plan;
 }

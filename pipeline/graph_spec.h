@@ -28,7 +28,8 @@ struct GraphSpec {
   std::string file;
   std::vector<NodeSpec> nodes;                             // in file order
   std::vector<std::pair<std::string, std::string>> edges;  // from -> to
-  const NodeSpec* Find(const std::string& node) const;
+  const NodeSpec* Find(const std::string& node) const;     // nullptr: no such node
+  NodeSpec* Find(const std::string& node);
   // Nodes in an order where every edge goes forward (checked acyclic).
   std::vector<std::string> TopologicalOrder() const;
 

@@ -41,7 +41,10 @@ const Schema& TrainSchema() {
           .Optional("schedule", ParamType::kTree, std::string("{}"), "learning-rate schedule")
           .Optional("eval_batch", ParamType::kInt, int64_t{1000}, "batch size for evaluation")
           .Optional("max_steps", ParamType::kInt, int64_t{0},
-                    "stop each pass after this many batches (0: whole epochs)")
+                    "stop each training pass after this many batches (0: whole epochs)")
+          .Optional("eval_max_steps", ParamType::kInt, int64_t{0},
+                    "stop each evaluation pass after this many batches (0: the whole test "
+                    "set, also under max_steps)")
           .Optional("accumulate", ParamType::kInt, int64_t{1},
                     "batches whose gradients add up before one optimizer step")
           .Optional("checkpoint_every", ParamType::kInt, int64_t{0},
@@ -365,6 +368,7 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   c.batch = t.Int("batch");
   c.eval_batch = t.Int("eval_batch");
   c.max_steps = t.Int("max_steps");
+  c.eval_max_steps = t.Int("eval_max_steps");
   c.accumulate = t.Int("accumulate");
   c.checkpoint_every = t.Int("checkpoint_every");
   c.keep_checkpoints = t.Int("keep_checkpoints");

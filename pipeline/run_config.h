@@ -41,7 +41,8 @@ struct RunConfig {
   int64_t epochs = 1;
   int64_t batch = 64;  // per replica
   int64_t eval_batch = 1000;
-  int64_t max_steps = 0;         // per pass; 0: whole epochs
+  int64_t max_steps = 0;         // per training pass; 0: whole epochs
+  int64_t eval_max_steps = 0;    // per evaluation pass; 0: the whole test set
   int64_t accumulate = 1;        // batches per optimizer step
   int64_t checkpoint_every = 0;  // optimizer steps; 0: at epoch ends
   int64_t keep_checkpoints = 3;

@@ -1,14 +1,9 @@
 // The trainer: opens the data, builds the model and the optimizer from a
 // RunConfig, then for each epoch runs the config's train graph and its eval
-// graph through the executor, writing the run folder as it goes:
-//   <output.dir>/<name>-<time>/config.yaml     the resolved config
-//                              metrics.csv     one row per epoch
-//                              model.safetensors  final weights, named by layer
-//                              autotune.csv    the autotuner's moves (graph.autotune)
-//                              events.out.tfevents.*  TensorBoard scalars: every
-//                                train.log_every steps (train/*) and per epoch (epoch/*)
-//                              steps.csv       the train/* scalars, and each epoch's
-//                                test loss and accuracy at its last step (cnnflow plot)
+// graph through the executor. It writes the run folder
+// <output.dir>/<name>-<time>/ as it goes: the logs (pipeline/run_files.h),
+// checkpoints (pipeline/checkpoint_control.h) and, at the end,
+// model.safetensors, the final weights named by layer.
 #pragma once
 
 #include <tbb/task_arena.h>
@@ -18,14 +13,13 @@
 #include <string>
 
 #include "pipeline/autotune.h"
+#include "pipeline/checkpoint_control.h"
 #include "pipeline/progress.h"
 #include "pipeline/run_config.h"
+#include "pipeline/run_files.h"
 #include "stages/run_state.h"
 
 namespace cnnflow {
-
-class AppendFile;
-class TfEventWriter;
 
 struct EpochReport {
   int64_t epoch = 0;
@@ -75,34 +69,37 @@ class Trainer {
   std::string Describe() const;
 
  private:
+  // The constructor's steps: the replicas or the pipeline's stages; the data
+  // sets (checked against the model); steps per epoch and the LR schedule;
+  // the weight average of an ema node.
   void BuildModel(MpiWorld& world);
-  // train.init: the weights of config_.init_from into every model instance
-  // (strict: all or an error listing each mismatch); what it did goes to
-  // init_report_, printed when training starts.
-  void InitFromWeights();
-  void LogAutotune(const AutotuneDecision& d);
-  // The train/* scalars of the batches since the last ones (TensorBoard).
-  void LogStepScalars(int64_t step, const BatchMessage& m, const PassMetrics& p);
+  void OpenData();
+  void PlanSchedule();
+  void BuildWeightAverage();
+  // What each batch at the end of a pass is told to (the run's logs, the
+  // autotuner, the progress line).
+  void OnBatch(const std::string& pass, int64_t epoch, Autotuner* tuner, const BatchMessage& m,
+               const PassMetrics& p);
+  // The train pass of `epoch`, in segments that end at checkpoints.
+  PassMetrics TrainEpoch(int64_t epoch);
+  // Its evaluation and logs: the epoch's row, scalars and line.
+  void FinishEpoch(int64_t epoch, EpochReport& report, double busy0, double reduce0,
+                   double gpu_idle0);
+  void ReportMemory(double train_seconds);
+  void SaveCheckpoint(int64_t epoch, const PassMetrics& partial);
+  void Say(const std::string& line) {
+    if (progress_) progress_->Line(line);
+  }
   // Replica 0's busy and reduction-wait seconds so far (CPU replicas; else
   // negative): read between passes only.
   std::pair<double, double> StepCounters() const;
-  void SaveCheckpoint(int64_t epoch, const PassMetrics& partial);
-  // What a run that fails writing its files (a full disk) can go on from.
-  std::string ResumeAdvice() const;
-  // Runs `write`, a write to the run folder (a log, a checkpoint); its Error
-  // (a full disk) ends the run with ResumeAdvice added.
-  void WriteRunFiles(const std::function<void()>& write);
   std::string ResolvedConfigText() const;
-  std::vector<Model*> Models();  // every model instance that holds weights
-  // What checkpoints and model.safetensors hold: the model's state, then
-  // the weight average's ("ema.*"), if the graph has one.
-  std::vector<std::pair<std::string, Tensor>> ExportedTensors();
-  std::vector<Optimizer*> Optimizers();
+  TrainedTensors Tensors();  // the model instances, their optimizers, the average
 
   RunConfig config_;
   std::shared_ptr<void> thread_limit_;      // a tbb::global_control: the run's thread budget
   std::unique_ptr<tbb::task_arena> arena_;  // the graph runs in it, `threads` slots
-  std::string config_hash_;
+  std::unique_ptr<CheckpointControl> checkpoints_;
   std::unique_ptr<ReplicaSet> replicas_;     // each with its optimizer
   std::unique_ptr<PipelineModel> pipeline_;  // instead, with graph.pipeline
   Model* model_ = nullptr;                   // replica 0's
@@ -110,31 +107,16 @@ class Trainer {
   RunState state_;
   int64_t steps_per_epoch_ = 0;
   std::string run_dir_;
-  // Where training stands (moved by Resume and Train).
   bool resumed_ = false;
-  int64_t start_epoch_ = 0;
-  int64_t batch_in_epoch_ = 0;
-  int64_t checkpointed_step_ = -1;  // the newest checkpoint written or resumed from
-  PassMetrics partial_train_;       // the resumed epoch's totals so far
-  std::vector<std::vector<double>> metrics_rows_;
+  // Where training stands (moved by Resume and Train; steps and batches
+  // done are state_'s).
+  TrainPosition at_;
   Progress* progress_ = nullptr;
   std::string init_report_;
   std::unique_ptr<Autotuner> autotuner_;  // graph.autotune
   std::unique_ptr<WeightAverage> ema_;    // an ema node in the train graph
   bool ema_eval_ = false;                 // evaluate on the average
-  std::unique_ptr<AppendFile> autotune_log_;
-  std::unique_ptr<TfEventWriter> events_;  // rank 0 of a Train
-  std::unique_ptr<AppendFile> steps_csv_;
-  // The train/* scalars' window: the batches since the last ones (or the
-  // epoch's start), summed batch by batch, so that where the epoch was cut
-  // into segments (checkpoints, a stop and a resume) changes no bit of it;
-  // a checkpoint carries it. Seconds: those of finished segments plus the
-  // current segment's since `mark`; replica 0's counters at the last ones.
-  struct ScalarWindow {
-    double loss_sum = 0, seconds = 0, mark = 0, busy = -1, reduce_wait = 0;
-    int64_t correct = 0, samples = 0;
-  } window_;
-  bool window_restored_ = false;  // Resume loaded window_ for the resumed epoch
+  std::unique_ptr<RunFiles> files_;       // process 0 during Train
 };
 
 }  // namespace cnnflow

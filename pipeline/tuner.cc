@@ -9,18 +9,11 @@
 namespace cnnflow {
 namespace {
 
-// The stages that train (cut out of the loader-only graph): the per-device ones.
-bool Trains(const std::string& stage) {
-  return stage == "forward_backward" || stage == "pipeline_stage" || stage == "allreduce" ||
-         stage == "optimizer" || stage == "ema";
-}
-
 // g with `threads` decode threads and a prefetch of `depth` batches.
 GraphSpec WithLoaderSettings(GraphSpec g, int64_t threads, int64_t depth) {
-  for (NodeSpec& n : g.nodes) {
-    if (n.stage == "load_batch") n.args.Set("threads", threads);
-    if (n.stage == "prefetch") n.args.Set("depth", depth);
-  }
+  const GraphPlan plan = g.Plan();
+  for (const auto& [node, arg] : plan.load_threads_args) g.Find(node)->args.Set(arg, threads);
+  for (const auto& [node, arg] : plan.prefetch_depth_args) g.Find(node)->args.Set(arg, depth);
   return g;
 }
 
@@ -29,13 +22,9 @@ GraphSpec WithLoaderSettings(GraphSpec g, int64_t threads, int64_t depth) {
 GraphSpec LoaderOnly(const GraphSpec& train, int64_t threads, int64_t depth) {
   GraphSpec g = train;
   g.nodes.clear();
-  std::set<std::string> cut;
+  const std::set<std::string> cut = train.Plan().training_nodes;
   for (NodeSpec n : train.nodes) {
-    if (Trains(n.stage)) {
-      cut.insert(n.name);
-      continue;
-    }
-    g.nodes.push_back(std::move(n));
+    if (!cut.count(n.name)) g.nodes.push_back(std::move(n));
   }
   // The first nodes after `to` that are not cut.
   std::function<void(const std::string&, std::set<std::string>&)> kept_after =

@@ -68,4 +68,8 @@ CNNFLOW_REGISTER_PER_DEVICE_STAGE(
            "the processes of an MPI job."),
     kPerDevice);
 
+CNNFLOW_STAGE_PLAN(allreduce, [](const Args&, const PlanNode& node, GraphPlan& plan) {
+  plan.training_nodes.insert(node.name);
+});
+
 }  // namespace cnnflow

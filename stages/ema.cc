@@ -57,4 +57,15 @@ CNNFLOW_REGISTER_PER_DEVICE_STAGE(
                   "evaluate on the averaged weights (else on the trained ones)"),
     kPerDevice);
 
+// The trainer keeps the average (in checkpoints, evaluated on): one per graph.
+CNNFLOW_STAGE_PLAN(ema, [](const Args& a, const PlanNode& node, GraphPlan& plan) {
+  if (plan.weight_average) {
+    throw ConfigError(
+        StrCat(node.where, ": a second ema node (the first is '", plan.weight_average->node, "')"));
+  }
+  plan.training_nodes.insert(node.name);
+  plan.weight_average = GraphPlan::WeightAveragePlan{node.name, node.where, a.Float("decay"),
+                                                     a.Bool("warmup"), a.Bool("eval")};
+});
+
 }  // namespace cnnflow

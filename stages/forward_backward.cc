@@ -139,4 +139,10 @@ CNNFLOW_REGISTER_PER_DEVICE_STAGE(
            "is done with its previous one."),
     kPerDevice);
 
+// It trains, and waits for an optimizer after it to admit a replica's next batch.
+CNNFLOW_STAGE_PLAN(forward_backward, [](const Args&, const PlanNode& node, GraphPlan& plan) {
+  plan.training_nodes.insert(node.name);
+  plan.waits_for_optimizer.push_back(node.name);
+});
+
 }  // namespace cnnflow

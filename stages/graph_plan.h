@@ -6,7 +6,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "ops/schema.h"
 
@@ -22,12 +25,41 @@ struct GraphPlan {
   // that caps them (0: none).
   int64_t prefetch_depth = 0;
   double prefetch_memory_mb = 0;
+
+  // The loader's settings, which `cnnflow tune` varies: the node arguments
+  // that set decode threads, and prefetch depth.
+  struct NodeArg {
+    std::string node, arg;
+  };
+  std::vector<NodeArg> load_threads_args, prefetch_depth_args;
+  // The nodes that train (forward and backward, gradient reduction, the
+  // optimizer step, the weight average): `cnnflow tune` cuts them out to time
+  // the loader alone.
+  std::set<std::string> training_nodes;
+  // Nodes that admit a device's next batch only when an optimizer node after
+  // them is done with its last one (so the graph needs one after them), and
+  // the optimizer nodes.
+  std::vector<std::string> waits_for_optimizer;
+  std::set<std::string> optimizer_nodes;
+  // The weight average of the replicas' weights (an ema node).
+  struct WeightAveragePlan {
+    std::string node, where;
+    double decay = 0;
+    bool warmup = false;
+    bool eval = false;  // evaluate on the average
+  };
+  std::optional<WeightAveragePlan> weight_average;
+};
+
+// The node a plan hook is called for: its name, and where it is written
+// (the template's file and line, for errors).
+struct PlanNode {
+  std::string name, where;
 };
 
 // A stage type's plan hook: what its node with `args` (defaults filled)
-// decides, added to `plan`. The node's `where` names it in errors.
-using StagePlanner =
-    std::function<void(const Args& args, const std::string& where, GraphPlan& plan)>;
+// decides, added to `plan`.
+using StagePlanner = std::function<void(const Args& args, const PlanNode& node, GraphPlan& plan)>;
 
 struct StagePlanRegistration {
   // Attaches `planner` to the registered stage type `type` (registered
@@ -35,7 +67,8 @@ struct StagePlanRegistration {
   StagePlanRegistration(const char* type, StagePlanner planner);
 };
 
-#define CNNFLOW_STAGE_PLAN(type_name, planner) \
-  static ::cnnflow::StagePlanRegistration cnnflow_stage_plan_##type_name(#type_name, planner)
+// Variadic: the planner lambda may hold commas outside parentheses.
+#define CNNFLOW_STAGE_PLAN(type_name, ...) \
+  static ::cnnflow::StagePlanRegistration cnnflow_stage_plan_##type_name(#type_name, __VA_ARGS__)
 
 }  // namespace cnnflow

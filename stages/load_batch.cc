@@ -192,4 +192,9 @@ CNNFLOW_REGISTER_STAGE(
         .Choice("on_bad_record", {"fail", "skip"}, "fail",
                 "a record that cannot be read: fail the run, or skip it and report it"));
 
+// Its decode threads: what `cnnflow tune` varies.
+CNNFLOW_STAGE_PLAN(load_batch, [](const Args&, const PlanNode& node, GraphPlan& plan) {
+  plan.load_threads_args.push_back({node.name, "threads"});
+});
+
 }  // namespace cnnflow

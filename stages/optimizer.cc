@@ -100,4 +100,9 @@ CNNFLOW_REGISTER_PER_DEVICE_STAGE(
            "read the stepped weights (ema)."),
     kPerDevice);
 
+CNNFLOW_STAGE_PLAN(optimizer, [](const Args&, const PlanNode& node, GraphPlan& plan) {
+  plan.training_nodes.insert(node.name);
+  plan.optimizer_nodes.insert(node.name);
+});
+
 }  // namespace cnnflow

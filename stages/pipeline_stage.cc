@@ -200,4 +200,10 @@ CNNFLOW_REGISTER_PER_DEVICE_STAGE(
            "previous one."),
     kPerDeviceChain);
 
+// It trains, and waits for the optimizers after it to admit the next batch.
+CNNFLOW_STAGE_PLAN(pipeline_stage, [](const Args&, const PlanNode& node, GraphPlan& plan) {
+  plan.training_nodes.insert(node.name);
+  plan.waits_for_optimizer.push_back(node.name);
+});
+
 }  // namespace cnnflow

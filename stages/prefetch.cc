@@ -82,8 +82,10 @@ CNNFLOW_REGISTER_STAGE(
                   "memory budget of the batches in flight, in MB (0: none); "
                   "caps depth"));
 
-// The batches in flight: what `cnnflow validate` counts the input memory by.
-CNNFLOW_STAGE_PLAN(prefetch, [](const Args& a, const std::string&, GraphPlan& plan) {
+// The batches in flight: what `cnnflow validate` counts the input memory by,
+// and `cnnflow tune` varies.
+CNNFLOW_STAGE_PLAN(prefetch, [](const Args& a, const PlanNode& node, GraphPlan& plan) {
+  plan.prefetch_depth_args.push_back({node.name, "depth"});
   plan.prefetch_depth += a.Int("depth");
   plan.prefetch_memory_mb += a.Float("memory_mb");
 });

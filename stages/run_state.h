@@ -88,9 +88,10 @@ struct RunState {
   int data_rank = 0, data_ranks = 1;
   bool counts_metrics() const { return process_rank % (process_count / data_ranks) == 0; }
   double collective_timeout_s = 300;
-  int64_t max_steps = 0;    // stop a pass after this many batches (0: whole epoch)
-  int64_t start_batch = 0;  // the pass starts at this batch (a resumed epoch)
-  int64_t stop_batch = 0;   // and stops before this one (0: at its end)
+  int64_t max_steps = 0;       // stop a training pass after this many batches (0: whole epoch)
+  int64_t eval_max_steps = 0;  // and an evaluation pass (0: the whole set)
+  int64_t start_batch = 0;     // the pass starts at this batch (a resumed epoch)
+  int64_t stop_batch = 0;      // and stops before this one (0: at its end)
   std::atomic<bool> stop_requested{false};
   // In an MPI job: the last step every process trains once they agreed to
   // stop (batches already sampled beyond it are dropped); -1: none.

@@ -35,8 +35,8 @@ class SamplerStage final : public Stage {
     opt.uneven = state.pass != "train";
     ShardedSampler sampler(opt);
     order_ = sampler.EpochIndices(state.epoch);
-    batches_ =
-        PassBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_, state.max_steps);
+    batches_ = PassBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_,
+                           state.pass == "train" ? state.max_steps : state.eval_max_steps);
     // A resumed epoch starts after what was trained.
     state.plan = PassPlan(batches_, state.accumulate, state.start_batch, state.global_step,
                           state.batches_done);
@@ -96,8 +96,10 @@ CNNFLOW_REGISTER_STAGE(
         .Optional("drop_last", ParamType::kBool, false, "drop the last incomplete batch"));
 
 // The pass's batches: what the trainer counts its optimizer steps by.
-CNNFLOW_STAGE_PLAN(sampler, [](const Args& a, const std::string& where, GraphPlan& plan) {
-  if (plan.batch_samples > 0) throw ConfigError(StrCat(where, ": a second sampler in one pass"));
+CNNFLOW_STAGE_PLAN(sampler, [](const Args& a, const PlanNode& node, GraphPlan& plan) {
+  if (plan.batch_samples > 0) {
+    throw ConfigError(StrCat(node.where, ": a second sampler in one pass"));
+  }
   plan.batch_samples = a.Int("batch") * a.Int("replicas");
   plan.drop_last = a.Bool("drop_last");
 });

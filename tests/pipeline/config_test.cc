@@ -89,8 +89,8 @@ TEST_F(ConfigTest, MisspeltKeySuggestsTheKnownOne) {
   EXPECT_EQ(
       ErrorOf(Replace(kGood, "  epochs: 1", "  epohcs: 1")),
       ":12:3: train: unknown key 'epohcs' (did you mean 'epochs'?); known: epochs, batch, "
-      "optimizer, schedule, eval_batch, max_steps, accumulate, checkpoint_every, keep_checkpoints, "
-      "log_every, init");
+      "optimizer, schedule, eval_batch, max_steps, eval_max_steps, accumulate, checkpoint_every, "
+      "keep_checkpoints, log_every, init");
 }
 
 TEST_F(ConfigTest, NegativeLogEveryIsAnError) {

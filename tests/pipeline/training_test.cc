@@ -8,6 +8,8 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "ops/device.h"
 #include "ops/io/safetensors.h"
@@ -126,6 +128,24 @@ TEST(Training, InitIsStrictUnlessToldAndSkipLeavesTheFreshInitialisation) {
   for (auto& [n, t] : loose.model().StateTensors()) c[n] = t;
   EXPECT_TRUE(same(c.at("fc.weight"), a.at("fc.weight")));
   EXPECT_TRUE(same(c.at("conv1.weight"), b.at("conv1.weight")));
+  fs::remove_all(dir);
+}
+
+// train.max_steps cuts training, not evaluation (its accuracy is of the
+// whole test set unless train.eval_max_steps cuts that too).
+TEST(Training, MaxStepsLeavesEvaluationWhole) {
+  const std::vector<std::string> quick = {"train.epochs=1", "train.max_steps=2", "threads=2"};
+  Trainer whole(LoadRunConfig("configs/fashion_mnist.yaml", quick));
+  const fs::path dir = testing::TestDir();
+  EpochReport r = whole.Train((dir / "whole").string());
+  EXPECT_EQ(r.train.batches, 2);
+  EXPECT_EQ(r.test.samples, 10000);
+  std::vector<std::string> cut = quick;
+  cut.push_back("train.eval_max_steps=3");
+  Trainer part(LoadRunConfig("configs/fashion_mnist.yaml", cut));
+  r = part.Train((dir / "part").string());
+  EXPECT_EQ(r.test.samples, 3000);  // 3 batches of train.eval_batch
+  EXPECT_EQ(part.Evaluate().samples, 10000) << "cnnflow eval covers the whole set";
   fs::remove_all(dir);
 }
 

@@ -1,10 +1,15 @@
 // `cnnflow validate`'s figures (pipeline/validate_report.h): the memory a
 // run holds before it starts, counted once per data-parallel replica (the
 // members of a tensor-parallel group share their rows) and with the
-// prefetch stage's memory budget applied to the host's total as well.
+// prefetch stage's memory budget applied to the host's total as well; and
+// the graph's plan (stages/graph_plan.h) they and the trainer read.
 #include "pipeline/validate_report.h"
 
 #include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
 
 #include "ops/model.h"
 #include "ops/parallel/data_parallel.h"
@@ -75,6 +80,66 @@ TEST(GraphPlan, TheStepCountIsTheSamplersBatches) {
   EXPECT_EQ(user.trainer->steps_per_epoch(), 1875);    // 60,000 / 32
   EXPECT_EQ(shipped.trainer->config().train_graph.Plan().batch_samples, 64);
   EXPECT_NE(user.trainer->Describe().find("steps per epoch: 1875"), std::string::npos);
+}
+
+// The shipped template with `extra` nodes written before metrics and `chain`
+// between the optimizer and metrics.
+std::string WithNodes(const std::string& extra, const std::string& chain) {
+  std::string t = ReadBytes("graphs/data_parallel.yaml");
+  const std::string edge = "optimizer -> metrics";
+  t.replace(t.rfind(edge), edge.size(), "optimizer -> " + chain + " -> metrics");
+  const std::string node = "    metrics:   {stage: metrics}\n";
+  t.replace(t.find(node), 0, extra);
+  const std::string path = TestDir() + "/with_nodes.yaml";
+  WriteBytes(path, t);
+  return path;
+}
+
+// What trains, the loader's knobs and the optimizer rule come from the
+// stages' plan hooks, not from their names.
+TEST(GraphPlan, SaysWhatTrainsAndWhereTheLoaderKnobsAre) {
+  const Built b = Build({});
+  const GraphPlan plan = b.trainer->config().train_graph.Plan();
+  EXPECT_EQ(plan.training_nodes, (std::set<std::string>{"devices", "allreduce", "optimizer"}));
+  ASSERT_EQ(plan.load_threads_args.size(), 1u);
+  EXPECT_EQ(plan.load_threads_args[0].node, "load");
+  EXPECT_EQ(plan.load_threads_args[0].arg, "threads");
+  ASSERT_EQ(plan.prefetch_depth_args.size(), 1u);
+  EXPECT_EQ(plan.prefetch_depth_args[0].node, "prefetch");
+  EXPECT_EQ(plan.waits_for_optimizer, std::vector<std::string>{"devices"});
+  EXPECT_EQ(plan.optimizer_nodes, std::set<std::string>{"optimizer"});
+  EXPECT_FALSE(plan.weight_average.has_value());
+  // The eval graph trains nothing and has no optimizer.
+  const GraphPlan eval = b.trainer->config().eval_graph.Plan();
+  EXPECT_TRUE(eval.training_nodes.empty());
+  EXPECT_EQ(eval.load_threads_args.size(), 1u);
+}
+
+TEST(GraphPlan, AnEmaNodePlansTheWeightAverage) {
+  const Built b =
+      Build({"graph.template=" +
+             WithNodes("    avg:       {stage: ema, decay: 0.75, eval: false}\n", "avg")});
+  const GraphPlan plan = b.trainer->config().train_graph.Plan();
+  ASSERT_TRUE(plan.weight_average.has_value());
+  EXPECT_EQ(plan.weight_average->node, "avg");
+  EXPECT_DOUBLE_EQ(plan.weight_average->decay, 0.75);
+  EXPECT_FALSE(plan.weight_average->eval);
+  EXPECT_EQ(plan.training_nodes.count("avg"), 1u);
+}
+
+TEST(GraphPlan, ASecondEmaNodeIsRefused) {
+  const std::string path =
+      WithNodes("    ema1:      {stage: ema}\n    ema2:      {stage: ema}\n", "ema1 -> ema2");
+  try {
+    Build({"graph.template=" + path});
+    FAIL() << "two ema nodes were accepted";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("node 'ema2' (ema): a second ema node (the first is 'ema1')"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("with_nodes.yaml:"), std::string::npos) << what;
+  }
 }
 
 }  // namespace
