@@ -107,163 +107,197 @@ std::vector<int64_t> ConvertWriteOrder(int64_t n, bool shuffle, uint64_t seed, i
 }
 
 namespace {
-int64_t Skipped(const ConvertSummary& s) { return static_cast<int64_t>(s.skipped.size()); }
+
+// One conversion: the source opened, then each record read, converted and
+// written, in the write order.
+class Conversion {
+ public:
+  Conversion(const ConvertOptions& o, const ConvertProgressFn& progress)
+      : o_(o), progress_(progress) {}
+
+  ConvertSummary Run() {
+    const std::vector<int64_t> order =
+        ConvertWriteOrder(OpenSource(), o_.shuffle, o_.seed, o_.limit);
+    total_ = static_cast<int64_t>(order.size());
+    LmdbWriter::Options wopts;
+    wopts.overwrite = o_.overwrite;
+    LmdbWriter writer(o_.to, wopts);
+    const bool series = !ts_.cases.empty() || !wav_.paths.empty();
+    for (const int64_t i : order) {
+      if (series ? SeriesRecord(i) : ImageRecord(i)) Put(writer);
+    }
+    writer.Finish();
+    summary_.encoded = o_.encoded == 1;
+    return summary_;
+  }
+
+ private:
+  // Opens or scans the source; returns its number of records.
+  int64_t OpenSource() {
+    if (o_.from == "ts") {
+      ts_ = ReadTsFile(o_.src);
+      summary_.classes = static_cast<int64_t>(ts_.class_labels.size());
+      return ts_.size();
+    }
+    if (o_.from == "wav") {
+      wav_ = ScanWavFolder(o_.src, o_.label_regex, o_.select);
+      summary_.classes = static_cast<int64_t>(wav_.classes.size());
+      return static_cast<int64_t>(wav_.paths.size());
+    }
+    if (o_.from == "folder") {
+      folder_ = ScanImageFolder(o_.src);
+      summary_.classes = static_cast<int64_t>(folder_.classes.size());
+      return static_cast<int64_t>(folder_.entries.size());
+    }
+    idx_ = IdxDataset::Open(o_.src, o_.labels);
+    summary_.classes = idx_->num_classes();
+    return idx_->size();
+  }
+
+  // Record `i` of a series source as raw f32 [C, L]. False: a bad file, skipped.
+  bool SeriesRecord(int64_t i) {
+    rec_.encoding = RecordEncoding::kRaw;
+    rec_.dtype = RecordDType::kF32;
+    const float* values = nullptr;
+    if (!ts_.cases.empty()) {
+      rec_.label = ts_.labels[i];
+      rec_.shape = {ts_.channels, ts_.lengths[i]};
+      values = ts_.cases[i].data();
+    } else {
+      try {
+        audio_ = ReadWav(wav_.paths[i]);  // Error naming the file
+      } catch (const Error& e) {
+        if (!o_.skip_bad) throw;
+        Skip(e.what());
+        return false;
+      }
+      rec_.label = wav_.labels[i];
+      rec_.shape = {1, static_cast<int64_t>(audio_.size())};
+      values = audio_.data();
+    }
+    rec_.data = reinterpret_cast<const uint8_t*>(values);
+    rec_.size = static_cast<size_t>(rec_.shape[0] * rec_.shape[1]) * sizeof(float);
+    return true;
+  }
+
+  // Record `i` of an image source: the file's bytes kept (encoded, no
+  // resize), or its pixels stored raw or re-encoded. False: a bad file, skipped.
+  bool ImageRecord(int64_t i) {
+    rec_.dtype = RecordDType::kU8;
+    const uint8_t* pixels = nullptr;  // HWC [h, w, c]; null: the file's bytes are kept
+    int h = 0, w = 0, c = 0;
+    if (idx_) {
+      rec_.label = idx_->label(i);
+      pixels = idx_->pixels(i);
+      h = static_cast<int>(idx_->rows());
+      w = static_cast<int>(idx_->cols());
+      c = 1;
+    } else if (!FolderImage(folder_.entries[static_cast<size_t>(i)], &pixels, &h, &w, &c)) {
+      return false;
+    }
+    if (pixels != nullptr) StorePixels(pixels, h, w, c);
+    return true;
+  }
+
+  // Reads an image file: into rec_ as it is (encoded, no resize), else
+  // decoded into *pixels. False: a bad file, skipped.
+  bool FolderImage(const ImageFolderEntry& e, const uint8_t** pixels, int* h, int* w, int* c) {
+    const std::string where = StrCat("'", e.path, "'");
+    const std::string read_error = ReadWholeFile(e.path, &file_);
+    if (!read_error.empty()) return Bad(read_error);
+    rec_.label = e.label;
+    const ImageResult header = ReadImageHeader(file_.data(), file_.size());
+    if (!header.ok()) return Bad(StrCat(where, ": ", header.error));
+    *c = DefaultImageChannels(header.channels);  // CMYK and alpha are not kept
+    *h = header.height;
+    *w = header.width;
+    if (o_.encoded && o_.resize_h == 0) {
+      rec_.encoding =
+          header.format == ImageFormat::kPng ? RecordEncoding::kPng : RecordEncoding::kJpeg;
+      rec_.shape = {*c, *h, *w};
+      rec_.data = file_.data();
+      rec_.size = file_.size();
+      return true;
+    }
+    const ImageResult d = DecodeImage(file_.data(), file_.size(), *c, &hwc_);
+    if (!d.ok()) return Bad(StrCat(where, ": ", d.error));
+    *pixels = hwc_.data();
+    return true;
+  }
+
+  // HWC pixels into rec_: resized if asked, then raw CHW or a new JPEG.
+  void StorePixels(const uint8_t* pixels, int h, int w, int c) {
+    if (o_.resize_h > 0) {
+      ResizeHwc(pixels, h, w, c, o_.resize_h, o_.resize_w, &resized_);
+      pixels = resized_.data();
+      h = o_.resize_h;
+      w = o_.resize_w;
+    }
+    rec_.shape = {c, h, w};
+    if (o_.encoded) {  // only reached with a resize: the new pixels need new bytes
+      payload_ = EncodeJpeg(pixels, w, h, c, o_.jpeg_quality);
+      rec_.encoding = RecordEncoding::kJpeg;
+      summary_.reencoded = true;
+    } else {
+      HwcToChw(pixels, static_cast<size_t>(h) * w, c, &payload_);
+      rec_.encoding = RecordEncoding::kRaw;
+    }
+    rec_.data = reinterpret_cast<const uint8_t*>(payload_.data());
+    rec_.size = payload_.size();
+  }
+
+  void Put(LmdbWriter& writer) {
+    const std::string value =
+        o_.format == "caffe" ? EncodeCaffeDatum(rec_) : EncodeCnnflowRecord(rec_);
+    writer.Put(LmdbWriter::IndexKey(summary_.records), value);
+    summary_.value_bytes += value.size();
+    ++summary_.records;
+    Progress();
+  }
+
+  // A bad file fails the conversion, or (skip_bad) is listed and left out.
+  bool Bad(const std::string& error) {
+    if (!o_.skip_bad) throw Error(error);
+    Skip(error);
+    return false;
+  }
+  void Skip(const std::string& error) {
+    summary_.skipped.push_back(error);
+    Progress();
+  }
+  void Progress() {
+    if (progress_)
+      progress_(summary_.records + static_cast<int64_t>(summary_.skipped.size()), total_);
+  }
+
+  const ConvertOptions& o_;
+  const ConvertProgressFn& progress_;
+  ConvertSummary summary_;
+  int64_t total_ = 0;
+  // The source: one of these.
+  ImageFolder folder_;
+  std::unique_ptr<IdxDataset> idx_;
+  TsFile ts_;
+  WavFolder wav_;
+  // Buffers reused from record to record.
+  std::vector<uint8_t> file_, hwc_, resized_;
+  std::vector<float> audio_;
+  std::string payload_;
+  RecordView rec_;
+};
+
 }  // namespace
 
 ConvertSummary ConvertToLmdb(const ConvertOptions& options, const ConvertProgressFn& progress) {
   const auto start = std::chrono::steady_clock::now();
   ConvertOptions o = options;
   ValidateConvertOptions(&o);
-  const bool caffe = o.format == "caffe";
-  const bool resize = o.resize_h > 0;
   // Checked before the (possibly long) scan, so the mistake costs nothing.
   std::error_code exists_ec;
   if (!o.overwrite && fs::exists(o.to, exists_ec)) {
     throw Error(StrCat("output '", o.to, "' already exists (--overwrite replaces it)"));
   }
-
-  ImageFolder folder;
-  std::unique_ptr<IdxDataset> idx;
-  TsFile ts;
-  WavFolder wav;
-  ConvertSummary summary;
-  int64_t count = 0;
-  if (o.from == "ts") {
-    ts = ReadTsFile(o.src);
-    count = ts.size();
-    summary.classes = static_cast<int64_t>(ts.class_labels.size());
-  } else if (o.from == "wav") {
-    wav = ScanWavFolder(o.src, o.label_regex, o.select);
-    count = static_cast<int64_t>(wav.paths.size());
-    summary.classes = static_cast<int64_t>(wav.classes.size());
-  } else if (o.from == "folder") {
-    folder = ScanImageFolder(o.src);
-    count = static_cast<int64_t>(folder.entries.size());
-    summary.classes = static_cast<int64_t>(folder.classes.size());
-  } else {
-    idx = IdxDataset::Open(o.src, o.labels);
-    count = idx->size();
-    summary.classes = idx->num_classes();
-  }
-  const std::vector<int64_t> order = ConvertWriteOrder(count, o.shuffle, o.seed, o.limit);
-  const auto total = static_cast<int64_t>(order.size());
-
-  LmdbWriter::Options wopts;
-  wopts.overwrite = o.overwrite;
-  LmdbWriter writer(o.to, wopts);
-
-  std::vector<uint8_t> file, hwc, resized;
-  std::vector<float> audio;
-  std::string payload;
-  RecordView rec;
-  for (const int64_t src_index : order) {
-    if (!ts.cases.empty() || !wav.paths.empty()) {  // a series: raw f32 [C, L]
-      rec.encoding = RecordEncoding::kRaw;
-      rec.dtype = RecordDType::kF32;
-      const float* values = nullptr;
-      if (!ts.cases.empty()) {
-        rec.label = ts.labels[src_index];
-        rec.shape = {ts.channels, ts.lengths[src_index]};
-        values = ts.cases[src_index].data();
-      } else {
-        const std::string& path = wav.paths[src_index];
-        try {
-          audio = ReadWav(path);  // Error naming the file
-        } catch (const Error& e) {
-          if (!o.skip_bad) throw;
-          summary.skipped.push_back(e.what());
-          if (progress) progress(summary.records + Skipped(summary), total);
-          continue;
-        }
-        rec.label = wav.labels[src_index];
-        rec.shape = {1, static_cast<int64_t>(audio.size())};
-        values = audio.data();
-      }
-      rec.data = reinterpret_cast<const uint8_t*>(values);
-      rec.size = static_cast<size_t>(rec.shape[0] * rec.shape[1]) * sizeof(float);
-      const std::string value = EncodeCnnflowRecord(rec);
-      writer.Put(LmdbWriter::IndexKey(summary.records), value);
-      summary.value_bytes += value.size();
-      ++summary.records;
-      if (progress) progress(summary.records + Skipped(summary), total);
-      continue;
-    }
-    rec.dtype = RecordDType::kU8;
-    // The pixels to store raw or re-encode: HWC [h, w, c]. Left null when
-    // the record keeps the file's bytes.
-    const uint8_t* pixels = nullptr;
-    int h = 0, w = 0, c = 0;
-    if (idx) {
-      rec.label = idx->label(src_index);
-      pixels = idx->pixels(src_index);
-      h = static_cast<int>(idx->rows());
-      w = static_cast<int>(idx->cols());
-      c = 1;
-    } else {
-      const ImageFolderEntry& e = folder.entries[static_cast<size_t>(src_index)];
-      const std::string where = StrCat("'", e.path, "'");
-      // A bad file: fails the conversion, or (skip_bad) is listed and left out.
-      auto bad = [&](const std::string& error) {
-        if (!o.skip_bad) throw Error(error);
-        summary.skipped.push_back(error);
-        if (progress) progress(summary.records + Skipped(summary), total);
-      };
-      const std::string read_error = ReadWholeFile(e.path, &file);
-      if (!read_error.empty()) {
-        bad(read_error);
-        continue;
-      }
-      rec.label = e.label;
-      const ImageResult header = ReadImageHeader(file.data(), file.size());
-      if (!header.ok()) {
-        bad(StrCat(where, ": ", header.error));
-        continue;
-      }
-      c = DefaultImageChannels(header.channels);  // CMYK and alpha are not kept
-      h = header.height;
-      w = header.width;
-      if (o.encoded && !resize) {
-        rec.encoding =
-            header.format == ImageFormat::kPng ? RecordEncoding::kPng : RecordEncoding::kJpeg;
-        rec.shape = {c, h, w};
-        rec.data = file.data();
-        rec.size = file.size();
-      } else {
-        const ImageResult d = DecodeImage(file.data(), file.size(), c, &hwc);
-        if (!d.ok()) {
-          bad(StrCat(where, ": ", d.error));
-          continue;
-        }
-        pixels = hwc.data();
-      }
-    }
-    if (pixels != nullptr) {
-      if (resize) {
-        ResizeHwc(pixels, h, w, c, o.resize_h, o.resize_w, &resized);
-        pixels = resized.data();
-        h = o.resize_h;
-        w = o.resize_w;
-      }
-      rec.shape = {c, h, w};
-      if (o.encoded) {  // only reached with a resize: the new pixels need new bytes
-        payload = EncodeJpeg(pixels, w, h, c, o.jpeg_quality);
-        rec.encoding = RecordEncoding::kJpeg;
-        summary.reencoded = true;
-      } else {
-        HwcToChw(pixels, static_cast<size_t>(h) * w, c, &payload);
-        rec.encoding = RecordEncoding::kRaw;
-      }
-      rec.data = reinterpret_cast<const uint8_t*>(payload.data());
-      rec.size = payload.size();
-    }
-    const std::string value = caffe ? EncodeCaffeDatum(rec) : EncodeCnnflowRecord(rec);
-    writer.Put(LmdbWriter::IndexKey(summary.records), value);
-    summary.value_bytes += value.size();
-    ++summary.records;
-    if (progress) progress(summary.records + Skipped(summary), total);
-  }
-  writer.Finish();
-  summary.encoded = o.encoded == 1;
+  ConvertSummary summary = Conversion(o, progress).Run();
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::error_code ec;
   const auto n = fs::file_size(fs::path(o.to) / "data.mdb", ec);

@@ -392,23 +392,23 @@ std::string EncodeCaffeDatum(const RecordView& r, bool pack_floats) {
   return s;
 }
 
-RecordStatus DecodeCaffeDatum(std::string_view value, RecordView* out) {
-  const auto* p = reinterpret_cast<const uint8_t*>(value.data());
-  const size_t n = value.size();
-  WireReader in(p, n);
-  std::string err;
-  int64_t dims[3] = {0, 0, 0};
+namespace {
+
+// What a Datum's fields said, as read (the last occurrence of a field wins,
+// as in protobuf).
+struct DatumFields {
+  int64_t dims[3] = {0, 0, 0};  // channels, height, width
   int64_t label = 0;
   bool encoded = false;
   const uint8_t* data = nullptr;
   size_t data_size = 0;
   // float_data: one contiguous run stays zero-copy; a second piece switches
-  // to gathering into out->gathered_.
+  // to gathering into the record's `gathered`.
   const uint8_t* floats = nullptr;
   size_t float_bytes = 0;
   bool gathering = false;
-  out->gathered_.clear();
-  auto add_floats = [&](const uint8_t* src, size_t bytes) {
+
+  void AddFloats(const uint8_t* src, size_t bytes, std::vector<float>& gathered) {
     if (!gathering && floats == nullptr) {
       floats = src;
       float_bytes = bytes;
@@ -416,145 +416,170 @@ RecordStatus DecodeCaffeDatum(std::string_view value, RecordView* out) {
     }
     if (!gathering) {
       gathering = true;
-      out->gathered_.resize(float_bytes / 4);
-      std::memcpy(out->gathered_.data(), floats, float_bytes);
+      gathered.resize(float_bytes / 4);
+      std::memcpy(gathered.data(), floats, float_bytes);
     }
-    const size_t old = out->gathered_.size();
-    out->gathered_.resize(old + bytes / 4);
-    std::memcpy(out->gathered_.data() + old, src, bytes);
-  };
-
-  while (!in.done()) {
-    const size_t tag_pos = in.pos();
-    uint64_t tag = 0;
-    if (!in.Varint(&tag, &err)) return RecordStatus::Corrupt("Datum " + err);
-    const uint64_t field = tag >> 3;
-    const uint32_t wire = static_cast<uint32_t>(tag & 7);
-    if (field == 0) return RecordStatus::Corrupt(StrCat("Datum field number 0 at byte ", tag_pos));
-    auto wrong_wire = [&](uint32_t expected) {
-      return RecordStatus::Corrupt(StrCat("Datum field ", field, " has wire type ", wire,
-                                          ", expected ", expected, " (at byte ", tag_pos, ")"));
-    };
-    switch (wire) {
-      case kVarint: {
-        uint64_t v = 0;
-        if (!in.Varint(&v, &err))
-          return RecordStatus::Corrupt(StrCat("Datum field ", field, ": ", err));
-        // int32 fields: protobuf truncates to the low 32 bits.
-        const int64_t as_int32 = static_cast<int32_t>(static_cast<uint32_t>(v));
-        if (field == kChannels || field == kHeight || field == kWidth) {
-          dims[field - 1] = as_int32;
-        } else if (field == kLabel) {
-          label = as_int32;
-        } else if (field == kEncoded) {
-          encoded = v != 0;
-        } else if (field == kData || field == kFloatData) {
-          return wrong_wire(field == kData ? kLengthDelimited : kFixed32);
-        }
-        break;
-      }
-      case kFixed64:
-        if (field >= kChannels && field <= kEncoded)
-          return wrong_wire(field == kFloatData ? kFixed32 : kVarint);
-        if (!in.Skip(8, StrCat("Datum field ", field, " (fixed64) at byte ", tag_pos), &err)) {
-          return RecordStatus::Corrupt(err);
-        }
-        break;
-      case kFixed32: {
-        if (field >= kChannels && field <= kEncoded && field != kFloatData) {
-          return wrong_wire(field == kData ? kLengthDelimited : kVarint);
-        }
-        const size_t at = in.pos();
-        if (!in.Skip(4, StrCat("Datum field ", field, " (fixed32) at byte ", tag_pos), &err)) {
-          return RecordStatus::Corrupt(err);
-        }
-        if (field == kFloatData) add_floats(in.at(at), 4);
-        break;
-      }
-      case kLengthDelimited: {
-        uint64_t len = 0;
-        if (!in.Varint(&len, &err))
-          return RecordStatus::Corrupt(StrCat("Datum field ", field, " length: ", err));
-        const size_t at = in.pos();
-        if (!in.Skip(len, StrCat("Datum field ", field, " length ", len, " at byte ", tag_pos),
-                     &err)) {
-          return RecordStatus::Corrupt(err);
-        }
-        if (field == kData) {
-          data = in.at(at);  // the last occurrence wins, as in protobuf
-          data_size = len;
-        } else if (field == kFloatData) {
-          if (len % 4 != 0) {
-            return RecordStatus::Corrupt(StrCat("Datum packed float_data is ", len,
-                                                " bytes, not a multiple of 4 (at byte ", tag_pos,
-                                                ")"));
-          }
-          if (len) add_floats(in.at(at), len);
-        } else if (field >= kChannels && field <= kEncoded) {
-          return wrong_wire(kVarint);
-        }
-        break;
-      }
-      default:
-        return RecordStatus::Corrupt(
-            StrCat("unknown wire type ", wire, " at byte ", tag_pos, " (Datum field ", field, ")"));
-    }
+    const size_t old = gathered.size();
+    gathered.resize(old + bytes / 4);
+    std::memcpy(gathered.data() + old, src, bytes);
   }
+};
 
+// Reads the value of Datum field `field` (its tag, of wire type `wire`, read
+// at byte `tag_pos`) into `f`: a known field must come in its own wire type.
+RecordStatus ReadDatumField(WireReader& in, uint64_t field, uint32_t wire, size_t tag_pos,
+                            DatumFields& f, std::vector<float>& gathered) {
+  std::string err;
+  auto wrong_wire = [&](uint32_t expected) {
+    return RecordStatus::Corrupt(StrCat("Datum field ", field, " has wire type ", wire,
+                                        ", expected ", expected, " (at byte ", tag_pos, ")"));
+  };
+  switch (wire) {
+    case kVarint: {
+      uint64_t v = 0;
+      if (!in.Varint(&v, &err))
+        return RecordStatus::Corrupt(StrCat("Datum field ", field, ": ", err));
+      // int32 fields: protobuf truncates to the low 32 bits.
+      const int64_t as_int32 = static_cast<int32_t>(static_cast<uint32_t>(v));
+      if (field == kChannels || field == kHeight || field == kWidth) {
+        f.dims[field - 1] = as_int32;
+      } else if (field == kLabel) {
+        f.label = as_int32;
+      } else if (field == kEncoded) {
+        f.encoded = v != 0;
+      } else if (field == kData || field == kFloatData) {
+        return wrong_wire(field == kData ? kLengthDelimited : kFixed32);
+      }
+      return RecordStatus::Ok();
+    }
+    case kFixed64:
+      if (field >= kChannels && field <= kEncoded) {
+        return wrong_wire(field == kFloatData ? kFixed32 : kVarint);
+      }
+      if (!in.Skip(8, StrCat("Datum field ", field, " (fixed64) at byte ", tag_pos), &err)) {
+        return RecordStatus::Corrupt(err);
+      }
+      return RecordStatus::Ok();
+    case kFixed32: {
+      if (field >= kChannels && field <= kEncoded && field != kFloatData) {
+        return wrong_wire(field == kData ? kLengthDelimited : kVarint);
+      }
+      const size_t at = in.pos();
+      if (!in.Skip(4, StrCat("Datum field ", field, " (fixed32) at byte ", tag_pos), &err)) {
+        return RecordStatus::Corrupt(err);
+      }
+      if (field == kFloatData) f.AddFloats(in.at(at), 4, gathered);
+      return RecordStatus::Ok();
+    }
+    case kLengthDelimited: {
+      uint64_t len = 0;
+      if (!in.Varint(&len, &err)) {
+        return RecordStatus::Corrupt(StrCat("Datum field ", field, " length: ", err));
+      }
+      const size_t at = in.pos();
+      if (!in.Skip(len, StrCat("Datum field ", field, " length ", len, " at byte ", tag_pos),
+                   &err)) {
+        return RecordStatus::Corrupt(err);
+      }
+      if (field == kData) {
+        f.data = in.at(at);
+        f.data_size = len;
+      } else if (field == kFloatData) {
+        if (len % 4 != 0) {
+          return RecordStatus::Corrupt(StrCat("Datum packed float_data is ", len,
+                                              " bytes, not a multiple of 4 (at byte ", tag_pos,
+                                              ")"));
+        }
+        if (len) f.AddFloats(in.at(at), len, gathered);
+      } else if (field >= kChannels && field <= kEncoded) {
+        return wrong_wire(kVarint);
+      }
+      return RecordStatus::Ok();
+    }
+    default:
+      return RecordStatus::Corrupt(
+          StrCat("unknown wire type ", wire, " at byte ", tag_pos, " (Datum field ", field, ")"));
+  }
+}
+
+// The record a Datum's fields describe, its payload checked against its
+// shape: encoded bytes, raw u8 data, or float_data.
+RecordStatus DatumRecord(const DatumFields& f, RecordView* out) {
   for (int i = 0; i < 3; ++i) {
-    if (dims[i] < 0) {
+    if (f.dims[i] < 0) {
       return RecordStatus::Corrupt(StrCat("Datum has negative ",
                                           i == 0   ? "channels"
                                           : i == 1 ? "height"
                                                    : "width",
-                                          " ", dims[i]));
+                                          " ", f.dims[i]));
     }
   }
-  out->shape.assign(dims, dims + 3);
+  out->shape.assign(f.dims, f.dims + 3);
   int64_t numel = 0;
   if (!Product(out->shape, &numel)) {  // 3 x 31 bits can overflow int64
     return RecordStatus::Corrupt(StrCat("Datum shape ", ShapeString(out->shape), " overflows"));
   }
-  const std::string shape_text =
-      StrCat("channels x height x width = ", dims[0], " x ", dims[1], " x ", dims[2], " = ", numel);
-  out->label = label;
-  if (encoded) {
-    if (data_size == 0) return RecordStatus::Corrupt("encoded Datum has no data");
+  const std::string shape_text = StrCat("channels x height x width = ", f.dims[0], " x ", f.dims[1],
+                                        " x ", f.dims[2], " = ", numel);
+  out->label = f.label;
+  if (f.encoded) {
+    if (f.data_size == 0) return RecordStatus::Corrupt("encoded Datum has no data");
     bool known = false;
-    out->encoding = SniffEncoding(data, data_size, &known);
+    out->encoding = SniffEncoding(f.data, f.data_size, &known);
     if (!known) {
       return RecordStatus::Corrupt(
-          StrCat("encoded Datum data is neither JPEG nor PNG (starts with ", HexByte(data[0]),
-                 data_size > 1 ? " " + HexByte(data[1]) : "", ")"));
+          StrCat("encoded Datum data is neither JPEG nor PNG (starts with ", HexByte(f.data[0]),
+                 f.data_size > 1 ? " " + HexByte(f.data[1]) : "", ")"));
     }
     out->dtype = RecordDType::kU8;
-    out->data = data;
-    out->size = data_size;
+    out->data = f.data;
+    out->size = f.data_size;
     return RecordStatus::Ok();
   }
   out->encoding = RecordEncoding::kRaw;
-  if (data_size > 0) {
-    if (static_cast<int64_t>(data_size) != numel) {
-      return RecordStatus::Corrupt(StrCat("Datum data is ", data_size, " bytes, ", shape_text));
+  if (f.data_size > 0) {
+    if (static_cast<int64_t>(f.data_size) != numel) {
+      return RecordStatus::Corrupt(StrCat("Datum data is ", f.data_size, " bytes, ", shape_text));
     }
     out->dtype = RecordDType::kU8;
-    out->data = data;
-    out->size = data_size;
+    out->data = f.data;
+    out->size = f.data_size;
     out->gathered_.clear();
     return RecordStatus::Ok();
   }
-  const size_t float_count = gathering ? out->gathered_.size() : float_bytes / 4;
-  if (float_count == 0)
+  const size_t float_count = f.gathering ? out->gathered_.size() : f.float_bytes / 4;
+  if (float_count == 0) {
     return RecordStatus::Corrupt(
         StrCat("Datum holds neither data nor float_data (", shape_text, ")"));
+  }
   if (static_cast<int64_t>(float_count) != numel) {
     return RecordStatus::Corrupt(
         StrCat("Datum float_data holds ", float_count, " floats, ", shape_text));
   }
   out->dtype = RecordDType::kF32;
-  out->data = gathering ? reinterpret_cast<const uint8_t*>(out->gathered_.data()) : floats;
+  out->data = f.gathering ? reinterpret_cast<const uint8_t*>(out->gathered_.data()) : f.floats;
   out->size = float_count * 4;
   return RecordStatus::Ok();
+}
+
+}  // namespace
+
+RecordStatus DecodeCaffeDatum(std::string_view value, RecordView* out) {
+  WireReader in(reinterpret_cast<const uint8_t*>(value.data()), value.size());
+  DatumFields fields;
+  out->gathered_.clear();
+  while (!in.done()) {
+    const size_t tag_pos = in.pos();
+    uint64_t tag = 0;
+    std::string err;
+    if (!in.Varint(&tag, &err)) return RecordStatus::Corrupt("Datum " + err);
+    const uint64_t field = tag >> 3;
+    if (field == 0) return RecordStatus::Corrupt(StrCat("Datum field number 0 at byte ", tag_pos));
+    RecordStatus s =
+        ReadDatumField(in, field, static_cast<uint32_t>(tag & 7), tag_pos, fields, out->gathered_);
+    if (!s.ok()) return s;
+  }
+  return DatumRecord(fields, out);
 }
 
 }  // namespace cnnflow

@@ -306,47 +306,41 @@ std::string ResolveProjectPath(const std::string& path, const std::string& confi
   return p.string();
 }
 
-RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides) {
-  RunConfig c;
-  c.doc = YamlDoc::Load(path);
-  for (const auto& o : overrides) c.doc.Override(o);
-  c.overrides = overrides;
-  const YamlDoc& doc = c.doc;
-  const YAML::Node root = doc.root();
+namespace {
 
-  Args top = doc.CheckArgs(root, TopLevelSchema(), "");
-  c.name = top.String("name");
-  c.seed = static_cast<uint64_t>(top.Int("seed"));
-  c.threads = static_cast<int>(top.Int("threads"));
-  if (c.threads < 0) doc.Fail(root["threads"], "threads", "must be >= 0");
-  if (c.threads == 0) c.threads = static_cast<int>(std::thread::hardware_concurrency());
-
-  // data
-  const YAML::Node data = root["data"];
-  const Args data_args = doc.CheckArgs(data, DataSchema(), "data");
+// data: the sources and the normalisation. Returns the section's arguments.
+Args ReadData(const YamlDoc& doc, RunConfig& c) {
+  const YAML::Node data = doc.root()["data"];
+  Args data_args = doc.CheckArgs(data, DataSchema(), "data");
   c.data["train"] = ParseSource(doc, data["train"], "train");
-  if (data["test"].IsDefined() && !data["test"].IsNull())
+  if (data["test"].IsDefined() && !data["test"].IsNull()) {
     c.data["test"] = ParseSource(doc, data["test"], "test");
-  if (const YAML::Node t = data["transform"]; t.IsDefined() && !t.IsNull()) {
-    if (!t.IsSequence()) doc.Fail(t, "data.transform", "expected a list");
-    for (const auto& item : t) {
-      if (!item.IsMap() || item.size() != 1)
-        doc.Fail(item, "data.transform", "expected {normalize: {...}}");
-      const auto kv = *item.begin();
-      const std::string kind = doc.Name(kv.first, "data.transform");
-      if (kind != "normalize")
-        doc.Fail(kv.first, "data.transform", UnknownNameMessage("transform", kind, {"normalize"}));
-      Args a = doc.CheckArgs(kv.second, NormalizeSchema(), "data.transform normalize");
-      c.normalize_mean = a.Floats("mean");
-      c.normalize_std = a.Floats("std");
-      if (c.normalize_mean.size() != c.normalize_std.size()) {
-        doc.Fail(kv.second, "data.transform normalize", "mean and std need as many values");
-      }
+  }
+  const YAML::Node t = data["transform"];
+  if (!t.IsDefined() || t.IsNull()) return data_args;
+  if (!t.IsSequence()) doc.Fail(t, "data.transform", "expected a list");
+  for (const auto& item : t) {
+    if (!item.IsMap() || item.size() != 1) {
+      doc.Fail(item, "data.transform", "expected {normalize: {...}}");
+    }
+    const auto kv = *item.begin();
+    const std::string kind = doc.Name(kv.first, "data.transform");
+    if (kind != "normalize") {
+      doc.Fail(kv.first, "data.transform", UnknownNameMessage("transform", kind, {"normalize"}));
+    }
+    Args a = doc.CheckArgs(kv.second, NormalizeSchema(), "data.transform normalize");
+    c.normalize_mean = a.Floats("mean");
+    c.normalize_std = a.Floats("std");
+    if (c.normalize_mean.size() != c.normalize_std.size()) {
+      doc.Fail(kv.second, "data.transform normalize", "mean and std need as many values");
     }
   }
+  return data_args;
+}
 
-  // model
-  const YAML::Node model = root["model"];
+// model: the layers (blocks expanded), the input, init and loss settings.
+void ReadModel(const YamlDoc& doc, RunConfig& c) {
+  const YAML::Node model = doc.root()["model"];
   Args m = doc.CheckArgs(model, ModelSchema(), "model");
   ExpandedModel net = ExpandModel(doc, model);
   c.layers = std::move(net.layers);
@@ -360,9 +354,30 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
            : init == "kaiming_normal" ? InitScheme::kKaimingNormal
                                       : InitScheme::kPytorchDefault;
   c.label_smoothing = m.Float("label_smoothing");
+}
 
-  // train
-  const YAML::Node train = root["train"];
+// train.init: weights to start from. `path`: the config's file.
+void ReadInit(const YamlDoc& doc, const YAML::Node& train, const std::string& path, RunConfig& c) {
+  const YAML::Node init = Section(train, "init");
+  Args a = doc.CheckArgs(init, InitSchema(), "train.init");
+  c.init_from.weights = a.String("weights");
+  // A relative path: from the working folder, else from the config's own
+  // (an imported model's config names the weights beside it).
+  if (const fs::path w(c.init_from.weights); !w.empty() && w.is_relative() && !fs::exists(w) &&
+                                             fs::exists(fs::absolute(path).parent_path() / w)) {
+    c.init_from.weights = (fs::absolute(path).parent_path() / w).lexically_normal().string();
+  }
+  c.init_from.strict = a.Bool("strict");
+  c.init_from.skip = a.Strings("skip");
+  if (c.init_from.weights.empty() && init.IsMap() && init.size() > 0) {
+    doc.Fail(init, "train.init", "needs weights: FILE.safetensors");
+  }
+}
+
+// train: epochs, batches, steps, checkpoints, the optimizer and schedule.
+// Returns the section's arguments.
+Args ReadTrain(const YamlDoc& doc, const std::string& path, RunConfig& c) {
+  const YAML::Node train = doc.root()["train"];
   Args t = doc.CheckArgs(train, TrainSchema(), "train");
   c.epochs = t.Int("epochs");
   c.batch = t.Int("batch");
@@ -375,33 +390,20 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   c.log_every = t.Int("log_every");
   if (c.log_every < 0) doc.Fail(train["log_every"], "train.log_every", "must be >= 0");
   if (c.accumulate <= 0) doc.Fail(train["accumulate"], "train.accumulate", "must be > 0");
-  if (c.checkpoint_every < 0)
+  if (c.checkpoint_every < 0) {
     doc.Fail(train["checkpoint_every"], "train.checkpoint_every", "must be >= 0");
+  }
   if (c.epochs <= 0) doc.Fail(train["epochs"], "train.epochs", "must be > 0");
   if (c.batch <= 0) doc.Fail(train["batch"], "train.batch", "must be > 0");
   if (c.eval_batch <= 0) doc.Fail(train["eval_batch"], "train.eval_batch", "must be > 0");
-  {
-    const YAML::Node init = Section(train, "init");
-    Args a = doc.CheckArgs(init, InitSchema(), "train.init");
-    c.init_from.weights = a.String("weights");
-    // A relative path: from the working folder, else from the config's own
-    // (an imported model's config names the weights beside it).
-    if (const fs::path w(c.init_from.weights); !w.empty() && w.is_relative() && !fs::exists(w) &&
-                                               fs::exists(fs::absolute(path).parent_path() / w)) {
-      c.init_from.weights = (fs::absolute(path).parent_path() / w).lexically_normal().string();
-    }
-    c.init_from.strict = a.Bool("strict");
-    c.init_from.skip = a.Strings("skip");
-    if (c.init_from.weights.empty() && init.IsMap() && init.size() > 0) {
-      doc.Fail(init, "train.init", "needs weights: FILE.safetensors");
-    }
-  }
+  ReadInit(doc, train, path, c);
   ParseOptimizer(doc, train["optimizer"], c);
   c.schedule_args = doc.CheckArgs(Section(train, "schedule"), LrScheduleSchema(), "train.schedule");
+  return t;
+}
 
-  // graph
-  const YAML::Node graph = Section(root, "graph");
-  Args g = doc.CheckArgs(graph, GraphSectionSchema(), "graph");
+// graph.devices: CPUs or GPUs, each once.
+void ReadDevices(const YamlDoc& doc, const YAML::Node& graph, const Args& g, RunConfig& c) {
   for (const auto& d : g.Strings("devices")) {
     try {
       c.devices.push_back(Device::Parse(d));
@@ -421,24 +423,23 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     }
   }
   if (c.devices.empty()) doc.Fail(graph["devices"], "graph.devices", "needs at least one device");
-  c.bucket_mb = g.Float("bucket_mb");
-  c.broadcast_buffers = g.Bool("broadcast_buffers");
-  c.sync_bn = g.Bool("sync_bn");
-  c.collective_timeout_s = g.Float("collective_timeout_s");
-  if (c.bucket_mb <= 0) doc.Fail(graph["bucket_mb"], "graph.bucket_mb", "must be > 0");
-  if (c.collective_timeout_s <= 0) {
-    doc.Fail(graph["collective_timeout_s"], "graph.collective_timeout_s", "must be > 0");
-  }
-  const YAML::Node pipe = graph["pipeline"];
-  if (pipe.IsDefined() && !pipe.IsNull() && !(pipe.IsMap() && pipe.size() == 0)) {
+}
+
+// graph.pipeline and graph.tensor_parallel, and what they do not combine with.
+void ReadModelParallel(const YamlDoc& doc, const YAML::Node& graph, RunConfig& c) {
+  auto given = [](const YAML::Node& n) {
+    return n.IsDefined() && !n.IsNull() && !(n.IsMap() && n.size() == 0);
+  };
+  if (const YAML::Node pipe = graph["pipeline"]; given(pipe)) {
     ParsePipeline(doc, pipe, c);
-    if (c.accumulate != 1)
+    if (c.accumulate != 1) {
       doc.Fail(pipe, "graph.pipeline", "train.accumulate must be 1 with a pipeline");
-    if (c.devices[0].is_cuda())
+    }
+    if (c.devices[0].is_cuda()) {
       doc.Fail(pipe, "graph.pipeline", "pipelines run on CPU devices only so far");
+    }
   }
-  const YAML::Node tp = graph["tensor_parallel"];
-  if (tp.IsDefined() && !tp.IsNull() && !(tp.IsMap() && tp.size() == 0)) {
+  if (const YAML::Node tp = graph["tensor_parallel"]; given(tp)) {
     ParseTensorParallel(doc, tp, c);
     if (c.pipeline)
       doc.Fail(tp, "graph.tensor_parallel", "does not combine with graph.pipeline yet");
@@ -446,6 +447,10 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
       doc.Fail(tp, "graph.tensor_parallel", "runs on CPU devices only so far");
     }
   }
+}
+
+// graph.precision: fp32, or mixed precision on GPUs.
+void ReadPrecision(const YamlDoc& doc, const YAML::Node& graph, const Args& g, RunConfig& c) {
   const std::string precision = g.String("precision");
   if (precision == "bf16" || precision == "fp16") {
     c.compute = precision == "bf16" ? DType::kBF16 : DType::kF16;
@@ -457,6 +462,24 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
     doc.Fail(graph["precision"], "graph.precision",
              StrCat("'", precision, "': expected fp32, bf16 or fp16"));
   }
+}
+
+// graph: devices, the gradient reduction, model parallelism, precision and
+// the template. Returns the section's arguments.
+Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
+  const YAML::Node graph = Section(doc.root(), "graph");
+  Args g = doc.CheckArgs(graph, GraphSectionSchema(), "graph");
+  ReadDevices(doc, graph, g, c);
+  c.bucket_mb = g.Float("bucket_mb");
+  c.broadcast_buffers = g.Bool("broadcast_buffers");
+  c.sync_bn = g.Bool("sync_bn");
+  c.collective_timeout_s = g.Float("collective_timeout_s");
+  if (c.bucket_mb <= 0) doc.Fail(graph["bucket_mb"], "graph.bucket_mb", "must be > 0");
+  if (c.collective_timeout_s <= 0) {
+    doc.Fail(graph["collective_timeout_s"], "graph.collective_timeout_s", "must be > 0");
+  }
+  ReadModelParallel(doc, graph, c);
+  ReadPrecision(doc, graph, g, c);
   if (c.sync_bn && c.devices[0].is_cuda()) {
     doc.Fail(graph["sync_bn"], "graph.sync_bn", "not implemented for GPU replicas yet");
   }
@@ -466,26 +489,57 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
                                     : std::string("graphs/pipeline_parallel.yaml");
   c.graph_template = ResolveProjectPath(tmpl_name, path);
   c.autotune = g.Bool("autotune");
-  // The template reads the run's values, defaults included, and
-  // graph.replicas (the data-parallel replicas: the devices, or their
-  // tensor-parallel groups).
-  YAML::Node run = YAML::Clone(root);
-  for (const auto& [k, v] : g.values()) {
+  return g;
+}
+
+// The train and eval graphs from the template, which reads the run's values,
+// defaults included (the sections' arguments `data`, `train`, `graph`), and
+// graph.replicas (the data-parallel replicas: the devices, or their
+// tensor-parallel groups).
+void BuildGraphs(const YamlDoc& doc, const Args& data, const Args& train, const Args& graph,
+                 RunConfig& c) {
+  YAML::Node run = YAML::Clone(doc.root());
+  for (const auto& [k, v] : graph.values()) {
     if (!run["graph"].IsMap()) run["graph"] = YAML::Node(YAML::NodeType::Map);
     if (!run["graph"][k].IsDefined()) run["graph"][k] = YAML::Load(ParamValueToString(v));
   }
   run["graph"]["replicas"] =
       std::max<int64_t>(1, static_cast<int64_t>(c.devices.size()) / c.tensor_parallel);
   if (!run["data"]["on_bad_record"].IsDefined()) {
-    run["data"]["on_bad_record"] = data_args.String("on_bad_record");
+    run["data"]["on_bad_record"] = data.String("on_bad_record");
   }
-  for (const auto& [k, v] : t.values()) {
-    if (!run["train"][k].IsDefined() && k != "schedule")
+  for (const auto& [k, v] : train.values()) {
+    if (!run["train"][k].IsDefined() && k != "schedule") {
       run["train"][k] = YAML::Load(ParamValueToString(v));
+    }
   }
   const YamlDoc tmpl = YamlDoc::Load(c.graph_template);
   c.train_graph = ParseGraph(tmpl, "train", run, doc);
   c.eval_graph = ParseGraph(tmpl, "eval", run, doc);
+}
+
+}  // namespace
+
+RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  RunConfig c;
+  c.doc = YamlDoc::Load(path);
+  for (const auto& o : overrides) c.doc.Override(o);
+  c.overrides = overrides;
+  const YamlDoc& doc = c.doc;
+  const YAML::Node root = doc.root();
+
+  Args top = doc.CheckArgs(root, TopLevelSchema(), "");
+  c.name = top.String("name");
+  c.seed = static_cast<uint64_t>(top.Int("seed"));
+  c.threads = static_cast<int>(top.Int("threads"));
+  if (c.threads < 0) doc.Fail(root["threads"], "threads", "must be >= 0");
+  if (c.threads == 0) c.threads = static_cast<int>(std::thread::hardware_concurrency());
+
+  const Args data = ReadData(doc, c);
+  ReadModel(doc, c);
+  const Args train = ReadTrain(doc, path, c);
+  const Args graph = ReadGraph(doc, path, c);
+  BuildGraphs(doc, data, train, graph, c);
 
   Args out = doc.CheckArgs(Section(root, "output"), OutputSchema(), "output");
   c.output_dir = out.String("dir");

@@ -199,7 +199,26 @@ class LocalGroup final : public Collective {
     const std::function<void()>* root_step;
   };
 
+  using Deadline = std::chrono::steady_clock::time_point;
+
+  // A collective, in the steps below: check the call, take the slot, register
+  // (matching the others' calls), wait for every rank, compute, leave.
   void Run(const Call& call);
+  void CheckCall(const Call& call) const;
+  void TakeSlot(const Call& call, uint64_t seq, Slot& slot, const Deadline& deadline);
+  void Register(const Call& call, uint64_t seq, Slot& slot);
+  // The collective's description if a call differs from the first's, or
+  // two ranks' buffers overlap ("" if not); under the slot's lock.
+  std::string Mismatch(const Call& call, uint64_t seq, const Slot& slot) const;
+  std::string Overlap(const Call& call, uint64_t seq, const Slot& slot) const;
+  void AwaitAll(const Call& call, uint64_t seq, Slot& slot, const Deadline& deadline);
+  // How the root's step went (a two-phase collective), for every rank to throw.
+  struct StepOutcome {
+    bool failed = false, timeout = false;
+    std::string error;
+  };
+  StepOutcome Work(const Call& call, Slot& slot);
+  void Leave(const Call& call, uint64_t seq, Slot& slot);
   // Waits, spinning first, until pred() holds or the deadline passes (never,
   // when deadline is null). Returns pred().
   template <typename Pred>

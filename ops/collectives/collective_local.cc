@@ -260,14 +260,30 @@ bool LocalGroup::WaitFor(Slot& slot, Pred pred, const Clock::time_point* deadlin
 }
 
 void LocalGroup::Run(const Call& call) {
-  // Argument checks: a wrong call is a bug in the caller, reported before it
-  // can block anyone.
+  CheckCall(call);
+  const uint64_t seq = next_seq_[call.rank].fetch_add(1);
+  Slot& slot = slots_[seq % kMaxInFlight];
+  const Deadline deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                               std::chrono::duration<double>(timeout_s_));
+  TakeSlot(call, seq, slot, deadline);
+  Register(call, seq, slot);
+  AwaitAll(call, seq, slot, deadline);
+  const StepOutcome step = Work(call, slot);
+  Leave(call, seq, slot);
+  if (step.failed) {
+    const std::string msg = StrCat(Describe(call, seq), " failed in the root's step: ", step.error);
+    if (step.timeout) throw CollectiveTimeout(msg);
+    throw CollectiveAborted(msg);
+  }
+}
+
+// A wrong call is a bug in the caller, reported before it can block anyone.
+void LocalGroup::CheckCall(const Call& call) const {
   if (call.rank < 0 || call.rank >= size_) {
     throw Error(StrCat(name_, ": ", OpName(static_cast<int>(call.op)), " '", *call.tag, "': rank ",
                        call.rank, " out of range 0..", size_ - 1));
   }
-  const uint64_t pending_seq =
-      next_seq_[call.rank].load();  // for messages before a number is taken
+  const uint64_t pending_seq = next_seq_[call.rank].load();  // before a number is taken
   if (call.root < 0 || call.root >= size_) {
     throw Error(
         StrCat(Describe(call, pending_seq), ": root ", call.root, " out of range 0..", size_ - 1));
@@ -277,155 +293,168 @@ void LocalGroup::Run(const Call& call) {
                        call.data, ")"));
   }
   if (broken()) ThrowBroken(call, pending_seq);
+}
 
-  const uint64_t seq = next_seq_[call.rank].fetch_add(1);
-  Slot& slot = slots_[seq % kMaxInFlight];
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeout_s_));
-
-  // 1. Wait until the slot is ours (its previous collective, kMaxInFlight
-  // calls ago, has completed).
-  if (!WaitFor(
-          slot, [&] { return slot.seq.load() == seq || broken(); }, &deadline) ||
-      slot.seq.load() != seq) {
-    if (broken()) ThrowBroken(call, seq);
-    std::string busy_tag;
-    {
-      std::lock_guard<std::mutex> lock(slot.mu);
-      busy_tag = slot.tag;
-    }
-    const std::string msg =
-        StrCat(Describe(call, seq), " timed out: could not start within ", timeout_s_,
-               " s because collective #", seq - kMaxInFlight, " ('", busy_tag,
-               "') is still in progress (more than ", kMaxInFlight, " collectives in flight)");
-    Break(true, msg);
-    throw CollectiveTimeout(msg);
+// 1. Waits until the slot is ours: its previous collective, kMaxInFlight
+// calls ago, has completed.
+void LocalGroup::TakeSlot(const Call& call, uint64_t seq, Slot& slot, const Deadline& deadline) {
+  if (WaitFor(
+          slot, [&] { return slot.seq.load() == seq || broken(); }, &deadline) &&
+      slot.seq.load() == seq) {
+    return;
   }
-
-  // 2. Register; the first to arrive describes the collective, the others
-  // must match it.
-  const int64_t esize = call.op == Op::kBroadcast ? 1 : static_cast<int64_t>(sizeof(float));
+  if (broken()) ThrowBroken(call, seq);
+  std::string busy_tag;
   {
-    std::unique_lock<std::mutex> lock(slot.mu);
-    if (broken()) {
-      lock.unlock();
-      ThrowBroken(call, seq);
-    }
-    const int before = slot.arrived.load();
-    if (before == 0) {
-      slot.op = call.op;
-      slot.root = call.root;
-      slot.count = call.count;
-      slot.scale = call.scale;
-      slot.tag = *call.tag;
-    } else if (slot.op != call.op || slot.root != call.root || slot.count != call.count ||
-               std::memcmp(&slot.scale, &call.scale, sizeof(float)) != 0 || slot.tag != *call.tag) {
-      int first = 0;
-      while (!slot.present[first]) ++first;
-      const std::string msg =
-          StrCat(name_, ": collective #", seq, " does not match across ranks: rank ", first,
-                 " called ", OpName(static_cast<int>(slot.op)), " '", slot.tag, "' (count ",
-                 slot.count, ", root ", slot.root, ", scale ", slot.scale, ") but rank ", call.rank,
-                 " called ", OpName(static_cast<int>(call.op)), " '", *call.tag, "' (count ",
-                 call.count, ", root ", call.root, ", scale ", call.scale,
-                 "); every rank must issue the same collectives in the same order");
+    std::lock_guard<std::mutex> lock(slot.mu);
+    busy_tag = slot.tag;
+  }
+  const std::string msg =
+      StrCat(Describe(call, seq), " timed out: could not start within ", timeout_s_,
+             " s because collective #", seq - kMaxInFlight, " ('", busy_tag,
+             "') is still in progress (more than ", kMaxInFlight, " collectives in flight)");
+  Break(true, msg);
+  throw CollectiveTimeout(msg);
+}
+
+// 2. Registers: the first to arrive describes the collective, the others
+// must match it.
+void LocalGroup::Register(const Call& call, uint64_t seq, Slot& slot) {
+  std::unique_lock<std::mutex> lock(slot.mu);
+  if (broken()) {
+    lock.unlock();
+    ThrowBroken(call, seq);
+  }
+  const int before = slot.arrived.load();
+  if (before == 0) {
+    slot.op = call.op;
+    slot.root = call.root;
+    slot.count = call.count;
+    slot.scale = call.scale;
+    slot.tag = *call.tag;
+  } else if (std::string msg = Mismatch(call, seq, slot); !msg.empty()) {
+    lock.unlock();
+    Break(false, msg);
+    throw CollectiveAborted(msg);
+  }
+  slot.ptrs[call.rank] = call.data;
+  slot.present[call.rank] = 1;
+  if (call.rank == call.root) slot.root_step = call.root_step;
+  if (before + 1 == size_) {
+    // Overlapping buffers would make the threads race; refuse them before
+    // anyone starts.
+    if (std::string msg = Overlap(call, seq, slot); !msg.empty()) {
       lock.unlock();
       Break(false, msg);
       throw CollectiveAborted(msg);
     }
-    slot.ptrs[call.rank] = call.data;
-    slot.present[call.rank] = 1;
-    if (call.rank == call.root) slot.root_step = call.root_step;
-    if (before + 1 == size_ && call.op != Op::kBarrier && call.count > 0) {
-      // Overlapping buffers would make the threads race; refuse them before
-      // anyone starts.
-      const int64_t bytes = call.count * esize;
-      for (int a = 0; a < size_; ++a) {
-        for (int b = a + 1; b < size_; ++b) {
-          const char* pa = static_cast<const char*>(slot.ptrs[a]);
-          const char* pb = static_cast<const char*>(slot.ptrs[b]);
-          if (pa < pb + bytes && pb < pa + bytes) {
-            const std::string msg = StrCat(Describe(call, seq), ": the buffers of ranks ", a,
-                                           " and ", b, " overlap; every rank needs its own buffer");
-            lock.unlock();
-            Break(false, msg);
-            throw CollectiveAborted(msg);
-          }
-        }
+  }
+  slot.arrived.store(before + 1);
+  if (before + 1 == size_) slot.cv.notify_all();
+}
+
+std::string LocalGroup::Mismatch(const Call& call, uint64_t seq, const Slot& slot) const {
+  if (slot.op == call.op && slot.root == call.root && slot.count == call.count &&
+      std::memcmp(&slot.scale, &call.scale, sizeof(float)) == 0 && slot.tag == *call.tag) {
+    return "";
+  }
+  int first = 0;
+  while (!slot.present[first]) ++first;
+  return StrCat(name_, ": collective #", seq, " does not match across ranks: rank ", first,
+                " called ", OpName(static_cast<int>(slot.op)), " '", slot.tag, "' (count ",
+                slot.count, ", root ", slot.root, ", scale ", slot.scale, ") but rank ", call.rank,
+                " called ", OpName(static_cast<int>(call.op)), " '", *call.tag, "' (count ",
+                call.count, ", root ", call.root, ", scale ", call.scale,
+                "); every rank must issue the same collectives in the same order");
+}
+
+std::string LocalGroup::Overlap(const Call& call, uint64_t seq, const Slot& slot) const {
+  if (call.op == Op::kBarrier || call.count == 0) return "";
+  const int64_t esize = call.op == Op::kBroadcast ? 1 : static_cast<int64_t>(sizeof(float));
+  const int64_t bytes = call.count * esize;
+  for (int a = 0; a < size_; ++a) {
+    for (int b = a + 1; b < size_; ++b) {
+      const char* pa = static_cast<const char*>(slot.ptrs[a]);
+      const char* pb = static_cast<const char*>(slot.ptrs[b]);
+      if (pa < pb + bytes && pb < pa + bytes) {
+        return StrCat(Describe(call, seq), ": the buffers of ranks ", a, " and ", b,
+                      " overlap; every rank needs its own buffer");
       }
     }
-    slot.arrived.store(before + 1);
-    if (before + 1 == size_) slot.cv.notify_all();
   }
+  return "";
+}
 
-  // 3. Wait for everyone. Once all have arrived the collective completes
-  // even if the group breaks meanwhile: the others are already writing into
-  // this rank's buffer.
-  if (!WaitFor(
-          slot, [&] { return slot.arrived.load() == size_ || broken(); }, &deadline) ||
-      slot.arrived.load() != size_) {
-    std::unique_lock<std::mutex> lock(slot.mu);
-    if (slot.arrived.load() != size_) {
-      if (broken()) {
-        lock.unlock();
-        ThrowBroken(call, seq);
-      }
-      std::vector<int> here, missing;
-      for (int r = 0; r < size_; ++r) (slot.present[r] ? here : missing).push_back(r);
-      const std::string msg =
-          StrCat(name_, ": ", OpName(static_cast<int>(call.op)), " '", *call.tag, "' (collective #",
-                 seq, ") timed out: ", RankList(missing), " of ", size_, " did not arrive within ",
-                 timeout_s_, " s (arrived: ", RankList(here), ")");
-      // Break under the slot's lock, so no late arrival can complete this
-      // collective with the buffers of ranks that are gone.
-      {
-        std::lock_guard<std::mutex> blk(broken_mu_);
-        if (!broken_.load()) {
-          broken_by_timeout_ = true;
-          broken_reason_ = msg;
-          broken_.store(true, std::memory_order_release);
-        }
-      }
-      lock.unlock();
-      for (int i = 0; i < kMaxInFlight; ++i) Notify(slots_[i]);
-      throw CollectiveTimeout(msg);
+// 3. Waits for everyone. Once all have arrived the collective completes even
+// if the group breaks meanwhile: the others are already writing into this
+// rank's buffer.
+void LocalGroup::AwaitAll(const Call& call, uint64_t seq, Slot& slot, const Deadline& deadline) {
+  if (WaitFor(
+          slot, [&] { return slot.arrived.load() == size_ || broken(); }, &deadline) &&
+      slot.arrived.load() == size_) {
+    return;
+  }
+  std::unique_lock<std::mutex> lock(slot.mu);
+  if (slot.arrived.load() == size_) return;
+  if (broken()) {
+    lock.unlock();
+    ThrowBroken(call, seq);
+  }
+  std::vector<int> here, missing;
+  for (int r = 0; r < size_; ++r) (slot.present[r] ? here : missing).push_back(r);
+  const std::string msg =
+      StrCat(name_, ": ", OpName(static_cast<int>(call.op)), " '", *call.tag, "' (collective #",
+             seq, ") timed out: ", RankList(missing), " of ", size_, " did not arrive within ",
+             timeout_s_, " s (arrived: ", RankList(here), ")");
+  // Break under the slot's lock, so no late arrival can complete this
+  // collective with the buffers of ranks that are gone.
+  {
+    std::lock_guard<std::mutex> blk(broken_mu_);
+    if (!broken_.load()) {
+      broken_by_timeout_ = true;
+      broken_reason_ = msg;
+      broken_.store(true, std::memory_order_release);
     }
   }
+  lock.unlock();
+  for (int i = 0; i < kMaxInFlight; ++i) Notify(slots_[i]);
+  throw CollectiveTimeout(msg);
+}
 
-  // 4. Work, then leave.
-  bool failed = false, failed_timeout = false;
-  std::string error;
-  const bool two_phase = slot.root_step != nullptr;
+// 4. The work: phase 0, then (two-phase) the root's step and phase 1.
+LocalGroup::StepOutcome LocalGroup::Work(const Call& call, Slot& slot) {
   Compute(slot, call.rank, 0);
-  if (two_phase) {
-    if (slot.reduced.fetch_add(1) + 1 == size_) Notify(slot);
-    if (call.rank == slot.root) {
-      WaitFor(
-          slot, [&] { return slot.reduced.load() == size_; }, nullptr);
-      try {
-        (*slot.root_step)();
-      } catch (const CollectiveTimeout& e) {
-        slot.step_failed = slot.step_timeout = true;
-        slot.step_error = e.what();
-      } catch (const std::exception& e) {
-        slot.step_failed = true;
-        slot.step_error = e.what();
-      }
-      if (slot.step_failed) Break(slot.step_timeout, slot.step_error);
-      slot.step_done.store(true);
-      Notify(slot);
-    } else {
-      WaitFor(
-          slot, [&] { return slot.step_done.load(); }, nullptr);
+  if (slot.root_step == nullptr) return {};
+  if (slot.reduced.fetch_add(1) + 1 == size_) Notify(slot);
+  if (call.rank == slot.root) {
+    WaitFor(
+        slot, [&] { return slot.reduced.load() == size_; }, nullptr);
+    try {
+      (*slot.root_step)();
+    } catch (const CollectiveTimeout& e) {
+      slot.step_failed = slot.step_timeout = true;
+      slot.step_error = e.what();
+    } catch (const std::exception& e) {
+      slot.step_failed = true;
+      slot.step_error = e.what();
     }
-    failed = slot.step_failed;
-    failed_timeout = slot.step_timeout;
-    error = slot.step_error;
-    if (!failed) Compute(slot, call.rank, 1);
+    if (slot.step_failed) Break(slot.step_timeout, slot.step_error);
+    slot.step_done.store(true);
+    Notify(slot);
+  } else {
+    WaitFor(
+        slot, [&] { return slot.step_done.load(); }, nullptr);
   }
+  StepOutcome out{slot.step_failed, slot.step_timeout, slot.step_error};
+  if (!out.failed) Compute(slot, call.rank, 1);
+  return out;
+}
 
+// 5. Leaves: the last to leave resets the slot for collective seq +
+// kMaxInFlight; the others wait for that while others may still use their
+// buffer.
+void LocalGroup::Leave(const Call& call, uint64_t seq, Slot& slot) {
   if (slot.departed.fetch_add(1) + 1 == size_) {
-    // The last to leave resets the slot for collective seq + kMaxInFlight.
     {
       std::lock_guard<std::mutex> lock(slot.mu);
       slot.arrived.store(0);
@@ -445,11 +474,6 @@ void LocalGroup::Run(const Call& call) {
     // Others may still be writing into (or reading) this rank's buffer.
     WaitFor(
         slot, [&] { return slot.seq.load() != seq; }, nullptr);
-  }
-  if (failed) {
-    const std::string msg = StrCat(Describe(call, seq), " failed in the root's step: ", error);
-    if (failed_timeout) throw CollectiveTimeout(msg);
-    throw CollectiveAborted(msg);
   }
 }
 
