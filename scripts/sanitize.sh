@@ -54,11 +54,12 @@ supp=$root/scripts/sanitize
 
 # The threaded suites (docs/testing.md, "Sanitizers"): in-process collectives, data,
 # tensor and pipeline parallel replicas with SyncBN and the tensor-parallel
-# member threads, the flow-graph executor with its loader graph
-# (ordered/unordered load, prefetch limiter, live knobs), the autotuner and
+# member threads, the flow-graph executor and the loader stages
+# (ordered/unordered load, prefetch limiter, live knobs, mixup), the autotuner and
 # tuner, the profiler's per-thread spans, training through the graph and
 # its resume sweep, and the MPI collectives across two processes.
-thread_suites='^(Collective|DataParallel|TensorParallel|PipelineModel|ExecutorTest|Autotuner|Tuner'
+thread_suites='^(Collective|DataParallel|TensorParallel|PipelineModel|ExecutorTest|LoadBatchTest'
+thread_suites+='|PrefetchTest|MixupTest|Autotuner|Tuner'
 thread_suites+='|BatchNormSync|MemberThreads|Trace|Training|DataParallelTraining|PipelineTraining'
 thread_suites+='|TensorParallelTraining|Modes/ResumeSweep)\.|^mpi\.collectives$'
 
@@ -97,7 +98,7 @@ else
     nice -n "$nice" ninja -C "$build/tbb-build" -j "$jobs" install | tail -n 1
   fi
   cmake_args+=(-DTBB_DIR="$root/$build/tbb/lib/cmake/TBB")
-  targets=(ops_test pipeline_test collective_mpi_test)
+  targets=(ops_test stages_test pipeline_test collective_mpi_test)
   export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp}
   export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
   ctest_filter=(-R "$thread_suites" -E GPU)

@@ -1,0 +1,169 @@
+// The load_batch stage: batches in the sampler's order (or any order when
+// unordered), decode concurrency bounded by its threads and moved by its
+// knob while running, and bad records failing the run or skipped.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipeline/executor.h"
+#include "stages/stage.h"
+#include "tests/testing/stage_test_util.h"
+
+namespace cnnflow {
+namespace {
+
+using testing::Graph;
+using testing::JitterDataset;
+using testing::g_seen;
+using LoadBatchTest = testing::StageGraphTest;
+
+TEST_F(LoadBatchTest, OrderedLoadDeliversBatchesInSamplerOrder) {
+  RunGraph(Graph(R"(
+train:
+  nodes:
+    sample: {stage: sampler, batch: 5}
+    prefetch: {stage: prefetch, depth: 8}
+    load: {stage: load_batch, threads: 4}
+    record: {stage: test_record}
+  edges: [sample -> prefetch -> load -> record]
+)"),
+           state);
+  ASSERT_EQ(g_seen.size(), 40u);
+  for (int64_t i = 0; i < 40; ++i) EXPECT_EQ(g_seen[i], i);
+}
+
+TEST_F(LoadBatchTest, UnorderedLoadStillDeliversEveryBatchOnce) {
+  RunGraph(Graph(R"(
+train:
+  nodes:
+    sample: {stage: sampler, batch: 5}
+    prefetch: {stage: prefetch, depth: 8}
+    load: {stage: load_batch, threads: 4, ordered: false}
+    record: {stage: test_record}
+  edges: [sample -> prefetch -> load -> record]
+)"),
+           state);
+  std::vector<int64_t> sorted = g_seen;
+  std::sort(sorted.begin(), sorted.end());
+  ASSERT_EQ(sorted.size(), 40u);
+  for (int64_t i = 0; i < 40; ++i) EXPECT_EQ(sorted[i], i);
+}
+
+TEST_F(LoadBatchTest, DecodeConcurrencyIsBoundedByLoadThreads) {
+  auto data = std::make_shared<JitterDataset>(200);
+  state.datasets["train"] = data;
+  RunGraph(Graph(R"(
+train:
+  nodes:
+    sample: {stage: sampler, batch: 8}
+    prefetch: {stage: prefetch, depth: 8}
+    load: {stage: load_batch, threads: 2, slice: 2}
+    record: {stage: test_record}
+  edges: [sample -> prefetch -> load -> record]
+)"),
+           state);
+  EXPECT_EQ(g_seen.size(), 25u);
+  EXPECT_EQ(data->max_reading_.load(), 2) << "4 TBB threads, 2 decode tasks at most";
+}
+
+TEST_F(LoadBatchTest, KnobsMoveDecodeConcurrencyWhileRunning) {
+  // Batch 10 lowers load.threads from 4 to 1, then (second run) raises it
+  // from 1 to 4; reads of later batches see the new bound.
+  for (const auto& [from, to] : {std::pair<int64_t, int64_t>{4, 1}, {1, 4}}) {
+    auto data = std::make_shared<JitterDataset>(400);
+    data->watch_from_ = 200;  // batch 20 on: long after the move
+    state.datasets["train"] = data;
+    state.knobs.clear();
+    state.metrics = PassMetrics();
+    state.on_batch = [&, to = to](const BatchMessage& m, const PassMetrics&) {
+      if (m.index != 10) return;
+      for (TunableKnob& k : state.knobs)
+        if (k.name == "load.threads") {
+          EXPECT_EQ(k.set(to), to);
+        }
+    };
+    state.threads = 4;
+    RunGraph(Graph(StrCat(R"(
+train:
+  nodes:
+    sample: {stage: sampler, batch: 10, shuffle: false}
+    prefetch: {stage: prefetch, depth: 4}
+    load: {stage: load_batch, threads: )",
+                          from, R"(, slice: 1}
+    metrics: {stage: metrics}
+  edges: [sample -> prefetch -> load -> metrics]
+)")),
+             state);
+    EXPECT_EQ(state.metrics.samples, 400);
+    if (to == 1) {
+      EXPECT_EQ(data->max_reading_.load(), 1);
+    } else {
+      EXPECT_GE(data->max_reading_.load(), 2);
+    }
+  }
+}
+
+TEST_F(LoadBatchTest, BadRecordFailsTheRunNamingItsKey) {
+  auto data = std::make_shared<JitterDataset>(200);
+  data->bad_every_ = 50;  // records 3, 53, 103, 153
+  state.datasets["train"] = data;
+  try {
+    RunGraph(Graph(R"(
+train:
+  nodes:
+    sample: {stage: sampler, batch: 5, shuffle: false}
+    load: {stage: load_batch}
+    record: {stage: test_record}
+  edges: [sample -> load -> record]
+)"),
+             state);
+    FAIL() << "expected an exception";
+  } catch (const StageError& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'load' (load_batch): bad record k3 (sample 3): "
+                                         "corrupt record (on_bad_record: fail)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(LoadBatchTest, BadRecordsAreSkippedCountedAndNamed) {
+  auto data = std::make_shared<JitterDataset>(200);
+  data->bad_every_ = 50;
+  state.datasets["train"] = data;
+  int64_t samples = 0;
+  state.on_batch = [&](const BatchMessage& m, const PassMetrics&) {
+    samples += static_cast<int64_t>(m.labels.size());
+    // The kept samples moved up with their labels: a sample's pixels hold
+    // its index, its label is index % 10, and no bad index is left.
+    ASSERT_EQ(m.inputs.dim(0), static_cast<int64_t>(m.labels.size()));
+    for (size_t i = 0; i < m.labels.size(); ++i) {
+      const auto index = static_cast<int64_t>(m.inputs.At(static_cast<int64_t>(i) * 4));
+      EXPECT_EQ(index % 10, m.labels[i]);
+      EXPECT_NE(index % 50, 3);
+    }
+  };
+  RunGraph(Graph(R"(
+train:
+  nodes:
+    sample: {stage: sampler, batch: 5, shuffle: false}
+    prefetch: {stage: prefetch, depth: 4}
+    load: {stage: load_batch, threads: 2, on_bad_record: skip}
+    metrics: {stage: metrics}
+  edges: [sample -> prefetch -> load -> metrics]
+)"),
+           state);
+  EXPECT_EQ(samples, 196);
+  EXPECT_EQ(state.metrics.samples, 196);
+  std::vector<std::string> bad = state.bad_records;
+  std::sort(bad.begin(), bad.end());
+  EXPECT_EQ(bad, (std::vector<std::string>{
+                     "k103 (sample 103): corrupt record", "k153 (sample 153): corrupt record",
+                     "k3 (sample 3): corrupt record", "k53 (sample 53): corrupt record"}));
+}
+
+}  // namespace
+}  // namespace cnnflow
