@@ -12,10 +12,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool EndsWith(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 // The format the official file names tell: data_batch_N.bin / test_batch.bin
 // are CIFAR-10's, train.bin / test.bin CIFAR-100's.
 bool FormatFromName(const std::string& path, CifarFormat* format) {

@@ -2,27 +2,20 @@
 
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <map>
-#include <set>
 #include <sstream>
-#include <tuple>
 
-#include "loaders/sampler.h"
 #include "loaders/source_registry.h"
 #include "ops/io/safetensors.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/executor.h"
 #include "pipeline/validate_report.h"
+#include "stages/pass_plan.h"
 
 namespace cnnflow {
 
