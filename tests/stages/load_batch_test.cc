@@ -16,9 +16,9 @@
 namespace cnnflow {
 namespace {
 
+using testing::g_seen;
 using testing::Graph;
 using testing::JitterDataset;
-using testing::g_seen;
 using LoadBatchTest = testing::StageGraphTest;
 
 TEST_F(LoadBatchTest, OrderedLoadDeliversBatchesInSamplerOrder) {

@@ -12,8 +12,8 @@
 namespace cnnflow {
 namespace {
 
-using testing::Graph;
 using testing::g_captured;
+using testing::Graph;
 using MixupTest = testing::StageGraphTest;
 
 // mixup: row i = lam * row i + (1 - lam) * row N-1-i, target lam of its

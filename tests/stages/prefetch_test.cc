@@ -11,8 +11,8 @@
 namespace cnnflow {
 namespace {
 
-using testing::Graph;
 using testing::g_seen;
+using testing::Graph;
 using PrefetchTest = testing::StageGraphTest;
 
 TEST_F(PrefetchTest, PrefetchBoundsBatchesInFlight) {
