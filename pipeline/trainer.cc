@@ -213,7 +213,13 @@ void Trainer::PlanSchedule() {
   lr.warmup_start_factor = s.Float("warmup_start_factor");
   lr.gamma = s.Float("gamma");
   lr.min_lr = s.Float("min_lr");
-  schedule_ = std::make_unique<LrSchedule>(lr);
+  for (double e : s.Floats("milestones")) lr.point_steps.push_back(e * steps_per_epoch_);
+  lr.point_factors = s.Floats("factors");
+  try {
+    schedule_ = std::make_unique<LrSchedule>(lr);
+  } catch (const ConfigError& e) {  // "schedule: ...", said where
+    throw ConfigError(StrCat(config_.doc.path(), ": train.", e.what()));
+  }
 }
 
 // The average an ema node of the train graph updates; the trainer keeps it

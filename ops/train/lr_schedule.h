@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ops/schema.h"
 
@@ -14,7 +15,7 @@ namespace cnnflow {
 
 struct LrScheduleOptions {
   double base_lr = 0;
-  std::string decay = "constant";  // constant | step | cosine
+  std::string decay = "constant";  // constant | step | cosine | piecewise
   int64_t total_steps = 0;         // of the whole run, warmup included
   int64_t warmup_steps = 0;
   // The lr at step 0 is base_lr * warmup_start_factor, rising linearly to
@@ -23,6 +24,9 @@ struct LrScheduleOptions {
   int64_t step_size = 0;  // step decay: multiply by gamma every step_size steps
   double gamma = 0.1;
   double min_lr = 0;  // cosine: the lr at total_steps
+  // piecewise: the points (in steps, non-decreasing) where the lr is base *
+  // the point's factor.
+  std::vector<double> point_steps{}, point_factors{};
 };
 
 class LrSchedule {
@@ -38,10 +42,16 @@ class LrSchedule {
   //   step:     base * gamma^floor(s / step_size)
   //   cosine:   min_lr + (base - min_lr) * (1 + cos(pi * s / (total - warmup))) / 2,
   //             held at min_lr from total_steps on.
+  //   piecewise: base * the factors interpolated linearly between the points,
+  //             held before the first and after the last (numpy.interp); the
+  //             one-cycle and triangular schedules of the CIFAR speed runs.
   double At(int64_t step) const;
   const LrScheduleOptions& options() const { return options_; }
 
  private:
+  void CheckPoints() const;
+  double Piecewise(int64_t step) const;  // the factor at `step`
+
   LrScheduleOptions options_;
 };
 

@@ -149,6 +149,29 @@ TEST(Training, MaxStepsLeavesEvaluationWhole) {
   fs::remove_all(dir);
 }
 
+// schedule: {decay: piecewise}: milestones in epochs (fractions allowed), as
+// the trainer turns them into steps.
+TEST(Training, PiecewiseScheduleMilestonesAreEpochs) {
+  Trainer t(LoadRunConfig(
+      "configs/fashion_mnist.yaml",
+      {"train.epochs=2", "train.max_steps=10", "threads=2",
+       "train.schedule={decay: piecewise, milestones: [0, 0.5, 2], factors: [0, 1, 0]}"}));
+  ASSERT_EQ(t.steps_per_epoch(), 10);
+  const double lr = t.config().optimizer_args.Float("lr");
+  const LrSchedule& s = *t.state().schedule;
+  EXPECT_DOUBLE_EQ(s.At(0), 0.0);
+  EXPECT_DOUBLE_EQ(s.At(5), lr);  // epoch 0.5
+  EXPECT_DOUBLE_EQ(s.At(10), lr * (1.0 - 5.0 / 15.0));
+  EXPECT_DOUBLE_EQ(s.At(20), 0.0);
+  testing::ExpectContains(
+      testing::ErrorOf<ConfigError>([] {
+        Trainer bad(LoadRunConfig(
+            "configs/fashion_mnist.yaml",
+            {"threads=2", "train.schedule={decay: piecewise, milestones: [0, 1], factors: [1]}"}));
+      }),
+      {"fashion_mnist.yaml: train.schedule: decay: piecewise needs as many milestones as factors"});
+}
+
 // A run without a test set says so: its metrics rows leave the test
 // columns empty, not a loss and an accuracy of 0.
 TEST(Training, ARunWithoutATestSetLeavesTheTestColumnsEmpty) {

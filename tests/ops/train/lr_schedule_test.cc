@@ -95,7 +95,8 @@ TEST(LrSchedule, BadOptionsAreConfigErrors) {
 TEST(LrSchedule, SchemaDocumentsTheYamlSection) {
   const Schema& s = LrScheduleSchema();
   ASSERT_NE(s.Find("decay"), nullptr);
-  EXPECT_EQ(s.Find("decay")->choices, (std::vector<std::string>{"constant", "step", "cosine"}));
+  EXPECT_EQ(s.Find("decay")->choices,
+            (std::vector<std::string>{"constant", "step", "cosine", "piecewise"}));
   ASSERT_NE(s.Find("scale_lr"), nullptr);
   EXPECT_EQ(s.Find("scale_lr")->choices, (std::vector<std::string>{"none", "linear"}));
   Args a;
@@ -104,6 +105,65 @@ TEST(LrSchedule, SchemaDocumentsTheYamlSection) {
   EXPECT_DOUBLE_EQ(a.Float("warmup_epochs"), 0.0);
   EXPECT_DOUBLE_EQ(a.Float("gamma"), 0.1);
   EXPECT_EQ(a.Int("base_batch"), 0);
+  EXPECT_TRUE(a.Floats("milestones").empty());
+  EXPECT_TRUE(a.Floats("factors").empty());
+}
+
+// numpy.interp over the points, held outside them: the triangular and
+// one-cycle schedules of the CIFAR speed runs.
+TEST(LrSchedule, PiecewiseInterpolatesBetweenPointsAndHoldsOutside) {
+  LrSchedule s({.base_lr = 2.0,
+                .decay = "piecewise",
+                .total_steps = 100,
+                .point_steps = {10, 30, 50},
+                .point_factors = {0.2, 1.0, 0.0}});
+  EXPECT_DOUBLE_EQ(s.At(0), 0.4);  // before the first point: its factor
+  EXPECT_DOUBLE_EQ(s.At(10), 0.4);
+  EXPECT_DOUBLE_EQ(s.At(20), 2.0 * (0.2 + 0.8 * 10 / 20));
+  EXPECT_DOUBLE_EQ(s.At(30), 2.0);
+  EXPECT_DOUBLE_EQ(s.At(45), 2.0 * 0.25);
+  EXPECT_DOUBLE_EQ(s.At(50), 0.0);
+  EXPECT_DOUBLE_EQ(s.At(99), 0.0);  // after the last: its factor
+  // Two points at one step: a jump, taken at that step.
+  LrSchedule jump({.base_lr = 1.0,
+                   .decay = "piecewise",
+                   .total_steps = 10,
+                   .point_steps = {0, 4, 4, 8},
+                   .point_factors = {1.0, 1.0, 0.1, 0.1}});
+  EXPECT_DOUBLE_EQ(jump.At(3), 1.0);
+  EXPECT_DOUBLE_EQ(jump.At(4), 0.1);
+  EXPECT_DOUBLE_EQ(jump.At(6), 0.1);
+}
+
+TEST(LrSchedule, PiecewiseRejectsBadPoints) {
+  auto error = [](LrScheduleOptions o) {
+    o.base_lr = 0.1;
+    o.total_steps = 100;
+    try {
+      LrSchedule s(o);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error({.decay = "piecewise", .point_steps = {0, 10}, .point_factors = {1}})
+                .find("as many milestones as factors"),
+            std::string::npos);
+  EXPECT_NE(error({.decay = "piecewise"}).find("at least one"), std::string::npos);
+  EXPECT_NE(error({.decay = "piecewise", .point_steps = {10, 5}, .point_factors = {1, 0}})
+                .find("non-decreasing (milestone 2)"),
+            std::string::npos);
+  EXPECT_NE(error({.decay = "piecewise", .point_steps = {0, 5}, .point_factors = {1, -0.5}})
+                .find("factors must be >= 0, got -0.5 (factor 2)"),
+            std::string::npos);
+  EXPECT_NE(
+      error(
+          {.decay = "piecewise", .warmup_steps = 3, .point_steps = {0, 5}, .point_factors = {1, 0}})
+          .find("warmup_epochs: 0"),
+      std::string::npos);
+  EXPECT_NE(error({.decay = "cosine", .point_steps = {0}, .point_factors = {1}})
+                .find("belong to decay: piecewise"),
+            std::string::npos);
 }
 
 }  // namespace
