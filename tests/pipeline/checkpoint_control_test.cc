@@ -18,6 +18,8 @@
 namespace cnnflow {
 namespace {
 
+using testing::ErrorOf;
+using testing::ExpectContains;
 using testing::Spec;
 using testing::TestDir;
 
@@ -127,37 +129,24 @@ TEST(CheckpointControl, OtherConfigIsRefused) {
   auto m = SmallModel(1);
   auto opt = Sgd(*m);
   CheckpointControl("aaaa", 1, 0).Save(dir, TrainPosition{}, {{m.get()}, {opt.get()}, true});
-  try {
-    CheckpointControl("bbbb", 1, 0).Resume(dir, {{m.get()}, {opt.get()}, true}, Say);
-    FAIL() << "resumed a checkpoint of another config";
-  } catch (const ConfigError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("different config (hash aaaa, this one is bbbb)"), std::string::npos)
-        << what;
-    EXPECT_NE(what.find("config.yaml"), std::string::npos) << what;
-  }
+  ExpectContains(ErrorOf<ConfigError>([&] {
+                   CheckpointControl("bbbb", 1, 0).Resume(dir, {{m.get()}, {opt.get()}, true}, Say);
+                 }),
+                 {"different config (hash aaaa, this one is bbbb)", "config.yaml"});
 }
 
 TEST(CheckpointControl, NoCheckpointToResume) {
   const std::string dir = TestDir();
   auto m = SmallModel(1);
   auto opt = Sgd(*m);
-  try {
-    CheckpointControl("h", 1, 0).Resume(dir, {{m.get()}, {opt.get()}, true}, Say);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no valid checkpoint to resume from"), std::string::npos)
-        << e.what();
-  }
+  ExpectContains(ErrorOf([&] {
+                   CheckpointControl("h", 1, 0).Resume(dir, {{m.get()}, {opt.get()}, true}, Say);
+                 }),
+                 {"no valid checkpoint to resume from"});
 }
 
 std::string GuardMessage(const CheckpointControl& c) {
-  try {
-    c.Guard([] { throw Error("out.csv: No space left on device"); });
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return ErrorOf([&] { c.Guard([] { throw Error("out.csv: No space left on device"); }); });
 }
 
 TEST(CheckpointControl, FailedWriteSaysWhatTheRunCanGoOnFrom) {
@@ -193,14 +182,8 @@ TEST(InitFromWeights, StrictRefusesAMismatchNonStrictLoadsWhatFits) {
   auto source = SmallModel(3, /*hidden=*/6);  // fc1 and fc2.weight differ in shape
   SaveSafetensors(file, source->StateTensors());
   auto m = SmallModel(4);
-  try {
-    InitFromWeights(file, true, {}, {m.get()});
-    FAIL() << "a mismatch was loaded under strict";
-  } catch (const ConfigError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("does not fit the model"), std::string::npos) << what;
-    EXPECT_NE(what.find("fc1.weight"), std::string::npos) << what;
-  }
+  ExpectContains(ErrorOf<ConfigError>([&] { InitFromWeights(file, true, {}, {m.get()}); }),
+                 {"does not fit the model", "fc1.weight"});
   const auto fc2_bias_before = m->StateTensors()[3].second.Clone();
   const std::string report = InitFromWeights(file, false, {}, {m.get()});
   EXPECT_NE(report.find("left at their fresh initialisation"), std::string::npos) << report;

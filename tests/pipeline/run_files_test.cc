@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/helpers.h"
 #include "tests/testing/test_dir.h"
 
 namespace cnnflow {
@@ -179,12 +180,10 @@ TEST(RunFiles, ResumeRewritesMetricsFromCheckpointRows) {
 TEST(RunFiles, UnwritableFolderNamesIt) {
   const std::string file = TestDir() + "/not_a_dir";
   testing::WriteBytes(file, "x");
-  try {
-    RunFiles files(file + "/run", "", false, std::nullopt, {}, "");
-    FAIL() << "a run folder under a file was opened";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("not_a_dir"), std::string::npos) << e.what();
-  }
+  testing::ExpectContains(testing::ErrorOf<std::exception>([&] {
+                            RunFiles files(file + "/run", "", false, std::nullopt, {}, "");
+                          }),
+                          {"not_a_dir"});
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "pipeline/executor.h"
 #include "stages/stage.h"
+#include "tests/testing/helpers.h"
 #include "tests/testing/stage_test_util.h"
 
 namespace cnnflow {
@@ -111,23 +112,17 @@ TEST_F(LoadBatchTest, BadRecordFailsTheRunNamingItsKey) {
   auto data = std::make_shared<JitterDataset>(200);
   data->bad_every_ = 50;  // records 3, 53, 103, 153
   state.datasets["train"] = data;
-  try {
-    RunGraph(Graph(R"(
+  const GraphSpec spec = Graph(R"(
 train:
   nodes:
     sample: {stage: sampler, batch: 5, shuffle: false}
     load: {stage: load_batch}
     record: {stage: test_record}
   edges: [sample -> load -> record]
-)"),
-             state);
-    FAIL() << "expected an exception";
-  } catch (const StageError& e) {
-    EXPECT_NE(std::string(e.what()).find("node 'load' (load_batch): bad record k3 (sample 3): "
-                                         "corrupt record (on_bad_record: fail)"),
-              std::string::npos)
-        << e.what();
-  }
+)");
+  testing::ExpectContains(testing::ErrorOf<StageError>([&] { RunGraph(spec, state); }),
+                          {"node 'load' (load_batch): bad record k3 (sample 3): corrupt record "
+                           "(on_bad_record: fail)"});
 }
 
 TEST_F(LoadBatchTest, BadRecordsAreSkippedCountedAndNamed) {

@@ -6,6 +6,7 @@
 
 #include "pipeline/executor.h"
 #include "stages/stage.h"
+#include "tests/testing/helpers.h"
 #include "tests/testing/stage_test_util.h"
 
 namespace cnnflow {
@@ -53,19 +54,13 @@ train:
 
 TEST_F(PrefetchTest, PrefetchBudgetSmallerThanABatchIsAnError) {
   state.batch_bytes = 3'000'000;
-  try {
-    RunGraph(
-        Graph("train:\n  nodes:\n    sample: {stage: sampler, batch: 4}\n"
-              "    prefetch: {stage: prefetch, memory_mb: 2}\n    record: {stage: test_record}\n"
-              "  edges: [sample -> prefetch -> record]\n"),
-        state);
-    FAIL() << "expected an error";
-  } catch (const StageError& e) {
-    EXPECT_NE(std::string(e.what()).find("node 'prefetch' (prefetch): memory_mb 2 holds no batch: "
-                                         "one batch is 3 MB"),
-              std::string::npos)
-        << e.what();
-  }
+  const GraphSpec spec = Graph(
+      "train:\n  nodes:\n    sample: {stage: sampler, batch: 4}\n"
+      "    prefetch: {stage: prefetch, memory_mb: 2}\n    record: {stage: test_record}\n"
+      "  edges: [sample -> prefetch -> record]\n");
+  testing::ExpectContains(testing::ErrorOf<StageError>([&] { RunGraph(spec, state); }),
+                          {"node 'prefetch' (prefetch): memory_mb 2 holds no batch: one batch is "
+                           "3 MB"});
 }
 
 }  // namespace
