@@ -144,8 +144,8 @@ int RunModel(const std::string& path, int reps, const std::vector<int64_t>& batc
     o.tensor_parallel = tp;
     if (tp > 1) o.split_layers = c.split_layers;
     o.timeout_s = 600;
-    return std::make_unique<ReplicaSet>(c.layers, c.input_shape, c.seed, c.init, c.optimizer,
-                                        c.optimizer_args, o, MpiWorld::Get());
+    return std::make_unique<ReplicaSet>(c.layers, c.input_shape, c.seed, c.init, c.optimizer, o,
+                                        MpiWorld::Get());
   };
   auto one = make(1, 1), dp = make(2, 1), tp = make(2, 2);
   tbb::task_arena arena1(1), arena2(2);

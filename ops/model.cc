@@ -398,7 +398,7 @@ Layer* Model::FindLayer(const std::string& name) {
 std::vector<Model::NamedParameter> Model::NamedParameters() {
   std::vector<NamedParameter> out;
   for (auto& l : layers_)
-    for (auto& p : l->parameters()) out.push_back({TensorName(l->name(), p.name), &p});
+    for (auto& p : l->parameters()) out.push_back({TensorName(l->name(), p.name), &p, l->type()});
   return out;
 }
 

@@ -118,6 +118,7 @@ class Model {
   struct NamedParameter {
     std::string name;
     Parameter* param;
+    std::string layer_type = {};  // its layer's type ("conv2d"), for parameter groups
   };
   std::vector<NamedParameter> NamedParameters();
   // Parameters and buffers, named as above: what a checkpoint holds.

@@ -40,9 +40,8 @@ Predictor::Predictor(const RunConfig& config, const std::string& weights) : conf
   o.tensor_parallel = group;
   o.split_layers = config_.split_layers;
   o.compute = config_.compute;
-  replicas_ =
-      std::make_unique<ReplicaSet>(config_.layers, config_.input_shape, config_.seed, config_.init,
-                                   config_.optimizer, config_.optimizer_args, o, MpiWorld::Get());
+  replicas_ = std::make_unique<ReplicaSet>(config_.layers, config_.input_shape, config_.seed,
+                                           config_.init, config_.optimizer, o, MpiWorld::Get());
   std::vector<Model*> models;
   for (int r = 0; r < replicas_->size(); ++r) models.push_back(&replicas_->model(r));
   LoadStateDict(LoadSafetensors(weights).tensors, models, {}, weights);

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "loaders/source_registry.h"
+#include "ops/layer.h"
 #include "ops/train/lr_schedule.h"
 #include "ops/train/optimizer.h"
 #include "pipeline/model_blocks.h"
@@ -34,12 +35,21 @@ const Schema& TopLevelSchema() {
 const Schema& TrainSchema() {
   static const Schema s =
       Schema("How the model learns.")
-          .Required("epochs", ParamType::kInt, "passes over the training set")
+          .Required("epochs", ParamType::kFloat,
+                    "passes over the training set; a fraction ends the last pass early (9.9)")
           .Required("batch", ParamType::kInt, "samples per step per replica")
           .Required("optimizer", ParamType::kTree,
                     "one of {sgd: {...}}, {adam: {...}}, {adamw: {...}}")
+          .Optional("param_groups", ParamType::kTree, std::string("[]"),
+                    "[{params: [glob], layers: [type], lr_scale: x, weight_decay: y}]: the "
+                    "tensors a group picks (the first that does) get its learning-rate scale "
+                    "and weight decay")
           .Optional("schedule", ParamType::kTree, std::string("{}"), "learning-rate schedule")
           .Optional("eval_batch", ParamType::kInt, int64_t{1000}, "batch size for evaluation")
+          .Choice("tta", {"none", "flip", "flip_translate"}, "none",
+                  "test-time augmentation in evaluation (the templates' eval_step): logits "
+                  "averaged over the image and its mirror, and with flip_translate their "
+                  "one-pixel translations")
           .Optional("max_steps", ParamType::kInt, int64_t{0},
                     "stop each training pass after this many batches (0: whole epochs)")
           .Optional("eval_max_steps", ParamType::kInt, int64_t{0},
@@ -199,13 +209,56 @@ void ParseOptimizer(const YamlDoc& doc, const YAML::Node& node, RunConfig& c) {
                "; known: ", JoinNames(OptimizerTypes())));
   }
   const auto kv = *node.begin();
-  c.optimizer = doc.Name(kv.first, "train.optimizer");
+  OptimizerSpec& o = c.optimizer;
+  o.type = doc.Name(kv.first, "train.optimizer");
   const auto types = OptimizerTypes();
-  if (std::find(types.begin(), types.end(), c.optimizer) == types.end()) {
-    doc.Fail(kv.first, "train.optimizer", UnknownNameMessage("optimizer", c.optimizer, types));
+  if (std::find(types.begin(), types.end(), o.type) == types.end()) {
+    doc.Fail(kv.first, "train.optimizer", UnknownNameMessage("optimizer", o.type, types));
   }
-  c.optimizer_args = doc.CheckArgs(kv.second, OptimizerSchema(c.optimizer),
-                                   StrCat("train.optimizer (", c.optimizer, ")"));
+  o.args =
+      doc.CheckArgs(kv.second, OptimizerSchema(o.type), StrCat("train.optimizer (", o.type, ")"));
+}
+
+const Schema& ParamGroupSchema() {
+  static const Schema s =
+      Schema("A parameter group: the tensors it picks train with their own values.")
+          .Optional("params", ParamType::kStringList, std::vector<std::string>{},
+                    "globs over tensor names (\"*.bias\", \"layer4.*\"); none: any")
+          .Optional("layers", ParamType::kStringList, std::vector<std::string>{},
+                    "layer types (batchnorm, layernorm, ...) whose tensors it picks; none: any")
+          .Optional("lr_scale", ParamType::kFloat, 1.0, "the learning rate times this")
+          .Optional("weight_decay", ParamType::kFloat, -1.0,
+                    "its weight decay (-1, unset: the optimizer's)");
+  return s;
+}
+
+// train.param_groups: a list; each tensor takes the first group that picks it.
+void ReadParamGroups(const YamlDoc& doc, const YAML::Node& node, RunConfig& c) {
+  if (!node.IsDefined() || node.IsNull()) return;
+  if (!node.IsSequence()) {
+    doc.Fail(node, "train.param_groups",
+             "expected a list, e.g. [{layers: [batchnorm], weight_decay: 0}]");
+  }
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string key = StrCat("train.param_groups[", i, "]");
+    const Args a = doc.CheckArgs(node[i], ParamGroupSchema(), key);
+    ParamGroup g;
+    g.params = a.Strings("params");
+    g.layer_types = a.Strings("layers");
+    g.lr_scale = a.Float("lr_scale");
+    if (node[i]["weight_decay"]) g.weight_decay = a.Float("weight_decay");
+    g.where = StrCat(doc.Where(node[i]), ": ", key);
+    if (g.params.empty() && g.layer_types.empty()) {
+      doc.Fail(node[i], key, "needs params (globs over tensor names) or layers (layer types)");
+    }
+    const auto known = LayerRegistry::Get().Names();
+    for (const std::string& t : g.layer_types) {
+      if (std::find(known.begin(), known.end(), t) == known.end()) {
+        doc.Fail(node[i]["layers"], key, UnknownNameMessage("layer type", t, known));
+      }
+    }
+    c.optimizer.groups.push_back(std::move(g));
+  }
 }
 
 YAML::Node Section(const YAML::Node& root, const char* key) {
@@ -379,7 +432,7 @@ void ReadInit(const YamlDoc& doc, const YAML::Node& train, const std::string& pa
 Args ReadTrain(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   const YAML::Node train = doc.root()["train"];
   Args t = doc.CheckArgs(train, TrainSchema(), "train");
-  c.epochs = t.Int("epochs");
+  c.epochs = t.Float("epochs");
   c.batch = t.Int("batch");
   c.eval_batch = t.Int("eval_batch");
   c.max_steps = t.Int("max_steps");
@@ -393,11 +446,14 @@ Args ReadTrain(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   if (c.checkpoint_every < 0) {
     doc.Fail(train["checkpoint_every"], "train.checkpoint_every", "must be >= 0");
   }
-  if (c.epochs <= 0) doc.Fail(train["epochs"], "train.epochs", "must be > 0");
+  if (!(c.epochs > 0 && c.epochs < 1e9)) {
+    doc.Fail(train["epochs"], "train.epochs", "must be > 0");
+  }
   if (c.batch <= 0) doc.Fail(train["batch"], "train.batch", "must be > 0");
   if (c.eval_batch <= 0) doc.Fail(train["eval_batch"], "train.eval_batch", "must be > 0");
   ReadInit(doc, train, path, c);
   ParseOptimizer(doc, train["optimizer"], c);
+  ReadParamGroups(doc, train["param_groups"], c);
   c.schedule_args = doc.CheckArgs(Section(train, "schedule"), LrScheduleSchema(), "train.schedule");
   return t;
 }

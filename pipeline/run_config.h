@@ -12,6 +12,7 @@
 #include "ops/device.h"
 #include "ops/model.h"
 #include "ops/parallel/tensor_parallel.h"
+#include "ops/train/optimizer.h"
 #include "pipeline/graph_spec.h"
 #include "pipeline/yaml_util.h"
 
@@ -38,7 +39,7 @@ struct RunConfig {
   InitScheme init = InitScheme::kPytorchDefault;
   double label_smoothing = 0;
 
-  int64_t epochs = 1;
+  double epochs = 1;   // a fraction trains the first part of the last epoch
   int64_t batch = 64;  // per replica
   int64_t eval_batch = 1000;
   int64_t max_steps = 0;         // per training pass; 0: whole epochs
@@ -55,8 +56,7 @@ struct RunConfig {
     bool strict = true;
     std::vector<std::string> skip;
   } init_from;
-  std::string optimizer;  // "sgd", ...
-  Args optimizer_args;
+  OptimizerSpec optimizer;  // train.optimizer and train.param_groups
   Args schedule_args;
 
   std::string graph_template;  // resolved path

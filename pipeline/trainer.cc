@@ -58,8 +58,7 @@ void Trainer::BuildModel(MpiWorld& world) {
     po.schedule = ParsePipelineSchedule(config_.pipeline_schedule);
     po.threads_per_stage = config_.threads / replicas;
     pipeline_ = std::make_unique<PipelineModel>(config_.layers, config_.input_shape, config_.seed,
-                                                config_.init, config_.optimizer,
-                                                config_.optimizer_args, po);
+                                                config_.init, config_.optimizer, po);
     model_ = &pipeline_->full();
   } else {
     DataParallelOptions dp;
@@ -87,8 +86,7 @@ void Trainer::BuildModel(MpiWorld& world) {
       }
     }
     replicas_ = std::make_unique<ReplicaSet>(config_.layers, config_.input_shape, config_.seed,
-                                             config_.init, config_.optimizer,
-                                             config_.optimizer_args, dp, world);
+                                             config_.init, config_.optimizer, dp, world);
     model_ = &replicas_->model(0);
   }
 }
@@ -119,6 +117,7 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
 
   // The model first: a shape error is reported before any data is read.
   BuildModel(world);
+  CheckParamGroups(config_.optimizer.groups, model_->NamedParameters());
   OpenData();
   PlanSchedule();
   // Before the ema node's average starts from the model (a resume then
@@ -201,13 +200,23 @@ void Trainer::PlanSchedule() {
   const Args& s = config_.schedule_args;
   const int64_t global_batch = plan.batch_samples * state_.data_ranks * config_.accumulate;
   LrScheduleOptions lr;
-  lr.base_lr = config_.optimizer_args.Float("lr");
+  lr.base_lr = config_.optimizer.args.Float("lr");
   if (s.String("scale_lr") == "linear") {
     const int64_t base_batch = s.Int("base_batch") > 0 ? s.Int("base_batch") : config_.batch;
     lr.base_lr = ScaleLr(lr.base_lr, global_batch, base_batch);
   }
   lr.decay = s.String("decay");
-  lr.total_steps = steps_per_epoch_ * config_.epochs;
+  // A fractional epoch count trains the first steps of the last epoch's
+  // order (as a loop that breaks there), counted in whole optimizer steps.
+  lr.total_steps = std::max<int64_t>(1, std::llround(config_.epochs * steps_per_epoch_));
+  total_steps_ = lr.total_steps;
+  passes_ = static_cast<int64_t>(std::ceil(config_.epochs));
+  last_pass_batches_ = 0;
+  if (steps_per_epoch_ > 0) {
+    passes_ = (lr.total_steps + steps_per_epoch_ - 1) / steps_per_epoch_;
+    const int64_t last_steps = lr.total_steps - (passes_ - 1) * steps_per_epoch_;
+    if (last_steps < steps_per_epoch_) last_pass_batches_ = last_steps * config_.accumulate;
+  }
   lr.warmup_steps = static_cast<int64_t>(std::llround(s.Float("warmup_epochs") * steps_per_epoch_));
   lr.step_size = static_cast<int64_t>(std::llround(s.Float("step_epochs") * steps_per_epoch_));
   lr.warmup_start_factor = s.Float("warmup_start_factor");
@@ -235,8 +244,18 @@ void Trainer::BuildWeightAverage() {
     if (replicas_->tensor_parallel() > 1) {
       throw ConfigError(StrCat(plan->where, " does not combine with graph.tensor_parallel yet"));
     }
-    ema_ = std::make_unique<WeightAverage>(replicas_->model(0), plan->decay, plan->warmup);
+    WeightAverageSchedule s;
+    s.every = plan->every;
+    s.start_step = std::llround(plan->start_epoch * static_cast<double>(steps_per_epoch_));
+    s.ramp_power = plan->ramp_power;
+    s.total_steps = total_steps_;
+    try {
+      ema_ = std::make_unique<WeightAverage>(replicas_->model(0), plan->decay, plan->warmup, s);
+    } catch (const ConfigError& e) {
+      throw ConfigError(StrCat(plan->where, ": ", e.what()));
+    }
     ema_eval_ = plan->eval;
+    ema_lookahead_ = plan->lookahead;
   }
   state_.ema = ema_.get();
 }
@@ -336,8 +355,8 @@ void Trainer::OnBatch(const std::string& pass, int64_t epoch, Autotuner* tuner,
     }
   }
   if (progress_ == nullptr) return;
-  progress_->Batch(pass, epoch + 1, config_.epochs, m.index + 1, state_.plan.batches(),
-                   p.mean_loss(), p.accuracy(), p.samples_per_second(), p.seconds);
+  progress_->Batch(pass, epoch + 1, passes_, m.index + 1, state_.plan.batches(), p.mean_loss(),
+                   p.accuracy(), p.samples_per_second(), p.seconds);
 }
 
 PassMetrics Trainer::Evaluate() {
@@ -404,7 +423,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
   if (model_->device().is_cuda()) PoolFor(model_->device()).ResetPeak();
   double train_seconds = 0;  // this run's training passes
   EpochReport report;
-  for (int64_t epoch = at_.epoch; epoch < config_.epochs && !state_.stop_requested; ++epoch) {
+  for (int64_t epoch = at_.epoch; epoch < passes_ && !state_.stop_requested; ++epoch) {
     report.epoch = epoch + 1;
     const auto [busy0, reduce0] = StepCounters();
     if (files_) files_->StartEpoch(busy0, reduce0);
@@ -417,6 +436,11 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     FinishEpoch(epoch, report, busy0, reduce0, gpu_idle0);
   }
   ReportMemory(train_seconds);
+  // Lookahead ends on the average (the last steps since its last update
+  // are folded away), as the speed runs' final update does.
+  if (ema_ && ema_lookahead_ && !state_.stop_requested) {
+    for (int r = 0; r < replicas_->size(); ++r) ema_->CopyTo(replicas_->model(r));
+  }
   if (files_) {
     SaveSafetensors(
         (fs::path(run_dir_) / "model.safetensors").string(), Tensors().Exported(),
@@ -427,6 +451,11 @@ EpochReport Trainer::Train(const std::string& run_dir) {
 }
 
 PassMetrics Trainer::TrainEpoch(int64_t epoch) {
+  state_.max_steps = config_.max_steps;
+  if (epoch + 1 == passes_ && last_pass_batches_ > 0) {
+    state_.max_steps = config_.max_steps > 0 ? std::min(config_.max_steps, last_pass_batches_)
+                                             : last_pass_batches_;
+  }
   PassMetrics train = at_.partial_train;
   at_.partial_train = PassMetrics();
   // Optimizer steps between checkpoints, in batches (whole accumulation windows).
@@ -484,8 +513,8 @@ void Trainer::FinishEpoch(int64_t epoch, EpochReport& report, double busy0, doub
       tested ? StrCat(", test loss ", report.test.mean_loss(), ", test accuracy ",
                       100 * report.test.accuracy(), "% of ", report.test.samples, " samples")
              : StrCat(", train accuracy ", 100 * report.train.accuracy(), "% (no test set)");
-  Say(StrCat("epoch ", report.epoch, "/", config_.epochs, ": train loss ", report.train.mean_loss(),
-             test, ", ", static_cast<int64_t>(report.train.samples_per_second()), " img/s"));
+  Say(StrCat("epoch ", report.epoch, "/", passes_, ": train loss ", report.train.mean_loss(), test,
+             ", ", static_cast<int64_t>(report.train.samples_per_second()), " img/s"));
 }
 
 // Peak memory, the GPU's idle share and fp16's skipped steps, at the end.

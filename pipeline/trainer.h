@@ -106,6 +106,11 @@ class Trainer {
   std::unique_ptr<LrSchedule> schedule_;
   RunState state_;
   int64_t steps_per_epoch_ = 0;
+  // train.epochs in passes: the last is cut to last_pass_batches_ when
+  // epochs has a fraction (0: whole).
+  int64_t passes_ = 0;
+  int64_t total_steps_ = 0;
+  int64_t last_pass_batches_ = 0;
   std::string run_dir_;
   bool resumed_ = false;
   // Where training stands (moved by Resume and Train; steps and batches
@@ -116,6 +121,7 @@ class Trainer {
   std::unique_ptr<Autotuner> autotuner_;  // graph.autotune
   std::unique_ptr<WeightAverage> ema_;    // an ema node in the train graph
   bool ema_eval_ = false;                 // evaluate on the average
+  bool ema_lookahead_ = false;            // the average copied into the weights
   std::unique_ptr<RunFiles> files_;       // process 0 during Train
 };
 

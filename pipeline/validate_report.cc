@@ -120,6 +120,34 @@ MemoryEstimate EstimateMemory(const RunConfig& config, const Model& m, int data_
   return e;
 }
 
+// Which tensors each of train.param_groups picks (the first group that
+// picks a tensor has it), so a user sees a glob's reach before training.
+std::string DescribeParamGroups(const RunConfig& config, Model& m) {
+  const std::vector<ParamGroup>& groups = config.optimizer.groups;
+  if (groups.empty()) return "";
+  std::vector<std::vector<std::string>> picked(groups.size() + 1);  // the last: no group
+  for (const NamedParameter& p : m.NamedParameters()) {
+    if (!p.param->trainable) continue;
+    size_t g = 0;
+    while (g < groups.size() && !groups[g].Picks(p)) ++g;
+    picked[g].push_back(p.name);
+  }
+  const double wd =
+      config.optimizer.args.Has("weight_decay") ? config.optimizer.args.Float("weight_decay") : 0.0;
+  std::ostringstream os;
+  os << "parameter groups (" << config.optimizer.type << "):\n";
+  for (size_t g = 0; g <= groups.size(); ++g) {
+    const bool rest = g == groups.size();
+    os << "  " << (rest ? std::string("the rest") : StrCat("group ", g)) << ": " << picked[g].size()
+       << " tensors, lr x" << (rest ? 1.0 : groups[g].lr_scale) << ", weight decay "
+       << (!rest && groups[g].weight_decay ? *groups[g].weight_decay : wd);
+    for (size_t i = 0; i < picked[g].size() && i < 4; ++i) os << (i ? ", " : " (") << picked[g][i];
+    if (!picked[g].empty()) os << (picked[g].size() > 4 ? ", ...)" : ")");
+    os << "\n";
+  }
+  return os.str();
+}
+
 std::string ValidateReport(const RunConfig& config, Model& m, ReplicaSet* replicas,
                            PipelineModel* pipeline, int64_t steps_per_epoch) {
   std::ostringstream os;
@@ -184,6 +212,7 @@ std::string ValidateReport(const RunConfig& config, Model& m, ReplicaSet* replic
   os << "threads: " << config.threads << ", devices:";
   for (const auto& d : config.devices) os << " " << d.ToString();
   os << ", steps per epoch: " << steps_per_epoch << "\n";
+  os << DescribeParamGroups(config, m);
 
   // Memory known before the run: the prefetched input batches (bounded by
   // the prefetch stage) and, per replica, activations and parameter state.

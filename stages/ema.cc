@@ -6,7 +6,16 @@
 // trainer's (RunState::ema): it lives across epochs, goes into every
 // checkpoint (a resumed run continues it bitwise) and into model.safetensors
 // as "ema.<layer>.<tensor>", and with `eval: true` each evaluation runs on it.
+//
+// With `lookahead: true` each update is copied back into the weights (the
+// CIFAR speed runs' lookahead): every replica's lane then updates an average
+// of its own (they hold the same weights, so the same average; replica 0's
+// is the trainer's, the others copies of it made when the pass starts) and
+// copies it into its replica.
 #include <tbb/flow_graph.h>
+
+#include <memory>
+#include <vector>
 
 #include "ops/train/weight_average.h"
 #include "stages/lanes.h"
@@ -18,19 +27,28 @@ namespace {
 
 class EmaStage final : public Stage {
  public:
-  EmaStage(const StageInfo& info, const Args&) : Stage(info) {}
+  EmaStage(const StageInfo& info, const Args& args)
+      : Stage(info), lookahead_(args.Bool("lookahead")) {}
 
   StagePorts Build(FlowGraph& g, RunState& state) override {
     CNNFLOW_ENFORCE(state.replicas != nullptr && state.ema != nullptr,
                     "ema needs data-parallel replicas (not a pipeline)");
     const int n = state.replicas->size();
+    copies_.clear();
+    copies_.resize(n);
+    if (lookahead_) {
+      for (int r = 1; r < n; ++r) copies_[r] = state.ema->CopyFor(state.replicas->model(r));
+    }
     StagePorts ports;
     lanes_ = std::make_unique<LaneNodes>(
         g, state, n,
         [this, &state](int r, BatchMessage& m) {
           Guarded([&] {
-            if (r == 0 && !m.dropped && state.plan.EndsWindow(m.index)) {
-              state.ema->Update(state.replicas->model(0));
+            if (m.dropped || !state.plan.EndsWindow(m.index) || (r != 0 && !lookahead_)) return;
+            Model& model = state.replicas->model(r);
+            WeightAverage& average = r == 0 ? *state.ema : *copies_[r];
+            if (average.UpdateAfter(model, m.global_step + 1) && lookahead_) {
+              average.CopyTo(model);
             }
           });
         },
@@ -39,7 +57,9 @@ class EmaStage final : public Stage {
   }
 
  private:
-  std::unique_ptr<LaneNodes> lanes_;  // ending in their gather
+  bool lookahead_;
+  std::vector<std::unique_ptr<WeightAverage>> copies_;  // replicas 1.. with lookahead
+  std::unique_ptr<LaneNodes> lanes_;                    // ending in their gather
 };
 
 }  // namespace
@@ -54,7 +74,15 @@ CNNFLOW_REGISTER_PER_DEVICE_STAGE(
         .Optional("warmup", ParamType::kBool, true,
                   "decay min(decay, (1 + t) / (10 + t)) at the t-th step, as timm's")
         .Optional("eval", ParamType::kBool, true,
-                  "evaluate on the averaged weights (else on the trained ones)"),
+                  "evaluate on the averaged weights (else on the trained ones)")
+        .Optional("every", ParamType::kInt, int64_t{1}, "update after every k-th optimizer step")
+        .Optional("start_epoch", ParamType::kFloat, 0.0,
+                  "no update before this epoch (fractions allowed)")
+        .Optional("ramp", ParamType::kFloat, 0.0,
+                  "> 0: the decay times (step / the run's steps)^ramp, rising from 0")
+        .Optional("lookahead", ParamType::kBool, false,
+                  "copy each update back into the weights (lookahead), and the average into "
+                  "the weights at the end of the run"),
     kPerDevice);
 
 // The trainer keeps the average (in checkpoints, evaluated on): one per graph.
@@ -64,8 +92,10 @@ CNNFLOW_STAGE_PLAN(ema, [](const Args& a, const PlanNode& node, GraphPlan& plan)
         StrCat(node.where, ": a second ema node (the first is '", plan.weight_average->node, "')"));
   }
   plan.training_nodes.insert(node.name);
-  plan.weight_average = GraphPlan::WeightAveragePlan{node.name, node.where, a.Float("decay"),
-                                                     a.Bool("warmup"), a.Bool("eval")};
+  plan.weight_average = GraphPlan::WeightAveragePlan{
+      node.name,          node.where,     a.Float("decay"),       a.Bool("warmup"),
+      a.Bool("eval"),     a.Int("every"), a.Float("start_epoch"), a.Float("ramp"),
+      a.Bool("lookahead")};
 });
 
 }  // namespace cnnflow

@@ -4,9 +4,18 @@
 // activations as it goes, so evaluating a batch of 1000 costs the memory
 // of a forward of `micro_batch` rows (the templates pass train.batch: the
 // buffers training already holds).
+//
+// Test-time augmentation (`tta`, the config's train.tta): each row's logits
+// are the weighted mean of the model's logits over views of the image,
+// built on the host before the rows go to the device: `flip` averages the
+// image and its mirror; `flip_translate` also the two one-pixel diagonal
+// translations (reflect-padded) of each, weighted half as much, as
+// airbench's "mirror translate" TTA.
 #include <tbb/flow_graph.h>
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "ops/device_ops.h"
 #include "ops/loss.h"
@@ -17,10 +26,51 @@
 namespace cnnflow {
 namespace {
 
+// One view of a batch: shifted by `shift` pixels down and right (reflect
+// padding fills the border), then mirrored left-right if flip.
+struct TtaView {
+  int shift = 0;
+  bool flip = false;
+  double weight = 1;
+};
+
+std::vector<TtaView> TtaViews(const std::string& tta) {
+  if (tta == "flip") return {{0, false, 0.5}, {0, true, 0.5}};
+  if (tta == "flip_translate") {
+    return {{0, false, 0.25}, {0, true, 0.25},    {1, false, 0.125},
+            {1, true, 0.125}, {-1, false, 0.125}, {-1, true, 0.125}};
+  }
+  return {{0, false, 1}};
+}
+
+// numpy.pad(mode='reflect') index: -1 -> 1, n -> n - 2.
+int64_t Reflect(int64_t i, int64_t n) { return i < 0 ? -i : i >= n ? 2 * (n - 1) - i : i; }
+
+// The view of host rows x [N, C, H, W] (f32).
+Tensor ViewOf(const Tensor& x, const TtaView& v) {
+  const int64_t rows = x.dim(0) * x.dim(1), h = x.dim(2), w = x.dim(3);
+  Tensor out = Tensor::Empty(x.shape(), DType::kF32);
+  const Tensor src = x.is_contiguous() ? x : x.Clone();
+  const float* in = src.data<float>();
+  float* o = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* plane = in + r * h * w;
+    for (int64_t y = 0; y < h; ++y) {
+      const float* row = plane + Reflect(y - v.shift, h) * w;
+      float* dst = o + (r * h + y) * w;
+      for (int64_t c = 0; c < w; ++c) {
+        const int64_t sx = Reflect((v.flip ? w - 1 - c : c) - v.shift, w);
+        dst[c] = row[sx];
+      }
+    }
+  }
+  return out;
+}
+
 class EvalStepStage final : public Stage {
  public:
   EvalStepStage(const StageInfo& info, const Args& args)
-      : Stage(info), micro_batch_(args.Int("micro_batch")) {
+      : Stage(info), micro_batch_(args.Int("micro_batch")), views_(TtaViews(args.String("tta"))) {
     if (micro_batch_ < 0) {
       throw ConfigError(StrCat("node '", info.node, "' (eval_step): micro_batch must be >= 0, got ",
                                micro_batch_));
@@ -65,12 +115,36 @@ class EvalStepStage final : public Stage {
       labels = LabelTensor(m.labels.data(), static_cast<int64_t>(m.labels.size()), device);
       label_data = labels.data<int64_t>();
     }
+    auto forward = [&](const Tensor& x) -> const Tensor& {
+      return state.replicas != nullptr && state.replicas->tensor_parallel() > 1
+                 ? state.replicas->Infer(x, ctx)
+                 : model.Forward(x, ctx);
+    };
     auto run = [&](int64_t b, int64_t e) {
-      const Tensor& x = e - b == n ? inputs : inputs.Slice(b, e);
-      const Tensor& logits = state.replicas != nullptr && state.replicas->tensor_parallel() > 1
-                                 ? state.replicas->Infer(x, ctx)
-                                 : model.Forward(x, ctx);
-      return SoftmaxCrossEntropyAsync(logits, label_data + b, nullptr)->Get();
+      if (views_.size() == 1) {
+        const Tensor& x = e - b == n ? inputs : inputs.Slice(b, e);
+        return SoftmaxCrossEntropyAsync(forward(x), label_data + b, nullptr)->Get();
+      }
+      if (m.inputs.rank() != 4) {
+        throw ConfigError(
+            StrCat("test-time augmentation (tta) needs images [C, H, W]; the "
+                   "samples are ",
+                   m.inputs.shape().ToString()));
+      }
+      const Tensor rows = m.inputs.Slice(b, e);
+      Tensor mean;  // the views' weighted logits, f32
+      for (const TtaView& v : views_) {
+        const Tensor& logits = forward(ViewOf(rows, v).To(device));
+        CNNFLOW_ENFORCE(logits.dtype() == DType::kF32, "tta: logits are ",
+                        DTypeName(logits.dtype()), ", expected f32");
+        if (!mean.defined()) {
+          mean = logits.Clone();
+          ScaleInPlace(mean, v.weight);
+        } else {
+          Axpy(v.weight, logits, mean);
+        }
+      }
+      return SoftmaxCrossEntropyAsync(mean, label_data + b, nullptr)->Get();
     };
     if (chunk == n) {  // one forward: its mean loss as it is
       const LossResult r = run(0, n);
@@ -91,6 +165,7 @@ class EvalStepStage final : public Stage {
   }
 
   int64_t micro_batch_;
+  std::vector<TtaView> views_;
   std::unique_ptr<tbb::flow::function_node<Message, Message>> node_;
 };
 
@@ -102,6 +177,10 @@ CNNFLOW_REGISTER_STAGE(eval_step, EvalStepStage,
                            .Optional("micro_batch", ParamType::kInt, int64_t{0},
                                      "rows per forward (0: the whole batch); the batch's loss "
                                      "and accuracy are the same up to float rounding, and the "
-                                     "memory is that of a forward of this many rows"));
+                                     "memory is that of a forward of this many rows")
+                           .Choice("tta", {"none", "flip", "flip_translate"}, "none",
+                                   "test-time augmentation: logits averaged over the image and "
+                                   "its mirror (flip), and their one-pixel diagonal translations "
+                                   "with reflect padding at half weight (flip_translate)"));
 
 }  // namespace cnnflow

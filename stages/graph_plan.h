@@ -47,6 +47,11 @@ struct GraphPlan {
     double decay = 0;
     bool warmup = false;
     bool eval = false;  // evaluate on the average
+    // The schedule, in epochs where the trainer turns them into steps.
+    int64_t every = 1;
+    double start_epoch = 0;
+    double ramp_power = 0;
+    bool lookahead = false;  // copy each update back into the weights
   };
   std::optional<WeightAveragePlan> weight_average;
 };

@@ -86,9 +86,8 @@ struct ReplicaSet::Replica {
 };
 
 ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_shape,
-                       uint64_t seed, InitScheme init, const std::string& optimizer,
-                       const Args& optimizer_args, const DataParallelOptions& options,
-                       MpiWorld& world)
+                       uint64_t seed, InitScheme init, const OptimizerSpec& optimizer,
+                       const DataParallelOptions& options, MpiWorld& world)
     : options_(options), start_(std::chrono::steady_clock::now()) {
   CNNFLOW_ENFORCE(options.replicas >= 1, "replicas must be >= 1, got ", options.replicas);
   if (options_.devices.empty()) options_.devices.assign(options.replicas, Device::Cpu());
@@ -181,7 +180,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     rep->layers_left.assign(buckets_.size(), 0);
     rep->timeline.reduce_begin.assign(buckets_.size(), 0);
     rep->timeline.reduce_end.assign(buckets_.size(), 0);
-    rep->optimizer = MakeOptimizer(optimizer, optimizer_args, rep->model->NamedParameters());
+    rep->optimizer = MakeOptimizer(optimizer, rep->model->NamedParameters());
     if (collective_ != nullptr && !collective_->enqueues()) {
       rep->comm = std::thread([this, r = rep.get()] { CommLoop(*r); });
     }

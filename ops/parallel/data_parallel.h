@@ -110,8 +110,8 @@ class ReplicaSet {
   // broadcast from replica 0 of process 0 makes sure) and their optimizers.
   // `world` may be inactive (a single process).
   ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_shape, uint64_t seed,
-             InitScheme init, const std::string& optimizer, const Args& optimizer_args,
-             const DataParallelOptions& options, MpiWorld& world);
+             InitScheme init, const OptimizerSpec& optimizer, const DataParallelOptions& options,
+             MpiWorld& world);
   ~ReplicaSet();
 
   int size() const { return static_cast<int>(replicas_.size()); }

@@ -81,8 +81,8 @@ struct PipelineModel::Stage {
 };
 
 PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& input_shape,
-                             uint64_t seed, InitScheme init, const std::string& optimizer,
-                             const Args& optimizer_args, PipelineOptions options)
+                             uint64_t seed, InitScheme init, const OptimizerSpec& optimizer,
+                             PipelineOptions options)
     : options_(std::move(options)) {
   full_ = Model::Build(layers, input_shape, DType::kF32, seed, init);
   full_->ZeroGrad();
@@ -156,7 +156,7 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
       }
       stage->slots.push_back(std::move(model));
     }
-    stage->optimizer = MakeOptimizer(optimizer, optimizer_args, stage->slots[0]->NamedParameters());
+    stage->optimizer = MakeOptimizer(optimizer, stage->slots[0]->NamedParameters());
     stage->arena = std::make_unique<tbb::task_arena>(std::max(1, options_.threads_per_stage));
     stages_.push_back(std::move(stage));
     first += count;

@@ -70,8 +70,7 @@ class PipelineModel {
   // or repeats a layer, or a layer reads across a cut other than the
   // previous stage's output.
   PipelineModel(const std::vector<LayerSpec>& layers, const Shape& input_shape, uint64_t seed,
-                InitScheme init, const std::string& optimizer, const Args& optimizer_args,
-                PipelineOptions options);
+                InitScheme init, const OptimizerSpec& optimizer, PipelineOptions options);
   ~PipelineModel();
 
   int num_stages() const { return static_cast<int>(stages_.size()); }

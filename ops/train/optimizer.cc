@@ -1,7 +1,10 @@
 #include "ops/train/optimizer.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "ops/cpu/optimizer_kernels.h"
@@ -73,6 +76,7 @@ std::vector<NamedParameter> Trainable(std::vector<NamedParameter> params) {
 
 Optimizer::Optimizer(std::vector<NamedParameter> params) : params_(Trainable(std::move(params))) {
   state_.resize(params_.size());
+  AssignGroups({});
   for (const auto& np : params_) {
     CNNFLOW_ENFORCE(np.param != nullptr, "optimizer: parameter '", np.name, "' is null");
     const Parameter& p = *np.param;
@@ -91,6 +95,56 @@ Optimizer::Optimizer(std::vector<NamedParameter> params) : params_(Trainable(std
 }
 
 Optimizer::~Optimizer() = default;
+
+bool ParamGroup::Picks(const NamedParameter& p) const {
+  const auto glob = [&p](const std::string& g) {
+    return fnmatch(g.c_str(), p.name.c_str(), 0) == 0;
+  };
+  return (params.empty() || std::any_of(params.begin(), params.end(), glob)) &&
+         (layer_types.empty() ||
+          std::find(layer_types.begin(), layer_types.end(), p.layer_type) != layer_types.end());
+}
+
+void CheckParamGroups(const std::vector<ParamGroup>& groups,
+                      const std::vector<NamedParameter>& params) {
+  for (const ParamGroup& g : groups) {
+    if (!(g.lr_scale >= 0 && std::isfinite(g.lr_scale))) {
+      throw ConfigError(StrCat(g.where, ": lr_scale must be >= 0, got ", g.lr_scale));
+    }
+    if (g.weight_decay && !(*g.weight_decay >= 0 && std::isfinite(*g.weight_decay))) {
+      throw ConfigError(StrCat(g.where, ": weight_decay must be >= 0, got ", *g.weight_decay));
+    }
+    const bool picks = std::any_of(params.begin(), params.end(), [&g](const NamedParameter& p) {
+      return (p.param == nullptr || p.param->trainable) && g.Picks(p);
+    });
+    if (!picks) {
+      std::string names;
+      for (size_t i = 0; i < params.size() && i < 6; ++i)
+        names += StrCat(i ? ", " : "", params[i].name, " (", params[i].layer_type, ")");
+      throw ConfigError(StrCat(g.where, " picks no trainable tensor; the model's are ", names,
+                               params.size() > 6 ? ", ..." : ""));
+    }
+  }
+}
+
+size_t Optimizer::GroupMember(int g) const {
+  return static_cast<size_t>(std::find(group_.begin(), group_.end(), g) - group_.begin());
+}
+
+void Optimizer::AssignGroups(const std::vector<ParamGroup>& groups) {
+  group_.assign(params_.size(), -1);
+  lr_scale_.assign(params_.size(), 1.0);
+  weight_decay_.assign(params_.size(), std::numeric_limits<double>::quiet_NaN());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (!groups[g].Picks(params_[i])) continue;
+      group_[i] = static_cast<int>(g);
+      lr_scale_[i] = groups[g].lr_scale;
+      if (groups[g].weight_decay) weight_decay_[i] = *groups[g].weight_decay;
+      break;
+    }
+  }
+}
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::StateTensors() const {
   std::vector<std::pair<std::string, Tensor>> out;
@@ -163,11 +217,13 @@ Sgd::Sgd(std::vector<NamedParameter> params, SgdOptions options)
 
 std::vector<std::string> Sgd::StateNames() const { return {"momentum_buffer"}; }
 
-void Sgd::Step(double lr) {
+void Sgd::Step(double base_lr) {
   ++step_count_;
-  std::map<int, std::vector<ParamSlot>> gpu;  // by GPU index
+  std::map<std::pair<int, int>, std::vector<ParamSlot>> gpu;  // by GPU index, group
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& param = *params_[i].param;
+    const double lr = base_lr * lr_scale(i);
+    const double wd = weight_decay(i, options_.weight_decay);
     if (UpdatedOnGpu(param)) {
       const Device dev = param.value.device();
       bool first = false;
@@ -176,7 +232,7 @@ void Sgd::Step(double lr) {
         first = true;
       }
       MoveState(state_[i], dev);
-      gpu[dev.index].push_back(Slot(param, state_[i], first));
+      gpu[{dev.index, group(i)}].push_back(Slot(param, state_[i], first));
       continue;
     }
     MoveState(state_[i], Device::Cpu());
@@ -189,15 +245,15 @@ void Sgd::Step(double lr) {
     DispatchFloat(h.value.dtype(), [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;
       T* buf = state_[i].empty() ? nullptr : state_[i][0].data<T>();
-      const cpu::SgdScalars s{options_.weight_decay, options_.momentum, options_.dampening,
-                              options_.nesterov};
+      const cpu::SgdScalars s{wd, options_.momentum, options_.dampening, options_.nesterov};
       cpu::SgdUpdate<T>(h.value.data<T>(), h.grad.data<T>(), buf, first, h.value.numel(), s, lr);
     });
     WriteBack(param, h);
   }
-  for (const auto& [index, slots] : gpu) {
-    FusedSgdStep(Device::Cuda(index), slots, lr, options_.momentum, options_.dampening,
-                 options_.nesterov, options_.weight_decay);
+  for (const auto& [key, slots] : gpu) {  // a group's parameters share their values
+    const size_t i = GroupMember(key.second);
+    FusedSgdStep(Device::Cuda(key.first), slots, base_lr * lr_scale(i), options_.momentum,
+                 options_.dampening, options_.nesterov, weight_decay(i, options_.weight_decay));
   }
 }
 
@@ -218,20 +274,22 @@ Adam::Adam(std::vector<NamedParameter> params, AdamOptions options, bool decoupl
 
 std::vector<std::string> Adam::StateNames() const { return {"exp_avg", "exp_avg_sq"}; }
 
-void Adam::Step(double lr) {
+void Adam::Step(double base_lr) {
   ++step_count_;
   const double t = static_cast<double>(step_count_);
-  cpu::AdamScalars s;
-  s.decay_factor = decoupled_ ? 1 - lr * options_.weight_decay : 1;
-  s.l2 = decoupled_ ? 0 : options_.weight_decay;
-  s.beta1 = options_.beta1;
-  s.beta2 = options_.beta2;
-  s.eps = options_.eps;
-  s.step_size = lr / (1 - std::pow(options_.beta1, t));
-  s.bc2_sqrt = std::sqrt(1 - std::pow(options_.beta2, t));
-  std::map<int, std::vector<ParamSlot>> gpu;  // by GPU index
+  std::map<std::pair<int, int>, std::vector<ParamSlot>> gpu;  // by GPU index, group
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& param = *params_[i].param;
+    const double lr = base_lr * lr_scale(i);
+    const double wd = weight_decay(i, options_.weight_decay);
+    cpu::AdamScalars s;
+    s.decay_factor = decoupled_ ? 1 - lr * wd : 1;
+    s.l2 = decoupled_ ? 0 : wd;
+    s.beta1 = options_.beta1;
+    s.beta2 = options_.beta2;
+    s.eps = options_.eps;
+    s.step_size = lr / (1 - std::pow(options_.beta1, t));
+    s.bc2_sqrt = std::sqrt(1 - std::pow(options_.beta2, t));
     if (UpdatedOnGpu(param)) {
       const Device dev = param.value.device();
       if (state_[i].empty()) {
@@ -239,7 +297,7 @@ void Adam::Step(double lr) {
         state_[i].push_back(Tensor::Zeros(param.value.shape(), param.value.dtype(), dev));
       }
       MoveState(state_[i], dev);
-      gpu[dev.index].push_back(Slot(param, state_[i], false));
+      gpu[{dev.index, group(i)}].push_back(Slot(param, state_[i], false));
       continue;
     }
     MoveState(state_[i], Device::Cpu());
@@ -255,9 +313,11 @@ void Adam::Step(double lr) {
     });
     WriteBack(param, h);
   }
-  for (const auto& [index, slots] : gpu) {
-    FusedAdamStep(Device::Cuda(index), slots, lr, options_.beta1, options_.beta2, options_.eps,
-                  options_.weight_decay, decoupled_, step_count_);
+  for (const auto& [key, slots] : gpu) {  // a group's parameters share their values
+    const size_t i = GroupMember(key.second);
+    FusedAdamStep(Device::Cuda(key.first), slots, base_lr * lr_scale(i), options_.beta1,
+                  options_.beta2, options_.eps, weight_decay(i, options_.weight_decay), decoupled_,
+                  step_count_);
   }
 }
 
@@ -302,6 +362,13 @@ const Schema& OptimizerSchema(const std::string& type) {
   std::string list;
   for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
   throw ConfigError(StrCat(msg, "; known types: ", list));
+}
+
+std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerSpec& spec,
+                                         std::vector<NamedParameter> params) {
+  std::unique_ptr<Optimizer> opt = MakeOptimizer(spec.type, spec.args, std::move(params));
+  opt->AssignGroups(spec.groups);
+  return opt;
 }
 
 std::unique_ptr<Optimizer> MakeOptimizer(const std::string& type, const Args& args,

@@ -16,9 +16,11 @@
 // optimizer_kernels.h), its GPU ones behind ops/device_ops.h.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +33,35 @@ namespace cnnflow {
 
 using NamedParameter = Model::NamedParameter;
 
+// A parameter group, as torch.optim's param_groups: the tensors it picks
+// train with their own learning-rate scale and weight decay (no decay on
+// norm and bias tensors, as torchvision's recipes; a higher rate for BN
+// biases, as the CIFAR speed runs). A tensor belongs to the first group
+// that picks it; a tensor no group picks keeps the optimizer's values.
+struct ParamGroup {
+  // Globs (fnmatch) over "<layer>.<tensor>" names; empty: any name.
+  std::vector<std::string> params;
+  // Layer types ("batchnorm"); empty: any layer.
+  std::vector<std::string> layer_types;
+  double lr_scale = 1;                 // the schedule's lr times this
+  std::optional<double> weight_decay;  // unset: the optimizer's
+  std::string where;                   // names the group in errors
+  bool Picks(const NamedParameter& p) const;
+};
+
+// What an optimizer is made of: a registered type, its arguments, groups.
+struct OptimizerSpec {
+  std::string type;  // "sgd", ...
+  Args args;
+  std::vector<ParamGroup> groups = {};
+};
+
+// Throws ConfigError naming a group that picks none of `params` (a typo
+// would otherwise silently train with the default values), or whose values
+// are out of range.
+void CheckParamGroups(const std::vector<ParamGroup>& groups,
+                      const std::vector<NamedParameter>& params);
+
 class Optimizer {
  public:
   explicit Optimizer(std::vector<NamedParameter> params);
@@ -40,10 +71,10 @@ class Optimizer {
 
   virtual const char* type() const = 0;
 
-  // One update of every bound parameter with learning rate `lr`; counts
-  // the step first (Adam's bias correction uses the count after it).
-  // f32 parameters on a GPU are updated there by fused multi-tensor
-  // kernels (ops/device_ops.h), their state kept on the GPU.
+  // One update of every bound parameter with learning rate `lr` (times
+  // the parameter's group's lr_scale); counts the step first (Adam's bias correction uses the count
+  // after it). f32 parameters on a GPU are updated there by fused multi-tensor kernels
+  // (ops/device_ops.h), their state kept on the GPU.
   virtual void Step(double lr) = 0;
 
   // The optimizer's state for a checkpoint, named "<param>.<state>"; state
@@ -58,11 +89,24 @@ class Optimizer {
   // is not a tensor: restore it with set_step_count.
   int LoadStateTensors(const std::vector<std::pair<std::string, Tensor>>& tensors);
 
+  // Binds each parameter to the first group that picks it (see ParamGroup).
+  void AssignGroups(const std::vector<ParamGroup>& groups);
+  // Parameter i's learning-rate scale, and its weight decay (`base`: the
+  // optimizer's, unless its group sets one).
+  double lr_scale(size_t i) const { return lr_scale_[i]; }
+  double weight_decay(size_t i, double base) const {
+    return std::isnan(weight_decay_[i]) ? base : weight_decay_[i];
+  }
+  // Parameter i's group: -1 for none; indices into AssignGroups's list.
+  int group(size_t i) const { return group_[i]; }
+
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }
   const std::vector<NamedParameter>& params() const { return params_; }
 
  protected:
+  // A parameter of group g (-1: of none): the group's values are its.
+  size_t GroupMember(int g) const;
   // The names of one parameter's state tensors ("momentum_buffer", ...).
   virtual std::vector<std::string> StateNames() const = 0;
   // state_[i]: parameter i's state tensors in StateNames() order; empty
@@ -70,6 +114,11 @@ class Optimizer {
   std::vector<std::vector<Tensor>> state_;
   std::vector<NamedParameter> params_;
   int64_t step_count_ = 0;
+
+ private:
+  std::vector<int> group_;
+  std::vector<double> lr_scale_;
+  std::vector<double> weight_decay_;  // NaN: the optimizer's
 };
 
 // torch.optim.SGD: with weight decay wd, momentum mu, dampening d:
@@ -173,6 +222,9 @@ const Schema& OptimizerSchema(const std::string& type);
 // An optimizer of `type` over `params`, configured by `args` (checked
 // against OptimizerSchema(type); missing defaults are filled in).
 std::unique_ptr<Optimizer> MakeOptimizer(const std::string& type, const Args& args,
+                                         std::vector<NamedParameter> params);
+// The same with the spec's groups assigned.
+std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerSpec& spec,
                                          std::vector<NamedParameter> params);
 
 }  // namespace cnnflow

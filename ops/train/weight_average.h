@@ -8,12 +8,18 @@
 // weights. On the model's device; an
 // update is two passes over the weights and allocates nothing.
 //
+// On a schedule (WeightAverageSchedule): every k-th optimizer step from a
+// start step, the decay ramped up as (step / total)^p, as the CIFAR speed
+// runs' lookahead (Zhang et al. 2019) keeps it: there each update is also
+// copied back into the weights (CopyTo).
+//
 // Its tensors are named "ema.<layer>.<tensor>" (kEmaPrefix, ops/model.h) in checkpoints,
 // so a resumed run continues the average bitwise, and in model.safetensors
 // beside the weights themselves.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,14 +28,33 @@
 
 namespace cnnflow {
 
+// When an update is due and its decay. Steps count optimizer steps done.
+struct WeightAverageSchedule {
+  int64_t every = 1;       // update after every k-th step
+  int64_t start_step = 0;  // no update before this many steps
+  double ramp_power = 0;   // > 0: decay * (steps / total_steps)^ramp_power
+  int64_t total_steps = 0;
+};
+
 class WeightAverage {
  public:
   // decay in [0, 1); the average starts as a copy of model's weights.
-  WeightAverage(Model& model, double decay, bool warmup = false);
+  // Throws ConfigError for a bad decay or schedule.
+  WeightAverage(Model& model, double decay, bool warmup = false,
+                WeightAverageSchedule schedule = {});
 
   double decay() const { return decay_; }
   int64_t updates() const { return updates_; }
+  // An update with the plain decay (warmup applied).
   void Update(Model& model);
+  // After optimizer step `steps` (steps done): updates when the schedule
+  // says so, with its decay; returns whether it did.
+  bool UpdateAfter(Model& model, int64_t steps);
+  // The model's weights become the average (lookahead's copy back).
+  void CopyTo(Model& model) const;
+  // The same average (settings, tensors, count) for another instance of
+  // the model, on its device: another replica's lookahead.
+  std::unique_ptr<WeightAverage> CopyFor(Model& model) const;
 
   // ("ema.conv1.weight", tensor) pairs, in Model::StateTensors order.
   const std::vector<std::pair<std::string, Tensor>>& tensors() const { return tensors_; }
@@ -42,8 +67,11 @@ class WeightAverage {
   void Swap(Model& model);
 
  private:
+  void UpdateWith(Model& model, double decay);
+
   double decay_;
   bool warmup_;
+  WeightAverageSchedule schedule_;
   int64_t updates_ = 0;
   std::vector<std::pair<std::string, Tensor>> tensors_;
 };

@@ -43,7 +43,7 @@ void ExpectGradientsMatchFiniteDifferences(Model& model, const Tensor& x, const 
   loss();
   model.Backward(r);
   const double h = 1e-6;
-  for (auto& [name, p] : model.NamedParameters()) {
+  for (auto& [name, p, layer_type] : model.NamedParameters()) {
     for (int64_t i = 0; i < p->value.numel(); i += stride) {
       const double orig = p->value.At(i);
       p->value.Set(i, orig + h);

@@ -66,7 +66,7 @@ TEST_F(ConfigTest, GoodConfigLoadsWithDefaults) {
   EXPECT_EQ(c.batch, 8);
   EXPECT_EQ(c.layers.size(), 4u);
   EXPECT_EQ(c.layers[0].args.Ints("kernel", 2), (std::vector<int64_t>{3, 3}));
-  EXPECT_EQ(c.optimizer, "sgd");
+  EXPECT_EQ(c.optimizer.type, "sgd");
   // sample, prefetch, load, devices, allreduce, optimizer, metrics.
   EXPECT_EQ(c.train_graph.nodes.size(), 7u);
   EXPECT_EQ(c.train_graph.Find("devices")->stage, "forward_backward");
@@ -89,7 +89,8 @@ TEST_F(ConfigTest, MisspeltKeySuggestsTheKnownOne) {
   EXPECT_EQ(
       ErrorOf(Replace(kGood, "  epochs: 1", "  epohcs: 1")),
       ":12:3: train: unknown key 'epohcs' (did you mean 'epochs'?); known: epochs, batch, "
-      "optimizer, schedule, eval_batch, max_steps, eval_max_steps, accumulate, checkpoint_every, "
+      "optimizer, param_groups, schedule, eval_batch, tta, max_steps, eval_max_steps, accumulate, "
+      "checkpoint_every, "
       "keep_checkpoints, log_every, init");
 }
 
@@ -285,6 +286,40 @@ TEST_F(ConfigTest, WithoutAGpuAGpuModelIsAnErrorNamingTheDevice) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
   }
+}
+
+TEST_F(ConfigTest, ParamGroupsAreReadInOrderAndTheirErrorsSayWhere) {
+  const std::string groups =
+      "  optimizer: {sgd: {lr: 0.1}}\n"
+      "  param_groups:\n"
+      "    - {layers: [conv2d], params: [\"*.bias\"], weight_decay: 0}\n"
+      "    - {params: [\"fc1.*\"], lr_scale: 4}\n";
+  RunConfig c = LoadRunConfig(Write(Replace(kGood, "  optimizer: {sgd: {lr: 0.1}}\n", groups)));
+  ASSERT_EQ(c.optimizer.groups.size(), 2u);
+  EXPECT_EQ(c.optimizer.groups[0].layer_types, std::vector<std::string>{"conv2d"});
+  EXPECT_EQ(c.optimizer.groups[0].params, std::vector<std::string>{"*.bias"});
+  ASSERT_TRUE(c.optimizer.groups[0].weight_decay.has_value());
+  EXPECT_EQ(*c.optimizer.groups[0].weight_decay, 0.0);
+  EXPECT_FALSE(c.optimizer.groups[1].weight_decay.has_value());  // the optimizer's
+  EXPECT_EQ(c.optimizer.groups[1].lr_scale, 4.0);
+  testing::ExpectContains(c.optimizer.groups[1].where, {"cfg.yaml:17:7: train.param_groups[1]"});
+
+  const auto with = [&](const std::string& list) {
+    return ErrorOf(Replace(kGood, "  optimizer: {sgd: {lr: 0.1}}\n",
+                           "  optimizer: {sgd: {lr: 0.1}}\n  param_groups: " + list + "\n"));
+  };
+  testing::ExpectContains(with("{layers: [batchnorm]}"), {"train.param_groups: expected a list"});
+  testing::ExpectContains(with("[{lr_scale: 2}]"),
+                          {":15:18: train.param_groups[0]: needs params", "or layers"});
+  testing::ExpectContains(with("[{layers: [batchnrom]}]"),
+                          {"unknown layer type 'batchnrom' (did you mean 'batchnorm'?)"});
+  testing::ExpectContains(with("[{params: [a], lr_scael: 2}]"),
+                          {"train.param_groups[0]", "unknown key 'lr_scael'", "lr_scale"});
+}
+
+TEST_F(ConfigTest, EpochsMayHaveAFraction) {
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"train.epochs=9.9"}).epochs, 9.9);
+  testing::ExpectContains(ErrorOf(kGood, {"train.epochs=0"}), {"train.epochs", "must be > 0"});
 }
 
 }  // namespace

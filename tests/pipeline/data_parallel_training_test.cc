@@ -18,6 +18,7 @@
 #include "ops/io/safetensors.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/trainer.h"
+#include "tests/testing/helpers.h"
 #include "tests/testing/test_dir.h"
 
 namespace cnnflow {
@@ -249,14 +250,15 @@ TEST(DataParallelTraining, BrokenLanesAreRefusedNotRun) {
 }
 
 // The shipped template with an ema node after the optimizer.
-std::string EmaTemplate(const fs::path& dir, double decay) {
+std::string EmaTemplate(const fs::path& dir, double decay, const std::string& more = "") {
   std::string t = testing::ReadBytes("graphs/data_parallel.yaml");
   const std::string edge = "optimizer -> metrics";
   t.replace(t.rfind(edge), edge.size(),
             "optimizer -> ema -> metrics");  // the edges, not the comment
   const std::string node = "    metrics:   {stage: metrics}\n";
-  t.replace(t.find(node), 0, StrCat("    ema:       {stage: ema, decay: ", decay, "}\n"));
-  const std::string path = (dir / StrCat("ema-", decay, ".yaml")).string();
+  t.replace(t.find(node), 0, StrCat("    ema:       {stage: ema, decay: ", decay, more, "}\n"));
+  const std::string path =
+      (dir / StrCat("ema-", decay, more.empty() ? "" : "-more", ".yaml")).string();
   testing::WriteBytes(path, t);
   return path;
 }
@@ -305,6 +307,46 @@ TEST(DataParallelTraining, EmaAveragesWithoutChangingTrainingAndResumesExactly) 
   const SafetensorsFile f = LoadSafetensors((dir / "resume/straight/model.safetensors").string());
   EXPECT_NE(f.Find("ema.conv1.weight"), nullptr) << "model.safetensors has no weight average";
   EXPECT_NE(f.Find("conv1.weight"), nullptr);
+  fs::remove_all(dir);
+}
+
+// ema with lookahead: every 3rd step the average is updated and copied back
+// into every replica's weights, which then differ from a plain run's; the
+// run ends on the average; a run resumed between two updates (step 7)
+// continues bitwise.
+TEST(DataParallelTraining, LookaheadCopiesTheAverageIntoEveryReplicaAndResumesExactly) {
+  const fs::path dir = testing::TestDir();
+  const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=12", "threads=2",
+                                           "train.batch=16", "graph.devices=[cpu:0, cpu:1]"};
+  const std::string lookahead = ", warmup: false, every: 3, lookahead: true";
+  Trainer plain(LoadRunConfig(kConfig, common));
+  Trainer look(
+      LoadRunConfig(kConfig, With(common, {"graph.template=" + EmaTemplate(dir, 0.5, lookahead)})));
+  plain.Train((dir / "plain").string());
+  look.Train((dir / "look").string());
+  EXPECT_EQ(look.state().ema->updates(), 4);  // after steps 3, 6, 9, 12
+  EXPECT_EQ(MaxRelDiff(look.replicas().model(0), look.replicas().model(1)), 0.0);
+  EXPECT_GT(MaxRelDiff(plain.replicas().model(0), look.replicas().model(0)), 1e-4);
+  const auto weights = look.model().StateTensors();
+  const auto& avg = look.state().ema->tensors();
+  for (size_t i = 0; i < weights.size(); ++i) {
+    EXPECT_EQ(std::memcmp(avg[i].second.raw_data(), weights[i].second.raw_data(),
+                          weights[i].second.nbytes()),
+              0)
+        << "the run ends on the average: " << weights[i].first;
+  }
+  ExpectResumeIsExact(
+      kConfig,
+      {"train.epochs=2", "train.max_steps=10", "threads=2", "train.batch=16",
+       "graph.devices=[cpu:0, cpu:1]", "train.checkpoint_every=7", "train.keep_checkpoints=0",
+       "graph.template=" + EmaTemplate(dir, 0.6, lookahead)},
+      dir / "resume", 0, {7});
+  testing::ExpectContains(
+      testing::ErrorOf<ConfigError>([&] {
+        Trainer bad(LoadRunConfig(
+            kConfig, With(common, {"graph.template=" + EmaTemplate(dir, 0.7, ", every: 0")})));
+      }),
+      {"ema-0.7-more.yaml:", "ema: every must be >= 1"});
   fs::remove_all(dir);
 }
 

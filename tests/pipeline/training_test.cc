@@ -2,6 +2,8 @@
 // loss falls far below its start and accuracy is far above chance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -157,7 +159,7 @@ TEST(Training, PiecewiseScheduleMilestonesAreEpochs) {
       {"train.epochs=2", "train.max_steps=10", "threads=2",
        "train.schedule={decay: piecewise, milestones: [0, 0.5, 2], factors: [0, 1, 0]}"}));
   ASSERT_EQ(t.steps_per_epoch(), 10);
-  const double lr = t.config().optimizer_args.Float("lr");
+  const double lr = t.config().optimizer.args.Float("lr");
   const LrSchedule& s = *t.state().schedule;
   EXPECT_DOUBLE_EQ(s.At(0), 0.0);
   EXPECT_DOUBLE_EQ(s.At(5), lr);  // epoch 0.5
@@ -265,6 +267,55 @@ TEST(Training, AutotuneLogsItsMovesAndLeavesTheResultBitwiseUnchanged) {
     const auto& [name, t] = a[i];
     const Tensor& u = b[i].second;
     ASSERT_EQ(std::memcmp(t.data<float>(), u.data<float>(), t.numel() * sizeof(float)), 0) << name;
+  }
+  fs::remove_all(dir);
+}
+
+// train.epochs: 1.5 trains one epoch and the first half of the next (in
+// optimizer steps), and the schedule ends with it.
+TEST(Training, AFractionalEpochCountEndsTheLastPassEarly) {
+  Trainer t(LoadRunConfig(
+      "configs/fashion_mnist.yaml",
+      {"train.epochs=1.5", "train.max_steps=10", "train.eval_max_steps=1", "threads=2",
+       "train.schedule={decay: piecewise, milestones: [0, 1.5], "
+       "factors: [1, 0]}"}));
+  ASSERT_EQ(t.steps_per_epoch(), 10);
+  const fs::path dir = testing::TestDir();
+  const EpochReport r = t.Train(dir.string());
+  EXPECT_EQ(r.epoch, 2);
+  EXPECT_EQ(r.train.batches, 5);
+  EXPECT_EQ(t.state().global_step, 15);
+  EXPECT_EQ(t.state().schedule->At(15), 0.0);  // the schedule's end is the run's
+  EXPECT_GT(t.state().schedule->At(14), 0.0);
+  fs::remove_all(dir);
+}
+
+// A group with lr_scale 0 holds its tensors where they started while the
+// rest train: the trainer hands the groups to every replica's optimizer.
+TEST(Training, AParamGroupWithLrScaleZeroHoldsItsTensors) {
+  Trainer t(LoadRunConfig(
+      "configs/fashion_mnist.yaml",
+      {"train.epochs=1", "train.max_steps=5", "train.eval_max_steps=1", "threads=2",
+       "graph.devices=[cpu:0, cpu:1]", "train.param_groups=[{params: [fc2.*], lr_scale: 0}]"}));
+  std::map<std::string, Tensor> before;
+  for (auto& [name, value] : t.model().StateTensors()) before[name] = value.Clone();
+  const fs::path dir = testing::TestDir();
+  t.Train(dir.string());
+  for (int r = 0; r < 2; ++r) {
+    for (auto& [name, value] : t.replicas().model(r).StateTensors()) {
+      if (name.find("running") != std::string::npos ||
+          name.find("num_batches") != std::string::npos)
+        continue;
+      const bool held = name.rfind("fc2.", 0) == 0;
+      double moved = 0;
+      for (int64_t i = 0; i < value.numel(); ++i)
+        moved = std::max(moved, std::abs(value.At(i) - before[name].At(i)));
+      if (held) {
+        EXPECT_EQ(moved, 0.0) << name << " of replica " << r;
+      } else {
+        EXPECT_GT(moved, 0.0) << name << " of replica " << r;
+      }
+    }
   }
   fs::remove_all(dir);
 }

@@ -136,5 +136,24 @@ TEST(GraphPlan, ASecondEmaNodeIsRefused) {
       {"node 'ema2' (ema): a second ema node (the first is 'ema1')", "with_nodes.yaml:"});
 }
 
+// validate lists what each parameter group picks, so a glob's reach is seen
+// before a run; a group that picks nothing stops the run before it starts.
+TEST(ValidateReport, ParamGroupsSayWhatTheyPick) {
+  const Built b =
+      Build({"train.param_groups=[{params: [\"*.bias\"], weight_decay: 0}, "
+             "{layers: [linear], lr_scale: 2}]"});
+  const std::string report = b.trainer->Describe();
+  testing::ExpectContains(report, {"parameter groups (sgd):",
+                                   "group 0: 4 tensors, lr x1, weight decay 0 (conv1.bias, "
+                                   "conv2.bias, fc1.bias, fc2.bias)",
+                                   "group 1: 2 tensors, lr x2, weight decay 0 (fc1.weight, "
+                                   "fc2.weight)",
+                                   "the rest: 2 tensors, lr x1, weight decay 0 (conv1.weight, "
+                                   "conv2.weight)"});
+  testing::ExpectContains(
+      testing::ErrorOf<ConfigError>([] { Build({"train.param_groups=[{params: [fc3.*]}]"}); }),
+      {"train.param_groups[0] picks no trainable tensor; the model's are conv1.weight (conv2d)"});
+}
+
 }  // namespace
 }  // namespace cnnflow

@@ -144,6 +144,29 @@ TEST(AdamGPU, FusedStepMatchesCpu) {
   }
 }
 
+// Parameter groups split a fused launch: each group's launch has its own
+// lr and weight decay.
+TEST(OptimizerGPU, ParamGroupsMatchCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  std::vector<ParamGroup> groups(2);
+  groups[0].params = {"p1*"};  // p1, p10..p19, ...
+  groups[0].lr_scale = 8;
+  groups[0].weight_decay = 0.0;
+  groups[1].params = {"p3"};
+  groups[1].weight_decay = 0.3;
+  for (const char* type : {"sgd", "adam", "adamw"}) {
+    SCOPED_TRACE(type);
+    Args a;
+    a.Set("lr", 0.05);
+    a.Set("weight_decay", 0.02);
+    if (std::string(type) == "sgd") a.Set("momentum", 0.9);
+    ParamSet ps(ParamSizes(/*with_huge=*/false));
+    auto on_cpu = MakeOptimizer({type, a, groups}, ps.Named(ps.cpu));
+    auto on_gpu = MakeOptimizer({type, a, groups}, ps.Named(ps.gpu));
+    ExpectSameSteps(ps, *on_cpu, *on_gpu, 1e-5);
+  }
+}
+
 TEST(AdamGPU, AdamWClassAndBetas) {
   CNNFLOW_SKIP_WITHOUT_GPU();
   ParamSet ps({33, 16384 * 2 + 1});

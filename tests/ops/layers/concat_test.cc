@@ -91,7 +91,7 @@ TEST(Concat, FirstLayerOfAPipelineStageReadsTheStageInputTwice) {
   Args sgd;
   sgd.Set("lr", 0.1);
   sgd.FillDefaults(OptimizerSchema("sgd"));
-  PipelineModel p(net, Shape{5}, 1, InitScheme::kPytorchDefault, "sgd", sgd, o);
+  PipelineModel p(net, Shape{5}, 1, InitScheme::kPytorchDefault, {"sgd", sgd}, o);
   EXPECT_EQ(p.stage_model(1).inputs_of(0), (std::vector<std::string>{"input", "input"}));
   EXPECT_EQ(p.stage_model(1).output_shape(1), (Shape{3}));
 }

@@ -74,8 +74,8 @@ std::unique_ptr<ReplicaSet> Make(int replicas, const std::string& opt, double bu
   o.timeout_s = 20;
   o.tensor_parallel = tensor_parallel;
   o.split_layers = std::move(split);
-  return std::make_unique<ReplicaSet>(net, kInput, 7, InitScheme::kPytorchDefault, opt, Opt(opt), o,
-                                      MpiWorld::Get());
+  return std::make_unique<ReplicaSet>(net, kInput, 7, InitScheme::kPytorchDefault,
+                                      OptimizerSpec{opt, Opt(opt), {}}, o, MpiWorld::Get());
 }
 
 // One optimizer step of `set` on `micro` micro-batches (each cut into equal
@@ -430,8 +430,8 @@ std::unique_ptr<ReplicaSet> MakeOnGpu(const std::string& opt, DType compute,
   o.compute = compute;
   o.loss_scaler = scaler;
   o.timeout_s = 20;
-  return std::make_unique<ReplicaSet>(net, kInput, 7, InitScheme::kPytorchDefault, opt, Opt(opt), o,
-                                      MpiWorld::Get());
+  return std::make_unique<ReplicaSet>(net, kInput, 7, InitScheme::kPytorchDefault,
+                                      OptimizerSpec{opt, Opt(opt), {}}, o, MpiWorld::Get());
 }
 
 // Host copies of every parameter, in order.

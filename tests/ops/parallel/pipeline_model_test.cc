@@ -141,7 +141,7 @@ void ExpectPipelineMatches(bool bn, std::vector<int> sizes, int m, PipelineSched
   o.stages = Cut(net, sizes);
   o.microbatches = m;
   o.schedule = schedule;
-  PipelineModel p(net, kInput, 3, InitScheme::kPytorchDefault, "sgd", Sgd(), o);
+  PipelineModel p(net, kInput, 3, InitScheme::kPytorchDefault, {"sgd", Sgd()}, o);
   auto ref = Model::Build(net, kInput, DType::kF32, 3);
   auto opt = MakeOptimizer("sgd", Sgd(), ref->NamedParameters());
   ASSERT_LT(MaxRelDiff(p.full(), *ref), 1e-30) << "the same initial parameters";
@@ -203,7 +203,7 @@ TEST(PipelineModel, BadCutsAreClearErrors) {
     PipelineOptions o;
     o.stages = std::move(stages);
     try {
-      PipelineModel p(net, kInput, 3, InitScheme::kPytorchDefault, "sgd", Sgd(), o);
+      PipelineModel p(net, kInput, 3, InitScheme::kPytorchDefault, {"sgd", Sgd()}, o);
       FAIL() << "expected: " << what;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
@@ -217,7 +217,7 @@ TEST(PipelineModel, BadCutsAreClearErrors) {
   PipelineOptions o;
   o.stages = {{"conv1", "relu1", "pool1"}, {"conv2", "relu2", "flatten", "fc1", "relu3", "fc2"}};
   try {
-    PipelineModel p(res, kInput, 3, InitScheme::kPytorchDefault, "sgd", Sgd(), o);
+    PipelineModel p(res, kInput, 3, InitScheme::kPytorchDefault, {"sgd", Sgd()}, o);
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("reads 'pool1' from another stage"), std::string::npos)

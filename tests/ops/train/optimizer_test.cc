@@ -13,6 +13,7 @@
 
 #include "ops/cpu/isa.h"
 #include "ops/cpu/optimizer_kernels.h"
+#include "tests/testing/helpers.h"
 
 namespace cnnflow {
 namespace {
@@ -440,6 +441,137 @@ TEST(Adam, ResumeFromStateTensorsContinuesExactly) {
   resumed.Step(kLr);
   EXPECT_EQ(q.value.At(0), p.value.At(0));
   EXPECT_EQ(q.value.At(1), p.value.At(1));
+}
+
+// ---------------------------------------------------------------- parameter groups
+
+// A parameter group is an optimizer with its own values (torch.optim's
+// param_groups): three tensors, two in groups, must step bitwise as three
+// optimizers each configured with their group's lr and weight decay.
+struct GroupCase {
+  std::string type;
+  Args args;  // the optimizer's: lr is the caller's, weight_decay 0.1
+};
+
+std::vector<GroupCase> GroupCases() {
+  auto with = [](std::string type, std::vector<std::pair<std::string, ParamValue>> values) {
+    Args a;
+    for (auto& [k, v] : values) a.Set(k, v);
+    a.Set("lr", 0.1);
+    a.Set("weight_decay", 0.1);
+    return GroupCase{std::move(type), a};
+  };
+  return {with("sgd", {{"momentum", 0.85}, {"nesterov", true}}), with("adam", {}),
+          with("adamw", {})};
+}
+
+TEST(ParamGroups, EachGroupStepsAsAnOptimizerWithItsValues) {
+  for (const GroupCase& c : GroupCases()) {
+    SCOPED_TRACE(c.type);
+    Parameter w = MakeParam({1, -2}), b = MakeParam({0.5, 0.25}), v = MakeParam({-1, 3});
+    std::vector<ParamGroup> groups(2);
+    groups[0].params = {"*.bias"};
+    groups[0].lr_scale = 64;
+    groups[0].weight_decay = 0.0;
+    groups[1].layer_types = {"linear"};
+    groups[1].weight_decay = 0.5;
+    auto grouped = MakeOptimizer({c.type, c.args, groups}, {{"bn.weight", &w, "batchnorm"},
+                                                            {"bn.bias", &b, "batchnorm"},
+                                                            {"fc.weight", &v, "linear"}});
+    EXPECT_EQ(grouped->group(0), -1);
+    EXPECT_EQ(grouped->group(1), 0);
+    EXPECT_EQ(grouped->group(2), 1);
+
+    // The references: one optimizer per tensor, each with its group's values.
+    Parameter w1 = MakeParam({1, -2}), b1 = MakeParam({0.5, 0.25}), v1 = MakeParam({-1, 3});
+    Args bias_args = c.args, fc_args = c.args;
+    bias_args.Set("weight_decay", 0.0);
+    fc_args.Set("weight_decay", 0.5);
+    auto for_w = MakeOptimizer(c.type, c.args, {{"w", &w1}});
+    auto for_b = MakeOptimizer(c.type, bias_args, {{"b", &b1}});
+    auto for_v = MakeOptimizer(c.type, fc_args, {{"v", &v1}});
+    for (size_t s = 0; s < kGrads.size(); ++s) {
+      const double lr = kLr * (s + 1);  // the schedule moves it
+      for (Parameter* p : {&w, &b, &v, &w1, &b1, &v1}) SetGrad(*p, kGrads[s]);
+      grouped->Step(lr);
+      for_w->Step(lr);
+      for_b->Step(64 * lr);
+      for_v->Step(lr);
+    }
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(w.value.At(i), w1.value.At(i)) << i;
+      EXPECT_EQ(b.value.At(i), b1.value.At(i)) << i;
+      EXPECT_EQ(v.value.At(i), v1.value.At(i)) << i;
+    }
+    EXPECT_NE(b.value.At(0), 0.5);  // it trained
+  }
+}
+
+TEST(ParamGroups, OneStepByHand) {
+  // Plain SGD, lr 0.1, weight decay 0.1; the bias group has lr x2 and no
+  // decay: w = 1 - 0.1 (0.5 + 0.1 * 1) = 0.94; b = 1 - 0.2 * 0.5 = 0.9.
+  Parameter w = MakeParam({1}), b = MakeParam({1});
+  Args a;
+  a.Set("lr", 0.1);
+  a.Set("weight_decay", 0.1);
+  ParamGroup g;
+  g.params = {"*.bias"};
+  g.lr_scale = 2;
+  g.weight_decay = 0.0;
+  auto opt = MakeOptimizer({"sgd", a, {g}}, {{"fc.weight", &w}, {"fc.bias", &b}});
+  SetGrad(w, {0.5});
+  SetGrad(b, {0.5});
+  opt->Step(0.1);
+  EXPECT_NEAR(w.value.At(0), 0.94, 1e-15);
+  EXPECT_NEAR(b.value.At(0), 0.9, 1e-15);
+}
+
+TEST(ParamGroups, TheFirstGroupThatPicksATensorHasIt) {
+  Parameter w = MakeParam({1}), b = MakeParam({1}), g = MakeParam({1});
+  std::vector<ParamGroup> groups(3);
+  groups[0].params = {"layer1.*"};
+  groups[0].layer_types = {"batchnorm"};  // both must match
+  groups[1].params = {"*.bias", "*.gamma"};
+  groups[2].layer_types = {"conv2d"};
+  Args a;
+  a.Set("lr", 0.1);
+  auto opt = MakeOptimizer({"sgd", a, groups}, {{"layer1.conv.bias", &w, "conv2d"},
+                                                {"layer1.bn.bias", &b, "batchnorm"},
+                                                {"ls.gamma", &g, "layer_scale"}});
+  EXPECT_EQ(opt->group(0), 1);  // layer1.* but not batchnorm; then *.bias
+  EXPECT_EQ(opt->group(1), 0);
+  EXPECT_EQ(opt->group(2), 1);
+}
+
+TEST(ParamGroups, AGroupThatPicksNothingOrBadValuesIsAConfigError) {
+  Parameter w = MakeParam({1}), f = MakeParam({1});
+  f.trainable = false;
+  const std::vector<NamedParameter> params = {{"fc.weight", &w, "linear"},
+                                              {"bn.weight", &f, "batchnorm"}};
+  ParamGroup typo;
+  typo.params = {"fc.bais"};
+  typo.where = "x.yaml:7:5: train.param_groups[0]";
+  const std::string none = testing::ErrorOf<ConfigError>([&] { CheckParamGroups({typo}, params); });
+  testing::ExpectContains(
+      none, {"x.yaml:7:5: train.param_groups[0] picks no trainable tensor", "fc.weight (linear)"});
+  ParamGroup frozen;  // a frozen tensor is not trained, so not picked
+  frozen.layer_types = {"batchnorm"};
+  frozen.where = "g";
+  EXPECT_THROW(CheckParamGroups({frozen}, params), ConfigError);
+  ParamGroup negative;
+  negative.params = {"fc.*"};
+  negative.weight_decay = -0.1;
+  negative.where = "g1";
+  testing::ExpectContains(
+      testing::ErrorOf<ConfigError>([&] { CheckParamGroups({negative}, params); }),
+      {"g1: weight_decay must be >= 0, got -0.1"});
+  ParamGroup nan_scale;
+  nan_scale.params = {"fc.*"};
+  nan_scale.lr_scale = std::nan("");
+  nan_scale.where = "g2";
+  testing::ExpectContains(
+      testing::ErrorOf<ConfigError>([&] { CheckParamGroups({nan_scale}, params); }),
+      {"g2: lr_scale must be >= 0"});
 }
 
 }  // namespace

@@ -111,5 +111,48 @@ TEST(WeightAverage, LoadNamesWhatIsMissingAndBadDecaysAreErrors) {
   EXPECT_THROW(WeightAverage(*model, -0.1), ConfigError);
 }
 
+// The lookahead schedule: every 5th step from step 10, the decay ramped as
+// (steps / 20)^3; each update as the f64 rule with that decay, and CopyTo
+// makes the weights the average.
+TEST(WeightAverage, AScheduleUpdatesEveryKthStepWithARampedDecay) {
+  auto model = SmallModel(1);
+  const double decay = 0.8;
+  WeightAverage ema(*model, decay, /*warmup=*/false,
+                    {.every = 5, .start_step = 10, .ramp_power = 3, .total_steps = 20});
+  std::vector<std::vector<double>> want = Values(*model);
+  std::vector<int64_t> updated;
+  for (int64_t steps = 1; steps <= 20; ++steps) {
+    auto fresh = SmallModel(100 + steps);
+    auto src = fresh->StateTensors();
+    auto dst = model->StateTensors();
+    for (size_t i = 0; i < dst.size(); ++i) dst[i].second.CopyFrom(src[i].second);
+    if (!ema.UpdateAfter(*model, steps)) continue;
+    updated.push_back(steps);
+    const double d = decay * std::pow(steps / 20.0, 3);
+    const auto now = Values(*model);
+    for (size_t i = 0; i < want.size(); ++i)
+      for (size_t j = 0; j < want[i].size(); ++j) want[i][j] = d * want[i][j] + (1 - d) * now[i][j];
+  }
+  EXPECT_EQ(updated, (std::vector<int64_t>{10, 15, 20}));
+  EXPECT_EQ(ema.updates(), 3);
+  for (size_t i = 0; i < want.size(); ++i)
+    for (size_t j = 0; j < want[i].size(); ++j)
+      EXPECT_NEAR(ema.tensors()[i].second.At(static_cast<int64_t>(j)), want[i][j],
+                  1e-6 * (1 + std::fabs(want[i][j])));
+  ema.CopyTo(*model);
+  const auto copied = Values(*model);
+  for (size_t i = 0; i < want.size(); ++i)
+    for (size_t j = 0; j < want[i].size(); ++j)
+      EXPECT_EQ(copied[i][j], ema.tensors()[i].second.At(static_cast<int64_t>(j)));
+  // Another replica's copy: the same tensors and count, its own storage.
+  auto other = SmallModel(7);
+  auto copy = ema.CopyFor(*other);
+  EXPECT_EQ(copy->updates(), 3);
+  EXPECT_EQ(Values(*other), Values(*SmallModel(7)));  // its weights untouched
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(copy->tensors()[i].second.At(0), ema.tensors()[i].second.At(0));
+  EXPECT_THROW(WeightAverage(*model, 0.5, false, {.every = 0}), ConfigError);
+}
+
 }  // namespace
 }  // namespace cnnflow
