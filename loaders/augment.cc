@@ -93,13 +93,25 @@ __attribute__((target("avx2"))) int GatherRunAvx2(const uint8_t* px, int n, bool
   return x;
 }
 
-// One pass: crop (with implicit zero padding) + flip + normalise (table) +
-// HWC -> CHW. kC > 0 fixes the channel count at compile time so the channel
-// loop unrolls; kC == 0 reads it from c.
+// Index into an n-long axis of padding position i (the image's own pixels
+// are 0..n-1): i itself inside; outside, with reflect padding and within
+// `pad` of the edge, its mirror about the edge pixel (numpy.pad 'reflect';
+// pad < n keeps it inside); else -1, a zero pixel.
+int SourceIndex(int i, int n, int pad, bool reflect) {
+  if (i >= 0 && i < n) return i;
+  if (!reflect || i < -pad || i >= n + pad) return -1;
+  return i < 0 ? -i : 2 * (n - 1) - i;
+}
+
+// One pass: crop (with implicit zero or reflect padding) + flip + normalise
+// (table) + HWC -> CHW. kC > 0 fixes the channel count at compile time so
+// the channel loop unrolls; kC == 0 reads it from c. The columns that read
+// the image row itself go through the vector path; with reflect padding the
+// few mirrored border columns are read one by one.
 template <int kC>
-void Gather(const uint8_t* src, int h, int w, int c, int pad, const AugmentParams& p, int out_h,
-            int out_w, const float* lut, int lut_stride, const float* mean, const float* std,
-            float* out) {
+void Gather(const uint8_t* src, int h, int w, int c, int pad, bool reflect, const AugmentParams& p,
+            int out_h, int out_w, const float* lut, int lut_stride, const float* mean,
+            const float* std, float* out) {
   [[maybe_unused]] const bool avx2 = cpu::MaxIsa() >= cpu::Isa::kAvx2;
   const int C = kC > 0 ? kC : c;
   const int64_t plane = int64_t{out_h} * out_w;
@@ -118,28 +130,39 @@ void Gather(const uint8_t* src, int h, int w, int c, int pad, const AugmentParam
   float* o[4];
   const float* l[4];
   for (int ch = 0; ch < C; ++ch) l[ch] = lut + ch * lut_stride;
+  // Reflect-padding columns [from, to) of a source row, one by one.
+  auto mirrored = [&](const uint8_t* row, int from, int to) {
+    for (int x = from; x < to; ++x) {
+      const int sx = SourceIndex(p.flip ? first - x : first + x, w, pad, true);
+      for (int ch = 0; ch < C; ++ch) o[ch][x] = sx < 0 ? l[ch][0] : l[ch][row[sx * C + ch]];
+    }
+  };
   for (int y = 0; y < out_h; ++y) {
-    const int sy = p.top + y - pad;
-    const bool inside = sy >= 0 && sy < h && x0 < x1;
-    for (int ch = 0; ch < C; ++ch) {
-      o[ch] = out + ch * plane + int64_t{y} * out_w;
-      const float zero = l[ch][0];
-      if (!inside) {
-        std::fill(o[ch], o[ch] + out_w, zero);
-      } else {
-        std::fill(o[ch], o[ch] + x0, zero);
-        std::fill(o[ch] + x1, o[ch] + out_w, zero);
+    const int sy = SourceIndex(p.top + y - pad, h, pad, reflect);
+    for (int ch = 0; ch < C; ++ch) o[ch] = out + ch * plane + int64_t{y} * out_w;
+    if (sy < 0) {
+      for (int ch = 0; ch < C; ++ch) std::fill(o[ch], o[ch] + out_w, l[ch][0]);
+      continue;
+    }
+    const uint8_t* row = src + int64_t{sy} * w * C;
+    if (reflect) {
+      mirrored(row, 0, x0);
+      mirrored(row, x1, out_w);
+    } else {
+      for (int ch = 0; ch < C; ++ch) {
+        std::fill(o[ch], o[ch] + x0, l[ch][0]);
+        std::fill(o[ch] + x1, o[ch] + out_w, l[ch][0]);
       }
     }
-    if (!inside) continue;
+    if (x0 == x1) continue;
     const int sx0 = p.flip ? first - x0 : first + x0;
-    const uint8_t* px = src + (int64_t{sy} * w + sx0) * C;
+    const uint8_t* px = row + int64_t{sx0} * C;
     int x = x0;
     if constexpr (kC == 1 || kC == 3) {
       if (avx2) {
-        float* row[kC];
-        for (int ch = 0; ch < kC; ++ch) row[ch] = o[ch] + x0;
-        const int done = GatherRunAvx2<kC>(px, x1 - x0, p.flip, row, mean, std);
+        float* run[kC];
+        for (int ch = 0; ch < kC; ++ch) run[ch] = o[ch] + x0;
+        const int done = GatherRunAvx2<kC>(px, x1 - x0, p.flip, run, mean, std);
         x += done;
         px += step * done;
       }
@@ -159,7 +182,13 @@ AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uin
   AugmentParams p;
   p.top = CropOffset(h + 2 * options.pad, options.out_h, options.random_crop, key, 0);
   p.left = CropOffset(w + 2 * options.pad, options.out_w, options.random_crop, key, 1);
-  p.flip = options.hflip && UniformAt(key, 2) < 0.5;
+  if (options.hflip && options.alternate_flip) {
+    // The epoch-0 draw, then flipped every odd epoch.
+    const uint64_t key0 = StreamKey(seed, 0, static_cast<uint64_t>(sample_index), kAugmentStream);
+    p.flip = (UniformAt(key0, 2) < 0.5) != ((epoch & 1) != 0);
+  } else {
+    p.flip = options.hflip && UniformAt(key, 2) < 0.5;
+  }
   return p;
 }
 
@@ -187,6 +216,10 @@ Augmenter::Augmenter(AugmentOptions options) : options_(std::move(options)) {
   if (o.pad < 0 || o.resize_min_side < 0) {
     throw ConfigError(StrCat("augment: pad and resize must be >= 0, got pad ", o.pad, ", resize ",
                              o.resize_min_side));
+  }
+  if (o.pad_mode == PadMode::kReflect && o.resize_min_side > 0 && o.pad >= o.resize_min_side) {
+    throw ConfigError(StrCat("augment: pad_mode: reflect needs pad < the image's sides, but pad ",
+                             o.pad, " >= resize_min_side ", o.resize_min_side));
   }
   const size_t n = std::max<size_t>({o.mean.size(), o.std.size(), 1});
   if (n > kMaxChannels || (o.mean.size() > 1 && o.mean.size() != n) ||
@@ -240,20 +273,26 @@ void Augmenter::RunWithParams(const uint8_t* hwc, int h, int w, int c, const Aug
     CNNFLOW_ENFORCE(out.data == resized.get(), "cv::resize reallocated its output");
     src = resized.get();
   }
-  const int lut_stride = norm_channels_ == 1 ? 0 : 256;
   const AugmentOptions& o = options_;
+  const bool reflect = o.pad_mode == PadMode::kReflect && o.pad > 0;
+  if (reflect && (o.pad >= rs.h || o.pad >= rs.w)) {
+    throw ConfigError(StrCat("augment: pad_mode: reflect needs pad < the image's sides, but pad ",
+                             o.pad, " on a ", rs.h, "x", rs.w, " image",
+                             rs.h != h || rs.w != w ? " (after resize_min_side)" : ""));
+  }
+  const int lut_stride = norm_channels_ == 1 ? 0 : 256;
   switch (c) {
     case 1:
-      Gather<1>(src, rs.h, rs.w, c, o.pad, params, o.out_h, o.out_w, lut_.data(), lut_stride,
-                mean_.data(), std_.data(), chw_out);
+      Gather<1>(src, rs.h, rs.w, c, o.pad, reflect, params, o.out_h, o.out_w, lut_.data(),
+                lut_stride, mean_.data(), std_.data(), chw_out);
       break;
     case 3:
-      Gather<3>(src, rs.h, rs.w, c, o.pad, params, o.out_h, o.out_w, lut_.data(), lut_stride,
-                mean_.data(), std_.data(), chw_out);
+      Gather<3>(src, rs.h, rs.w, c, o.pad, reflect, params, o.out_h, o.out_w, lut_.data(),
+                lut_stride, mean_.data(), std_.data(), chw_out);
       break;
     default:
-      Gather<0>(src, rs.h, rs.w, c, o.pad, params, o.out_h, o.out_w, lut_.data(), lut_stride,
-                mean_.data(), std_.data(), chw_out);
+      Gather<0>(src, rs.h, rs.w, c, o.pad, reflect, params, o.out_h, o.out_w, lut_.data(),
+                lut_stride, mean_.data(), std_.data(), chw_out);
   }
 }
 
