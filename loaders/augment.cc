@@ -173,6 +173,31 @@ void Gather(const uint8_t* src, int h, int w, int c, int pad, bool reflect, cons
   }
 }
 
+// torchvision's RandomErasing.get_params on the [out_h, out_w] output:
+// up to 10 tries of area ~ U(scale) * area and log(h / w) ~ U(log ratio),
+// rounded half to even as Python's round(); the first that fits strictly
+// inside is placed uniformly; none: nothing is erased.
+void DrawErase(const AugmentOptions& o, uint64_t key, AugmentParams* p) {
+  const double area = static_cast<double>(o.out_h) * o.out_w;
+  const double log_lo = std::log(o.erase_ratio[0]), log_hi = std::log(o.erase_ratio[1]);
+  for (uint64_t k = 0; k < 10; ++k) {
+    const uint64_t c = 4 + 4 * k;
+    const double a =
+        area * (o.erase_scale[0] + (o.erase_scale[1] - o.erase_scale[0]) * UniformAt(key, c));
+    const double r = std::exp(log_lo + (log_hi - log_lo) * UniformAt(key, c + 1));
+    const int h = static_cast<int>(std::nearbyint(std::sqrt(a * r)));
+    const int w = static_cast<int>(std::nearbyint(std::sqrt(a / r)));
+    if (!(h < o.out_h && w < o.out_w)) continue;
+    p->erase_h = h;
+    p->erase_w = w;
+    p->erase_top =
+        std::min(o.out_h - h, static_cast<int>(UniformAt(key, c + 2) * (o.out_h - h + 1)));
+    p->erase_left =
+        std::min(o.out_w - w, static_cast<int>(UniformAt(key, c + 3) * (o.out_w - w + 1)));
+    return;
+  }
+}
+
 }  // namespace
 
 AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uint64_t seed,
@@ -188,6 +213,9 @@ AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uin
     p.flip = (UniformAt(key0, 2) < 0.5) != ((epoch & 1) != 0);
   } else {
     p.flip = options.hflip && UniformAt(key, 2) < 0.5;
+  }
+  if (options.erase_p > 0 && UniformAt(key, 3) < options.erase_p) {
+    DrawErase(options, key, &p);
   }
   return p;
 }
@@ -220,6 +248,18 @@ Augmenter::Augmenter(AugmentOptions options) : options_(std::move(options)) {
   if (o.pad_mode == PadMode::kReflect && o.resize_min_side > 0 && o.pad >= o.resize_min_side) {
     throw ConfigError(StrCat("augment: pad_mode: reflect needs pad < the image's sides, but pad ",
                              o.pad, " >= resize_min_side ", o.resize_min_side));
+  }
+  if (!(o.erase_p >= 0 && o.erase_p <= 1)) {
+    throw ConfigError(StrCat("augment: erase (a probability) must be in [0, 1], got ", o.erase_p));
+  }
+  if (!(o.erase_scale[0] > 0 && o.erase_scale[0] <= o.erase_scale[1] && o.erase_scale[1] <= 1)) {
+    throw ConfigError(StrCat("augment: erase_scale must be [lo, hi] with 0 < lo <= hi <= 1, got [",
+                             o.erase_scale[0], ", ", o.erase_scale[1], "]"));
+  }
+  if (!(o.erase_ratio[0] > 0 && o.erase_ratio[0] <= o.erase_ratio[1] &&
+        std::isfinite(o.erase_ratio[1]))) {
+    throw ConfigError(StrCat("augment: erase_ratio must be [lo, hi] with 0 < lo <= hi, got [",
+                             o.erase_ratio[0], ", ", o.erase_ratio[1], "]"));
   }
   const size_t n = std::max<size_t>({o.mean.size(), o.std.size(), 1});
   if (n > kMaxChannels || (o.mean.size() > 1 && o.mean.size() != n) ||
@@ -293,6 +333,18 @@ void Augmenter::RunWithParams(const uint8_t* hwc, int h, int w, int c, const Aug
     default:
       Gather<0>(src, rs.h, rs.w, c, o.pad, reflect, params, o.out_h, o.out_w, lut_.data(),
                 lut_stride, mean_.data(), std_.data(), chw_out);
+  }
+  if (params.erase_h > 0 && params.erase_w > 0) {
+    CNNFLOW_ENFORCE(params.erase_top >= 0 && params.erase_left >= 0 &&
+                        params.erase_top + params.erase_h <= o.out_h &&
+                        params.erase_left + params.erase_w <= o.out_w,
+                    "augment: the erased rectangle leaves the ", o.out_h, "x", o.out_w, " output");
+    for (int ch = 0; ch < c; ++ch) {
+      for (int y = params.erase_top; y < params.erase_top + params.erase_h; ++y) {
+        float* row = chw_out + (int64_t{ch} * o.out_h + y) * o.out_w + params.erase_left;
+        std::fill(row, row + params.erase_w, 0.f);
+      }
+    }
   }
 }
 

@@ -1,9 +1,10 @@
 // Per-sample image augmentation for the loaders: HWC uint8 (as decoded) ->
 // CHW float, with resize, zero or reflect padding, random or centre crop,
-// random (or alternating) horizontal flip and per-channel mean/std
-// normalisation, as torchvision's Resize / RandomCrop(padding,
-// padding_mode) / CenterCrop / RandomHorizontalFlip / ToTensor / Normalize
-// chain (the alternating flip is airbench's).
+// random (or alternating) horizontal flip, per-channel mean/std
+// normalisation and random erasing, as torchvision's Resize /
+// RandomCrop(padding, padding_mode) / CenterCrop / RandomHorizontalFlip /
+// ToTensor / Normalize / RandomErasing chain (the alternating flip is
+// airbench's).
 //
 // Reproducible whatever the thread count: every random choice is a pure
 // function of (seed, epoch, sample_index) through ops/random.h, never of a
@@ -46,6 +47,15 @@ struct AugmentOptions {
   // Per channel on [0, 1] values: out = (v / 255 - mean[c]) / std[c]. Empty
   // = mean 0 / std 1; one value applies to every channel.
   std::vector<float> mean, std;
+  // RandomErasing (torchvision's, placed after Normalize): with probability
+  // erase_p, a rectangle of the output of area fraction ~U(erase_scale) and
+  // aspect ratio (h / w) log-uniform in erase_ratio, at a uniform position,
+  // is set to 0 in every channel; up to 10 tries for one that fits (h <
+  // out_h and w < out_w), else nothing is erased. 0 after the normalisation
+  // above (the image sources fuse the config's normalize transform into it).
+  double erase_p = 0;  // 0: off
+  std::array<double, 2> erase_scale{0.02, 0.33};
+  std::array<double, 2> erase_ratio{0.3, 3.3};
 };
 
 // The random choices for one sample, in the coordinates of the padded
@@ -55,6 +65,13 @@ struct AugmentParams {
   int top = 0;
   int left = 0;
   bool flip = false;
+  // The erased rectangle of the output: rows [erase_top, erase_top +
+  // erase_h), columns [erase_left, erase_left + erase_w); none when erase_h
+  // or erase_w is 0.
+  int erase_top = 0;
+  int erase_left = 0;
+  int erase_h = 0;
+  int erase_w = 0;
 };
 
 // Distinguishes the augmentation stream from others keyed by the same
@@ -70,7 +87,9 @@ ImageSize ResizedSize(int h, int w, int resize_min_side);
 
 // The crop / flip drawn for (seed, epoch, sample_index) on an image of h x w
 // (after resize, before padding). Stream: StreamKey(seed, epoch,
-// sample_index, kAugmentStream); counters 0 (top), 1 (left), 2 (flip). An
+// sample_index, kAugmentStream); counters 0 (top), 1 (left), 2 (flip), 3
+// (whether to erase) and 4 + 4 k .. 7 + 4 k (erase try k: area, log ratio,
+// top, left). An
 // alternating flip draws counter 2 of the epoch-0 stream, StreamKey(seed, 0,
 // sample_index, kAugmentStream), so epoch 0 flips as the random flip does.
 AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uint64_t seed,

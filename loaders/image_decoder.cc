@@ -3,6 +3,7 @@
 #include <png.h>
 
 #include <algorithm>
+#include <array>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -401,6 +402,15 @@ void SetFlip(const Args& args, AugmentOptions* o) {
                            s != nullptr ? "'" + *s + "'" : ParamValueToString(v)));
 }
 
+// A [lo, hi] list key.
+std::array<double, 2> Pair(const Args& args, const std::string& key) {
+  const std::vector<double> v = args.Floats(key);
+  if (v.size() != 2) {
+    throw ConfigError(StrCat(key, ": expected [lo, hi], got ", v.size(), " values"));
+  }
+  return {v[0], v[1]};
+}
+
 }  // namespace
 
 Schema AddImageAugmentParams(Schema schema) {
@@ -414,7 +424,15 @@ Schema AddImageAugmentParams(Schema schema) {
               "draws it once per sample and flips it the other way every odd epoch (airbench)")
       .Optional("resize_min_side", ParamType::kInt, int64_t{0},
                 "resize so the shorter side is this before cropping (0: no resize; JPEGs are "
-                "first downscaled in the DCT domain as far as this allows)");
+                "first downscaled in the DCT domain as far as this allows)")
+      .Optional("erase", ParamType::kFloat, 0.0,
+                "RandomErasing's probability (torchvision's, after normalisation: a rectangle "
+                "set to 0; 0: off)")
+      .Optional("erase_scale", ParamType::kFloatList, std::vector<double>{0.02, 0.33},
+                "RandomErasing: [lo, hi] of the erased area's fraction of the sample")
+      .Optional("erase_ratio", ParamType::kFloatList, std::vector<double>{0.3, 3.3},
+                "RandomErasing: [lo, hi] of the erased rectangle's aspect ratio (h / w), drawn "
+                "log-uniform");
   return schema;
 }
 
@@ -433,6 +451,9 @@ ImageSampleDecoder::ImageSampleDecoder(const Shape& shape, const Args& args) {
   o.pad_mode = ParsePadMode(args.String("pad_mode"));
   o.random_crop = args.Bool("random_crop");
   SetFlip(args, &o);
+  o.erase_p = args.Float("erase");
+  o.erase_scale = Pair(args, "erase_scale");
+  o.erase_ratio = Pair(args, "erase_ratio");
   train_options_ = o;
   eval_ = std::make_unique<Augmenter>(eval_options_);
   train_ = std::make_unique<Augmenter>(train_options_);

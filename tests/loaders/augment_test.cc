@@ -10,12 +10,14 @@
 
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -36,6 +38,17 @@ std::vector<uint8_t> RandomImage(int h, int w, int c, uint64_t seed) {
   std::vector<uint8_t> p(static_cast<size_t>(h) * w * c);
   for (auto& v : p) v = static_cast<uint8_t>(rng.Below(256));
   return p;
+}
+
+// Per-channel mean and std of CIFAR-10 and of ImageNet.
+struct MeanStd {
+  std::vector<float> mean, std;
+};
+const MeanStd kCifar{{0.4914f, 0.4822f, 0.4465f}, {0.2470f, 0.2435f, 0.2616f}};
+const MeanStd kImagenet{{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}};
+void SetNorm(AugmentOptions* o, const MeanStd& n) {
+  o->mean = n.mean;
+  o->std = n.std;
 }
 
 float Norm(int v, float mean, float std) { return (static_cast<float>(v) / 255.f - mean) / std; }
@@ -110,6 +123,62 @@ std::vector<float> Mirrored(const std::vector<float>& chw, int c, int h, int w) 
   return out;
 }
 
+// torchvision.transforms.RandomErasing's choice (get_params and the p
+// draw), transcribed with its own generator: the reference for the
+// statistics of ours. Returns {top, left, h, w}, h == 0 when nothing is
+// erased.
+std::array<int, 4> TorchvisionErase(int img_h, int img_w, double p, std::array<double, 2> scale,
+                                    std::array<double, 2> ratio, std::mt19937_64* g,
+                                    int attempts = 10) {
+  std::uniform_real_distribution<double> u(0, 1);
+  if (!(u(*g) < p)) return {0, 0, 0, 0};
+  const double area = img_h * img_w;
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    const double erase_area = area * std::uniform_real_distribution<double>(scale[0], scale[1])(*g);
+    const double aspect = std::exp(
+        std::uniform_real_distribution<double>(std::log(ratio[0]), std::log(ratio[1]))(*g));
+    const int h = static_cast<int>(std::lround(std::sqrt(erase_area * aspect)));
+    const int w = static_cast<int>(std::lround(std::sqrt(erase_area / aspect)));
+    if (!(h < img_h && w < img_w)) continue;
+    const int i = std::uniform_int_distribution<int>(0, img_h - h)(*g);
+    const int j = std::uniform_int_distribution<int>(0, img_w - w)(*g);
+    return {i, j, h, w};
+  }
+  return {0, 0, 0, 0};
+}
+
+// Statistics of a set of erase choices on an out_h x out_w output.
+struct EraseStats {
+  double erased = 0;             // fraction of samples with a rectangle
+  double area = 0;               // mean area fraction, over the erased
+  double area_sq = 0;            // mean squared area fraction, over the erased
+  double h = 0, w = 0;           // mean sides, over the erased
+  double centre_y = 0;           // mean centre row / out_h, over the erased
+  std::array<double, 5> bins{};  // area fraction histogram [0, 0.1, ..., 0.4+), over the erased
+};
+
+EraseStats Stats(const std::vector<std::array<int, 4>>& rects, int out_h, int out_w) {
+  EraseStats s;
+  int n = 0;
+  for (const auto& [top, left, h, w] : rects) {
+    EXPECT_TRUE(top >= 0 && left >= 0 && top + h <= out_h && left + w <= out_w)
+        << top << ", " << left << ", " << h << ", " << w;
+    if (h == 0 || w == 0) continue;
+    ++n;
+    const double a = static_cast<double>(h) * w / (out_h * out_w);
+    s.area += a;
+    s.area_sq += a * a;
+    s.h += h;
+    s.w += w;
+    s.centre_y += (top + h / 2.0) / out_h;
+    s.bins[std::min(4, static_cast<int>(a * 10))] += 1;
+  }
+  s.erased = static_cast<double>(n) / rects.size();
+  for (double* v : {&s.area, &s.area_sq, &s.h, &s.w, &s.centre_y}) *v /= std::max(n, 1);
+  for (double& b : s.bins) b /= std::max(n, 1);
+  return s;
+}
+
 TEST(AugmentTest, CenterCropMatchesHandComputedValues) {
   // 4x5 gray image, v = 10 y + x; a 2x3 centre crop starts at (1, 1).
   std::vector<uint8_t> img(20);
@@ -141,8 +210,7 @@ TEST(AugmentTest, RgbCropWithNormalisationMatchesReference) {
   AugmentOptions o;
   o.out_h = 5;
   o.out_w = 6;
-  o.mean = {0.485f, 0.456f, 0.406f};
-  o.std = {0.229f, 0.224f, 0.225f};
+  SetNorm(&o, kImagenet);
   for (bool random : {false, true}) {
     o.random_crop = random;
     for (int64_t i = 0; i < 20; ++i) {
@@ -173,8 +241,7 @@ TEST(AugmentTest, EveryIsaMatchesReferenceOnWideRows) {
         o.out_w = w - 2;
         o.pad = 3;
         if (c == 3) {
-          o.mean = {0.4914f, 0.4822f, 0.4465f};
-          o.std = {0.2470f, 0.2435f, 0.2616f};
+          SetNorm(&o, kCifar);
         } else {
           o.mean = {0.5f};
           o.std = {0.25f};
@@ -237,8 +304,7 @@ TEST(AugmentTest, PaddedRandomCropStaysInRangeAndPadsWithZero) {
   o.pad = 4;
   o.random_crop = true;
   o.hflip = true;
-  o.mean = {0.4914f, 0.4822f, 0.4465f};
-  o.std = {0.2470f, 0.2435f, 0.2616f};
+  SetNorm(&o, kCifar);
   std::set<int> tops, lefts;
   for (int64_t i = 0; i < 400; ++i) {
     const AugmentParams p = DrawAugmentParams(h, w, o, 11, 2, i);
@@ -298,8 +364,7 @@ TEST(AugmentTest, NormalisationValuesAreExact) {
   AugmentOptions o;
   o.out_h = 16;
   o.out_w = 16;
-  o.mean = {0.485f, 0.456f, 0.406f};
-  o.std = {0.229f, 0.224f, 0.225f};
+  SetNorm(&o, kImagenet);
   auto out = RunAugment(img, 16, 16, 3, o, 0, 0, 0);
   for (int ch = 0; ch < 3; ++ch) {
     for (int i = 0; i < 256; ++i) {
@@ -419,8 +484,7 @@ TEST(AugmentTest, ReflectPaddingMatchesNumpyAtEveryOffset) {
           o.pad = pad;
           o.pad_mode = mode;
           if (c == 3) {
-            o.mean = {0.4914f, 0.4822f, 0.4465f};
-            o.std = {0.2470f, 0.2435f, 0.2616f};
+            SetNorm(&o, kCifar);
           }
           const Augmenter aug(o);
           std::vector<float> out(static_cast<size_t>(c) * out_h * out_w);
@@ -549,6 +613,117 @@ TEST(AugmentTest, AlternateFlipOutputIsTheMirrorNextEpoch) {
   }
 }
 
+// RandomErasing's draw against torchvision's algorithm run with its own
+// generator: how often a rectangle is erased (p times the chance that one of
+// 10 tries fits), its area distribution, sides and position; on CIFAR's
+// 32x32 with the defaults, and on a 3x3 output where most tries do not fit
+// (so one try instead of 10 would show), and with tall rectangles only
+// (ratio [1, 3]: h and w swapped would show).
+TEST(AugmentTest, RandomErasingMatchesTorchvisionsStatistics) {
+  struct Case {
+    int out;
+    double p;
+    std::array<double, 2> scale, ratio;
+  };
+  for (const Case& k :
+       {Case{32, 0.5, {0.02, 0.33}, {0.3, 3.3}}, Case{3, 1.0, {0.5, 1.0}, {0.3, 3.3}},
+        Case{24, 0.8, {0.1, 0.4}, {1.0, 3.0}}}) {
+    SCOPED_TRACE(::testing::Message() << "out " << k.out << ", p " << k.p);
+    AugmentOptions o;
+    o.out_h = o.out_w = k.out;
+    o.erase_p = k.p;
+    o.erase_scale = k.scale;
+    o.erase_ratio = k.ratio;
+    const int n = 20000, m = 200000;
+    std::vector<std::array<int, 4>> ours, theirs;
+    for (int64_t i = 0; i < n; ++i) {
+      const AugmentParams p = DrawAugmentParams(k.out, k.out, o, 23, i % 3, i);
+      ours.push_back({p.erase_top, p.erase_left, p.erase_h, p.erase_w});
+    }
+    std::mt19937_64 g(5);
+    for (int i = 0; i < m; ++i)
+      theirs.push_back(TorchvisionErase(k.out, k.out, k.p, k.scale, k.ratio, &g));
+    const EraseStats a = Stats(ours, k.out, k.out), b = Stats(theirs, k.out, k.out);
+    // About 5 standard errors of our n samples.
+    const double se_frac = std::sqrt(b.erased * (1 - b.erased) / n) + 1e-9;
+    EXPECT_NEAR(a.erased, b.erased, 5 * se_frac + 1e-3);
+    const double n_erased = b.erased * n;
+    const double se_area = std::sqrt(std::max(0.0, b.area_sq - b.area * b.area) / n_erased);
+    EXPECT_NEAR(a.area, b.area, 5 * se_area + 1e-3);
+    EXPECT_NEAR(a.h, b.h, 0.05 * b.h + 0.02);
+    EXPECT_NEAR(a.w, b.w, 0.05 * b.w + 0.02);
+    EXPECT_NEAR(a.centre_y, b.centre_y, 0.02);
+    for (int bin = 0; bin < 5; ++bin) {
+      const double se = std::sqrt(b.bins[bin] * (1 - b.bins[bin]) / n_erased);
+      EXPECT_NEAR(a.bins[bin], b.bins[bin], 5 * se + 1e-3) << "area bin " << bin;
+    }
+  }
+  // The 3x3 case really needs the 10 tries: one try alone fits far less
+  // often than the ~65% drawn above.
+  std::mt19937_64 g(7);
+  int fits_once = 0;
+  for (int i = 0; i < 20000; ++i) {
+    fits_once += TorchvisionErase(3, 3, 1.0, {0.5, 1.0}, {0.3, 3.3}, &g, 1)[2] > 0;
+  }
+  AugmentOptions o;
+  o.out_h = o.out_w = 3;
+  o.erase_p = 1;
+  o.erase_scale = {0.5, 1.0};
+  int ours = 0;
+  for (int64_t i = 0; i < 2000; ++i) ours += DrawAugmentParams(3, 3, o, 1, 0, i).erase_h > 0;
+  EXPECT_GT(ours / 2000.0, 2 * fits_once / 20000.0);
+}
+
+TEST(AugmentTest, RandomErasingZeroesTheRectangleInEveryChannel) {
+  const int h = 8, w = 10, c = 3;
+  const auto img = RandomImage(h, w, c, 50);
+  AugmentOptions o;
+  o.out_h = 8;
+  o.out_w = 10;
+  SetNorm(&o, kCifar);
+  const Augmenter aug(o);
+  AugmentParams p{0, 0, true};
+  std::vector<float> plain(c * h * w), erased(c * h * w);
+  aug.RunWithParams(img.data(), h, w, c, p, plain.data());
+  p.erase_top = 2;
+  p.erase_left = 5;
+  p.erase_h = 3;
+  p.erase_w = 4;
+  aug.RunWithParams(img.data(), h, w, c, p, erased.data());
+  for (int ch = 0; ch < c; ++ch) {
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x) {
+        const int i = (ch * h + y) * w + x;
+        const bool in = y >= 2 && y < 5 && x >= 5 && x < 9;
+        ASSERT_EQ(erased[i], in ? 0.f : plain[i]) << ch << ", " << y << ", " << x;
+      }
+    }
+  }
+  // Off by default; drawn per (seed, epoch, sample) when on, and applied.
+  EXPECT_EQ(AugmentOptions{}.erase_p, 0);
+  for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(DrawAugmentParams(h, w, o, 3, 0, i).erase_h, 0);
+  o.erase_p = 1;
+  int differ = 0;
+  for (int64_t i = 0; i < 50; ++i) {
+    const AugmentParams a = DrawAugmentParams(h, w, o, 3, 0, i);
+    const AugmentParams b = DrawAugmentParams(h, w, o, 3, 1, i);
+    differ += a.erase_top != b.erase_top || a.erase_left != b.erase_left || a.erase_h != b.erase_h;
+    std::vector<float> want(c * h * w);
+    Augmenter(o).RunWithParams(img.data(), h, w, c, a, want.data());
+    EXPECT_TRUE(BitwiseEqual(RunAugment(img, h, w, c, o, 3, 0, i), want));
+  }
+  EXPECT_GT(differ, 25);
+  // Bad values name the key.
+  o.erase_p = 1.5;
+  testing::ExpectContains(testing::ErrorOf<ConfigError>([&] { Augmenter{o}; }), {"erase", "1.5"});
+  o.erase_p = 0.5;
+  o.erase_scale = {0.4, 0.2};
+  testing::ExpectContains(testing::ErrorOf<ConfigError>([&] { Augmenter{o}; }), {"erase_scale"});
+  o.erase_scale = {0.02, 0.33};
+  o.erase_ratio = {0, 3};
+  testing::ExpectContains(testing::ErrorOf<ConfigError>([&] { Augmenter{o}; }), {"erase_ratio"});
+}
+
 // The image sources' keys (AddImageAugmentParams) reach the augmenter:
 // hflip as a config gives it ("false", "true", "alternate") or as code sets
 // it (a bool), pad_mode; training passes only. Bad values name the key.
@@ -613,6 +788,24 @@ TEST(AugmentTest, ImageSourceKeysAndTheirErrors) {
                             decoder({{"hflip", std::string("sometimes")}});
                           }),
                           {"hflip", "'sometimes'"});
+  // erase: in training passes only, as the augmenter draws it.
+  const auto erasing = decoder({{"erase", 1.0},
+                                {"erase_scale", std::vector<double>{0.1, 0.3}},
+                                {"erase_ratio", std::vector<double>{0.5, 2.0}}});
+  AugmentOptions e;
+  e.out_h = 6;
+  e.out_w = 7;
+  e.erase_p = 1;
+  e.erase_scale = {0.1, 0.3};
+  e.erase_ratio = {0.5, 2.0};
+  for (int64_t i = 0; i < 8; ++i) {
+    EXPECT_TRUE(BitwiseEqual(run(*erasing, 2, i), RunAugment(img, 6, 7, 3, e, 9, 2, i)));
+    EXPECT_TRUE(BitwiseEqual(run(*erasing, 2, i, false), run(*none, 2, i, false)));
+  }
+  testing::ExpectContains(testing::ErrorOf<ConfigError>([&] {
+                            decoder({{"erase_scale", std::vector<double>{0.1, 0.2, 0.3}}});
+                          }),
+                          {"erase_scale", "[lo, hi]", "3 values"});
   // pad 6 on a 6-row image: an error at the first sample.
   const auto too_big = decoder({{"pad", int64_t{6}}, {"pad_mode", std::string("reflect")}});
   testing::ExpectContains(testing::ErrorOf<ConfigError>([&] { run(*too_big, 0, 0); }),
