@@ -44,6 +44,15 @@ struct AugmentOptions {
   // XOR (e odd), so each image is seen flipped in exactly one of any two
   // consecutive epochs.
   bool alternate_flip = false;
+  // torchvision's RandomResizedCrop in place of the crop above (pad and
+  // random_crop must be off): a region of area fraction ~U(crop_scale) and
+  // aspect ratio (w / h) log-uniform in crop_ratio, at a uniform position,
+  // of the (resized) image, resized to out_h x out_w (cv::resize,
+  // INTER_LINEAR); 10 tries for one that fits, else the centre crop clamped
+  // to crop_ratio.
+  bool random_resized_crop = false;
+  std::array<double, 2> crop_scale{0.08, 1.0};
+  std::array<double, 2> crop_ratio{3.0 / 4.0, 4.0 / 3.0};
   // Per channel on [0, 1] values: out = (v / 255 - mean[c]) / std[c]. Empty
   // = mean 0 / std 1; one value applies to every channel.
   std::vector<float> mean, std;
@@ -65,6 +74,10 @@ struct AugmentParams {
   int top = 0;
   int left = 0;
   bool flip = false;
+  // > 0: a random resized crop: rows [top, top + crop_h), columns [left,
+  // left + crop_w) of the (resized, unpadded) image, resized to the output.
+  int crop_h = 0;
+  int crop_w = 0;
   // The erased rectangle of the output: rows [erase_top, erase_top +
   // erase_h), columns [erase_left, erase_left + erase_w); none when erase_h
   // or erase_w is 0.
@@ -88,8 +101,9 @@ ImageSize ResizedSize(int h, int w, int resize_min_side);
 // The crop / flip drawn for (seed, epoch, sample_index) on an image of h x w
 // (after resize, before padding). Stream: StreamKey(seed, epoch,
 // sample_index, kAugmentStream); counters 0 (top), 1 (left), 2 (flip), 3
-// (whether to erase) and 4 + 4 k .. 7 + 4 k (erase try k: area, log ratio,
-// top, left). An
+// (whether to erase), 4 + 4 k .. 7 + 4 k (erase try k: area, log ratio,
+// top, left) and 100 + 4 k .. 103 + 4 k (random resized crop try k: the
+// same). An
 // alternating flip draws counter 2 of the epoch-0 stream, StreamKey(seed, 0,
 // sample_index, kAugmentStream), so epoch 0 flips as the random flip does.
 AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uint64_t seed,

@@ -425,6 +425,14 @@ Schema AddImageAugmentParams(Schema schema) {
       .Optional("resize_min_side", ParamType::kInt, int64_t{0},
                 "resize so the shorter side is this before cropping (0: no resize; JPEGs are "
                 "first downscaled in the DCT domain as far as this allows)")
+      .Optional("random_resized_crop", ParamType::kBool, false,
+                "torchvision's RandomResizedCrop in place of pad and random_crop: a random region "
+                "(crop_scale, crop_ratio) resized to the sample's size")
+      .Optional("crop_scale", ParamType::kFloatList, std::vector<double>{0.08, 1.0},
+                "random_resized_crop: [lo, hi] of the region's fraction of the image's area")
+      .Optional("crop_ratio", ParamType::kFloatList, std::vector<double>{3.0 / 4.0, 4.0 / 3.0},
+                "random_resized_crop: [lo, hi] of the region's aspect ratio (w / h), drawn "
+                "log-uniform")
       .Optional("erase", ParamType::kFloat, 0.0,
                 "RandomErasing's probability (torchvision's, after normalisation: a rectangle "
                 "set to 0; 0: off)")
@@ -451,6 +459,9 @@ ImageSampleDecoder::ImageSampleDecoder(const Shape& shape, const Args& args) {
   o.pad_mode = ParsePadMode(args.String("pad_mode"));
   o.random_crop = args.Bool("random_crop");
   SetFlip(args, &o);
+  o.random_resized_crop = args.Bool("random_resized_crop");
+  o.crop_scale = Pair(args, "crop_scale");
+  o.crop_ratio = Pair(args, "crop_ratio");
   o.erase_p = args.Float("erase");
   o.erase_scale = Pair(args, "erase_scale");
   o.erase_ratio = Pair(args, "erase_ratio");

@@ -8,6 +8,7 @@
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -123,13 +124,16 @@ std::vector<float> Mirrored(const std::vector<float>& chw, int c, int h, int w) 
   return out;
 }
 
+// {top, left, h, w}: an erased rectangle (none when h or w is 0) or a
+// resized crop's region.
+using Rect = std::array<int, 4>;
+
 // torchvision.transforms.RandomErasing's choice (get_params and the p
 // draw), transcribed with its own generator: the reference for the
 // statistics of ours. Returns {top, left, h, w}, h == 0 when nothing is
 // erased.
-std::array<int, 4> TorchvisionErase(int img_h, int img_w, double p, std::array<double, 2> scale,
-                                    std::array<double, 2> ratio, std::mt19937_64* g,
-                                    int attempts = 10) {
+Rect TorchvisionErase(int img_h, int img_w, double p, std::array<double, 2> scale,
+                      std::array<double, 2> ratio, std::mt19937_64* g, int attempts = 10) {
   std::uniform_real_distribution<double> u(0, 1);
   if (!(u(*g) < p)) return {0, 0, 0, 0};
   const double area = img_h * img_w;
@@ -147,18 +151,51 @@ std::array<int, 4> TorchvisionErase(int img_h, int img_w, double p, std::array<d
   return {0, 0, 0, 0};
 }
 
-// Statistics of a set of erase choices on an out_h x out_w output.
-struct EraseStats {
-  double erased = 0;             // fraction of samples with a rectangle
-  double area = 0;               // mean area fraction, over the erased
-  double area_sq = 0;            // mean squared area fraction, over the erased
-  double h = 0, w = 0;           // mean sides, over the erased
-  double centre_y = 0;           // mean centre row / out_h, over the erased
-  std::array<double, 5> bins{};  // area fraction histogram [0, 0.1, ..., 0.4+), over the erased
+// RandomResizedCrop's fallback when no try fits: the central crop, cut to
+// the ratio's range.
+Rect TorchvisionCentreCrop(int img_h, int img_w, std::array<double, 2> ratio) {
+  const double in_ratio = static_cast<double>(img_w) / img_h;
+  int w = img_w, h = img_h;
+  if (in_ratio < std::min(ratio[0], ratio[1])) {
+    h = static_cast<int>(std::lround(w / std::min(ratio[0], ratio[1])));
+  } else if (in_ratio > std::max(ratio[0], ratio[1])) {
+    w = static_cast<int>(std::lround(h * std::max(ratio[0], ratio[1])));
+  }
+  return {(img_h - h) / 2, (img_w - w) / 2, h, w};
+}
+
+// torchvision.transforms.RandomResizedCrop.get_params, transcribed with its
+// own generator: {top, left, h, w} of the region of an img_h x img_w image.
+Rect TorchvisionResizedCrop(int img_h, int img_w, std::array<double, 2> scale,
+                            std::array<double, 2> ratio, std::mt19937_64* g) {
+  const double area = img_h * img_w;
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * std::uniform_real_distribution<double>(scale[0], scale[1])(*g);
+    const double aspect = std::exp(
+        std::uniform_real_distribution<double>(std::log(ratio[0]), std::log(ratio[1]))(*g));
+    const int w = static_cast<int>(std::lround(std::sqrt(target * aspect)));
+    const int h = static_cast<int>(std::lround(std::sqrt(target / aspect)));
+    if (0 < w && w <= img_w && 0 < h && h <= img_h) {
+      const int i = std::uniform_int_distribution<int>(0, img_h - h)(*g);
+      const int j = std::uniform_int_distribution<int>(0, img_w - w)(*g);
+      return {i, j, h, w};
+    }
+  }
+  return TorchvisionCentreCrop(img_h, img_w, ratio);
+}
+
+// Statistics of a set of rectangles in an out_h x out_w frame.
+struct RectStats {
+  double some = 0;               // fraction of draws with a rectangle (h, w > 0)
+  double area = 0;               // mean area fraction, over the rectangles
+  double area_sq = 0;            // mean squared area fraction, over the rectangles
+  double h = 0, w = 0;           // mean sides, over the rectangles
+  double centre_y = 0;           // mean centre row / out_h, over the rectangles
+  std::array<double, 5> bins{};  // area fraction histogram [0, 0.1, ..., 0.4+)
 };
 
-EraseStats Stats(const std::vector<std::array<int, 4>>& rects, int out_h, int out_w) {
-  EraseStats s;
+RectStats Stats(const std::vector<Rect>& rects, int out_h, int out_w) {
+  RectStats s;
   int n = 0;
   for (const auto& [top, left, h, w] : rects) {
     EXPECT_TRUE(top >= 0 && left >= 0 && top + h <= out_h && left + w <= out_w)
@@ -173,10 +210,38 @@ EraseStats Stats(const std::vector<std::array<int, 4>>& rects, int out_h, int ou
     s.centre_y += (top + h / 2.0) / out_h;
     s.bins[std::min(4, static_cast<int>(a * 10))] += 1;
   }
-  s.erased = static_cast<double>(n) / rects.size();
+  s.some = static_cast<double>(n) / rects.size();
   for (double* v : {&s.area, &s.area_sq, &s.h, &s.w, &s.centre_y}) *v /= std::max(n, 1);
   for (double& b : s.bins) b /= std::max(n, 1);
   return s;
+}
+
+// Our draws against the reference's (many more), in an out_h x out_w frame:
+// the fraction with a rectangle, the mean area and its histogram within 5
+// standard errors of our count; mean sides within 4%, the mean centre row
+// within 1.5% of the frame.
+void ExpectSameStatistics(const std::vector<Rect>& ours, const std::vector<Rect>& theirs, int out_h,
+                          int out_w) {
+  const RectStats a = Stats(ours, out_h, out_w), b = Stats(theirs, out_h, out_w);
+  const double n = static_cast<double>(ours.size()), n_some = b.some * n;
+  EXPECT_NEAR(a.some, b.some, 5 * std::sqrt(b.some * (1 - b.some) / n) + 1e-3);
+  const double se_area = std::sqrt(std::max(0.0, b.area_sq - b.area * b.area) / n_some);
+  EXPECT_NEAR(a.area, b.area, 5 * se_area + 1e-3);
+  EXPECT_NEAR(a.h, b.h, 0.04 * b.h + 0.02);
+  EXPECT_NEAR(a.w, b.w, 0.04 * b.w + 0.02);
+  EXPECT_NEAR(a.centre_y, b.centre_y, 0.015);
+  for (int bin = 0; bin < 5; ++bin) {
+    const double se = std::sqrt(b.bins[bin] * (1 - b.bins[bin]) / n_some);
+    EXPECT_NEAR(a.bins[bin], b.bins[bin], 5 * se + 1e-3) << "area bin " << bin;
+  }
+}
+
+// f(i) for i in [0, n).
+template <typename F>
+std::vector<Rect> Draws(int n, F f) {
+  std::vector<Rect> v;
+  for (int i = 0; i < n; ++i) v.push_back(f(i));
+  return v;
 }
 
 TEST(AugmentTest, CenterCropMatchesHandComputedValues) {
@@ -634,29 +699,16 @@ TEST(AugmentTest, RandomErasingMatchesTorchvisionsStatistics) {
     o.erase_p = k.p;
     o.erase_scale = k.scale;
     o.erase_ratio = k.ratio;
-    const int n = 20000, m = 200000;
-    std::vector<std::array<int, 4>> ours, theirs;
-    for (int64_t i = 0; i < n; ++i) {
-      const AugmentParams p = DrawAugmentParams(k.out, k.out, o, 23, i % 3, i);
-      ours.push_back({p.erase_top, p.erase_left, p.erase_h, p.erase_w});
-    }
     std::mt19937_64 g(5);
-    for (int i = 0; i < m; ++i)
-      theirs.push_back(TorchvisionErase(k.out, k.out, k.p, k.scale, k.ratio, &g));
-    const EraseStats a = Stats(ours, k.out, k.out), b = Stats(theirs, k.out, k.out);
-    // About 5 standard errors of our n samples.
-    const double se_frac = std::sqrt(b.erased * (1 - b.erased) / n) + 1e-9;
-    EXPECT_NEAR(a.erased, b.erased, 5 * se_frac + 1e-3);
-    const double n_erased = b.erased * n;
-    const double se_area = std::sqrt(std::max(0.0, b.area_sq - b.area * b.area) / n_erased);
-    EXPECT_NEAR(a.area, b.area, 5 * se_area + 1e-3);
-    EXPECT_NEAR(a.h, b.h, 0.05 * b.h + 0.02);
-    EXPECT_NEAR(a.w, b.w, 0.05 * b.w + 0.02);
-    EXPECT_NEAR(a.centre_y, b.centre_y, 0.02);
-    for (int bin = 0; bin < 5; ++bin) {
-      const double se = std::sqrt(b.bins[bin] * (1 - b.bins[bin]) / n_erased);
-      EXPECT_NEAR(a.bins[bin], b.bins[bin], 5 * se + 1e-3) << "area bin " << bin;
-    }
+    ExpectSameStatistics(
+        Draws(20000,
+              [&](int i) {
+                const AugmentParams p = DrawAugmentParams(k.out, k.out, o, 23, i % 3, i);
+                return Rect{p.erase_top, p.erase_left, p.erase_h, p.erase_w};
+              }),
+        Draws(200000,
+              [&](int) { return TorchvisionErase(k.out, k.out, k.p, k.scale, k.ratio, &g); }),
+        k.out, k.out);
   }
   // The 3x3 case really needs the 10 tries: one try alone fits far less
   // often than the ~65% drawn above.
@@ -722,6 +774,99 @@ TEST(AugmentTest, RandomErasingZeroesTheRectangleInEveryChannel) {
   o.erase_scale = {0.02, 0.33};
   o.erase_ratio = {0, 3};
   testing::ExpectContains(testing::ErrorOf<ConfigError>([&] { Augmenter{o}; }), {"erase_ratio"});
+}
+
+// RandomResizedCrop's draw against torchvision's algorithm run with its own
+// generator: region area and sides, position, area histogram, and how often
+// it is the fallback centre crop; on a 40x60 image with the defaults, a
+// 10x100 one (wider than any allowed ratio: always the fallback, cut to
+// ratio 4/3), a 30x30 one with scale [0.9, 1] (tries often too wide or too
+// tall: the whole image), and tall-only ratios on 30x20 (w and h swapped
+// would show).
+TEST(AugmentTest, RandomResizedCropMatchesTorchvisionsStatistics) {
+  struct Case {
+    int h, w;
+    std::array<double, 2> scale, ratio;
+  };
+  for (const Case& k :
+       {Case{40, 60, {0.08, 1.0}, {0.75, 4.0 / 3.0}}, Case{10, 100, {0.08, 1.0}, {0.75, 4.0 / 3.0}},
+        Case{30, 30, {0.9, 1.0}, {0.75, 4.0 / 3.0}}, Case{30, 20, {0.2, 0.5}, {0.3, 0.7}}}) {
+    SCOPED_TRACE(::testing::Message() << k.h << "x" << k.w << ", scale " << k.scale[0]);
+    AugmentOptions o;
+    o.out_h = o.out_w = 16;
+    o.random_resized_crop = true;
+    o.crop_scale = k.scale;
+    o.crop_ratio = k.ratio;
+    std::mt19937_64 g(11);
+    const std::vector<Rect> ours = Draws(20000,
+                                         [&](int i) {
+                                           const AugmentParams p =
+                                               DrawAugmentParams(k.h, k.w, o, 29, i % 3, i);
+                                           return Rect{p.top, p.left, p.crop_h, p.crop_w};
+                                         }),
+                            theirs = Draws(200000, [&](int) {
+                              return TorchvisionResizedCrop(k.h, k.w, k.scale, k.ratio, &g);
+                            });
+    ExpectSameStatistics(ours, theirs, k.h, k.w);
+    EXPECT_EQ(Stats(ours, k.h, k.w).some, 1.0);  // every draw is a region
+    // How often it is the fallback.
+    const Rect fallback = TorchvisionCentreCrop(k.h, k.w, k.ratio);
+    auto fraction = [&](const std::vector<Rect>& v) {
+      return static_cast<double>(std::count(v.begin(), v.end(), fallback)) / v.size();
+    };
+    const double f = fraction(theirs);
+    EXPECT_NEAR(fraction(ours), f, 5 * std::sqrt(f * (1 - f) / ours.size()) + 1e-3);
+  }
+  AugmentOptions o;
+  o.out_h = o.out_w = 16;
+  o.random_resized_crop = true;
+  const AugmentParams p = DrawAugmentParams(10, 100, o, 1, 0, 0);
+  EXPECT_EQ((Rect{p.top, p.left, p.crop_h, p.crop_w}),
+            (Rect{0, 43, 10, 13}));  // round(10 * 4 / 3), (100 - 13) // 2
+}
+
+// The region is cut from the (resized) image, resized to the output by
+// OpenCV, then flipped and normalised: bitwise that chain done by hand.
+TEST(AugmentTest, RandomResizedCropResizesTheRegion) {
+  for (const int resize : {0, 30}) {
+    const int h = 40, w = 50, c = 3;
+    const auto img = RandomImage(h, w, c, 60);
+    AugmentOptions o;
+    o.out_h = 12;
+    o.out_w = 14;
+    o.resize_min_side = resize;
+    o.random_resized_crop = true;
+    o.hflip = true;
+    SetNorm(&o, kImagenet);
+    cv::Mat image(h, w, CV_8UC3, const_cast<uint8_t*>(img.data()));
+    if (resize > 0) cv::resize(image.clone(), image, cv::Size(37, 30), 0, 0, cv::INTER_LINEAR);
+    for (int64_t i = 0; i < 12; ++i) {
+      const AugmentParams p = DrawAugmentParams(image.rows, image.cols, o, 4, 0, i);
+      cv::Mat region;
+      cv::resize(image(cv::Rect(p.left, p.top, p.crop_w, p.crop_h)), region, cv::Size(14, 12), 0, 0,
+                 cv::INTER_LINEAR);
+      ASSERT_TRUE(region.isContinuous());
+      const std::vector<uint8_t> small(region.data, region.data + 12 * 14 * 3);
+      AugmentOptions plain = o;
+      plain.random_resized_crop = false;
+      ASSERT_TRUE(BitwiseEqual(RunAugment(img, h, w, c, o, 4, 0, i),
+                               Reference(small, 12, 14, c, plain, AugmentParams{0, 0, p.flip})))
+          << "sample " << i << ", resize " << resize;
+    }
+  }
+  // It takes the place of pad and random_crop; bad ranges name the key.
+  AugmentOptions o;
+  o.out_h = o.out_w = 8;
+  o.random_resized_crop = true;
+  o.pad = 2;
+  testing::ExpectContains(testing::ErrorOf<ConfigError>([&] { Augmenter{o}; }),
+                          {"random_resized_crop", "pad 2"});
+  o.pad = 0;
+  o.crop_scale = {0.5, 0.2};
+  testing::ExpectContains(testing::ErrorOf<ConfigError>([&] { Augmenter{o}; }), {"crop_scale"});
+  o.crop_scale = {0.08, 1};
+  o.crop_ratio = {-1, 1};
+  testing::ExpectContains(testing::ErrorOf<ConfigError>([&] { Augmenter{o}; }), {"crop_ratio"});
 }
 
 // The image sources' keys (AddImageAugmentParams) reach the augmenter:
@@ -801,6 +946,20 @@ TEST(AugmentTest, ImageSourceKeysAndTheirErrors) {
   for (int64_t i = 0; i < 8; ++i) {
     EXPECT_TRUE(BitwiseEqual(run(*erasing, 2, i), RunAugment(img, 6, 7, 3, e, 9, 2, i)));
     EXPECT_TRUE(BitwiseEqual(run(*erasing, 2, i, false), run(*none, 2, i, false)));
+  }
+  // random_resized_crop: in training passes only.
+  const auto rrc = decoder({{"random_resized_crop", true},
+                            {"crop_scale", std::vector<double>{0.3, 0.9}},
+                            {"crop_ratio", std::vector<double>{0.5, 2.0}}});
+  AugmentOptions r;
+  r.out_h = 6;
+  r.out_w = 7;
+  r.random_resized_crop = true;
+  r.crop_scale = {0.3, 0.9};
+  r.crop_ratio = {0.5, 2.0};
+  for (int64_t i = 0; i < 8; ++i) {
+    EXPECT_TRUE(BitwiseEqual(run(*rrc, 2, i), RunAugment(img, 6, 7, 3, r, 9, 2, i)));
+    EXPECT_TRUE(BitwiseEqual(run(*rrc, 2, i, false), run(*none, 2, i, false)));
   }
   testing::ExpectContains(testing::ErrorOf<ConfigError>([&] {
                             decoder({{"erase_scale", std::vector<double>{0.1, 0.2, 0.3}}});
