@@ -93,13 +93,25 @@ __attribute__((target("avx2"))) int GatherRunAvx2(const uint8_t* px, int n, bool
   return x;
 }
 
-// One pass: crop (with implicit zero padding) + flip + normalise (table) +
-// HWC -> CHW. kC > 0 fixes the channel count at compile time so the channel
-// loop unrolls; kC == 0 reads it from c.
+// Index into an n-long axis of padding position i (the image's own pixels
+// are 0..n-1): i itself inside; outside, with reflect padding and within
+// `pad` of the edge, its mirror about the edge pixel (numpy.pad 'reflect';
+// pad < n keeps it inside); else -1, a zero pixel.
+int SourceIndex(int i, int n, int pad, bool reflect) {
+  if (i >= 0 && i < n) return i;
+  if (!reflect || i < -pad || i >= n + pad) return -1;
+  return i < 0 ? -i : 2 * (n - 1) - i;
+}
+
+// One pass: crop (with implicit zero or reflect padding) + flip + normalise
+// (table) + HWC -> CHW. kC > 0 fixes the channel count at compile time so
+// the channel loop unrolls; kC == 0 reads it from c. The columns that read
+// the image row itself go through the vector path; with reflect padding the
+// few mirrored border columns are read one by one.
 template <int kC>
-void Gather(const uint8_t* src, int h, int w, int c, int pad, const AugmentParams& p, int out_h,
-            int out_w, const float* lut, int lut_stride, const float* mean, const float* std,
-            float* out) {
+void Gather(const uint8_t* src, int h, int w, int c, int pad, bool reflect, const AugmentParams& p,
+            int out_h, int out_w, const float* lut, int lut_stride, const float* mean,
+            const float* std, float* out) {
   [[maybe_unused]] const bool avx2 = cpu::MaxIsa() >= cpu::Isa::kAvx2;
   const int C = kC > 0 ? kC : c;
   const int64_t plane = int64_t{out_h} * out_w;
@@ -118,28 +130,39 @@ void Gather(const uint8_t* src, int h, int w, int c, int pad, const AugmentParam
   float* o[4];
   const float* l[4];
   for (int ch = 0; ch < C; ++ch) l[ch] = lut + ch * lut_stride;
+  // Reflect-padding columns [from, to) of a source row, one by one.
+  auto mirrored = [&](const uint8_t* row, int from, int to) {
+    for (int x = from; x < to; ++x) {
+      const int sx = SourceIndex(p.flip ? first - x : first + x, w, pad, true);
+      for (int ch = 0; ch < C; ++ch) o[ch][x] = sx < 0 ? l[ch][0] : l[ch][row[sx * C + ch]];
+    }
+  };
   for (int y = 0; y < out_h; ++y) {
-    const int sy = p.top + y - pad;
-    const bool inside = sy >= 0 && sy < h && x0 < x1;
-    for (int ch = 0; ch < C; ++ch) {
-      o[ch] = out + ch * plane + int64_t{y} * out_w;
-      const float zero = l[ch][0];
-      if (!inside) {
-        std::fill(o[ch], o[ch] + out_w, zero);
-      } else {
-        std::fill(o[ch], o[ch] + x0, zero);
-        std::fill(o[ch] + x1, o[ch] + out_w, zero);
+    const int sy = SourceIndex(p.top + y - pad, h, pad, reflect);
+    for (int ch = 0; ch < C; ++ch) o[ch] = out + ch * plane + int64_t{y} * out_w;
+    if (sy < 0) {
+      for (int ch = 0; ch < C; ++ch) std::fill(o[ch], o[ch] + out_w, l[ch][0]);
+      continue;
+    }
+    const uint8_t* row = src + int64_t{sy} * w * C;
+    if (reflect) {
+      mirrored(row, 0, x0);
+      mirrored(row, x1, out_w);
+    } else {
+      for (int ch = 0; ch < C; ++ch) {
+        std::fill(o[ch], o[ch] + x0, l[ch][0]);
+        std::fill(o[ch] + x1, o[ch] + out_w, l[ch][0]);
       }
     }
-    if (!inside) continue;
+    if (x0 == x1) continue;
     const int sx0 = p.flip ? first - x0 : first + x0;
-    const uint8_t* px = src + (int64_t{sy} * w + sx0) * C;
+    const uint8_t* px = row + int64_t{sx0} * C;
     int x = x0;
     if constexpr (kC == 1 || kC == 3) {
       if (avx2) {
-        float* row[kC];
-        for (int ch = 0; ch < kC; ++ch) row[ch] = o[ch] + x0;
-        const int done = GatherRunAvx2<kC>(px, x1 - x0, p.flip, row, mean, std);
+        float* run[kC];
+        for (int ch = 0; ch < kC; ++ch) run[ch] = o[ch] + x0;
+        const int done = GatherRunAvx2<kC>(px, x1 - x0, p.flip, run, mean, std);
         x += done;
         px += step * done;
       }
@@ -150,6 +173,78 @@ void Gather(const uint8_t* src, int h, int w, int c, int pad, const AugmentParam
   }
 }
 
+// The region roi of an h x w x c image resized to `to` (cv::resize,
+// INTER_LINEAR) into dst.
+void Resize(const uint8_t* src, int h, int w, int c, const cv::Rect& roi, ImageSize to,
+            uint8_t* dst) {
+  const cv::Mat in(h, w, CV_8UC(c), const_cast<uint8_t*>(src));
+  cv::Mat out(to.h, to.w, CV_8UC(c), dst);
+  cv::resize(in(roi), out, cv::Size(to.w, to.h), 0, 0, cv::INTER_LINEAR);
+  CNNFLOW_ENFORCE(out.data == dst, "cv::resize reallocated its output");
+}
+
+// One try of torchvision's rectangle draw (RandomErasing.get_params,
+// RandomResizedCrop.get_params): a ~ U(scale) * area, log r ~ U(log ratio);
+// returns {sqrt(a r), sqrt(a / r)} rounded half to even, as Python's round().
+std::pair<int, int> DrawSides(double area, const std::array<double, 2>& scale,
+                              const std::array<double, 2>& ratio, uint64_t key, uint64_t counter) {
+  const double a = area * (scale[0] + (scale[1] - scale[0]) * UniformAt(key, counter));
+  const double log_lo = std::log(ratio[0]), log_hi = std::log(ratio[1]);
+  const double r = std::exp(log_lo + (log_hi - log_lo) * UniformAt(key, counter + 1));
+  return {static_cast<int>(std::nearbyint(std::sqrt(a * r))),
+          static_cast<int>(std::nearbyint(std::sqrt(a / r)))};
+}
+
+// Uniform in [0, n], as torch.randint(0, n + 1).
+int UniformUpTo(int n, uint64_t key, uint64_t counter) {
+  return std::min(n, static_cast<int>(UniformAt(key, counter) * (n + 1)));
+}
+
+// RandomErasing on the [out_h, out_w] output: up to 10 tries (h, w) =
+// DrawSides (ratio h / w); the first strictly inside is placed uniformly;
+// none: nothing is erased.
+void DrawErase(const AugmentOptions& o, uint64_t key, AugmentParams* p) {
+  const double area = static_cast<double>(o.out_h) * o.out_w;
+  for (uint64_t k = 0; k < 10; ++k) {
+    const uint64_t c = 4 + 4 * k;
+    const auto [h, w] = DrawSides(area, o.erase_scale, o.erase_ratio, key, c);
+    if (!(h < o.out_h && w < o.out_w)) continue;
+    p->erase_h = h;
+    p->erase_w = w;
+    p->erase_top = UniformUpTo(o.out_h - h, key, c + 2);
+    p->erase_left = UniformUpTo(o.out_w - w, key, c + 3);
+    return;
+  }
+}
+
+// RandomResizedCrop on an h x w image: up to 10 tries (w, h) = DrawSides
+// (ratio w / h); the first with 0 < h <= image h and 0 < w <= image w is
+// placed uniformly; none: the whole image, cut to the ratio's range,
+// centred (floor division, as torchvision).
+void DrawResizedCrop(int h, int w, const AugmentOptions& o, uint64_t key, AugmentParams* p) {
+  const double area = static_cast<double>(h) * w;
+  for (uint64_t k = 0; k < 10; ++k) {
+    const uint64_t c = 100 + 4 * k;
+    const auto [cw, ch] = DrawSides(area, o.crop_scale, o.crop_ratio, key, c);
+    if (!(cw > 0 && cw <= w && ch > 0 && ch <= h)) continue;
+    p->crop_h = ch;
+    p->crop_w = cw;
+    p->top = UniformUpTo(h - ch, key, c + 2);
+    p->left = UniformUpTo(w - cw, key, c + 3);
+    return;
+  }
+  const double in_ratio = static_cast<double>(w) / h;
+  p->crop_h = h;
+  p->crop_w = w;
+  if (in_ratio < o.crop_ratio[0]) {
+    p->crop_h = static_cast<int>(std::nearbyint(w / o.crop_ratio[0]));
+  } else if (in_ratio > o.crop_ratio[1]) {
+    p->crop_w = static_cast<int>(std::nearbyint(h * o.crop_ratio[1]));
+  }
+  p->top = (h - p->crop_h) / 2;
+  p->left = (w - p->crop_w) / 2;
+}
+
 }  // namespace
 
 AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uint64_t seed,
@@ -157,11 +252,36 @@ AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uin
   const uint64_t key = StreamKey(seed, static_cast<uint64_t>(epoch),
                                  static_cast<uint64_t>(sample_index), kAugmentStream);
   AugmentParams p;
-  p.top = CropOffset(h + 2 * options.pad, options.out_h, options.random_crop, key, 0);
-  p.left = CropOffset(w + 2 * options.pad, options.out_w, options.random_crop, key, 1);
-  p.flip = options.hflip && UniformAt(key, 2) < 0.5;
+  if (options.random_resized_crop) {
+    DrawResizedCrop(h, w, options, key, &p);
+  } else {
+    p.top = CropOffset(h + 2 * options.pad, options.out_h, options.random_crop, key, 0);
+    p.left = CropOffset(w + 2 * options.pad, options.out_w, options.random_crop, key, 1);
+  }
+  if (options.hflip && options.alternate_flip) {
+    // The epoch-0 draw, then flipped every odd epoch.
+    const uint64_t key0 = StreamKey(seed, 0, static_cast<uint64_t>(sample_index), kAugmentStream);
+    p.flip = (UniformAt(key0, 2) < 0.5) != ((epoch & 1) != 0);
+  } else {
+    p.flip = options.hflip && UniformAt(key, 2) < 0.5;
+  }
+  if (options.erase_p > 0 && UniformAt(key, 3) < options.erase_p) {
+    DrawErase(options, key, &p);
+  }
   return p;
 }
+
+namespace {
+
+// [lo, hi] with 0 < lo <= hi (and hi <= 1 for a fraction of an area).
+void CheckRange(const char* key, const std::array<double, 2>& v, bool fraction) {
+  if (!(v[0] > 0 && v[0] <= v[1] && std::isfinite(v[1]) && (!fraction || v[1] <= 1))) {
+    throw ConfigError(StrCat("augment: ", key, " must be [lo, hi] with 0 < lo <= hi",
+                             fraction ? " <= 1" : "", ", got [", v[0], ", ", v[1], "]"));
+  }
+}
+
+}  // namespace
 
 void UseSerialOpenCv() {
   // Debian's OpenCV runs cv::resize & co. on TBB. Called from our own TBB
@@ -187,6 +307,23 @@ Augmenter::Augmenter(AugmentOptions options) : options_(std::move(options)) {
   if (o.pad < 0 || o.resize_min_side < 0) {
     throw ConfigError(StrCat("augment: pad and resize must be >= 0, got pad ", o.pad, ", resize ",
                              o.resize_min_side));
+  }
+  if (o.pad_mode == PadMode::kReflect && o.resize_min_side > 0 && o.pad >= o.resize_min_side) {
+    throw ConfigError(StrCat("augment: pad_mode: reflect needs pad < the image's sides, but pad ",
+                             o.pad, " >= resize_min_side ", o.resize_min_side));
+  }
+  if (o.random_resized_crop && (o.pad != 0 || o.random_crop)) {
+    throw ConfigError(
+        StrCat("augment: random_resized_crop takes the place of pad and random_crop; "
+               "got pad ",
+               o.pad, (o.random_crop ? ", random_crop true" : "")));
+  }
+  CheckRange("crop_scale", o.crop_scale, true);
+  CheckRange("crop_ratio", o.crop_ratio, false);
+  CheckRange("erase_scale", o.erase_scale, true);
+  CheckRange("erase_ratio", o.erase_ratio, false);
+  if (!(o.erase_p >= 0 && o.erase_p <= 1)) {
+    throw ConfigError(StrCat("augment: erase (a probability) must be in [0, 1], got ", o.erase_p));
   }
   const size_t n = std::max<size_t>({o.mean.size(), o.std.size(), 1});
   if (n > kMaxChannels || (o.mean.size() > 1 && o.mean.size() != n) ||
@@ -227,33 +364,65 @@ void Augmenter::RunWithParams(const uint8_t* hwc, int h, int w, int c, const Aug
                   "]");
   CNNFLOW_ENFORCE(norm_channels_ == 1 || norm_channels_ == c, "augment: mean/std have ",
                   norm_channels_, " values but the image has ", c, " channels");
+  const AugmentOptions& o = options_;
   const uint8_t* src = hwc;
-  const ImageSize rs = ResizedSize(h, w, options_.resize_min_side);
-  // A per-call buffer, not a thread_local: OpenCV's resize runs TBB tasks,
+  ImageSize size = ResizedSize(h, w, o.resize_min_side);
+  // Per-call buffers, not thread_locals: OpenCV's resize runs TBB tasks,
   // and a waiting thread may pick up another sample's augmentation.
-  std::unique_ptr<uint8_t[]> resized;
-  if (rs.h != h || rs.w != w) {
-    resized.reset(new uint8_t[static_cast<size_t>(rs.h) * rs.w * c]);
-    const cv::Mat in(h, w, CV_8UC(c), const_cast<uint8_t*>(hwc));
-    cv::Mat out(rs.h, rs.w, CV_8UC(c), resized.get());
-    cv::resize(in, out, cv::Size(rs.w, rs.h), 0, 0, cv::INTER_LINEAR);
-    CNNFLOW_ENFORCE(out.data == resized.get(), "cv::resize reallocated its output");
+  std::unique_ptr<uint8_t[]> resized, cropped;
+  if (size.h != h || size.w != w) {
+    resized.reset(new uint8_t[static_cast<size_t>(size.h) * size.w * c]);
+    Resize(hwc, h, w, c, cv::Rect(0, 0, w, h), size, resized.get());
     src = resized.get();
   }
+  // The gather crops at (top, left) from src with pad; a random resized
+  // crop has already cut and resized its region to the output.
+  AugmentParams at = params;
+  int pad = o.pad;
+  if (params.crop_h > 0 && params.crop_w > 0) {
+    CNNFLOW_ENFORCE(params.top >= 0 && params.left >= 0 && params.top + params.crop_h <= size.h &&
+                        params.left + params.crop_w <= size.w,
+                    "augment: the resized crop leaves the ", size.h, "x", size.w, " image");
+    const ImageSize out{o.out_h, o.out_w};
+    cropped.reset(new uint8_t[static_cast<size_t>(out.h) * out.w * c]);
+    Resize(src, size.h, size.w, c, cv::Rect(params.left, params.top, params.crop_w, params.crop_h),
+           out, cropped.get());
+    src = cropped.get();
+    size = out;
+    at.top = at.left = 0;
+    pad = 0;
+  }
+  const bool reflect = o.pad_mode == PadMode::kReflect && pad > 0;
+  if (reflect && (pad >= size.h || pad >= size.w)) {
+    throw ConfigError(StrCat("augment: pad_mode: reflect needs pad < the image's sides, but pad ",
+                             pad, " on a ", size.h, "x", size.w, " image",
+                             size.h != h || size.w != w ? " (after resize_min_side)" : ""));
+  }
   const int lut_stride = norm_channels_ == 1 ? 0 : 256;
-  const AugmentOptions& o = options_;
   switch (c) {
     case 1:
-      Gather<1>(src, rs.h, rs.w, c, o.pad, params, o.out_h, o.out_w, lut_.data(), lut_stride,
+      Gather<1>(src, size.h, size.w, c, pad, reflect, at, o.out_h, o.out_w, lut_.data(), lut_stride,
                 mean_.data(), std_.data(), chw_out);
       break;
     case 3:
-      Gather<3>(src, rs.h, rs.w, c, o.pad, params, o.out_h, o.out_w, lut_.data(), lut_stride,
+      Gather<3>(src, size.h, size.w, c, pad, reflect, at, o.out_h, o.out_w, lut_.data(), lut_stride,
                 mean_.data(), std_.data(), chw_out);
       break;
     default:
-      Gather<0>(src, rs.h, rs.w, c, o.pad, params, o.out_h, o.out_w, lut_.data(), lut_stride,
+      Gather<0>(src, size.h, size.w, c, pad, reflect, at, o.out_h, o.out_w, lut_.data(), lut_stride,
                 mean_.data(), std_.data(), chw_out);
+  }
+  if (params.erase_h > 0 && params.erase_w > 0) {
+    CNNFLOW_ENFORCE(params.erase_top >= 0 && params.erase_left >= 0 &&
+                        params.erase_top + params.erase_h <= o.out_h &&
+                        params.erase_left + params.erase_w <= o.out_w,
+                    "augment: the erased rectangle leaves the ", o.out_h, "x", o.out_w, " output");
+    for (int ch = 0; ch < c; ++ch) {
+      for (int y = params.erase_top; y < params.erase_top + params.erase_h; ++y) {
+        float* row = chw_out + (int64_t{ch} * o.out_h + y) * o.out_w + params.erase_left;
+        std::fill(row, row + params.erase_w, 0.f);
+      }
+    }
   }
 }
 

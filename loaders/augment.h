@@ -1,8 +1,10 @@
 // Per-sample image augmentation for the loaders: HWC uint8 (as decoded) ->
-// CHW float, with resize, zero padding, random or centre crop, random
-// horizontal flip and per-channel mean/std normalisation, as torchvision's
-// Resize / RandomCrop(padding) / CenterCrop / RandomHorizontalFlip /
-// ToTensor / Normalize chain.
+// CHW float, with resize, zero or reflect padding, random or centre crop,
+// random (or alternating) horizontal flip, per-channel mean/std
+// normalisation and random erasing, as torchvision's Resize /
+// RandomCrop(padding, padding_mode) / CenterCrop / RandomHorizontalFlip /
+// ToTensor / Normalize / RandomErasing chain (the alternating flip is
+// airbench's).
 //
 // Reproducible whatever the thread count: every random choice is a pure
 // function of (seed, epoch, sample_index) through ops/random.h, never of a
@@ -15,23 +17,54 @@
 
 namespace cnnflow {
 
+// How padding is filled: zeros, or the image mirrored about its edge pixel
+// without repeating it (numpy.pad / torch.nn.functional.pad mode 'reflect':
+// row -1 is row 1, row h is row h - 2).
+enum class PadMode { kZero, kReflect };
+
 struct AugmentOptions {
   int out_h = 0;  // sample size written to chw_out: [C, out_h, out_w]
   int out_w = 0;
   // > 0: first resize (cv::resize, INTER_LINEAR) so min(h, w) == this; the
   // long side becomes floor(long * resize_min_side / short), as torchvision.
   int resize_min_side = 0;
-  // Zero padding on every side before cropping (CIFAR's RandomCrop(32,
-  // padding=4)). Padded pixels are 0 before normalisation.
+  // Padding on every side before cropping (CIFAR's RandomCrop(32,
+  // padding=4)). kZero: padded pixels are 0 before normalisation; kReflect:
+  // mirrored (needs pad < both sides of the (resized) image: ConfigError).
   int pad = 0;
+  PadMode pad_mode = PadMode::kZero;
   // Uniform random crop offset; else the centre crop (offset
   // round-half-even((size - out) / 2), as torchvision's CenterCrop). A crop
-  // larger than the (padded) image is centred and zero-filled.
+  // larger than the (padded) image is centred and zero-filled beyond the
+  // padding, whatever pad_mode.
   bool random_crop = false;
   bool hflip = false;  // flip the crop left-right with p = 0.5
+  // With hflip, airbench's alternating flip: a sample's flip in epoch 0 is
+  // drawn from (seed, sample_index) alone, and in epoch e it is that draw
+  // XOR (e odd), so each image is seen flipped in exactly one of any two
+  // consecutive epochs.
+  bool alternate_flip = false;
+  // torchvision's RandomResizedCrop in place of the crop above (pad and
+  // random_crop must be off): a region of area fraction ~U(crop_scale) and
+  // aspect ratio (w / h) log-uniform in crop_ratio, at a uniform position,
+  // of the (resized) image, resized to out_h x out_w (cv::resize,
+  // INTER_LINEAR); 10 tries for one that fits, else the centre crop clamped
+  // to crop_ratio.
+  bool random_resized_crop = false;
+  std::array<double, 2> crop_scale{0.08, 1.0};
+  std::array<double, 2> crop_ratio{3.0 / 4.0, 4.0 / 3.0};
   // Per channel on [0, 1] values: out = (v / 255 - mean[c]) / std[c]. Empty
   // = mean 0 / std 1; one value applies to every channel.
   std::vector<float> mean, std;
+  // RandomErasing (torchvision's, placed after Normalize): with probability
+  // erase_p, a rectangle of the output of area fraction ~U(erase_scale) and
+  // aspect ratio (h / w) log-uniform in erase_ratio, at a uniform position,
+  // is set to 0 in every channel; up to 10 tries for one that fits (h <
+  // out_h and w < out_w), else nothing is erased. 0 after the normalisation
+  // above (the image sources fuse the config's normalize transform into it).
+  double erase_p = 0;  // 0: off
+  std::array<double, 2> erase_scale{0.02, 0.33};
+  std::array<double, 2> erase_ratio{0.3, 3.3};
 };
 
 // The random choices for one sample, in the coordinates of the padded
@@ -41,6 +74,17 @@ struct AugmentParams {
   int top = 0;
   int left = 0;
   bool flip = false;
+  // > 0: a random resized crop: rows [top, top + crop_h), columns [left,
+  // left + crop_w) of the (resized, unpadded) image, resized to the output.
+  int crop_h = 0;
+  int crop_w = 0;
+  // The erased rectangle of the output: rows [erase_top, erase_top +
+  // erase_h), columns [erase_left, erase_left + erase_w); none when erase_h
+  // or erase_w is 0.
+  int erase_top = 0;
+  int erase_left = 0;
+  int erase_h = 0;
+  int erase_w = 0;
 };
 
 // Distinguishes the augmentation stream from others keyed by the same
@@ -56,7 +100,12 @@ ImageSize ResizedSize(int h, int w, int resize_min_side);
 
 // The crop / flip drawn for (seed, epoch, sample_index) on an image of h x w
 // (after resize, before padding). Stream: StreamKey(seed, epoch,
-// sample_index, kAugmentStream); counters 0 (top), 1 (left), 2 (flip).
+// sample_index, kAugmentStream); counters 0 (top), 1 (left), 2 (flip), 3
+// (whether to erase), 4 + 4 k .. 7 + 4 k (erase try k: area, log ratio,
+// top, left) and 100 + 4 k .. 103 + 4 k (random resized crop try k: the
+// same). An
+// alternating flip draws counter 2 of the epoch-0 stream, StreamKey(seed, 0,
+// sample_index, kAugmentStream), so epoch 0 flips as the random flip does.
 AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uint64_t seed,
                                 int64_t epoch, int64_t sample_index);
 
@@ -69,7 +118,8 @@ class Augmenter {
   const AugmentOptions& options() const { return options_; }
 
   // hwc: [h, w, c] uint8, c in 1..4 -> chw_out: [c, out_h, out_w] float.
-  // Throws cnnflow::Error if c does not match mean/std.
+  // Throws cnnflow::Error if c does not match mean/std, ConfigError if the
+  // (resized) image is too small for reflect padding.
   void Run(const uint8_t* hwc, int h, int w, int c, uint64_t seed, int64_t epoch,
            int64_t sample_index, float* chw_out) const;
   // The same with the random choices given (tests, replay).

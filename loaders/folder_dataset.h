@@ -22,7 +22,7 @@ namespace cnnflow {
 class FolderDataset : public ImageDataset {
  public:
   // Args of the `folder` source schema (path, shape, num_classes, pad,
-  // random_crop, hflip, resize_min_side). Scans the folder (Error naming
+  // pad_mode, random_crop, hflip, resize_min_side). Scans the folder (Error naming
   // the path if it is missing, empty or has an empty class); without
   // `shape` the first image's header gives [C, H, W].
   explicit FolderDataset(const Args& args);

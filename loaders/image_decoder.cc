@@ -3,9 +3,12 @@
 #include <png.h>
 
 #include <algorithm>
+#include <array>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <variant>
 
 #include "loaders/jpeg_decoder.h"
 #include "ops/error.h"
@@ -372,13 +375,72 @@ ImageResult DecodeImage(const uint8_t* data, size_t size, int out_channels,
   }
 }
 
+namespace {
+
+PadMode ParsePadMode(const std::string& s) {
+  if (s == "zero") return PadMode::kZero;
+  if (s == "reflect") return PadMode::kReflect;
+  throw ConfigError(StrCat("pad_mode: expected zero or reflect, got '", s, "'"));
+}
+
+// hflip: a config gives a string (the schema's choice: YAML's true and false
+// read as "true" and "false"); code may set a bool.
+void SetFlip(const Args& args, AugmentOptions* o) {
+  if (!args.Has("hflip")) throw Error("parameter 'hflip' is not set");
+  const ParamValue& v = args.values().at("hflip");
+  if (const bool* b = std::get_if<bool>(&v)) {
+    o->hflip = *b;
+    return;
+  }
+  const std::string* s = std::get_if<std::string>(&v);
+  if (s != nullptr && (*s == "false" || *s == "true" || *s == "alternate")) {
+    o->hflip = *s != "false";
+    o->alternate_flip = *s == "alternate";
+    return;
+  }
+  throw ConfigError(StrCat("hflip: expected true, false or alternate, got ",
+                           s != nullptr ? "'" + *s + "'" : ParamValueToString(v)));
+}
+
+// A [lo, hi] list key.
+std::array<double, 2> Pair(const Args& args, const std::string& key) {
+  const std::vector<double> v = args.Floats(key);
+  if (v.size() != 2) {
+    throw ConfigError(StrCat(key, ": expected [lo, hi], got ", v.size(), " values"));
+  }
+  return {v[0], v[1]};
+}
+
+}  // namespace
+
 Schema AddImageAugmentParams(Schema schema) {
-  schema.Optional("pad", ParamType::kInt, int64_t{0}, "zero padding before a random crop")
+  schema.Optional("pad", ParamType::kInt, int64_t{0}, "padding on every side before a random crop")
+      .Choice("pad_mode", {"zero", "reflect"}, "zero",
+              "how the padding is filled: zeros, or the image mirrored without repeating its "
+              "edge (numpy.pad 'reflect'; needs pad < the image's sides)")
       .Optional("random_crop", ParamType::kBool, false, "random crop (else centre crop)")
-      .Optional("hflip", ParamType::kBool, false, "random horizontal flip")
+      .Choice("hflip", {"false", "true", "alternate"}, "false",
+              "horizontal flip: true flips each sample with p = 0.5 drawn per epoch; alternate "
+              "draws it once per sample and flips it the other way every odd epoch (airbench)")
       .Optional("resize_min_side", ParamType::kInt, int64_t{0},
                 "resize so the shorter side is this before cropping (0: no resize; JPEGs are "
-                "first downscaled in the DCT domain as far as this allows)");
+                "first downscaled in the DCT domain as far as this allows)")
+      .Optional("random_resized_crop", ParamType::kBool, false,
+                "torchvision's RandomResizedCrop in place of pad and random_crop: a random region "
+                "(crop_scale, crop_ratio) resized to the sample's size")
+      .Optional("crop_scale", ParamType::kFloatList, std::vector<double>{0.08, 1.0},
+                "random_resized_crop: [lo, hi] of the region's fraction of the image's area")
+      .Optional("crop_ratio", ParamType::kFloatList, std::vector<double>{3.0 / 4.0, 4.0 / 3.0},
+                "random_resized_crop: [lo, hi] of the region's aspect ratio (w / h), drawn "
+                "log-uniform")
+      .Optional("erase", ParamType::kFloat, 0.0,
+                "RandomErasing's probability (torchvision's, after normalisation: a rectangle "
+                "set to 0; 0: off)")
+      .Optional("erase_scale", ParamType::kFloatList, std::vector<double>{0.02, 0.33},
+                "RandomErasing: [lo, hi] of the erased area's fraction of the sample")
+      .Optional("erase_ratio", ParamType::kFloatList, std::vector<double>{0.3, 3.3},
+                "RandomErasing: [lo, hi] of the erased rectangle's aspect ratio (h / w), drawn "
+                "log-uniform");
   return schema;
 }
 
@@ -394,8 +456,15 @@ ImageSampleDecoder::ImageSampleDecoder(const Shape& shape, const Args& args) {
   o.resize_min_side = resize_min_side_;
   eval_options_ = o;  // centre crop, no flip, no padding
   o.pad = static_cast<int>(args.Int("pad"));
+  o.pad_mode = ParsePadMode(args.String("pad_mode"));
   o.random_crop = args.Bool("random_crop");
-  o.hflip = args.Bool("hflip");
+  SetFlip(args, &o);
+  o.random_resized_crop = args.Bool("random_resized_crop");
+  o.crop_scale = Pair(args, "crop_scale");
+  o.crop_ratio = Pair(args, "crop_ratio");
+  o.erase_p = args.Float("erase");
+  o.erase_scale = Pair(args, "erase_scale");
+  o.erase_ratio = Pair(args, "erase_ratio");
   train_options_ = o;
   eval_ = std::make_unique<Augmenter>(eval_options_);
   train_ = std::make_unique<Augmenter>(train_options_);

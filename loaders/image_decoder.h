@@ -76,7 +76,11 @@ ImageResult DecodeImage(const uint8_t* data, size_t size, int out_channels,
 void ConvertImageChannels(uint8_t* buf, size_t pixels, int from, int to);
 
 // Adds the augmentation parameters every image source takes (pad,
-// random_crop, hflip, resize_min_side) to a source's schema.
+// pad_mode, random_crop, hflip, resize_min_side, random_resized_crop,
+// crop_scale, crop_ratio, erase, erase_scale, erase_ratio) to a source's
+// schema. hflip
+// is a choice of "false", "true" (YAML's bools) or "alternate"; code may also
+// set it as a bool.
 Schema AddImageAugmentParams(Schema schema);
 
 // Decode + augment for an image source: [C, H, W] samples from encoded

@@ -22,7 +22,7 @@ namespace cnnflow {
 class LmdbDataset : public Dataset {
  public:
   // Args of the `lmdb` source schema (path, shape, num_classes, pad,
-  // random_crop, hflip, resize_min_side, fit, standardize). Series mode when
+  // pad_mode, random_crop, hflip, resize_min_side, fit, standardize). Series mode when
   // `shape` is [C, L] or, without shape, the first record is [C, L] (then L
   // = the longest record's). Throws Error naming the path.
   explicit LmdbDataset(const Args& args);

@@ -255,7 +255,13 @@ ParamValue YamlDoc::Value(const YAML::Node& node, const ParamSpec& spec,
       return b;
     case ParamType::kString: {
       if (!node.IsScalar()) wrong();
-      const std::string s = node.Scalar();
+      std::string s = node.Scalar();
+      // A choice that offers true and false (hflip: true | false | alternate)
+      // takes YAML's other spellings of them (yes, True, ...) as a bool does.
+      auto offers = [&](const char* c) {
+        return std::find(spec.choices.begin(), spec.choices.end(), c) != spec.choices.end();
+      };
+      if (IsBool(node, &b) && offers("true") && offers("false")) s = b ? "true" : "false";
       if (!spec.choices.empty() &&
           std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
         Fail(node, ctx, UnknownNameMessage("value", s, spec.choices));

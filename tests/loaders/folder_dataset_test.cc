@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,7 +42,8 @@ void WriteFile(const std::string& path, const std::string& bytes) {
 
 std::shared_ptr<Dataset> Open(const std::string& source, const std::string& path,
                               const std::vector<int64_t>& shape, bool augment,
-                              int resize_min_side = 0) {
+                              int resize_min_side = 0,
+                              const std::map<std::string, ParamValue>& extra = {}) {
   const SourceType* type = SourceRegistry::Get().Find(source);
   EXPECT_NE(type, nullptr) << source;
   Args a;
@@ -53,6 +55,7 @@ std::shared_ptr<Dataset> Open(const std::string& source, const std::string& path
     a.Set("hflip", true);
   }
   a.Set("resize_min_side", int64_t{resize_min_side});
+  for (const auto& [k, v] : extra) a.Set(k, v);
   a.FillDefaults(type->schema);
   return type->open(a);
 }
@@ -165,27 +168,38 @@ TEST_F(FolderDatasetTest, BadFilesAreErrorsNamingThePath) {
   EXPECT_TRUE(ds->Read(4, {1, 0, true}, x.data()).ok());  // and good files still read
 }
 
+// Also with airbench's augmentation (reflect padding, alternating flip),
+// over two epochs.
 TEST_F(FolderDatasetTest, ManyThreadsReadTheSameSamplesAsOne) {
-  auto ds = Open("folder", root_, {3, 8, 8}, true, 9);
-  const size_t n = 3 * 8 * 8;
-  std::vector<std::vector<float>> serial(ds->size(), std::vector<float>(n));
-  for (int64_t i = 0; i < ds->size(); ++i)
-    ASSERT_TRUE(ds->Read(i, {2, 1, true}, serial[i].data()).ok());
-  std::vector<int> mismatches(4, 0);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      std::vector<float> x(n);
-      for (int rep = 0; rep < 10; ++rep) {
-        for (int64_t i = (t + rep) % ds->size(), k = 0; k < ds->size();
-             ++k, i = (i + 1) % ds->size()) {
-          if (!ds->Read(i, {2, 1, true}, x.data()).ok() || x != serial[i]) ++mismatches[t];
-        }
+  const std::map<std::string, ParamValue> airbench = {{"pad_mode", std::string("reflect")},
+                                                      {"hflip", std::string("alternate")}};
+  for (const bool alternate : {false, true}) {
+    auto ds = Open("folder", root_, {3, 8, 8}, true, 9,
+                   alternate ? airbench : std::map<std::string, ParamValue>{});
+    const size_t n = 3 * 8 * 8;
+    for (const int64_t epoch : {1, 2}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (alternate ? "airbench" : "default") << ", epoch " << epoch);
+      const ReadContext ctx{2, epoch, true};
+      std::vector<std::vector<float>> serial(ds->size(), std::vector<float>(n));
+      for (int64_t i = 0; i < ds->size(); ++i) ASSERT_TRUE(ds->Read(i, ctx, serial[i].data()).ok());
+      std::vector<int> mismatches(4, 0);
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 4; ++t) {
+        threads.emplace_back([&, t] {
+          std::vector<float> x(n);
+          for (int rep = 0; rep < 10; ++rep) {
+            for (int64_t i = (t + rep) % ds->size(), k = 0; k < ds->size();
+                 ++k, i = (i + 1) % ds->size()) {
+              if (!ds->Read(i, ctx, x.data()).ok() || x != serial[i]) ++mismatches[t];
+            }
+          }
+        });
       }
-    });
+      for (auto& th : threads) th.join();
+      EXPECT_EQ(mismatches, std::vector<int>(4, 0));
+    }
   }
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
 TEST_F(FolderDatasetTest, BadConfigurationsThrow) {

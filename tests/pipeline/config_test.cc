@@ -4,6 +4,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "ops/model.h"
 #include "pipeline/run_config.h"
@@ -72,6 +75,25 @@ TEST_F(ConfigTest, GoodConfigLoadsWithDefaults) {
   EXPECT_EQ(c.train_graph.Find("devices")->stage, "forward_backward");
   // $train.batch in the template resolved from this config.
   EXPECT_EQ(c.train_graph.Find("sample")->args.Int("batch"), 8);
+}
+
+// A choice offering true and false (an image source's hflip) reads YAML's
+// bools as a bool key does, whatever the spelling; other values are checked.
+TEST_F(ConfigTest, ChoiceWithTrueAndFalseTakesYamlBools) {
+  const std::string good = Replace(kGood, "{source: idx, images: a.gz, labels: b.gz}",
+                                   "{source: cifar, path: c.bin, hflip: HFLIP}");
+  for (const auto& [given, want] :
+       std::vector<std::pair<std::string, std::string>>{{"true", "true"},
+                                                        {"yes", "true"},
+                                                        {"True", "true"},
+                                                        {"no", "false"},
+                                                        {"False", "false"},
+                                                        {"alternate", "alternate"}}) {
+    const RunConfig c = LoadRunConfig(Write(Replace(good, "HFLIP", given)));
+    EXPECT_EQ(c.data.at("train").args.String("hflip"), want) << given;
+  }
+  testing::ExpectContains(ErrorOf(Replace(good, "HFLIP", "sometimes")),
+                          {"key 'hflip': unknown value 'sometimes'", "false, true, alternate"});
 }
 
 // train.init is checked like every section: known keys, a weights file.
