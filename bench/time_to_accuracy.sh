@@ -40,7 +40,8 @@
 # emulates bf16 (slower than fp32), no fair peer, and the script refuses.
 # The torch 2.x venv (default .venv-torch) is made by bench/torch_venv.sh
 # --install when missing (never when $CI is set; --no-install: fail instead).
-# One fp32 pair takes about an hour on 2 cores.
+# One fp32 pair takes about an hour on 2 idle cores (the load average is
+# printed at the start and after each pair: a busy machine skews the walls).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -58,7 +59,7 @@ VENV="$ROOT/.venv-torch"
 INSTALL=1
 LOGS=""
 
-usage() { sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "time_to_accuracy.sh: $*" >&2; exit 1; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -97,7 +98,8 @@ for f in avx2 avx512f avx512_bf16 amx_bf16; do
   if [[ "$FLAGS" == *" $f "* ]]; then ISA="${ISA:+$ISA+}$f"; fi
 done
 ISA="${ISA:-none}"
-echo "cpu: $CPU, $(nproc) cores; isa: $ISA; threads $THREADS, $PRECISION, seeds $SEEDS"
+load() { cut -d" " -f1 /proc/loadavg; }  # other processes on the cores skew every wall time
+echo "cpu: $CPU, $(nproc) cores; isa: $ISA; threads $THREADS, $PRECISION, seeds $SEEDS; load average $(load)"
 if [[ "$PRECISION" == bf16 && "$FLAGS" != *" avx512_bf16 "* && "$FLAGS" != *" amx_bf16 "* ]]; then
   die "bf16 needs avx512_bf16 or amx_bf16, which this CPU ($ISA) lacks: PyTorch would emulate bf16 (slower than fp32), no fair peer. Run fp32 here, bf16 where the CPU has it."
 fi
@@ -196,7 +198,7 @@ for seed in $SEEDS; do
   if [[ -n "$c" && -n "$t" ]]; then
     line+="  pytorch/cnnflow wall $(awk -v a="${c##* }" -v b="${t##* }" 'BEGIN { printf "%.2f", b / a }')"
   fi
-  echo "$line"
+  echo "$line  (load average $(load))"
 done
 
 # Per side: runs, mean and min accuracy (without, with TTA), mean wall; the
