@@ -109,8 +109,10 @@ void FuzzImage(const uint8_t* data, size_t size) {
     Args args;
     args.Set("pad", int64_t{2});
     args.Set("random_crop", true);
-    args.Set("hflip", true);
+    args.Set("hflip", std::string("alternate"));
+    args.Set("pad_mode", std::string("reflect"));
     args.Set("resize_min_side", int64_t{20});
+    args.FillDefaults(AddImageAugmentParams(Schema("fuzz")));
     return new ImageSampleDecoder(Shape{3, 16, 16}, args);
   }();
   std::vector<float> sample(3 * 16 * 16);

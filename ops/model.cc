@@ -52,8 +52,15 @@ Tensor& LayerTensor(Layer& layer, const std::string& local, const char* what) {
 
 // nn.init.dirac_(w, groups): w [K, C/groups, k...] passes input channel d of
 // each group to output channel d of that group, at the kernel's centre.
-void DiracInit(Tensor& w, int64_t groups) {
-  w.Zero();
+// first_only: nn.init.dirac_(w[:C]) (airbench's): only the first C filters
+// are set, the others keep their init.
+void DiracInit(Tensor& w, int64_t groups, bool first_only = false) {
+  if (first_only) {
+    const int64_t per_filter = w.numel() / w.dim(0);
+    for (int64_t i = 0; i < std::min(w.dim(0), w.dim(1)) * per_filter; ++i) w.Set(i, 0.0);
+  } else {
+    w.Zero();
+  }
   const int64_t out_per_group = w.dim(0) / groups, in_per_group = w.dim(1);
   const int64_t taps = w.numel() / (w.dim(0) * w.dim(1));
   int64_t centre = 0;  // the flat index of the centre tap
@@ -77,6 +84,13 @@ void ApplyTensorSpecs(const LayerSpec& spec, Layer& layer, int64_t in_channels, 
       CNNFLOW_ENFORCE(t.rank() >= 3 && in_channels % t.dim(1) == 0, "layer '", layer.name(),
                       "': dirac init needs a conv weight [K, C/groups, k...], got ", t.shape());
       DiracInit(t, in_channels / t.dim(1));
+    } else if (scheme == "dirac_first") {
+      CNNFLOW_ENFORCE(t.rank() >= 3 && in_channels == t.dim(1), "layer '", layer.name(),
+                      "': dirac_first init needs an ungrouped conv weight [K, C, k...], got ",
+                      t.shape());
+      DiracInit(t, 1, /*first_only=*/true);
+    } else if (scheme == "whiten") {
+      // From the training data, once it is open (the trainer's InitFromData).
     } else if (scheme == "kaiming_normal_fan_out") {  // torchvision's convs: fan_out, ReLU gain
       const double fan_out = static_cast<double>(t.numel() / (t.rank() > 1 ? t.dim(1) : 1));
       for (int64_t i = 0; i < t.numel(); ++i) t.Set(i, rng.Normal(0, std::sqrt(2.0 / fan_out)));

@@ -32,8 +32,8 @@ const std::set<std::string>& BlockUseKeys() {
   return k;
 }
 const std::vector<std::string>& InitSchemes() {
-  static const std::vector<std::string> s = {"default", "zeros", "ones", "dirac",
-                                             "kaiming_normal_fan_out"};
+  static const std::vector<std::string> s = {
+      "default", "zeros", "ones", "dirac", "kaiming_normal_fan_out", "whiten", "dirac_first"};
   return s;
 }
 

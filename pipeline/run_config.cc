@@ -46,6 +46,8 @@ const Schema& TrainSchema() {
                     "and weight decay")
           .Optional("schedule", ParamType::kTree, std::string("{}"), "learning-rate schedule")
           .Optional("eval_batch", ParamType::kInt, int64_t{1000}, "batch size for evaluation")
+          .Optional("eval_every", ParamType::kInt, int64_t{1},
+                    "evaluate after every this many epochs (and after the last)")
           .Choice("tta", {"none", "flip", "flip_translate"}, "none",
                   "test-time augmentation in evaluation (the templates' eval_step): logits "
                   "averaged over the image and its mirror, and with flip_translate their "
@@ -227,6 +229,8 @@ const Schema& ParamGroupSchema() {
           .Optional("layers", ParamType::kStringList, std::vector<std::string>{},
                     "layer types (batchnorm, layernorm, ...) whose tensors it picks; none: any")
           .Optional("lr_scale", ParamType::kFloat, 1.0, "the learning rate times this")
+          .Optional("until_epoch", ParamType::kFloat, 0.0,
+                    "> 0: its tensors train until this epoch (fractions allowed), then hold")
           .Optional("weight_decay", ParamType::kFloat, -1.0,
                     "its weight decay (-1, unset: the optimizer's)");
   return s;
@@ -246,6 +250,7 @@ void ReadParamGroups(const YamlDoc& doc, const YAML::Node& node, RunConfig& c) {
     g.params = a.Strings("params");
     g.layer_types = a.Strings("layers");
     g.lr_scale = a.Float("lr_scale");
+    g.until_epoch = a.Float("until_epoch");
     if (node[i]["weight_decay"]) g.weight_decay = a.Float("weight_decay");
     g.where = StrCat(doc.Where(node[i]), ": ", key);
     if (g.params.empty() && g.layer_types.empty()) {
@@ -435,6 +440,8 @@ Args ReadTrain(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   c.epochs = t.Float("epochs");
   c.batch = t.Int("batch");
   c.eval_batch = t.Int("eval_batch");
+  c.eval_every = t.Int("eval_every");
+  if (c.eval_every < 1) doc.Fail(train["eval_every"], "train.eval_every", "must be >= 1");
   c.max_steps = t.Int("max_steps");
   c.eval_max_steps = t.Int("eval_max_steps");
   c.accumulate = t.Int("accumulate");

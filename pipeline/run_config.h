@@ -42,6 +42,7 @@ struct RunConfig {
   double epochs = 1;   // a fraction trains the first part of the last epoch
   int64_t batch = 64;  // per replica
   int64_t eval_batch = 1000;
+  int64_t eval_every = 1;        // epochs between evaluations (the last epoch always)
   int64_t max_steps = 0;         // per training pass; 0: whole epochs
   int64_t eval_max_steps = 0;    // per evaluation pass; 0: the whole test set
   int64_t accumulate = 1;        // batches per optimizer step

@@ -140,7 +140,8 @@ std::string DescribeParamGroups(const RunConfig& config, Model& m) {
     const bool rest = g == groups.size();
     os << "  " << (rest ? std::string("the rest") : StrCat("group ", g)) << ": " << picked[g].size()
        << " tensors, lr x" << (rest ? 1.0 : groups[g].lr_scale) << ", weight decay "
-       << (!rest && groups[g].weight_decay ? *groups[g].weight_decay : wd);
+       << (!rest && groups[g].weight_decay ? *groups[g].weight_decay : wd)
+       << (!rest && groups[g].until_step > 0 ? StrCat(", until step ", groups[g].until_step) : "");
     for (size_t i = 0; i < picked[g].size() && i < 4; ++i) os << (i ? ", " : " (") << picked[g][i];
     if (!picked[g].empty()) os << (picked[g].size() > 4 ? ", ...)" : ")");
     os << "\n";

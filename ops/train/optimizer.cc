@@ -111,6 +111,9 @@ void CheckParamGroups(const std::vector<ParamGroup>& groups,
     if (!(g.lr_scale >= 0 && std::isfinite(g.lr_scale))) {
       throw ConfigError(StrCat(g.where, ": lr_scale must be >= 0, got ", g.lr_scale));
     }
+    if (!(g.until_epoch >= 0 && g.until_step >= 0)) {
+      throw ConfigError(StrCat(g.where, ": until_epoch must be >= 0, got ", g.until_epoch));
+    }
     if (g.weight_decay && !(*g.weight_decay >= 0 && std::isfinite(*g.weight_decay))) {
       throw ConfigError(StrCat(g.where, ": weight_decay must be >= 0, got ", *g.weight_decay));
     }
@@ -134,12 +137,14 @@ size_t Optimizer::GroupMember(int g) const {
 void Optimizer::AssignGroups(const std::vector<ParamGroup>& groups) {
   group_.assign(params_.size(), -1);
   lr_scale_.assign(params_.size(), 1.0);
+  until_step_.assign(params_.size(), 0);
   weight_decay_.assign(params_.size(), std::numeric_limits<double>::quiet_NaN());
   for (size_t i = 0; i < params_.size(); ++i) {
     for (size_t g = 0; g < groups.size(); ++g) {
       if (!groups[g].Picks(params_[i])) continue;
       group_[i] = static_cast<int>(g);
       lr_scale_[i] = groups[g].lr_scale;
+      until_step_[i] = groups[g].until_step;
       if (groups[g].weight_decay) weight_decay_[i] = *groups[g].weight_decay;
       break;
     }

@@ -45,7 +45,11 @@ struct ParamGroup {
   std::vector<std::string> layer_types;
   double lr_scale = 1;                 // the schedule's lr times this
   std::optional<double> weight_decay;  // unset: the optimizer's
-  std::string where;                   // names the group in errors
+  // > 0: the tensors train in the first until_step optimizer steps only,
+  // then hold (the trainer sets it from the config's until_epoch).
+  double until_epoch = 0;
+  int64_t until_step = 0;
+  std::string where;  // names the group in errors
   bool Picks(const NamedParameter& p) const;
 };
 
@@ -93,7 +97,11 @@ class Optimizer {
   void AssignGroups(const std::vector<ParamGroup>& groups);
   // Parameter i's learning-rate scale, and its weight decay (`base`: the
   // optimizer's, unless its group sets one).
-  double lr_scale(size_t i) const { return lr_scale_[i]; }
+  // (0 past its group's until_step: lr_scale counts steps done, this one
+  // included).
+  double lr_scale(size_t i) const {
+    return until_step_[i] > 0 && step_count_ > until_step_[i] ? 0.0 : lr_scale_[i];
+  }
   double weight_decay(size_t i, double base) const {
     return std::isnan(weight_decay_[i]) ? base : weight_decay_[i];
   }
@@ -118,6 +126,7 @@ class Optimizer {
  private:
   std::vector<int> group_;
   std::vector<double> lr_scale_;
+  std::vector<int64_t> until_step_;   // 0: always
   std::vector<double> weight_decay_;  // NaN: the optimizer's
 };
 

@@ -108,12 +108,12 @@ TEST_F(ConfigTest, TrainInitNeedsWeightsAndKnownKeys) {
 }
 
 TEST_F(ConfigTest, MisspeltKeySuggestsTheKnownOne) {
-  EXPECT_EQ(
-      ErrorOf(Replace(kGood, "  epochs: 1", "  epohcs: 1")),
-      ":12:3: train: unknown key 'epohcs' (did you mean 'epochs'?); known: epochs, batch, "
-      "optimizer, param_groups, schedule, eval_batch, tta, max_steps, eval_max_steps, accumulate, "
-      "checkpoint_every, "
-      "keep_checkpoints, log_every, init");
+  EXPECT_EQ(ErrorOf(Replace(kGood, "  epochs: 1", "  epohcs: 1")),
+            ":12:3: train: unknown key 'epohcs' (did you mean 'epochs'?); known: epochs, batch, "
+            "optimizer, param_groups, schedule, eval_batch, eval_every, tta, max_steps, "
+            "eval_max_steps, accumulate, "
+            "checkpoint_every, "
+            "keep_checkpoints, log_every, init");
 }
 
 TEST_F(ConfigTest, NegativeLogEveryIsAnError) {

@@ -291,5 +291,35 @@ TEST(LayerTensorSpecs, FrozenTensorsAreNotUpdatedAndNamedInitsApply) {
   EXPECT_EQ(model->layer(1).parameters()[0].value.At(0), 0.0);
 }
 
+// dirac_first (nn.init.dirac_(w[:C])): the first C filters pass channel d
+// through at the centre; the later ones keep the default init, bitwise.
+TEST(LayerTensorSpecs, DiracFirstSetsTheFirstFiltersOnly) {
+  const char* text = R"yaml(model:
+  input: [2, 5, 5]
+  layers:
+    - {name: conv, conv2d: {out: 5, kernel: 3, pad: 1, bias: false}INIT}
+)yaml";
+  auto build = [&](const std::string& init) {
+    std::string t = text;
+    t.replace(t.find("INIT"), 4, init);
+    const ExpandedModel m = Expand(t);
+    return Model::Build(m.layers, m.input_shape, DType::kF32, 7);
+  };
+  auto plain = build("");
+  auto first = build(", init: {weight: dirac_first}");
+  const Tensor& p = plain->layer(0).parameters()[0].value;  // [5, 2, 3, 3]
+  const Tensor& w = first->layer(0).parameters()[0].value;
+  for (int64_t k = 0; k < 5; ++k)
+    for (int64_t c = 0; c < 2; ++c)
+      for (int64_t t = 0; t < 9; ++t) {
+        const int64_t i = (k * 2 + c) * 9 + t;
+        if (k < 2) {
+          EXPECT_EQ(w.At(i), k == c && t == 4 ? 1.0 : 0.0) << k << " " << c << " " << t;
+        } else {
+          EXPECT_EQ(w.At(i), p.At(i)) << "filter " << k << " keeps its init";
+        }
+      }
+}
+
 }  // namespace
 }  // namespace cnnflow

@@ -174,6 +174,20 @@ TEST(Training, PiecewiseScheduleMilestonesAreEpochs) {
       {"fashion_mnist.yaml: train.schedule: decay: piecewise needs as many milestones as factors"});
 }
 
+// The rows of a run's metrics.csv (its header left out), split at commas.
+std::vector<std::vector<std::string>> MetricsRows(const fs::path& dir) {
+  std::ifstream csv(dir / "metrics.csv");
+  std::string row;
+  std::getline(csv, row);
+  std::vector<std::vector<std::string>> rows;
+  while (std::getline(csv, row)) {
+    std::stringstream fields(row);
+    rows.emplace_back();
+    for (std::string x; std::getline(fields, x, ',');) rows.back().push_back(x);
+  }
+  return rows;
+}
+
 // A run without a test set says so: its metrics rows leave the test
 // columns empty, not a loss and an accuracy of 0.
 TEST(Training, ARunWithoutATestSetLeavesTheTestColumnsEmpty) {
@@ -183,21 +197,14 @@ TEST(Training, ARunWithoutATestSetLeavesTheTestColumnsEmpty) {
   const fs::path dir = testing::TestDir();
   const EpochReport r = trainer.Train(dir.string());
   EXPECT_EQ(r.test.samples, 0);
-  std::ifstream csv(dir / "metrics.csv");
-  std::string header, row;
-  std::getline(csv, header);
-  int rows = 0;
-  while (std::getline(csv, row)) {
-    ++rows;
-    std::vector<std::string> f;
-    std::stringstream fields(row);
-    for (std::string x; std::getline(fields, x, ',');) f.push_back(x);
-    ASSERT_GE(f.size(), 5u) << row;
-    EXPECT_EQ(f[3], "") << row;
-    EXPECT_EQ(f[4], "") << row;
-    EXPECT_NE(f[2], "") << row;
+  const std::vector<std::vector<std::string>> rows = MetricsRows(dir);
+  for (const auto& f : rows) {
+    ASSERT_GE(f.size(), 5u);
+    EXPECT_EQ(f[3], "");
+    EXPECT_EQ(f[4], "");
+    EXPECT_NE(f[2], "");
   }
-  EXPECT_GE(rows, 1);
+  EXPECT_GE(rows.size(), 1u);
   fs::remove_all(dir);
 }
 
@@ -317,6 +324,88 @@ TEST(Training, AParamGroupWithLrScaleZeroHoldsItsTensors) {
       }
     }
   }
+  fs::remove_all(dir);
+}
+
+// init: {weight: whiten} on the first conv: 18 filters for its 3x3 patches
+// of one channel, the last 9 the first 9 negated, none left at the default
+// init; a conv that does not read the image, or another filter count, is
+// an error naming the layer.
+TEST(Training, AWhiteningInitFillsTheFirstConvFromTheTrainingPatches) {
+  const std::vector<std::string> sets = {"threads=2", "model.layers.0.conv2d.out=18",
+                                         "model.layers.0.init={weight: whiten}"};
+  Trainer t(LoadRunConfig("configs/fashion_mnist.yaml", sets));
+  const Tensor& w = t.model().FindLayer("conv1")->parameters()[0].value;
+  ASSERT_EQ(w.shape(), (Shape{18, 1, 3, 3}));
+  for (int64_t f = 0; f < 9; ++f) {
+    double norm = 0;
+    for (int64_t k = 0; k < 9; ++k) {
+      EXPECT_EQ(w.At((9 + f) * 9 + k), -w.At(f * 9 + k));
+      norm += w.At(f * 9 + k) * w.At(f * 9 + k);
+    }
+    // A unit eigenvector over sqrt(lambda + eps): the norm grows as lambda falls.
+    EXPECT_GT(norm, 0.1) << "filter " << f;
+  }
+  testing::ExpectContains(
+      testing::ErrorOf<ConfigError>([] {
+        Trainer bad(LoadRunConfig("configs/fashion_mnist.yaml",
+                                  {"threads=2", "model.layers.0.init={weight: whiten}"}));
+      }),
+      {"fashion_mnist.yaml: layer 'conv1' init whiten: a 3x3 conv over 1 channels whitens 9 patch "
+       "values: it needs 9 or 18 output channels",
+       "not 32"});
+  testing::ExpectContains(
+      testing::ErrorOf<ConfigError>([] {
+        Trainer bad(LoadRunConfig("configs/fashion_mnist.yaml",
+                                  {"threads=2", "model.layers.3.init={weight: whiten}"}));
+      }),
+      {"layer 'conv2' init whiten: needs the weight of a conv2d that reads the model's image"});
+}
+
+// A group with until_epoch trains its tensors for the first steps only:
+// fc2 moves in epoch 1 and holds in epoch 2, while the rest go on.
+TEST(Training, AParamGroupUntilAnEpochHoldsItsTensorsAfterIt) {
+  Trainer t(LoadRunConfig("configs/fashion_mnist.yaml",
+                          {"train.epochs=2", "train.max_steps=4", "train.eval_max_steps=1",
+                           "threads=2", "train.param_groups=[{params: [fc2.*], until_epoch: 1}]"}));
+  const fs::path dir = testing::TestDir();
+  auto snapshot = [&t] {
+    std::map<std::string, Tensor> s;
+    for (auto& [name, value] : t.model().StateTensors()) s[name] = value.Clone();
+    return s;
+  };
+  auto start = snapshot();
+  t.RunPass(t.config().train_graph, "train", 0);
+  auto after_one = snapshot();
+  t.RunPass(t.config().train_graph, "train", 1);
+  auto after_two = snapshot();
+  auto moved = [](const Tensor& a, const Tensor& b) {
+    for (int64_t i = 0; i < a.numel(); ++i)
+      if (a.At(i) != b.At(i)) return true;
+    return false;
+  };
+  EXPECT_TRUE(moved(start["fc2.weight"], after_one["fc2.weight"]));
+  EXPECT_FALSE(moved(after_one["fc2.weight"], after_two["fc2.weight"]));
+  EXPECT_FALSE(moved(after_one["fc2.bias"], after_two["fc2.bias"]));
+  EXPECT_TRUE(moved(after_one["fc1.weight"], after_two["fc1.weight"]));
+  fs::remove_all(dir);
+}
+
+// train.eval_every: 2 over 3 epochs evaluates after epochs 2 and 3 (the
+// last always); epoch 1's metrics row leaves the test columns empty.
+TEST(Training, EvalEveryEvaluatesEveryNthEpochAndTheLast) {
+  Trainer t(LoadRunConfig("configs/fashion_mnist.yaml",
+                          {"train.epochs=3", "train.max_steps=3", "train.eval_max_steps=1",
+                           "threads=2", "train.eval_every=2"}));
+  const fs::path dir = testing::TestDir();
+  const EpochReport r = t.Train(dir.string());
+  EXPECT_GT(r.test.samples, 0);
+  std::vector<bool> tested;
+  for (const auto& f : MetricsRows(dir)) {
+    ASSERT_GE(f.size(), 5u);
+    tested.push_back(!f[3].empty());
+  }
+  EXPECT_EQ(tested, (std::vector<bool>{false, true, true}));
   fs::remove_all(dir);
 }
 
