@@ -12,9 +12,9 @@
 
 #include "loaders/source_registry.h"
 #include "ops/io/safetensors.h"
-#include "ops/train/whitening.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/executor.h"
+#include "pipeline/init_from_data.h"
 #include "pipeline/validate_report.h"
 #include "stages/pass_plan.h"
 
@@ -122,7 +122,9 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   OpenData();
   PlanSchedule();
   TimeParamGroups();
-  InitFromData();
+  // `init: {weight: whiten}` and the like, once the training data is open.
+  init_report_ =
+      InitFromData(config_, state_.dataset("train"), state_.transform, *model_, Tensors().models);
   // Before the ema node's average starts from the model (a resume then
   // loads its checkpoint over both).
   if (!config_.init_from.weights.empty()) {
@@ -232,71 +234,6 @@ void Trainer::PlanSchedule() {
     schedule_ = std::make_unique<LrSchedule>(lr);
   } catch (const ConfigError& e) {  // "schedule: ...", said where
     throw ConfigError(StrCat(config_.doc.path(), ": train.", e.what()));
-  }
-}
-
-namespace {
-Tensor& WeightOf(Layer& layer) {
-  for (Parameter& p : layer.parameters())
-    if (p.name == "weight") return p.value;
-  throw Error(StrCat("layer '", layer.name(), "' has no weight"));
-}
-}  // namespace
-
-// `init: {weight: whiten}`: a first conv's filters whiten the patches of
-// (up to) 5,000 training images spread over the set, read as evaluation
-// reads them (no augmentation, normalised), as the CIFAR speed runs do.
-void Trainer::InitFromData() {
-  constexpr int64_t kImages = 5000;
-  constexpr double kEps = 5e-4;
-  for (const LayerSpec& spec : config_.layers) {
-    for (const auto& [tensor, scheme] : spec.init) {
-      if (scheme != "whiten") continue;
-      const std::string what = StrCat(config_.doc.path(), ": layer '", spec.name, "' init whiten");
-      int index = 0;
-      while (model_->layer(index).name() != spec.name) ++index;  // Build made every spec a layer
-      Layer& layer = model_->layer(index);
-      if (std::string(layer.type()) != "conv2d" || tensor != "weight" ||
-          model_->input_indices(index) != std::vector<int>{-1} || config_.input_shape.rank() != 3) {
-        throw ConfigError(StrCat(what,
-                                 ": needs the weight of a conv2d that reads the model's "
-                                 "image input"));
-      }
-      const Tensor& w = WeightOf(layer);
-      const int c = static_cast<int>(w.dim(1)), kh = static_cast<int>(w.dim(2)),
-                kw = static_cast<int>(w.dim(3));
-      if (c != config_.input_shape[0]) {
-        throw ConfigError(StrCat(what, ": a grouped conv cannot whiten (", c, " of ",
-                                 config_.input_shape[0], " channels per filter)"));
-      }
-      const Dataset& train = state_.dataset("train");
-      const int64_t n = std::min(kImages, train.size());
-      const Shape& shape = config_.input_shape;
-      std::vector<float> image(static_cast<size_t>(shape.numel()));
-      PatchCovariance cov(c, kh, kw);
-      ReadContext ctx;
-      ctx.seed = config_.seed;
-      ctx.train = false;
-      for (int64_t i = 0; i < n; ++i) {
-        const ReadResult r = train.Read(i * train.size() / n, ctx, image.data());
-        if (!r.ok()) continue;  // a bad record: the others suffice
-        if (!train.normalizes()) state_.transform.Apply(image.data(), shape);
-        cov.Add(image.data(), static_cast<int>(shape[1]), static_cast<int>(shape[2]));
-      }
-      Tensor white;
-      try {
-        white = WhiteningWeight(cov, w.dim(0), c, kh, kw, kEps);
-      } catch (const ConfigError& e) {
-        throw ConfigError(StrCat(what, ": ", e.what()));
-      }
-      for (Model* m : Tensors().models) {
-        Tensor& dst = WeightOf(*m->FindLayer(spec.name));
-        dst.CopyFrom(white.To(dst.device()));
-      }
-      init_report_ +=
-          StrCat(init_report_.empty() ? "" : "\n", "layer '", spec.name, "': whitening init from ",
-                 cov.patches(), " patches of ", n, " training images");
-    }
   }
 }
 

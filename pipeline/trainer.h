@@ -76,7 +76,6 @@ class Trainer {
   void OpenData();
   void PlanSchedule();
   void TimeParamGroups();
-  void InitFromData();
   void BuildWeightAverage();
   // What each batch at the end of a pass is told to (the run's logs, the
   // autotuner, the progress line).
