@@ -282,19 +282,21 @@ std::vector<std::string> Adam::StateNames() const { return {"exp_avg", "exp_avg_
 void Adam::Step(double base_lr) {
   ++step_count_;
   const double t = static_cast<double>(step_count_);
+  // The step's scalars; each parameter's group sets its lr and decay ones.
+  cpu::AdamScalars s;
+  s.beta1 = options_.beta1;
+  s.beta2 = options_.beta2;
+  s.eps = options_.eps;
+  s.bc2_sqrt = std::sqrt(1 - std::pow(options_.beta2, t));
+  const double bc1 = 1 - std::pow(options_.beta1, t);
   std::map<std::pair<int, int>, std::vector<ParamSlot>> gpu;  // by GPU index, group
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& param = *params_[i].param;
     const double lr = base_lr * lr_scale(i);
     const double wd = weight_decay(i, options_.weight_decay);
-    cpu::AdamScalars s;
     s.decay_factor = decoupled_ ? 1 - lr * wd : 1;
     s.l2 = decoupled_ ? 0 : wd;
-    s.beta1 = options_.beta1;
-    s.beta2 = options_.beta2;
-    s.eps = options_.eps;
-    s.step_size = lr / (1 - std::pow(options_.beta1, t));
-    s.bc2_sqrt = std::sqrt(1 - std::pow(options_.beta2, t));
+    s.step_size = lr / bc1;
     if (UpdatedOnGpu(param)) {
       const Device dev = param.value.device();
       if (state_[i].empty()) {
