@@ -3,6 +3,7 @@
 #include "ops/device_ops.h"
 
 #include "ops/cpu/elementwise.h"
+#include "ops/cpu/isa.h"
 #include "ops/cuda/kernels.h"
 
 namespace cnnflow {
@@ -26,6 +27,8 @@ void Cast(const Tensor& src, Tensor& dst) {
   throw Error(StrCat("casting ", DTypeName(src.dtype()), " to ", DTypeName(dst.dtype()), " on ",
                      src.device().ToString(), ": mixed precision (graph.precision) is GPU-only"));
 }
+
+std::string NoNativeBf16OnHost() { return cpu::NoNativeBf16Reason(); }
 
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale) {
   if (grads.empty() || grads[0]->device().is_cuda()) {

@@ -27,6 +27,10 @@ void ScaleInPlace(Tensor& y, double alpha);
 // mixed-precision model's f32 batch cast to f16/bf16 (GPU only).
 void Cast(const Tensor& src, Tensor& dst);
 
+// Why this host cannot multiply in bf16 natively (cpu::NoNativeBf16Reason),
+// or "" when it can: bf16 on CPU devices needs it.
+std::string NoNativeBf16OnHost();
+
 // Multiplies every gradient (f32, all on one GPU) by inv_scale in place;
 // returns whether any element was inf or NaN before (the f16 loss scaler,
 // GPU-only as graph.precision is).

@@ -119,6 +119,14 @@ class Layer {
   // this layer's output, and then skips the relu. Default: not fusable.
   virtual bool FuseRelu() { return false; }
 
+  // bf16 on the CPU (graph.precision: bf16 on cpu:K, as PyTorch's CPU
+  // autocast): a layer whose products can run in bf16 (convolutions,
+  // linear) returns true and from then on rounds its operands to bf16 and
+  // multiplies them natively, accumulating in f32; its tensors, parameters
+  // and gradients stay f32. Model::Build calls it on every layer when the
+  // CPU has native bf16. Default: stays f32.
+  virtual bool ComputeInBf16() { return false; }
+
   // Multiply-adds x2 of one forward pass on a batch of n (for reports).
   virtual int64_t ForwardFlops(int64_t /*n*/) const { return 0; }
 

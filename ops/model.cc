@@ -137,12 +137,21 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
                " usable GPUs found",
                CudaAvailable() ? "" : " (no GPU, no CUDA driver, or a build without CUDA)"));
   }
-  const DType act = compute.value_or(dtype);
+  // bf16 on the CPU: the activations stay f32, the layers that can multiply
+  // in bf16 do (Layer::ComputeInBf16).
+  const bool cpu_bf16 = device.is_cpu() && dtype == DType::kF32 && compute == DType::kBF16;
+  if (cpu_bf16) {
+    if (const std::string why = NoNativeBf16OnHost(); !why.empty()) {
+      throw ConfigError(StrCat("bf16 on ", device.ToString(), ": ", why));
+    }
+  }
+  const DType act = cpu_bf16 ? dtype : compute.value_or(dtype);
   if (act != dtype &&
       (device.is_cpu() || dtype != DType::kF32 || (act != DType::kF16 && act != DType::kBF16))) {
-    throw ConfigError(
-        StrCat("mixed precision computes in f16 or bf16 over f32 parameters on a GPU; got ",
-               DTypeName(act), " over ", DTypeName(dtype), " on ", device.ToString()));
+    throw ConfigError(StrCat(
+        "mixed precision computes in f16 or bf16 over f32 parameters on a GPU (or bf16 on a "
+        "CPU with native bf16); got ",
+        DTypeName(compute.value_or(dtype)), " over ", DTypeName(dtype), " on ", device.ToString()));
   }
   std::unique_ptr<Model> m(new Model());
   m->input_shape_ = input_shape;
@@ -214,6 +223,7 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
       throw ShapeError(StrCat("shape mismatch at layer '", s.name, "' (", s.type, "): ", from,
                               ", but ", e.what()));
     }
+    if (cpu_bf16 && layer->ComputeInBf16()) ++m->bf16_layers_;
     index[s.name] = static_cast<int>(i);
     m->layers_.push_back(std::move(layer));
     m->input_names_.push_back(in_names);

@@ -65,7 +65,11 @@ class Model {
   // add): the relu layer then runs nothing and its output is the layer's
   // (fuse_relu false keeps every relu a layer of its own).
   //
-  // Mixed precision (GPU only): with `compute` f16 or bf16, parameters,
+  // bf16 on the CPU (`compute` bf16 on a CPU device): every layer that can
+  // multiplies in bf16 (Layer::ComputeInBf16) and the activations stay f32;
+  // ConfigError when the CPU has no native bf16 (cpu::NoNativeBf16Reason).
+  //
+  // Mixed precision on a GPU: with `compute` f16 or bf16, parameters,
   // gradients and buffers stay in `dtype` (f32: the master weights) and
   // activations are in `compute`: Forward casts its input, every layer
   // gets and gives `compute` tensors, keeps half copies of the weights it
@@ -111,6 +115,8 @@ class Model {
   int fused_into(int i) const { return fused_into_[i]; }
   DType dtype() const { return dtype_; }
   DType compute_dtype() const { return compute_; }
+  // How many layers multiply in bf16 on the CPU (Layer::ComputeInBf16).
+  int bf16_layers() const { return bf16_layers_; }
   Device device() const { return device_; }
 
   // Every parameter, in layer order, named "<layer>.<param>" (no wrapper
@@ -141,6 +147,7 @@ class Model {
   Shape input_shape_;
   DType dtype_ = DType::kF32;
   DType compute_ = DType::kF32;  // of the activations
+  int bf16_layers_ = 0;
   Device device_;
   // Per-forward state.
   Tensor input_;

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "loaders/source_registry.h"
+#include "ops/device_ops.h"
 #include "ops/layer.h"
 #include "ops/train/lr_schedule.h"
 #include "ops/train/optimizer.h"
@@ -129,7 +130,9 @@ const Schema& GraphSectionSchema() {
                     "BatchNorm statistics over the global batch (all replicas)")
           .Optional("precision", ParamType::kString, std::string("fp32"),
                     "fp32, or mixed precision on GPUs: bf16 | fp16 (activations in half, f32 "
-                    "master weights; fp16 with dynamic loss scaling)")
+                    "master weights; fp16 with dynamic loss scaling); on CPUs with native bf16 "
+                    "(avx512_bf16 or AMX): bf16 (convolutions and linear layers multiply in bf16, "
+                    "all else f32)")
           .Optional("pipeline", ParamType::kTree, std::string("{}"),
                     "model parallelism: {stages: [[layer, ...], ...] or auto, microbatches: M, "
                     "schedule: 1f1b | gpipe}; one stage per device")
@@ -512,14 +515,23 @@ void ReadModelParallel(const YamlDoc& doc, const YAML::Node& graph, RunConfig& c
   }
 }
 
-// graph.precision: fp32, or mixed precision on GPUs.
+// graph.precision: fp32, mixed precision on GPUs, or bf16 products on CPUs
+// with native bf16.
 void ReadPrecision(const YamlDoc& doc, const YAML::Node& graph, const Args& g, RunConfig& c) {
   const std::string precision = g.String("precision");
   if (precision == "bf16" || precision == "fp16") {
     c.compute = precision == "bf16" ? DType::kBF16 : DType::kF16;
-    if (!c.devices[0].is_cuda()) {
+    if (c.devices[0].is_cuda()) return;
+    if (precision == "fp16") {
       doc.Fail(graph["precision"], "graph.precision",
-               StrCat(precision, " is mixed precision on GPUs; CPU devices train in fp32"));
+               "fp16 is mixed precision on GPUs; CPU devices take fp32 or bf16");
+    }
+    if (const std::string why = NoNativeBf16OnHost(); !why.empty()) {
+      doc.Fail(graph["precision"], "graph.precision", StrCat("bf16 on CPU devices: ", why));
+    }
+    if (c.pipeline) {
+      doc.Fail(graph["precision"], "graph.precision",
+               "bf16 on CPU devices does not combine with graph.pipeline yet");
     }
   } else if (precision != "fp32") {
     doc.Fail(graph["precision"], "graph.precision",

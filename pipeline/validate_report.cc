@@ -213,6 +213,10 @@ std::string ValidateReport(const RunConfig& config, Model& m, ReplicaSet* replic
   os << "threads: " << config.threads << ", devices:";
   for (const auto& d : config.devices) os << " " << d.ToString();
   os << ", steps per epoch: " << steps_per_epoch << "\n";
+  if (m.bf16_layers() > 0) {
+    os << "precision: bf16 on the CPU: " << m.bf16_layers()
+       << " convolution and linear layers multiply in bf16; all else f32\n";
+  }
   os << DescribeParamGroups(config, m);
 
   // Memory known before the run: the prefetched input batches (bounded by

@@ -121,6 +121,7 @@ struct Conv2dScratch {
   // The algorithm picks by batch size, and oneDNN's primitives by chunk
   // size. Guarded: one layer may be planned from two threads (pipelines).
   std::mutex mu;
+  bool bf16 = false;  // Conv2d::ComputeInBf16: oneDNN's bf16 primitives for every pass
   std::map<int64_t, Conv2dPlan> plans;
   std::map<int64_t, std::unique_ptr<cpu::OnednnConv>> onednn;
 };
@@ -450,7 +451,7 @@ cpu::OnednnConv& OnednnFor(const Conv2dGeometry& g, bool bias, bool relu, Conv2d
                            int64_t mb) {
   std::lock_guard<std::mutex> lock(scratch.mu);
   auto& conv = scratch.onednn[mb];
-  if (conv == nullptr) conv = std::make_unique<cpu::OnednnConv>(g, mb, bias, relu);
+  if (conv == nullptr) conv = std::make_unique<cpu::OnednnConv>(g, mb, bias, relu, scratch.bf16);
   return *conv;
 }
 
@@ -676,8 +677,10 @@ std::string PickKey(const Conv2dGeometry& g, bool has_bias, int64_t n) {
 // The algorithms of each pass at batch n (measured once per shape under kAuto).
 Conv2dPlan PlanConv(const Conv2dGeometry& g, bool has_bias, ConvAlgo algo, Conv2dScratch& scratch,
                     int64_t n, DType dtype) {
-  if (dtype != DType::kF32 || algo == ConvAlgo::kGemm) return {};
-  if (algo == ConvAlgo::kOnednn) return {ConvAlgo::kOnednn, ConvAlgo::kOnednn, ConvAlgo::kOnednn};
+  if (dtype != DType::kF32 || (algo == ConvAlgo::kGemm && !scratch.bf16)) return {};
+  if (algo == ConvAlgo::kOnednn || scratch.bf16) {
+    return {ConvAlgo::kOnednn, ConvAlgo::kOnednn, ConvAlgo::kOnednn};
+  }
   std::lock_guard<std::mutex> lock(scratch.mu);
   auto it = scratch.plans.find(n);
   if (it != scratch.plans.end()) return it->second;
@@ -863,6 +866,15 @@ void Conv2dPasses::BackwardWeights(const Tensor& x, const Tensor& dy, Tensor& dw
     ConvBackward<T>(geom_, plan, x.data<T>(), nullptr, nullptr, dy.data<T>(), nullptr, dw.data<T>(),
                     nullptr, n, *scratch_);
   });
+}
+
+bool Conv2d::ComputeInBf16() {
+  CNNFLOW_ENFORCE(scratch_ != nullptr, "conv2d: ComputeInBf16 before Build");
+  std::lock_guard<std::mutex> lock(scratch_->mu);
+  scratch_->bf16 = true;
+  scratch_->plans.clear();
+  scratch_->onednn.clear();
+  return true;
 }
 
 int64_t Conv2d::ForwardFlops(int64_t n) const {

@@ -76,8 +76,8 @@ struct OnednnConv::Impl {
   // Per pass: the weights in the forward and backward-data layouts.
   Reorder fwd_wei, bd_wei;
   Tensor fwd_wei_buf, bd_wei_buf;
-  const float* fwd_wei_ptr = nullptr;
-  const float* bd_wei_ptr = nullptr;
+  const void* fwd_wei_ptr = nullptr;
+  const void* bd_wei_ptr = nullptr;
 
   size_t buf_a = 0, buf_b = 0, buf_c = 0, pad = 0;  // per-thread scratch sizes (bytes)
   struct Scratch {
@@ -99,7 +99,7 @@ struct OnednnConv::Impl {
   }
 };
 
-OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu)
+OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu, bool bf16)
     : mb_(mb), impl_(std::make_unique<Impl>()) {
   // oneDNN sizes a primitive's OpenMP team when it creates the primitive,
   // from this thread's max threads: pinned after creation, a primitive made
@@ -125,8 +125,12 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
   m.user_dst = memory::desc(dst, dt::f32, Tag::nchw);
   m.user_wei = memory::desc(wei, dt::f32, grouped ? Tag::goihw : Tag::oihw);
   m.user_bias = memory::desc({g.out_channels}, dt::f32, Tag::x);
-  const memory::desc any_src(src, dt::f32, Tag::any), any_dst(dst, dt::f32, Tag::any);
-  const memory::desc any_wei(wei, dt::f32, Tag::any);
+  // The operands of the products (x, w, dy) in the compute type; the
+  // results (y, dx, dw) in f32.
+  const dt op = bf16 ? dt::bf16 : dt::f32;
+  const memory::desc any_src(src, op, Tag::any), any_dst(dst, dt::f32, Tag::any);
+  const memory::desc any_wei(wei, op, Tag::any), any_diff_dst(dst, op, Tag::any);
+  const memory::desc any_diff_src(src, dt::f32, Tag::any), any_diff_wei(wei, dt::f32, Tag::any);
   const memory::desc no_bias;
 
   dnnl::primitive_attr attr;
@@ -159,11 +163,11 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
                                           OnednnEngine())
                     : hint;
     m.bwd_data_pd = BwdData::primitive_desc(
-        BwdData::desc(algo, any_src, any_wei, any_dst, strides, dilates, pad_l, pad_r), attr,
-        OnednnEngine(), hint);
+        BwdData::desc(algo, any_diff_src, any_wei, any_diff_dst, strides, dilates, pad_l, pad_r),
+        attr, OnednnEngine(), hint);
     m.bwd_weights_pd = BwdWeights::primitive_desc(
-        BwdWeights::desc(algo, any_src, any_wei, bias ? m.user_bias : no_bias, any_dst, strides,
-                         dilates, pad_l, pad_r),
+        BwdWeights::desc(algo, any_src, any_diff_wei, bias ? m.user_bias : no_bias, any_diff_dst,
+                         strides, dilates, pad_l, pad_r),
         attr, OnednnEngine(), hint);
     m.fwd = Fwd(m.fwd_pd);
     m.bwd_data = BwdData(m.bwd_data_pd);
@@ -179,9 +183,10 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     m.bw_diff_dst = Reorder(m.user_dst, m.bwd_weights_pd.diff_dst_desc(), attr);
     m.bw_diff_wei = Reorder(m.bwd_weights_pd.diff_weights_desc(), m.user_wei, attr);
   } catch (const dnnl::error& e) {
-    throw Error(StrCat("oneDNN has no convolution for input [", mb, ", ", g.in_channels, ", ",
-                       g.in_h, ", ", g.in_w, "], kernel ", g.kernel_h, "x", g.kernel_w, " stride ",
-                       g.stride_h, "x", g.stride_w, " groups ", g.groups, ": ", e.what()));
+    throw Error(StrCat("oneDNN has no ", bf16 ? "bf16 " : "", "convolution for input [", mb, ", ",
+                       g.in_channels, ", ", g.in_h, ", ", g.in_w, "], kernel ", g.kernel_h, "x",
+                       g.kernel_w, " stride ", g.stride_h, "x", g.stride_w, " groups ", g.groups,
+                       ": ", e.what()));
   }
   m.buf_a = std::max({BufferBytes(m.fwd_src, m.fwd_pd.src_desc()),
                       BufferBytes(m.bd_diff_dst, m.bwd_data_pd.diff_dst_desc()),
@@ -196,13 +201,11 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
                 m.fwd_dst.scratchpad(), m.bd_diff_dst.scratchpad(), m.bd_diff_src.scratchpad(),
                 m.bw_src.scratchpad(), m.bw_diff_dst.scratchpad(), m.bw_diff_wei.scratchpad(),
                 m.fwd_wei.scratchpad(), m.bd_wei.scratchpad()});
-  if (m.fwd_wei.needed()) {
-    m.fwd_wei_buf = Tensor::Empty({static_cast<int64_t>(m.fwd_pd.weights_desc().get_size() / 4)});
-  }
-  if (m.bd_wei.needed()) {
-    m.bd_wei_buf =
-        Tensor::Empty({static_cast<int64_t>(m.bwd_data_pd.weights_desc().get_size() / 4)});
-  }
+  auto words = [](const memory::desc& md) {  // f32 words that hold md (bf16: half as many)
+    return static_cast<int64_t>((md.get_size() + 3) / 4);
+  };
+  if (m.fwd_wei.needed()) m.fwd_wei_buf = Tensor::Empty({words(m.fwd_pd.weights_desc())});
+  if (m.bd_wei.needed()) m.bd_wei_buf = Tensor::Empty({words(m.bwd_data_pd.weights_desc())});
 }
 
 OnednnConv::~OnednnConv() = default;
@@ -216,15 +219,13 @@ std::string OnednnConv::ImplInfo() const {
 void OnednnConv::PrepareForwardWeights(const float* w) {
   OneOpenMpThreadHere();
   Impl& m = *impl_;
-  m.fwd_wei_ptr = static_cast<const float*>(
-      m.fwd_wei.In(w, m.fwd_wei_buf.raw_data(), m.Local().pad.data<float>()));
+  m.fwd_wei_ptr = m.fwd_wei.In(w, m.fwd_wei_buf.raw_data(), m.Local().pad.data<float>());
 }
 
 void OnednnConv::PrepareBackwardWeights(const float* w) {
   OneOpenMpThreadHere();
   Impl& m = *impl_;
-  m.bd_wei_ptr = static_cast<const float*>(
-      m.bd_wei.In(w, m.bd_wei_buf.raw_data(), m.Local().pad.data<float>()));
+  m.bd_wei_ptr = m.bd_wei.In(w, m.bd_wei_buf.raw_data(), m.Local().pad.data<float>());
 }
 
 void OnednnConv::Forward(const float* x, const float* bias, float* y) const {
@@ -237,7 +238,7 @@ void OnednnConv::Forward(const float* x, const float* bias, float* y) const {
   void* dst = m.fwd_dst.Out(y, s.b.raw_data());
   const auto& pd = m.fwd_pd;
   memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
-  memory mw(pd.weights_desc(), OnednnEngine(), const_cast<float*>(m.fwd_wei_ptr));
+  memory mw(pd.weights_desc(), OnednnEngine(), const_cast<void*>(m.fwd_wei_ptr));
   memory md(pd.dst_desc(), OnednnEngine(), dst);
   memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
   std::unordered_map<int, memory> args{
@@ -261,7 +262,7 @@ void OnednnConv::BackwardData(const float* dy, float* dx) const {
   void* diff_src = m.bd_diff_src.Out(dx, s.b.raw_data());
   const auto& pd = m.bwd_data_pd;
   memory mdd(pd.diff_dst_desc(), OnednnEngine(), const_cast<void*>(diff_dst));
-  memory mw(pd.weights_desc(), OnednnEngine(), const_cast<float*>(m.bd_wei_ptr));
+  memory mw(pd.weights_desc(), OnednnEngine(), const_cast<void*>(m.bd_wei_ptr));
   memory mds(pd.diff_src_desc(), OnednnEngine(), diff_src);
   memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
   m.bwd_data.execute(OnednnStream(), {{DNNL_ARG_DIFF_DST, mdd},

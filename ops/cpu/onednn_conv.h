@@ -1,5 +1,6 @@
 // oneDNN's convolution primitives for one conv2d geometry and one
-// mini-batch size: forward, backward-data and backward-weights, f32.
+// mini-batch size: forward, backward-data and backward-weights, f32, or
+// bf16 products over f32 tensors (graph.precision: bf16 on the CPU).
 //
 // TBB owns the threads (ops/cpu/parallel.h): each call runs the primitive on
 // the calling thread alone (one OpenMP thread, TOOLCHAIN.md) over one chunk
@@ -12,6 +13,11 @@
 // format_tag::any, so oneDNN picks its blocked layouts (nChw8c on AVX2,
 // nChw16c on AVX-512) and each call reorders its chunk in and out through
 // per-thread scratch. Weights are reordered once per pass (Prepare*).
+//
+// bf16 (as PyTorch's CPU autocast, but with f32 between layers): x, w and dy
+// are rounded to bf16 in those same reorders, the primitives multiply in
+// bf16 and accumulate in f32, and y, dx and dw come out in f32. Only where
+// the CPU has native bf16 (cpu::NoNativeBf16Reason).
 #pragma once
 
 #include <cstdint>
@@ -25,9 +31,9 @@ namespace cnnflow::cpu {
 class OnednnConv {
  public:
   // mb: the samples of every call; relu: Forward writes max(y, 0) (a
-  // post-op inside the kernel). Throws Error when oneDNN has no primitive
-  // for the geometry.
-  OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu = false);
+  // post-op inside the kernel); bf16: the products in bf16. Throws Error
+  // when oneDNN has no primitive for the geometry.
+  OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu = false, bool bf16 = false);
   ~OnednnConv();
   OnednnConv(const OnednnConv&) = delete;
   OnednnConv& operator=(const OnednnConv&) = delete;

@@ -114,6 +114,9 @@ class Conv2d : public Layer {
     relu_ = true;
     return true;
   }
+  // Every pass through oneDNN's bf16 primitives from now on, whatever
+  // `algo` says (the GEMM path is f32 only).
+  bool ComputeInBf16() override;
 
   const Conv2dGeometry& geometry() const { return geom_; }
   bool has_bias() const { return has_bias_; }

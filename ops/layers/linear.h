@@ -25,6 +25,11 @@ class LinearLayer : public Layer {
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
   int64_t ForwardFlops(int64_t n) const override { return 2 * n * in_ * out_; }
+  // The three GEMMs with bf16 products from now on (cpu::GemmBf16).
+  bool ComputeInBf16() override {
+    bf16_ = true;
+    return true;
+  }
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
@@ -34,6 +39,7 @@ class LinearLayer : public Layer {
   int64_t in_;  // 0 until Build when not given
   int64_t out_;
   bool has_bias_;
+  bool bf16_ = false;
 };
 
 }  // namespace cnnflow

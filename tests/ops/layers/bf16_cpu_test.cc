@@ -1,0 +1,283 @@
+// bf16 on the CPU (graph.precision: bf16 on cpu:K): the rounding, the check
+// for native bf16, and, where the CPU has it, conv2d, conv1d and linear
+// against an f64 reference over the bf16-rounded operands, and a small
+// network's training against its f32 twin. On a CPU without avx512_bf16 or
+// AMX the kernel tests skip with a message (nothing is emulated).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ops/cpu/gemm.h"
+#include "ops/cpu/isa.h"
+#include "ops/loss.h"
+#include "ops/model.h"
+#include "tests/ops/reference_check.h"
+#include "tests/testing/helpers.h"
+
+namespace cnnflow {
+namespace {
+
+using testing::MakeLayerPair;
+using testing::RandomTensor;
+using testing::RelError;
+using testing::RunForward;
+using testing::Spec;
+using testing::Values;
+
+float FromBf16Bits(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The bf16 value nearest to f, ties to the even mantissa, found by
+// comparing the two bf16 neighbours in double (independent of the bit trick).
+float NearestBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const float lo = FromBf16Bits(static_cast<uint16_t>(u >> 16));  // towards zero
+  const float hi = FromBf16Bits(static_cast<uint16_t>((u >> 16) + 1));
+  const double dlo = std::abs(static_cast<double>(f) - lo);
+  const double dhi = std::abs(static_cast<double>(f) - hi);
+  if (dlo != dhi) return dlo < dhi ? lo : hi;
+  return ((u >> 16) & 1) == 0 ? lo : hi;
+}
+
+double RoundedValue(double v) { return FromBf16Bits(cpu::Bf16Bits(static_cast<float>(v))); }
+
+// A copy of t (f64) with every value rounded through f32 to bf16, as the
+// kernels round what they multiply.
+Tensor RoundedCopy(const Tensor& t) {
+  Tensor r = Tensor::Empty(t.shape(), DType::kF64);
+  for (int64_t i = 0; i < t.numel(); ++i) r.Set(i, RoundedValue(t.At(i)));
+  return r;
+}
+
+TEST(Bf16Cpu, RoundsToNearestEven) {
+  Rng rng(5);
+  for (int i = 0; i < 200000; ++i) {
+    const float f = static_cast<float>(rng.Uniform(-4, 4) * std::pow(10.0, rng.Uniform(-30, 30)));
+    ASSERT_EQ(FromBf16Bits(cpu::Bf16Bits(f)), NearestBf16(f)) << f;
+  }
+  // Exact ties: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7 and goes to the
+  // even 1; 1 + 3 * 2^-8 goes up to the even 1 + 2^-6.
+  EXPECT_EQ(FromBf16Bits(cpu::Bf16Bits(1.0f + 0x1p-8f)), 1.0f);
+  EXPECT_EQ(FromBf16Bits(cpu::Bf16Bits(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
+  EXPECT_EQ(FromBf16Bits(cpu::Bf16Bits(-2.5f)), -2.5f);
+  EXPECT_TRUE(std::isinf(FromBf16Bits(cpu::Bf16Bits(std::numeric_limits<float>::infinity()))));
+  EXPECT_TRUE(std::isnan(FromBf16Bits(cpu::Bf16Bits(std::numeric_limits<float>::quiet_NaN()))));
+  // The largest finite floats round up to infinity, as IEEE's rounding does.
+  EXPECT_TRUE(std::isinf(FromBf16Bits(cpu::Bf16Bits(std::numeric_limits<float>::max()))));
+}
+
+// What /proc/cpuinfo says of native bf16, independently of CPUID.
+bool CpuinfoHasBf16() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line);
+    std::string w;
+    while (words >> w)
+      if (w == "avx512_bf16" || w == "amx_bf16") return true;
+    return false;
+  }
+  return false;
+}
+
+bool NativeBf16() { return cpu::NoNativeBf16Reason().empty(); }
+
+#define SKIP_WITHOUT_NATIVE_BF16()                                                 \
+  if (!NativeBf16())                                                               \
+  GTEST_SKIP() << "no native bf16 on this CPU, so bf16 is refused, not emulated: " \
+               << cpu::NoNativeBf16Reason()
+
+TEST(Bf16Cpu, NativeSupportMatchesCpuinfo) {
+  const std::string why = cpu::NoNativeBf16Reason();
+  if (!CpuinfoHasBf16()) {
+    testing::ExpectContains(why, {"avx512_bf16", "AMX-BF16", "emulated", "fp32"});
+  } else if (std::getenv("ONEDNN_MAX_CPU_ISA") == nullptr) {
+    EXPECT_EQ(why, "");
+  }
+}
+
+std::vector<LayerSpec> SmallNet() {
+  return {
+      Spec("conv1", "conv2d", {{"out", int64_t{8}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("bn1", "batchnorm", {}),
+      Spec("relu1", "relu", {}),
+      Spec("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
+      Spec("conv2", "conv2d", {{"out", int64_t{16}}, {"kernel", int64_t{3}}}),
+      Spec("relu2", "relu", {}),
+      Spec("fc", "linear", {{"out", int64_t{5}}})};
+}
+
+TEST(Bf16Cpu, ModelRefusesOrUsesIt) {
+  if (!NativeBf16()) {
+    const std::string e = testing::ErrorOf<ConfigError>([] {
+      Model::Build(SmallNet(), {3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
+                   Device::Cpu(), DType::kBF16);
+    });
+    testing::ExpectContains(e, {"bf16 on cpu", "avx512_bf16", "emulated"});
+    return;
+  }
+  auto m = Model::Build(SmallNet(), {3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
+                        Device::Cpu(), DType::kBF16);
+  EXPECT_EQ(m->bf16_layers(), 3);              // conv1, conv2, fc
+  EXPECT_EQ(m->compute_dtype(), DType::kF32);  // the activations stay f32
+  // fp16 stays GPU-only.
+  EXPECT_THROW(Model::Build(SmallNet(), {3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
+                            Device::Cpu(), DType::kF16),
+               ConfigError);
+}
+
+// One layer in bf16 against the f64 layer over the bf16-rounded operands:
+// y from rounded x and w (the bias added in f32), dx from rounded dy and w,
+// dw from rounded x and dy. The products of bf16 values are exact in f32,
+// so only f32 accumulation separates them (tol); and the result must be
+// further from the unrounded f64 result than that, or bf16 was not used.
+void CheckBf16Layer(const std::string& type, const Args& args, const Shape& batch_shape,
+                    double tol = 2e-5) {
+  auto p = MakeLayerPair(type, args, {batch_shape});
+  ASSERT_TRUE(p.f32->ComputeInBf16()) << type;
+  const Tensor x_r = RoundedCopy(p.x64[0]);
+  auto rounded = MakeLayerPair(type, args, {batch_shape});  // its f64 layer: the reference
+  auto& ref = *rounded.f64;
+  for (size_t i = 0; i < ref.parameters().size(); ++i) {
+    const Tensor& v = p.f64->parameters()[i].value;
+    ref.parameters()[i].value =
+        ref.parameters()[i].name == "bias" ? v.Cast(DType::kF32).Cast(DType::kF64) : RoundedCopy(v);
+  }
+  const Tensor y = RunForward(*p.f32, p.x32, p.out, {});
+  const Tensor y_ref = RunForward(ref, {x_r}, p.out, {});
+  const Tensor y_exact = RunForward(*p.f64, p.x64, p.out, {});
+  EXPECT_LE(RelError(y, Values(y_ref)), tol) << type << " forward";
+  EXPECT_GT(RelError(y, Values(y_exact)), 10 * tol) << type << " forward: bf16 not used?";
+
+  const Tensor dy = RandomTensor(p.out, 55);
+  const Tensor dy32 = dy.Cast(DType::kF32), dy_r = RoundedCopy(dy);
+  Tensor dx = Tensor::Zeros(batch_shape, DType::kF32);
+  Tensor dx_ref = Tensor::Zeros(batch_shape, DType::kF64);
+  p.f32->Backward({&p.x32[0]}, y, dy32, {&dx});
+  ref.Backward({&x_r}, y_ref, dy_r, {&dx_ref});
+  EXPECT_LE(RelError(dx, Values(dx_ref)), tol) << type << " dx";
+  for (size_t i = 0; i < ref.parameters().size(); ++i) {
+    EXPECT_LE(RelError(p.f32->parameters()[i].grad, Values(ref.parameters()[i].grad)), tol)
+        << type << " d" << ref.parameters()[i].name;
+  }
+}
+
+Args ConvArgs(int64_t out, int64_t kernel, int64_t stride, int64_t pad, int64_t groups, bool bias) {
+  Args a;
+  a.Set("out", out);
+  a.Set("kernel", kernel);
+  a.Set("stride", stride);
+  a.Set("pad", pad);
+  a.Set("groups", groups);
+  a.Set("bias", bias);
+  return a;
+}
+
+TEST(Bf16Cpu, Conv2dMatchesRoundedReference) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  CheckBf16Layer("conv2d", ConvArgs(16, 3, 1, 1, 1, true), Shape({4, 8, 10, 10}));
+  CheckBf16Layer("conv2d", ConvArgs(32, 3, 2, 1, 1, false), Shape({3, 16, 9, 9}));
+  CheckBf16Layer("conv2d", ConvArgs(16, 1, 1, 0, 1, false), Shape({5, 32, 6, 6}));
+  CheckBf16Layer("conv2d", ConvArgs(16, 3, 1, 1, 4, true), Shape({2, 16, 7, 7}));    // grouped
+  CheckBf16Layer("conv2d", ConvArgs(16, 3, 1, 1, 16, false), Shape({2, 16, 8, 8}));  // depthwise
+}
+
+TEST(Bf16Cpu, Conv1dMatchesRoundedReference) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  CheckBf16Layer("conv1d", ConvArgs(16, 5, 1, 2, 1, true), Shape({4, 8, 50}));
+}
+
+TEST(Bf16Cpu, LinearMatchesRoundedReference) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  Args a;
+  a.Set("out", int64_t{37});
+  CheckBf16Layer("linear", a, Shape({9, 70}));
+  a.Set("bias", false);
+  CheckBf16Layer("linear", a, Shape({64, 300}));
+}
+
+// The GEMM's transposes and beta, against f64 over the rounded operands.
+TEST(Bf16Cpu, GemmTransposesAndBeta) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  const int64_t m = 13, n = 21, k = 40;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 1.0f, 0.5f}) {
+        const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;
+        const Tensor a = RandomTensor({(ta ? k : m) * lda}, 1, -1, 1, DType::kF32);
+        const Tensor b = RandomTensor({(tb ? n : k) * ldb}, 2, -1, 1, DType::kF32);
+        Tensor c = RandomTensor({m * ldc}, 3, -1, 1, DType::kF32);
+        const Tensor c0 = c.Cast(DType::kF64);
+        cpu::GemmBf16(ta, tb, m, n, k, a.data<float>(), lda, b.data<float>(), ldb, beta,
+                      c.data<float>(), ldc);
+        double err = 0;
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double s = 0;
+            for (int64_t l = 0; l < k; ++l) {
+              s += RoundedValue(a.At(ta ? l * lda + i : i * lda + l)) *
+                   RoundedValue(b.At(tb ? j * ldb + l : l * ldb + j));
+            }
+            err = std::max(err, std::abs(c.At(i * ldc + j) - (s + beta * c0.At(i * ldc + j))));
+          }
+        EXPECT_LE(err, 1e-4) << "ta " << ta << " tb " << tb << " beta " << beta;
+        // The padding between rows is untouched.
+        EXPECT_EQ(c.At(n), static_cast<float>(c0.At(n)));
+      }
+}
+
+// A small network trains in bf16 as its f32 twin does: the same weights at
+// the start, 40 SGD steps on one batch; the losses stay within bf16's
+// rounding of each other and fall as far.
+TEST(Bf16Cpu, TrainsAsF32Does) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  auto f32 = Model::Build(SmallNet(), {3, 12, 12}, DType::kF32, 7);
+  auto bf16 = Model::Build(SmallNet(), {3, 12, 12}, DType::kF32, 7, InitScheme::kPytorchDefault,
+                           Device::Cpu(), DType::kBF16);
+  const int64_t n = 32;
+  const Tensor x = RandomTensor({n, 3, 12, 12}, 9, -1, 1, DType::kF32);
+  std::vector<int64_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) labels[i] = i % 5;
+  auto step = [&](Model& m) {
+    m.ZeroGrad();
+    ForwardContext ctx;
+    const Tensor& logits = m.Forward(x, ctx);
+    Tensor dlogits = Tensor::Empty(logits.shape(), DType::kF32);
+    const double loss = SoftmaxCrossEntropy(logits, labels.data(), &dlogits).loss;
+    m.Backward(dlogits);
+    for (auto& np : m.NamedParameters()) {
+      float* v = np.param->value.data<float>();
+      const float* g = np.param->grad.data<float>();
+      for (int64_t i = 0; i < np.param->value.numel(); ++i) v[i] -= 0.05f * g[i];
+    }
+    return loss;
+  };
+  double first = 0, last_f32 = 0, last_bf16 = 0;
+  for (int s = 0; s < 40; ++s) {
+    last_f32 = step(*f32);
+    last_bf16 = step(*bf16);
+    if (s == 0) {
+      first = last_f32;
+      EXPECT_NEAR(last_bf16, last_f32, 0.01 * last_f32);
+    }
+  }
+  EXPECT_LT(last_f32, 0.5 * first);
+  EXPECT_LT(last_bf16, 0.5 * first);
+  EXPECT_NEAR(last_bf16, last_f32, 0.1 * first);
+}
+
+}  // namespace
+}  // namespace cnnflow
