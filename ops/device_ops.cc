@@ -3,7 +3,7 @@
 #include "ops/device_ops.h"
 
 #include "ops/cpu/elementwise.h"
-#include "ops/cpu/isa.h"
+#include "ops/cpu/onednn.h"
 #include "ops/cuda/kernels.h"
 
 namespace cnnflow {

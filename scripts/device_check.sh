@@ -8,7 +8,7 @@
 # model and ResNet-18 on synthetic data, fp32 and bf16), and writes every log
 # and the comparisons' CSVs to $OUT (the device tool's output folder).
 # Every part has a timeout: GPU tests <= 210 s (one process per suite), CPU
-# bf16 <= 260 s, the GPU comparison <= 190 s. A 10-minute device call holds
+# bf16 <= 450 s, the GPU comparison <= 190 s. A 10-minute device call holds
 # all three when the suites run fast as they do (~40 s), and always holds
 # the first two (DEVICE_CHECK_GPU_BENCH=0 skips the third).
 #   bash scripts/device_check.sh
@@ -103,24 +103,40 @@ phase "GPU tests done (exit $status)"
 
 # bf16 on the host CPU (issue 32: graph.precision bf16 on cpu:K needs
 # avx512_bf16 or AMX, which the build machine may lack): its tests, the
-# oneDNN implementations a bf16 step runs (ONEDNN_VERBOSE), and ResNet-18
-# against PyTorch's bf16 autocast on 2 pinned cores. <= 260 s.
+# oneDNN implementations a bf16 step runs (ONEDNN_VERBOSE), where the time
+# of a ResNet-18 step goes in fp32 and bf16, and ResNet-18 against
+# PyTorch's bf16 autocast on 2 pinned cores (DEVICE_CHECK_CPU_BENCH=0
+# skips that). <= 450 s.
 phase "CPU bf16 start"
 timeout -k 5 60 "$dir/run" "$dir/bin/ops_test" --gtest_filter='Bf16Cpu*' > "$out/cpu-bf16-tests.txt" 2>&1
 cpu_bf16_status=$?
 echo "Bf16Cpu tests: exit $cpu_bf16_status $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/cpu-bf16-tests.txt" | tr '\n' ' ')$(explain "$cpu_bf16_status" "")" | tee -a "$out/gpu-summary.txt"
 grep -E '^\[  FAILED  \] [A-Za-z]' "$out/cpu-bf16-tests.txt" | sort -u | tee -a "$out/gpu-summary.txt"
-ONEDNN_VERBOSE=1 timeout -k 5 60 taskset -c 0-1 "$dir/cnnflow" bench bench/configs/resnet18_synthetic.yaml \
-  --devices 1 --warmup 0 --max-steps 1 --set threads=2 --set train.batch=64 \
-  --set 'graph.devices=[cpu:0]' --set graph.precision=bf16 > "$dir/verbose.log" 2>&1
-grep -E '^(onednn|dnnl)_verbose,exec,cpu,(convolution|matmul)' "$dir/verbose.log" | cut -d, -f4,5,6 |
-  sort | uniq -c | tee "$out/cpu-bf16-onednn-impls.txt"
-ONEDNN_MAX_CPU_ISA=AVX2 "$dir/cnnflow" validate bench/configs/resnet18_synthetic.yaml \
-  --set 'graph.devices=[cpu:0]' --set graph.precision=bf16 > "$out/cpu-bf16-capped.txt" 2>&1
+r18=(bench/configs/resnet18_synthetic.yaml --set threads=2 --set train.batch=64
+     --set 'graph.devices=[cpu:0]')
+ONEDNN_VERBOSE=1 timeout -k 5 60 taskset -c 0-1 "$dir/cnnflow" bench "${r18[@]}" --devices 1 \
+  --warmup 1 --max-steps 1 --set graph.precision=bf16 > "$dir/verbose.log" 2>&1
+echo "exit $?; $(grep -c _verbose "$dir/verbose.log") verbose lines" > "$out/cpu-bf16-onednn-impls.txt"
+grep -E '_verbose,exec,cpu,(convolution|matmul|reorder)' "$dir/verbose.log" | cut -d, -f4,5,6 |
+  sort | uniq -c | sort -rn >> "$out/cpu-bf16-onednn-impls.txt"
+grep -v _verbose "$dir/verbose.log" | tail -5 >> "$out/cpu-bf16-onednn-impls.txt"
+ONEDNN_MAX_CPU_ISA=AVX2 "$dir/cnnflow" validate "${r18[@]}" --set graph.precision=bf16 \
+  > "$out/cpu-bf16-capped.txt" 2>&1
 echo "capped at AVX2: exit $? (want 1: refused, not emulated)" | tee -a "$out/cpu-bf16-capped.txt"
-timeout -k 10 190 bash bench/cpu_bf16_vs_pytorch.sh --cnnflow "$dir/cnnflow" --python python3 \
-  --threads 2 --reps 2 --steps 15 --warmup 3 --run-timeout 40 --out "$out/cpu-bf16" 2>&1 |
-  tee "$out/cpu-bf16-vs-pytorch.txt"
+# Where a step's time goes, fp32 against bf16: --trace over steps 20..30,
+# summed by layer type and pass (bench/trace_by_layer_type.py).
+for p in fp32 bf16; do
+  timeout -k 5 90 taskset -c 0-1 "$dir/cnnflow" train "${r18[@]}" --set data.train.size=2560 \
+    --set train.epochs=1 --set data.test=null --set graph.precision=$p \
+    --trace "$out/trace-$p.json" --trace-steps 10 > "$dir/trace-$p.log" 2>&1
+  echo "$p: exit $?" | tee "$out/cpu-bf16-profile-$p.txt"
+  python3 bench/trace_by_layer_type.py "$out/trace-$p.json" | tee -a "$out/cpu-bf16-profile-$p.txt"
+done
+if [ "${DEVICE_CHECK_CPU_BENCH:-1}" != 0 ]; then
+  timeout -k 10 190 bash bench/cpu_bf16_vs_pytorch.sh --cnnflow "$dir/cnnflow" --python python3 \
+    --threads 2 --reps 2 --steps 15 --warmup 3 --run-timeout 40 --out "$out/cpu-bf16" 2>&1 |
+    tee "$out/cpu-bf16-vs-pytorch.txt"
+fi
 phase "CPU bf16 done (tests exit $cpu_bf16_status)"
 [ "$cpu_bf16_status" -ne 0 ] && status=$cpu_bf16_status
 

@@ -6,8 +6,6 @@
 // oneDNN's); tests cap it with SetMaxIsa to check every path on one machine.
 #pragma once
 
-#include <string>
-
 namespace cnnflow::cpu {
 
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
@@ -19,12 +17,5 @@ Isa CpuIsa();
 // Caps MaxIsa() from now on (tests; not thread-safe against running kernels).
 void SetMaxIsa(Isa isa);
 const char* IsaName(Isa isa);
-
-// Native bf16 (graph.precision: bf16 on CPU devices): "" when this CPU has
-// avx512_bf16 or AMX-BF16 and oneDNN runs them (ONEDNN_MAX_CPU_ISA may cap
-// it below); else why not, naming the missing feature, for the error. Never
-// emulated: oneDNN's bf16 on other CPUs runs ~3x slower than its f32, and on
-// AVX2-only CPUs it has no bf16 convolution at all.
-std::string NoNativeBf16Reason();
 
 }  // namespace cnnflow::cpu

@@ -1,6 +1,12 @@
 #include "ops/cpu/onednn.h"
 
+#include <cpuid.h>
 #include <omp.h>
+
+#include <cstdlib>
+
+#include "ops/cpu/isa.h"
+#include "ops/error.h"
 
 namespace cnnflow::cpu {
 
@@ -20,6 +26,28 @@ dnnl::engine& OnednnEngine() {
 dnnl::stream& OnednnStream() {
   thread_local dnnl::stream stream(OnednnEngine());
   return stream;
+}
+
+std::string NoNativeBf16Reason() {
+  // CPUID leaf 7: sub-leaf 1 EAX bit 5 is AVX512_BF16, sub-leaf 0 EDX bit 22
+  // AMX-BF16.
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  bool avx512_bf16 = false, amx_bf16 = false;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) amx_bf16 = (d >> 22) & 1;
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) avx512_bf16 = (a >> 5) & 1;
+  if (!avx512_bf16 && !amx_bf16) {
+    return StrCat(
+        "this CPU has neither avx512_bf16 nor AMX-BF16 (its best vector ISA: ", IsaName(CpuIsa()),
+        "), so bf16 would be emulated, about 3x slower than fp32; train in fp32 here");
+  }
+  const auto onednn = dnnl::get_effective_cpu_isa();
+  if (onednn != dnnl::cpu_isa::avx512_core_bf16 && onednn != dnnl::cpu_isa::avx512_core_amx) {
+    return StrCat("this CPU has ", amx_bf16 ? "AMX-BF16" : "avx512_bf16",
+                  " but oneDNN is capped below it (ONEDNN_MAX_CPU_ISA=",
+                  std::getenv("ONEDNN_MAX_CPU_ISA") ? std::getenv("ONEDNN_MAX_CPU_ISA") : "",
+                  "), so bf16 would be emulated");
+  }
+  return "";
 }
 
 }  // namespace cnnflow::cpu

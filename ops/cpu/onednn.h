@@ -4,6 +4,7 @@
 #pragma once
 
 #include <dnnl.hpp>
+#include <string>
 
 namespace cnnflow::cpu {
 
@@ -17,5 +18,12 @@ void OneOpenMpThreadHere();
 dnnl::engine& OnednnEngine();
 // This thread's stream: each call executes on its own thread, synchronously.
 dnnl::stream& OnednnStream();
+
+// Native bf16 (graph.precision: bf16 on CPU devices): "" when this CPU has
+// avx512_bf16 or AMX-BF16 and oneDNN runs them (ONEDNN_MAX_CPU_ISA may cap
+// it below); else why not, naming the missing feature, for the error. Never
+// emulated: oneDNN's bf16 on other CPUs runs ~3x slower than its f32, and on
+// AVX2-only CPUs it has no bf16 convolution at all.
+std::string NoNativeBf16Reason();
 
 }  // namespace cnnflow::cpu
