@@ -335,7 +335,7 @@ TEST(AugmentTest, FlipMirrorsTheCrop) {
   o.out_w = 5;
   o.pad = 1;
   Augmenter aug(o);
-  for (const AugmentParams base :
+  for (const AugmentParams& base :
        {AugmentParams{0, 0, false}, AugmentParams{2, 3, false}, AugmentParams{1, 1, false}}) {
     AugmentParams flipped = base;
     flipped.flip = true;
