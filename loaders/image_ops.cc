@@ -225,7 +225,9 @@ void AutoContrast(HwcU8 img) {
       hi = std::max(hi, img.data[i * img.c + ch]);
     }
     if (lo == hi) continue;  // scale inf: minimum 0, scale 1, unchanged
-    const float minimum = lo, scale = 255.f / (static_cast<float>(hi) - minimum);
+    // bound / (max - min) on a tensor is Tensor.__rtruediv__: the reciprocal
+    // times 255.
+    const float minimum = lo, scale = (1.f / (static_cast<float>(hi) - minimum)) * 255.f;
     for (int64_t i = 0; i < n; ++i) {
       uint8_t& v = img.data[i * img.c + ch];
       v = static_cast<uint8_t>(std::clamp((static_cast<float>(v) - minimum) * scale, 0.f, 255.f));

@@ -7,10 +7,11 @@
 //     zeros outside the image;
 //   - on [c, h, w] float planes of values in [0, 1] (ChwF) with its float
 //     tensor arithmetic: float32, clamped to [0, 1], never rounded to 1/255.
-// c is 1 or 3 (RGB). As torchvision, saturation and hue leave a 1-channel
-// image unchanged, and grayscale is 0.2989 R + 0.587 G + 0.114 B (its
-// rgb_to_grayscale on tensors; PIL's "L" uses 0.299), truncated to uint8 on
-// uint8 images.
+// Compiled without fused multiply-adds (loaders/CMakeLists.txt), as
+// torchvision rounds each product and sum. c is 1 or 3 (RGB). As
+// torchvision, saturation and hue leave a 1-channel image unchanged, and
+// grayscale is 0.2989 R + 0.587 G + 0.114 B (its rgb_to_grayscale on
+// tensors; PIL's "L" uses 0.299), truncated to uint8 on uint8 images.
 #pragma once
 
 #include <array>
