@@ -873,6 +873,22 @@ TEST(AugmentTest, RandomResizedCropResizesTheRegion) {
   testing::ExpectContains(testing::ErrorOf<ConfigError>([&] { Augmenter{o}; }), {"crop_ratio"});
 }
 
+// An image source's decoder of [3, 6, 7] samples with the given keys (the
+// others at their defaults), and one training (or evaluation) sample of a
+// 6 x 7 image through it, seed 9.
+std::unique_ptr<ImageSampleDecoder> SourceDecoder(const std::map<std::string, ParamValue>& values) {
+  Args a;
+  for (const auto& [k, v] : values) a.Set(k, v);
+  a.FillDefaults(AddImageAugmentParams(Schema()));
+  return std::make_unique<ImageSampleDecoder>(Shape{3, 6, 7}, a);
+}
+std::vector<float> RunSource(const ImageSampleDecoder& d, const std::vector<uint8_t>& img,
+                             int64_t epoch, int64_t i, bool train) {
+  std::vector<float> out(3 * 6 * 7);
+  d.AugmentPixels(img.data(), 6, 7, ReadContext{9, epoch, train}, i, out.data());
+  return out;
+}
+
 // The image sources' keys (AddImageAugmentParams) reach the augmenter:
 // hflip as a config gives it ("false", "true", "alternate") or as code sets
 // it (a bool), pad_mode; training passes only. Bad values name the key.
@@ -882,17 +898,10 @@ TEST(AugmentTest, ImageSourceKeysAndTheirErrors) {
   EXPECT_EQ(schema.Find("pad_mode")->choices, (std::vector<std::string>{"zero", "reflect"}));
   EXPECT_EQ(schema.Find("hflip")->choices,
             (std::vector<std::string>{"false", "true", "alternate"}));
-  auto decoder = [&](const std::map<std::string, ParamValue>& values) {
-    Args a;
-    for (const auto& [k, v] : values) a.Set(k, v);
-    a.FillDefaults(schema);
-    return std::make_unique<ImageSampleDecoder>(Shape{3, 6, 7}, a);
-  };
+  const auto decoder = SourceDecoder;
   const auto img = RandomImage(6, 7, 3, 40);
   auto run = [&](const ImageSampleDecoder& d, int64_t epoch, int64_t i, bool train = true) {
-    std::vector<float> out(3 * 6 * 7);
-    d.AugmentPixels(img.data(), 6, 7, ReadContext{9, epoch, train}, i, out.data());
-    return out;
+    return RunSource(d, img, epoch, i, train);
   };
   AugmentOptions o;
   o.out_h = 6;
@@ -1242,17 +1251,10 @@ TEST(AugmentTest, TrivialAugmentAndColorJitterKeys) {
   const Schema schema = AddImageAugmentParams(Schema());
   ASSERT_NE(schema.Find("trivial_augment"), nullptr);
   ASSERT_NE(schema.Find("color_jitter"), nullptr);
-  auto decoder = [&](const std::map<std::string, ParamValue>& values) {
-    Args a;
-    for (const auto& [k, v] : values) a.Set(k, v);
-    a.FillDefaults(schema);
-    return std::make_unique<ImageSampleDecoder>(Shape{3, 6, 7}, a);
-  };
+  const auto decoder = SourceDecoder;
   const auto img = RandomImage(6, 7, 3, 41);
   auto run = [&](const ImageSampleDecoder& d, int64_t epoch, int64_t i, bool train = true) {
-    std::vector<float> out(3 * 6 * 7);
-    d.AugmentPixels(img.data(), 6, 7, ReadContext{9, epoch, train}, i, out.data());
-    return out;
+    return RunSource(d, img, epoch, i, train);
   };
   const auto none = decoder({});
   const auto both = decoder(
