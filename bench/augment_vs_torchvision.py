@@ -17,7 +17,8 @@ the whole image, no normalisation):
     torchvision's ColorJitter module (its get_params replaced to return the
     same draw) on ToTensor's float image: the largest difference.
 Images: one JPEG from each of the first --count folders under --images
-(RGB; larger than --max-side shrunk to it), and the first one's grayscale
+(RGB; larger than --max-side shrunk to it, or all resized to --resize
+rows), and the first one's grayscale
 ("L") for the 1-channel path, and an odd, non-square crop of the first.
 """
 import argparse
@@ -34,7 +35,7 @@ from torchvision.transforms import autoaugment
 from torchvision.transforms import functional as F
 
 
-def load_images(root, count, max_side):
+def load_images(root, count, max_side, resize):
     paths = []
     for d, _, files in sorted(os.walk(root)):
         for f in sorted(files):
@@ -45,7 +46,9 @@ def load_images(root, count, max_side):
             break
     def load(p, mode):
         im = Image.open(p).convert(mode)
-        if max(im.size) > max_side:
+        if resize:
+            im = im.resize((resize * 5 // 4, resize), Image.BILINEAR)
+        elif max(im.size) > max_side:
             im.thumbnail((max_side, max_side))
         return np.asarray(im)
     imgs = [load(p, "RGB") for p in paths]
@@ -65,11 +68,13 @@ def main():
     ap.add_argument("--images", required=True, help="a folder of JPEGs")
     ap.add_argument("--count", type=int, default=6)
     ap.add_argument("--max-side", type=int, default=160, help="larger images are shrunk to this")
+    ap.add_argument("--resize", type=int, default=0,
+                    help="resize every image to this height (width 5/4 of it) first")
     ap.add_argument("--jitter-cases", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    paths, imgs = load_images(args.images, args.count, args.max_side)
+    paths, imgs = load_images(args.images, args.count, args.max_side, args.resize)
     print(f"images: {len(paths)} RGB from {args.images} ({imgs[0].shape[0]}x{imgs[0].shape[1]})"
           f" + the first as grayscale + a {imgs[-1].shape[0]}x{imgs[-1].shape[1]} crop of it")
 

@@ -180,15 +180,23 @@ void Gather(const uint8_t* src, int h, int w, int c, int pad, bool reflect, cons
 void CropU8(const uint8_t* src, int h, int w, int c, int pad, bool reflect, const AugmentParams& p,
             int out_h, int out_w, uint8_t* dst) {
   const int first = p.flip ? p.left + out_w - 1 - pad : p.left - pad;
+  std::vector<int> sxs(out_w);  // each output column's source column, or -1
+  for (int x = 0; x < out_w; ++x) {
+    sxs[x] = SourceIndex(p.flip ? first - x : first + x, w, pad, reflect);
+  }
   for (int y = 0; y < out_h; ++y) {
     const int sy = SourceIndex(p.top + y - pad, h, pad, reflect);
-    for (int x = 0; x < out_w; ++x) {
-      const int sx = SourceIndex(p.flip ? first - x : first + x, w, pad, reflect);
-      uint8_t* out = dst + (int64_t{y} * out_w + x) * c;
-      if (sy < 0 || sx < 0) {
+    uint8_t* out = dst + int64_t{y} * out_w * c;
+    if (sy < 0) {
+      std::fill(out, out + int64_t{out_w} * c, uint8_t{0});
+      continue;
+    }
+    const uint8_t* row = src + int64_t{sy} * w * c;
+    for (int x = 0; x < out_w; ++x, out += c) {
+      if (sxs[x] < 0) {
         std::fill(out, out + c, uint8_t{0});
       } else {
-        std::copy_n(src + (int64_t{sy} * w + sx) * c, c, out);
+        std::copy_n(row + int64_t{sxs[x]} * c, c, out);
       }
     }
   }
@@ -480,14 +488,15 @@ void Augmenter::RunWithParams(const uint8_t* hwc, int h, int w, int c, const Aug
   };
   const bool trivial = params.trivial_op != TrivialOp::kIdentity;
   const bool jitter = Jitters(o);
+  // Checked whatever the draw, so a 4-channel source fails at once.
+  CNNFLOW_ENFORCE(!(o.trivial_augment || jitter) || c == 1 || c == 3,
+                  "augment: trivial_augment and color_jitter need 1 or 3 channels, got ", c);
   if (!trivial && !jitter) {
     gather(src, size, pad, reflect, at);
   } else {
     // The crop and flip as uint8, TrivialAugmentWide on it (uint8, as
     // torchvision on a uint8 tensor), then ColorJitter on v / 255 and the
     // normalisation, or without ColorJitter the table's normalisation.
-    CNNFLOW_ENFORCE(c == 1 || c == 3,
-                    "augment: trivial_augment and color_jitter need 1 or 3 channels, got ", c);
     const int64_t plane = int64_t{o.out_h} * o.out_w;
     std::vector<uint8_t> crop(plane * c);
     CropU8(src, size.h, size.w, c, pad, reflect, at, o.out_h, o.out_w, crop.data());
