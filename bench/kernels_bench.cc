@@ -153,9 +153,11 @@ void BM_JpegDecode(benchmark::State& state) {
 BENCHMARK(BM_JpegDecode)->Args({32, 32})->Args({500, 375});
 
 // Augmentation of one sample: CIFAR-style (pad 4, random crop, flip) and
-// ImageNet-style (resize min side 256, crop 224, flip).
+// ImageNet-style (resize min side 256, crop 224, flip); second argument: 1
+// adds trivial_augment, 2 color_jitter [0.4, 0.4, 0.4, 0.1], 3 both.
 void BM_Augment(benchmark::State& state) {
   const bool imagenet = state.range(0) != 0;
+  const int64_t extra = state.range(1);
   const int h = imagenet ? 375 : 32, w = imagenet ? 500 : 32;
   AugmentOptions o;
   o.out_h = o.out_w = imagenet ? 224 : 32;
@@ -164,6 +166,8 @@ void BM_Augment(benchmark::State& state) {
   o.random_crop = o.hflip = true;
   o.mean = {0.49f, 0.48f, 0.45f};
   o.std = {0.25f, 0.24f, 0.26f};
+  o.trivial_augment = (extra & 1) != 0;
+  if (extra & 2) o.color_jitter = {0.4, 0.4, 0.4, 0.1};
   const std::vector<uint8_t> img = PhotoLike(w, h);
   const Augmenter aug(o);
   std::vector<float> out(3 * o.out_h * o.out_w);
@@ -171,7 +175,7 @@ void BM_Augment(benchmark::State& state) {
   for (auto _ : state) aug.Run(img.data(), h, w, 3, 1, 0, i++, out.data());
   state.counters["img/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Augment)->Arg(0)->Arg(1);
+BENCHMARK(BM_Augment)->ArgsProduct({{0, 1}, {0, 1, 2, 3}});
 
 }  // namespace
 }  // namespace cnnflow

@@ -86,7 +86,8 @@ void FuzzCaffeDatum(const uint8_t* data, size_t size) {
 }
 
 // JPEG / PNG: the header read, DecodeImage at the channel counts and scales
-// the sources use, and the image sources' decode + augment step. The
+// the sources use, and the image sources' decode + augment step (reflect
+// padding, alternating flip, trivial_augment, color_jitter, erase). The
 // parameters come from the input's size, so real files serve as seeds as they are.
 void FuzzImage(const uint8_t* data, size_t size) {
   const ImageResult header = ReadImageHeader(data, size);
@@ -112,12 +113,18 @@ void FuzzImage(const uint8_t* data, size_t size) {
     args.Set("hflip", std::string("alternate"));
     args.Set("pad_mode", std::string("reflect"));
     args.Set("resize_min_side", int64_t{20});
+    args.Set("trivial_augment", true);
+    args.Set("color_jitter", std::vector<double>{0.4, 0.4, 0.4, 0.1});
+    args.Set("erase", 0.5);
     args.FillDefaults(AddImageAugmentParams(Schema("fuzz")));
     return new ImageSampleDecoder(Shape{3, 16, 16}, args);
   }();
   std::vector<float> sample(3 * 16 * 16);
   const std::string error =
-      decoder->DecodeEncoded(data, size, ReadContext{1, 0, (size & 1) != 0}, 0, sample.data());
+      // The sample index from the size too, so the inputs reach every
+      // trivial_augment op and color_jitter order.
+      decoder->DecodeEncoded(data, size, ReadContext{1, 0, (size & 1) != 0},
+                             static_cast<int64_t>(size >> 1), sample.data());
   if (error.empty() != r.ok()) Finding("image: DecodeImage and the sample decoder disagree");
   if (!r.ok()) throw Error("image: " + r.error);
 }

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
 #include <utility>
+#include <vector>
 
 #include "ops/cpu/isa.h"
 #include "ops/error.h"
@@ -173,6 +175,33 @@ void Gather(const uint8_t* src, int h, int w, int c, int pad, bool reflect, cons
   }
 }
 
+// The crop (with zero or reflect padding) and flip of Gather, kept as
+// uint8: dst is [out_h, out_w, c].
+void CropU8(const uint8_t* src, int h, int w, int c, int pad, bool reflect, const AugmentParams& p,
+            int out_h, int out_w, uint8_t* dst) {
+  const int first = p.flip ? p.left + out_w - 1 - pad : p.left - pad;
+  std::vector<int> sxs(out_w);  // each output column's source column, or -1
+  for (int x = 0; x < out_w; ++x) {
+    sxs[x] = SourceIndex(p.flip ? first - x : first + x, w, pad, reflect);
+  }
+  for (int y = 0; y < out_h; ++y) {
+    const int sy = SourceIndex(p.top + y - pad, h, pad, reflect);
+    uint8_t* out = dst + int64_t{y} * out_w * c;
+    if (sy < 0) {
+      std::fill(out, out + int64_t{out_w} * c, uint8_t{0});
+      continue;
+    }
+    const uint8_t* row = src + int64_t{sy} * w * c;
+    for (int x = 0; x < out_w; ++x, out += c) {
+      if (sxs[x] < 0) {
+        std::fill(out, out + c, uint8_t{0});
+      } else {
+        std::copy_n(row + int64_t{sxs[x]} * c, c, out);
+      }
+    }
+  }
+}
+
 // The region roi of an h x w x c image resized to `to` (cv::resize,
 // INTER_LINEAR) into dst.
 void Resize(const uint8_t* src, int h, int w, int c, const cv::Rect& roi, ImageSize to,
@@ -245,6 +274,36 @@ void DrawResizedCrop(int h, int w, const AugmentOptions& o, uint64_t key, Augmen
   p->left = (w - p->crop_w) / 2;
 }
 
+// TrivialAugmentWide: op (counter 200), magnitude bin (201), sign (202).
+void DrawTrivial(uint64_t key, AugmentParams* p) {
+  const int op = std::min(kTrivialOps - 1, static_cast<int>(UniformAt(key, 200) * kTrivialOps));
+  const int bin = std::min(kTrivialBins - 1, static_cast<int>(UniformAt(key, 201) * kTrivialBins));
+  p->trivial_op = static_cast<TrivialOp>(op);
+  p->trivial_magnitude = TrivialMagnitude(p->trivial_op, bin);
+  if (TrivialOpSigned(p->trivial_op) && UniformAt(key, 202) >= 0.5) p->trivial_magnitude *= -1.0;
+}
+
+// ColorJitter: the factors (counters 210..213; each a float32 value, as
+// torch's uniform_ on a float tensor) and the order (214..216).
+void DrawJitter(const AugmentOptions& o, uint64_t key, AugmentParams* p) {
+  for (int k = 0; k < 4; ++k) {
+    const double x = o.color_jitter[k];
+    const double lo = k < 3 ? std::max(0.0, 1.0 - x) : -x, hi = k < 3 ? 1.0 + x : x;
+    p->jitter[k] = static_cast<float>(lo + (hi - lo) * UniformAt(key, 210 + k));
+  }
+  std::array<int, 4> order{0, 1, 2, 3};
+  for (int k = 0; k < 3; ++k) {
+    const int i = 3 - k;  // position filled by this swap
+    const int j = std::min(i, static_cast<int>(UniformAt(key, 214 + k) * (i + 1)));
+    std::swap(order[i], order[j]);
+  }
+  p->jitter_order = order;
+}
+
+bool Jitters(const AugmentOptions& o) {
+  return std::any_of(o.color_jitter.begin(), o.color_jitter.end(), [](double x) { return x > 0; });
+}
+
 }  // namespace
 
 AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uint64_t seed,
@@ -268,6 +327,8 @@ AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uin
   if (options.erase_p > 0 && UniformAt(key, 3) < options.erase_p) {
     DrawErase(options, key, &p);
   }
+  if (options.trivial_augment) DrawTrivial(key, &p);
+  if (Jitters(options)) DrawJitter(options, key, &p);
   return p;
 }
 
@@ -322,6 +383,16 @@ Augmenter::Augmenter(AugmentOptions options) : options_(std::move(options)) {
   CheckRange("crop_ratio", o.crop_ratio, false);
   CheckRange("erase_scale", o.erase_scale, true);
   CheckRange("erase_ratio", o.erase_ratio, false);
+  static constexpr const char* kJitterNames[4] = {"brightness", "contrast", "saturation", "hue"};
+  for (int k = 0; k < 4; ++k) {
+    const double x = o.color_jitter[k];
+    const double hi = k < 3 ? std::numeric_limits<double>::infinity() : 0.5;
+    if (!(x >= 0 && x <= hi && std::isfinite(x))) {
+      throw ConfigError(StrCat("augment: color_jitter's ", kJitterNames[k], " (value ", k + 1,
+                               " of [brightness, contrast, saturation, hue]) must be ",
+                               k < 3 ? ">= 0 (finite)" : "in [0, 0.5]", ", got ", x));
+    }
+  }
   if (!(o.erase_p >= 0 && o.erase_p <= 1)) {
     throw ConfigError(StrCat("augment: erase (a probability) must be in [0, 1], got ", o.erase_p));
   }
@@ -399,18 +470,69 @@ void Augmenter::RunWithParams(const uint8_t* hwc, int h, int w, int c, const Aug
                              size.h != h || size.w != w ? " (after resize_min_side)" : ""));
   }
   const int lut_stride = norm_channels_ == 1 ? 0 : 256;
-  switch (c) {
-    case 1:
-      Gather<1>(src, size.h, size.w, c, pad, reflect, at, o.out_h, o.out_w, lut_.data(), lut_stride,
-                mean_.data(), std_.data(), chw_out);
-      break;
-    case 3:
-      Gather<3>(src, size.h, size.w, c, pad, reflect, at, o.out_h, o.out_w, lut_.data(), lut_stride,
-                mean_.data(), std_.data(), chw_out);
-      break;
-    default:
-      Gather<0>(src, size.h, size.w, c, pad, reflect, at, o.out_h, o.out_w, lut_.data(), lut_stride,
-                mean_.data(), std_.data(), chw_out);
+  auto gather = [&](const uint8_t* from, ImageSize sz, int gpad, bool greflect,
+                    const AugmentParams& gp) {
+    switch (c) {
+      case 1:
+        Gather<1>(from, sz.h, sz.w, c, gpad, greflect, gp, o.out_h, o.out_w, lut_.data(),
+                  lut_stride, mean_.data(), std_.data(), chw_out);
+        break;
+      case 3:
+        Gather<3>(from, sz.h, sz.w, c, gpad, greflect, gp, o.out_h, o.out_w, lut_.data(),
+                  lut_stride, mean_.data(), std_.data(), chw_out);
+        break;
+      default:
+        Gather<0>(from, sz.h, sz.w, c, gpad, greflect, gp, o.out_h, o.out_w, lut_.data(),
+                  lut_stride, mean_.data(), std_.data(), chw_out);
+    }
+  };
+  const bool trivial = params.trivial_op != TrivialOp::kIdentity;
+  const bool jitter = Jitters(o);
+  // Checked whatever the draw, so a 4-channel source fails at once.
+  CNNFLOW_ENFORCE(!(o.trivial_augment || jitter) || c == 1 || c == 3,
+                  "augment: trivial_augment and color_jitter need 1 or 3 channels, got ", c);
+  if (!trivial && !jitter) {
+    gather(src, size, pad, reflect, at);
+  } else {
+    // The crop and flip as uint8, TrivialAugmentWide on it (uint8, as
+    // torchvision on a uint8 tensor), then ColorJitter on v / 255 and the
+    // normalisation, or without ColorJitter the table's normalisation.
+    const int64_t plane = int64_t{o.out_h} * o.out_w;
+    std::vector<uint8_t> crop(plane * c);
+    CropU8(src, size.h, size.w, c, pad, reflect, at, o.out_h, o.out_w, crop.data());
+    const HwcU8 img{crop.data(), o.out_h, o.out_w, c};
+    if (trivial) ApplyTrivialOp(params.trivial_op, params.trivial_magnitude, img);
+    if (!jitter) {
+      gather(crop.data(), ImageSize{o.out_h, o.out_w}, 0, false, AugmentParams{});
+    } else {
+      for (int ch = 0; ch < c; ++ch) {
+        for (int64_t i = 0; i < plane; ++i) {
+          chw_out[ch * plane + i] = static_cast<float>(crop[i * c + ch]) / 255.f;
+        }
+      }
+      const ChwF f{chw_out, o.out_h, o.out_w, c};
+      for (const int op : params.jitter_order) {
+        if (!(o.color_jitter[op] > 0)) continue;
+        const double factor = params.jitter[op];
+        switch (op) {
+          case 0:
+            AdjustBrightness(f, factor);
+            break;
+          case 1:
+            AdjustContrast(f, factor);
+            break;
+          case 2:
+            AdjustSaturation(f, factor);
+            break;
+          default:
+            AdjustHue(f, factor);
+        }
+      }
+      for (int ch = 0; ch < c; ++ch) {
+        float* p = chw_out + ch * plane;
+        for (int64_t i = 0; i < plane; ++i) p[i] = (p[i] - mean_[ch]) / std_[ch];
+      }
+    }
   }
   if (params.erase_h > 0 && params.erase_w > 0) {
     CNNFLOW_ENFORCE(params.erase_top >= 0 && params.erase_left >= 0 &&

@@ -1,10 +1,10 @@
 // Per-sample image augmentation for the loaders: HWC uint8 (as decoded) ->
 // CHW float, with resize, zero or reflect padding, random or centre crop,
-// random (or alternating) horizontal flip, per-channel mean/std
-// normalisation and random erasing, as torchvision's Resize /
-// RandomCrop(padding, padding_mode) / CenterCrop / RandomHorizontalFlip /
-// ToTensor / Normalize / RandomErasing chain (the alternating flip is
-// airbench's).
+// random (or alternating) horizontal flip, TrivialAugmentWide, ColorJitter,
+// per-channel mean/std normalisation and random erasing, as torchvision's
+// Resize / RandomCrop(padding, padding_mode) / CenterCrop /
+// RandomHorizontalFlip / TrivialAugmentWide / ToTensor / ColorJitter /
+// Normalize / RandomErasing chain (the alternating flip is airbench's).
 //
 // Reproducible whatever the thread count: every random choice is a pure
 // function of (seed, epoch, sample_index) through ops/random.h, never of a
@@ -14,6 +14,8 @@
 #include <array>
 #include <cstdint>
 #include <vector>
+
+#include "loaders/image_ops.h"
 
 namespace cnnflow {
 
@@ -53,6 +55,20 @@ struct AugmentOptions {
   bool random_resized_crop = false;
   std::array<double, 2> crop_scale{0.08, 1.0};
   std::array<double, 2> crop_ratio{3.0 / 4.0, 4.0 / 3.0};
+  // torchvision's TrivialAugmentWide() (31 magnitude bins, NEAREST, fill 0)
+  // on the uint8 crop, after the flip: one of its 14 ops (loaders/image_ops.h)
+  // drawn uniformly, a magnitude bin drawn uniformly, and for the signed ops
+  // the sign with p = 0.5; as torchvision on a uint8 tensor. Needs 1 or 3
+  // channels.
+  bool trivial_augment = false;
+  // torchvision's ColorJitter(brightness, contrast, saturation, hue), after
+  // TrivialAugmentWide, on the float values v / 255 (as ColorJitter after
+  // ToTensor: float32, clamped to [0, 1] after each op, never rounded to
+  // uint8): factors b ~ U[max(0, 1 - x), 1 + x] for brightness, contrast
+  // and saturation, a hue shift ~ U[-x, x] (x <= 0.5), applied in a random
+  // order; 0 turns an op off. Needs 1 or 3 channels (saturation and hue
+  // leave one channel unchanged).
+  std::array<double, 4> color_jitter{0, 0, 0, 0};
   // Per channel on [0, 1] values: out = (v / 255 - mean[c]) / std[c]. Empty
   // = mean 0 / std 1; one value applies to every channel.
   std::vector<float> mean, std;
@@ -85,6 +101,15 @@ struct AugmentParams {
   int erase_left = 0;
   int erase_h = 0;
   int erase_w = 0;
+  // TrivialAugmentWide's op and its signed magnitude (as torchvision's
+  // _apply_op takes it); kIdentity: nothing.
+  TrivialOp trivial_op = TrivialOp::kIdentity;
+  double trivial_magnitude = 0;
+  // ColorJitter: the ops in the order applied (0 brightness, 1 contrast, 2
+  // saturation, 3 hue) and their factors (brightness, contrast, saturation,
+  // hue shift); an op whose color_jitter option is 0 is skipped.
+  std::array<int, 4> jitter_order{0, 1, 2, 3};
+  std::array<double, 4> jitter{1, 1, 1, 0};
 };
 
 // Distinguishes the augmentation stream from others keyed by the same
@@ -102,10 +127,14 @@ ImageSize ResizedSize(int h, int w, int resize_min_side);
 // (after resize, before padding). Stream: StreamKey(seed, epoch,
 // sample_index, kAugmentStream); counters 0 (top), 1 (left), 2 (flip), 3
 // (whether to erase), 4 + 4 k .. 7 + 4 k (erase try k: area, log ratio,
-// top, left) and 100 + 4 k .. 103 + 4 k (random resized crop try k: the
-// same). An
-// alternating flip draws counter 2 of the epoch-0 stream, StreamKey(seed, 0,
-// sample_index, kAugmentStream), so epoch 0 flips as the random flip does.
+// top, left), 100 + 4 k .. 103 + 4 k (random resized crop try k: the same),
+// 200 (TrivialAugmentWide's op), 201 (its magnitude bin), 202 (its sign:
+// negative when >= 0.5), 210..213 (ColorJitter's brightness, contrast,
+// saturation and hue) and 214..216 (its order: a Fisher-Yates shuffle of
+// [0, 1, 2, 3], counter 214 + k picking position 3 - k's op among the
+// first 4 - k). An alternating flip draws counter 2 of the epoch-0 stream,
+// StreamKey(seed, 0, sample_index, kAugmentStream), so epoch 0 flips as the
+// random flip does.
 AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uint64_t seed,
                                 int64_t epoch, int64_t sample_index);
 
@@ -118,8 +147,9 @@ class Augmenter {
   const AugmentOptions& options() const { return options_; }
 
   // hwc: [h, w, c] uint8, c in 1..4 -> chw_out: [c, out_h, out_w] float.
-  // Throws cnnflow::Error if c does not match mean/std, ConfigError if the
-  // (resized) image is too small for reflect padding.
+  // Throws cnnflow::Error if c does not match mean/std (or is not 1 or 3
+  // with trivial_augment or color_jitter), ConfigError if the (resized)
+  // image is too small for reflect padding.
   void Run(const uint8_t* hwc, int h, int w, int c, uint64_t seed, int64_t epoch,
            int64_t sample_index, float* chw_out) const;
   // The same with the random choices given (tests, replay).

@@ -440,7 +440,14 @@ Schema AddImageAugmentParams(Schema schema) {
                 "RandomErasing: [lo, hi] of the erased area's fraction of the sample")
       .Optional("erase_ratio", ParamType::kFloatList, std::vector<double>{0.3, 3.3},
                 "RandomErasing: [lo, hi] of the erased rectangle's aspect ratio (h / w), drawn "
-                "log-uniform");
+                "log-uniform")
+      .Optional("trivial_augment", ParamType::kBool, false,
+                "torchvision's TrivialAugmentWide() after the crop and flip: one of 14 ops "
+                "(shear, translate, rotate, colour, posterize, ...) at a random magnitude")
+      .Optional("color_jitter", ParamType::kFloatList, std::vector<double>{0, 0, 0, 0},
+                "torchvision's ColorJitter(brightness, contrast, saturation, hue) after "
+                "trivial_augment, in a random order: [b, c, s, h] (1 to 4 values, the rest 0; "
+                "b, c, s >= 0, h <= 0.5; 0: that op off)");
   return schema;
 }
 
@@ -465,6 +472,15 @@ ImageSampleDecoder::ImageSampleDecoder(const Shape& shape, const Args& args) {
   o.erase_p = args.Float("erase");
   o.erase_scale = Pair(args, "erase_scale");
   o.erase_ratio = Pair(args, "erase_ratio");
+  o.trivial_augment = args.Bool("trivial_augment");
+  const std::vector<double> jitter = args.Floats("color_jitter");
+  if (jitter.empty() || jitter.size() > 4) {
+    throw ConfigError(
+        StrCat("color_jitter: expected [brightness, contrast, saturation, hue] (1 "
+               "to 4 values, the rest 0), got ",
+               jitter.size(), " values"));
+  }
+  std::copy(jitter.begin(), jitter.end(), o.color_jitter.begin());
   train_options_ = o;
   eval_ = std::make_unique<Augmenter>(eval_options_);
   train_ = std::make_unique<Augmenter>(train_options_);

@@ -77,8 +77,8 @@ void ConvertImageChannels(uint8_t* buf, size_t pixels, int from, int to);
 
 // Adds the augmentation parameters every image source takes (pad,
 // pad_mode, random_crop, hflip, resize_min_side, random_resized_crop,
-// crop_scale, crop_ratio, erase, erase_scale, erase_ratio) to a source's
-// schema. hflip
+// crop_scale, crop_ratio, erase, erase_scale, erase_ratio, trivial_augment,
+// color_jitter) to a source's schema. hflip
 // is a choice of "false", "true" (YAML's bools) or "alternate"; code may also
 // set it as a bool.
 Schema AddImageAugmentParams(Schema schema);

@@ -1,6 +1,8 @@
 // Augment: crops, flips, zero and reflect padding and normalisation against
 // a naive reference (the padded image built as numpy.pad builds it); the
-// alternating flip's epoch rule; the image sources' keys and their errors;
+// alternating flip's epoch rule; TrivialAugmentWide's and ColorJitter's
+// draws and their place in the chain (the ops themselves:
+// image_ops_test.cc); the image sources' keys and their errors;
 // reproducibility per (seed, epoch, sample) whatever the threads.
 #include "loaders/augment.h"
 
@@ -335,7 +337,7 @@ TEST(AugmentTest, FlipMirrorsTheCrop) {
   o.out_w = 5;
   o.pad = 1;
   Augmenter aug(o);
-  for (const AugmentParams base :
+  for (const AugmentParams& base :
        {AugmentParams{0, 0, false}, AugmentParams{2, 3, false}, AugmentParams{1, 1, false}}) {
     AugmentParams flipped = base;
     flipped.flip = true;
@@ -871,6 +873,22 @@ TEST(AugmentTest, RandomResizedCropResizesTheRegion) {
   testing::ExpectContains(testing::ErrorOf<ConfigError>([&] { Augmenter{o}; }), {"crop_ratio"});
 }
 
+// An image source's decoder of [3, 6, 7] samples with the given keys (the
+// others at their defaults), and one training (or evaluation) sample of a
+// 6 x 7 image through it, seed 9.
+std::unique_ptr<ImageSampleDecoder> SourceDecoder(const std::map<std::string, ParamValue>& values) {
+  Args a;
+  for (const auto& [k, v] : values) a.Set(k, v);
+  a.FillDefaults(AddImageAugmentParams(Schema()));
+  return std::make_unique<ImageSampleDecoder>(Shape{3, 6, 7}, a);
+}
+std::vector<float> RunSource(const ImageSampleDecoder& d, const std::vector<uint8_t>& img,
+                             int64_t epoch, int64_t i, bool train) {
+  std::vector<float> out(3 * 6 * 7);
+  d.AugmentPixels(img.data(), 6, 7, ReadContext{9, epoch, train}, i, out.data());
+  return out;
+}
+
 // The image sources' keys (AddImageAugmentParams) reach the augmenter:
 // hflip as a config gives it ("false", "true", "alternate") or as code sets
 // it (a bool), pad_mode; training passes only. Bad values name the key.
@@ -880,17 +898,10 @@ TEST(AugmentTest, ImageSourceKeysAndTheirErrors) {
   EXPECT_EQ(schema.Find("pad_mode")->choices, (std::vector<std::string>{"zero", "reflect"}));
   EXPECT_EQ(schema.Find("hflip")->choices,
             (std::vector<std::string>{"false", "true", "alternate"}));
-  auto decoder = [&](const std::map<std::string, ParamValue>& values) {
-    Args a;
-    for (const auto& [k, v] : values) a.Set(k, v);
-    a.FillDefaults(schema);
-    return std::make_unique<ImageSampleDecoder>(Shape{3, 6, 7}, a);
-  };
+  const auto decoder = SourceDecoder;
   const auto img = RandomImage(6, 7, 3, 40);
   auto run = [&](const ImageSampleDecoder& d, int64_t epoch, int64_t i, bool train = true) {
-    std::vector<float> out(3 * 6 * 7);
-    d.AugmentPixels(img.data(), 6, 7, ReadContext{9, epoch, train}, i, out.data());
-    return out;
+    return RunSource(d, img, epoch, i, train);
   };
   AugmentOptions o;
   o.out_h = 6;
@@ -1033,6 +1044,312 @@ TEST(AugmentTest, BadOptionsAndInputsThrow) {
   std::vector<uint8_t> img(16);
   std::vector<float> out(64);
   EXPECT_THROW(aug.RunWithParams(img.data(), 4, 4, 1, {}, out.data()), Error);  // 1 channel vs 3
+}
+
+// TrivialAugmentWide's draw: the op uniform over the 14, the bin uniform
+// over the 31, the sign balanced for the signed ops and never drawn for the
+// others; the crop, flip and erase draws unchanged by it (new counters).
+TEST(AugmentTest, TrivialAugmentDrawsAreUniform) {
+  AugmentOptions o;
+  o.out_h = o.out_w = 8;
+  o.pad = 2;
+  o.random_crop = true;
+  o.hflip = true;
+  o.erase_p = 0.5;
+  AugmentOptions t = o;
+  t.trivial_augment = true;
+  const int n = 28000;
+  std::array<int, kTrivialOps> ops{};
+  std::array<int, kTrivialBins> bins{};
+  int negative = 0, signed_ops = 0, unsigned_negative = 0;
+  for (int i = 0; i < n; ++i) {
+    const AugmentParams p = DrawAugmentParams(10, 10, t, 5, 3, i);
+    const AugmentParams q = DrawAugmentParams(10, 10, o, 5, 3, i);
+    ASSERT_TRUE(p.top == q.top && p.left == q.left && p.flip == q.flip &&
+                p.erase_top == q.erase_top && p.erase_h == q.erase_h && p.erase_w == q.erase_w);
+    EXPECT_EQ(q.trivial_op, TrivialOp::kIdentity);
+    const int op = static_cast<int>(p.trivial_op);
+    ASSERT_TRUE(op >= 0 && op < kTrivialOps);
+    ++ops[op];
+    if (TrivialOpSigned(p.trivial_op)) {
+      ++signed_ops;
+      negative += p.trivial_magnitude < 0;
+    } else {
+      unsigned_negative += p.trivial_magnitude < 0;
+    }
+    // The bin, from the rotation's magnitude (4.5 degrees a bin).
+    if (p.trivial_op == TrivialOp::kRotate) {
+      const double bin = std::abs(p.trivial_magnitude) / 4.5;
+      ASSERT_NEAR(bin, std::round(bin), 1e-5);
+      ++bins[static_cast<int>(std::round(bin))];
+    }
+  }
+  // Each op 2000 times expected, sd ~ 43.
+  for (int op = 0; op < kTrivialOps; ++op) {
+    EXPECT_NEAR(ops[op], n / kTrivialOps, 200) << TrivialOpName(static_cast<TrivialOp>(op));
+  }
+  // Rotate's bins: ~64.5 each, sd ~ 8.
+  for (int b = 0; b < kTrivialBins; ++b) EXPECT_NEAR(bins[b], ops[5] / 31.0, 35) << "bin " << b;
+  EXPECT_NEAR(negative / static_cast<double>(signed_ops), 0.5, 0.02);
+  EXPECT_EQ(unsigned_negative, 0);
+  // Keyed: another epoch, another draw for most samples.
+  int same = 0;
+  for (int i = 0; i < 200; ++i) {
+    const AugmentParams a = DrawAugmentParams(10, 10, t, 5, 3, i);
+    const AugmentParams b = DrawAugmentParams(10, 10, t, 5, 4, i);
+    same += a.trivial_op == b.trivial_op && a.trivial_magnitude == b.trivial_magnitude;
+  }
+  EXPECT_LT(same, 40);
+}
+
+// ColorJitter's draw: each factor uniform in torchvision's range (the lower
+// end clipped at 0), the hue shift in [-h, h], the order uniform over the 24
+// permutations; nothing else moved.
+TEST(AugmentTest, ColorJitterDrawsFollowTorchvisionsRanges) {
+  AugmentOptions o;
+  o.out_h = o.out_w = 8;
+  o.random_crop = true;
+  o.hflip = true;
+  o.color_jitter = {0.4, 1.5, 0.2, 0.1};
+  AugmentOptions plain = o;
+  plain.color_jitter = {0, 0, 0, 0};
+  const std::array<double, 4> lo{0.6, 0.0, 0.8, -0.1}, hi{1.4, 2.5, 1.2, 0.1};
+  const int n = 24000;
+  std::array<double, 4> mn{9, 9, 9, 9}, mx{-9, -9, -9, -9}, sum{};
+  std::map<std::array<int, 4>, int> orders;
+  for (int i = 0; i < n; ++i) {
+    const AugmentParams p = DrawAugmentParams(12, 12, o, 8, 1, i);
+    const AugmentParams q = DrawAugmentParams(12, 12, plain, 8, 1, i);
+    ASSERT_TRUE(p.top == q.top && p.left == q.left && p.flip == q.flip);
+    for (int k = 0; k < 4; ++k) {
+      ASSERT_GE(p.jitter[k], lo[k]);
+      ASSERT_LE(p.jitter[k], hi[k]);
+      mn[k] = std::min(mn[k], p.jitter[k]);
+      mx[k] = std::max(mx[k], p.jitter[k]);
+      sum[k] += p.jitter[k];
+    }
+    ++orders[p.jitter_order];
+  }
+  for (int k = 0; k < 4; ++k) {
+    const double width = hi[k] - lo[k];
+    EXPECT_LT(mn[k] - lo[k], 0.002 * width) << k;
+    EXPECT_LT(hi[k] - mx[k], 0.002 * width) << k;
+    // The mean of a uniform: sd of the mean width / sqrt(12 n) ~ 0.002 width.
+    EXPECT_NEAR(sum[k] / n, (lo[k] + hi[k]) / 2, 0.01 * width) << k;
+  }
+  // 24 permutations, ~1000 each (sd ~ 31).
+  ASSERT_EQ(orders.size(), 24u);
+  for (const auto& [order, count] : orders) {
+    std::array<int, 4> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, (std::array<int, 4>{0, 1, 2, 3}));
+    EXPECT_NEAR(count, n / 24, 160);
+  }
+}
+
+// [h, w, c] uint8 -> the augmenter's chain written out: the crop (numpy.pad
+// then slice), the flip, TrivialAugmentWide's op (image_ops, tested on its
+// own), ColorJitter's ops in the drawn order on v / 255, the normalisation
+// and the erased rectangle.
+std::vector<float> ChainReference(const std::vector<uint8_t>& img, int h, int w, int c,
+                                  const AugmentOptions& o, const AugmentParams& p) {
+  const std::vector<uint8_t> padded = Padded(img, h, w, c, o.pad, o.pad_mode);
+  const int pw = w + 2 * o.pad;
+  std::vector<uint8_t> crop(static_cast<size_t>(o.out_h) * o.out_w * c);
+  for (int y = 0; y < o.out_h; ++y) {
+    for (int x = 0; x < o.out_w; ++x) {
+      const int sx = p.left + (p.flip ? o.out_w - 1 - x : x);
+      std::memcpy(&crop[(y * o.out_w + x) * c], &padded[((p.top + y) * pw + sx) * c], c);
+    }
+  }
+  ApplyTrivialOp(p.trivial_op, p.trivial_magnitude, HwcU8{crop.data(), o.out_h, o.out_w, c});
+  const int plane = o.out_h * o.out_w;
+  std::vector<float> out(static_cast<size_t>(c) * plane);
+  for (int ch = 0; ch < c; ++ch) {
+    for (int i = 0; i < plane; ++i) out[ch * plane + i] = crop[i * c + ch] / 255.f;
+  }
+  const ChwF f{out.data(), o.out_h, o.out_w, c};
+  for (int op : p.jitter_order) {
+    if (o.color_jitter[op] == 0) continue;
+    if (op == 0) AdjustBrightness(f, p.jitter[0]);
+    if (op == 1) AdjustContrast(f, p.jitter[1]);
+    if (op == 2) AdjustSaturation(f, p.jitter[2]);
+    if (op == 3) AdjustHue(f, p.jitter[3]);
+  }
+  for (int ch = 0; ch < c; ++ch) {
+    for (int i = 0; i < plane; ++i) {
+      float& v = out[ch * plane + i];
+      v = (v - o.mean[ch]) / o.std[ch];
+      const int y = i / o.out_w, x = i % o.out_w;
+      if (y >= p.erase_top && y < p.erase_top + p.erase_h && x >= p.erase_left &&
+          x < p.erase_left + p.erase_w) {
+        v = 0;
+      }
+    }
+  }
+  return out;
+}
+
+// The whole chain (reflect padding, random crop, flip, TrivialAugmentWide,
+// ColorJitter, normalisation, erasing) against the reference, for 1 and 3
+// channels; each op changes the sample; without them the fast path's
+// result, bitwise.
+TEST(AugmentTest, TrivialAugmentAndColorJitterRunInTheChain) {
+  for (const int c : {3, 1}) {
+    SCOPED_TRACE(c);
+    const int h = 14, w = 15;
+    AugmentOptions o;
+    o.out_h = 12;
+    o.out_w = 11;
+    o.pad = 2;
+    o.pad_mode = PadMode::kReflect;
+    o.random_crop = true;
+    o.hflip = true;
+    o.erase_p = 0.5;
+    o.mean = c == 3 ? kCifar.mean : std::vector<float>{0.45f};
+    o.std = c == 3 ? kCifar.std : std::vector<float>{0.25f};
+    AugmentOptions plain = o, trivial = o, jitter = o;
+    trivial.trivial_augment = true;
+    jitter.color_jitter = {0.4, 0.4, 0.4, 0.1};
+    o.trivial_augment = true;
+    o.color_jitter = {0.4, 0.4, 0.4, 0.1};
+    const Augmenter both_aug(o), plain_aug(plain), trivial_aug(trivial), jitter_aug(jitter);
+    int trivial_changed = 0, jitter_changed = 0;
+    const int n = 60;
+    for (int i = 0; i < n; ++i) {
+      const auto img = RandomImage(h, w, c, 500 + i);
+      const AugmentParams p = DrawAugmentParams(h, w, o, 3, 2, i);
+      const size_t size = static_cast<size_t>(c) * o.out_h * o.out_w;
+      std::vector<float> both(size), none(size), t(size), j(size);
+      both_aug.Run(img.data(), h, w, c, 3, 2, i, both.data());
+      EXPECT_TRUE(BitwiseEqual(both, ChainReference(img, h, w, c, o, p))) << "sample " << i;
+      plain_aug.Run(img.data(), h, w, c, 3, 2, i, none.data());
+      AugmentParams q = p;
+      q.trivial_op = TrivialOp::kIdentity;
+      EXPECT_TRUE(BitwiseEqual(none, ChainReference(img, h, w, c, plain, q)));
+      if (p.erase_h == 0) {
+        EXPECT_TRUE(BitwiseEqual(none, Reference(img, h, w, c, plain, q)));
+      }
+      trivial_aug.Run(img.data(), h, w, c, 3, 2, i, t.data());
+      jitter_aug.Run(img.data(), h, w, c, 3, 2, i, j.data());
+      EXPECT_TRUE(BitwiseEqual(t, ChainReference(img, h, w, c, trivial, p)));
+      EXPECT_TRUE(BitwiseEqual(j, ChainReference(img, h, w, c, jitter, q)));
+      trivial_changed += !BitwiseEqual(t, none);
+      jitter_changed += !BitwiseEqual(j, none);
+    }
+    // Identity (1 in 14), magnitude-0 bins, and on gray images Color, leave
+    // a sample as it is.
+    EXPECT_GT(trivial_changed, n * 2 / 3);
+    EXPECT_EQ(jitter_changed, n);
+  }
+}
+
+// The image sources' keys: trivial_augment and color_jitter (1 to 4 values,
+// the rest 0) reach the augmenter in training passes only; bad values name
+// the key and the allowed range.
+TEST(AugmentTest, TrivialAugmentAndColorJitterKeys) {
+  const Schema schema = AddImageAugmentParams(Schema());
+  ASSERT_NE(schema.Find("trivial_augment"), nullptr);
+  ASSERT_NE(schema.Find("color_jitter"), nullptr);
+  const auto decoder = SourceDecoder;
+  const auto img = RandomImage(6, 7, 3, 41);
+  auto run = [&](const ImageSampleDecoder& d, int64_t epoch, int64_t i, bool train = true) {
+    return RunSource(d, img, epoch, i, train);
+  };
+  const auto none = decoder({});
+  const auto both = decoder(
+      {{"trivial_augment", true}, {"color_jitter", std::vector<double>{0.4, 0.3, 0.2, 0.1}}});
+  const auto brightness = decoder({{"color_jitter", std::vector<double>{0.5}}});
+  AugmentOptions o;
+  o.out_h = 6;
+  o.out_w = 7;
+  o.trivial_augment = true;
+  o.color_jitter = {0.4, 0.3, 0.2, 0.1};
+  AugmentOptions b;
+  b.out_h = 6;
+  b.out_w = 7;
+  b.color_jitter = {0.5, 0, 0, 0};
+  for (int64_t i = 0; i < 8; ++i) {
+    EXPECT_TRUE(BitwiseEqual(run(*both, 2, i), RunAugment(img, 6, 7, 3, o, 9, 2, i)));
+    EXPECT_FALSE(BitwiseEqual(run(*both, 2, i), run(*none, 2, i)));
+    EXPECT_TRUE(BitwiseEqual(run(*brightness, 2, i), RunAugment(img, 6, 7, 3, b, 9, 2, i)));
+    // Evaluation passes: neither.
+    EXPECT_TRUE(BitwiseEqual(run(*both, 2, i, false), run(*none, 2, i, false)));
+  }
+  // A brightness-only jitter scales every value by one factor.
+  const auto base = run(*none, 2, 3), scaled = run(*brightness, 2, 3);
+  const double factor = scaled[0] / base[0];
+  for (size_t k = 0; k < base.size(); ++k) {
+    EXPECT_NEAR(scaled[k], std::min(1.0, base[k] * factor), 1e-6);
+  }
+  testing::ExpectContains(
+      testing::ErrorOf<ConfigError>([&] {
+        decoder({{"color_jitter", std::vector<double>{0.1, 0.1, 0.1, 0.1, 0.1}}});
+      }),
+      {"color_jitter", "1 to 4 values", "got 5"});
+  testing::ExpectContains(testing::ErrorOf<ConfigError>([&] {
+                            decoder({{"color_jitter", std::vector<double>{0.1, -0.2}}});
+                          }),
+                          {"color_jitter", "contrast", ">= 0", "-0.2"});
+  testing::ExpectContains(testing::ErrorOf<ConfigError>([&] {
+                            decoder({{"color_jitter", std::vector<double>{0, 0, 0, 0.6}}});
+                          }),
+                          {"color_jitter", "hue", "[0, 0.5]", "0.6"});
+  AugmentOptions bad;
+  bad.out_h = bad.out_w = 4;
+  bad.color_jitter = {std::nan(""), 0, 0, 0};
+  testing::ExpectContains(testing::ErrorOf<ConfigError>([&] { Augmenter{bad}; }),
+                          {"color_jitter", "brightness"});
+  // 2- and 4-channel images are refused with either op on, not without.
+  bad.color_jitter = {0, 0, 0, 0};
+  bad.trivial_augment = true;
+  std::vector<uint8_t> four(4 * 4 * 4);
+  std::vector<float> out(4 * 4 * 4);
+  AugmentParams p;  // Identity drawn: refused all the same
+  testing::ExpectContains(testing::ErrorOf<Error>([&] {
+                            Augmenter(bad).RunWithParams(four.data(), 4, 4, 4, p, out.data());
+                          }),
+                          {"trivial_augment", "1 or 3 channels", "got 4"});
+  bad.trivial_augment = false;
+  Augmenter(bad).RunWithParams(four.data(), 4, 4, 4, {}, out.data());
+}
+
+// Both on, with a resize and RandomResizedCrop: the same samples with 1 and
+// 2 threads, and as the one-shot Augment.
+TEST(AugmentTest, TrivialAugmentAndColorJitterSameWithOneAndTwoThreads) {
+  const int n = 48, c = 3;
+  std::vector<std::vector<uint8_t>> imgs;
+  std::vector<std::pair<int, int>> dims;
+  for (int i = 0; i < n; ++i) {
+    dims.emplace_back(30 + i % 7, 34 + i % 5);
+    imgs.push_back(RandomImage(dims[i].first, dims[i].second, c, 300 + i));
+  }
+  AugmentOptions o;
+  o.out_h = o.out_w = 20;
+  o.resize_min_side = 28;
+  o.random_resized_crop = true;
+  o.hflip = true;
+  o.trivial_augment = true;
+  o.color_jitter = {0.4, 0.4, 0.4, 0.1};
+  o.mean = kImagenet.mean;
+  o.std = kImagenet.std;
+  const Augmenter aug(o);
+  const size_t sample = c * 20 * 20;
+  auto run_all = [&](int threads) {
+    tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+    std::vector<float> out(n * sample);
+    tbb::parallel_for(0, n, [&](int i) {
+      aug.Run(imgs[i].data(), dims[i].first, dims[i].second, c, 7, 1, i, out.data() + i * sample);
+    });
+    return out;
+  };
+  const auto one = run_all(1), two = run_all(2);
+  EXPECT_TRUE(BitwiseEqual(one, two));
+  std::vector<float> seq(sample);
+  for (int i = 0; i < n; i += 7) {
+    Augment(imgs[i].data(), dims[i].first, dims[i].second, c, o, 7, 1, i, seq.data());
+    EXPECT_EQ(std::memcmp(seq.data(), one.data() + i * sample, sample * sizeof(float)), 0);
+  }
 }
 
 }  // namespace
