@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <sstream>
@@ -330,18 +331,36 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
                static_cast<int>(100 * pipeline_->theoretical_bubble() + 0.5), "%"));
   }
   // In an MPI job each process trained or evaluated its shard: report the
-  // whole (a shard that processes share counted once).
+  // whole (a shard that processes share counted once). Every process's
+  // totals are gathered and summed in rank order, so the counts stay exact
+  // integers and the loss is one f64 sum in a fixed order, the same on
+  // every rank (an f32 MPI_SUM rounded the loss to 24 bits, and would have
+  // rounded counts above 2^24).
   MpiWorld& world = MpiWorld::Get();
   if (world.active()) {
     PassMetrics& m = state_.metrics;
-    float totals[4] = {static_cast<float>(m.loss_sum), static_cast<float>(m.correct),
-                       static_cast<float>(m.samples), static_cast<float>(m.skipped)};
-    if (!state_.counts_metrics()) std::fill(std::begin(totals), std::end(totals), 0.0f);
-    world.AllReduceSum(totals, 4, pass + " metrics", config_.collective_timeout_s);
-    m.loss_sum = totals[0];
-    m.correct = std::llround(totals[1]);
-    m.samples = std::llround(totals[2]);
-    m.skipped = std::llround(totals[3]);
+    const bool counts = state_.counts_metrics();
+    const double loss_sum = counts ? m.loss_sum : 0.0;
+    uint64_t loss_bits;
+    std::memcpy(&loss_bits, &loss_sum, sizeof loss_bits);
+    auto gather = [&](uint64_t v, const char* what) {
+      return world.AllGather(v, StrCat(pass, " metrics (", what, ")"),
+                             config_.collective_timeout_s);
+    };
+    const auto losses = gather(loss_bits, "loss");
+    const auto correct = gather(counts ? m.correct : 0, "correct");
+    const auto samples = gather(counts ? m.samples : 0, "samples");
+    const auto skipped = gather(counts ? m.skipped : 0, "skipped");
+    m.loss_sum = 0;
+    m.correct = m.samples = m.skipped = 0;
+    for (int r = 0; r < world.size(); ++r) {
+      double l;
+      std::memcpy(&l, &losses[r], sizeof l);
+      m.loss_sum += l;
+      m.correct += static_cast<int64_t>(correct[r]);
+      m.samples += static_cast<int64_t>(samples[r]);
+      m.skipped += static_cast<int64_t>(skipped[r]);
+    }
   }
   if (!state_.bad_records.empty()) {
     std::string list;

@@ -411,9 +411,12 @@ int Eval(const Options& o) {
   Progress progress = Progress::ForStderr();
   trainer.set_progress(&progress);
   PassMetrics m = trainer.Evaluate();
-  std::printf("test accuracy %.2f%%, test loss %.4f over %lld samples (%.0f img/s)\n",
-              100 * m.accuracy(), m.mean_loss(), static_cast<long long>(m.samples),
-              m.samples_per_second());
+  // Under mpirun every rank evaluated its shard and holds the whole's
+  // counts; rank 0 reports them.
+  if (MpiWorld::Get().rank() != 0) return 0;
+  std::printf("test accuracy %.2f%% (%lld of %lld samples), test loss %.10f (%.0f img/s)\n",
+              100 * m.accuracy(), static_cast<long long>(m.correct),
+              static_cast<long long>(m.samples), m.mean_loss(), m.samples_per_second());
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/cpu/onednn.h"
 #include "ops/model.h"
 #include "pipeline/run_config.h"
 #include "tests/testing/helpers.h"
@@ -289,8 +290,16 @@ TEST_F(ConfigTest, GpuDeviceListsAreCheckedBeforeTheRun) {
             std::string::npos);
   EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0]", "graph.precision=bf16"}).compute,
             DType::kBF16);
-  EXPECT_NE(ErrorOf(kGood, {"graph.precision=fp16"}).find("CPU devices train in fp32"),
+  EXPECT_NE(ErrorOf(kGood, {"graph.precision=fp16"}).find("CPU devices take fp32 or bf16"),
             std::string::npos);
+  // bf16 on CPU devices: taken where the CPU has native bf16, else refused
+  // naming what is missing (ops/cpu/onednn.h).
+  if (cpu::NoNativeBf16Reason().empty()) {
+    EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.precision=bf16"}).compute, DType::kBF16);
+  } else {
+    testing::ExpectContains(ErrorOf(kGood, {"graph.precision=bf16"}),
+                            {"graph.precision", "bf16 on CPU devices", "avx512_bf16", "emulated"});
+  }
   EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:0]", "graph.precision=f16"})
                 .find("expected fp32, bf16 or fp16"),
             std::string::npos);
