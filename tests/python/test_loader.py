@@ -1,6 +1,7 @@
 """cnnflow.Loader: the batches of `cnnflow train`, determinism, DLPack,
 errors, and a clean exit after an early break."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -151,6 +152,24 @@ def test_on_bad_record(data_dir, tmp_path):
     loader = cnnflow.Loader(spec, batch=8, on_bad_record="skip")
     assert sum(len(np.from_dlpack(y)) for _, y in loader) == 59
     assert len(loader.bad_records) == 1 and "0.jpg" in loader.bad_records[0]
+
+
+def test_threads_released_when_the_loop_breaks(data_dir):
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    loader = cnnflow.Loader(lmdb_spec(data_dir), batch=2, threads=2, prefetch=2)
+    for _ in loader:  # a whole epoch: TBB's worker pool exists from now on
+        pass
+    before = threads()
+    for _ in range(10):
+        for x, y in loader:
+            break
+    it = iter(loader)
+    next(it)
+    assert threads() == before + 1  # the epoch being loaded
+    del it
+    assert threads() == before
 
 
 def test_early_break_then_clean_exit(data_dir):
