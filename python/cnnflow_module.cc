@@ -113,6 +113,7 @@ class PyLoader {
     if (name != "train" && name != "test") {
       throw ConfigError(StrCat("the data set is 'train' or 'test', got '", name, "'"));
     }
+    if (a.batch == 0 || a.batch < -1) throw ConfigError(StrCat("batch must be > 0, got ", a.batch));
     SampleTransform transform;
     std::shared_ptr<Dataset> data = OpenDataSet(config, name, &transform);
     BatchLoaderOptions o;
@@ -120,7 +121,6 @@ class PyLoader {
     o.batch = a.batch > 0   ? a.batch
               : from_config ? (o.train ? config.batch : config.eval_batch)
                             : 64;
-    if (a.batch == 0 || a.batch < -1) throw ConfigError(StrCat("batch must be > 0, got ", a.batch));
     o.shuffle = a.shuffle >= 0 ? a.shuffle != 0 : o.train;
     o.seed = a.seed >= 0 ? static_cast<uint64_t>(a.seed) : config.seed;
     o.drop_last = a.drop_last;
