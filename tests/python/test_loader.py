@@ -43,6 +43,10 @@ def test_batches_equal_cnnflow_train(cli, data_dir, tmp_path):
             assert x.shape == want["inputs"].shape and x.dtype == np.float32
             np.testing.assert_array_equal(x, want["inputs"])
             np.testing.assert_array_equal(y, want["labels"])
+    # The config's values, overridden as --set does; a set it does not have.
+    assert cnnflow.Loader(config, overrides=["train.batch=5"]).batch_size == 5
+    with pytest.raises(cnnflow.ConfigError, match="no data.test set"):
+        cnnflow.Loader(config, "test")
     # Augmented: the two epochs differ.
     assert not np.array_equal(read_safetensors(dump / "batch-0-0.safetensors")["inputs"],
                               read_safetensors(dump / "batch-1-0.safetensors")["inputs"])
@@ -190,3 +194,15 @@ def test_early_break_then_clean_exit(data_dir):
     assert r.returncode == 0, r.stderr
     assert "ok (2, 3, 32, 32)" in r.stdout
     assert r.stderr == ""
+
+
+def test_torch_from_dlpack_shares_memory(data_dir):
+    # CI has no torch (this skips there); with torch, the tensor is the
+    # loader's buffer, as numpy's array is.
+    torch = pytest.importorskip("torch")
+    for x, y in cnnflow.Loader(lmdb_spec(data_dir), batch=4, threads=2):
+        t, labels = torch.from_dlpack(x), torch.from_dlpack(y)
+        assert t.data_ptr() == np.from_dlpack(x).__array_interface__["data"][0]
+        assert t.dtype == torch.float32 and labels.dtype == torch.int64
+        assert torch.nn.functional.cross_entropy(torch.zeros(4, 10), labels).item() > 0
+        break
