@@ -57,8 +57,8 @@ commands:
         them to FILE as a Chrome trace (chrome://tracing, ui.perfetto.dev) and print where
         the time went by category (forward, backward, allreduce, optimizer, load, ...)
         --dump-batches DIR: write each training batch as the model got it to
-        DIR/batch-<epoch>-<index>.safetensors (inputs f32, labels i64): a debug dump that
-        cnnflow.Loader's batches are checked against
+        DIR/batch-<epoch>-<index>.safetensors (inputs f32, labels i64; process 0's under
+        mpirun): a debug dump that cnnflow.Loader's batches are checked against
   launch [--max-restarts N] [-n RANKS] [--mpirun PATH] -- COMMAND...
         gang restart: run COMMAND (cnnflow train ... --out RUN_DIR, or mpirun around it;
         -n RANKS: `mpirun -n RANKS COMMAND`); when any rank fails, relaunch every rank from
@@ -375,7 +375,7 @@ int Train(const Options& o) {
   // Past the first steps (allocations, caches, autotune's first moves).
   constexpr int64_t kTraceWarmupSteps = 20;
   if (!o.trace.empty()) Tracer::TraceSteps(kTraceWarmupSteps, kTraceWarmupSteps + o.trace_steps);
-  if (!o.dump_batches.empty()) {
+  if (!o.dump_batches.empty() && rank0) {
     std::filesystem::create_directories(o.dump_batches);
     trainer.set_batch_observer([&o](const BatchMessage& m, const PassMetrics&) {
       const auto n = static_cast<int64_t>(m.labels.size());
