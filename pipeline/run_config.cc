@@ -595,6 +595,8 @@ void BuildGraphs(const YamlDoc& doc, const Args& data, const Args& train, const 
 
 }  // namespace
 
+Args ReadDataSection(const YamlDoc& doc, RunConfig& c) { return ReadData(doc, c); }
+
 RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides) {
   RunConfig c;
   c.doc = YamlDoc::Load(path);

@@ -89,6 +89,12 @@ struct RunConfig {
 // Loads and checks `path` with `overrides` ("train.epochs=1") applied.
 RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>& overrides = {});
 
+// The data section of `doc` alone (root "data": train, test, transform,
+// on_bad_record), checked and with the messages LoadRunConfig gives: fills
+// c.data and c.normalize_*, returns the section's arguments. cnnflow.Loader
+// reads a data set's spec given without a config through it.
+Args ReadDataSection(const YamlDoc& doc, RunConfig& c);
+
 // The config's schemas, for `cnnflow stages` and for tests.
 const Schema& TopLevelSchema();
 const Schema& TrainSchema();

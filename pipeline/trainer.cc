@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <sstream>
 
-#include "loaders/source_registry.h"
 #include "ops/io/safetensors.h"
+#include "pipeline/batch_loader.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/executor.h"
 #include "pipeline/init_from_data.h"
@@ -158,19 +158,8 @@ void Trainer::OpenData() {
   const int group_processes = replicas_ ? replicas_->tensor_parallel_processes() : 1;
   state_.data_rank = state_.process_rank / group_processes;
   state_.data_ranks = state_.process_count / group_processes;
-  for (const auto& [name, spec] : config_.data) {
-    const SourceType* type = SourceRegistry::Get().Find(spec.source);
-    CNNFLOW_ENFORCE(type != nullptr, "unknown source ", spec.source);
-    try {
-      auto data = type->open(spec.args);
-      // Image sources normalise as they write a sample (one pass, not two).
-      if (!config_.normalize_mean.empty()) {
-        data->FuseNormalize(config_.normalize_mean, config_.normalize_std);
-      }
-      state_.datasets[name] = std::move(data);
-    } catch (const std::exception& e) {
-      throw Error(StrCat("data.", name, " (", spec.source, "): ", e.what()));
-    }
+  for (const auto& set : config_.data) {
+    state_.datasets[set.first] = OpenDataSet(config_, set.first, nullptr);
   }
   const Dataset& train = state_.dataset("train");
   if (train.sample_shape() != config_.input_shape) {
@@ -375,6 +364,7 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
 
 void Trainer::OnBatch(const std::string& pass, int64_t epoch, Autotuner* tuner,
                       const BatchMessage& m, const PassMetrics& p) {
+  if (batch_observer_ && pass == "train") batch_observer_(m, p);
   if (files_ && pass == "train") {  // as the metrics stage adds to p
     files_->AddBatch(m.loss, m.correct, static_cast<int64_t>(m.labels.size()));
     if (config_.log_every > 0 && !m.dropped && state_.plan.EndsWindow(m.index) &&
@@ -557,6 +547,7 @@ void Trainer::FinishEpoch(int64_t epoch, EpochReport& report, double busy0, doub
                       ")");
   Say(StrCat("epoch ", report.epoch, "/", passes_, ": train loss ", report.train.mean_loss(), test,
              ", ", static_cast<int64_t>(report.train.samples_per_second()), " img/s"));
+  if (epoch_observer_) epoch_observer_(report);
 }
 
 // Peak memory, the GPU's idle share and fp16's skipped steps, at the end.

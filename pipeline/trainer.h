@@ -62,6 +62,16 @@ class Trainer {
   const std::string& run_dir() const { return run_dir_; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   void set_progress(Progress* p) { progress_ = p; }
+  // Observers of Train: each training batch at the end of the train graph
+  // (`cnnflow train --dump-batches`), and each epoch's report once it is
+  // logged and checkpointed (cnnflow.Run.fit in python/).
+  void set_batch_observer(BatchObserver o) { batch_observer_ = std::move(o); }
+  void set_epoch_observer(std::function<void(const EpochReport&)> o) {
+    epoch_observer_ = std::move(o);
+  }
+  // The model instances, their optimizers and the weight average: what
+  // checkpoints, model.safetensors and a state_dict hold.
+  TrainedTensors Tensors();
   // Asks a running Train to stop after the current step (signal handlers).
   void RequestStop() { state_.stop_requested = true; }
 
@@ -95,7 +105,6 @@ class Trainer {
   // negative): read between passes only.
   std::pair<double, double> StepCounters() const;
   std::string ResolvedConfigText() const;
-  TrainedTensors Tensors();  // the model instances, their optimizers, the average
 
   RunConfig config_;
   std::shared_ptr<void> thread_limit_;      // a tbb::global_control: the run's thread budget
@@ -124,6 +133,8 @@ class Trainer {
   bool ema_eval_ = false;                 // evaluate on the average
   bool ema_lookahead_ = false;            // the average copied into the weights
   std::unique_ptr<RunFiles> files_;       // process 0 during Train
+  BatchObserver batch_observer_;
+  std::function<void(const EpochReport&)> epoch_observer_;
 };
 
 }  // namespace cnnflow

@@ -13,7 +13,7 @@ command -v clang-format-14 >/dev/null || { echo "SKIP: clang-format-14 not found
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   mapfile -t files < <(git ls-files '*.cc' '*.h' '*.cu' '*.cuh')
 else
-  mapfile -t files < <(find bench fuzz loaders ops pipeline stages tests tools \
+  mapfile -t files < <(find bench fuzz loaders ops pipeline python stages tests tools \
                          -name '*.cc' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
 fi
 if [[ "${1:-}" != --check ]]; then

@@ -7,8 +7,10 @@ scripts/setup.sh
 # PyPI packages for the tests that read files back with the field's readers
 # (TensorBoard, onnxruntime); without them those tests skip.
 scripts/setup_python.sh || echo "test.sh: no Python packages from PyPI; the TensorBoard and ONNX tests will skip"
-# The tests and benchmarks on, whatever an earlier scripts/train.sh configured.
-scripts/build.sh -DCNNFLOW_BUILD_TESTS=ON -DCNNFLOW_BUILD_BENCH=ON
+# The tests and benchmarks on, whatever an earlier scripts/train.sh configured;
+# position-independent code, so that the Python package's build (ctest
+# python.pytest) gets these objects from ccache instead of compiling them again.
+scripts/build.sh -DCNNFLOW_BUILD_TESTS=ON -DCNNFLOW_BUILD_BENCH=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON
 (cd build && ctest --output-on-failure -j2 --timeout 600)
 # Fuzz smoke (fuzz/, docs/testing.md "Fuzzing"): each parser target 10 s under ASan +
 # UBSan, a finding fails the run. The two config targets and onnx_import need

@@ -23,6 +23,7 @@
 #include "loaders/source_registry.h"
 #include "ops/collectives/collective_mpi.h"
 #include "ops/io/file_write.h"
+#include "ops/io/safetensors.h"
 #include "ops/layer.h"
 #include "ops/trace.h"
 #include "ops/train/optimizer.h"
@@ -55,6 +56,9 @@ commands:
         --trace FILE [--trace-steps N]: profile training steps [20, 20 + N) (N: 50), write
         them to FILE as a Chrome trace (chrome://tracing, ui.perfetto.dev) and print where
         the time went by category (forward, backward, allreduce, optimizer, load, ...)
+        --dump-batches DIR: write each training batch as the model got it to
+        DIR/batch-<epoch>-<index>.safetensors (inputs f32, labels i64; process 0's under
+        mpirun): a debug dump that cnnflow.Loader's batches are checked against
   launch [--max-restarts N] [-n RANKS] [--mpirun PATH] -- COMMAND...
         gang restart: run COMMAND (cnnflow train ... --out RUN_DIR, or mpirun around it;
         -n RANKS: `mpirun -n RANKS COMMAND`); when any rank fails, relaunch every rank from
@@ -142,7 +146,7 @@ std::string CommandUsage(const std::string& command) {
 }
 
 struct Options {
-  std::string command, config, weights, out, resume, csv, trace, plot;
+  std::string command, config, weights, out, resume, csv, trace, plot, dump_batches;
   int64_t trace_steps = 50;
   std::vector<int> devices = {1, 2};
   int64_t warmup = 10;
@@ -198,6 +202,8 @@ Options Parse(int argc, char** argv) {
       }
     } else if (a == "--trace") {
       o.trace = value("--trace");
+    } else if (a == "--dump-batches") {
+      o.dump_batches = value("--dump-batches");
     } else if (a == "--trace-steps") {
       o.trace_steps = ParseCount("--trace-steps", value("--trace-steps"));
     } else if (a == "--write") {
@@ -217,6 +223,10 @@ Options Parse(int argc, char** argv) {
     } else {
       throw ConfigError(StrCat("unexpected argument '", a, "'"));
     }
+  }
+  if (!o.dump_batches.empty() && o.command != "train") {
+    throw ConfigError(
+        StrCat("--dump-batches dumps `cnnflow train`'s batches, not `cnnflow ", o.command, "`'s"));
   }
   if (!o.trace.empty() && o.command != "train") {
     throw ConfigError(StrCat("--trace profiles `cnnflow train`, not `cnnflow ", o.command, "`"));
@@ -365,6 +375,15 @@ int Train(const Options& o) {
   // Past the first steps (allocations, caches, autotune's first moves).
   constexpr int64_t kTraceWarmupSteps = 20;
   if (!o.trace.empty()) Tracer::TraceSteps(kTraceWarmupSteps, kTraceWarmupSteps + o.trace_steps);
+  if (!o.dump_batches.empty() && rank0) {
+    std::filesystem::create_directories(o.dump_batches);
+    trainer.set_batch_observer([&o](const BatchMessage& m, const PassMetrics&) {
+      const auto n = static_cast<int64_t>(m.labels.size());
+      SaveSafetensors(
+          StrCat(o.dump_batches, "/batch-", m.epoch, "-", m.index, ".safetensors"),
+          {{"inputs", m.inputs}, {"labels", LabelTensor(m.labels.data(), n, Device::Cpu())}});
+    });
+  }
   EpochReport r = trainer.Train(o.out);
   if (!o.trace.empty()) {
     Tracer::Stop();  // a run shorter than the window ends its trace here
