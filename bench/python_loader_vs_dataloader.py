@@ -18,7 +18,16 @@ Every figure is the median of --rounds runs, the two sides alternating, each
 run timing --batches batches after --warmup. One key=value line per run and
 a table at the end.
 
+--dataset photos (issue 33) does the same on real photos at ImageNet-like
+sizes (scripts/prepare_photos.py: data/photos/train, 800 JPEGs of 333-500
+px, 10 classes): resize the short side to 256, random 224x224 crop,
+horizontal flip, ToTensor, ImageNet Normalize (torchvision's Resize(256),
+RandomCrop(224), RandomHorizontalFlip() on an ImageFolder), feeding the
+small conv model of bench/configs/photos_loader_bound.yaml, batch 32 (that
+config's train.batch), 20 timed batches after 3 by default.
+
   python bench/python_loader_vs_dataloader.py --data data/cifar10-jpeg/train
+  python bench/python_loader_vs_dataloader.py --dataset photos
 (a python with torch, torchvision and the cnnflow package: `pip install .`
 into that venv, or PYTHONPATH at an installed copy of the package).
 """
@@ -34,25 +43,46 @@ import torchvision.transforms as T
 import cnnflow
 
 MEAN, STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
+# --dataset photos: ImageNet's, as bench/configs/photos_loader_bound.yaml.
+PHOTO_MEAN, PHOTO_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
 def cnnflow_loader(args, threads):
-    spec = {"source": "folder", "path": args.data, "shape": [3, 32, 32], "pad": 4,
-            "random_crop": True, "hflip": True}
+    if args.dataset == "photos":
+        spec = {"source": "folder", "path": args.data, "shape": [3, 224, 224],
+                "resize_min_side": 256, "random_crop": True, "hflip": True}
+        mean, std = PHOTO_MEAN, PHOTO_STD
+    else:
+        spec = {"source": "folder", "path": args.data, "shape": [3, 32, 32], "pad": 4,
+                "random_crop": True, "hflip": True}
+        mean, std = MEAN, STD
     loader = cnnflow.Loader(spec, batch=args.batch, shuffle=True, seed=0, threads=threads,
                             prefetch=4, drop_last=True,
-                            transform=[{"normalize": {"mean": MEAN, "std": STD}}])
+                            transform=[{"normalize": {"mean": mean, "std": std}}])
     return loader.torch
 
 
 def torch_loader(args, workers):
-    tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(),
-                    T.Normalize(MEAN, STD)])
+    if args.dataset == "photos":
+        tf = T.Compose([T.Resize(256), T.RandomCrop(224), T.RandomHorizontalFlip(),
+                        T.ToTensor(), T.Normalize(PHOTO_MEAN, PHOTO_STD)])
+    else:
+        tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(),
+                        T.Normalize(MEAN, STD)])
     data = torchvision.datasets.ImageFolder(args.data, transform=tf)
     loader = torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=True,
                                          num_workers=workers, drop_last=True,
                                          persistent_workers=False, prefetch_factor=4)
     return lambda: iter(loader)
+
+
+def photo_model():
+    """bench/configs/photos_loader_bound.yaml's network (maxpool2d's stride
+    defaults to its kernel, conv2d has a bias, as torch's): 224 -> 56 -> 14."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 7, stride=4, padding=3), torch.nn.ReLU(), torch.nn.MaxPool2d(4),
+        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
 
 
 def model():
@@ -85,14 +115,23 @@ def timed(epoch_iter, args, step=None):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default="data/cifar10-jpeg/train")
+    p.add_argument("--dataset", choices=["cifar", "photos"], default="cifar",
+                   help="cifar: CIFAR-10 JPEGs, configs/cifar10.yaml's CNN (default); photos: "
+                        "data/photos, bench/configs/photos_loader_bound.yaml's model")
+    p.add_argument("--data", help="default data/cifar10-jpeg/train or data/photos/train")
     p.add_argument("--cores", type=int, default=2)
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--batches", type=int, default=40)
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--batch", type=int, help="default 128 (cifar) or 32 (photos)")
+    p.add_argument("--batches", type=int, help="default 40 (cifar) or 20 (photos)")
+    p.add_argument("--warmup", type=int, help="default 5 (cifar) or 3 (photos)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-train", action="store_true", help="the loaders alone")
     args = p.parse_args()
+    photos = args.dataset == "photos"
+    for key, cifar, photo in (("data", "data/cifar10-jpeg/train", "data/photos/train"),
+                              ("batch", 128, 32), ("batches", 40, 20), ("warmup", 5, 3)):
+        if getattr(args, key) is None:
+            setattr(args, key, photo if photos else cifar)
+    make_model = photo_model if photos else model
     results = {}
 
     def record(kind, side, load, torch_threads, rate):
@@ -113,7 +152,7 @@ def main():
                 for side, make in loaders.items():
                     torch.set_num_threads(torch_threads)
                     torch.manual_seed(0)
-                    net = model()
+                    net = make_model()
                     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
 
                     def step(x, y):
@@ -124,7 +163,8 @@ def main():
                     record("train", side, load, torch_threads,
                            timed(make(args, load), args, step))
 
-    print(f"\n{args.cores} cores, batch {args.batch}, median of {args.rounds} rounds of "
+    head = f"photos ({args.data}), " if photos else ""
+    print(f"\n{head}{args.cores} cores, batch {args.batch}, median of {args.rounds} rounds of "
           f"{args.batches} batches after {args.warmup}; torch {torch.__version__}, "
           f"torchvision {torchvision.__version__}")
     print("| figure | side | load threads / workers | torch threads | images/s |")
