@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "ops/io/safetensors.h"
@@ -206,21 +207,42 @@ class PyRun {
     }
     trainer_->set_epoch_observer([this](const EpochReport& r) {
       std::lock_guard<std::mutex> lock(mu_);
-      reports_.push_back(r);
+      reports_.push_back({r, {}});
+      cv_.notify_all();
+    });
+    // fit(every_steps=N): a report of this process's last N training batches
+    // (the observer runs on the graph's serial metrics node, one batch at a
+    // time, so the window needs no lock of its own).
+    trainer_->set_batch_observer([this](const BatchMessage& m, const PassMetrics&) {
+      if (every_steps_ <= 0 || m.dropped) return;
+      const auto n = static_cast<int64_t>(m.labels.size());
+      window_.loss_sum += m.loss * static_cast<double>(n);
+      window_.correct += m.correct;
+      window_.samples += n;
+      if (++window_.batches < every_steps_) return;
+      window_.epoch = m.epoch + 1;
+      window_.step = m.global_step + 1;
+      std::lock_guard<std::mutex> lock(mu_);
+      reports_.push_back({std::nullopt, window_});
+      window_ = {};
       cv_.notify_all();
     });
   }
   ~PyRun() { Join(); }
 
-  // Starts Train in a thread of its own (fit's generator takes the reports).
-  void Start(const std::string& run_dir) {
+  // Starts Train in a thread of its own (fit's generator takes the reports);
+  // every_steps > 0 adds a report every that many training batches.
+  void Start(const std::string& run_dir, int64_t every_steps) {
     if (thread_.joinable()) throw Error("this Run is already training");
+    if (every_steps < 0) throw Error(StrCat("fit: every_steps must be >= 0, got ", every_steps));
     {
       std::lock_guard<std::mutex> lock(mu_);
       done_ = false;
       error_ = nullptr;
       reports_.clear();
     }
+    every_steps_ = every_steps;
+    window_ = {};
     trainer_->state().stop_requested = false;
     thread_ = std::thread([this, run_dir] {
       std::exception_ptr error;
@@ -250,10 +272,10 @@ class PyRun {
       {
         std::unique_lock<std::mutex> lock(mu_);
         if (!reports_.empty()) {
-          const EpochReport r = reports_.front();
+          const Report r = reports_.front();
           reports_.pop_front();
           lock.unlock();
-          return EpochDict(r);
+          return r.epoch ? EpochDict(*r.epoch) : StepsDict(r.steps);
         }
         if (done_) {
           lock.unlock();
@@ -349,6 +371,28 @@ class PyRun {
   void Idle(const char* what) {
     if (thread_.joinable()) throw Error(StrCat(what, "() while fit() is training"));
   }
+  // A window of training batches (fit(every_steps=N)).
+  struct StepWindow {
+    int64_t epoch = 0, step = 0;  // 1-based; step: the optimizer steps done
+    int64_t batches = 0, correct = 0, samples = 0;
+    double loss_sum = 0;
+  };
+  // An epoch's report, or (epoch unset) a window's.
+  struct Report {
+    std::optional<EpochReport> epoch;
+    StepWindow steps;
+  };
+
+  static nb::dict StepsDict(const StepWindow& w) {
+    nb::dict d;
+    d["epoch"] = w.epoch;
+    d["step"] = w.step;
+    d["loss"] = w.samples ? w.loss_sum / static_cast<double>(w.samples) : 0.0;
+    d["accuracy"] = w.samples ? static_cast<double>(w.correct) / w.samples : 0.0;
+    d["samples"] = w.samples;
+    return d;
+  }
+
   static nb::dict EpochDict(const EpochReport& r) {
     nb::dict d;
     d["epoch"] = r.epoch;
@@ -370,7 +414,9 @@ class PyRun {
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<EpochReport> reports_;
+  std::deque<Report> reports_;
+  int64_t every_steps_ = 0;
+  StepWindow window_;
   bool done_ = true;
   std::exception_ptr error_;
 };

@@ -130,7 +130,8 @@ class Run:
 
     Run(config, overrides=["train.epochs=2"]): builds the model and opens
     the data (config errors and shape errors raise here).
-    fit() trains, yielding a dict of metrics after each epoch; it writes the
+    fit() trains, yielding a dict of metrics after each epoch (and every N
+    steps with every_steps=N); it writes the
     run folder (run_dir) as the command line does. Ctrl-C stops after the
     step in flight, writes the checkpoint, then raises KeyboardInterrupt.
     """
@@ -139,8 +140,13 @@ class Run:
         self._impl = _cnnflow._Run(os.fspath(config), [str(o) for o in overrides], bool(verbose))
         _open_runs.add(self._impl)
 
-    def fit(self, run_dir=None):
-        self._impl.start(os.fspath(run_dir) if run_dir else "")
+    def fit(self, run_dir=None, every_steps=0):
+        """Trains; yields each epoch's report ({"epoch", "lr", "train_loss",
+        "train_accuracy", "train_images_per_s", "test_loss", "test_accuracy"})
+        and, with every_steps=N, a report of the last N training batches
+        ({"epoch", "step", "loss", "accuracy", "samples"}: this process's
+        batches, step counting optimizer steps) every N batches."""
+        self._impl.start(os.fspath(run_dir) if run_dir else "", int(every_steps))
         try:
             while True:
                 report = self._impl.next_epoch()

@@ -42,6 +42,23 @@ def test_fit_evaluate_and_state_dict(config, tmp_path):
     assert m["samples"] == 60 and abs(m["accuracy"] - reports[-1]["test_accuracy"]) < 1e-9
 
 
+def test_fit_every_steps(config, tmp_path):
+    run = cnnflow.Run(config)
+    reports = list(run.fit(run_dir=tmp_path / "run", every_steps=3))
+    steps = [r for r in reports if "step" in r]
+    epochs = [r for r in reports if "train_loss" in r]
+    assert [r["epoch"] for r in epochs] == [1, 2]
+    # 8 batches per epoch, 16 in all: a window after steps 3, 6, ..., 15.
+    assert [r["step"] for r in steps] == [3, 6, 9, 12, 15]
+    assert [r["epoch"] for r in steps] == [1, 1, 2, 2, 2]
+    for r in steps:
+        assert r["samples"] > 0 and np.isfinite(r["loss"]) and 0 <= r["accuracy"] <= 1
+    # The windows come in order with the epochs: epoch 1's report after step 6's window.
+    assert reports.index(epochs[0]) == 2
+    with pytest.raises(cnnflow.Error, match="every_steps"):
+        next(cnnflow.Run(config).fit(every_steps=-1))
+
+
 def test_state_dict_is_a_snapshot_and_loads_back(config):
     run = cnnflow.Run(config)
     before = {k: np.from_dlpack(v).copy() for k, v in run.state_dict().items()}
