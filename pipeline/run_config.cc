@@ -142,7 +142,10 @@ const Schema& GraphSectionSchema() {
                     "output channels, row: input channels), the groups are data-parallel replicas")
           .Optional("collective_timeout_s", ParamType::kFloat, 300.0,
                     "a gradient reduction not done in this time fails the run, naming the "
-                    "missing replica or process");
+                    "missing replica or process")
+          .Optional("stall_warn_s", ParamType::kFloat, 10.0,
+                    "an MPI collective waiting this long prints a warning naming it (a slow "
+                    "link or a lagging rank); 0: never");
   return s;
 }
 
@@ -553,6 +556,8 @@ Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   if (c.collective_timeout_s <= 0) {
     doc.Fail(graph["collective_timeout_s"], "graph.collective_timeout_s", "must be > 0");
   }
+  c.stall_warn_s = g.Float("stall_warn_s");
+  if (c.stall_warn_s < 0) doc.Fail(graph["stall_warn_s"], "graph.stall_warn_s", "must be >= 0");
   ReadModelParallel(doc, graph, c);
   ReadPrecision(doc, graph, g, c);
   if (c.sync_bn && c.devices[0].is_cuda()) {

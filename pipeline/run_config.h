@@ -71,6 +71,7 @@ struct RunConfig {
   bool sync_bn = false;
   DType compute = DType::kF32;  // graph.precision: the activations' type
   double collective_timeout_s = 300;
+  double stall_warn_s = 10;  // graph.stall_warn_s: warn of a collective waiting this long
   // Pipeline model parallelism (graph.pipeline): one stage per device;
   // empty stages with pipeline on: cut automatically by FLOPs.
   bool pipeline = false;

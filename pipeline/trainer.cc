@@ -102,6 +102,7 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   state_.process_rank = world.rank();
   state_.process_count = world.size();
   state_.collective_timeout_s = config_.collective_timeout_s;
+  world.SetStallWarning(config_.stall_warn_s);
   const int replicas = static_cast<int>(config_.devices.size());
   if (config_.threads < replicas) {  // replicas block for each other: each needs a thread
     throw ConfigError(StrCat(config_.doc.path(), ": ", replicas, " replicas need at least ",

@@ -268,6 +268,8 @@ void MpiWorld::Wait(MpiRequest& request, double timeout_s) {
   }
   const auto start = Clock::now();
   const auto deadline = DeadlineIn(timeout_s);
+  const double warn_s = stall_warning();
+  bool warned = false;
   for (;;) {
     int flag = 0;
     {
@@ -289,6 +291,16 @@ void MpiWorld::Wait(MpiRequest& request, double timeout_s) {
           "is now unusable and the job must end");
       MarkBroken(msg);
       throw CollectiveTimeout(msg);
+    }
+    const double waited = std::chrono::duration<double>(now - start).count();
+    if (!warned && warn_s > 0 && waited >= warn_s) {
+      warned = true;
+      std::fprintf(stderr,
+                   "%s: warning: MPI %s '%s' (%s) has waited %.1f s (graph.stall_warn_s %g; it "
+                   "fails the run at graph.collective_timeout_s %g): a peer process is slow, "
+                   "stalled or its link is down\n",
+                   Where().c_str(), r->op.c_str(), r->tag.c_str(), r->size.c_str(), waited, warn_s,
+                   timeout_s);
     }
     if (now - start > kBusyPoll) std::this_thread::sleep_for(kPollSleep);
   }

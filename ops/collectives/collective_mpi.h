@@ -111,6 +111,13 @@ class MpiWorld {
   // Whether a collective timed out (the MPI state is unusable), and why.
   bool broken() const { return broken_.load(); }
 
+  // A collective that waits longer than this (graph.stall_warn_s; 0: never)
+  // prints one warning naming it and how long it has waited, long before
+  // its deadline fails the run: a slow link or a lagging rank shows in the
+  // log while the run goes on. For this world and its splits.
+  void SetStallWarning(double seconds) { stall_warn_s_ = seconds; }
+  double stall_warning() const { return parent_ ? parent_->stall_warning() : stall_warn_s_; }
+
   // Ends the whole job now (MPI_Abort; std::_Exit in a plain process). For
   // the program's top level after a collective error; library code throws.
   [[noreturn]] void AbortJob(int exit_code);
@@ -138,7 +145,8 @@ class MpiWorld {
   std::string name_;            // a Split world's
   int rank_ = 0;
   int size_ = 1;
-  struct Comm;  // the MPI_Comm, kept out of this header (mpi.h is heavy)
+  double stall_warn_s_ = 10;  // SetStallWarning
+  struct Comm;                // the MPI_Comm, kept out of this header (mpi.h is heavy)
   std::unique_ptr<Comm> comm_;
   std::mutex mpi_mu_;
   std::atomic<bool> broken_{false};

@@ -17,6 +17,8 @@ sets=(--set train.epochs=2 --set train.max_steps=25 --set train.batch=32)
 "$cnnflow" train configs/fashion_mnist.yaml "${sets[@]}" --set threads=2 \
   --set 'graph.devices=[cpu:0, cpu:1]' --out "$out/one" > "$out/one.log" 2>&1 || { cat "$out/one.log"; echo "FAIL: one process"; exit 1; }
 [[ $(grep -c "^done after" "$out/mpi.log") -eq 1 ]] || { echo "FAIL: expected one report (rank 0's)"; exit 1; }
+# A healthy run never trips graph.stall_warn_s's default.
+! grep "warning: MPI" "$out/mpi.log" || { echo "FAIL: a stall warning in a healthy run"; exit 1; }
 cat "$out/mpi/metrics.csv" "$out/one/metrics.csv"
 # Columns: 2 train_loss, 4 test_loss (relative 5e-4: float noise grows over 50
 # SGD steps; a missing reduction is off by percents), 5 test_accuracy (within
