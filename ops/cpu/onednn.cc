@@ -42,9 +42,9 @@ std::string NoNativeBf16Reason() {
   }
   const auto onednn = dnnl::get_effective_cpu_isa();
   if (onednn != dnnl::cpu_isa::avx512_core_bf16 && onednn != dnnl::cpu_isa::avx512_core_amx) {
+    const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
     return StrCat("this CPU has ", amx_bf16 ? "AMX-BF16" : "avx512_bf16",
-                  " but oneDNN is capped below it (ONEDNN_MAX_CPU_ISA=",
-                  std::getenv("ONEDNN_MAX_CPU_ISA") ? std::getenv("ONEDNN_MAX_CPU_ISA") : "",
+                  " but oneDNN is capped below it (ONEDNN_MAX_CPU_ISA=", cap ? cap : "",
                   "), so bf16 would be emulated");
   }
   return "";

@@ -36,12 +36,7 @@
 namespace cnnflow {
 namespace {
 
-std::vector<uint8_t> RandomImage(int h, int w, int c, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<uint8_t> p(static_cast<size_t>(h) * w * c);
-  for (auto& v : p) v = static_cast<uint8_t>(rng.Below(256));
-  return p;
-}
+using testing::RandomImage;
 
 // Per-channel mean and std of CIFAR-10 and of ImageNet.
 struct MeanStd {
@@ -985,16 +980,41 @@ TEST(AugmentTest, ImageSourceKeysAndTheirErrors) {
   run(*too_big, 0, 0, false);  // evaluation passes do not pad
 }
 
-// Also with airbench's reflect padding and alternating flip, over two
-// epochs.
-TEST(AugmentTest, SameResultWithOneAndTwoThreads) {
-  const int n = 64, c = 3;
+// n 3-channel images of odd sizes (from seed0 on) augmented with `o` in
+// `epoch` on 1 and on 2 threads: bitwise the same, and every stride-th
+// sample equal to the one-shot Augment's.
+void ExpectSameWithOneAndTwoThreads(const AugmentOptions& o, int n, uint64_t seed0, int64_t epoch,
+                                    int stride) {
+  const int c = 3;
   std::vector<std::vector<uint8_t>> imgs;
   std::vector<std::pair<int, int>> dims;
   for (int i = 0; i < n; ++i) {
     dims.emplace_back(30 + i % 7, 34 + i % 5);
-    imgs.push_back(RandomImage(dims[i].first, dims[i].second, c, 100 + i));
+    imgs.push_back(RandomImage(dims[i].first, dims[i].second, c, seed0 + i));
   }
+  const Augmenter aug(o);
+  const size_t sample = static_cast<size_t>(c) * o.out_h * o.out_w;
+  auto run_all = [&](int threads) {
+    tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+    std::vector<float> out(n * sample);
+    tbb::parallel_for(0, n, [&](int i) {
+      aug.Run(imgs[i].data(), dims[i].first, dims[i].second, c, 7, epoch, i,
+              out.data() + i * sample);
+    });
+    return out;
+  };
+  const auto one = run_all(1), two = run_all(2);
+  EXPECT_TRUE(BitwiseEqual(one, two));
+  std::vector<float> seq(sample);
+  for (int i = 0; i < n; i += stride) {
+    Augment(imgs[i].data(), dims[i].first, dims[i].second, c, o, 7, epoch, i, seq.data());
+    EXPECT_EQ(std::memcmp(seq.data(), one.data() + i * sample, sample * sizeof(float)), 0);
+  }
+}
+
+// Also with airbench's reflect padding and alternating flip, over two
+// epochs.
+TEST(AugmentTest, SameResultWithOneAndTwoThreads) {
   for (const bool airbench : {false, true}) {
     SCOPED_TRACE(airbench ? "reflect padding, alternating flip" : "zero padding, random flip");
     AugmentOptions o;
@@ -1007,26 +1027,7 @@ TEST(AugmentTest, SameResultWithOneAndTwoThreads) {
     o.alternate_flip = airbench;
     o.mean = {0.5f, 0.4f, 0.3f};
     o.std = {0.2f, 0.25f, 0.3f};
-    const Augmenter aug(o);
-    const size_t sample = c * 24 * 24;
-    for (const int64_t epoch : {1, 2}) {
-      auto run_all = [&](int threads) {
-        tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
-        std::vector<float> out(n * sample);
-        tbb::parallel_for(0, n, [&](int i) {
-          aug.Run(imgs[i].data(), dims[i].first, dims[i].second, c, 7, epoch, i,
-                  out.data() + i * sample);
-        });
-        return out;
-      };
-      const auto one = run_all(1), two = run_all(2);
-      EXPECT_TRUE(BitwiseEqual(one, two));
-      std::vector<float> seq(sample);
-      for (int i = 0; i < n; i += 9) {
-        Augment(imgs[i].data(), dims[i].first, dims[i].second, c, o, 7, epoch, i, seq.data());
-        EXPECT_EQ(std::memcmp(seq.data(), one.data() + i * sample, sample * sizeof(float)), 0);
-      }
-    }
+    for (const int64_t epoch : {1, 2}) ExpectSameWithOneAndTwoThreads(o, 64, 100, epoch, 9);
   }
 }
 
@@ -1317,13 +1318,6 @@ TEST(AugmentTest, TrivialAugmentAndColorJitterKeys) {
 // Both on, with a resize and RandomResizedCrop: the same samples with 1 and
 // 2 threads, and as the one-shot Augment.
 TEST(AugmentTest, TrivialAugmentAndColorJitterSameWithOneAndTwoThreads) {
-  const int n = 48, c = 3;
-  std::vector<std::vector<uint8_t>> imgs;
-  std::vector<std::pair<int, int>> dims;
-  for (int i = 0; i < n; ++i) {
-    dims.emplace_back(30 + i % 7, 34 + i % 5);
-    imgs.push_back(RandomImage(dims[i].first, dims[i].second, c, 300 + i));
-  }
   AugmentOptions o;
   o.out_h = o.out_w = 20;
   o.resize_min_side = 28;
@@ -1333,23 +1327,7 @@ TEST(AugmentTest, TrivialAugmentAndColorJitterSameWithOneAndTwoThreads) {
   o.color_jitter = {0.4, 0.4, 0.4, 0.1};
   o.mean = kImagenet.mean;
   o.std = kImagenet.std;
-  const Augmenter aug(o);
-  const size_t sample = c * 20 * 20;
-  auto run_all = [&](int threads) {
-    tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
-    std::vector<float> out(n * sample);
-    tbb::parallel_for(0, n, [&](int i) {
-      aug.Run(imgs[i].data(), dims[i].first, dims[i].second, c, 7, 1, i, out.data() + i * sample);
-    });
-    return out;
-  };
-  const auto one = run_all(1), two = run_all(2);
-  EXPECT_TRUE(BitwiseEqual(one, two));
-  std::vector<float> seq(sample);
-  for (int i = 0; i < n; i += 7) {
-    Augment(imgs[i].data(), dims[i].first, dims[i].second, c, o, 7, 1, i, seq.data());
-    EXPECT_EQ(std::memcmp(seq.data(), one.data() + i * sample, sample * sizeof(float)), 0);
-  }
+  ExpectSameWithOneAndTwoThreads(o, 48, 300, 1, 7);
 }
 
 }  // namespace

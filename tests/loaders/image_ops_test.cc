@@ -18,16 +18,12 @@
 
 #include "ops/error.h"
 #include "ops/random.h"
+#include "tests/testing/helpers.h"
 
 namespace cnnflow {
 namespace {
 
-std::vector<uint8_t> RandomImage(int h, int w, int c, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<uint8_t> p(static_cast<size_t>(h) * w * c);
-  for (auto& v : p) v = static_cast<uint8_t>(rng.Below(256));
-  return p;
-}
+using testing::RandomImage;
 
 // [h, w, c] uint8 -> [c, h, w] v / 255.
 std::vector<float> ToChw(const std::vector<uint8_t>& hwc, int h, int w, int c) {

@@ -6,14 +6,24 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <exception>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ops/model.h"
+#include "ops/random.h"
 
 namespace cnnflow::testing {
+
+// An h x w image of c uint8 channels (HWC, as decoded) of uniform values.
+inline std::vector<uint8_t> RandomImage(int h, int w, int c, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<uint8_t> p(static_cast<size_t>(h) * w * c);
+  for (auto& v : p) v = static_cast<uint8_t>(rng.Below(256));
+  return p;
+}
 
 // {name, type, {param: value, ...}, inputs} as a LayerSpec.
 inline LayerSpec Spec(std::string name, std::string type,
