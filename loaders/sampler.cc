@@ -1,5 +1,6 @@
 #include "loaders/sampler.h"
 
+#include <algorithm>
 #include <numeric>
 #include <utility>
 
@@ -46,6 +47,16 @@ std::vector<int64_t> ShardedSampler::EpochIndices(int64_t epoch) const {
   }
   std::vector<int64_t> mine;
   mine.reserve(num_samples_);
+  if (o.block > 0 && !o.uneven) {
+    // total is a multiple of world_size, and so is every full run.
+    const int64_t run = o.block * o.world_size;
+    for (int64_t start = 0; start < total; start += run) {
+      const int64_t len = std::min(run, total - start) / o.world_size;
+      const int64_t from = start + o.rank * len;
+      mine.insert(mine.end(), order.begin() + from, order.begin() + from + len);
+    }
+    return mine;
+  }
   for (int64_t k = 0; k < num_samples_; ++k) mine.push_back(order[o.rank + k * o.world_size]);
   return mine;
 }

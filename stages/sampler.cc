@@ -33,6 +33,7 @@ class SamplerStage final : public Stage {
     opt.rank = state.data_rank;
     opt.world_size = state.data_ranks;
     opt.uneven = state.pass != "train";
+    opt.block = batch_;  // the global batch does not depend on the process count
     ShardedSampler sampler(opt);
     order_ = sampler.EpochIndices(state.epoch);
     batches_ = PassBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_,

@@ -105,9 +105,13 @@ class Collective {
 // aligned chunks and participant p reduces chunk p of every buffer (a
 // reduce-scatter fused with the copy-back: each element is read once from
 // each buffer and written once to each, no temporary of the full size). The
-// sum is taken in rank order, ((x0 + x1) + x2) + ..., then multiplied by
-// `scale`, so the result is bitwise independent of arrival order and thread
-// timing, and identical on every rank.
+// sum is taken in tree order: the left operand of n summands is the first
+// largest power of two below n of them, ((x0 + x1) + (x2 + x3)) + x4, then
+// multiplied by `scale`. So the result is bitwise independent of arrival
+// order and thread timing, identical on every rank, and a power-of-two
+// block of replicas in one process is a subtree of the same tree over every
+// replica of every process (MpiWorld::StartAllReduceSum continues it), so
+// the sum does not depend on how replicas are spread over processes.
 //
 // Waiting spins for a few microseconds, then blocks on a condition variable:
 // replicas may share cores with other work.
@@ -130,7 +134,7 @@ class LocalGroup final : public Collective {
   int global_offset() const override { return 0; }
   double timeout_s() const override { return timeout_s_; }
 
-  // data[0..count) of every rank becomes (sum over ranks in rank order) *
+  // data[0..count) of every rank becomes (sum over ranks in tree order) *
   // scale. `tag` names the collective in errors, e.g. "bucket 3
   // (fc1.weight..conv2.bias)", and must be the same on every rank (it is
   // part of the mismatch check).
@@ -151,7 +155,7 @@ class LocalGroup final : public Collective {
   // AllReduceSum with scale = 1.0f / size(): the mean over the participants.
   void AllReduceMean(int rank, float* data, int64_t count, const std::string& tag);
 
-  // root's data[0..count) becomes the sum over ranks (rank order); the other
+  // root's data[0..count) becomes the sum over ranks (tree order); the other
   // buffers are read only.
   void ReduceSum(int rank, int root, float* data, int64_t count, const std::string& tag);
 

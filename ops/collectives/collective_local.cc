@@ -54,15 +54,50 @@ void ChunkOf(int64_t count, int64_t esize, int p, int n, int64_t* begin, int64_t
   *end = cut(p + 1);
 }
 
-// Every buffer's [b, e) becomes (p[0] + p[1] + ... + p[n-1]) * scale, summed
-// in rank order.
-void SumToAll(float* const* p, int n, int64_t b, int64_t e, float scale) {
-  if (n == 1) {
-    if (scale != 1.0f) {
-      for (int64_t i = b; i < e; ++i) p[0][i] *= scale;
-    }
+// The left operand's share of n > 1 summands in the reduction tree: the
+// largest power of two below n. So the tree over replicas 0..n-1 is
+// ((0 + 1) + (2 + 3)) + ..., and a process's power-of-two block of
+// replicas is a subtree of the tree over every replica of every process
+// (MpiWorld's ordered all-reduce continues it across processes): the sum
+// has the same bits however the replicas are spread over processes.
+int LeftShare(int n) {
+  int left = 1;
+  while (left * 2 < n) left *= 2;
+  return left;
+}
+
+// out[0, m) = the tree sum of p[lo..hi)[i0, i0 + m); m <= kBlock.
+void TreeSum(float* __restrict out, float* const* p, int lo, int hi, int64_t i0, int64_t m) {
+  if (hi - lo == 1) {
+    std::memcpy(out, p[lo] + i0, m * sizeof(float));
     return;
   }
+  if (hi - lo == 2) {
+    const float* __restrict x = p[lo] + i0;
+    const float* __restrict y = p[lo + 1] + i0;
+    for (int64_t i = 0; i < m; ++i) out[i] = x[i] + y[i];
+    return;
+  }
+  const int mid = lo + LeftShare(hi - lo);
+  TreeSum(out, p, lo, mid, i0, m);
+  alignas(64) float right[kBlock];
+  TreeSum(right, p, mid, hi, i0, m);
+  for (int64_t i = 0; i < m; ++i) out[i] += right[i];
+}
+
+// dst[b, e) = the tree sum of p[0..n)[b, e); dst may be one of p.
+void SumInto(float* dst, float* const* p, int n, int64_t b, int64_t e) {
+  if (n == 1 && dst == p[0]) return;
+  alignas(64) float tmp[kBlock];
+  for (int64_t i0 = b; i0 < e; i0 += kBlock) {
+    const int64_t m = std::min(kBlock, e - i0);
+    TreeSum(tmp, p, 0, n, i0, m);
+    std::memcpy(dst + i0, tmp, m * sizeof(float));
+  }
+}
+
+// Every buffer's [b, e) becomes the tree sum of p[0..n)[b, e), times scale.
+void SumToAll(float* const* p, int n, int64_t b, int64_t e, float scale) {
   if (n == 2) {
     float* __restrict x = p[0];
     float* __restrict y = p[1];
@@ -84,30 +119,11 @@ void SumToAll(float* const* p, int n, int64_t b, int64_t e, float scale) {
   alignas(64) float tmp[kBlock];
   for (int64_t i0 = b; i0 < e; i0 += kBlock) {
     const int64_t m = std::min(kBlock, e - i0);
-    std::memcpy(tmp, p[0] + i0, m * sizeof(float));
-    for (int r = 1; r < n; ++r) {
-      const float* __restrict src = p[r] + i0;
-      for (int64_t i = 0; i < m; ++i) tmp[i] += src[i];
-    }
+    TreeSum(tmp, p, 0, n, i0, m);
     if (scale != 1.0f) {
       for (int64_t i = 0; i < m; ++i) tmp[i] *= scale;
     }
     for (int r = 0; r < n; ++r) std::memcpy(p[r] + i0, tmp, m * sizeof(float));
-  }
-}
-
-// dst[b, e) = p[0] + ... + p[n-1] in rank order; dst may be one of p.
-void SumInto(float* dst, float* const* p, int n, int64_t b, int64_t e) {
-  if (n == 1 && dst == p[0]) return;
-  alignas(64) float tmp[kBlock];
-  for (int64_t i0 = b; i0 < e; i0 += kBlock) {
-    const int64_t m = std::min(kBlock, e - i0);
-    std::memcpy(tmp, p[0] + i0, m * sizeof(float));
-    for (int r = 1; r < n; ++r) {
-      const float* __restrict src = p[r] + i0;
-      for (int64_t i = 0; i < m; ++i) tmp[i] += src[i];
-    }
-    std::memcpy(dst + i0, tmp, m * sizeof(float));
   }
 }
 

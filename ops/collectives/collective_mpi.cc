@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 namespace cnnflow {
@@ -54,12 +55,165 @@ struct MpiRequest::Impl {
   std::string tag;
   std::string size;  // "1000 floats"
   bool done = false;
+  // A collective of several rounds: called once `requests` are complete, it
+  // does the round's arithmetic and starts the next round's requests in
+  // `requests`; false when there is none (the collective is done).
+  std::function<bool()> next_round;
+};
+
+// The all-reduce in tree order across processes (StartAllReduceSum), from
+// point-to-point messages, one round at a time. The tree is LocalGroup's:
+// the subtree of ranks [p, p + 2d) adds [p + d, p + 2d) to [p, p + d). A
+// power-of-two world runs it as recursive halving (a reduce-scatter whose
+// rounds pair ranks at distances 1, 2, 4, ..., so each keeps half of its
+// range and adds its partner's half) then recursive doubling (the
+// all-gather, in reverse): each process sends and receives 2 (W - 1) / W of
+// the buffer, as a ring all-reduce does. Other world sizes reduce to rank 0
+// over the binomial tree and broadcast back down it.
+class TreeAllReduce {
+ public:
+  TreeAllReduce(float* data, int64_t count, int rank, int size, int mpi_tag, MPI_Comm comm)
+      : data_(data), rank_(rank), size_(size), tag_(mpi_tag), comm_(comm), hi_(count) {
+    halving_ = (size & (size - 1)) == 0;
+    scratch_.resize(halving_ ? (count + 1) / 2 : count);
+  }
+
+  // Does the finished round's arithmetic and starts the next round's
+  // messages into `requests`; false when the all-reduce is complete.
+  bool Next(std::vector<MPI_Request>& requests) {
+    requests.clear();
+    FinishRound();
+    while (requests.empty()) {
+      if (!(halving_ ? StartHalvingRound(requests) : StartTreeRound(requests))) return false;
+    }
+    return true;
+  }
+
+ private:
+  enum class Add { kNone, kKept, kAll };
+
+  void FinishRound() {
+    if (add_ == Add::kNone) return;
+    float* __restrict dst = data_ + (add_ == Add::kKept ? lo_ : 0);
+    const float* __restrict src = scratch_.data();
+    for (int64_t i = 0; i < add_count_; ++i) dst[i] += src[i];
+    add_ = Add::kNone;
+  }
+
+  void Send(std::vector<MPI_Request>& rq, const float* p, int64_t n, int to) {
+    rq.emplace_back();
+    Check(MPI_Isend(p, static_cast<int>(n), MPI_FLOAT, to, tag_, comm_, &rq.back()), "MPI_Isend");
+  }
+  void Recv(std::vector<MPI_Request>& rq, float* p, int64_t n, int from) {
+    rq.emplace_back();
+    Check(MPI_Irecv(p, static_cast<int>(n), MPI_FLOAT, from, tag_, comm_, &rq.back()), "MPI_Irecv");
+  }
+  static void Check(int rc, const char* call) {
+    if (rc == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING] = {0};
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    throw Error(StrCat(call, " failed: ", std::string(text, len)));
+  }
+
+  // Recursive halving, distances 1, 2, ..., size / 2; then doubling back.
+  bool StartHalvingRound(std::vector<MPI_Request>& rq) {
+    if (!doubling_ && d_ >= size_) {
+      doubling_ = true;
+      d_ = size_ / 2;
+    }
+    if (doubling_) {
+      if (d_ < 1) return false;
+      const Range parent = stack_.back();
+      stack_.pop_back();
+      const int partner = rank_ ^ d_;
+      Send(rq, data_ + lo_, hi_ - lo_, partner);
+      if (parent.kept_lower) {
+        Recv(rq, data_ + hi_, parent.hi - hi_, partner);
+      } else {
+        Recv(rq, data_ + parent.lo, lo_ - parent.lo, partner);
+      }
+      lo_ = parent.lo;
+      hi_ = parent.hi;
+      d_ /= 2;
+      return true;
+    }
+    const int partner = rank_ ^ d_;
+    const int64_t mid = lo_ + (hi_ - lo_) / 2;
+    const bool lower = (rank_ & d_) == 0;
+    stack_.push_back({lo_, hi_, lower});
+    if (lower) {
+      Send(rq, data_ + mid, hi_ - mid, partner);
+      hi_ = mid;
+    } else {
+      Send(rq, data_ + lo_, mid - lo_, partner);
+      lo_ = mid;
+    }
+    Recv(rq, scratch_.data(), hi_ - lo_, partner);
+    add_ = Add::kKept;
+    add_count_ = hi_ - lo_;
+    d_ *= 2;
+    return true;
+  }
+
+  // Binomial tree: reduce to rank 0 (distances 1, 2, 4, ...), then
+  // broadcast back down.
+  bool StartTreeRound(std::vector<MPI_Request>& rq) {
+    const int64_t n = hi_;
+    if (!doubling_) {
+      if (d_ >= size_) {
+        doubling_ = true;
+        d_ = 1;
+        while (d_ * 2 < size_) d_ *= 2;
+        return true;  // no messages this round; the caller asks again
+      }
+      const int d = d_;
+      d_ *= 2;
+      if (rank_ % (2 * d) == d) {
+        Send(rq, data_, n, rank_ - d);
+      } else if (rank_ % (2 * d) == 0 && rank_ + d < size_) {
+        Recv(rq, scratch_.data(), n, rank_ + d);
+        add_ = Add::kAll;
+        add_count_ = n;
+      }
+      return true;
+    }
+    if (d_ < 1) return false;
+    const int d = d_;
+    d_ /= 2;
+    if (rank_ % (2 * d) == 0 && rank_ + d < size_) {
+      Send(rq, data_, n, rank_ + d);
+    } else if (rank_ % (2 * d) == d) {
+      Recv(rq, data_, n, rank_ - d);
+    }
+    return true;
+  }
+
+  struct Range {
+    int64_t lo, hi;
+    bool kept_lower;
+  };
+  float* data_;
+  int rank_, size_, tag_;
+  MPI_Comm comm_;
+  int64_t lo_ = 0, hi_;    // the range this rank holds (halving)
+  int d_ = 1;              // this round's distance
+  bool halving_ = false;   // a power-of-two world
+  bool doubling_ = false;  // the second half: all-gather / broadcast
+  std::vector<Range> stack_;
+  std::vector<float> scratch_;
+  Add add_ = Add::kNone;
+  int64_t add_count_ = 0;
 };
 
 MpiRequest::MpiRequest() = default;
 MpiRequest::MpiRequest(MpiRequest&&) noexcept = default;
 MpiRequest& MpiRequest::operator=(MpiRequest&&) noexcept = default;
-MpiRequest::~MpiRequest() = default;
+MpiRequest::~MpiRequest() {
+  // A collective of rounds abandoned midway (a timeout): MPI may still
+  // write into its scratch buffer, so that is never freed.
+  if (impl_ && !impl_->done && impl_->next_round) (void)impl_.release();
+}
 
 bool MpiWorld::LaunchedByMpi() {
   if (const char* force = EnvOrNull("CNNFLOW_MPI")) {
@@ -217,20 +371,29 @@ MpiRequest MpiWorld::StartAllReduceSum(float* data, int64_t count, const std::st
     throw Error(StrCat(Where(), ": MPI AllReduceSum '", tag, "': bad buffer (", count,
                        " floats at ", static_cast<void*>(data), ")"));
   }
+  if (count > std::numeric_limits<int>::max()) {
+    throw Error(StrCat(Where(), ": MPI AllReduceSum '", tag, "': ", count,
+                       " floats, more than one all-reduce takes (2^31 - 1)"));
+  }
   MpiRequest r;
   r.impl_ = std::make_unique<MpiRequest::Impl>();
   r.impl_->op = "AllReduceSum";
   r.impl_->tag = tag;
   r.impl_->size = StrCat(count, " floats");
   if (!active_ || size_ == 1) return r;
-  auto lock = Lock();
-  for (int64_t off = 0; off < count; off += kMaxPiece) {
-    const int n = static_cast<int>(std::min(kMaxPiece, count - off));
-    MPI_Request req;
-    const int rc =
-        MPI_Iallreduce(MPI_IN_PLACE, data + off, n, MPI_FLOAT, MPI_SUM, comm_->comm, &req);
-    if (rc != MPI_SUCCESS) Fail("MPI_Iallreduce", rc);
-    r.impl_->requests.push_back(req);
+  // Every process starts its all-reduces in the same order, so the n-th
+  // one's messages carry the same tag everywhere and never match another's.
+  const int mpi_tag = static_cast<int>(next_reduce_tag_++ % 32768);  // MPI_TAG_UB >= 32767
+  auto reduce = std::make_shared<TreeAllReduce>(data, count, rank_, size_, mpi_tag, comm_->comm);
+  MpiRequest::Impl* impl = r.impl_.get();
+  impl->next_round = [this, reduce, impl] {
+    auto lock = Lock();
+    return reduce->Next(impl->requests);
+  };
+  try {
+    if (!impl->next_round()) impl->done = true;
+  } catch (const Error& e) {
+    throw Error(StrCat(Where(), ": MPI AllReduceSum '", tag, "': ", e.what()));
   }
   return r;
 }
@@ -279,6 +442,16 @@ void MpiWorld::Wait(MpiRequest& request, double timeout_s) {
       if (rc != MPI_SUCCESS) Fail("MPI_Testall", rc);
     }
     if (flag) {
+      if (r->next_round) {
+        bool more;
+        try {
+          more = r->next_round();
+        } catch (const Error& e) {
+          MarkBroken(e.what());
+          throw Error(StrCat(Where(), ": MPI ", r->op, " '", r->tag, "': ", e.what()));
+        }
+        if (more) continue;
+      }
       r->done = true;
       return;
     }

@@ -76,7 +76,12 @@ class MpiWorld {
   // "rank 1 of 2": the prefix of every message.
   std::string Where() const;
 
-  // data[0..count) becomes the sum over processes (MPI_SUM, in place).
+  // data[0..count) becomes the sum over processes, in place, in tree order
+  // over ranks (LocalGroup's: ((r0 + r1) + (r2 + r3)) + r4), whatever the
+  // message sizes: MPI_Allreduce picks its algorithm, and so its order, by
+  // size and rank count. Bandwidth as a ring all-reduce's where the world
+  // is a power of two (recursive halving and doubling); otherwise a tree
+  // reduce and broadcast (log2 W times the buffer).
   void AllReduceSum(float* data, int64_t count, const std::string& tag, double timeout_s);
   // The split form, so several collectives can be started in a fixed order
   // and completed later (from any thread).
@@ -145,8 +150,9 @@ class MpiWorld {
   std::string name_;            // a Split world's
   int rank_ = 0;
   int size_ = 1;
-  double stall_warn_s_ = 10;  // SetStallWarning
-  struct Comm;                // the MPI_Comm, kept out of this header (mpi.h is heavy)
+  double stall_warn_s_ = 10;                  // SetStallWarning
+  std::atomic<uint64_t> next_reduce_tag_{0};  // StartAllReduceSum's message tags
+  struct Comm;  // the MPI_Comm, kept out of this header (mpi.h is heavy)
   std::unique_ptr<Comm> comm_;
   std::mutex mpi_mu_;
   std::atomic<bool> broken_{false};

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Invariant 5: `mpirun -np 2` with one replica each trains like one process
-# with two replicas: same per-epoch losses (to float noise) and the same test
-# accuracy, and only rank 0 writes the run folder. With a pipeline config,
-# each process is a data-parallel replica of the pipeline.
+# with two replicas: the same weights bit for bit (the sampler's blocks and
+# the all-reduce's tree order), and only rank 0 writes the run folder. With
+# a pipeline config, each process is a data-parallel replica of the
+# pipeline, and the losses agree to float noise.
 #   usage: mpi_train_test.sh MPIEXEC CNNFLOW_BINARY [MPI_CONFIG [THREADS_PER_PROCESS]]
 set -u
 mpiexec="$1"
@@ -31,4 +32,7 @@ paste -d, "$out/mpi/metrics.csv" "$out/one/metrics.csv" | tail -n +2 | awk -F, '
       print "FAIL: epoch " $1 " differs"; bad = 1 } }
   END { exit bad }' || exit 1
 [[ $(wc -l < "$out/mpi/metrics.csv") -eq 3 ]] || { echo "FAIL: expected 2 epochs"; exit 1; }
+if [[ $mpi_config == configs/fashion_mnist.yaml ]]; then
+  cmp "$out/mpi/model.safetensors" "$out/one/model.safetensors" || { echo "FAIL: weights differ"; exit 1; }
+fi
 echo "PASS: mpirun -np 2 == 1 process x 2 replicas"

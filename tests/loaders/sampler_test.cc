@@ -46,6 +46,35 @@ TEST(ShardedSampler, RanksInterleaveOneEpochPermutation) {
     for (size_t k = 0; k < shards[r].size(); ++k) EXPECT_EQ(shards[r][k], whole[r + 3 * k]);
 }
 
+TEST(ShardedSampler, BlocksMakeTheGlobalBatchIndependentOfTheWorld) {
+  // With block b, step k's batches of the ranks, in rank order, are the
+  // world-1 order's positions [k b W, (k + 1) b W): the global batch one
+  // process with all replicas would take. The last, short run (here 100 =
+  // 4 runs of 24 + 4) is cut in equal parts, padded to a multiple of W.
+  const auto whole = ShardedSampler({.dataset_size = 100, .seed = 3}).EpochIndices(2);
+  for (int world : {2, 3, 4}) {
+    const auto shards =
+        AllShards({.dataset_size = 100, .seed = 3, .world_size = world, .block = 24 / world}, 2);
+    std::vector<int64_t> joined;
+    const int64_t b = 24 / world;
+    for (size_t k = 0; k * b < shards[0].size(); ++k)
+      for (int r = 0; r < world; ++r) {
+        const auto& s = shards[r];
+        joined.insert(joined.end(), s.begin() + k * b,
+                      s.begin() + std::min<int64_t>(s.size(), (k + 1) * b));
+      }
+    ASSERT_EQ(joined.size() % world, 0u) << "world " << world;
+    for (size_t i = 0; i < 96; ++i) EXPECT_EQ(joined[i], whole[i]) << "world " << world;
+    for (int r = 0; r < world; ++r) EXPECT_EQ(shards[r].size(), shards[0].size());
+    // The tail: the last 4 positions (and the padding from the start), in
+    // equal parts in rank order.
+    std::vector<int64_t> tail(joined.begin() + 96, joined.end());
+    std::vector<int64_t> want(whole.begin() + 96, whole.end());
+    for (size_t i = 0; want.size() < tail.size(); ++i) want.push_back(whole[i]);
+    EXPECT_EQ(tail, want) << "world " << world;
+  }
+}
+
 TEST(ShardedSampler, OrderChangesWithTheEpochAndIsFixedBySeed) {
   ShardedSampler a({.dataset_size = 1000, .seed = 42});
   ShardedSampler b({.dataset_size = 1000, .seed = 42});

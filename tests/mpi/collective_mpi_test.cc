@@ -21,6 +21,7 @@
 #include "ops/collectives/collective.h"
 #include "ops/parallel/tensor_parallel.h"
 #include "ops/random.h"
+#include "tests/testing/collective_data.h"
 
 namespace cnnflow {
 namespace {
@@ -40,13 +41,8 @@ int g_failures = 0;
     }                                                                                           \
   } while (0)
 
-std::vector<float> RandomData(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using testing::RandomData;
+using testing::TreeOrderSum;
 
 uint64_t HashBytes(const void* data, size_t n) {  // FNV-1a
   uint64_t h = 1469598103934665603ull;
@@ -275,23 +271,56 @@ void TensorParallelAcrossProcesses(MpiWorld& world) {
   }
 }
 
+bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Any world size: the all-reduce across processes is the tree-order sum,
+// bit for bit, at sizes that leave ranks with empty halves and sizes above
+// a ring's segments; and 2 replicas per process (HierarchicalAllReduce)
+// give the tree over all 2 W replicas, as one process with 2 W would.
+void TreeOrderAtAnyWorldSize(MpiWorld& world) {
+  const int w = world.size();
+  for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{1000}, int64_t{300007}}) {
+    std::vector<std::vector<float>> all(w);
+    for (int r = 0; r < w; ++r) all[r] = RandomData(count, 7000 + 10 * r + count);
+    std::vector<float> mine = all[world.rank()];
+    world.AllReduceSum(mine.data(), count, "tree order", kTimeout);
+    CHECK(BitwiseEqual(mine, TreeOrderSum(all, 0, w)), count, " floats over ", w, " ranks");
+  }
+  const int64_t count = 50001;
+  std::vector<std::vector<float>> all(2 * w);
+  for (int g = 0; g < 2 * w; ++g) all[g] = RandomData(count, 900 + g);
+  const std::vector<float> want = TreeOrderSum(all, 0, 2 * w);
+  HierarchicalAllReduce group(2, world, kTimeout);
+  std::vector<float> data[2] = {all[2 * world.rank()], all[2 * world.rank() + 1]};
+  std::thread other([&] { group.AllReduceSum(1, data[1].data(), count, "2 replicas"); });
+  group.AllReduceSum(0, data[0].data(), count, "2 replicas");
+  other.join();
+  CHECK(BitwiseEqual(data[0], want) && BitwiseEqual(data[1], want), "2 replicas x ", w,
+        " processes");
+}
+
 int Main(int argc, char** argv) {
   MpiWorld& world = MpiWorld::Get();
   g_rank = world.rank();
-  if (!world.active() || world.size() != 2) {
+  if (!world.active() || world.size() < 2) {
     std::fprintf(stderr, "collective_mpi_test: run me with `mpiexec -n 2` (world size %d)\n",
                  world.size());
     return 2;
   }
   if (argc > 1 && std::strcmp(argv[1], "--early-exit") == 0) return EarlyExit(world);
 
-  const std::pair<const char*, std::function<void(MpiWorld&)>> tests[] = {
-      {"AllReduceMatchesTheFormula", AllReduceMatchesTheFormula},
-      {"BroadcastAndGather", BroadcastAndGather},
-      {"HashAgreement", HashAgreement},
-      {"Hierarchical", Hierarchical},
-      {"TensorParallelAcrossProcesses", TensorParallelAcrossProcesses},
-  };
+  // The tests written for two ranks run at size 2; the tree order at any.
+  std::vector<std::pair<const char*, std::function<void(MpiWorld&)>>> tests = {
+      {"TreeOrderAtAnyWorldSize", TreeOrderAtAnyWorldSize}};
+  if (world.size() == 2) {
+    tests.insert(tests.end(), {{"AllReduceMatchesTheFormula", AllReduceMatchesTheFormula},
+                               {"BroadcastAndGather", BroadcastAndGather},
+                               {"HashAgreement", HashAgreement},
+                               {"Hierarchical", Hierarchical},
+                               {"TensorParallelAcrossProcesses", TensorParallelAcrossProcesses}});
+  }
   for (const auto& [name, fn] : tests) {
     const int before = g_failures;
     try {

@@ -17,6 +17,7 @@
 
 #include "ops/collectives/collective_mpi.h"
 #include "tests/ops/run_threads.h"
+#include "tests/testing/collective_data.h"
 
 namespace cnnflow {
 namespace {
@@ -27,6 +28,7 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+using testing::RandomData;
 using testing::RunRanks;
 
 void ExpectNoErrors(const std::vector<std::exception_ptr>& errors) {
@@ -49,20 +51,9 @@ std::string Message(const std::exception_ptr& e) {
   return "";
 }
 
-std::vector<float> RandomData(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-// The reference: the sum in rank order, then the scale.
-std::vector<float> RankOrderSum(const std::vector<std::vector<float>>& in, float scale) {
-  std::vector<float> out = in[0];
-  for (size_t r = 1; r < in.size(); ++r) {
-    for (size_t i = 0; i < out.size(); ++i) out[i] += in[r][i];
-  }
+// The reference: the sum in tree order, then the scale.
+std::vector<float> TreeOrderSum(const std::vector<std::vector<float>>& in, float scale) {
+  std::vector<float> out = testing::TreeOrderSum(in, 0, in.size());
   if (scale != 1.0f) {
     for (auto& x : out) x *= scale;
   }
@@ -78,15 +69,15 @@ void ExpectBitwiseEqual(const std::vector<float>& got, const std::vector<float>&
   }
 }
 
-TEST(Collective, AllReduceIsTheRankOrderSumOnEveryRank) {
-  for (int n = 1; n <= 4; ++n) {
+TEST(Collective, AllReduceIsTheTreeOrderSumOnEveryRank) {
+  for (int n : {1, 2, 3, 4, 6}) {
     for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{100003}}) {
       for (bool mean : {false, true}) {
         SCOPED_TRACE(::testing::Message() << n << " ranks, " << count << " floats, mean " << mean);
         std::vector<std::vector<float>> in(n), data(n);
         for (int r = 0; r < n; ++r) in[r] = data[r] = RandomData(count, 1000 * n + 10 * r + count);
         const float scale = mean ? 1.0f / n : 1.0f;
-        const std::vector<float> want = RankOrderSum(in, scale);
+        const std::vector<float> want = TreeOrderSum(in, scale);
         LocalGroup group(n, 10.0);
         // Staggered arrivals, latest first, so arrival order is not rank order.
         ExpectNoErrors(RunRanks(n, [&](int r) {
@@ -112,7 +103,7 @@ TEST(Collective, RootStepRunsOnceOnTheSumBeforeScaleAndCopy) {
     for (int r = 0; r < n; ++r) in[r] = data[r] = RandomData(count, 77 + r);
     const std::vector<float> remote = RandomData(count, 99);
     const float scale = 0.25f;
-    std::vector<float> want = RankOrderSum(in, 1.0f);
+    std::vector<float> want = TreeOrderSum(in, 1.0f);
     for (int64_t i = 0; i < count; ++i) want[i] = (want[i] + remote[i]) * scale;
     std::atomic<int> steps{0};
     LocalGroup group(n, 10.0);
@@ -138,7 +129,7 @@ TEST(Collective, ReduceSumWritesOnlyTheRoot) {
   for (int r = 0; r < n; ++r) in[r] = data[r] = RandomData(count, 5 + r);
   LocalGroup group(n, 10.0);
   ExpectNoErrors(RunRanks(n, [&](int r) { group.ReduceSum(r, 2, data[r].data(), count, "bn"); }));
-  ExpectBitwiseEqual(data[2], RankOrderSum(in, 1.0f), "root");
+  ExpectBitwiseEqual(data[2], TreeOrderSum(in, 1.0f), "root");
   ExpectBitwiseEqual(data[0], in[0], "rank 0");
   ExpectBitwiseEqual(data[1], in[1], "rank 1");
 }
@@ -255,7 +246,7 @@ TEST(Collective, ManyBucketsInFlightFromSeveralThreadsPerRank) {
   for (auto& t : threads) t.join();
   ExpectNoErrors(errors);
   for (int b = 0; b < kBuckets; ++b) {
-    const std::vector<float> want = RankOrderSum({in[0][b], in[1][b]}, 1.0f);
+    const std::vector<float> want = TreeOrderSum({in[0][b], in[1][b]}, 1.0f);
     for (int r = 0; r < n; ++r) ExpectBitwiseEqual(data[r][b], want, StrCat("bucket ", b));
   }
 }
@@ -456,7 +447,7 @@ TEST(Collective, PlainProcessHasAWorldOfOneWithoutMpiInit) {
   std::vector<std::vector<float>> in(n), data(n);
   for (int r = 0; r < n; ++r) in[r] = data[r] = RandomData(999, 3 + r);
   ExpectNoErrors(RunRanks(n, [&](int r) { hier.AllReduceMean(r, data[r].data(), 999, "b"); }));
-  for (int r = 0; r < n; ++r) ExpectBitwiseEqual(data[r], RankOrderSum(in, 1.0f / n), "mean");
+  for (int r = 0; r < n; ++r) ExpectBitwiseEqual(data[r], TreeOrderSum(in, 1.0f / n), "mean");
 }
 
 // What ReplicaSet sees: the replicas' group through the Collective
@@ -489,7 +480,7 @@ TEST(Collective, ReplicaCollectiveThroughTheInterface) {
     group->Wait(r);
   }));
   for (int r = 0; r < n; ++r) {
-    ExpectBitwiseEqual(data[r], RankOrderSum(in, 0.5f), "sum");
+    ExpectBitwiseEqual(data[r], TreeOrderSum(in, 0.5f), "sum");
     ExpectBitwiseEqual(first[r], RandomData(5, 20), "broadcast from rank 0");
   }
   group->Abort("test is over");
