@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Training across "hosts": network namespaces on a bridge (netns_lib.sh),
+# ranks started by mpirun over TCP only, as on separate machines.
+#   usage: netns_train_test.sh MPIEXEC CNNFLOW_BINARY MODE
+#   equal      2 hosts x 1 rank and 2 hosts x 2 ranks end with model.safetensors
+#              byte for byte that of one process with the same replicas
+#   flap       (by hand) host 1's cable out for 6 s mid-run: the run goes on, warns of
+#              the stall (graph.stall_warn_s 2) and ends bitwise as the
+#              unflapped run
+#   link_down  host 1's cable out for good (graph.collective_timeout_s 10):
+#              every cnnflow rank on both hosts exits within 10 + 10 s,
+#              naming the collective, and with the hosts' TCP retries cut
+#              (net.ipv4.tcp_retries2=5, see docs/parallel.md) mpirun and
+#              the far orted end too: no process is left on either host
+# Exits 77 (skip) where namespaces cannot be made.
+set -u
+mpiexec="$1"
+cnnflow=$(realpath "$2")
+mode="$3"
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/netns_lib.sh"
+netns_require
+case "$mode" in
+  equal) name=cfeq octet=211 ;;
+  flap) name=cffl octet=212 ;;
+  link_down) name=cfld octet=213 ;;
+  *) echo "unknown mode $mode"; exit 2 ;;
+esac
+out=${NETNS_TEST_OUT:-$(mktemp -d)}
+trap 'netns_down $name; rm -rf "$out"' EXIT
+netns_up "$name" 2 "$octet"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+unset OMPI_MCA_btl  # netns_mpirun picks the TCP transport
+hosts="${name}h0:2,${name}h1:2"
+sets=(--set train.epochs=1 --set train.batch=32)
+
+# rank and process counts on host $1 (ps comm names, space separated)
+procs_on() { netns_pids "${name}h$1" | xargs -r ps -o comm= -p | tr '\n' ' '; }
+
+if [[ $mode == equal ]]; then
+  for layout in 1 2; do
+    n=$((2 * layout))
+    devices="[cpu:0$( ((layout == 2)) && echo ", cpu:1")]"
+    netns_mpirun "$name" "$hosts" -n 2 --map-by node "$cnnflow" train configs/fashion_mnist.yaml \
+      "${sets[@]}" --set train.max_steps=40 --set threads="$layout" \
+      --set "graph.devices=$devices" --out "$out/hosts$n" > "$out/hosts$n.log" 2>&1 ||
+      { cat "$out/hosts$n.log"; echo "FAIL: 2 hosts x $layout"; exit 1; }
+    one="[cpu:0$(for ((i = 1; i < n; ++i)); do echo -n ", cpu:$i"; done)]"
+    "$cnnflow" train configs/fashion_mnist.yaml "${sets[@]}" --set train.max_steps=40 \
+      --set threads="$n" --set "graph.devices=$one" --out "$out/one$n" > "$out/one$n.log" 2>&1 ||
+      { cat "$out/one$n.log"; echo "FAIL: one process"; exit 1; }
+    cmp "$out/hosts$n/model.safetensors" "$out/one$n/model.safetensors" ||
+      { echo "FAIL: 2 hosts x $layout replicas differ from 1 process x $n"; exit 1; }
+    echo "2 hosts x $layout == 1 process x $n replicas, byte for byte"
+  done
+  echo "PASS: training across 2 hosts over TCP equals one process"
+  exit 0
+fi
+
+# flap and link_down: 2 hosts x 1 rank, long enough to cut mid-run.
+run_sets=("${sets[@]}" --set threads=1 --set graph.collective_timeout_s=10 --set graph.stall_warn_s=2)
+if [[ $mode == flap ]]; then
+  netns_mpirun "$name" "$hosts" -n 2 --map-by node "$cnnflow" train configs/fashion_mnist.yaml \
+    "${run_sets[@]}" --set train.max_steps=300 --out "$out/plain" > "$out/plain.log" 2>&1 ||
+    { cat "$out/plain.log"; echo "FAIL: unflapped run"; exit 1; }
+  netns_mpirun "$name" "$hosts" -n 2 --map-by node "$cnnflow" train configs/fashion_mnist.yaml \
+    "${run_sets[@]}" --set train.max_steps=300 --out "$out/flap" > "$out/flap.log" 2>&1 &
+  job=$!
+  for _ in $(seq 1 300); do grep -q "train epoch 1/1" "$out/flap.log" 2> /dev/null && break; sleep 0.1; done
+  netns_cable "$name" 1 down
+  sleep 6
+  netns_cable "$name" 1 up
+  ( sleep 120; kill -9 "$job" 2> /dev/null ) &
+  alarm=$!
+  wait "$job" || { cat "$out/flap.log"; echo "FAIL: the flapped run failed"; exit 1; }
+  kill "$alarm" 2> /dev/null
+  grep "warning: MPI .* has waited" "$out/flap.log" || { cat "$out/flap.log"; echo "FAIL: no stall warning"; exit 1; }
+  cmp "$out/plain/model.safetensors" "$out/flap/model.safetensors" ||
+    { echo "FAIL: the flapped run's weights differ"; exit 1; }
+  echo "PASS: a 6 s link flap: warned, went on, ended bitwise equal"
+  exit 0
+fi
+
+# link_down. Each rank writes its own output on its own host (--output-filename).
+for h in 0 1; do ip netns exec "${name}h$h" sysctl -q -w net.ipv4.tcp_retries2=5; done
+netns_mpirun "$name" "$hosts" -n 2 --map-by node --output-filename "$out/ranks" "$cnnflow" train \
+  configs/fashion_mnist.yaml "${run_sets[@]}" --set train.epochs=100 --out "$out/down" \
+  > "$out/down.log" 2>&1 &
+job=$!
+for _ in $(seq 1 300); do cat "$out"/ranks/1/rank.0/std* 2> /dev/null | grep -q "train epoch 1/" && break; sleep 0.1; done
+sleep 1
+netns_cable "$name" 1 down
+cut=$SECONDS
+ranks_gone=-1 all_gone=-1
+while ((SECONDS - cut < 90)); do
+  p0=$(procs_on 0) p1=$(procs_on 1)
+  if ((ranks_gone < 0)) && [[ $p0$p1 != *cnnflow* ]]; then ranks_gone=$((SECONDS - cut)); fi
+  if [[ -z "${p0// /}${p1// /}" ]]; then all_gone=$((SECONDS - cut)); break; fi
+  sleep 0.5
+done
+echo "after the cut: cnnflow ranks gone after ${ranks_gone} s, every process after ${all_gone} s"
+echo "left on host 0: $(procs_on 0); on host 1: $(procs_on 1)"
+wait "$job"
+echo "mpirun exit code $?"
+for r in 0 1; do
+  echo "rank $r:"
+  grep -h "did not complete" "$out"/ranks/1/rank.$r/std* | head -2
+done
+((ranks_gone >= 0 && ranks_gone <= 20)) || { echo "FAIL: cnnflow ranks left 20 s after the cut"; exit 1; }
+for r in 0 1; do
+  grep -qh "MPI AllReduceSum .* did not complete within 10 s" "$out"/ranks/1/rank.$r/std* ||
+    { echo "FAIL: rank $r did not name the collective"; exit 1; }
+done
+((all_gone >= 0)) || { echo "FAIL: processes left 90 s after the cut"; exit 1; }
+echo "PASS: a link down for good: ranks gone in ${ranks_gone} s, mpirun and orted in ${all_gone} s"
