@@ -55,6 +55,9 @@ struct MpiRequest::Impl {
   std::string tag;
   std::string size;  // "1000 floats"
   bool done = false;
+  // The rank this round exchanges with (a collective of rounds; -1: any),
+  // named when it waits too long.
+  int peer = -1;
   // A collective of several rounds: called once `requests` are complete, it
   // does the round's arithmetic and starts the next round's requests in
   // `requests`; false when there is none (the collective is done).
@@ -89,6 +92,9 @@ class TreeAllReduce {
     return true;
   }
 
+  // The rank of this round's messages.
+  int peer() const { return peer_; }
+
  private:
   enum class Add { kNone, kKept, kAll };
 
@@ -101,10 +107,12 @@ class TreeAllReduce {
   }
 
   void Send(std::vector<MPI_Request>& rq, const float* p, int64_t n, int to) {
+    peer_ = to;
     rq.emplace_back();
     Check(MPI_Isend(p, static_cast<int>(n), MPI_FLOAT, to, tag_, comm_, &rq.back()), "MPI_Isend");
   }
   void Recv(std::vector<MPI_Request>& rq, float* p, int64_t n, int from) {
+    peer_ = from;
     rq.emplace_back();
     Check(MPI_Irecv(p, static_cast<int>(n), MPI_FLOAT, from, tag_, comm_, &rq.back()), "MPI_Irecv");
   }
@@ -195,6 +203,7 @@ class TreeAllReduce {
   };
   float* data_;
   int rank_, size_, tag_;
+  int peer_ = -1;
   MPI_Comm comm_;
   int64_t lo_ = 0, hi_;    // the range this rank holds (halving)
   int d_ = 1;              // this round's distance
@@ -388,7 +397,9 @@ MpiRequest MpiWorld::StartAllReduceSum(float* data, int64_t count, const std::st
   MpiRequest::Impl* impl = r.impl_.get();
   impl->next_round = [this, reduce, impl] {
     auto lock = Lock();
-    return reduce->Next(impl->requests);
+    const bool more = reduce->Next(impl->requests);
+    impl->peer = reduce->peer();
+    return more;
   };
   try {
     if (!impl->next_round()) impl->done = true;
@@ -456,9 +467,12 @@ void MpiWorld::Wait(MpiRequest& request, double timeout_s) {
       return;
     }
     const auto now = Clock::now();
+    // "1000 floats, waiting on rank 3"
+    const std::string what =
+        r->peer >= 0 ? StrCat(r->size, ", waiting on rank ", r->peer) : r->size;
     if (now >= deadline) {
       const std::string msg = StrCat(
-          Where(), ": MPI ", r->op, " '", r->tag, "' (", r->size, ") did not complete within ",
+          Where(), ": MPI ", r->op, " '", r->tag, "' (", what, ") did not complete within ",
           timeout_s,
           " s: a peer process died, stalled or started a different collective; the MPI state "
           "is now unusable and the job must end");
@@ -472,7 +486,7 @@ void MpiWorld::Wait(MpiRequest& request, double timeout_s) {
                    "%s: warning: MPI %s '%s' (%s) has waited %.1f s (graph.stall_warn_s %g; it "
                    "fails the run at graph.collective_timeout_s %g): a peer process is slow, "
                    "stalled or its link is down\n",
-                   Where().c_str(), r->op.c_str(), r->tag.c_str(), r->size.c_str(), waited, warn_s,
+                   Where().c_str(), r->op.c_str(), r->tag.c_str(), what.c_str(), waited, warn_s,
                    timeout_s);
     }
     if (now - start > kBusyPoll) std::this_thread::sleep_for(kPollSleep);

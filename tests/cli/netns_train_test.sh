@@ -9,7 +9,7 @@
 #              unflapped run
 #   link_down  host 1's cable out for good (graph.collective_timeout_s 10):
 #              every cnnflow rank on both hosts exits within 10 + 10 s,
-#              naming the collective, and with the hosts' TCP retries cut
+#              naming the collective and the rank it waits on, and with the hosts' TCP retries cut
 #              (net.ipv4.tcp_retries2=5, see docs/parallel.md) mpirun and
 #              the far orted end too: no process is left on either host
 # Exits 77 (skip) where namespaces cannot be made.
@@ -108,8 +108,8 @@ for r in 0 1; do
 done
 ((ranks_gone >= 0 && ranks_gone <= 20)) || { echo "FAIL: cnnflow ranks left 20 s after the cut"; exit 1; }
 for r in 0 1; do
-  grep -qh "MPI AllReduceSum .* did not complete within 10 s" "$out"/ranks/1/rank.$r/std* ||
-    { echo "FAIL: rank $r did not name the collective"; exit 1; }
+  grep -qh "MPI AllReduceSum .*, waiting on rank $((1 - r))) did not complete within 10 s" \
+    "$out"/ranks/1/rank.$r/std* || { echo "FAIL: rank $r did not name the collective and its peer"; exit 1; }
 done
 ((all_gone >= 0)) || { echo "FAIL: processes left 90 s after the cut"; exit 1; }
 echo "PASS: a link down for good: ranks gone in ${ranks_gone} s, mpirun and orted in ${all_gone} s"
