@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "ops/collectives/collective.h"
 
 namespace cnnflow {
@@ -28,16 +29,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr double kMiB = 1024.0 * 1024.0;
 
-std::vector<double> ParseList(const char* s) {
-  std::vector<double> out;
-  for (const char* p = s; *p;) {
-    char* end = nullptr;
-    out.push_back(std::strtod(p, &end));
-    if (end == p) break;
-    p = *end == ',' ? end + 1 : end;
-  }
-  return out;
-}
+using bench::ParseList;
 
 // Repeats body() (which runs `reps` iterations) until it has run for about
 // `seconds`, in 5 rounds; returns the best seconds per iteration (the

@@ -1,10 +1,14 @@
 #include "ops/test_fault.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "ops/collectives/collective_mpi.h"
 #include "ops/error.h"
@@ -21,56 +25,105 @@ struct Fault {
   std::string text;  // the mode's name, for the line printed before dying
 };
 
+// A test hook's value, "key=value,key=value": its parts, and the Error
+// for a malformed one (naming the variable, the value and the form).
+struct HookValue {
+  const char* name;  // the variable
+  const char* form;  // the form it expects
+  std::string value;
+
+  Error Bad(const std::string& why) const {
+    return Error(StrCat(name, "=\"", value, "\": ", why, " (expected ", form, ")"));
+  }
+  std::vector<std::pair<std::string, std::string>> Pairs() const {
+    std::vector<std::pair<std::string, std::string>> pairs;
+    std::stringstream in(value);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      const size_t eq = item.find('=');
+      if (eq == std::string::npos) throw Bad(StrCat("'", item, "' is not key=value"));
+      pairs.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+    }
+    return pairs;
+  }
+  int64_t Count(const std::string& key, const std::string& v) const {
+    char* end = nullptr;
+    const long long n = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n < 0) throw Bad(StrCat(key, " '", v, "' is not a count"));
+    return n;
+  }
+};
+
 // Parses "rank=1,step=5,mode=exit1"; throws Error naming the bad part.
 Fault ParseFault(const std::string& value) {
+  const HookValue h{"CNNFLOW_TEST_FAULT", "rank=R,step=S|start,mode=exit0|exit1|abort", value};
   Fault f;
   bool has_step = false;
-  std::stringstream in(value);
-  std::string item;
-  const auto bad = [&](const std::string& why) {
-    return Error(StrCat("CNNFLOW_TEST_FAULT=\"", value, "\": ", why,
-                        " (expected rank=R,step=S|start,mode=exit0|exit1|abort)"));
-  };
-  while (std::getline(in, item, ',')) {
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos) throw bad(StrCat("'", item, "' is not key=value"));
-    const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
-    char* end = nullptr;
+  for (const auto& [key, v] : h.Pairs()) {
     if (key == "step" && v == "start") {
       f.step = kTestFaultAtStart, has_step = true;
-    } else if (key == "rank" || key == "step") {
-      const long long n = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 0) throw bad(StrCat(key, " '", v, "' is not a count"));
-      if (key == "rank") f.rank = static_cast<int>(n);
-      if (key == "step") f.step = n, has_step = true;
+    } else if (key == "rank") {
+      f.rank = static_cast<int>(h.Count(key, v));
+    } else if (key == "step") {
+      f.step = h.Count(key, v), has_step = true;
     } else if (key == "mode") {
       f.text = v;
       f.mode = v == "exit0"   ? FaultMode::kExit0
                : v == "exit1" ? FaultMode::kExit1
                : v == "abort" ? FaultMode::kAbort
                               : FaultMode::kNone;
-      if (f.mode == FaultMode::kNone) throw bad(StrCat("unknown mode '", v, "'"));
+      if (f.mode == FaultMode::kNone) throw h.Bad(StrCat("unknown mode '", v, "'"));
     } else {
-      throw bad(StrCat("unknown key '", key, "'"));
+      throw h.Bad(StrCat("unknown key '", key, "'"));
     }
   }
-  if (f.mode == FaultMode::kNone || !has_step) throw bad("needs step= and mode=");
+  if (f.mode == FaultMode::kNone || !has_step) throw h.Bad("needs step= and mode=");
   return f;
 }
 
-// Read once: a static's initialiser runs on the first call only.
-const Fault& TheFault() {
-  static const Fault fault = [] {
-    const char* v = std::getenv("CNNFLOW_TEST_FAULT");
-    return v != nullptr && *v != '\0' ? ParseFault(v) : Fault();
+struct SlowRank {
+  int rank = -1;  // none
+  int64_t ms = 0;
+};
+
+// Parses "rank=1,ms=40"; throws Error naming the bad part.
+SlowRank ParseSlowRank(const std::string& value) {
+  const HookValue h{"CNNFLOW_TEST_SLOW_RANK", "rank=R,ms=M", value};
+  SlowRank s;
+  bool has_rank = false, has_ms = false;
+  for (const auto& [key, v] : h.Pairs()) {
+    if (key == "rank") {
+      s.rank = static_cast<int>(h.Count(key, v)), has_rank = true;
+    } else if (key == "ms") {
+      s.ms = h.Count(key, v), has_ms = true;
+    } else {
+      throw h.Bad(StrCat("unknown key '", key, "'"));
+    }
+  }
+  if (!has_rank || !has_ms) throw h.Bad("needs rank= and ms=");
+  return s;
+}
+
+// Hook `name`'s setting (T() when unset), read once: a static's
+// initialiser runs on the first call only.
+template <typename T, T (*Parse)(const std::string&)>
+const T& ReadHook(const char* name) {
+  static const T setting = [name] {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0' ? Parse(v) : T();
   }();
-  return fault;
+  return setting;
 }
 
 }  // namespace
 
+void MaybeSlowTestRank(int global_replica) {
+  const SlowRank& s = ReadHook<SlowRank, ParseSlowRank>("CNNFLOW_TEST_SLOW_RANK");
+  if (s.rank == global_replica) std::this_thread::sleep_for(std::chrono::milliseconds(s.ms));
+}
+
 void MaybeInjectTestFault(int64_t global_step) {
-  const Fault& f = TheFault();
+  const Fault& f = ReadHook<Fault, ParseFault>("CNNFLOW_TEST_FAULT");
   if (f.mode == FaultMode::kNone || f.step != global_step || MpiWorld::Get().rank() != f.rank) {
     return;
   }

@@ -17,7 +17,17 @@
 // life. Called by the data-parallel forward_backward stage (pipeline graphs
 // do not call it) and by ReplicaSet's constructor (kTestFaultAtStart).
 //
-// The variable is read once per process (the first call); when it is unset
+// A second hook makes one replica slow instead of dead, so the tests can
+// make a straggler (pipeline/rank_times.h names it):
+//
+//   CNNFLOW_TEST_SLOW_RANK="rank=1,ms=40"
+//
+// The replica whose global index (ReplicaSet::global_offset() + its local
+// index: the MPI rank, with one replica a process) is `rank` sleeps `ms`
+// milliseconds at the start of each backward. Called by
+// ReplicaSet::ForwardBackward.
+//
+// Each variable is read once per process (the first call); when it is unset
 // a call costs one load and a compare. A malformed value throws Error at
 // that first call, naming what is wrong.
 #pragma once
@@ -32,5 +42,9 @@ inline constexpr int64_t kTestFaultAtStart = -1;
 // Ends the process as CNNFLOW_TEST_FAULT says when this is its rank and
 // step; else returns at once.
 void MaybeInjectTestFault(int64_t global_step);
+
+// Sleeps as CNNFLOW_TEST_SLOW_RANK says when this is its replica; else
+// returns at once.
+void MaybeSlowTestRank(int global_replica);
 
 }  // namespace cnnflow

@@ -45,7 +45,7 @@ std::vector<BenchRow> RunScalingBench(const BenchOptions& o) {
     // A GPU runs ahead of its host: what counts is the GPU idle between steps.
     r.data_wait_share =
         first.is_cuda() ? c.gpu_idle_seconds / wall
-                        : std::max(0.0, 1.0 - (c.compute_seconds + c.reduce_wait_seconds) / wall);
+                        : std::max(0.0, 1.0 - (c.compute_seconds() + c.reduce_wait_seconds) / wall);
     rows.push_back(r);
   }
   const BenchRow& base = rows.front();

@@ -201,6 +201,9 @@ void RunFiles::Epoch(const EpochRecord& r) {
   s.emplace_back("epoch/images_per_s", row[5]);
   if (r.data_wait_share >= 0) s.emplace_back("epoch/data_wait_share", r.data_wait_share);
   if (r.allreduce_share >= 0) s.emplace_back("epoch/allreduce_share", r.allreduce_share);
+  if (r.ranks) {
+    for (auto& scalar : RankScalars(*r.ranks)) s.push_back(std::move(scalar));
+  }
   events_->Scalars(r.epoch, s);
   if (r.test) {
     steps_->Append(

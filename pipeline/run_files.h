@@ -5,7 +5,8 @@
 //                          scalars) and one at each epoch's last step with
 //                          its test loss and accuracy (cnnflow plot)
 //   events.out.tfevents.*  TensorBoard scalars: train/* every log_every
-//                          steps, epoch/* per epoch
+//                          steps, epoch/* per epoch, and ranks/* per
+//                          epoch with several ranks (pipeline/rank_times.h)
 //   autotune.csv           the autotuner's moves (graph.autotune)
 // Checkpoints and model.safetensors are written elsewhere
 // (pipeline/checkpoint_control.h). A write that fails (a full disk) throws
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "pipeline/autotune.h"
+#include "pipeline/rank_times.h"
 #include "stages/run_state.h"
 
 namespace cnnflow {
@@ -36,6 +38,8 @@ struct EpochRecord {
   double lr = 0;
   // Shares of the epoch's training wall time; negative: not measured.
   double data_wait_share = -1, allreduce_share = -1;
+  // Several ranks: the spread of their step phases (ranks/* scalars).
+  std::optional<RankSpread> ranks;
 };
 
 class RunFiles {

@@ -297,6 +297,7 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   const bool logged = files_ && pass == "train";
   if (logged) files_->StartSegment();
   if (pipeline_) pipeline_->ResetStats();
+  if (replicas_ && pass == "train") replicas_->StartPass();
   // In an arena of exactly the run's threads: replicas block while they wait
   // for each other, so each needs a thread of its own, even where `threads`
   // exceeds the cores (the default arena has one slot per core).
@@ -409,7 +410,7 @@ std::string Trainer::ResolvedConfigText() const {
 std::pair<double, double> Trainer::StepCounters() const {
   if (!replicas_ || replicas_->device(0).is_cuda()) return {-1, 0};
   const ReplicaSet::Counters& c = replicas_->counters(0);
-  return {c.compute_seconds + c.reduce_wait_seconds, c.reduce_wait_seconds};
+  return {c.compute_seconds() + c.reduce_wait_seconds, c.reduce_wait_seconds};
 }
 
 void Trainer::Resume(const std::string& run_dir) {
@@ -457,6 +458,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     const auto [busy0, reduce0] = StepCounters();
     if (files_) files_->StartEpoch(busy0, reduce0);
     const double gpu_idle0 = replicas_ ? replicas_->counters(0).gpu_idle_seconds : 0;
+    if (replicas_) rank_times_.Start(*replicas_);
     report.train = TrainEpoch(epoch);
     train_seconds += report.train.seconds;
     report.lr = schedule_->At(std::max<int64_t>(state_.global_step - 1, 0));
@@ -511,6 +513,10 @@ PassMetrics Trainer::TrainEpoch(int64_t epoch) {
 
 void Trainer::FinishEpoch(int64_t epoch, EpochReport& report, double busy0, double reduce0,
                           double gpu_idle0) {
+  // Every process gathers, before the evaluation's gathers.
+  const std::optional<RankReport> ranks =
+      replicas_ ? rank_times_.Finish(*replicas_, MpiWorld::Get(), config_.collective_timeout_s)
+                : std::nullopt;
   const bool has_test = state_.datasets.count("test") != 0;
   const bool tested = has_test && (epoch + 1 == passes_ || (epoch + 1) % config_.eval_every == 0);
   if (tested) {
@@ -527,6 +533,7 @@ void Trainer::FinishEpoch(int64_t epoch, EpochReport& report, double busy0, doub
     r.train = report.train;
     if (tested) r.test = report.test;
     r.lr = report.lr;
+    if (ranks) r.ranks = ranks->spread;
     const double wall = report.train.seconds;
     const auto [busy, reduce] = StepCounters();
     if (busy0 >= 0 && wall > 0) {
@@ -548,6 +555,7 @@ void Trainer::FinishEpoch(int64_t epoch, EpochReport& report, double busy0, doub
                       ")");
   Say(StrCat("epoch ", report.epoch, "/", passes_, ": train loss ", report.train.mean_loss(), test,
              ", ", static_cast<int64_t>(report.train.samples_per_second()), " img/s"));
+  if (ranks) Say(ranks->Text());
   if (epoch_observer_) epoch_observer_(report);
 }
 

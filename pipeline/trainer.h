@@ -15,6 +15,7 @@
 #include "pipeline/autotune.h"
 #include "pipeline/checkpoint_control.h"
 #include "pipeline/progress.h"
+#include "pipeline/rank_times.h"
 #include "pipeline/run_config.h"
 #include "pipeline/run_files.h"
 #include "stages/run_state.h"
@@ -133,6 +134,7 @@ class Trainer {
   bool ema_eval_ = false;                 // evaluate on the average
   bool ema_lookahead_ = false;            // the average copied into the weights
   std::unique_ptr<RunFiles> files_;       // process 0 during Train
+  RankTimes rank_times_;                  // each rank's step phases over the epoch
   BatchObserver batch_observer_;
   std::function<void(const EpochReport&)> epoch_observer_;
 };

@@ -33,7 +33,7 @@ class LaneGather {
           if (m.lane == 0 && state.replicas != nullptr && !state.replicas->device(0).is_cuda()) {
             // Read before the release: then replica 0 is between batches.
             const ReplicaSet::Counters& c = state.replicas->counters(0);
-            m.batch->step_busy_seconds = c.compute_seconds + c.reduce_wait_seconds;
+            m.batch->step_busy_seconds = c.compute_seconds() + c.reduce_wait_seconds;
             m.batch->step_reduce_wait_seconds = c.reduce_wait_seconds;
           }
           state.lanes.release[m.lane]();

@@ -506,19 +506,25 @@ void MpiWorld::BroadcastBytes(void* data, int64_t bytes, int root, const std::st
 
 std::vector<uint64_t> MpiWorld::AllGather(uint64_t value, const std::string& tag,
                                           double timeout_s) {
+  return AllGather(std::vector<uint64_t>{value}, tag, timeout_s);
+}
+
+std::vector<uint64_t> MpiWorld::AllGather(const std::vector<uint64_t>& values,
+                                          const std::string& tag, double timeout_s) {
   CheckUsable("AllGather", tag);
-  std::vector<uint64_t> all(size_, value);
-  if (!active_ || size_ == 1) return all;
+  if (!active_ || size_ == 1) return values;
+  const int count = static_cast<int>(values.size());
+  std::vector<uint64_t> all(static_cast<size_t>(size_) * values.size());
   MpiRequest r;
   r.impl_ = std::make_unique<MpiRequest::Impl>();
   r.impl_->op = "AllGather";
   r.impl_->tag = tag;
-  r.impl_->size = "1 uint64 per rank";
+  r.impl_->size = StrCat(count, " uint64 per rank");
   {
     auto lock = Lock();
     MPI_Request req;
-    const int rc =
-        MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm_->comm, &req);
+    const int rc = MPI_Iallgather(values.data(), count, MPI_UINT64_T, all.data(), count,
+                                  MPI_UINT64_T, comm_->comm, &req);
     if (rc != MPI_SUCCESS) Fail("MPI_Iallgather", rc);
     r.impl_->requests.push_back(req);
   }

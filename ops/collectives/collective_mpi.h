@@ -94,6 +94,9 @@ class MpiWorld {
   MpiRequest StartBroadcastBytes(void* data, int64_t bytes, int root, const std::string& tag);
   // Every process's value, indexed by rank.
   std::vector<uint64_t> AllGather(uint64_t value, const std::string& tag, double timeout_s);
+  // Every process's values (the same count on each), rank after rank.
+  std::vector<uint64_t> AllGather(const std::vector<uint64_t>& values, const std::string& tag,
+                                  double timeout_s);
   void Barrier(const std::string& tag, double timeout_s);
 
   // Start-up check that every process runs the same thing (e.g. a hash of

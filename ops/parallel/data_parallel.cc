@@ -57,6 +57,7 @@ struct ReplicaSet::Replica {
   std::vector<int> layers_left;                 // per bucket, this backward
   StepTimeline timeline;
   Counters counters;
+  double idle_since = -1;              // the end of its last work (negative: none yet)
   std::unique_ptr<LossScaler> scaler;  // f16 only
   std::unique_ptr<IdleMeter> idle;     // GPU only
   // SyncBN's all-reduce, through the communication thread like every
@@ -262,6 +263,11 @@ void ReplicaSet::ResetCounters() {
   }
 }
 
+void ReplicaSet::StartPass() {
+  const double now = Now();
+  for (auto& rep : replicas_) rep->idle_since = now;
+}
+
 double ReplicaSet::Now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
@@ -320,13 +326,19 @@ void ReplicaSet::Complete(int r) {
 
 bool ReplicaSet::AgreeStop(int r, bool stop_requested) {
   if (collective_ == nullptr) return stop_requested;
+  Replica& rep = *replicas_[r];
+  const double begin = Now();
   // On the replica's device: NCCL reduces GPU memory.
-  Tensor flag = Tensor::Full(Shape({1}), stop_requested ? 1.0 : 0.0).To(replicas_[r]->device);
+  Tensor flag = Tensor::Full(Shape({1}), stop_requested ? 1.0 : 0.0).To(rep.device);
   Issue(r, [this, r, &flag] {
     collective_->AllReduceSum(r, flag.data<float>(), 1, "stop request", 1);
   });
   Complete(r);
-  return flag.To(Device::Cpu()).At(0) > 0;
+  const bool stop = flag.To(Device::Cpu()).At(0) > 0;
+  // Waiting here is waiting for a peer still in its step, as in the reductions.
+  rep.idle_since = Now();
+  rep.counters.reduce_wait_seconds += rep.idle_since - begin;
+  return stop;
 }
 
 void ReplicaSet::Abort(const std::string& reason) {
@@ -362,6 +374,8 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
                                                double label_smoothing, bool reduce,
                                                const int64_t* device_labels, const LabelMix* mix) {
   Replica& rep = *replicas_[r];
+  const double begin = Now();
+  if (rep.idle_since >= 0) rep.counters.data_wait_seconds += begin - rep.idle_since;
   Result result;
   auto post = [this, r, &rep](int b) {
     Issue(r, [this, r, b, &rep] {
@@ -378,6 +392,7 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
       for (size_t b = 0; b < buckets_.size(); ++b) post(static_cast<int>(b));
       IssueBufferBroadcasts(r);
     }
+    rep.idle_since = Now();
     return result;
   }
   auto run = [&] {
@@ -413,6 +428,7 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
       result.correct = loss.correct;
     }
     rep.timeline.backward_begin = Now();
+    MaybeSlowTestRank(global_offset() + r);  // CNNFLOW_TEST_SLOW_RANK, for the straggler test
     if (!reducing) {
       m.Backward(dlogits);
     } else {
@@ -426,14 +442,15 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     rep.timeline.backward_end = Now();
     if (rep.idle) rep.idle->EndOfWork();
   };
-  const double begin = Now();
   try {
     if (rep.arena) {
       rep.arena->execute(run);
     } else {
       run();
     }
-    rep.counters.compute_seconds += Now() - begin;
+    rep.idle_since = Now();
+    rep.counters.forward_seconds += rep.timeline.backward_begin - begin;
+    rep.counters.backward_seconds += rep.idle_since - rep.timeline.backward_begin;
   } catch (const std::exception& e) {
     Abort(StrCat("replica ", global_offset() + r, " failed: ", e.what()));
     throw;
@@ -479,7 +496,8 @@ void ReplicaSet::Step(int r, double lr) {
   } else {
     step();
   }
-  rep.counters.compute_seconds += Now() - step_begin;
+  rep.idle_since = Now();
+  rep.counters.optimizer_seconds += rep.idle_since - step_begin;
 }
 
 void ReplicaSet::ApplyStep(Replica& rep, double lr) {

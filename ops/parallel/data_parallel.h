@@ -177,18 +177,32 @@ class ReplicaSet {
   void Abort(const std::string& reason);
 
   const StepTimeline& timeline(int r) const;
-  // Where replica r's time went since the last ResetCounters (benchmarks).
+  // Where replica r's time went since the last ResetCounters (benchmarks;
+  // the trainer takes differences per epoch). Host time: on a GPU replica
+  // forward and backward are the time to issue their kernels.
   struct Counters {
-    double compute_seconds = 0;      // forward, backward, optimizer step
-    double reduce_wait_seconds = 0;  // waiting for reductions after backward
-    int64_t steps = 0;               // optimizer steps
-    int64_t skipped_steps = 0;       // of those, skipped by the f16 loss scaler
+    // Waiting for its next batch: from the end of its last ForwardBackward,
+    // Step or AgreeStop (or StartPass) to the start of the next ForwardBackward.
+    double data_wait_seconds = 0;
+    double forward_seconds = 0;   // forward and loss (and copying a host shard to its device)
+    double backward_seconds = 0;  // backward, issuing the bucket reductions as it goes
+    // Waiting for its peers: the reductions after backward, and AgreeStop.
+    double reduce_wait_seconds = 0;
+    double optimizer_seconds = 0;  // the optimizer step
+    int64_t steps = 0;             // optimizer steps
+    int64_t skipped_steps = 0;     // of those, skipped by the f16 loss scaler
     // A GPU replica: its GPU's idle time between steps (waiting for the host
     // or the next batch), measured on the GPU.
     double gpu_idle_seconds = 0;
+    double compute_seconds() const {
+      return forward_seconds + backward_seconds + optimizer_seconds;
+    }
   };
   const Counters& counters(int r) const;
   void ResetCounters();
+  // A train pass starts: each replica's wait for its first batch counts
+  // from now (not from its last step of the previous pass).
+  void StartPass();
 
  private:
   struct Replica;

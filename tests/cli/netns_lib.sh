@@ -60,6 +60,7 @@ netns_down() {
     netns_pids "$ns" | xargs -r kill -9 2> /dev/null
     ip netns del "$ns" 2> /dev/null
   done
+  rm -rf "/tmp/$1-hosts"
   return 0
 }
 
@@ -75,7 +76,8 @@ netns_mpirun() {
   local n=$1 spec=$2 subnet
   shift 2
   subnet=$(ip -n "${n}h0" -4 -o addr show dev eth0 | awk '{ sub(/\.[0-9]+\/24$/, ".0/24", $4); print $4 }')
-  ip netns exec "${n}h0" "$mpiexec" --host "$spec" --oversubscribe \
+  mkdir -p "/tmp/${n}-hosts"
+  NETNS_TMP="/tmp/${n}-hosts" ip netns exec "${n}h0" "$mpiexec" --host "$spec" --oversubscribe \
     --mca plm_rsh_agent "$netns_dir/netns_agent.sh" \
     --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include "$subnet" \
     --mca oob_tcp_if_include "$subnet" "$@"

@@ -4,7 +4,7 @@
 #   usage: netns_train_test.sh MPIEXEC CNNFLOW_BINARY MODE
 #   equal      2 hosts x 1 rank and 2 hosts x 2 ranks end with model.safetensors
 #              byte for byte that of one process with the same replicas
-#   flap       (by hand) host 1's cable out for 6 s mid-run: the run goes on, warns of
+#   flap       host 1's cable out for 6 s mid-run: the run goes on, warns of
 #              the stall (graph.stall_warn_s 2) and ends bitwise as the
 #              unflapped run
 #   link_down  host 1's cable out for good (graph.collective_timeout_s 10):

@@ -1,7 +1,8 @@
 """Reads a cnnflow run folder's event file with TensorBoard's own reader and
 checks it against metrics.csv.
 
-usage: tensorboard_check.py RUN_DIR EPOCHS STEP,STEP,... test|notest
+usage: tensorboard_check.py RUN_DIR EPOCHS STEP,STEP,... test|notest [ranks]
+(ranks: the run had several replicas, so each epoch has ranks/* scalars)
 """
 import csv
 import math
@@ -10,6 +11,7 @@ import sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 run, epochs, steps, test = sys.argv[1], int(sys.argv[2]), [int(s) for s in sys.argv[3].split(",")], sys.argv[4] == "test"
+ranks = sys.argv[5:] == ["ranks"]
 acc = EventAccumulator(run)
 acc.Reload()
 tags = set(acc.Tags()["scalars"])
@@ -20,7 +22,9 @@ step_tags = {"train/loss", "train/accuracy", "train/lr", "train/images_per_s",
 epoch_tags = {"epoch/train_loss", "epoch/train_accuracy", "epoch/lr", "epoch/images_per_s",
               "epoch/data_wait_share", "epoch/allreduce_share"}
 test_tags = {"epoch/test_loss", "epoch/test_accuracy"}
-want = step_tags | epoch_tags | (test_tags if test else set())
+rank_tags = {f"ranks/{phase}_ms_{stat}" for phase in ("data", "forward", "backward", "allreduce", "optimizer")
+             for stat in ("median", "max")}
+want = step_tags | epoch_tags | (test_tags if test else set()) | (rank_tags if ranks else set())
 assert tags == want, f"tags {sorted(tags)}, expected {sorted(want)}"
 
 for tag in step_tags:
@@ -48,6 +52,13 @@ for tag, column in columns.items():
         ref = float(r[column])
         assert math.isclose(e.value, ref, rel_tol=1e-5, abs_tol=1e-6 if column != "images_per_s" else 0.06), \
             f"{tag} at epoch {e.step}: {e.value}, metrics.csv {ref}"
+for tag in rank_tags & want:
+    events = acc.Scalars(tag)
+    assert [e.step for e in events] == list(range(1, epochs + 1)), f"{tag}: steps {[e.step for e in events]}"
+    assert all(0 <= e.value < 10000 for e in events), f"{tag}: {[e.value for e in events]} ms per step"
+    if tag.endswith("_median"):
+        for e, m in zip(events, acc.Scalars(tag[:-len("median")] + "max")):
+            assert e.value <= m.value, f"{tag} at epoch {e.step}: {e.value} above the max {m.value}"
 # steps.csv (what cnnflow plot reads): the same step points, and each
 # epoch's test loss on a row of its own.
 steps_rows = list(csv.DictReader(open(f"{run}/steps.csv")))

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# TensorBoard event files: a short run with 2 replicas and one without a
-# test set, read back by the tensorboard package's EventAccumulator
-# (tensorboard_check.py): the tags, their steps, and values equal to
-# metrics.csv's. Skips (77) when tensorboard is not importable.
+# TensorBoard event files: a short run with 2 replicas (so with ranks/*
+# scalars) and one without a test set, read back by the tensorboard
+# package's EventAccumulator (tensorboard_check.py): the tags, their steps,
+# and values equal to metrics.csv's. Skips (77) when tensorboard is not
+# importable.
 #   usage: tensorboard_test.sh CNNFLOW_BINARY
 set -u
 cnnflow="$1"
@@ -20,6 +21,6 @@ common=(--set train.max_steps=30 --set train.log_every=10 --set threads=2)
   --set data.test=null --out "$out/notest" > "$out/log" 2>&1 ||
   { cat "$out/log"; fail "train (no test set) exited with $?"; }
 ls "$out"/run/events.out.tfevents.* > /dev/null || fail "no event file in the run folder"
-"$py" tests/cli/tensorboard_check.py "$out/run" 2 10,20,30,40,50,60 test || fail "the run with a test set"
+"$py" tests/cli/tensorboard_check.py "$out/run" 2 10,20,30,40,50,60 test ranks || fail "the run with a test set"
 "$py" tests/cli/tensorboard_check.py "$out/notest" 1 10,20,30 notest || fail "the run without a test set"
 echo "PASS: TensorBoard read back the scalars"

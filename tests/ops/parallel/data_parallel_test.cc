@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -247,6 +248,31 @@ TEST(DataParallel, FirstBucketIsReducedBeforeBackwardEnds) {
   EXPECT_LT(first_reduce, backward_end);
   const size_t last = set->buckets().size() - 1;
   EXPECT_GE(t0.reduce_begin[last], t0.reduce_begin[0]);
+}
+
+// The counters split each replica's time into the five phases of a step
+// (pipeline/rank_times.h reads them): the wait for its batch counts from
+// StartPass or its last step, not from before StartPass.
+TEST(DataParallel, CountersSplitTheStepIntoItsPhases) {
+  auto set = Make(2, "sgd");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // before the pass: not counted
+  set->StartPass();
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  TrainStep(*set, {Batch(8, 500)}, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  TrainStep(*set, {Batch(8, 501)}, 1);
+  for (int r = 0; r < 2; ++r) {
+    const ReplicaSet::Counters& c = set->counters(r);
+    EXPECT_EQ(c.steps, 2);
+    EXPECT_GE(c.data_wait_seconds, 0.055) << "replica " << r;
+    EXPECT_LT(c.data_wait_seconds, 0.2) << "replica " << r;
+    EXPECT_GT(c.forward_seconds, 0);
+    EXPECT_GT(c.backward_seconds, 0);
+    EXPECT_GT(c.optimizer_seconds, 0);
+    EXPECT_GE(c.reduce_wait_seconds, 0);
+    EXPECT_DOUBLE_EQ(c.compute_seconds(),
+                     c.forward_seconds + c.backward_seconds + c.optimizer_seconds);
+  }
 }
 
 TEST(DataParallel, AFailingReplicaAbortsTheOthersInsteadOfHanging) {
