@@ -7,11 +7,20 @@
 #   flap       host 1's cable out for 6 s mid-run: the run goes on, warns of
 #              the stall (graph.stall_warn_s 2) and ends bitwise as the
 #              unflapped run
+#   loss       1% of the packets each host sends dropped at random
+#              (nftables): the run completes with the lossless run's weights
+#              bit for bit; the log shows any stall warnings
+#   restart    `cnnflow launch --max-restarts 2` around the 2-host job; host
+#              1's cable out for 12 s after the step-20 checkpoint (the ranks
+#              fail at graph.collective_timeout_s 5), then back: the launcher
+#              restarts every rank from the checkpoint and the job ends
+#              bitwise as the uninterrupted one
 #   link_down  host 1's cable out for good (graph.collective_timeout_s 10):
 #              every cnnflow rank on both hosts exits within 10 + 10 s,
 #              naming the collective and the rank it waits on, and with the hosts' TCP retries cut
-#              (net.ipv4.tcp_retries2=5, see docs/parallel.md) mpirun and
-#              the far orted end too: no process is left on either host
+#              (net.ipv4.tcp_retries2=5, see docs/parallel.md) mpirun, the
+#              far orted and the `cnnflow launch` around them end too: no
+#              process is left on either host
 # Exits 77 (skip) where namespaces cannot be made.
 set -u
 mpiexec="$1"
@@ -19,10 +28,13 @@ cnnflow=$(realpath "$2")
 mode="$3"
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/netns_lib.sh"
+source "$here/mpi_lib.sh"
 netns_require
 case "$mode" in
   equal) name=cfeq octet=211 ;;
   flap) name=cffl octet=212 ;;
+  loss) name=cfls octet=214 ;;
+  restart) name=cfrs octet=215 ;;
   link_down) name=cfld octet=213 ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
@@ -70,10 +82,11 @@ if [[ $mode == flap ]]; then
   netns_cable "$name" 1 down
   sleep 6
   netns_cable "$name" 1 up
-  ( sleep 120; kill -9 "$job" 2> /dev/null ) &
+  # A hard alarm; its sleep must not hold the test's output open.
+  (sleep 120 && kill -9 "$job") > /dev/null 2>&1 &
   alarm=$!
   wait "$job" || { cat "$out/flap.log"; echo "FAIL: the flapped run failed"; exit 1; }
-  kill "$alarm" 2> /dev/null
+  pkill -P "$alarm" sleep; kill "$alarm" 2> /dev/null
   grep "warning: MPI .* has waited" "$out/flap.log" || { cat "$out/flap.log"; echo "FAIL: no stall warning"; exit 1; }
   cmp "$out/plain/model.safetensors" "$out/flap/model.safetensors" ||
     { echo "FAIL: the flapped run's weights differ"; exit 1; }
@@ -81,27 +94,94 @@ if [[ $mode == flap ]]; then
   exit 0
 fi
 
-# link_down. Each rank writes its own output on its own host (--output-filename).
+if [[ $mode == loss ]]; then
+  if ! command -v nft > /dev/null; then
+    echo "SKIP: no nft (nftables): scripts/setup.sh installs it"
+    exit 77
+  fi
+  netns_mpirun "$name" "$hosts" -n 2 --map-by node "$cnnflow" train configs/fashion_mnist.yaml \
+    "${run_sets[@]}" --set train.max_steps=200 --out "$out/plain" > "$out/plain.log" 2>&1 ||
+    { cat "$out/plain.log"; echo "FAIL: lossless run"; exit 1; }
+  for h in 0 1; do
+    printf 'table inet loss {\n chain out {\n  type filter hook output priority 0;\n  %s\n }\n}\n' \
+      'numgen random mod 100 == 0 counter drop' | ip netns exec "${name}h$h" nft -f - ||
+      { echo "FAIL: nft could not add the loss rule"; exit 1; }
+  done
+  netns_mpirun "$name" "$hosts" -n 2 --map-by node "$cnnflow" train configs/fashion_mnist.yaml \
+    "${run_sets[@]}" --set train.max_steps=200 --out "$out/lossy" > "$out/lossy.log" 2>&1 ||
+    { cat "$out/lossy.log"; echo "FAIL: the run with 1% loss failed"; exit 1; }
+  dropped=0
+  for h in 0 1; do
+    n=$(ip netns exec "${name}h$h" nft list chain inet loss out | sed -n 's/.*counter packets \([0-9]*\).*/\1/p')
+    dropped=$((dropped + n))
+  done
+  echo "packets dropped: $dropped"
+  ((dropped > 0)) || { echo "FAIL: no packet was dropped"; exit 1; }
+  cmp "$out/plain/model.safetensors" "$out/lossy/model.safetensors" ||
+    { echo "FAIL: the weights differ with 1% loss"; exit 1; }
+  echo "stall warnings with 1% loss: $(grep -c 'warning: MPI' "$out/lossy.log")"
+  echo "PASS: 1% packet loss: completed, bitwise equal"
+  exit 0
+fi
+
+# What `cnnflow launch --mpirun` runs: mpirun on host 0, one rank on each host.
+cat > "$out/mpirun.sh" <<EOF
+#!/usr/bin/env bash
+source "$here/netns_lib.sh"
+mpiexec="$mpiexec"
+netns_mpirun "$name" "$hosts" --map-by node "\$@"
+EOF
+chmod +x "$out/mpirun.sh"
+
+if [[ $mode == restart ]]; then
+  rs=(--set train.epochs=2 --set train.max_steps=30 --set train.batch=32 --set threads=1
+    --set train.checkpoint_every=10 --set train.keep_checkpoints=0 --set train.log_every=5
+    --set graph.collective_timeout_s=5)
+  "$out/mpirun.sh" -n 2 "$cnnflow" train configs/fashion_mnist.yaml "${rs[@]}" --out "$out/straight" \
+    > "$out/straight.log" 2>&1 || { cat "$out/straight.log"; echo "FAIL: uninterrupted run"; exit 1; }
+  timeout 240 "$cnnflow" launch --max-restarts 2 --mpirun "$out/mpirun.sh" -n 2 -- \
+    "$cnnflow" train configs/fashion_mnist.yaml "${rs[@]}" --out "$out/cut" > "$out/launch.log" 2>&1 &
+  launcher=$!
+  wait_for_file "$out/cut/checkpoints/step-000000020.json" "$out/launch.log" || exit 1
+  netns_cable "$name" 1 down
+  sleep 12
+  netns_cable "$name" 1 up
+  wait "$launcher"
+  status=$?
+  grep "^cnnflow launch" "$out/launch.log"
+  [[ $status -eq 0 ]] || { cat "$out/launch.log"; echo "FAIL: launcher exit status $status"; exit 1; }
+  grep -q "restart 1/2: attempt 1 failed" "$out/launch.log" || { echo "FAIL: no restart"; exit 1; }
+  expect_same_end_state "$out/straight" "$out/cut" || exit 1
+  echo "PASS: a 12 s cut failed the job, cnnflow launch restarted it across the hosts, bitwise equal"
+  exit 0
+fi
+
+# link_down, under `cnnflow launch` (no restart). Each rank writes its own
+# output on its own host (--output-filename).
 for h in 0 1; do ip netns exec "${name}h$h" sysctl -q -w net.ipv4.tcp_retries2=5; done
-netns_mpirun "$name" "$hosts" -n 2 --map-by node --output-filename "$out/ranks" "$cnnflow" train \
-  configs/fashion_mnist.yaml "${run_sets[@]}" --set train.epochs=100 --out "$out/down" \
+"$cnnflow" launch --max-restarts 0 --mpirun "$out/mpirun.sh" -n 2 -- --output-filename "$out/ranks" \
+  "$cnnflow" train configs/fashion_mnist.yaml "${run_sets[@]}" --set train.epochs=100 --out "$out/down" \
   > "$out/down.log" 2>&1 &
 job=$!
 for _ in $(seq 1 300); do cat "$out"/ranks/1/rank.0/std* 2> /dev/null | grep -q "train epoch 1/" && break; sleep 0.1; done
 sleep 1
 netns_cable "$name" 1 down
 cut=$SECONDS
-ranks_gone=-1 all_gone=-1
+ranks_gone=-1 all_gone=-1 launch_gone=-1
 while ((SECONDS - cut < 90)); do
   p0=$(procs_on 0) p1=$(procs_on 1)
   if ((ranks_gone < 0)) && [[ $p0$p1 != *cnnflow* ]]; then ranks_gone=$((SECONDS - cut)); fi
-  if [[ -z "${p0// /}${p1// /}" ]]; then all_gone=$((SECONDS - cut)); break; fi
+  if ((launch_gone < 0)) && ! kill -0 "$job" 2> /dev/null; then launch_gone=$((SECONDS - cut)); fi
+  if ((launch_gone >= 0)) && [[ -z "${p0// /}${p1// /}" ]]; then all_gone=$((SECONDS - cut)); break; fi
   sleep 0.5
 done
-echo "after the cut: cnnflow ranks gone after ${ranks_gone} s, every process after ${all_gone} s"
+echo "after the cut: cnnflow ranks gone after ${ranks_gone} s, cnnflow launch after ${launch_gone} s," \
+  "every process after ${all_gone} s"
 echo "left on host 0: $(procs_on 0); on host 1: $(procs_on 1)"
 wait "$job"
-echo "mpirun exit code $?"
+status=$?
+echo "cnnflow launch exit code $status"
+((status != 0)) || { echo "FAIL: cnnflow launch exited 0"; exit 1; }
 for r in 0 1; do
   echo "rank $r:"
   grep -h "did not complete" "$out"/ranks/1/rank.$r/std* | head -2
@@ -112,4 +192,4 @@ for r in 0 1; do
     "$out"/ranks/1/rank.$r/std* || { echo "FAIL: rank $r did not name the collective and its peer"; exit 1; }
 done
 ((all_gone >= 0)) || { echo "FAIL: processes left 90 s after the cut"; exit 1; }
-echo "PASS: a link down for good: ranks gone in ${ranks_gone} s, mpirun and orted in ${all_gone} s"
+echo "PASS: a link down for good: ranks gone in ${ranks_gone} s, cnnflow launch, mpirun and orted in ${all_gone} s"
