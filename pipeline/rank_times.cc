@@ -159,6 +159,18 @@ void RankTimes::Start(const ReplicaSet& replicas) {
   for (int r = 0; r < replicas.size(); ++r) start_.push_back(replicas.counters(r));
 }
 
+double MedianStepMs(const std::vector<RankPhases>& ranks) {
+  if (ranks.empty()) return 0;
+  std::vector<double> v;
+  for (const RankPhases& r : ranks) v.push_back(StepMs(r));
+  return Median(std::move(v));
+}
+
+double StallWarnSeconds(double configured_s, const std::vector<RankPhases>& ranks) {
+  if (configured_s <= 0) return configured_s;
+  return std::max(configured_s, kStallWarnSteps * MedianStepMs(ranks) / 1000);
+}
+
 std::optional<RankReport> RankTimes::Finish(const ReplicaSet& replicas, MpiWorld& world,
                                             double timeout_s) const {
   // The same answer on every process (they run one config), so either all

@@ -79,6 +79,16 @@ inline constexpr double kStragglerRatio = 1.5;
 inline constexpr double kStragglerShare = 0.1;
 std::optional<Straggler> FindStraggler(const std::vector<RankPhases>& ranks);
 
+// The median over ranks of the whole step (all five phases), in ms.
+double MedianStepMs(const std::vector<RankPhases>& ranks);
+
+// The stall warning's threshold for the next epoch: graph.stall_warn_s, or
+// kStallWarnSteps of the last epoch's median step where that is longer (a
+// collective may wait most of a step for a peer with nothing wrong: a slow
+// model must not warn every step). 0 stays 0 (never).
+inline constexpr double kStallWarnSteps = 3;
+double StallWarnSeconds(double configured_s, const std::vector<RankPhases>& ranks);
+
 // What process 0 prints and logs at an epoch's end.
 struct RankReport {
   std::vector<RankPhases> ranks;  // in rank order

@@ -145,7 +145,8 @@ const Schema& GraphSectionSchema() {
                     "missing replica or process")
           .Optional("stall_warn_s", ParamType::kFloat, 10.0,
                     "an MPI collective waiting this long prints a warning naming it (a slow "
-                    "link or a lagging rank); 0: never");
+                    "link or a lagging rank); after each epoch, 3 median steps where that is "
+                    "longer; 0: never");
   return s;
 }
 

@@ -517,6 +517,7 @@ void Trainer::FinishEpoch(int64_t epoch, EpochReport& report, double busy0, doub
   const std::optional<RankReport> ranks =
       replicas_ ? rank_times_.Finish(*replicas_, MpiWorld::Get(), config_.collective_timeout_s)
                 : std::nullopt;
+  if (ranks) MpiWorld::Get().SetStallWarning(StallWarnSeconds(config_.stall_warn_s, ranks->ranks));
   const bool has_test = state_.datasets.count("test") != 0;
   const bool tested = has_test && (epoch + 1 == passes_ || (epoch + 1) % config_.eval_every == 0);
   if (tested) {

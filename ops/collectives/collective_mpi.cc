@@ -483,7 +483,7 @@ void MpiWorld::Wait(MpiRequest& request, double timeout_s) {
     if (!warned && warn_s > 0 && waited >= warn_s) {
       warned = true;
       std::fprintf(stderr,
-                   "%s: warning: MPI %s '%s' (%s) has waited %.1f s (graph.stall_warn_s %g; it "
+                   "%s: warning: MPI %s '%s' (%s) has waited %.1f s (stall warning at %g s; it "
                    "fails the run at graph.collective_timeout_s %g): a peer process is slow, "
                    "stalled or its link is down\n",
                    Where().c_str(), r->op.c_str(), r->tag.c_str(), what.c_str(), waited, warn_s,

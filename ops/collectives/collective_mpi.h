@@ -123,8 +123,9 @@ class MpiWorld {
   // prints one warning naming it and how long it has waited, long before
   // its deadline fails the run: a slow link or a lagging rank shows in the
   // log while the run goes on. For this world and its splits.
-  void SetStallWarning(double seconds) { stall_warn_s_ = seconds; }
-  double stall_warning() const { return parent_ ? parent_->stall_warning() : stall_warn_s_; }
+  // May change while collectives wait (the trainer follows the step time).
+  void SetStallWarning(double seconds) { stall_warn_s_.store(seconds); }
+  double stall_warning() const { return parent_ ? parent_->stall_warning() : stall_warn_s_.load(); }
 
   // Ends the whole job now (MPI_Abort; std::_Exit in a plain process). For
   // the program's top level after a collective error; library code throws.
@@ -153,7 +154,7 @@ class MpiWorld {
   std::string name_;            // a Split world's
   int rank_ = 0;
   int size_ = 1;
-  double stall_warn_s_ = 10;                  // SetStallWarning
+  std::atomic<double> stall_warn_s_{10};      // SetStallWarning
   std::atomic<uint64_t> next_reduce_tag_{0};  // StartAllReduceSum's message tags
   struct Comm;  // the MPI_Comm, kept out of this header (mpi.h is heavy)
   std::unique_ptr<Comm> comm_;

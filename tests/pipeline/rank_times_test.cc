@@ -17,6 +17,22 @@ RankPhases Rank(int rank, double data, double forward, double backward, double a
   return RankPhases{rank, {data, forward, backward, allreduce, optimizer}};
 }
 
+TEST(StallWarning, FollowsTheMedianStepWhereThatIsLonger) {
+  // Steps of 2, 4 and 30 s (all five phases): the median is 4 s.
+  const std::vector<RankPhases> slow = {Rank(0, 100, 500, 1000, 300, 100),
+                                        Rank(1, 100, 1000, 2000, 800, 100),
+                                        Rank(2, 100, 9000, 20000, 800, 100)};
+  EXPECT_DOUBLE_EQ(MedianStepMs(slow), 4000);
+  EXPECT_DOUBLE_EQ(StallWarnSeconds(10, slow), 12);  // 3 steps of 4 s
+  EXPECT_DOUBLE_EQ(StallWarnSeconds(20, slow), 20);  // the configured floor
+  EXPECT_DOUBLE_EQ(StallWarnSeconds(0, slow), 0);    // off stays off
+  // Steps of 20 ms: the configured 10 s.
+  const std::vector<RankPhases> fast = {Rank(0, 1, 5, 10, 3, 1), Rank(1, 1, 5, 10, 3, 1)};
+  EXPECT_DOUBLE_EQ(MedianStepMs(fast), 20);
+  EXPECT_DOUBLE_EQ(StallWarnSeconds(10, fast), 10);
+  EXPECT_DOUBLE_EQ(MedianStepMs({}), 0);
+}
+
 TEST(Straggler, NoneWithOneRankOrNone) {
   EXPECT_FALSE(FindStraggler({}));
   EXPECT_FALSE(FindStraggler({Rank(0, 0.2, 3, 5, 0, 0.5)}));
