@@ -37,6 +37,14 @@ const char* EnvOrNull(const char* name) {
   return v != nullptr && *v != '\0' ? v : nullptr;
 }
 
+// MPI's text for an error code.
+std::string MpiErrorText(int code) {
+  char text[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, len);
+}
+
 std::string Hex(uint64_t v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "0x%016llx", static_cast<unsigned long long>(v));
@@ -117,11 +125,7 @@ class TreeAllReduce {
     Check(MPI_Irecv(p, static_cast<int>(n), MPI_FLOAT, from, tag_, comm_, &rq.back()), "MPI_Irecv");
   }
   static void Check(int rc, const char* call) {
-    if (rc == MPI_SUCCESS) return;
-    char text[MPI_MAX_ERROR_STRING] = {0};
-    int len = 0;
-    MPI_Error_string(rc, text, &len);
-    throw Error(StrCat(call, " failed: ", std::string(text, len)));
+    if (rc != MPI_SUCCESS) throw Error(StrCat(call, " failed: ", MpiErrorText(rc)));
   }
 
   // Recursive halving, distances 1, 2, ..., size / 2; then doubling back.
@@ -346,10 +350,7 @@ std::string MpiWorld::Where() const {
 }
 
 void MpiWorld::Fail(const char* call, int code) const {
-  char text[MPI_MAX_ERROR_STRING] = {0};
-  int len = 0;
-  MPI_Error_string(code, text, &len);
-  throw Error(StrCat(Where(), ": ", call, " failed: ", std::string(text, len)));
+  throw Error(StrCat(Where(), ": ", call, " failed: ", MpiErrorText(code)));
 }
 
 std::unique_lock<std::mutex> MpiWorld::Lock() {

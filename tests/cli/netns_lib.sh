@@ -47,9 +47,6 @@ netns_up() {
   done
 }
 
-# netns_hosts NAME: the host namespaces, one per line.
-netns_hosts() { ip netns list | awk -v p="^$1h[0-9]+$" '$1 ~ p { print $1 }' | sort; }
-
 # netns_pids NS: the processes in namespace NS, one per line.
 netns_pids() { ip netns pids "$1" 2> /dev/null; }
 

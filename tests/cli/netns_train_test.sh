@@ -38,7 +38,7 @@ case "$mode" in
   link_down) name=cfld octet=213 ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
-out=${NETNS_TEST_OUT:-$(mktemp -d)}
+out=$(mktemp -d)
 trap 'netns_down $name; rm -rf "$out"' EXIT
 netns_up "$name" 2 "$octet"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
