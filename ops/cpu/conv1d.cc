@@ -281,8 +281,8 @@ void Conv1d::Backward(const std::vector<const Tensor*>& x, const Tensor& y, cons
   const Tensor& in = *x[0];
   Tensor* dx0 = dx.empty() ? nullptr : dx[0];
   const Conv2dPlan plan = PlanFor(in.dim(0), in.dtype());
-  if (!shifted_ || plan.backward_data == ConvAlgo::kOnednn ||
-      plan.backward_weights == ConvAlgo::kOnednn) {
+  if (!shifted_ || plan.backward_data != ConvAlgo::kGemm ||
+      plan.backward_weights != ConvAlgo::kGemm) {
     const Tensor x2 = As2d(in), y2 = As2d(y), dy2 = As2d(dy);
     Tensor dx2;
     if (dx0 != nullptr) dx2 = As2d(*dx0);

@@ -516,8 +516,10 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
   const bool onednn_data = std::is_same_v<T, float> && plan.backward_data == ConvAlgo::kOnednn;
   const bool want_dw = dw != nullptr;
   if (!want_dw) db = nullptr;
-  const bool onednn_weights =
-      want_dw && std::is_same_v<T, float> && plan.backward_weights == ConvAlgo::kOnednn;
+  const bool matmul_weights =
+      want_dw && std::is_same_v<T, float> && plan.backward_weights == ConvAlgo::kMatmul;
+  const bool onednn_weights = matmul_weights || (want_dw && std::is_same_v<T, float> &&
+                                                 plan.backward_weights == ConvAlgo::kOnednn);
   const bool dw_transposed = !onednn_weights && GemmDwTransposed(g);
   if (want_dw && (!scratch.partial.defined() || scratch.partial.dtype() != DTypeOf<T>() ||
                   scratch.partial.numel() < chunks * part_size)) {
@@ -550,7 +552,11 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
       dyc = masked;
     }
     if constexpr (std::is_same_v<T, float>) {
-      if (onednn_weights) convs.For(count).BackwardWeights(xc, dyc, pdw, pdb);
+      if (matmul_weights) {
+        convs.For(count).BackwardWeightsByMatmul(xc, dyc, pdw, pdb);
+      } else if (onednn_weights) {
+        convs.For(count).BackwardWeights(xc, dyc, pdw, pdb);
+      }
       if (onednn_data && dxc != nullptr) convs.For(count).BackwardData(dyc, dxc);
     }
     if (want_dw && !onednn_weights) std::fill_n(pdw, db != nullptr ? part_size : dw_size, T(0));
@@ -594,6 +600,14 @@ double BestSeconds(Fn&& fn) {
   return best;
 }
 
+// size f32 values, uniform in [-1, 1): the data kernels are timed on.
+Tensor RandomF32(Rng& rng, int64_t size) {
+  Tensor t = Tensor::Empty({size});
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < size; ++i) p[i] = static_cast<float>(rng.Uniform(-1, 1));
+  return t;
+}
+
 // Times one chunk of each pass on this thread with both algorithms, on
 // random data: "forward,backward_data,backward_weights" with gemm|onednn
 // each, then the measured rates in parentheses. oneDNN must win by kMargin
@@ -611,12 +625,7 @@ std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& 
   cpu::OnednnConv& bconv = bwd_conv != nullptr ? *bwd_conv : *fwd_conv;
   const int64_t mb = std::max(fwd_mb, bwd_mb);
   Rng rng(1);
-  auto random = [&](int64_t size) {
-    Tensor t = Tensor::Empty({size});
-    float* p = t.data<float>();
-    for (int64_t i = 0; i < size; ++i) p[i] = static_cast<float>(rng.Uniform(-1, 1));
-    return t;
-  };
+  auto random = [&](int64_t size) { return RandomF32(rng, size); };
   const int64_t dw_size = g.out_channels * g.col_rows();
   Tensor x = random(mb * g.in_channels * g.in_plane()), dx = random(x.numel());
   Tensor y = random(mb * g.out_channels * g.out_plane()), dy = random(y.numel());
@@ -660,8 +669,32 @@ std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& 
                 rates(bwd_mb, w_gemm, w_onednn), "; oneDNN's ", fwd_conv->ImplInfo(), ")");
 }
 
+// bf16: oneDNN's convolution for every pass, and for backward-weights
+// whichever of its convolution and OnednnConv's matmul is faster on one
+// chunk: "onednn,onednn,onednn|matmul", then the rates.
+std::string MeasureBf16Picks(const Conv2dGeometry& g, bool has_bias, int64_t bwd_mb) {
+  cpu::OnednnConv conv(g, bwd_mb, has_bias, false, true);
+  if (!conv.HasMatmulWeights()) return "onednn,onednn,onednn";
+  Rng rng(1);
+  auto random = [&](int64_t size) { return RandomF32(rng, size); };
+  const int64_t dw_size = g.out_channels * g.col_rows();
+  Tensor x = random(bwd_mb * g.in_channels * g.in_plane());
+  Tensor dy = random(bwd_mb * g.out_channels * g.out_plane());
+  Tensor dw = random(dw_size + g.out_channels);
+  float* db = has_bias ? dw.data<float>() + dw_size : nullptr;
+  const double w_onednn = BestSeconds(
+      [&] { conv.BackwardWeights(x.data<float>(), dy.data<float>(), dw.data<float>(), db); });
+  const double w_matmul = BestSeconds([&] {
+    conv.BackwardWeightsByMatmul(x.data<float>(), dy.data<float>(), dw.data<float>(), db);
+  });
+  const double flop = 2.0 * dw_size * g.out_plane() * bwd_mb / 1e9;
+  return StrCat("onednn,onednn,", w_onednn > kMargin * w_matmul ? "matmul" : "onednn",
+                " (bf16 GFLOP/s of one thread, backward-weights onednn/matmul: ",
+                static_cast<int>(flop / w_onednn), "/", static_cast<int>(flop / w_matmul), ")");
+}
+
 ConvAlgo ParsePick(const std::string& s) {
-  return s == "onednn" ? ConvAlgo::kOnednn : ConvAlgo::kGemm;
+  return s == "onednn" ? ConvAlgo::kOnednn : s == "matmul" ? ConvAlgo::kMatmul : ConvAlgo::kGemm;
 }
 
 // The key of a geometry at batch n in the kernel pick cache.
@@ -678,16 +711,18 @@ std::string PickKey(const Conv2dGeometry& g, bool has_bias, int64_t n) {
 Conv2dPlan PlanConv(const Conv2dGeometry& g, bool has_bias, ConvAlgo algo, Conv2dScratch& scratch,
                     int64_t n, DType dtype) {
   if (dtype != DType::kF32 || (algo == ConvAlgo::kGemm && !scratch.bf16)) return {};
-  if (algo == ConvAlgo::kOnednn || scratch.bf16) {
+  if (algo == ConvAlgo::kOnednn && !scratch.bf16) {
     return {ConvAlgo::kOnednn, ConvAlgo::kOnednn, ConvAlgo::kOnednn};
   }
   std::lock_guard<std::mutex> lock(scratch.mu);
   auto it = scratch.plans.find(n);
   if (it != scratch.plans.end()) return it->second;
   const int64_t fwd_mb = n / BatchChunks(n), bwd_mb = n / BackwardChunks(g, n);
-  const std::string key = PickKey(g, has_bias, n);
-  const std::string picks =
-      cpu::FindOrMeasure(key, [&] { return MeasurePicks(g, has_bias, scratch, fwd_mb, bwd_mb); });
+  const std::string key = StrCat(PickKey(g, has_bias, n), scratch.bf16 ? " bf16" : "");
+  const std::string picks = cpu::FindOrMeasure(key, [&] {
+    return scratch.bf16 ? MeasureBf16Picks(g, has_bias, bwd_mb)
+                        : MeasurePicks(g, has_bias, scratch, fwd_mb, bwd_mb);
+  });
   Conv2dPlan plan;
   const size_t a = picks.find(','), b = picks.find(',', a + 1), end = picks.find(' ');
   CNNFLOW_ENFORCE(a != std::string::npos && b != std::string::npos, "conv2d: bad kernel pick '",
@@ -786,6 +821,8 @@ const char* ConvAlgoName(ConvAlgo a) {
       return "gemm";
     case ConvAlgo::kOnednn:
       return "onednn";
+    case ConvAlgo::kMatmul:
+      return "matmul";
   }
   return "?";
 }

@@ -28,6 +28,11 @@ dnnl::stream& OnednnStream() {
   return stream;
 }
 
+bool CpuHasAvx512Bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
+}
+
 std::string NoNativeBf16Reason() {
   // CPUID leaf 7: sub-leaf 1 EAX bit 5 is AVX512_BF16, sub-leaf 0 EDX bit 22
   // AMX-BF16.

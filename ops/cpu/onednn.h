@@ -25,5 +25,8 @@ dnnl::stream& OnednnStream();
 // emulated: oneDNN's bf16 on other CPUs runs ~3x slower than its f32, and on
 // AVX2-only CPUs it has no bf16 convolution at all.
 std::string NoNativeBf16Reason();
+// Whether this CPU has avx512_bf16 (vcvtneps2bf16, which our own bf16
+// conversions use).
+bool CpuHasAvx512Bf16();
 
 }  // namespace cnnflow::cpu

@@ -1,8 +1,10 @@
 #include "ops/cpu/onednn_conv.h"
 
+#include <immintrin.h>
 #include <tbb/enumerable_thread_specific.h>
 
 #include <algorithm>
+#include <cstring>
 #include <dnnl.hpp>
 #include <vector>
 
@@ -59,6 +61,100 @@ size_t BufferBytes(const Reorder& r, const memory::desc& md) {
   return r.needed() ? md.get_size() : 0;
 }
 
+// f32 -> bf16, rounded to nearest even as oneDNN's own conversions
+// (vcvtneps2bf16). Only called where the CPU has avx512_bf16.
+__attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) void ToBf16(const float* src,
+                                                                            uint16_t* dst,
+                                                                            int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i))));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm256_mask_storeu_epi16(
+        dst + i, m,
+        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i))));
+  }
+}
+
+// The f32 sum of n bf16 values, in 16 lanes then across them.
+float SumBf16(const uint16_t* v, int64_t n) {
+  float lane[16] = {};
+  int64_t i = 0;
+  auto value = [](uint16_t b) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  };
+  for (; i + 16 <= n; i += 16) {
+    for (int l = 0; l < 16; ++l) lane[l] += value(v[i + l]);
+  }
+  float sum = 0;
+  for (; i < n; ++i) sum += value(v[i]);
+  for (float l : lane) sum += l;
+  return sum;
+}
+
+// xb [mb, C, H, W] bf16 -> col^T [C * kh * kw, mb * H' * W'] (row r =
+// (c, i, j), column q = (s, oh, ow)): bf16 words copied, zero outside x.
+void Im2ColTransposed(const Conv2dGeometry& g, int64_t mb, const uint16_t* xb, uint16_t* col) {
+  const int64_t plane = g.out_plane(), q_total = mb * plane;
+  // Stride 1 and W' == W: a tap's plane is the input plane shifted by one
+  // offset, its out-of-range columns zeroed (one copy per sample).
+  const bool shift = g.stride_h == 1 && g.stride_w == 1 && g.out_w == g.in_w;
+  for (int64_t c = 0; c < g.in_channels; ++c) {
+    for (int64_t i = 0; i < g.kernel_h; ++i) {
+      const int64_t ih0 = i * g.dilation_h - g.pad_h;
+      for (int64_t j = 0; j < g.kernel_w; ++j) {
+        uint16_t* out = col + ((c * g.kernel_h + i) * g.kernel_w + j) * q_total;
+        const int64_t iw0 = j * g.dilation_w - g.pad_w;
+        // Output columns [lo, hi) whose input column lies inside [0, W).
+        int64_t lo = iw0 >= 0 ? 0 : (-iw0 + g.stride_w - 1) / g.stride_w;
+        int64_t hi = g.in_w - iw0 <= 0 ? 0 : (g.in_w - iw0 + g.stride_w - 1) / g.stride_w;
+        lo = std::min(lo, g.out_w);
+        hi = std::clamp(hi, lo, g.out_w);
+        for (int64_t s = 0; s < mb; ++s, out += plane) {
+          const uint16_t* xc = xb + (s * g.in_channels + c) * g.in_plane();
+          if (shift) {
+            // Rows [oh_lo, oh_hi) read input rows inside [0, H).
+            const int64_t oh_lo = std::clamp<int64_t>(-ih0, 0, g.out_h);
+            const int64_t oh_hi = std::clamp<int64_t>(g.in_h - ih0, oh_lo, g.out_h);
+            const int64_t t0 = oh_lo * g.out_w + lo, t1 = (oh_hi - 1) * g.out_w + hi;
+            if (oh_lo == oh_hi || lo == hi) {
+              std::fill_n(out, plane, uint16_t{0});
+              continue;
+            }
+            std::fill_n(out, t0, uint16_t{0});
+            std::copy_n(xc + t0 + ih0 * g.in_w + iw0, t1 - t0, out + t0);
+            std::fill_n(out + t1, plane - t1, uint16_t{0});
+            for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {  // the wrapped columns
+              uint16_t* r = out + oh * g.out_w;
+              if (oh > oh_lo) std::fill_n(r, lo, uint16_t{0});
+              if (oh + 1 < oh_hi) std::fill_n(r + hi, g.out_w - hi, uint16_t{0});
+            }
+            continue;
+          }
+          for (int64_t oh = 0; oh < g.out_h; ++oh) {
+            uint16_t* r = out + oh * g.out_w;
+            const int64_t ih = oh * g.stride_h + ih0;
+            if (ih < 0 || ih >= g.in_h) {
+              std::fill_n(r, g.out_w, uint16_t{0});
+              continue;
+            }
+            std::fill_n(r, lo, uint16_t{0});
+            std::fill_n(r + hi, g.out_w - hi, uint16_t{0});
+            const uint16_t* xr = xc + ih * g.in_w + iw0;
+            for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[ow * g.stride_w];
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 struct OnednnConv::Impl {
@@ -70,6 +166,15 @@ struct OnednnConv::Impl {
   dnnl::convolution_backward_data bwd_data;
   dnnl::convolution_backward_weights bwd_weights;
   bool bias = false;
+  Conv2dGeometry g;
+  int64_t mb = 0;
+
+  // bf16 backward-weights as one matmul (BackwardWeightsByMatmul): dW [K, C*kh*kw]
+  // = dY^T [K, Q] x col [Q, C*kh*kw] over the chunk's Q = mb * H' * W'
+  // output positions, col stored transposed (im2col of the plain x).
+  bool matmul_weights = false;
+  dnnl::matmul::primitive_desc mm_pd;
+  dnnl::matmul mm;
 
   // Per call: user -> primitive layouts and back.
   Reorder fwd_src, fwd_dst, bd_diff_dst, bd_diff_src, bw_src, bw_diff_dst, bw_diff_wei;
@@ -82,6 +187,7 @@ struct OnednnConv::Impl {
   size_t buf_a = 0, buf_b = 0, buf_c = 0, pad = 0;  // per-thread scratch sizes (bytes)
   struct Scratch {
     Tensor a, b, c, pad;
+    Tensor col, dyt, xb;  // matmul_weights: col^T, dY^T and x in bf16
   };
   mutable tbb::enumerable_thread_specific<Scratch> scratch;
 
@@ -204,6 +310,19 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
   auto words = [](const memory::desc& md) {  // f32 words that hold md (bf16: half as many)
     return static_cast<int64_t>((md.get_size() + 3) / 4);
   };
+  m.g = g;
+  m.mb = mb;
+  if (bf16 && !grouped && CpuHasAvx512Bf16()) {
+    const int64_t q = mb * g.out_plane(), ncol = g.col_rows();
+    m.mm_pd = dnnl::matmul::primitive_desc(
+        dnnl::matmul::desc(memory::desc({g.out_channels, q}, dt::bf16, Tag::ab),
+                           memory::desc({q, ncol}, dt::bf16, Tag::ba),
+                           memory::desc({g.out_channels, ncol}, dt::f32, Tag::ab)),
+        attr, OnednnEngine());
+    m.mm = dnnl::matmul(m.mm_pd);
+    m.pad = std::max(m.pad, m.mm_pd.scratchpad_desc().get_size());
+    m.matmul_weights = true;
+  }
   if (m.fwd_wei.needed()) m.fwd_wei_buf = Tensor::Empty({words(m.fwd_pd.weights_desc())});
   if (m.bd_wei.needed()) m.bd_wei_buf = Tensor::Empty({words(m.bwd_data_pd.weights_desc())});
 }
@@ -270,6 +389,48 @@ void OnednnConv::BackwardData(const float* dy, float* dx) const {
                                       {DNNL_ARG_DIFF_SRC, mds},
                                       {DNNL_ARG_SCRATCHPAD, mp}});
   m.bd_diff_src.Finish(diff_src, dx, pad);
+}
+
+bool OnednnConv::HasMatmulWeights() const { return impl_->matmul_weights; }
+
+void OnednnConv::BackwardWeightsByMatmul(const float* x, const float* dy, float* dw,
+                                         float* db) const {
+  OneOpenMpThreadHere();
+  const Impl& m = *impl_;
+  CNNFLOW_ENFORCE(m.matmul_weights, "OnednnConv: no matmul backward-weights (bf16, ungrouped, ",
+                  "avx512_bf16 only)");
+  Impl::Scratch& s = m.Local();
+  void* pad = s.pad.data<float>();
+  {
+    const Conv2dGeometry& g = m.g;
+    const int64_t plane = g.out_plane(), q = m.mb * plane, k_out = g.out_channels;
+    auto fit = [](Tensor& t, int64_t words) {
+      if (!t.defined() || t.numel() < words) t = Tensor::Empty({words}, DType::kF32);
+      return t.raw_data();
+    };
+    const int64_t x_size = m.mb * g.in_channels * g.in_plane();
+    auto* col = static_cast<uint16_t*>(fit(s.col, (g.col_rows() * q + 1) / 2));
+    auto* dyt = static_cast<uint16_t*>(fit(s.dyt, (k_out * q + 1) / 2));
+    auto* xb = static_cast<uint16_t*>(fit(s.xb, (x_size + 1) / 2));
+    ToBf16(x, xb, x_size);
+    Im2ColTransposed(g, m.mb, xb, col);
+    for (int64_t k = 0; k < k_out; ++k) {
+      for (int64_t n = 0; n < m.mb; ++n)
+        ToBf16(dy + (n * k_out + k) * plane, dyt + k * q + n * plane, plane);
+    }
+    memory ms(m.mm_pd.src_desc(), OnednnEngine(), dyt);
+    memory mw(m.mm_pd.weights_desc(), OnednnEngine(), col);
+    memory md(m.mm_pd.dst_desc(), OnednnEngine(), dw);
+    memory mp(m.mm_pd.scratchpad_desc(), OnednnEngine(), pad);
+    m.mm.execute(OnednnStream(), {{DNNL_ARG_SRC, ms},
+                                  {DNNL_ARG_WEIGHTS, mw},
+                                  {DNNL_ARG_DST, md},
+                                  {DNNL_ARG_SCRATCHPAD, mp}});
+    if (m.bias) {
+      CNNFLOW_ENFORCE(db != nullptr, "OnednnConv::BackwardWeights: the layer has a bias");
+      for (int64_t k = 0; k < k_out; ++k) db[k] = SumBf16(dyt + k * q, q);
+    }
+  }
 }
 
 void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, float* db) const {
