@@ -81,8 +81,9 @@ std::string FindInFile(int fd, const std::string& key) {
 }  // namespace
 
 // Bumped whenever a cnnflow kernel that a pick weighs changes its speed (2:
-// conv2d lowers a whole chunk where P < 64), so stale picks are re-measured.
-constexpr int kKernelGeneration = 2;
+// conv2d lowers a whole chunk where P < 64; 3: bf16 picks its backward
+// passes), so stale picks are re-measured.
+constexpr int kKernelGeneration = 3;
 
 const std::string& MachineId() {
   static const std::string id = [] {

@@ -513,7 +513,9 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
   const int64_t chunks = BackwardChunks(g, n);
   const int64_t dw_size = g.out_channels * g.col_rows();
   const int64_t part_size = dw_size + g.out_channels;  // dW then dbias, per chunk
-  const bool onednn_data = std::is_same_v<T, float> && plan.backward_data == ConvAlgo::kOnednn;
+  const bool flipped_data = std::is_same_v<T, float> && plan.backward_data == ConvAlgo::kFlipped;
+  const bool onednn_data =
+      flipped_data || (std::is_same_v<T, float> && plan.backward_data == ConvAlgo::kOnednn);
   const bool want_dw = dw != nullptr;
   if (!want_dw) db = nullptr;
   const bool matmul_weights =
@@ -531,7 +533,13 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
     if (onednn_data || onednn_weights) {
       convs = OnednnChunks(g, db != nullptr, relu_y != nullptr, scratch, n, chunks);
       if (onednn_data && dx != nullptr) {
-        convs.ForEach([&](cpu::OnednnConv& c) { c.PrepareBackwardWeights(w); });
+        convs.ForEach([&](cpu::OnednnConv& c) {
+          if (flipped_data) {
+            c.PrepareFlippedWeights(w);
+          } else {
+            c.PrepareBackwardWeights(w);
+          }
+        });
       }
     }
   }
@@ -557,7 +565,11 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
       } else if (onednn_weights) {
         convs.For(count).BackwardWeights(xc, dyc, pdw, pdb);
       }
-      if (onednn_data && dxc != nullptr) convs.For(count).BackwardData(dyc, dxc);
+      if (flipped_data && dxc != nullptr) {
+        convs.For(count).BackwardDataByFlippedForward(dyc, dxc);
+      } else if (onednn_data && dxc != nullptr) {
+        convs.For(count).BackwardData(dyc, dxc);
+      }
     }
     if (want_dw && !onednn_weights) std::fill_n(pdw, db != nullptr ? part_size : dw_size, T(0));
     GemmBackwardChunk(g, scratch, xc, w, dyc, onednn_data ? nullptr : dxc,
@@ -669,32 +681,50 @@ std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& 
                 rates(bwd_mb, w_gemm, w_onednn), "; oneDNN's ", fwd_conv->ImplInfo(), ")");
 }
 
-// bf16: oneDNN's convolution for every pass, and for backward-weights
-// whichever of its convolution and OnednnConv's matmul is faster on one
-// chunk: "onednn,onednn,onednn|matmul", then the rates.
+// bf16: oneDNN's convolution forward; for backward-data its convolution
+// or the flipped forward one, for backward-weights its convolution or
+// OnednnConv's matmul, whichever is faster on one chunk:
+// "onednn,onednn|flipped,onednn|matmul", then the rates.
 std::string MeasureBf16Picks(const Conv2dGeometry& g, bool has_bias, int64_t bwd_mb) {
   cpu::OnednnConv conv(g, bwd_mb, has_bias, false, true);
-  if (!conv.HasMatmulWeights()) return "onednn,onednn,onednn";
   Rng rng(1);
   auto random = [&](int64_t size) { return RandomF32(rng, size); };
   const int64_t dw_size = g.out_channels * g.col_rows();
-  Tensor x = random(bwd_mb * g.in_channels * g.in_plane());
+  Tensor x = random(bwd_mb * g.in_channels * g.in_plane()), dx = random(x.numel());
   Tensor dy = random(bwd_mb * g.out_channels * g.out_plane());
-  Tensor dw = random(dw_size + g.out_channels);
+  Tensor w = random(dw_size), dw = random(dw_size + g.out_channels);
   float* db = has_bias ? dw.data<float>() + dw_size : nullptr;
-  const double w_onednn = BestSeconds(
-      [&] { conv.BackwardWeights(x.data<float>(), dy.data<float>(), dw.data<float>(), db); });
-  const double w_matmul = BestSeconds([&] {
-    conv.BackwardWeightsByMatmul(x.data<float>(), dy.data<float>(), dw.data<float>(), db);
-  });
   const double flop = 2.0 * dw_size * g.out_plane() * bwd_mb / 1e9;
-  return StrCat("onednn,onednn,", w_onednn > kMargin * w_matmul ? "matmul" : "onednn",
-                " (bf16 GFLOP/s of one thread, backward-weights onednn/matmul: ",
-                static_cast<int>(flop / w_onednn), "/", static_cast<int>(flop / w_matmul), ")");
+  auto rate = [&](double seconds) { return static_cast<int>(flop / seconds); };
+  std::string data = "onednn", weights = "onednn", rates;
+  if (conv.HasFlippedData()) {
+    conv.PrepareBackwardWeights(w.data<float>());
+    conv.PrepareFlippedWeights(w.data<float>());
+    const double d_onednn =
+        BestSeconds([&] { conv.BackwardData(dy.data<float>(), dx.data<float>()); });
+    const double d_flipped =
+        BestSeconds([&] { conv.BackwardDataByFlippedForward(dy.data<float>(), dx.data<float>()); });
+    if (d_onednn > kMargin * d_flipped) data = "flipped";
+    rates = StrCat("backward-data onednn/flipped: ", rate(d_onednn), "/", rate(d_flipped));
+  }
+  if (conv.HasMatmulWeights()) {
+    const double w_onednn = BestSeconds(
+        [&] { conv.BackwardWeights(x.data<float>(), dy.data<float>(), dw.data<float>(), db); });
+    const double w_matmul = BestSeconds([&] {
+      conv.BackwardWeightsByMatmul(x.data<float>(), dy.data<float>(), dw.data<float>(), db);
+    });
+    if (w_onednn > kMargin * w_matmul) weights = "matmul";
+    rates = StrCat(rates, rates.empty() ? "" : ", ",
+                   "backward-weights onednn/matmul: ", rate(w_onednn), "/", rate(w_matmul));
+  }
+  return StrCat("onednn,", data, ",", weights,
+                rates.empty() ? "" : StrCat(" (bf16 GFLOP/s of one thread, ", rates, ")"));
 }
 
 ConvAlgo ParsePick(const std::string& s) {
-  return s == "onednn" ? ConvAlgo::kOnednn : s == "matmul" ? ConvAlgo::kMatmul : ConvAlgo::kGemm;
+  if (s == "onednn") return ConvAlgo::kOnednn;
+  if (s == "matmul") return ConvAlgo::kMatmul;
+  return s == "flipped" ? ConvAlgo::kFlipped : ConvAlgo::kGemm;
 }
 
 // The key of a geometry at batch n in the kernel pick cache.
@@ -823,6 +853,8 @@ const char* ConvAlgoName(ConvAlgo a) {
       return "onednn";
     case ConvAlgo::kMatmul:
       return "matmul";
+    case ConvAlgo::kFlipped:
+      return "flipped";
   }
   return "?";
 }

@@ -176,6 +176,17 @@ struct OnednnConv::Impl {
   dnnl::matmul::primitive_desc mm_pd;
   dnnl::matmul mm;
 
+  // bf16 backward-data of a stride-1 convolution as a forward one
+  // (BackwardDataByFlippedForward): dx = conv(dy, w flipped in space with
+  // its channel axes swapped), padded by dilation * (k - 1) - pad, which
+  // runs on oneDNN's brgemm forward kernels.
+  bool flipped_data = false;
+  dnnl::convolution_forward::primitive_desc flip_pd;
+  dnnl::convolution_forward flip;
+  Reorder flip_src, flip_dst, flip_wei;
+  Tensor flip_wei_f32, flip_wei_buf;  // w flipped, [C, K, kh, kw]; in flip_pd's layout
+  const void* flip_wei_ptr = nullptr;
+
   // Per call: user -> primitive layouts and back.
   Reorder fwd_src, fwd_dst, bd_diff_dst, bd_diff_src, bw_src, bw_diff_dst, bw_diff_wei;
   // Per pass: the weights in the forward and backward-data layouts.
@@ -312,6 +323,32 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
   };
   m.g = g;
   m.mb = mb;
+  const int64_t span_h = (g.kernel_h - 1) * g.dilation_h, span_w = (g.kernel_w - 1) * g.dilation_w;
+  if (bf16 && !grouped && g.stride_h == 1 && g.stride_w == 1 && pad_l[0] <= span_h &&
+      pad_l[1] <= span_w && pad_r[0] <= span_h && pad_r[1] <= span_w) {
+    const memory::dims flip_wei{g.in_channels, g.out_channels, g.kernel_h, g.kernel_w};
+    m.flip_pd = dnnl::convolution_forward::primitive_desc(
+        dnnl::convolution_forward::desc(
+            dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+            memory::desc(dst, dt::bf16, Tag::any), memory::desc(flip_wei, dt::bf16, Tag::any),
+            memory::desc(src, dt::f32, Tag::any), strides, dilates,
+            memory::dims{span_h - pad_l[0], span_w - pad_l[1]},
+            memory::dims{span_h - pad_r[0], span_w - pad_r[1]}),
+        attr, OnednnEngine());
+    m.flip = dnnl::convolution_forward(m.flip_pd);
+    m.flip_src = Reorder(m.user_dst, m.flip_pd.src_desc(), attr);
+    m.flip_dst = Reorder(m.flip_pd.dst_desc(), m.user_src, attr);
+    const memory::desc user_flip_wei(flip_wei, dt::f32, Tag::oihw);
+    m.flip_wei = Reorder(user_flip_wei, m.flip_pd.weights_desc(), attr);
+    m.flip_wei_f32 = Tensor::Empty({g.in_channels * g.out_channels * g.kernel_h * g.kernel_w});
+    m.flip_wei_buf =
+        Tensor::Empty({static_cast<int64_t>((m.flip_pd.weights_desc().get_size() + 3) / 4)});
+    m.buf_a = std::max(m.buf_a, BufferBytes(m.flip_src, m.flip_pd.src_desc()));
+    m.buf_b = std::max(m.buf_b, BufferBytes(m.flip_dst, m.flip_pd.dst_desc()));
+    m.pad = std::max({m.pad, m.flip_pd.scratchpad_desc().get_size(), m.flip_src.scratchpad(),
+                      m.flip_dst.scratchpad(), m.flip_wei.scratchpad()});
+    m.flipped_data = true;
+  }
   if (bf16 && !grouped && CpuHasAvx512Bf16()) {
     const int64_t q = mb * g.out_plane(), ncol = g.col_rows();
     m.mm_pd = dnnl::matmul::primitive_desc(
@@ -389,6 +426,46 @@ void OnednnConv::BackwardData(const float* dy, float* dx) const {
                                       {DNNL_ARG_DIFF_SRC, mds},
                                       {DNNL_ARG_SCRATCHPAD, mp}});
   m.bd_diff_src.Finish(diff_src, dx, pad);
+}
+
+bool OnednnConv::HasFlippedData() const { return impl_->flipped_data; }
+
+void OnednnConv::PrepareFlippedWeights(const float* w) {
+  OneOpenMpThreadHere();
+  Impl& m = *impl_;
+  CNNFLOW_ENFORCE(m.flipped_data, "OnednnConv: no flipped backward-data (bf16, ungrouped, ",
+                  "stride 1 only)");
+  const Conv2dGeometry& g = m.g;
+  const int64_t kh = g.kernel_h, kw = g.kernel_w, taps = kh * kw;
+  float* f = m.flip_wei_f32.data<float>();
+  for (int64_t k = 0; k < g.out_channels; ++k) {
+    for (int64_t c = 0; c < g.in_channels; ++c) {
+      const float* src = w + (k * g.in_channels + c) * taps;
+      float* dst = f + (c * g.out_channels + k) * taps;
+      for (int64_t t = 0; t < taps; ++t) dst[t] = src[taps - 1 - t];
+    }
+  }
+  m.flip_wei_ptr = m.flip_wei.In(f, m.flip_wei_buf.raw_data(), m.Local().pad.data<float>());
+}
+
+void OnednnConv::BackwardDataByFlippedForward(const float* dy, float* dx) const {
+  OneOpenMpThreadHere();
+  const Impl& m = *impl_;
+  CNNFLOW_ENFORCE(m.flip_wei_ptr != nullptr,
+                  "OnednnConv::BackwardDataByFlippedForward before PrepareFlippedWeights");
+  Impl::Scratch& s = m.Local();
+  void* pad = s.pad.data<float>();
+  const void* src = m.flip_src.In(dy, s.a.raw_data(), pad);
+  void* dst = m.flip_dst.Out(dx, s.b.raw_data());
+  const auto& pd = m.flip_pd;
+  memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
+  memory mw(pd.weights_desc(), OnednnEngine(), const_cast<void*>(m.flip_wei_ptr));
+  memory md(pd.dst_desc(), OnednnEngine(), dst);
+  memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
+  m.flip.execute(
+      OnednnStream(),
+      {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}, {DNNL_ARG_SCRATCHPAD, mp}});
+  m.flip_dst.Finish(dst, dx, pad);
 }
 
 bool OnednnConv::HasMatmulWeights() const { return impl_->matmul_weights; }

@@ -56,10 +56,17 @@ class OnednnConv {
   // x, dy -> dw [K, C/groups, kh, kw] and db [K] (db null: no bias),
   // overwritten with this chunk's sums.
   void BackwardWeights(const float* x, const float* dy, float* dw, float* db) const;
-  // The same in bf16 as one matmul, dW = dY^T col (oneDNN's brgemm, which
-  // oneDNN 2.6 has for matmul but not for this pass of a convolution: 2-9x
-  // faster for small planes of many channels), db summed from the rounded
-  // dy. Where HasMatmulWeights: bf16, ungrouped, and the CPU has avx512_bf16.
+  // dy -> dx in bf16 as the forward convolution of dy with w flipped in
+  // space and its channel axes swapped, on oneDNN's brgemm forward kernels
+  // (its 2.6 backward-data ones are plain jit). Where HasFlippedData: bf16,
+  // ungrouped, stride 1; PrepareFlippedWeights(w) once per pass first.
+  bool HasFlippedData() const;
+  void PrepareFlippedWeights(const float* w);
+  void BackwardDataByFlippedForward(const float* dy, float* dx) const;
+  // The backward-weights in bf16 as one matmul, dW = dY^T col (oneDNN's
+  // brgemm, which oneDNN 2.6 has for matmul but not for this pass of a
+  // convolution: faster for small planes of many channels), db summed from
+  // the rounded dy. Where HasMatmulWeights: bf16, ungrouped, and the CPU has avx512_bf16.
   bool HasMatmulWeights() const;
   void BackwardWeightsByMatmul(const float* x, const float* dy, float* dw, float* db) const;
 

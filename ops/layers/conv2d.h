@@ -54,9 +54,10 @@ struct Conv2dScratch;
 
 // The CPU algorithms of a convolution pass. kAuto: measured (see
 // ops/cpu/conv2d.cc); f64 always runs kGemm (oneDNN has no f64 convolution).
-// kMatmul: backward-weights in bf16 as im2col and oneDNN's matmul
-// (OnednnConv::BackwardWeightsByMatmul).
-enum class ConvAlgo { kAuto, kGemm, kOnednn, kMatmul };
+// bf16 only: kMatmul, backward-weights as im2col and oneDNN's matmul
+// (OnednnConv::BackwardWeightsByMatmul); kFlipped, backward-data as a
+// forward convolution (OnednnConv::BackwardDataByFlippedForward).
+enum class ConvAlgo { kAuto, kGemm, kOnednn, kMatmul, kFlipped };
 const char* ConvAlgoName(ConvAlgo a);
 
 // What runs each pass of one layer at one batch size.

@@ -209,80 +209,119 @@ TEST(Bf16Cpu, Conv2dMatchesRoundedReference) {
                  true);  // depthwise
 }
 
-// OnednnConv's matmul backward-weights (im2col + oneDNN's matmul, picked
-// per shape where it is faster, so the layer tests may not reach it): dW
-// and db against f64 over the rounded x and dy, and against the
-// convolution primitive's dW, on the shifted-plane path (stride 1, W' == W,
-// dilated too) and the general one (strided, shrinking, 1x7).
+// OnednnConv's bf16 alternatives to its convolution primitive's backward
+// passes, picked per shape where faster (so the layer tests may not reach
+// them), against f64 over the rounded operands and against the primitive.
+struct ConvCase {
+  int64_t mb, c, h, w, k, kh, kw, stride, pad_h, pad_w, dilation;
+  bool bias;
+};
+
+Conv2dGeometry GeometryOf(const ConvCase& t) {
+  Conv2dGeometry g;
+  g.in_channels = t.c;
+  g.in_h = t.h;
+  g.in_w = t.w;
+  g.out_channels = t.k;
+  g.kernel_h = t.kh;
+  g.kernel_w = t.kw;
+  g.stride_h = g.stride_w = t.stride;
+  g.pad_h = t.pad_h;
+  g.pad_w = t.pad_w;
+  g.dilation_h = g.dilation_w = t.dilation;
+  g.out_h = ConvOutputSize(t.h, t.kh, t.stride, t.pad_h, t.dilation);
+  g.out_w = ConvOutputSize(t.w, t.kw, t.stride, t.pad_w, t.dilation);
+  return g;
+}
+
+// Calls fn(s, k, c, xi, yi, wi) for every product x[xi] * dy[yi] (or w[wi])
+// of the convolution: the f64 references below.
+template <typename Fn>
+void ForEachProduct(const ConvCase& t, const Conv2dGeometry& g, Fn&& fn) {
+  for (int64_t s = 0; s < t.mb; ++s)
+    for (int64_t k = 0; k < t.k; ++k)
+      for (int64_t oh = 0; oh < g.out_h; ++oh)
+        for (int64_t ow = 0; ow < g.out_w; ++ow)
+          for (int64_t c = 0; c < t.c; ++c)
+            for (int64_t i = 0; i < t.kh; ++i)
+              for (int64_t j = 0; j < t.kw; ++j) {
+                const int64_t ih = oh * t.stride - t.pad_h + i * t.dilation;
+                const int64_t iw = ow * t.stride - t.pad_w + j * t.dilation;
+                if (ih < 0 || ih >= t.h || iw < 0 || iw >= t.w) continue;
+                fn(((s * t.c + c) * t.h + ih) * t.w + iw,
+                   ((s * t.k + k) * g.out_h + oh) * g.out_w + ow,
+                   ((k * t.c + c) * t.kh + i) * t.kw + j);
+              }
+}
+
+double RoundedAt(const Tensor& v, int64_t i) { return NearestBf16(v.data<float>()[i]); }
+
+// Stride 1 and W' == W (dilated too) take im2col's shifted-plane path;
+// strided and shrinking ones its general path.
+const ConvCase kConvCases[] = {{3, 8, 10, 10, 16, 3, 3, 1, 1, 1, 1, true},
+                               {2, 16, 9, 9, 32, 3, 3, 2, 1, 1, 1, false},
+                               {2, 8, 9, 7, 16, 3, 3, 1, 2, 2, 2, true},
+                               {4, 8, 7, 7, 8, 2, 2, 1, 0, 0, 1, true},
+                               {2, 4, 5, 12, 8, 1, 7, 1, 0, 3, 1, false}};
+
 TEST(Bf16Cpu, MatmulBackwardWeightsMatchesRoundedReference) {
   SKIP_WITHOUT_NATIVE_BF16();
   if (!cpu::CpuHasAvx512Bf16()) GTEST_SKIP() << "the matmul path needs avx512_bf16";
-  struct Case {
-    int64_t mb, c, h, w, k, kh, kw, stride, pad_h, pad_w, dilation;
-    bool bias;
-  };
-  for (const Case& t :
-       {Case{3, 8, 10, 10, 16, 3, 3, 1, 1, 1, 1, true},
-        Case{2, 16, 9, 9, 32, 3, 3, 2, 1, 1, 1, false},
-        Case{2, 8, 9, 7, 16, 3, 3, 1, 2, 2, 2, true}, Case{4, 8, 7, 7, 8, 2, 2, 1, 0, 0, 1, true},
-        Case{2, 4, 5, 12, 8, 1, 7, 1, 0, 3, 1, false}}) {
-    SCOPED_TRACE(::testing::Message()
-                 << "c " << t.c << " " << t.h << "x" << t.w << " k " << t.k << " kernel " << t.kh
-                 << "x" << t.kw << " stride " << t.stride << " dilation " << t.dilation);
-    Conv2dGeometry g;
-    g.in_channels = t.c;
-    g.in_h = t.h;
-    g.in_w = t.w;
-    g.out_channels = t.k;
-    g.kernel_h = t.kh;
-    g.kernel_w = t.kw;
-    g.stride_h = g.stride_w = t.stride;
-    g.pad_h = t.pad_h;
-    g.pad_w = t.pad_w;
-    g.dilation_h = g.dilation_w = t.dilation;
-    g.out_h = ConvOutputSize(t.h, t.kh, t.stride, t.pad_h, t.dilation);
-    g.out_w = ConvOutputSize(t.w, t.kw, t.stride, t.pad_w, t.dilation);
+  for (const ConvCase& t : kConvCases) {
+    SCOPED_TRACE(::testing::Message() << "case c " << t.c << " " << t.h << "x" << t.w << " kernel "
+                                      << t.kh << "x" << t.kw << " stride " << t.stride);
+    const Conv2dGeometry g = GeometryOf(t);
     cpu::OnednnConv conv(g, t.mb, t.bias, false, true);
     ASSERT_TRUE(conv.HasMatmulWeights());
     const Tensor x = RandomTensor(Shape({t.mb, t.c, t.h, t.w}), 7).Cast(DType::kF32);
     const Tensor dy = RandomTensor(Shape({t.mb, t.k, g.out_h, g.out_w}), 8).Cast(DType::kF32);
-    const int64_t dw_size = t.k * g.col_rows();
-    Tensor got = Tensor::Zeros({dw_size + t.k}), conv_dw = Tensor::Zeros({dw_size + t.k});
-    float* db = t.bias ? got.data<float>() + dw_size : nullptr;
-    conv.BackwardWeightsByMatmul(x.data<float>(), dy.data<float>(), got.data<float>(), db);
-    conv.BackwardWeights(x.data<float>(), dy.data<float>(), conv_dw.data<float>(),
-                         t.bias ? conv_dw.data<float>() + dw_size : nullptr);
-    std::vector<double> want(dw_size + t.k, 0.0), exact(dw_size + t.k, 0.0);
-    auto r = [](const Tensor& v, int64_t i) {
-      return static_cast<double>(NearestBf16(v.data<float>()[i]));
-    };
-    for (int64_t s = 0; s < t.mb; ++s)
-      for (int64_t k = 0; k < t.k; ++k)
-        for (int64_t oh = 0; oh < g.out_h; ++oh)
-          for (int64_t ow = 0; ow < g.out_w; ++ow) {
-            const int64_t yi = ((s * t.k + k) * g.out_h + oh) * g.out_w + ow;
-            if (t.bias) want[dw_size + k] += r(dy, yi);
-            for (int64_t c = 0; c < t.c; ++c)
-              for (int64_t i = 0; i < t.kh; ++i)
-                for (int64_t j = 0; j < t.kw; ++j) {
-                  const int64_t ih = oh * t.stride - t.pad_h + i * t.dilation;
-                  const int64_t iw = ow * t.stride - t.pad_w + j * t.dilation;
-                  if (ih < 0 || ih >= t.h || iw < 0 || iw >= t.w) continue;
-                  const int64_t xi = ((s * t.c + c) * t.h + ih) * t.w + iw;
-                  const int64_t wi = ((k * t.c + c) * t.kh + i) * t.kw + j;
-                  want[wi] += r(dy, yi) * r(x, xi);
-                  exact[wi] += static_cast<double>(dy.data<float>()[yi]) * x.data<float>()[xi];
-                }
-          }
-    if (!t.bias) {
-      want.resize(dw_size);
-      exact.resize(dw_size);
-      got = got.Slice(0, dw_size);
-      conv_dw = conv_dw.Slice(0, dw_size);
+    const int64_t dw_size = t.k * g.col_rows(), size = dw_size + (t.bias ? t.k : 0);
+    Tensor got = Tensor::Zeros({size}), primitive = Tensor::Zeros({size});
+    conv.BackwardWeightsByMatmul(x.data<float>(), dy.data<float>(), got.data<float>(),
+                                 t.bias ? got.data<float>() + dw_size : nullptr);
+    conv.BackwardWeights(x.data<float>(), dy.data<float>(), primitive.data<float>(),
+                         t.bias ? primitive.data<float>() + dw_size : nullptr);
+    std::vector<double> want(size, 0.0), exact(size, 0.0);
+    ForEachProduct(t, g, [&](int64_t xi, int64_t yi, int64_t wi) {
+      want[wi] += RoundedAt(dy, yi) * RoundedAt(x, xi);
+      exact[wi] += static_cast<double>(dy.data<float>()[yi]) * x.data<float>()[xi];
+    });
+    if (t.bias) {  // db[k]: the sum of the rounded dy
+      for (int64_t yi = 0; yi < dy.numel(); ++yi) {
+        want[dw_size + yi / g.out_plane() % t.k] += RoundedAt(dy, yi);
+        exact[dw_size + yi / g.out_plane() % t.k] += dy.data<float>()[yi];
+      }
     }
     EXPECT_LE(RelError(got, want), 2e-5);
     EXPECT_GT(RelError(got, exact), 2e-4) << "bf16 not used?";
-    EXPECT_LE(RelError(got, Values(conv_dw)), 4e-5) << "against oneDNN's convolution";
+    EXPECT_LE(RelError(got, Values(primitive)), 4e-5) << "against oneDNN's convolution";
+  }
+}
+
+TEST(Bf16Cpu, FlippedBackwardDataMatchesRoundedReference) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  for (const ConvCase& t : kConvCases) {
+    SCOPED_TRACE(::testing::Message() << "case c " << t.c << " " << t.h << "x" << t.w << " kernel "
+                                      << t.kh << "x" << t.kw << " stride " << t.stride);
+    const Conv2dGeometry g = GeometryOf(t);
+    cpu::OnednnConv conv(g, t.mb, t.bias, false, true);
+    ASSERT_EQ(conv.HasFlippedData(), t.stride == 1);
+    if (t.stride != 1) continue;
+    const Tensor w = RandomTensor(Shape({t.k, t.c, t.kh, t.kw}), 6).Cast(DType::kF32);
+    const Tensor dy = RandomTensor(Shape({t.mb, t.k, g.out_h, g.out_w}), 8).Cast(DType::kF32);
+    Tensor got = Tensor::Zeros({t.mb, t.c, t.h, t.w}), primitive = Tensor::Zeros(got.shape());
+    conv.PrepareFlippedWeights(w.data<float>());
+    conv.BackwardDataByFlippedForward(dy.data<float>(), got.data<float>());
+    conv.PrepareBackwardWeights(w.data<float>());
+    conv.BackwardData(dy.data<float>(), primitive.data<float>());
+    std::vector<double> want(got.numel(), 0.0), exact(got.numel(), 0.0);
+    ForEachProduct(t, g, [&](int64_t xi, int64_t yi, int64_t wi) {
+      want[xi] += RoundedAt(dy, yi) * RoundedAt(w, wi);
+      exact[xi] += static_cast<double>(dy.data<float>()[yi]) * w.data<float>()[wi];
+    });
+    EXPECT_LE(RelError(got, want), 2e-5);
+    EXPECT_GT(RelError(got, exact), 2e-4) << "bf16 not used?";
+    EXPECT_LE(RelError(got, Values(primitive)), 4e-5) << "against oneDNN's backward-data";
   }
 }
 
