@@ -1,13 +1,12 @@
 #include "ops/cpu/onednn_conv.h"
 
-#include <immintrin.h>
 #include <tbb/enumerable_thread_specific.h>
 
 #include <algorithm>
-#include <cstring>
 #include <dnnl.hpp>
 #include <vector>
 
+#include "ops/cpu/bf16_layout.h"
 #include "ops/cpu/onednn.h"
 #include "ops/error.h"
 #include "ops/tensor.h"
@@ -20,17 +19,36 @@ using dnnl::memory;
 using Tag = memory::format_tag;
 
 // A reorder from `from` to `to`, or nothing when they are the same layout.
+// The two that bf16 convolutions run on every activation, f32 NCHW to bf16
+// NHWC and f32 NHWC to NCHW, are our own (ops/cpu/bf16_layout.h).
 struct Reorder {
+  enum class Kind { kNone, kOnednn, kNchwToNhwcBf16, kNhwcToNchw };
   Reorder() = default;
   Reorder(const memory::desc& from, const memory::desc& to, const dnnl::primitive_attr& attr)
       : from(from), to(to) {
-    if (from != to) {
-      pd = dnnl::reorder::primitive_desc(OnednnEngine(), from, OnednnEngine(), to, attr);
-      prim = dnnl::reorder(pd);
+    if (from == to) return;
+    const memory::dims d = from.dims();
+    if (d.size() == 4 && CpuHasAvx512Bf16()) {
+      using dt = memory::data_type;
+      auto plain = [&](dt type, Tag tag) { return memory::desc(d, type, tag); };
+      if (from == plain(dt::f32, Tag::nchw) && to == plain(dt::bf16, Tag::nhwc)) {
+        kind = Kind::kNchwToNhwcBf16;
+      } else if (from == plain(dt::f32, Tag::nhwc) && to == plain(dt::f32, Tag::nchw)) {
+        kind = Kind::kNhwcToNchw;
+      }
+      if (kind != Kind::kNone) {
+        n = d[0];
+        c = d[1];
+        p = d[2] * d[3];
+        return;
+      }
     }
+    kind = Kind::kOnednn;
+    pd = dnnl::reorder::primitive_desc(OnednnEngine(), from, OnednnEngine(), to, attr);
+    prim = dnnl::reorder(pd);
   }
-  bool needed() const { return static_cast<bool>(prim); }
-  size_t scratchpad() const { return needed() ? pd.scratchpad_desc().get_size() : 0; }
+  bool needed() const { return kind != Kind::kNone; }
+  size_t scratchpad() const { return prim ? pd.scratchpad_desc().get_size() : 0; }
   // An input `p` laid out as `from`: what the primitive reads (p itself, or
   // buf after the reorder).
   const void* In(const void* p, void* buf, void* pad) const {
@@ -46,12 +64,22 @@ struct Reorder {
   }
   // Runs it from `src` into `dst`: pointers laid out as `from` and `to`.
   void Run(const void* src, void* dst, void* pad) const {
+    if (kind == Kind::kNchwToNhwcBf16) {
+      NchwToNhwcBf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n, c, p);
+      return;
+    }
+    if (kind == Kind::kNhwcToNchw) {
+      NhwcToNchw(static_cast<const float*>(src), static_cast<float*>(dst), n, c, p);
+      return;
+    }
     memory s(from, OnednnEngine(), const_cast<void*>(src)), d(to, OnednnEngine(), dst);
     memory p(pd.scratchpad_desc(), OnednnEngine(), pad);
     prim.execute(OnednnStream(), {{DNNL_ARG_FROM, s}, {DNNL_ARG_TO, d}, {DNNL_ARG_SCRATCHPAD, p}});
   }
 
   memory::desc from, to;
+  Kind kind = Kind::kNone;
+  int64_t n = 0, c = 0, p = 0;  // our own kinds: [n, c, p] in NCHW terms
   dnnl::reorder::primitive_desc pd;
   dnnl::reorder prim;
 };
@@ -59,43 +87,6 @@ struct Reorder {
 // The size in bytes of a buffer laid out as md (0 when `r` needs none).
 size_t BufferBytes(const Reorder& r, const memory::desc& md) {
   return r.needed() ? md.get_size() : 0;
-}
-
-// f32 -> bf16, rounded to nearest even as oneDNN's own conversions
-// (vcvtneps2bf16). Only called where the CPU has avx512_bf16.
-__attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw"))) void ToBf16(const float* src,
-                                                                            uint16_t* dst,
-                                                                            int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i))));
-  }
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm256_mask_storeu_epi16(
-        dst + i, m,
-        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i))));
-  }
-}
-
-// The f32 sum of n bf16 values, in 16 lanes then across them.
-float SumBf16(const uint16_t* v, int64_t n) {
-  float lane[16] = {};
-  int64_t i = 0;
-  auto value = [](uint16_t b) {
-    const uint32_t u = static_cast<uint32_t>(b) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-  };
-  for (; i + 16 <= n; i += 16) {
-    for (int l = 0; l < 16; ++l) lane[l] += value(v[i + l]);
-  }
-  float sum = 0;
-  for (; i < n; ++i) sum += value(v[i]);
-  for (float l : lane) sum += l;
-  return sum;
 }
 
 // xb [mb, C, H, W] bf16 -> col^T [C * kh * kw, mb * H' * W'] (row r =

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/cpu/bf16_layout.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/onednn.h"
 #include "ops/cpu/onednn_conv.h"
@@ -207,6 +208,36 @@ TEST(Bf16Cpu, Conv2dMatchesRoundedReference) {
   CheckBf16Layer("conv2d", ConvArgs(16, 3, 1, 1, 4, true), Shape({2, 16, 7, 7}), true);  // grouped
   CheckBf16Layer("conv2d", ConvArgs(16, 3, 1, 1, 16, false), Shape({2, 16, 8, 8}),
                  true);  // depthwise
+}
+
+// Our own conversions for the bf16 convolutions' operands, element by
+// element against NearestBf16, over channel and plane counts with and
+// without 16-wide tails.
+TEST(Bf16Cpu, LayoutConversionsMatchScalarReference) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  if (!cpu::CpuHasAvx512Bf16()) GTEST_SKIP() << "our own bf16 conversions need avx512_bf16";
+  for (const auto [c, p] :
+       {std::pair<int64_t, int64_t>{24, 49}, {16, 16}, {64, 9}, {3, 961}, {256, 1}, {17, 33}}) {
+    SCOPED_TRACE(::testing::Message() << "c " << c << " p " << p);
+    const int64_t n = 2, size = n * c * p;
+    const Tensor x = RandomTensor(Shape({size}), 9).Cast(DType::kF32);
+    const float* xs = x.data<float>();
+    std::vector<uint16_t> bf(size), nhwc(size);
+    cpu::ToBf16(xs, bf.data(), size);
+    cpu::NchwToNhwcBf16(xs, nhwc.data(), n, c, p);
+    std::vector<float> back(size);
+    cpu::NhwcToNchw(xs, back.data(), n, c, p);  // xs read as [n, p, c]
+    int64_t wrong = 0;
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t ci = 0; ci < c; ++ci)
+        for (int64_t pi = 0; pi < p; ++pi) {
+          const int64_t nchw = (s * c + ci) * p + pi, nhwc_at = (s * p + pi) * c + ci;
+          wrong += FromBf16Bits(bf[nchw]) != NearestBf16(xs[nchw]);
+          wrong += FromBf16Bits(nhwc[nhwc_at]) != NearestBf16(xs[nchw]);
+          wrong += back[nchw] != xs[nhwc_at];
+        }
+    EXPECT_EQ(wrong, 0);
+  }
 }
 
 // OnednnConv's bf16 alternatives to its convolution primitive's backward
