@@ -104,6 +104,32 @@ SlowRank ParseSlowRank(const std::string& value) {
   return s;
 }
 
+struct SlowStart {
+  int rank = -1;  // none
+  int64_t seconds = 0;
+  int64_t step = kTestFaultAtStart;
+};
+
+// Parses "rank=1,s=6" or "rank=1,s=6,step=0"; throws Error naming the bad part.
+SlowStart ParseSlowStart(const std::string& value) {
+  const HookValue h{"CNNFLOW_TEST_SLOW_START", "rank=R,s=S[,step=start|N]", value};
+  SlowStart s;
+  bool has_rank = false, has_s = false;
+  for (const auto& [key, v] : h.Pairs()) {
+    if (key == "rank") {
+      s.rank = static_cast<int>(h.Count(key, v)), has_rank = true;
+    } else if (key == "s") {
+      s.seconds = h.Count(key, v), has_s = true;
+    } else if (key == "step") {
+      s.step = v == "start" ? kTestFaultAtStart : h.Count(key, v);
+    } else {
+      throw h.Bad(StrCat("unknown key '", key, "'"));
+    }
+  }
+  if (!has_rank || !has_s) throw h.Bad("needs rank= and s=");
+  return s;
+}
+
 // Hook `name`'s setting (T() when unset), read once: a static's
 // initialiser runs on the first call only.
 template <typename T, T (*Parse)(const std::string&)>
@@ -120,6 +146,17 @@ const T& ReadHook(const char* name) {
 void MaybeSlowTestRank(int global_replica) {
   const SlowRank& s = ReadHook<SlowRank, ParseSlowRank>("CNNFLOW_TEST_SLOW_RANK");
   if (s.rank == global_replica) std::this_thread::sleep_for(std::chrono::milliseconds(s.ms));
+}
+
+void MaybeSlowTestStart(int64_t global_step) {
+  const SlowStart& s = ReadHook<SlowStart, ParseSlowStart>("CNNFLOW_TEST_SLOW_START");
+  if (s.rank < 0 || s.step != global_step || MpiWorld::Get().rank() != s.rank) return;
+  std::fprintf(
+      stderr, "cnnflow: CNNFLOW_TEST_SLOW_START: rank %d sleeps %lld s at %s\n", s.rank,
+      static_cast<long long>(s.seconds),
+      global_step == kTestFaultAtStart ? "start-up" : StrCat("step ", global_step).c_str());
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::seconds(s.seconds));
 }
 
 void MaybeInjectTestFault(int64_t global_step) {

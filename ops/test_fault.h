@@ -27,6 +27,18 @@
 // milliseconds at the start of each backward. Called by
 // ReplicaSet::ForwardBackward.
 //
+// A third makes one process slow to start, so the start-up deadline
+// (graph.startup_timeout_s, MpiWorld::BeginStartup) can be tested:
+//
+//   CNNFLOW_TEST_SLOW_START="rank=1,s=6[,step=start|0]"
+//
+// The process whose MPI rank is `rank` sleeps `s` seconds at step=start
+// (the default: in the trainer's constructor, before its first collective)
+// or when its first replica starts the forward pass of global step 0, so
+// that its peers wait for it in the config check or in the first step's
+// gradient all-reduce. Called by the trainer and by the data-parallel
+// forward_backward stage, with MaybeInjectTestFault.
+//
 // Each variable is read once per process (the first call); when it is unset
 // a call costs one load and a compare. A malformed value throws Error at
 // that first call, naming what is wrong.
@@ -42,6 +54,10 @@ inline constexpr int64_t kTestFaultAtStart = -1;
 // Ends the process as CNNFLOW_TEST_FAULT says when this is its rank and
 // step; else returns at once.
 void MaybeInjectTestFault(int64_t global_step);
+
+// Sleeps as CNNFLOW_TEST_SLOW_START says when this is its rank and step;
+// else returns at once.
+void MaybeSlowTestStart(int64_t global_step);
 
 // Sleeps as CNNFLOW_TEST_SLOW_RANK says when this is its replica; else
 // returns at once.

@@ -1,5 +1,6 @@
 #include "pipeline/run_config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
@@ -143,6 +144,10 @@ const Schema& GraphSectionSchema() {
           .Optional("collective_timeout_s", ParamType::kFloat, 300.0,
                     "a gradient reduction not done in this time fails the run, naming the "
                     "missing replica or process")
+          .Optional("startup_timeout_s", ParamType::kFloat, kMinStartupTimeoutS,
+                    "the deadline of the start-up's collectives instead (config check, initial "
+                    "broadcasts, the first training step), for a process slow to start; "
+                    "default: the longer of 600 and collective_timeout_s")
           .Optional("stall_warn_s", ParamType::kFloat, 10.0,
                     "an MPI collective waiting this long prints a warning naming it (a slow "
                     "link or a lagging rank); after each epoch, 3 median steps where that is "
@@ -556,6 +561,13 @@ Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   if (c.bucket_mb <= 0) doc.Fail(graph["bucket_mb"], "graph.bucket_mb", "must be > 0");
   if (c.collective_timeout_s <= 0) {
     doc.Fail(graph["collective_timeout_s"], "graph.collective_timeout_s", "must be > 0");
+  }
+  // Unset, never shorter than the collectives' own deadline.
+  c.startup_timeout_s = graph["startup_timeout_s"].IsDefined()
+                            ? g.Float("startup_timeout_s")
+                            : std::max(kMinStartupTimeoutS, c.collective_timeout_s);
+  if (c.startup_timeout_s <= 0) {
+    doc.Fail(graph["startup_timeout_s"], "graph.startup_timeout_s", "must be > 0");
   }
   c.stall_warn_s = g.Float("stall_warn_s");
   if (c.stall_warn_s < 0) doc.Fail(graph["stall_warn_s"], "graph.stall_warn_s", "must be >= 0");

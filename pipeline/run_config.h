@@ -18,6 +18,12 @@
 
 namespace cnnflow {
 
+// graph.startup_timeout_s when unset: the longer of this and
+// graph.collective_timeout_s. Ten minutes, torch.distributed's default for
+// NCCL process groups: time for a rank to read its data from a slow file
+// system and build its primitives before the first step's collectives.
+inline constexpr double kMinStartupTimeoutS = 600;
+
 struct DataSpec {
   std::string source;  // a registered source type ("idx")
   Args args;
@@ -71,6 +77,9 @@ struct RunConfig {
   bool sync_bn = false;
   DType compute = DType::kF32;  // graph.precision: the activations' type
   double collective_timeout_s = 300;
+  // graph.startup_timeout_s: the deadline of the start-up's collectives,
+  // up to the end of the first training step (MpiWorld::BeginStartup).
+  double startup_timeout_s = kMinStartupTimeoutS;
   double stall_warn_s = 10;  // graph.stall_warn_s: warn of a collective waiting this long
   // Pipeline model parallelism (graph.pipeline): one stage per device;
   // empty stages with pipeline on: cut automatically by FLOPs.

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "ops/io/safetensors.h"
+#include "ops/test_fault.h"
 #include "pipeline/batch_loader.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/executor.h"
@@ -103,6 +104,14 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   state_.process_count = world.size();
   state_.collective_timeout_s = config_.collective_timeout_s;
   world.SetStallWarning(config_.stall_warn_s);
+  // The start-up's collectives wait graph.startup_timeout_s, not
+  // collective_timeout_s: the config check below, the local replica counts
+  // and the initial broadcasts of BuildModel, and the first training step's
+  // (a rank may still be reading its data or building its primitives). The
+  // optimizer stage ends it after that step (stages/optimizer.cc), RunPass
+  // after a pass without one.
+  MpiWorld::BeginStartup(config_.startup_timeout_s);
+  MaybeSlowTestStart(kTestFaultAtStart);  // CNNFLOW_TEST_SLOW_START, for the start-up test
   const int replicas = static_cast<int>(config_.devices.size());
   if (config_.threads < replicas) {  // replicas block for each other: each needs a thread
     throw ConfigError(StrCat(config_.doc.path(), ": ", replicas, " replicas need at least ",
@@ -302,6 +311,7 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
   // for each other, so each needs a thread of its own, even where `threads`
   // exceeds the cores (the default arena has one slot per core).
   arena_->execute([&] { RunGraph(graph, state_); });
+  MpiWorld::EndStartup();  // after a pass that had no training step (evaluation alone)
   if (progress_) progress_->EndPass();
   // Every batch must come out: one that does not is held by a node (a bug),
   // and would silently be missing from training.

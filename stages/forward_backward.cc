@@ -88,7 +88,10 @@ class ForwardBackwardStage final : public Stage {
       m.dropped = true;
       return;
     }
-    if (r == 0) MaybeInjectTestFault(m.global_step);  // CNNFLOW_TEST_FAULT, for the fault tests
+    if (r == 0) {  // CNNFLOW_TEST_FAULT and CNNFLOW_TEST_SLOW_START, for the fault tests
+      MaybeInjectTestFault(m.global_step);
+      MaybeSlowTestStart(m.global_step);
+    }
     const int64_t rows = static_cast<int64_t>(m.labels.size());
     const auto [b, e] = ReplicaRows(set, rows, r);
     // The gradient of the mean loss over the window's batches of all

@@ -59,7 +59,14 @@ class OptimizerStage final : public Stage {
     // one (else their collectives would no longer match); a process's
     // replicas agree the same way (no collective for one replica).
     if (set.AgreeStop(r, s.stop_requested.load())) StopAfter(s, m);
+    StartupDone();
   }
+
+  // The stop agreement is the step's last collective: once it is done,
+  // every process has finished its first step, and the rest of the run's
+  // collectives wait graph.collective_timeout_s instead of the start-up
+  // deadline (MpiWorld::BeginStartup, begun by the trainer).
+  static void StartupDone() { MpiWorld::EndStartup(); }
 
   // Every process agreed to stop: after this step.
   static void StopAfter(RunState& s, const BatchMessage& m) {
@@ -84,6 +91,7 @@ class OptimizerStage final : public Stage {
       MpiWorld::Get().AllReduceSum(&stop, 1, "stop request", s.collective_timeout_s);
       if (stop > 0) StopAfter(s, m);
     }
+    StartupDone();
   }
 
   std::unique_ptr<LaneNodes> lanes_;  // ending in their gather

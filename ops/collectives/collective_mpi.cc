@@ -434,6 +434,26 @@ MpiRequest MpiWorld::StartBroadcastBytes(void* data, int64_t bytes, int root,
   return r;
 }
 
+std::string MpiWorld::WaitLimit::Text() const {
+  return startup ? StrCat(seconds, " s (the start-up deadline, graph.startup_timeout_s)")
+                 : StrCat(seconds, " s");
+}
+
+namespace {
+std::atomic<double> startup_deadline_s{0};  // BeginStartup's; 0: not starting up
+}  // namespace
+
+void MpiWorld::BeginStartup(double seconds) { startup_deadline_s.store(seconds); }
+void MpiWorld::EndStartup() { startup_deadline_s.store(0); }
+
+MpiWorld::WaitLimit MpiWorld::LimitFor(double timeout_s) {
+  WaitLimit limit;
+  const double startup_s = startup_deadline_s.load();
+  limit.startup = startup_s > 0;
+  limit.seconds = limit.startup ? startup_s : timeout_s;
+  return limit;
+}
+
 void MpiWorld::Wait(MpiRequest& request, double timeout_s) {
   MpiRequest::Impl* r = request.impl_.get();
   if (r == nullptr || r->done) return;
@@ -442,7 +462,8 @@ void MpiWorld::Wait(MpiRequest& request, double timeout_s) {
     return;
   }
   const auto start = Clock::now();
-  const auto deadline = DeadlineIn(timeout_s);
+  const WaitLimit limit = LimitFor(timeout_s);
+  const auto deadline = DeadlineIn(limit.seconds);
   const double warn_s = stall_warning();
   bool warned = false;
   for (;;) {
@@ -474,9 +495,11 @@ void MpiWorld::Wait(MpiRequest& request, double timeout_s) {
     if (now >= deadline) {
       const std::string msg = StrCat(
           Where(), ": MPI ", r->op, " '", r->tag, "' (", what, ") did not complete within ",
-          timeout_s,
-          " s: a peer process died, stalled or started a different collective; the MPI state "
-          "is now unusable and the job must end");
+          limit.Text(),
+          limit.startup ? ": a peer process did not start, died, stalled or started a different "
+                          "collective; the MPI state is now unusable and the job must end"
+                        : ": a peer process died, stalled or started a different collective; the "
+                          "MPI state is now unusable and the job must end");
       MarkBroken(msg);
       throw CollectiveTimeout(msg);
     }
@@ -485,10 +508,12 @@ void MpiWorld::Wait(MpiRequest& request, double timeout_s) {
       warned = true;
       std::fprintf(stderr,
                    "%s: warning: MPI %s '%s' (%s) has waited %.1f s (stall warning at %g s; it "
-                   "fails the run at graph.collective_timeout_s %g): a peer process is slow, "
-                   "stalled or its link is down\n",
+                   "fails the run at %s %g): a peer process is %s, stalled or its link is "
+                   "down\n",
                    Where().c_str(), r->op.c_str(), r->tag.c_str(), what.c_str(), waited, warn_s,
-                   timeout_s);
+                   limit.startup ? "the start-up deadline graph.startup_timeout_s"
+                                 : "graph.collective_timeout_s",
+                   limit.seconds, limit.startup ? "slow to start" : "slow");
     }
     if (now - start > kBusyPoll) std::this_thread::sleep_for(kPollSleep);
   }
@@ -632,10 +657,11 @@ std::unique_ptr<Collective> MakeReplicaCollective(const std::vector<Device>& dev
 MpiRequest HierarchicalAllReduce::StartInOrder(uint64_t ticket, const std::string& tag,
                                                const std::function<MpiRequest()>& start) {
   std::unique_lock<std::mutex> lock(turn_mu_);
-  if (!turn_cv_.wait_until(lock, DeadlineIn(timeout_s_), [&] { return turn_ == ticket; })) {
+  const MpiWorld::WaitLimit limit = MpiWorld::LimitFor(timeout_s_);
+  if (!turn_cv_.wait_until(lock, DeadlineIn(limit.seconds), [&] { return turn_ == ticket; })) {
     throw CollectiveTimeout(StrCat(
-        world_.Where(), ": '", tag, "' could not start its MPI collective within ", timeout_s_,
-        " s: the collective this process started before it (#", turn_, ") never started"));
+        world_.Where(), ": '", tag, "' could not start its MPI collective within ", limit.Text(),
+        ": the collective this process started before it (#", turn_, ") never started"));
   }
   MpiRequest r;
   try {

@@ -15,11 +15,11 @@
 //
 // Timeouts: every collective is non-blocking underneath (MPI_I*) and polled
 // against a deadline. A collective that does not complete in time throws
-// CollectiveTimeout naming this rank, the tag and the timeout. MPI cannot
-// cancel a started collective, so the world is then broken: later calls
-// throw, and at exit the job is ended with MPI_Abort (MPI_Finalize would
-// hang on the peer that never came), so a stalled or dead peer never turns
-// into a hang.
+// CollectiveTimeout naming this rank, the tag and the timeout (at start-up
+// the start-up deadline instead: BeginStartup). MPI cannot cancel a started
+// collective, so the world is then broken: later calls throw, and at exit
+// the job is ended with MPI_Abort (MPI_Finalize would hang on the peer that
+// never came), so a stalled or dead peer never turns into a hang.
 #pragma once
 
 #include <atomic>
@@ -126,6 +126,25 @@ class MpiWorld {
   // May change while collectives wait (the trainer follows the step time).
   void SetStallWarning(double seconds) { stall_warn_s_.store(seconds); }
   double stall_warning() const { return parent_ ? parent_->stall_warning() : stall_warn_s_.load(); }
+
+  // Start-up (graph.startup_timeout_s): from BeginStartup until EndStartup,
+  // every collective across processes or GPUs (MPI, in every world; NCCL)
+  // waits up to `seconds` instead of the timeout its caller passes, and its
+  // timeout error and stall warning name the start-up deadline. The trainer
+  // begins it before its first collective and ends it after the first
+  // training step, so a rank slow to start (reading data, building
+  // primitives) is let through without loosening the deadline of the rest
+  // of the run. Process-wide; thread-safe.
+  static void BeginStartup(double seconds);
+  static void EndStartup();
+  // The deadline a collective called with `timeout_s` waits under now.
+  struct WaitLimit {
+    double seconds = 0;
+    bool startup = false;  // the start-up deadline, not the caller's timeout
+    // "3 s", or "30 s (the start-up deadline, graph.startup_timeout_s)".
+    std::string Text() const;
+  };
+  static WaitLimit LimitFor(double timeout_s);
 
   // Ends the whole job now (MPI_Abort; std::_Exit in a plain process). For
   // the program's top level after a collective error; library code throws.

@@ -217,9 +217,10 @@ void NcclGroup::Init(const UniqueId* id) {
                        "NCCL setting)"));
   }
 
-  // Wait for every communicator, bounded.
+  // Wait for every communicator, bounded (at start-up: graph.startup_timeout_s).
   const auto start = Clock::now();
-  const auto deadline = DeadlineIn(timeout_s_);
+  const MpiWorld::WaitLimit limit = MpiWorld::LimitFor(timeout_s_);
+  const auto deadline = DeadlineIn(limit.seconds);
   for (;;) {
     bool in_progress = false;
     for (auto& rep : replicas_) {
@@ -246,8 +247,8 @@ void NcclGroup::Init(const UniqueId* id) {
     if (Clock::now() >= deadline) {
       abort_all();
       throw CollectiveTimeout(
-          StrCat(what, " did not complete within ", timeout_s_,
-                 " s: a process of the job did not start or died, or the processes disagree on the "
+          StrCat(what, " did not complete within ", limit.Text(),
+                 ": a process of the job did not start or died, or the processes disagree on the "
                  "number of GPU replicas"));
     }
     PollPause(start);
@@ -457,6 +458,7 @@ void NcclGroup::Enqueue(int r, const char* op, float* data, int64_t count, int r
     // A non-blocking communicator may still be launching (e.g. connecting to
     // its peers on first use); the kernels are on the stream only once its
     // state is ncclSuccess, and no other call may be made on it before.
+    const MpiWorld::WaitLimit limit = MpiWorld::LimitFor(timeout_s_);
     for (const auto start = Clock::now(); failure.empty();) {
       ncclResult_t state = ncclInProgress;
       {
@@ -477,11 +479,11 @@ void NcclGroup::Enqueue(int r, const char* op, float* data, int64_t count, int r
         break;
       }
       if (!failure.empty()) break;
-      if (Clock::now() - issued >= std::chrono::duration<double>(timeout_s_)) {
+      if (Clock::now() - issued >= std::chrono::duration<double>(limit.seconds)) {
         const std::string msg =
             StrCat(Where(r), "NCCL ", op, " '", tag, "' (", count,
-                   " floats) could not be started within ", timeout_s_,
-                   " s: a peer replica or process never joined it; every communicator of the "
+                   " floats) could not be started within ", limit.Text(),
+                   ": a peer replica or process never joined it; every communicator of the "
                    "group was aborted");
         Break(true, msg);
         throw CollectiveTimeout(msg);
@@ -524,6 +526,7 @@ void NcclGroup::Wait(int r) {
   CNNFLOW_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream(), rep.pending.back().done, 0));
 
   const auto start = Clock::now();
+  const MpiWorld::WaitLimit limit = MpiWorld::LimitFor(timeout_s_);
   while (!rep.pending.empty()) {
     Pending& p = rep.pending.front();
     if (broken()) ThrowBroken(r, p.op, p.tag);
@@ -560,11 +563,11 @@ void NcclGroup::Wait(int r) {
       }
     }
     const double waited = std::chrono::duration<double>(Clock::now() - p.issued).count();
-    if (waited >= timeout_s_) {
+    if (waited >= limit.seconds) {
       const std::string msg =
           StrCat(Where(r), "NCCL ", p.op, " '", p.tag, "' (", p.count,
-                 " floats) did not complete within ", timeout_s_,
-                 " s of being issued: a peer replica or process died, stalled or issued a "
+                 " floats) did not complete within ", limit.Text(),
+                 " of being issued: a peer replica or process died, stalled or issued a "
                  "different collective; every communicator of the group was aborted");
       Break(true, msg);
       throw CollectiveTimeout(msg);

@@ -17,7 +17,8 @@
 # write a checkpoint, and the job to exit 130 (default mpirun only).
 # start_exit1 is exit1 at start-up (step=start): rank 0 is left in the
 # initial broadcast of the weights, inside ReplicaSet's constructor, and must
-# fail it by name too (it once died in std::terminate there instead).
+# fail it by name too (it once died in std::terminate there instead), at
+# the start-up deadline (graph.startup_timeout_s, set to the same 3 s).
 # A hard alarm (timeout) bounds every job, so a hang fails the test.
 #   usage: mpi_fault_test.sh MPIEXEC CNNFLOW_BINARY MODE   (KEEP=1 keeps the logs)
 set -u
@@ -34,8 +35,11 @@ out=$(mktemp -d)
 trap '[[ -n "${KEEP:-}" ]] || rm -rf "$out"' EXIT
 # The hook's step and mode, its line, and the collective the survivor waits in.
 step=5 hook_mode=$mode
-waits_in="MPI AllReduceSum '(bucket [0-9]+ \(.*\)|stop request)'"
-[[ $mode != start_exit1 ]] || { step=start hook_mode=exit1 waits_in="MPI Broadcast 'initial [a-z0-9_.]+'"; }
+waits_in="MPI AllReduceSum '(bucket [0-9]+ \(.*\)|stop request)'" deadline="$timeout_s s:"
+[[ $mode != start_exit1 ]] || {
+  step=start hook_mode=exit1 waits_in="MPI Broadcast 'initial [a-z0-9_.]+'"
+  deadline="$timeout_s s \(the start-up deadline, graph\.startup_timeout_s\)"
+}
 where="step $step" what=mid-step
 [[ $step != start ]] || where=start-up what="at start-up"
 hook_line="CNNFLOW_TEST_FAULT: rank 1 $hook_mode at $where"
@@ -44,11 +48,6 @@ case "$mode" in exit0 | exit1 | abort | start_exit1 | sigkill | sigterm) ;; *)
   exit 1
   ;;
 esac
-
-# Seconds since $1 (an $EPOCHREALTIME), to 0.1 s.
-since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
-# Whether $1 <= $2 (decimals).
-le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; }
 
 # run_job LABEL [MPIRUN OPTIONS]: runs the job, brings the fault, waits;
 # sets status (mpirun's exit status) and elapsed (seconds from the fault to
@@ -59,7 +58,8 @@ run_job() {
   case "$mode" in exit0 | exit1 | abort | start_exit1) fault_env=(-x "CNNFLOW_TEST_FAULT=rank=1,step=$step,mode=$hook_mode") ;; esac
   timeout -k 5 $((60 * slowdown)) "$mpiexec" -n 2 --oversubscribe "$@" "${fault_env[@]}" "$cnnflow" train \
     configs/fashion_mnist.yaml --set train.epochs=1 --set train.max_steps=400 --set threads=1 \
-    --set graph.collective_timeout_s=$timeout_s --out "$out/$label.run" > "$log" 2>&1 &
+    --set graph.collective_timeout_s=$timeout_s --set graph.startup_timeout_s=$timeout_s \
+    --out "$out/$label.run" > "$log" 2>&1 &
   local launcher=$!
   if [[ ${#fault_env[@]} -gt 0 ]]; then
     # The hook prints its line just before the rank ends.
@@ -117,7 +117,7 @@ default_elapsed=$elapsed
 run_job survivor "${no_abort[@]}"
 log="$out/survivor.log"
 [[ $status -ne 0 ]] || { echo "FAIL: survivor: mpirun exit status 0 for a failed job"; exit 1; }
-grep -qE "rank 0 of 2: error: .*$waits_in \(.*\) did not complete within $timeout_s s" "$log" ||
+grep -qE "rank 0 of 2: error: .*$waits_in \(.*\) did not complete within $deadline" "$log" ||
   { cat "$log"; echo "FAIL: survivor: rank 0 did not name the collective it waited in"; exit 1; }
 # (It then ends the job with MPI_Abort; mpirun's "MPI_ABORT was invoked on
 # rank 0" report is not checked: with two jobs at once, Open MPI 4.1.4's

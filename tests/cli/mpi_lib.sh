@@ -16,6 +16,11 @@ mpi_rank_pid() {
   return 1
 }
 
+# Seconds since $1 (an $EPOCHREALTIME), to 0.1 s.
+since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
+# Whether $1 <= $2 (decimals).
+le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; }
+
 # CNNFLOW_TEST_SLOWDOWN (set by ctest in sanitized builds) stretches the
 # start-up waits below as ctest stretches the TIMEOUTs.
 slowdown=${CNNFLOW_TEST_SLOWDOWN:-1}

@@ -116,6 +116,23 @@ void HashAgreement(MpiWorld& world) {
   CHECK(Contains(msg, StrCat("rank ", world.rank(), " of 2")), msg);
 }
 
+// Start-up (MpiWorld::BeginStartup): a collective waits the start-up
+// deadline, not its caller's timeout, so a rank 1.5 s late passes a 0.5 s
+// timeout; after EndStartup the caller's timeout is back.
+void StartupDeadline(MpiWorld& world) {
+  MpiWorld::BeginStartup(kTimeout);
+  const MpiWorld::WaitLimit during = MpiWorld::LimitFor(0.5);
+  CHECK(during.startup && during.seconds == kTimeout, during.seconds);
+  CHECK(during.Text() == "20 s (the start-up deadline, graph.startup_timeout_s)", during.Text());
+  if (world.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const auto all = world.AllGather(7 + world.rank(), "late rank at start-up", 0.5);
+  CHECK(all.size() == 2u && all[1] == 8u);
+  MpiWorld::EndStartup();
+  const MpiWorld::WaitLimit after = MpiWorld::LimitFor(0.5);
+  CHECK(!after.startup && after.seconds == 0.5, after.seconds);
+  CHECK(after.Text() == "0.5 s", after.Text());
+}
+
 // 2 processes x 2 local replicas against one process with 4 replicas.
 void Hierarchical(MpiWorld& world) {
   const int kLocal = 2;
@@ -318,6 +335,7 @@ int Main(int argc, char** argv) {
     tests.insert(tests.end(), {{"AllReduceMatchesTheFormula", AllReduceMatchesTheFormula},
                                {"BroadcastAndGather", BroadcastAndGather},
                                {"HashAgreement", HashAgreement},
+                               {"StartupDeadline", StartupDeadline},
                                {"Hierarchical", Hierarchical},
                                {"TensorParallelAcrossProcesses", TensorParallelAcrossProcesses}});
   }

@@ -348,6 +348,24 @@ TEST_F(ConfigTest, ParamGroupsAreReadInOrderAndTheirErrorsSayWhere) {
                           {"train.param_groups[0]", "unknown key 'lr_scael'", "lr_scale"});
 }
 
+// graph.startup_timeout_s: unset, the longer of 10 minutes and
+// collective_timeout_s; set, as given (shorter too); never <= 0.
+TEST_F(ConfigTest, StartupTimeoutDefaultsToTenMinutesOrTheCollectiveTimeout) {
+  EXPECT_EQ(LoadRunConfig(Write(kGood)).startup_timeout_s, 600);
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.collective_timeout_s=10"}).startup_timeout_s, 600);
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.collective_timeout_s=900"}).startup_timeout_s, 900);
+  const RunConfig c =
+      LoadRunConfig(Write(kGood), {"graph.collective_timeout_s=10", "graph.startup_timeout_s=30"});
+  EXPECT_EQ(c.collective_timeout_s, 10);
+  EXPECT_EQ(c.startup_timeout_s, 30);
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.startup_timeout_s=4"}).startup_timeout_s, 4);
+  for (const char* bad : {"graph.startup_timeout_s=0", "graph.startup_timeout_s=-5"}) {
+    testing::ExpectContains(ErrorOf(kGood, {bad}), {"graph.startup_timeout_s", "must be > 0"});
+  }
+  testing::ExpectContains(ErrorOf(kGood, {"graph.startup_timeout=30"}),
+                          {"startup_timeout", "did you mean", "startup_timeout_s"});
+}
+
 TEST_F(ConfigTest, EpochsMayHaveAFraction) {
   EXPECT_EQ(LoadRunConfig(Write(kGood), {"train.epochs=9.9"}).epochs, 9.9);
   testing::ExpectContains(ErrorOf(kGood, {"train.epochs=0"}), {"train.epochs", "must be > 0"});
