@@ -193,16 +193,18 @@ struct OnednnConv::Impl {
   };
   mutable tbb::enumerable_thread_specific<Scratch> scratch;
 
+  // t, grown to hold at least `bytes`; its data.
+  static void* Fit(Tensor& t, size_t bytes) {
+    const int64_t n = static_cast<int64_t>((bytes + 3) / 4) + 1;
+    if (!t.defined() || t.numel() < n) t = Tensor::Empty({n}, DType::kF32);
+    return t.raw_data();
+  }
   Scratch& Local() const {
     Scratch& s = scratch.local();
-    auto fit = [](Tensor& t, size_t bytes) {
-      const int64_t n = static_cast<int64_t>((bytes + 3) / 4) + 1;
-      if (!t.defined() || t.numel() < n) t = Tensor::Empty({n}, DType::kF32);
-    };
-    fit(s.a, buf_a);
-    fit(s.b, buf_b);
-    fit(s.c, buf_c);
-    fit(s.pad, pad);
+    Fit(s.a, buf_a);
+    Fit(s.b, buf_b);
+    Fit(s.c, buf_c);
+    Fit(s.pad, pad);
     return s;
   }
 };
@@ -215,6 +217,8 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
   OneOpenMpThreadHere();
   Impl& m = *impl_;
   m.bias = bias;
+  m.g = g;
+  m.mb = mb;
   using dt = memory::data_type;
   const memory::dims src{mb, g.in_channels, g.in_h, g.in_w};
   const memory::dims dst{mb, g.out_channels, g.out_h, g.out_w};
@@ -312,8 +316,6 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
   auto words = [](const memory::desc& md) {  // f32 words that hold md (bf16: half as many)
     return static_cast<int64_t>((md.get_size() + 3) / 4);
   };
-  m.g = g;
-  m.mb = mb;
   const int64_t span_h = (g.kernel_h - 1) * g.dilation_h, span_w = (g.kernel_w - 1) * g.dilation_w;
   if (bf16 && !grouped && g.stride_h == 1 && g.stride_w == 1 && pad_l[0] <= span_h &&
       pad_l[1] <= span_w && pad_r[0] <= span_h && pad_r[1] <= span_w) {
@@ -468,36 +470,28 @@ void OnednnConv::BackwardWeightsByMatmul(const float* x, const float* dy, float*
   CNNFLOW_ENFORCE(m.matmul_weights, "OnednnConv: no matmul backward-weights (bf16, ungrouped, ",
                   "avx512_bf16 only)");
   Impl::Scratch& s = m.Local();
-  void* pad = s.pad.data<float>();
-  {
-    const Conv2dGeometry& g = m.g;
-    const int64_t plane = g.out_plane(), q = m.mb * plane, k_out = g.out_channels;
-    auto fit = [](Tensor& t, int64_t words) {
-      if (!t.defined() || t.numel() < words) t = Tensor::Empty({words}, DType::kF32);
-      return t.raw_data();
-    };
-    const int64_t x_size = m.mb * g.in_channels * g.in_plane();
-    auto* col = static_cast<uint16_t*>(fit(s.col, (g.col_rows() * q + 1) / 2));
-    auto* dyt = static_cast<uint16_t*>(fit(s.dyt, (k_out * q + 1) / 2));
-    auto* xb = static_cast<uint16_t*>(fit(s.xb, (x_size + 1) / 2));
-    ToBf16(x, xb, x_size);
-    Im2ColTransposed(g, m.mb, xb, col);
-    for (int64_t k = 0; k < k_out; ++k) {
-      for (int64_t n = 0; n < m.mb; ++n)
-        ToBf16(dy + (n * k_out + k) * plane, dyt + k * q + n * plane, plane);
-    }
-    memory ms(m.mm_pd.src_desc(), OnednnEngine(), dyt);
-    memory mw(m.mm_pd.weights_desc(), OnednnEngine(), col);
-    memory md(m.mm_pd.dst_desc(), OnednnEngine(), dw);
-    memory mp(m.mm_pd.scratchpad_desc(), OnednnEngine(), pad);
-    m.mm.execute(OnednnStream(), {{DNNL_ARG_SRC, ms},
-                                  {DNNL_ARG_WEIGHTS, mw},
-                                  {DNNL_ARG_DST, md},
-                                  {DNNL_ARG_SCRATCHPAD, mp}});
-    if (m.bias) {
-      CNNFLOW_ENFORCE(db != nullptr, "OnednnConv::BackwardWeights: the layer has a bias");
-      for (int64_t k = 0; k < k_out; ++k) db[k] = SumBf16(dyt + k * q, q);
-    }
+  const Conv2dGeometry& g = m.g;
+  const int64_t plane = g.out_plane(), q = m.mb * plane, k_out = g.out_channels;
+  const int64_t x_size = m.mb * g.in_channels * g.in_plane();
+  auto* col = static_cast<uint16_t*>(Impl::Fit(s.col, 2 * g.col_rows() * q));
+  auto* dyt = static_cast<uint16_t*>(Impl::Fit(s.dyt, 2 * k_out * q));
+  auto* xb = static_cast<uint16_t*>(Impl::Fit(s.xb, 2 * x_size));
+  ToBf16(x, xb, x_size);
+  Im2ColTransposed(g, m.mb, xb, col);
+  for (int64_t k = 0; k < k_out; ++k) {
+    for (int64_t n = 0; n < m.mb; ++n)
+      ToBf16(dy + (n * k_out + k) * plane, dyt + k * q + n * plane, plane);
+  }
+  memory ms(m.mm_pd.src_desc(), OnednnEngine(), dyt);
+  memory mw(m.mm_pd.weights_desc(), OnednnEngine(), col);
+  memory md(m.mm_pd.dst_desc(), OnednnEngine(), dw);
+  memory mp(m.mm_pd.scratchpad_desc(), OnednnEngine(), s.pad.data<float>());
+  m.mm.execute(
+      OnednnStream(),
+      {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}, {DNNL_ARG_SCRATCHPAD, mp}});
+  if (m.bias) {
+    CNNFLOW_ENFORCE(db != nullptr, "OnednnConv::BackwardWeightsByMatmul: the layer has a bias");
+    for (int64_t k = 0; k < k_out; ++k) db[k] = SumBf16(dyt + k * q, q);
   }
 }
 
