@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "ops/cpu/elementwise.h"
@@ -27,21 +28,24 @@ inline double SumLanes(int64_t len, F&& f) {
          tail;
 }
 
-// SumLanes of a(i) and of b(i), added to *sa and *sb, in one pass.
-template <typename A, typename B>
-inline void SumLanesOfTwo(int64_t len, A&& a, B&& b, double* sa, double* sb) {
+// SumLanes of both halves of f(i) = {a, b}, added to *sa and *sb, in one
+// pass (f computed once per element).
+template <typename F>
+inline void SumLanesOfTwo(int64_t len, F&& f, double* sa, double* sb) {
   double la[8] = {0, 0, 0, 0, 0, 0, 0, 0}, lb[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= len; i += 8) {
     for (int k = 0; k < 8; ++k) {
-      la[k] += a(i + k);
-      lb[k] += b(i + k);
+      const auto [va, vb] = f(i + k);
+      la[k] += va;
+      lb[k] += vb;
     }
   }
   double ta = 0, tb = 0;
   for (; i < len; ++i) {
-    ta += a(i);
-    tb += b(i);
+    const auto [va, vb] = f(i);
+    ta += va;
+    tb += vb;
   }
   *sa += ((la[0] + la[1]) + (la[2] + la[3])) + ((la[4] + la[5]) + (la[6] + la[7])) + ta;
   *sb += ((lb[0] + lb[1]) + (lb[2] + lb[3])) + ((lb[4] + lb[5]) + (lb[6] + lb[7])) + tb;
@@ -51,10 +55,10 @@ inline void SumLanesOfTwo(int64_t len, A&& a, B&& b, double* sa, double* sb) {
 template <typename F>
 inline void SumLanesAndSquares(int64_t len, F&& d, double* sum, double* sum_sq) {
   SumLanesOfTwo(
-      len, d,
+      len,
       [&](int64_t i) {
         const double v = d(i);
-        return v * v;
+        return std::pair<double, double>{v, v * v};
       },
       sum, sum_sq);
 }
@@ -324,9 +328,10 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
         const T* row = xs + (i * c_n + c) * s_n;
         const T* grow = dy_row(i, c);
         SumLanesOfTwo(
-            s_n, [&](int64_t k) { return static_cast<double>(grow[k]); },
+            s_n,
             [&](int64_t k) {
-              return static_cast<double>(grow[k]) * (static_cast<double>(row[k]) - mean);
+              const double g = grow[k];
+              return std::pair<double, double>{g, g * (static_cast<double>(row[k]) - mean)};
             },
             &s, &sxc);
       }
