@@ -68,6 +68,32 @@ void BM_MaxPool1(benchmark::State& s) {
   a.Set("kernel", int64_t{2});
   LayerStep(s, "maxpool2d", a, {32, 28, 28}, true);
 }
+// Forward + backward of a training batchnorm with a fused ReLU (as the
+// step runs ResNet-18's), batch 64, on [channels, hw, hw] samples.
+void BM_BatchNormRelu(benchmark::State& state) {
+  tbb::global_control threads(tbb::global_control::max_allowed_parallelism, 2);
+  const int64_t n = 64, c = state.range(0), hw = state.range(1);
+  const LayerType* t = LayerRegistry::Get().Find("batchnorm");
+  Args args;
+  args.FillDefaults(t->schema);
+  auto layer = t->create("bn", args);
+  const Shape sample{c, hw, hw};
+  layer->Build({sample}, DType::kF32);
+  layer->FuseRelu();
+  Rng rng(1);
+  layer->ResetParameters(rng);
+  Tensor x = Random(sample.WithBatch(n), 2), y = Tensor::Empty(sample.WithBatch(n));
+  Tensor dy = Random(sample.WithBatch(n), 3), dx = Tensor::Empty(sample.WithBatch(n));
+  for (auto _ : state) {
+    layer->Forward({&x}, y, {});
+    layer->Backward({&x}, y, dy, {&dx});
+  }
+  // Bytes the two passes must move at least: x, y (forward); x, y, dy, dx (backward).
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(x.numel()) * 4 * 6 / 1e9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_BatchNormRelu)->Args({64, 32})->Args({512, 4})->UseRealTime();
+
 BENCHMARK(BM_Conv1)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(BM_Conv2)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(BM_Fc1)->Arg(1)->Arg(2)->UseRealTime();

@@ -2,65 +2,105 @@
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
+#include <cstring>
 #include <vector>
 
-#include "ops/cpu/elementwise.h"
 #include "ops/cpu/parallel.h"
 
 namespace cnnflow {
 
 namespace {
 
-// Sum of f(i) for i in [0, len) in double, over 8 independent lanes so the
-// compiler vectorises it (a single accumulator is a serial add chain). The
-// order is fixed by len, so results never depend on the thread count.
-template <typename F>
-inline double SumLanes(int64_t len, F&& f) {
-  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    for (int k = 0; k < 8; ++k) lane[k] += f(i + k);
+// The per-channel sums, in double over 8 independent lanes: lane k takes
+// the elements i = k mod 8, so the order is fixed by len and results never
+// depend on the thread count. The lanes are two 4-double vectors (GCC's
+// vector extensions, which any x86 ISA lowers): GCC leaves the same loop
+// over a lane array scalar (the float -> double widening), and that was
+// most of batchnorm's time.
+using Double4 = double __attribute__((vector_size(32)));
+using Float4 = float __attribute__((vector_size(16)));
+
+struct Lanes {
+  Double4 lo = {0, 0, 0, 0}, hi = {0, 0, 0, 0};  // lanes 0-3, 4-7
+  double Sum(double tail) const {
+    return ((lo[0] + lo[1]) + (lo[2] + lo[3])) + ((hi[0] + hi[1]) + (hi[2] + hi[3])) + tail;
   }
-  double tail = 0;
-  for (; i < len; ++i) tail += f(i);
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])) +
-         tail;
+};
+
+// x[i..i+4) as doubles.
+inline Double4 Load4(const float* x) {
+  Float4 v;
+  std::memcpy(&v, x, sizeof(v));
+  return __builtin_convertvector(v, Double4);
+}
+inline Double4 Load4(const double* x) {
+  Double4 v;
+  std::memcpy(&v, x, sizeof(v));
+  return v;
 }
 
-// SumLanes of both halves of f(i) = {a, b}, added to *sa and *sb, in one
-// pass (f computed once per element).
-template <typename F>
-inline void SumLanesOfTwo(int64_t len, F&& f, double* sa, double* sb) {
-  double la[8] = {0, 0, 0, 0, 0, 0, 0, 0}, lb[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+// sum of x[i].
+template <typename T>
+inline double SumLanes(const T* x, int64_t len) {
+  Lanes l;
   int64_t i = 0;
   for (; i + 8 <= len; i += 8) {
-    for (int k = 0; k < 8; ++k) {
-      const auto [va, vb] = f(i + k);
-      la[k] += va;
-      lb[k] += vb;
-    }
+    l.lo += Load4(x + i);
+    l.hi += Load4(x + i + 4);
+  }
+  double tail = 0;
+  for (; i < len; ++i) tail += static_cast<double>(x[i]);
+  return l.Sum(tail);
+}
+
+// sum of v and of v^2, v = x[i] - shift, added to *s1 and *s2 in one pass.
+template <typename T>
+inline void SumCentred(const T* x, int64_t len, double shift, double* s1, double* s2) {
+  Lanes a, b;
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const Double4 lo = Load4(x + i) - shift, hi = Load4(x + i + 4) - shift;
+    a.lo += lo;
+    a.hi += hi;
+    b.lo += lo * lo;
+    b.hi += hi * hi;
   }
   double ta = 0, tb = 0;
   for (; i < len; ++i) {
-    const auto [va, vb] = f(i);
-    ta += va;
-    tb += vb;
+    const double v = static_cast<double>(x[i]) - shift;
+    ta += v;
+    tb += v * v;
   }
-  *sa += ((la[0] + la[1]) + (la[2] + la[3])) + ((la[4] + la[5]) + (la[6] + la[7])) + ta;
-  *sb += ((lb[0] + lb[1]) + (lb[2] + lb[3])) + ((lb[4] + lb[5]) + (lb[6] + lb[7])) + tb;
+  *s1 += a.Sum(ta);
+  *s2 += b.Sum(tb);
 }
 
-// SumLanes of d(i) and of d(i)^2 in one pass over the data.
-template <typename F>
-inline void SumLanesAndSquares(int64_t len, F&& d, double* sum, double* sum_sq) {
-  SumLanesOfTwo(
-      len,
-      [&](int64_t i) {
-        const double v = d(i);
-        return std::pair<double, double>{v, v * v};
-      },
-      sum, sum_sq);
+// sum of g[i] and of g[i] * (x[i] - mean), added to *sg and *sgx in one pass;
+// with y (a fused ReLU's output), g[i] counts only where y[i] > 0.
+template <typename T>
+inline void SumGradAndGradCentred(const T* g, const T* y, const T* x, int64_t len, double mean,
+                                  double* sg, double* sgx) {
+  Lanes a, b;
+  int64_t i = 0;
+  auto load = [&](int64_t at) {
+    const Double4 v = Load4(g + at);
+    return y == nullptr ? v : (Load4(y + at) > 0 ? v : Double4{0, 0, 0, 0});
+  };
+  for (; i + 8 <= len; i += 8) {
+    const Double4 glo = load(i), ghi = load(i + 4);
+    a.lo += glo;
+    a.hi += ghi;
+    b.lo += glo * (Load4(x + i) - mean);
+    b.hi += ghi * (Load4(x + i + 4) - mean);
+  }
+  double ta = 0, tb = 0;
+  for (; i < len; ++i) {
+    const double v = y == nullptr || y[i] > T(0) ? static_cast<double>(g[i]) : 0.0;
+    ta += v;
+    tb += v * (static_cast<double>(x[i]) - mean);
+  }
+  *sg += a.Sum(ta);
+  *sgx += b.Sum(tb);
 }
 
 // Channels per parallel task: enough elements that scheduling is noise.
@@ -173,47 +213,49 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     T* rmean = buffers()[0].value.data<T>();
     T* rvar = buffers()[1].value.data<T>();
     const double momentum = momentum_, eps = eps_;
-    // Channels are independent: each task owns whole channels, so every
-    // statistic is one serial-order sum (deterministic for any split).
-    auto sum_x = [&](int64_t c) {
-      double sum = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const T* row = xs + (i * c_n + c) * s_n;
-        sum += SumLanes(s_n, [&](int64_t k) { return static_cast<double>(row[k]); });
-      }
-      return sum;
+    // Channels are independent: each task owns a range of whole channels, so
+    // every statistic is one serial-order sum (deterministic for any split).
+    // A task walks its rows sample by sample: a sample's rows of the range
+    // are one contiguous span, which the prefetcher follows (a channel at a
+    // time jumps to another page every row).
+    auto for_rows = [&](int64_t c0, int64_t c1, auto&& fn) {  // fn(c, offset of row (i, c))
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = c0; c < c1; ++c) fn(c, (i * c_n + c) * s_n);
     };
-    // sum(x - shift) and sum((x - shift)^2), shift ~ the mean: the second
-    // pass that avoids the cancellation of E[x^2] - E[x]^2; the first sum
-    // corrects the mean for the rounding of shift.
-    auto centred_sums = [&](int64_t c, double shift, double* s1, double* s2) {
-      *s1 = 0;
-      *s2 = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const T* row = xs + (i * c_n + c) * s_n;
-        SumLanesAndSquares(
-            s_n, [&](int64_t k) { return static_cast<double>(row[k]) - shift; }, s1, s2);
-      }
+    // sum(x - shift) and sum((x - shift)^2) per channel of [c0, c1), shift ~
+    // the mean: the second pass that avoids the cancellation of E[x^2] -
+    // E[x]^2; the first sum corrects the mean for the rounding of shift.
+    auto centred_sums = [&](int64_t c0, int64_t c1, const double* shift, double* s1, double* s2) {
+      std::fill_n(s1, c1 - c0, 0.0);
+      std::fill_n(s2, c1 - c0, 0.0);
+      for_rows(c0, c1, [&](int64_t c, int64_t at) {
+        SumCentred(xs + at, s_n, shift[c - c0], &s1[c - c0], &s2[c - c0]);
+      });
+    };
+    auto set_stats = [&](int64_t c, double mean, double var) {
+      mean_[c] = mean;
+      inv_std_[c] = 1.0 / std::sqrt(var + eps);
     };
     // y = (x - mean) * a + beta with a = gamma / std (subtracting first
-    // keeps f32 precise when |mean| >> std).
-    auto normalise = [&](int64_t c, double mean, double var) {
-      const double inv_std = 1.0 / std::sqrt(var + eps);
-      mean_[c] = mean;
-      inv_std_[c] = inv_std;
-      const T tm = static_cast<T>(mean);
-      const T a =
-          static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std);
-      const T b = beta != nullptr ? beta[c] : T(0);
-      for (int64_t i = 0; i < n; ++i) {
-        const T* row = xs + (i * c_n + c) * s_n;
-        T* out = ys + (i * c_n + c) * s_n;
-        for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
-        if (relu_) ReluInPlace(out, s_n);
-      }
+    // keeps f32 precise when |mean| >> std), over channels [c0, c1) whose
+    // statistics are set.
+    auto normalise = [&](int64_t c0, int64_t c1) {
+      for_rows(c0, c1, [&](int64_t c, int64_t at) {
+        const T tm = static_cast<T>(mean_[c]);
+        const T a =
+            static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std_[c]);
+        const T b = beta != nullptr ? beta[c] : T(0);
+        const T* row = xs + at;
+        T* out = ys + at;
+        if (relu_) {
+          for (int64_t k = 0; k < s_n; ++k) out[k] = std::max((row[k] - tm) * a + b, T(0));
+        } else {
+          for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
+        }
+      });
     };
     // Batch statistics from the (global) count and centred sums; updates
-    // the running statistics, then normalises this replica's rows.
+    // the running statistics.
     auto finish = [&](int64_t c, double count, double shift, double s1, double s2) {
       const double d = s1 / count;
       const double mean = shift + d;
@@ -221,14 +263,15 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
       // PyTorch updates the running variance with the unbiased estimate.
       rmean[c] = static_cast<T>((1 - momentum) * rmean[c] + momentum * mean);
       rvar[c] = static_cast<T>((1 - momentum) * rvar[c] + momentum * (ss / (count - 1)));
-      normalise(c, mean, ss / count);
+      set_stats(c, mean, ss / count);
     };
 
     if (!ctx.training) {
       cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; ++c) {
-          normalise(c, static_cast<double>(rmean[c]), static_cast<double>(rvar[c]));
+          set_stats(c, static_cast<double>(rmean[c]), static_cast<double>(rvar[c]));
         }
+        normalise(c0, c1);
       });
     } else if (sync_sum_ == nullptr) {
       // One pass of sums centred on the first sample's mean: within a few
@@ -236,15 +279,15 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
       // nothing f32 would keep (a pass fewer over x than centring on the
       // batch mean, as the synced path must).
       cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+        std::vector<double> shift(c1 - c0), s1(c1 - c0), s2(c1 - c0);
         for (int64_t c = c0; c < c1; ++c) {
-          const T* first = xs + c * s_n;
-          const double shift =
-              SumLanes(s_n, [&](int64_t k) { return static_cast<double>(first[k]); }) /
-              static_cast<double>(s_n);
-          double s1, s2;
-          centred_sums(c, shift, &s1, &s2);
-          finish(c, static_cast<double>(m), shift, s1, s2);
+          shift[c - c0] = SumLanes(xs + c * s_n, s_n) / static_cast<double>(s_n);
         }
+        centred_sums(c0, c1, shift.data(), s1.data(), s2.data());
+        for (int64_t c = c0; c < c1; ++c) {
+          finish(c, static_cast<double>(m), shift[c - c0], s1[c - c0], s2[c - c0]);
+        }
+        normalise(c0, c1);
       });
     } else {
       // Pass 1: [sum x (hi C, lo C), count (2)] -> the global count and a
@@ -252,7 +295,9 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
       sync_buf_.assign(2 * c_n + 2, 0.0f);
       float* buf = sync_buf_.data();
       cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) PutSplit(sum_x(c), &buf[c], &buf[c_n + c]);
+        std::vector<double> sum(c1 - c0, 0.0);
+        for_rows(c0, c1, [&](int64_t c, int64_t at) { sum[c - c0] += SumLanes(xs + at, s_n); });
+        for (int64_t c = c0; c < c1; ++c) PutSplit(sum[c - c0], &buf[c], &buf[c_n + c]);
       });
       PutCount(m, &buf[2 * c_n]);
       (*sync_sum_)(buf, 2 * c_n + 2);
@@ -270,11 +315,11 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
       sync_buf_.assign(4 * c_n, 0.0f);
       buf = sync_buf_.data();
       cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+        std::vector<double> s1(c1 - c0), s2(c1 - c0);
+        centred_sums(c0, c1, shift_.data() + c0, s1.data(), s2.data());
         for (int64_t c = c0; c < c1; ++c) {
-          double s1, s2;
-          centred_sums(c, shift_[c], &s1, &s2);
-          PutSplit(s1, &buf[c], &buf[c_n + c]);
-          PutSplit(s2, &buf[2 * c_n + c], &buf[3 * c_n + c]);
+          PutSplit(s1[c - c0], &buf[c], &buf[c_n + c]);
+          PutSplit(s2[c - c0], &buf[2 * c_n + c], &buf[3 * c_n + c]);
         }
       });
       (*sync_sum_)(buf, 4 * c_n);
@@ -283,6 +328,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
           finish(c, count, shift_[c], GetSplit(buf[c], buf[c_n + c]),
                  GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]));
         }
+        normalise(c0, c1);
       });
     }
   });
@@ -303,61 +349,79 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
     const T* xs = in.data<T>();
     const T* g = dy.data<T>();
     T* d = dx[0] != nullptr ? dx[0]->data<T>() : nullptr;
-    // With a fused ReLU, dy is the gradient of max(bn, 0): each row of it is
-    // masked by y > 0 (into a row buffer of this thread) where it is read.
+    // With a fused ReLU, dy is the gradient of max(bn, 0): each row of it
+    // counts only where y > 0, masked where it is read.
     const T* ys = relu_ ? y.data<T>() : nullptr;
-    auto dy_row = [&](int64_t i, int64_t c) -> const T* {
-      const T* grow = g + (i * c_n + c) * s_n;
-      if (ys == nullptr) return grow;
-      thread_local std::vector<T> buf;
-      if (static_cast<int64_t>(buf.size()) < s_n) buf.resize(s_n);
-      ReluMask(ys + (i * c_n + c) * s_n, grow, buf.data(), s_n);
-      return buf.data();
+    // As in Forward: each task's channels, sample by sample.
+    auto for_rows = [&](int64_t c0, int64_t c1, auto&& fn) {  // fn(c, offset of row (i, c))
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = c0; c < c1; ++c) fn(c, (i * c_n + c) * s_n);
     };
     const T* gamma = affine_ ? parameters()[0].value.data<T>() : nullptr;
     T* dgamma = affine_ ? parameters()[0].grad.data<T>() : nullptr;
     T* dbeta = affine_ ? parameters()[1].grad.data<T>() : nullptr;
     const bool training = last_training_;
     const double inv_count = 1.0 / count_;
-    // This replica's sum(dy) and sum(dy * xhat), xhat = (x - mean) * inv_std;
-    // the parameter gradients are these LOCAL sums.
-    auto local_sums = [&](int64_t c, double* sum_dy, double* sum_dy_xhat) {
-      const double mean = mean_[c];
-      double s = 0, sxc = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const T* row = xs + (i * c_n + c) * s_n;
-        const T* grow = dy_row(i, c);
-        SumLanesOfTwo(
-            s_n,
-            [&](int64_t k) {
-              const double g = grow[k];
-              return std::pair<double, double>{g, g * (static_cast<double>(row[k]) - mean)};
-            },
-            &s, &sxc);
-      }
-      *sum_dy = s;
-      *sum_dy_xhat = sxc * inv_std_[c];
-      if (dgamma != nullptr) {
-        dgamma[c] += static_cast<T>(*sum_dy_xhat);
-        dbeta[c] += static_cast<T>(s);
+    // This replica's sum(dy) and sum(dy * xhat) per channel of [c0, c1),
+    // xhat = (x - mean) * inv_std; the parameter gradients are these LOCAL sums.
+    auto local_sums = [&](int64_t c0, int64_t c1, double* sum_dy, double* sum_dy_xhat) {
+      std::fill_n(sum_dy, c1 - c0, 0.0);
+      std::fill_n(sum_dy_xhat, c1 - c0, 0.0);
+      for_rows(c0, c1, [&](int64_t c, int64_t at) {
+        SumGradAndGradCentred(g + at, ys != nullptr ? ys + at : nullptr, xs + at, s_n, mean_[c],
+                              &sum_dy[c - c0], &sum_dy_xhat[c - c0]);
+      });
+      for (int64_t c = c0; c < c1; ++c) {
+        sum_dy_xhat[c - c0] *= inv_std_[c];
+        if (dgamma != nullptr) {
+          dgamma[c] += static_cast<T>(sum_dy_xhat[c - c0]);
+          dbeta[c] += static_cast<T>(sum_dy[c - c0]);
+        }
       }
     };
     // dx = gamma * inv_std * (dy - mean(dy) - xhat * mean(dy * xhat)) with the
     // means over the (global) batch, written as dx = dy * k + (x - mean) * u + v:
-    // per-channel constants, a short inner loop.
-    auto input_grad = [&](int64_t c, double sum_dy, double sum_dy_xhat) {
-      const double inv_std = inv_std_[c];
-      const double scale = (gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std;
-      const T tk = static_cast<T>(scale);
-      const T tu = static_cast<T>(-scale * inv_std * sum_dy_xhat * inv_count);
-      const T tv = static_cast<T>(-scale * sum_dy * inv_count);
-      const T tm = static_cast<T>(mean_[c]);
-      for (int64_t i = 0; i < n; ++i) {
-        const T* row = xs + (i * c_n + c) * s_n;
-        const T* grow = dy_row(i, c);
-        T* out = d + (i * c_n + c) * s_n;
-        for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk + (row[k] - tm) * tu + tv;
-      }
+    // per-channel constants, a short inner loop. dy is masked where y <= 0
+    // (both loads unconditional, so the loops vectorise).
+    auto input_grad = [&](int64_t c0, int64_t c1, const double* sum_dy, const double* sum_dy_xhat) {
+      for_rows(c0, c1, [&](int64_t c, int64_t at) {
+        const double inv_std = inv_std_[c];
+        const double scale = (gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std;
+        const T tk = static_cast<T>(scale);
+        const T tu = static_cast<T>(-scale * inv_std * sum_dy_xhat[c - c0] * inv_count);
+        const T tv = static_cast<T>(-scale * sum_dy[c - c0] * inv_count);
+        const T tm = static_cast<T>(mean_[c]);
+        const T* grow = g + at;
+        const T* row = xs + at;
+        T* out = d + at;
+        if (ys == nullptr) {
+          for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk + (row[k] - tm) * tu + tv;
+          return;
+        }
+        const T* yrow = ys + at;
+        for (int64_t k = 0; k < s_n; ++k) {
+          const T gk = grow[k];
+          out[k] = (yrow[k] > T(0) ? gk : T(0)) * tk + (row[k] - tm) * tu + tv;
+        }
+      });
+    };
+    // Evaluation: the running statistics are constants, only the affine map remains.
+    auto affine_grad = [&](int64_t c0, int64_t c1) {
+      for_rows(c0, c1, [&](int64_t c, int64_t at) {
+        const T tk =
+            static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std_[c]);
+        const T* grow = g + at;
+        T* out = d + at;
+        if (ys == nullptr) {
+          for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk;
+          return;
+        }
+        const T* yrow = ys + at;
+        for (int64_t k = 0; k < s_n; ++k) {
+          const T gk = grow[k];
+          out[k] = (yrow[k] > T(0) ? gk : T(0)) * tk;
+        }
+      });
     };
 
     if (training && sync_sum_ != nullptr && d != nullptr) {
@@ -365,39 +429,32 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
       sync_buf_.assign(4 * c_n, 0.0f);
       float* buf = sync_buf_.data();
       cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+        std::vector<double> sum_dy(c1 - c0), sum_dy_xhat(c1 - c0);
+        local_sums(c0, c1, sum_dy.data(), sum_dy_xhat.data());
         for (int64_t c = c0; c < c1; ++c) {
-          double sum_dy, sum_dy_xhat;
-          local_sums(c, &sum_dy, &sum_dy_xhat);
-          PutSplit(sum_dy, &buf[c], &buf[c_n + c]);
-          PutSplit(sum_dy_xhat, &buf[2 * c_n + c], &buf[3 * c_n + c]);
+          PutSplit(sum_dy[c - c0], &buf[c], &buf[c_n + c]);
+          PutSplit(sum_dy_xhat[c - c0], &buf[2 * c_n + c], &buf[3 * c_n + c]);
         }
       });
       (*sync_sum_)(buf, 4 * c_n);
       cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+        std::vector<double> sum_dy(c1 - c0), sum_dy_xhat(c1 - c0);
         for (int64_t c = c0; c < c1; ++c) {
-          input_grad(c, GetSplit(buf[c], buf[c_n + c]),
-                     GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]));
+          sum_dy[c - c0] = GetSplit(buf[c], buf[c_n + c]);
+          sum_dy_xhat[c - c0] = GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]);
         }
+        input_grad(c0, c1, sum_dy.data(), sum_dy_xhat.data());
       });
       return;
     }
     cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        double sum_dy, sum_dy_xhat;
-        local_sums(c, &sum_dy, &sum_dy_xhat);
-        if (d == nullptr) continue;
-        if (training) {
-          input_grad(c, sum_dy, sum_dy_xhat);
-        } else {
-          // The running statistics are constants: only the affine map remains.
-          const T tk = static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) *
-                                      inv_std_[c]);
-          for (int64_t i = 0; i < n; ++i) {
-            const T* grow = dy_row(i, c);
-            T* out = d + (i * c_n + c) * s_n;
-            for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk;
-          }
-        }
+      std::vector<double> sum_dy(c1 - c0), sum_dy_xhat(c1 - c0);
+      local_sums(c0, c1, sum_dy.data(), sum_dy_xhat.data());
+      if (d == nullptr) return;
+      if (training) {
+        input_grad(c0, c1, sum_dy.data(), sum_dy_xhat.data());
+      } else {
+        affine_grad(c0, c1);
       }
     });
   });
