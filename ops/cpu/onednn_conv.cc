@@ -48,6 +48,7 @@ struct Reorder {
     prim = dnnl::reorder(pd);
   }
   bool needed() const { return kind != Kind::kNone; }
+  bool ToBf16Nhwc() const { return kind == Kind::kNchwToNhwcBf16; }
   size_t scratchpad() const { return prim ? pd.scratchpad_desc().get_size() : 0; }
   // An input `p` laid out as `from`: what the primitive reads (p itself, or
   // buf after the reorder).
@@ -175,7 +176,7 @@ struct OnednnConv::Impl {
   dnnl::convolution_forward::primitive_desc flip_pd;
   dnnl::convolution_forward flip;
   Reorder flip_src, flip_dst, flip_wei;
-  Tensor flip_wei_f32, flip_wei_buf;  // w flipped, [C, K, kh, kw]; in flip_pd's layout
+  Tensor flip_wei_f32, flip_wei_buf;  // w flipped in space, [K, C, kh, kw]; in flip_pd's layout
   const void* flip_wei_ptr = nullptr;
 
   // Per call: user -> primitive layouts and back.
@@ -190,6 +191,7 @@ struct OnednnConv::Impl {
   struct Scratch {
     Tensor a, b, c, pad;
     Tensor col, dyt, xb;  // matmul_weights: col^T, dY^T and x in bf16
+    Tensor dy16;          // Backward: dy in bf16 NHWC, for both passes
   };
   mutable tbb::enumerable_thread_specific<Scratch> scratch;
 
@@ -331,7 +333,8 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     m.flip = dnnl::convolution_forward(m.flip_pd);
     m.flip_src = Reorder(m.user_dst, m.flip_pd.src_desc(), attr);
     m.flip_dst = Reorder(m.flip_pd.dst_desc(), m.user_src, attr);
-    const memory::desc user_flip_wei(flip_wei, dt::f32, Tag::oihw);
+    // w flipped in space but in w's own order [K, C, kh, kw]: iohw of flip_wei.
+    const memory::desc user_flip_wei(flip_wei, dt::f32, Tag::iohw);
     m.flip_wei = Reorder(user_flip_wei, m.flip_pd.weights_desc(), attr);
     m.flip_wei_f32 = Tensor::Empty({g.in_channels * g.out_channels * g.kernel_h * g.kernel_w});
     m.flip_wei_buf =
@@ -377,13 +380,19 @@ void OnednnConv::PrepareBackwardWeights(const float* w) {
   m.bd_wei_ptr = m.bd_wei.In(w, m.bd_wei_buf.raw_data(), m.Local().pad.data<float>());
 }
 
-void OnednnConv::Forward(const float* x, const float* bias, float* y) const {
+bool OnednnConv::KeepsInput() const {
+  return impl_->fwd_src.ToBf16Nhwc() && impl_->bw_src.ToBf16Nhwc();
+}
+
+void OnednnConv::Forward(const float* x, const float* bias, float* y, uint16_t* keep_x) const {
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
   CNNFLOW_ENFORCE(m.fwd_wei_ptr != nullptr, "OnednnConv::Forward before PrepareForwardWeights");
+  CNNFLOW_ENFORCE(keep_x == nullptr || KeepsInput(),
+                  "OnednnConv::Forward: keep_x where the input is not converted to bf16 NHWC");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
-  const void* src = m.fwd_src.In(x, s.a.raw_data(), pad);
+  const void* src = m.fwd_src.In(x, keep_x != nullptr ? keep_x : s.a.raw_data(), pad);
   void* dst = m.fwd_dst.Out(y, s.b.raw_data());
   const auto& pd = m.fwd_pd;
   memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
@@ -431,24 +440,27 @@ void OnednnConv::PrepareFlippedWeights(const float* w) {
   const Conv2dGeometry& g = m.g;
   const int64_t kh = g.kernel_h, kw = g.kernel_w, taps = kh * kw;
   float* f = m.flip_wei_f32.data<float>();
-  for (int64_t k = 0; k < g.out_channels; ++k) {
-    for (int64_t c = 0; c < g.in_channels; ++c) {
-      const float* src = w + (k * g.in_channels + c) * taps;
-      float* dst = f + (c * g.out_channels + k) * taps;
-      for (int64_t t = 0; t < taps; ++t) dst[t] = src[taps - 1 - t];
-    }
+  // The spatial flip here, in place of each (k, c) kernel; the swap of the
+  // channel axes is the reorder's (from iohw).
+  for (int64_t kc = 0; kc < g.out_channels * g.in_channels; ++kc) {
+    const float* src = w + kc * taps;
+    float* dst = f + kc * taps;
+    for (int64_t t = 0; t < taps; ++t) dst[t] = src[taps - 1 - t];
   }
   m.flip_wei_ptr = m.flip_wei.In(f, m.flip_wei_buf.raw_data(), m.Local().pad.data<float>());
 }
 
-void OnednnConv::BackwardDataByFlippedForward(const float* dy, float* dx) const {
+void OnednnConv::BackwardDataByFlippedForward(const float* dy, float* dx,
+                                              const uint16_t* dy_bf16) const {
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
   CNNFLOW_ENFORCE(m.flip_wei_ptr != nullptr,
                   "OnednnConv::BackwardDataByFlippedForward before PrepareFlippedWeights");
+  CNNFLOW_ENFORCE(dy_bf16 == nullptr || m.flip_src.ToBf16Nhwc(),
+                  "OnednnConv: the flipped backward-data does not read dy as bf16 NHWC");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
-  const void* src = m.flip_src.In(dy, s.a.raw_data(), pad);
+  const void* src = dy_bf16 != nullptr ? dy_bf16 : m.flip_src.In(dy, s.a.raw_data(), pad);
   void* dst = m.flip_dst.Out(dx, s.b.raw_data());
   const auto& pd = m.flip_pd;
   memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
@@ -495,13 +507,17 @@ void OnednnConv::BackwardWeightsByMatmul(const float* x, const float* dy, float*
   }
 }
 
-void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, float* db) const {
+void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, float* db,
+                                 const uint16_t* x_bf16, const uint16_t* dy_bf16) const {
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
+  CNNFLOW_ENFORCE((x_bf16 == nullptr || m.bw_src.ToBf16Nhwc()) &&
+                      (dy_bf16 == nullptr || m.bw_diff_dst.ToBf16Nhwc()),
+                  "OnednnConv: the backward-weights does not read x or dy as bf16 NHWC");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
-  const void* src = m.bw_src.In(x, s.a.raw_data(), pad);
-  const void* diff_dst = m.bw_diff_dst.In(dy, s.b.raw_data(), pad);
+  const void* src = x_bf16 != nullptr ? x_bf16 : m.bw_src.In(x, s.a.raw_data(), pad);
+  const void* diff_dst = dy_bf16 != nullptr ? dy_bf16 : m.bw_diff_dst.In(dy, s.b.raw_data(), pad);
   void* diff_wei = m.bw_diff_wei.Out(dw, s.c.raw_data());
   const auto& pd = m.bwd_weights_pd;
   memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
@@ -518,6 +534,36 @@ void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, flo
   }
   m.bwd_weights.execute(OnednnStream(), args);
   m.bw_diff_wei.Finish(diff_wei, dw, pad);
+}
+
+void OnednnConv::Backward(const float* x, const uint16_t* kept_x, const float* dy, float* dx,
+                          ConvAlgo data, float* dw, float* db, ConvAlgo weights) const {
+  const Impl& m = *impl_;
+  const bool flipped = dx != nullptr && data == ConvAlgo::kFlipped;
+  const bool primitive_weights = dw != nullptr && weights == ConvAlgo::kOnednn;
+  // Both passes read dy as bf16 NHWC: convert it once.
+  const uint16_t* dy_bf16 = nullptr;
+  if (flipped && primitive_weights && m.flip_src.ToBf16Nhwc() && m.bw_diff_dst.ToBf16Nhwc()) {
+    Impl::Scratch& s = m.Local();
+    const memory::desc& md = m.bw_diff_dst.to;
+    auto* buf = static_cast<uint16_t*>(Impl::Fit(s.dy16, md.get_size()));
+    m.bw_diff_dst.Run(dy, buf, s.pad.raw_data());
+    dy_bf16 = buf;
+  }
+  if (primitive_weights) {
+    BackwardWeights(x, dy, dw, db, m.bw_src.ToBf16Nhwc() ? kept_x : nullptr, dy_bf16);
+  } else if (dw != nullptr) {
+    CNNFLOW_ENFORCE(weights == ConvAlgo::kMatmul, "OnednnConv::Backward: backward-weights by ",
+                    ConvAlgoName(weights));
+    BackwardWeightsByMatmul(x, dy, dw, db);
+  }
+  if (flipped) {
+    BackwardDataByFlippedForward(dy, dx, dy_bf16);
+  } else if (dx != nullptr) {
+    CNNFLOW_ENFORCE(data == ConvAlgo::kOnednn, "OnednnConv::Backward: backward-data by ",
+                    ConvAlgoName(data));
+    BackwardData(dy, dx);
+  }
 }
 
 }  // namespace cnnflow::cpu

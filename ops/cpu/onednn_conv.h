@@ -49,20 +49,35 @@ class OnednnConv {
   void PrepareBackwardWeights(const float* w);
 
   // The per-chunk calls; any number may run at once on different threads.
-  // x [mb, C, H, W], bias [K] or null -> y [mb, K, H', W'].
-  void Forward(const float* x, const float* bias, float* y) const;
+  // x [mb, C, H, W], bias [K] or null -> y [mb, K, H', W']. keep_x (where
+  // KeepsInput): x in bf16 NHWC is written there, for Backward to read
+  // instead of converting x again.
+  void Forward(const float* x, const float* bias, float* y, uint16_t* keep_x = nullptr) const;
+  // Whether both the forward and the backward-weights primitive read x as
+  // bf16 NHWC (our own conversion), so Forward can keep it for Backward.
+  bool KeepsInput() const;
+  // The backward of one chunk, converting each operand once for both
+  // passes: dx (null: skipped) by `data` (kOnednn or kFlipped), dw and db
+  // (dw null: skipped) by `weights` (kOnednn or kMatmul, as the calls
+  // below). kept_x: x as Forward kept it, or null.
+  void Backward(const float* x, const uint16_t* kept_x, const float* dy, float* dx, ConvAlgo data,
+                float* dw, float* db, ConvAlgo weights) const;
   // dy [mb, K, H', W'] -> dx [mb, C, H, W] (overwritten).
   void BackwardData(const float* dy, float* dx) const;
   // x, dy -> dw [K, C/groups, kh, kw] and db [K] (db null: no bias),
   // overwritten with this chunk's sums.
-  void BackwardWeights(const float* x, const float* dy, float* dw, float* db) const;
+  // x_bf16 / dy_bf16: the operand already in the primitive's layout (bf16
+  // NHWC), or null.
+  void BackwardWeights(const float* x, const float* dy, float* dw, float* db,
+                       const uint16_t* x_bf16 = nullptr, const uint16_t* dy_bf16 = nullptr) const;
   // dy -> dx in bf16 as the forward convolution of dy with w flipped in
   // space and its channel axes swapped, on oneDNN's brgemm forward kernels
   // (its 2.6 backward-data ones are plain jit). Where HasFlippedData: bf16,
   // ungrouped, stride 1; PrepareFlippedWeights(w) once per pass first.
   bool HasFlippedData() const;
   void PrepareFlippedWeights(const float* w);
-  void BackwardDataByFlippedForward(const float* dy, float* dx) const;
+  void BackwardDataByFlippedForward(const float* dy, float* dx,
+                                    const uint16_t* dy_bf16 = nullptr) const;
   // The backward-weights in bf16 as one matmul, dW = dY^T col (oneDNN's
   // brgemm, which oneDNN 2.6 has for matmul but not for this pass of a
   // convolution: faster for small planes of many channels), db summed from

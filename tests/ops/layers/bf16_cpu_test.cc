@@ -4,20 +4,25 @@
 // network's training against its f32 twin. On a CPU without avx512_bf16 or
 // AMX the kernel tests skip with a message (nothing is emulated).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "ops/cpu/algo_cache.h"
 #include "ops/cpu/bf16_layout.h"
+#include "ops/cpu/elementwise.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/onednn.h"
 #include "ops/cpu/onednn_conv.h"
+#include "ops/layers/conv2d.h"
 #include "ops/loss.h"
 #include "ops/model.h"
 #include "tests/ops/reference_check.h"
@@ -210,13 +215,110 @@ TEST(Bf16Cpu, Conv2dMatchesRoundedReference) {
                  true);  // depthwise
 }
 
+// Pins a bf16 conv2d's picks ("forward,backward_data,backward_weights") at
+// batch n in a fresh pick file, so a test runs the passes it names whatever
+// this machine would measure. Each caller's geometry must be its own: a
+// process remembers the first pick of a key.
+class PinnedPicks {
+ public:
+  PinnedPicks() : dir_(::testing::TempDir() + "/picks." + std::to_string(::getpid())) {
+    std::filesystem::create_directories(dir_);
+    old_ = std::getenv("CNNFLOW_CACHE_DIR") != nullptr ? std::getenv("CNNFLOW_CACHE_DIR") : "";
+    had_old_ = std::getenv("CNNFLOW_CACHE_DIR") != nullptr;
+    ::setenv("CNNFLOW_CACHE_DIR", dir_.c_str(), 1);
+  }
+  ~PinnedPicks() {
+    if (had_old_) {
+      ::setenv("CNNFLOW_CACHE_DIR", old_.c_str(), 1);
+    } else {
+      ::unsetenv("CNNFLOW_CACHE_DIR");
+    }
+    std::filesystem::remove_all(dir_);
+  }
+  void Pin(const Args& conv_args, const Shape& batch_shape, const std::string& picks) {
+    Args args = conv_args;
+    args.FillDefaults(LayerRegistry::Get().Find("conv2d")->schema);
+    Conv2d conv("pinned", args);
+    conv.Build({batch_shape.WithoutBatch()}, DType::kF32);
+    std::ofstream(cpu::KernelPickFile(), std::ios::app)
+        << cpu::MachineId() << "\t" << conv.KernelPickKey(batch_shape[0]) << " bf16\t" << picks
+        << "\n";
+  }
+
+ private:
+  std::string dir_, old_;
+  bool had_old_ = false;
+};
+
+// Every combination of the bf16 passes through the layer: the backward
+// reads x as the forward kept it in bf16 where the backward-weights is
+// oneDNN's primitive, and converts dy once where the flipped backward-data
+// reads it too. Batch 10 of 10x10 planes runs the forward in chunks of 1
+// and the backward in chunks of 5, so the kept x crosses chunkings.
+TEST(Bf16Cpu, Conv2dPassCombinationsMatchRoundedReference) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  PinnedPicks pinned;
+  int64_t out = 10;  // a geometry per combination (see PinnedPicks)
+  for (const char* picks : {"onednn,flipped,onednn", "onednn,onednn,onednn",
+                            "onednn,flipped,matmul", "onednn,onednn,matmul"}) {
+    if (std::string(picks).find("matmul") != std::string::npos && !cpu::CpuHasAvx512Bf16())
+      continue;
+    SCOPED_TRACE(picks);
+    const Args args = ConvArgs(++out, 3, 1, 1, 1, true);
+    const Shape shape({10, 6, 10, 10});
+    pinned.Pin(args, shape, picks);
+    CheckBf16Layer("conv2d", args, shape, true);
+  }
+}
+
+// Micro-batches in flight (a pipeline's forwards before their backwards):
+// each backward reads its own kept x, so the gradients are bitwise those of
+// forward and backward one micro-batch at a time.
+TEST(Bf16Cpu, Conv2dKeepsAnInputPerMicroBatchInFlight) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  PinnedPicks pinned;
+  const Args args = ConvArgs(9, 3, 1, 1, 1, false);
+  const Shape shape({8, 5, 12, 12});
+  pinned.Pin(args, shape, "onednn,flipped,onednn");
+  auto p = MakeLayerPair("conv2d", args, {shape});
+  Layer& conv = *p.f32;
+  ASSERT_TRUE(conv.ComputeInBf16());
+  const Tensor x1 = RandomTensor(shape, 21).Cast(DType::kF32);
+  const Tensor x2 = RandomTensor(shape, 22).Cast(DType::kF32);
+  const Tensor dy1 = RandomTensor(p.out, 23).Cast(DType::kF32);
+  const Tensor dy2 = RandomTensor(p.out, 24).Cast(DType::kF32);
+  Tensor y1 = Tensor::Empty(p.out), y2 = Tensor::Empty(p.out);
+  Tensor& dw = conv.parameters()[0].grad;
+  auto backward = [&](const Tensor& x, const Tensor& y, const Tensor& dy, Tensor* dw_out) {
+    dw.Zero();
+    Tensor dx = Tensor::Zeros(shape);
+    conv.Backward({&x}, y, dy, {&dx});
+    *dw_out = dw.Clone();
+    return dx;
+  };
+  Tensor dw1, dw2, dw1_flight, dw2_flight;
+  conv.Forward({&x1}, y1, {});
+  const Tensor dx1 = backward(x1, y1, dy1, &dw1);
+  conv.Forward({&x2}, y2, {});
+  const Tensor dx2 = backward(x2, y2, dy2, &dw2);
+  conv.Forward({&x1}, y1, {});
+  conv.Forward({&x2}, y2, {});
+  const Tensor dx1_flight = backward(x1, y1, dy1, &dw1_flight);
+  const Tensor dx2_flight = backward(x2, y2, dy2, &dw2_flight);
+  EXPECT_EQ(MaxAbsDiff(dw1, dw1_flight), 0.0);
+  EXPECT_EQ(MaxAbsDiff(dw2, dw2_flight), 0.0);
+  EXPECT_EQ(MaxAbsDiff(dx1, dx1_flight), 0.0);
+  EXPECT_EQ(MaxAbsDiff(dx2, dx2_flight), 0.0);
+  EXPECT_GT(MaxAbsDiff(dw1, dw2), 0.0);
+}
+
 // Our own conversions for the bf16 convolutions' operands, element by
 // element against NearestBf16, over channel and plane counts with and
 // without 16-wide tails.
 TEST(Bf16Cpu, LayoutConversionsMatchScalarReference) {
   SKIP_WITHOUT_NATIVE_BF16();
   if (!cpu::CpuHasAvx512Bf16()) GTEST_SKIP() << "our own bf16 conversions need avx512_bf16";
-  for (const auto [c, p] :
+  for (const auto& [c, p] :
        {std::pair<int64_t, int64_t>{24, 49}, {16, 16}, {64, 9}, {3, 961}, {256, 1}, {17, 33}}) {
     SCOPED_TRACE(::testing::Message() << "c " << c << " p " << p);
     const int64_t n = 2, size = n * c * p;
