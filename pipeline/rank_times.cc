@@ -119,6 +119,41 @@ std::string Straggler::Line() const {
                 " (", times, ")");
 }
 
+std::optional<SlowStage> FindSlowStage(const std::vector<double>& busy_ms,
+                                       const std::vector<std::vector<std::string>>& stages) {
+  CNNFLOW_ENFORCE(busy_ms.size() == stages.size(), "FindSlowStage: ", busy_ms.size(),
+                  " busy times for ", stages.size(), " stages");
+  if (busy_ms.size() < 2) return std::nullopt;
+  const size_t slow = std::max_element(busy_ms.begin(), busy_ms.end()) - busy_ms.begin();
+  std::vector<double> others;
+  for (size_t s = 0; s < busy_ms.size(); ++s)
+    if (s != slow) others.push_back(busy_ms[s]);
+  const double others_ms = Median(std::move(others));
+  if (!(busy_ms[slow] >= kStragglerRatio * others_ms) || busy_ms[slow] <= 0) return std::nullopt;
+  SlowStage out;
+  out.stage = static_cast<int>(slow);
+  if (!stages[slow].empty()) {
+    out.first_layer = stages[slow].front();
+    out.last_layer = stages[slow].back();
+  }
+  out.ms = busy_ms[slow];
+  out.others_ms = others_ms;
+  out.stages = static_cast<int>(busy_ms.size());
+  return out;
+}
+
+std::string SlowStage::Line() const {
+  char ratio[32], times[64];
+  std::snprintf(ratio, sizeof ratio, "%.1fx", others_ms > 0 ? ms / others_ms : 0.0);
+  std::snprintf(times, sizeof times, "%.1f vs %.1f ms per step", ms, others_ms);
+  const std::string layers =
+      first_layer == last_layer ? first_layer : StrCat(first_layer, " .. ", last_layer);
+  return StrCat("stage ", stage, " (", layers, ") is the bottleneck: busy ", ratio, " ",
+                stages == 2 ? std::string("the other stage's")
+                            : StrCat("the median of the other ", stages - 1, " stages"),
+                " (", times, "); move layers out of it in graph.pipeline");
+}
+
 std::string RankReport::Text() const {
   constexpr int kLabel = 40;
   std::string head = StrCat("step time per rank (ms/step, ", ranks.size(), " ranks)");

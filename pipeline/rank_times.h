@@ -1,4 +1,5 @@
-// Where each rank's training step goes, and which rank holds the others up.
+// Where each rank's training step goes, and which rank holds the others up
+// (and which stage of a pipeline).
 //
 // Every data-parallel replica of every process is a rank, numbered as the
 // collectives number them (ReplicaSet::global_offset() + its local index:
@@ -78,6 +79,25 @@ struct Straggler {
 inline constexpr double kStragglerRatio = 1.5;
 inline constexpr double kStragglerShare = 0.1;
 std::optional<Straggler> FindStraggler(const std::vector<RankPhases>& ranks);
+
+// A pipeline's bottleneck: the stage the others idle for. Its busy time
+// per step (forward and backward of its micro-batches) is compared with the
+// median of the OTHER stages', and it is named when it takes at least
+// kStragglerRatio times that: the pipeline runs at the pace of its slowest
+// stage, so the cut (graph.pipeline) should move layers out of it.
+struct SlowStage {
+  int stage = 0;
+  std::string first_layer, last_layer;
+  double ms = 0;         // its busy ms per step
+  double others_ms = 0;  // the median of the other stages'
+  int stages = 0;
+  // "stage 1 (conv3 .. fc2) is the bottleneck: busy 2.1x the other stage's
+  // (812.0 vs 390.5 ms per step); move layers out of it in graph.pipeline"
+  std::string Line() const;
+};
+// busy_ms[s]: stage s's busy ms per step; stages[s]: its layers in order.
+std::optional<SlowStage> FindSlowStage(const std::vector<double>& busy_ms,
+                                       const std::vector<std::vector<std::string>>& stages);
 
 // The median over ranks of the whole step (all five phases), in ms.
 double MedianStepMs(const std::vector<RankPhases>& ranks);

@@ -330,6 +330,14 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
                " micro-batches (", config_.pipeline_schedule, "): idle share per stage ", measured,
                "; theoretical bubble ",
                static_cast<int>(100 * pipeline_->theoretical_bubble() + 0.5), "%"));
+    std::vector<double> busy_ms;
+    std::vector<std::vector<std::string>> layers;
+    for (int s = 0; s < pipeline_->num_stages(); ++s) {
+      busy_ms.push_back(1e3 * pipeline_->busy_seconds()[s] /
+                        static_cast<double>(state_.metrics.batches));
+      layers.push_back(pipeline_->stage_layers(s));
+    }
+    if (const auto slow = FindSlowStage(busy_ms, layers)) Say(StrCat("pipeline: ", slow->Line()));
   }
   // In an MPI job each process trained or evaluated its shard: report the
   // whole (a shard that processes share counted once). Every process's

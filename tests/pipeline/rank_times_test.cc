@@ -115,6 +115,31 @@ TEST(Straggler, TheSlowerOfTwoSlowRanks) {
   EXPECT_EQ(s->phase, "backward");
 }
 
+TEST(SlowStage, TheBusiestStageAgainstTheOthersMedian) {
+  const std::vector<std::vector<std::string>> layers = {
+      {"conv1", "pool1"}, {"conv2"}, {"fc1", "fc2"}};
+  const auto s = FindSlowStage({100, 320, 110}, layers);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->stage, 1);
+  EXPECT_DOUBLE_EQ(s->others_ms, 105);
+  EXPECT_EQ(s->Line(),
+            "stage 1 (conv2) is the bottleneck: busy 3.0x the median of the other 2 stages "
+            "(320.0 vs 105.0 ms per step); move layers out of it in graph.pipeline");
+  const auto two = FindSlowStage({50, 20}, {{"conv1", "relu1", "fc1"}, {"fc2"}});
+  ASSERT_TRUE(two);
+  EXPECT_EQ(two->stage, 0);
+  EXPECT_EQ(two->Line(),
+            "stage 0 (conv1 .. fc1) is the bottleneck: busy 2.5x the other stage's "
+            "(50.0 vs 20.0 ms per step); move layers out of it in graph.pipeline");
+}
+
+TEST(SlowStage, NoneWhenBalancedOrAlone) {
+  EXPECT_FALSE(FindSlowStage({100, 140}, {{"a"}, {"b"}}));  // 1.4x: within noise
+  EXPECT_FALSE(FindSlowStage({100}, {{"a"}}));
+  EXPECT_FALSE(FindSlowStage({0, 0}, {{"a"}, {"b"}}));
+  EXPECT_TRUE(FindSlowStage({100, 150}, {{"a"}, {"b"}}));  // 1.5x: named
+}
+
 TEST(RankReport, SpreadTableAndScalars) {
   RankReport report;
   report.ranks = {Rank(0, 0.2, 3, 5, 40.5, 0.5), Rank(1, 0.2, 3, 45, 0.5, 0.5),
