@@ -21,6 +21,11 @@ ShardedSampler::ShardedSampler(SamplerOptions options) : options_(options) {
   }
   if (o.uneven) {
     num_samples_ = (o.dataset_size - o.rank + o.world_size - 1) / o.world_size;
+  } else if (o.block > 0) {
+    const int64_t run = o.block * o.world_size;
+    const int64_t tail = o.drop_last ? 0 : o.dataset_size % run;
+    const auto [b, e] = Part(tail, o.rank, o.world_size);
+    num_samples_ = o.dataset_size / run * o.block + (e - b);
   } else {
     num_samples_ = o.drop_last ? o.dataset_size / o.world_size
                                : (o.dataset_size + o.world_size - 1) / o.world_size;
@@ -39,23 +44,24 @@ std::vector<int64_t> ShardedSampler::EpochIndices(int64_t epoch) const {
       std::swap(order[i], order[j]);
     }
   }
+  std::vector<int64_t> mine;
+  mine.reserve(num_samples_);
+  if (o.block > 0 && !o.uneven) {
+    // Whole runs, then this rank's part of the short one (none: drop_last).
+    const int64_t run = o.block * o.world_size;
+    for (int64_t start = 0; start < n; start += run) {
+      const int64_t len = std::min(run, n - start);
+      if (len < run && o.drop_last) break;
+      const auto [b, e] = Part(len, o.rank, o.world_size);
+      mine.insert(mine.end(), order.begin() + start + b, order.begin() + start + e);
+    }
+    return mine;
+  }
   const int64_t total = num_samples_ * o.world_size;
   if (total > n && !o.uneven) {
     // Pad by repeating from the start, as often as needed (torch does too).
     order.reserve(total);
     for (int64_t i = 0; static_cast<int64_t>(order.size()) < total; ++i) order.push_back(order[i]);
-  }
-  std::vector<int64_t> mine;
-  mine.reserve(num_samples_);
-  if (o.block > 0 && !o.uneven) {
-    // total is a multiple of world_size, and so is every full run.
-    const int64_t run = o.block * o.world_size;
-    for (int64_t start = 0; start < total; start += run) {
-      const int64_t len = std::min(run, total - start) / o.world_size;
-      const int64_t from = start + o.rank * len;
-      mine.insert(mine.end(), order.begin() + from, order.begin() + from + len);
-    }
-    return mine;
   }
   for (int64_t k = 0; k < num_samples_; ++k) mine.push_back(order[o.rank + k * o.world_size]);
   return mine;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace cnnflow {
@@ -23,11 +24,14 @@ struct SamplerOptions {
   bool drop_last = false;
   // > 0 (training across processes): instead of every world_size-th
   // position, rank r takes the r-th `block` of each run of world_size
-  // blocks (block: the samples of one rank's batch; the last, short run is
-  // cut in world_size equal parts). So the global batch of a step is the
-  // same run of the order however many processes share it, and each global
-  // replica trains on the same rows as in one process with all replicas
-  // (the all-reduce's tree order does the rest: mpirun -np 2 equals two
+  // blocks (block: the samples of one rank's batch). The last, short run of
+  // L positions is not padded: rank r takes its positions [L r / W,
+  // L (r + 1) / W), the rows in-process replicas r of W would take of it
+  // (ranks may get different counts, or none; drop_last drops that run).
+  // So the global batch of every step, the last included, is the same run
+  // of the order however many processes share it, and each global replica
+  // trains on the same rows as in one process with all replicas (the
+  // all-reduce's tree order does the rest: mpirun -np 2 equals two
   // replicas in one process bit for bit).
   int64_t block = 0;
   // Neither: rank r takes positions r, r + world, ... < n, so every sample is
@@ -44,16 +48,22 @@ class ShardedSampler {
 
   // This rank's indices for `epoch` (num_samples() of them): a Fisher-Yates
   // shuffle of 0..n-1 with Rng(seed, epoch) (identity when !shuffle), padded
-  // or cut to a multiple of world_size (unless uneven), then every
-  // world_size-th position from rank (or its blocks).
+  // or cut to a multiple of world_size (unless uneven or in blocks), then
+  // every world_size-th position from rank (or its blocks).
   std::vector<int64_t> EpochIndices(int64_t epoch) const;
-  // Per rank per epoch.
+  // This rank's, per epoch (in blocks or uneven, ranks may differ).
   int64_t num_samples() const { return num_samples_; }
   const SamplerOptions& options() const { return options_; }
 
   // Batches in an epoch of num_samples: ceil, or floor when the last
   // partial batch is dropped.
   static int64_t NumBatches(int64_t num_samples, int64_t batch, bool drop_last_batch);
+
+  // Part r of n of `rows` in order: [rows r / n, rows (r + 1) / n). How a
+  // batch's rows are cut among replicas, and the last run among ranks.
+  static std::pair<int64_t, int64_t> Part(int64_t rows, int64_t r, int64_t n) {
+    return {rows * r / n, rows * (r + 1) / n};
+  }
 
  private:
   SamplerOptions options_;

@@ -45,7 +45,7 @@ GraphSpec LoaderGraph(const BatchLoaderOptions& o) {
       "loader:\n  nodes:\n"
       "    sample: {stage: sampler, data: data, batch: ",
       o.batch, ", shuffle: ", o.shuffle ? "true" : "false",
-      ", drop_last: ", o.drop_last ? "true" : "false",
+      ", drop_last: ", o.drop_last ? "true" : "false", ", pad: true",
       "}\n"
       "    prefetch: {stage: prefetch, depth: ",
       o.prefetch,

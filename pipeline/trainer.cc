@@ -189,20 +189,20 @@ void Trainer::OpenData() {
   }
 }
 
-// Optimizer steps per epoch: this process's shard in the training graph's
-// sampler's batches (a user template's sampler may cut them otherwise than
-// train.batch), accumulate batches a step; the LR schedule counts by them.
+// Optimizer steps per epoch: the training set in global batches (the
+// training graph's sampler's batches, x processes: a user template's sampler
+// may cut them otherwise than train.batch), accumulate batches a step; the
+// LR schedule counts by them.
 void Trainer::PlanSchedule() {
   const GraphPlan plan = config_.train_graph.Plan();
   if (plan.batch_samples <= 0) {
     throw ConfigError(StrCat(config_.train_graph.file, ": the train graph has no sampler"));
   }
   const Dataset& train = state_.dataset("train");
-  const int64_t shard = (train.size() + state_.data_ranks - 1) / state_.data_ranks;
-  steps_per_epoch_ =
-      PassPlan(PassBatches(shard, plan.batch_samples, plan.drop_last, config_.max_steps),
-               config_.accumulate)
-          .steps();
+  steps_per_epoch_ = PassPlan(PassBatches(train.size(), plan.batch_samples * state_.data_ranks,
+                                          plan.drop_last, config_.max_steps),
+                              config_.accumulate)
+                         .steps();
   const Args& s = config_.schedule_args;
   const int64_t global_batch = plan.batch_samples * state_.data_ranks * config_.accumulate;
   LrScheduleOptions lr;

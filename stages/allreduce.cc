@@ -33,7 +33,7 @@ class AllReduceStage final : public Stage {
           g, state.pipeline->num_stages(),
           [this, &state](int s, BatchMessage& m) {
             Guarded([&] {
-              if (m.dropped || m.labels.empty() || state.process_count == 1) return;
+              if (m.dropped || state.process_count == 1) return;
               const TraceSpan span("allreduce-wait", "wait for gradient sums");
               state.pipeline->FinishGradientSum(s, MpiWorld::Get(), state.collective_timeout_s);
             });

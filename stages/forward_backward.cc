@@ -44,9 +44,8 @@ class ForwardBackwardStage final : public Stage {
             m->replica_correct.assign(n, 0);
             m->staged.assign(n, nullptr);
             m->replica_pending.assign(n, nullptr);
-            const int64_t rows = static_cast<int64_t>(m->labels.size());
             for (int r = 0; r < n; ++r) {
-              const auto [b, e] = ReplicaRows(*state.replicas, rows, r);
+              const auto [b, e] = ReplicaRows(state, *m, r);
               if (stagers_[r] && e > b) {
                 m->staged[r] = stagers_[r]->Stage(m->inputs.Slice(b, e), m->labels.data() + b);
               }
@@ -92,15 +91,16 @@ class ForwardBackwardStage final : public Stage {
       MaybeInjectTestFault(m.global_step);
       MaybeSlowTestStart(m.global_step);
     }
-    const int64_t rows = static_cast<int64_t>(m.labels.size());
-    const auto [b, e] = ReplicaRows(set, rows, r);
+    const auto [b, e] = ReplicaRows(s, m, r);
     // The gradient of the mean loss over the window's batches of all
-    // replicas of all processes; buckets are summed. The members of a
+    // replicas of all processes (the global batch's rows, however they fall
+    // on the processes); buckets are summed. The members of a
     // tensor-parallel group train on the same rows: each takes 1/T (its
     // split layers scale their own parts back, ops/parallel/tensor_parallel.h).
-    const double global_rows = static_cast<double>(rows) * s.data_ranks * set.tensor_parallel();
-    const double scale =
-        rows > 0 ? 1.0 / (global_rows * static_cast<double>(s.plan.WindowBatches(m.index))) : 0.0;
+    const int64_t global = GlobalRows(s, m);
+    const double scale = global > 0 ? 1.0 / (static_cast<double>(global) * set.tensor_parallel() *
+                                             static_cast<double>(s.plan.WindowBatches(m.index)))
+                                    : 0.0;
     ForwardContext ctx;
     ctx.training = true;
     ctx.seed = s.seed;

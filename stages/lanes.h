@@ -73,7 +73,7 @@ class LaneGather {
       const LossResult lr = m.replica_pending[r]->Get();
       m.replica_pending[r].reset();
       CheckLossFinite(lr.loss, m.global_step);
-      const auto [b, e] = ShardRows(rows, r, n);
+      const auto [b, e] = ReplicaRows(state, m, r);
       m.replica_loss[r] = lr.loss * static_cast<double>(e - b);
       m.replica_correct[r] = lr.correct;
     }

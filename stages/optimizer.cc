@@ -75,7 +75,9 @@ class OptimizerStage final : public Stage {
   }
 
   static void StepPipeline(RunState& s, int stage, BatchMessage& m) {
-    if (m.labels.empty()) return;
+    // A process with no rows (a short last batch's empty part) steps with
+    // the others' summed gradients all the same.
+    if (m.labels.empty() && s.process_count == 1) return;
     const double lr = s.schedule->At(m.global_step);
     {
       const TraceSpan span("optimizer",

@@ -109,13 +109,19 @@ class PipelineStageStage final : public Stage {
     }
     const auto rows = static_cast<int64_t>(m.labels.size());
     microbatches_ = 0;
-    if (rows == 0) return;
+    if (rows == 0) {
+      // No rows here (a short last batch's empty part): the other processes
+      // still sum gradients with this one's, zero, in the stages' order.
+      if (s.process_count > 1)
+        for (int st = n - 1; st >= 0; --st) s.pipeline->StartGradientSum(st, MpiWorld::Get());
+      return;
+    }
     Tracer::AtStep(m.global_step);  // cnnflow train --trace: its window
     ForwardContext ctx;
     ctx.seed = s.seed;
     ctx.step = m.micro_step;
     ctx.sample_ids = m.sample_ids.data();
-    const double scale = 1.0 / (static_cast<double>(rows) * s.process_count);
+    const double scale = 1.0 / static_cast<double>(GlobalRows(s, m));
     microbatches_ = s.pipeline->BeginStep(m.inputs, m.labels.data(), ctx, scale, s.label_smoothing);
   }
 

@@ -133,13 +133,35 @@ struct RunState {
 
 // Replica r's rows [b, e) of a batch of `rows` split over n replicas.
 inline std::pair<int64_t, int64_t> ShardRows(int64_t rows, int r, int n) {
-  return {rows * r / n, rows * (r + 1) / n};
+  return ShardedSampler::Part(rows, r, n);
 }
 
-// Replica r's rows of the set's batch: its data-parallel replica's share
-// (the members of a tensor-parallel group share theirs).
-inline std::pair<int64_t, int64_t> ReplicaRows(const ReplicaSet& set, int64_t rows, int r) {
-  return ShardRows(rows, set.data_replica(r), set.data_parallel());
+// Replica r's rows [b, e) of this process's training batch m: the rows its
+// global data-parallel replica (data_rank x R + its replica of R) takes of
+// the global batch, as one process with every replica would cut it
+// (ShardRows), so uneven parts of a short last batch split alike whatever
+// the layout. The members of a tensor-parallel group share theirs. Where
+// the loader skipped bad records here, the rows left are cut among this
+// process's replicas.
+inline std::pair<int64_t, int64_t> ReplicaRows(const RunState& s, const BatchMessage& m, int r) {
+  const ReplicaSet& set = *s.replicas;
+  const auto rows = static_cast<int64_t>(m.labels.size());
+  const int n = set.data_parallel();
+  const auto [pb, pe] = ShardRows(m.global_rows, s.data_rank, s.data_ranks);
+  if (pe - pb != rows) return ShardRows(rows, set.data_replica(r), n);
+  const auto [b, e] =
+      ShardRows(m.global_rows, s.data_rank * n + set.data_replica(r), s.data_ranks * n);
+  return {b - pb, e - pb};
+}
+
+// The rows a training step's gradient is the mean over: the global batch's,
+// less the bad records skipped here (those skipped elsewhere are not known
+// here; unset: this process's rows x processes).
+inline int64_t GlobalRows(const RunState& s, const BatchMessage& m) {
+  const auto rows = static_cast<int64_t>(m.labels.size());
+  if (m.global_rows <= 0) return rows * s.data_ranks;
+  const auto [pb, pe] = ShardRows(m.global_rows, s.data_rank, s.data_ranks);
+  return m.global_rows - (pe - pb - rows);
 }
 
 }  // namespace cnnflow

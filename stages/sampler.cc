@@ -18,7 +18,8 @@ class SamplerStage final : public Stage {
         data_(args.String("data")),
         batch_(args.Int("batch") * std::max<int64_t>(1, args.Int("replicas"))),
         shuffle_(args.Bool("shuffle")),
-        drop_last_(args.Bool("drop_last")) {
+        drop_last_(args.Bool("drop_last")),
+        pad_(args.Bool("pad")) {
     if (batch_ <= 0) throw ConfigError(StrCat("batch must be > 0, got ", batch_));
   }
 
@@ -28,16 +29,27 @@ class SamplerStage final : public Stage {
     opt.dataset_size = data.size();
     opt.shuffle = shuffle_;
     opt.seed = state.seed;
-    // Each process trains (padded, as DistributedSampler) and evaluates
-    // (every sample once) its shard; the trainer sums the metrics.
+    // Each process trains its part of every global batch (the last, short
+    // one cut as in-process replicas would cut it) and evaluates (every
+    // sample once) its shard; the trainer sums the metrics.
     opt.rank = state.data_rank;
     opt.world_size = state.data_ranks;
     opt.uneven = state.pass != "train";
-    opt.block = batch_;  // the global batch does not depend on the process count
+    // The global batch does not depend on the process count (unless padded
+    // round-robin shards were asked for).
+    if (!pad_) opt.block = batch_;
     ShardedSampler sampler(opt);
     order_ = sampler.EpochIndices(state.epoch);
-    batches_ = PassBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_,
-                           state.pass == "train" ? state.max_steps : state.eval_max_steps);
+    // Training in blocks counts the global batches, so every process runs
+    // each step, an empty part included; otherwise each process counts its
+    // own shard's (equal when padded).
+    const bool train = state.pass == "train";
+    global_batch_ = train && !pad_ ? batch_ * state.data_ranks : 0;
+    batches_ = global_batch_ > 0
+                   ? PassBatches(data.size(), global_batch_, drop_last_, state.max_steps)
+                   : PassBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_,
+                                 train ? state.max_steps : state.eval_max_steps);
+    global_samples_ = data.size();
     // A resumed epoch starts after what was trained.
     state.plan = PassPlan(batches_, state.accumulate, state.start_batch, state.global_step,
                           state.batches_done);
@@ -63,6 +75,9 @@ class SamplerStage final : public Stage {
             const int64_t end =
                 std::min<int64_t>(begin + batch_, static_cast<int64_t>(order_.size()));
             m->sample_ids.assign(order_.begin() + begin, order_.begin() + end);
+            if (global_batch_ > 0) {
+              m->global_rows = std::min(global_batch_, global_samples_ - next_ * global_batch_);
+            }
             ++next_;
             return m;
           });
@@ -76,7 +91,9 @@ class SamplerStage final : public Stage {
  private:
   std::string data_;
   int64_t batch_;
-  bool shuffle_, drop_last_;
+  // Training in blocks: the global batch and the set (0: each process counts its own).
+  int64_t global_batch_ = 0, global_samples_ = 0;
+  bool shuffle_, drop_last_, pad_;
   std::vector<int64_t> order_;
   int64_t batches_ = 0;
   int64_t next_ = 0;
@@ -94,7 +111,12 @@ CNNFLOW_REGISTER_STAGE(
                   "replicas in this process: a batch holds `batch` samples for each")
         .Optional("data", ParamType::kString, std::string("train"), "which data set (data.<name>)")
         .Optional("shuffle", ParamType::kBool, true, "reshuffle every epoch")
-        .Optional("drop_last", ParamType::kBool, false, "drop the last incomplete batch"));
+        .Optional("drop_last", ParamType::kBool, false, "drop the last incomplete batch")
+        .Optional("pad", ParamType::kBool, false,
+                  "training over processes: deal the order round-robin, each process's shard "
+                  "padded with repeats to the same size (torch's DistributedSampler; "
+                  "cnnflow.Loader). false: each step's global batch is one run of the order, its "
+                  "short last one cut among the processes as in-process replicas would cut it"));
 
 // The pass's batches: what the trainer counts its optimizer steps by.
 CNNFLOW_STAGE_PLAN(sampler, [](const Args& a, const PlanNode& node, GraphPlan& plan) {

@@ -641,6 +641,7 @@ int Main(int argc, char** argv) {
                  "\ncnnflow %s: error: out of memory (std::bad_alloc); use a smaller batch "
                  "(train.batch) or fewer replicas per process\n",
                  o.command.c_str());
+    TellLauncherOfFailure("out of memory (std::bad_alloc)");
     return 1;
   } catch (const std::exception& e) {
     // In an MPI job every rank reports its own error, naming itself.
@@ -648,6 +649,7 @@ int Main(int argc, char** argv) {
     const std::string rank =
         world.active() ? StrCat("rank ", world.rank(), " of ", world.size(), ": ") : "";
     std::fprintf(stderr, "\ncnnflow %s: %serror: %s\n", o.command.c_str(), rank.c_str(), e.what());
+    TellLauncherOfFailure(StrCat(rank, e.what()));
     return 1;
   }
 }

@@ -19,6 +19,14 @@
 //    the job exiting 130: "stopped by a signal, checkpoint written") is the
 //    user's decision and is never restarted. Any other non-zero exit, or a
 //    death by signal, is a failure and is restarted.
+// A rank that fails on the launcher's host tells it so (TellLauncherOfFailure:
+// a line into a FIFO named by $CNNFLOW_LAUNCH_NOTIFY, host-local by nature).
+// mpirun then normally ends the job within a second; when it does not (a far
+// host unreachable: mpirun waits on its orted until TCP gives up, ~15 min by
+// default), the launcher ends mpirun itself after kFailureGraceS (SIGTERM,
+// then SIGKILL), and only mpirun, its own child: processes on other hosts end
+// on their own. So `cnnflow launch` exits within collective_timeout_s + a few
+// seconds of a rank's failure. No Open MPI text is parsed.
 // The job runs in its own process group with stdin from /dev/null, so a
 // Ctrl-C in the terminal reaches it exactly once, through the launcher (a
 // second signal would make cnnflow quit at once, without a checkpoint), and
@@ -26,12 +34,16 @@
 #include "tools/launch.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -48,6 +60,15 @@ namespace {
 
 constexpr int64_t kDefaultMaxRestarts = 3;
 constexpr int kStoppedExit = 130;  // cnnflow train: stopped by a signal, checkpoint written
+constexpr const char* kNotifyVar = "CNNFLOW_LAUNCH_NOTIFY";
+// After a rank on this host failed: how long mpirun has to end the job by
+// itself (it takes well under a second when every host answers), and then
+// between its SIGTERM and SIGKILL.
+constexpr double kFailureGraceS = 3;
+constexpr double kTermGraceS = 2;
+// Before restarting a job the launcher had to end: a host did not answer,
+// and a restart at once would fail to start its daemon there.
+constexpr double kUnansweredRestartDelayS = 10;
 
 volatile sig_atomic_t g_child = 0;  // the running attempt's pid (0 between attempts)
 volatile sig_atomic_t g_stop = 0;   // the signal that asked the launcher to stop
@@ -78,6 +99,90 @@ std::string DescribeStatus(int status) {
 // The shell's convention: a death by signal s is 128 + s.
 int ExitCode(int status) {
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+// The FIFO the ranks on this host tell of their failure through (read end,
+// non-blocking; opened read-write so it never reads end-of-file), in a
+// directory of its own that goes with the launcher.
+class FailureChannel {
+ public:
+  FailureChannel() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string dir = StrCat(tmp && *tmp ? tmp : "/tmp", "/cnnflow-launch-XXXXXX");
+    if (mkdtemp(dir.data()) == nullptr) return;  // no channel: mpirun ends the job alone
+    dir_ = dir;
+    path_ = dir_ + "/failures";
+    if (mkfifo(path_.c_str(), 0600) == 0) fd_ = open(path_.c_str(), O_RDWR | O_NONBLOCK);
+    if (fd_ >= 0) setenv(kNotifyVar, path_.c_str(), 1);
+  }
+  ~FailureChannel() {
+    if (fd_ >= 0) close(fd_);
+    if (!path_.empty()) unlink(path_.c_str());
+    if (!dir_.empty()) rmdir(dir_.c_str());
+  }
+  int fd() const { return fd_; }
+  // What the ranks wrote since the last call ("" for nothing).
+  std::string Take() {
+    std::string got;
+    char buf[4096];
+    ssize_t n;
+    while (fd_ >= 0 && (n = read(fd_, buf, sizeof buf)) > 0)
+      got.append(buf, static_cast<size_t>(n));
+    return got;
+  }
+
+ private:
+  std::string dir_, path_;
+  int fd_ = -1;
+};
+
+FailureChannel* g_channel = nullptr;  // the launcher's, while it runs
+bool g_ended_by_launcher = false;     // the last attempt's mpirun was ended by the launcher
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+// Waits for `pid` to end and returns its wait status. Once a rank on this
+// host has written to the failure channel, mpirun gets kFailureGraceS to end
+// the job; then it gets SIGTERM, and kTermGraceS later SIGKILL. Only mpirun
+// (this launcher's child) is signalled, never its process group: its group
+// may hold processes of other hosts (ssh's far ends do not, but a test's
+// hosts that share one machine do).
+int WaitForAttempt(pid_t pid) {
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> failed, termed;
+  bool killed = false;
+  g_ended_by_launcher = false;
+  for (;;) {
+    int status = 0;
+    const pid_t got = waitpid(pid, &status, WNOHANG);
+    if (got == pid) return status;
+    if (got < 0 && errno != EINTR) throw Error(StrCat("waitpid: ", std::strerror(errno)));
+    pollfd p{g_channel ? g_channel->fd() : -1, POLLIN, 0};
+    poll(&p, 1, 100);  // also the pace of the waitpid above
+    const std::string news = g_channel ? g_channel->Take() : "";
+    if (!news.empty() && !failed) {
+      failed = Clock::now();
+      std::string first = news.substr(0, news.find('\n'));
+      if (first.size() > 300) first = first.substr(0, 300) + "...";
+      Log(StrCat("a rank on this host failed (", first, "); the job has ", kFailureGraceS,
+                 " s to end"));
+    }
+    if (failed && !termed && Seconds(*failed) >= kFailureGraceS) {
+      termed = Clock::now();
+      Log(StrCat("the job is still running ", kFailureGraceS,
+                 " s after a rank failed (a host unreachable?): ending mpirun, the launcher's "
+                 "child (SIGTERM, SIGKILL after ",
+                 kTermGraceS, " s); the processes of other hosts end on their own"));
+      kill(pid, SIGTERM);
+      g_ended_by_launcher = true;
+    }
+    if (termed && !killed && Seconds(*termed) >= kTermGraceS) {
+      killed = true;
+      kill(pid, SIGKILL);
+    }
+  }
 }
 
 // Runs `command` to its end (its own process group, stdin /dev/null) and
@@ -112,9 +217,7 @@ int RunAttempt(const std::vector<std::string>& command) {
   sigprocmask(SIG_SETMASK, &old, nullptr);
   if (err != 0) throw Error(StrCat("cannot run '", command[0], "': ", std::strerror(err)));
   if (stop_pending) kill(pid, g_stop);  // asked to stop before the child existed
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  const int status = WaitForAttempt(pid);
   g_child = 0;
   return status;
 }
@@ -175,22 +278,32 @@ int Launch(int64_t max_restarts, const Job& job) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
+  FailureChannel channel;
+  g_channel = &channel;
   std::vector<std::string> command = job.command;
   const int64_t attempts = max_restarts + 1;
   for (int64_t attempt = 1;; ++attempt) {
+    channel.Take();     // what an earlier attempt's ranks wrote late
     if (g_stop != 0) {  // a stop between two attempts: none is started
       Log(StrCat("got signal ", int(g_stop), " before attempt ", attempt, ": not restarting"));
       return kStoppedExit;
     }
     Log(StrCat("attempt ", attempt, "/", attempts, ": ", Join(command)));
     const int status = RunAttempt(command);
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    const bool ended = g_ended_by_launcher;  // a failure, whatever mpirun's status
+    if (!ended && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
       if (attempt > 1)
         Log(StrCat("attempt ", attempt, " finished after ", attempt - 1, " restart(s)"));
       return 0;
     }
-    const std::string what = DescribeStatus(status);
-    if (g_stop != 0 || (WIFEXITED(status) && WEXITSTATUS(status) == kStoppedExit)) {
+    // Ended by the launcher: exit 1, whatever the signal did to mpirun (Open
+    // MPI 4.1's crashes on a SIGTERM during an abort, SIGSEGV in PMIx_Finalize).
+    const std::string what =
+        ended ? StrCat("ended by the launcher after a rank on this host failed; mpirun ",
+                       DescribeStatus(status))
+              : DescribeStatus(status);
+    const int code = ended ? 1 : ExitCode(status);
+    if (g_stop != 0 || (!ended && WIFEXITED(status) && WEXITSTATUS(status) == kStoppedExit)) {
       Log(StrCat("attempt ", attempt, " was stopped (", what,
                  g_stop != 0 ? StrCat(", the launcher got signal ", int(g_stop)) : "",
                  "): not restarting; continue with the same command and --resume ", job.run_dir));
@@ -205,7 +318,13 @@ int Launch(int64_t max_restarts, const Job& job) {
                  ck ? StrCat("the newest checkpoint (step ", ck->state.global_step, ") stays in ",
                              job.run_dir, " for --resume")
                     : StrCat("no checkpoint in ", job.run_dir)));
-      return ExitCode(status) != 0 ? ExitCode(status) : 1;
+      return code != 0 ? code : 1;
+    }
+    if (ended) {
+      Log(StrCat("waiting ", kUnansweredRestartDelayS,
+                 " s before the restart, for the host that did not answer"));
+      const auto begin = std::chrono::steady_clock::now();
+      while (g_stop == 0 && Seconds(begin) < kUnansweredRestartDelayS) usleep(100 * 1000);
     }
     command = job.command;
     if (ck) {
@@ -273,6 +392,23 @@ int RunLaunch(const std::vector<std::string>& args) {
     std::fprintf(stderr, "cnnflow launch: error: %s\n", e.what());
     return 1;
   }
+}
+
+void TellLauncherOfFailure(const std::string& line) {
+  const char* path = std::getenv(kNotifyVar);
+  if (path == nullptr || *path == '\0') return;
+  // Never blocks, never creates: no launcher reading (or another host's
+  // path) is no error.
+  const int fd = open(path, O_WRONLY | O_NONBLOCK);
+  if (fd < 0) return;
+  struct stat st {};
+  if (fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode)) {
+    std::string one = line.substr(0, 1000);  // within PIPE_BUF: written whole
+    std::replace(one.begin(), one.end(), '\n', ' ');
+    one += '\n';
+    [[maybe_unused]] const ssize_t n = write(fd, one.data(), one.size());
+  }
+  close(fd);
 }
 
 int RunTrainWithRestarts(const std::vector<std::string>& train_args) {

@@ -22,6 +22,12 @@ inline constexpr const char* kLaunchUsage =
 
 int RunLaunch(const std::vector<std::string>& args);
 
+// A rank's fatal error (`line`, one line), told to a `cnnflow launch` on this
+// host ($CNNFLOW_LAUNCH_NOTIFY, a FIFO it made): it then ends the job if
+// mpirun does not within a few seconds (a far host unreachable). Does
+// nothing without one.
+void TellLauncherOfFailure(const std::string& line);
+
 // `cnnflow train ARGS... --max-restarts N` (args without the command name):
 // RunLaunch around `<this binary> train ARGS...` (without --max-restarts).
 // Refused under mpirun/srun, where one rank cannot relaunch the others.

@@ -69,13 +69,19 @@ netns_cable() { ip -n "$1sw" link set "p$2" "$3"; }
 # netns_mpirun NAME HOSTS_SPEC MPIRUN_ARGS...: mpirun on ${NAME}h0 with its
 # ranks on the hosts of HOSTS_SPEC (mpirun's --host, e.g. "${name}h0:1,${name}h1:1"),
 # over TCP on the namespaces' subnet only.
+# With NETNS_EXEC=1 the shell becomes that mpirun (exec), as a `cnnflow
+# launch --mpirun` script must, so that the launcher's child is mpirun.
 netns_mpirun() {
   local n=$1 spec=$2 subnet
   shift 2
   subnet=$(ip -n "${n}h0" -4 -o addr show dev eth0 | awk '{ sub(/\.[0-9]+\/24$/, ".0/24", $4); print $4 }')
   mkdir -p "/tmp/${n}-hosts"
-  NETNS_TMP="/tmp/${n}-hosts" ip netns exec "${n}h0" "$mpiexec" --host "$spec" --oversubscribe \
-    --mca plm_rsh_agent "$netns_dir/netns_agent.sh" \
-    --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include "$subnet" \
-    --mca oob_tcp_if_include "$subnet" "$@"
+  local cmd=(ip netns exec "${n}h0" "$mpiexec" --host "$spec" --oversubscribe
+    --mca plm_rsh_agent "$netns_dir/netns_agent.sh"
+    --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include "$subnet"
+    --mca oob_tcp_if_include "$subnet" "$@")
+  if [[ ${NETNS_EXEC:-0} == 1 ]]; then
+    NETNS_TMP="/tmp/${n}-hosts" exec "${cmd[@]}"
+  fi
+  NETNS_TMP="/tmp/${n}-hosts" "${cmd[@]}"
 }

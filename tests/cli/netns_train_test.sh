@@ -17,10 +17,13 @@
 #              bitwise as the uninterrupted one
 #   link_down  host 1's cable out for good (graph.collective_timeout_s 10):
 #              every cnnflow rank on both hosts exits within 10 + 10 s,
-#              naming the collective and the rank it waits on, and with the hosts' TCP retries cut
-#              (net.ipv4.tcp_retries2=5, see docs/parallel.md) mpirun, the
-#              far orted and the `cnnflow launch` around them end too: no
-#              process is left on either host
+#              naming the collective and the rank it waits on; the
+#              `cnnflow launch` around them, told by its host's rank, ends
+#              its mpirun and exits 1 within 10 + 10 s too, nothing left on
+#              host 0; with the hosts' TCP retries cut
+#              (net.ipv4.tcp_retries2=5, see docs/parallel.md) host 1's
+#              orted (Open MPI's) ends on its own: no process is left on
+#              either host
 # Exits 77 (skip) where namespaces cannot be made.
 set -u
 mpiexec="$1"
@@ -124,12 +127,13 @@ if [[ $mode == loss ]]; then
   exit 0
 fi
 
-# What `cnnflow launch --mpirun` runs: mpirun on host 0, one rank on each host.
+# What `cnnflow launch --mpirun` runs: mpirun on host 0 (this script becomes
+# it), one rank on each host.
 cat > "$out/mpirun.sh" <<EOF
 #!/usr/bin/env bash
 source "$here/netns_lib.sh"
 mpiexec="$mpiexec"
-netns_mpirun "$name" "$hosts" --map-by node "\$@"
+NETNS_EXEC=1 netns_mpirun "$name" "$hosts" --map-by node "\$@"
 EOF
 chmod +x "$out/mpirun.sh"
 
@@ -156,8 +160,9 @@ if [[ $mode == restart ]]; then
   exit 0
 fi
 
-# link_down, under `cnnflow launch` (no restart). Each rank writes its own
-# output on its own host (--output-filename).
+# link_down, under `cnnflow launch` (no restart), which runs on host 0 (its
+# mpirun does). Each rank writes its own output on its own host
+# (--output-filename).
 for h in 0 1; do ip netns exec "${name}h$h" sysctl -q -w net.ipv4.tcp_retries2=5; done
 "$cnnflow" launch --max-restarts 0 --mpirun "$out/mpirun.sh" -n 2 -- --output-filename "$out/ranks" \
   "$cnnflow" train configs/fashion_mnist.yaml "${run_sets[@]}" --set train.epochs=100 --out "$out/down" \
@@ -166,30 +171,46 @@ job=$!
 for _ in $(seq 1 300); do cat "$out"/ranks/1/rank.0/std* 2> /dev/null | grep -q "train epoch 1/" && break; sleep 0.1; done
 sleep 1
 netns_cable "$name" 1 down
-cut=$SECONDS
-ranks_gone=-1 all_gone=-1 launch_gone=-1
-while ((SECONDS - cut < 90)); do
+cut=$EPOCHREALTIME
+ranks_gone="" launch_gone="" host0_gone="" host1_gone=""
+while le "$(since "$cut")" 90; do
   p0=$(procs_on 0) p1=$(procs_on 1)
-  if ((ranks_gone < 0)) && [[ $p0$p1 != *cnnflow* ]]; then ranks_gone=$((SECONDS - cut)); fi
-  if ((launch_gone < 0)) && ! kill -0 "$job" 2> /dev/null; then launch_gone=$((SECONDS - cut)); fi
-  if ((launch_gone >= 0)) && [[ -z "${p0// /}${p1// /}" ]]; then all_gone=$((SECONDS - cut)); break; fi
-  sleep 0.5
+  if [[ -z $ranks_gone && $p0$p1 != *cnnflow* ]]; then ranks_gone=$(since "$cut"); fi
+  if [[ -z $launch_gone ]] && ! kill -0 "$job" 2> /dev/null; then launch_gone=$(since "$cut"); fi
+  if [[ -z $host0_gone && -z ${p0// /} ]]; then host0_gone=$(since "$cut"); fi
+  if [[ -z $host1_gone && -z ${p1// /} ]]; then host1_gone=$(since "$cut"); fi
+  [[ -n $launch_gone && -n $host0_gone && -n $host1_gone ]] && break
+  # Host 1's last processes (Open MPI's orted) as they were when the launcher ended.
+  [[ -n $launch_gone && -z ${left1+x} ]] && left1="host 0: $p0; host 1: $p1"
+  sleep 0.2
 done
-echo "after the cut: cnnflow ranks gone after ${ranks_gone} s, cnnflow launch after ${launch_gone} s," \
-  "every process after ${all_gone} s"
-echo "left on host 0: $(procs_on 0); on host 1: $(procs_on 1)"
+echo "after the cut: cnnflow ranks gone after ${ranks_gone:-?} s, cnnflow launch after ${launch_gone:-?} s," \
+  "every process of host 0 after ${host0_gone:-?} s, of host 1 after ${host1_gone:-?} s"
+echo "left when the launcher ended: ${left1:-}"
+echo "left now on host 0: $(procs_on 0); on host 1: $(procs_on 1)"
 wait "$job"
 status=$?
 echo "cnnflow launch exit code $status"
+grep "^cnnflow launch" "$out/down.log"
 ((status != 0)) || { echo "FAIL: cnnflow launch exited 0"; exit 1; }
 for r in 0 1; do
   echo "rank $r:"
   grep -h "did not complete" "$out"/ranks/1/rank.$r/std* | head -2
 done
-((ranks_gone >= 0 && ranks_gone <= 20)) || { echo "FAIL: cnnflow ranks left 20 s after the cut"; exit 1; }
+[[ -n $ranks_gone ]] && le "$ranks_gone" 20 || { echo "FAIL: cnnflow ranks left 20 s after the cut"; exit 1; }
 for r in 0 1; do
   grep -qh "MPI AllReduceSum .*, waiting on rank $((1 - r))) did not complete within 10 s" \
     "$out"/ranks/1/rank.$r/std* || { echo "FAIL: rank $r did not name the collective and its peer"; exit 1; }
 done
-((all_gone >= 0)) || { echo "FAIL: processes left 90 s after the cut"; exit 1; }
-echo "PASS: a link down for good: ranks gone in ${ranks_gone} s, cnnflow launch, mpirun and orted in ${all_gone} s"
+# The launcher: within collective_timeout_s + 10 s, having ended its mpirun
+# itself (a rank on its host told it of the failure), with nothing of its
+# own left on its host.
+[[ -n $launch_gone ]] && le "$launch_gone" 20 || { echo "FAIL: cnnflow launch still running 20 s after the cut"; exit 1; }
+grep -q "^cnnflow launch: a rank on this host failed" "$out/down.log" ||
+  { echo "FAIL: the launcher did not hear of the failed rank"; exit 1; }
+[[ -n $host0_gone ]] && le "$host0_gone" 20 || { echo "FAIL: processes left on host 0 20 s after the cut"; exit 1; }
+# Host 1's orted is Open MPI's and ends on its own, when its TCP gives up
+# on the unreachable mpirun (net.ipv4.tcp_retries2=5 above).
+[[ -n $host1_gone ]] || { echo "FAIL: processes left on host 1 90 s after the cut"; exit 1; }
+echo "PASS: a link down for good: ranks gone in ${ranks_gone} s, cnnflow launch in ${launch_gone} s," \
+  "host 0 empty in ${host0_gone} s, host 1 (its orted) in ${host1_gone} s"

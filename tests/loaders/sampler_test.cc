@@ -49,29 +49,54 @@ TEST(ShardedSampler, RanksInterleaveOneEpochPermutation) {
 TEST(ShardedSampler, BlocksMakeTheGlobalBatchIndependentOfTheWorld) {
   // With block b, step k's batches of the ranks, in rank order, are the
   // world-1 order's positions [k b W, (k + 1) b W): the global batch one
-  // process with all replicas would take. The last, short run (here 100 =
-  // 4 runs of 24 + 4) is cut in equal parts, padded to a multiple of W.
+  // process with all replicas would take, the last, short run (here 100 =
+  // 4 runs of 24 + 4) included: nothing padded, nothing repeated.
   const auto whole = ShardedSampler({.dataset_size = 100, .seed = 3}).EpochIndices(2);
   for (int world : {2, 3, 4}) {
-    const auto shards =
-        AllShards({.dataset_size = 100, .seed = 3, .world_size = world, .block = 24 / world}, 2);
+    SamplerOptions o{.dataset_size = 100, .seed = 3, .world_size = world, .block = 24 / world};
+    const auto shards = AllShards(o, 2);
     std::vector<int64_t> joined;
     const int64_t b = 24 / world;
-    for (size_t k = 0; k * b < shards[0].size(); ++k)
+    for (size_t k = 0; k * b < shards[0].size() || k * b < shards[world - 1].size(); ++k)
       for (int r = 0; r < world; ++r) {
         const auto& s = shards[r];
-        joined.insert(joined.end(), s.begin() + k * b,
+        joined.insert(joined.end(), s.begin() + std::min<int64_t>(s.size(), k * b),
                       s.begin() + std::min<int64_t>(s.size(), (k + 1) * b));
       }
-    ASSERT_EQ(joined.size() % world, 0u) << "world " << world;
-    for (size_t i = 0; i < 96; ++i) EXPECT_EQ(joined[i], whole[i]) << "world " << world;
-    for (int r = 0; r < world; ++r) EXPECT_EQ(shards[r].size(), shards[0].size());
-    // The tail: the last 4 positions (and the padding from the start), in
-    // equal parts in rank order.
-    std::vector<int64_t> tail(joined.begin() + 96, joined.end());
-    std::vector<int64_t> want(whole.begin() + 96, whole.end());
-    for (size_t i = 0; want.size() < tail.size(); ++i) want.push_back(whole[i]);
-    EXPECT_EQ(tail, want) << "world " << world;
+    EXPECT_EQ(joined, whole) << "world " << world;
+    for (int r = 0; r < world; ++r) {
+      o.rank = r;
+      EXPECT_EQ(ShardedSampler(o).num_samples(), static_cast<int64_t>(shards[r].size()));
+    }
+  }
+}
+
+// The short last run of L positions falls to the ranks as L rows fall to
+// in-process replicas (ShardRows: [L r / W, L (r + 1) / W)): uneven parts,
+// some empty when L < W, so `mpirun -np W` trains each replica on the rows
+// one process with W replicas would give it.
+TEST(ShardedSampler, TheShortLastRunIsCutAsReplicasCutABatch) {
+  const int64_t block = 8;
+  for (int world : {2, 3, 4}) {
+    for (int64_t last : {1, 2, 5, 7, 13}) {
+      if (last >= block * world) continue;
+      const int64_t n = 3 * block * world + last;
+      SamplerOptions o{.dataset_size = n, .seed = 5, .world_size = world, .block = block};
+      const auto whole = ShardedSampler({.dataset_size = n, .seed = 5}).EpochIndices(1);
+      const auto shards = AllShards(o, 1);
+      for (int r = 0; r < world; ++r) {
+        const int64_t from = last * r / world, to = last * (r + 1) / world;
+        ASSERT_EQ(static_cast<int64_t>(shards[r].size()), 3 * block + to - from)
+            << "rank " << r << " of " << world << ", last run " << last;
+        const std::vector<int64_t> tail(shards[r].begin() + 3 * block, shards[r].end());
+        const std::vector<int64_t> want(whole.begin() + n - last + from,
+                                        whole.begin() + n - last + to);
+        EXPECT_EQ(tail, want) << "rank " << r << " of " << world << ", last run " << last;
+      }
+      // drop_last: the short run goes, every rank keeps its whole blocks.
+      o.drop_last = true;
+      for (const auto& s : AllShards(o, 1)) EXPECT_EQ(static_cast<int64_t>(s.size()), 3 * block);
+    }
   }
 }
 
