@@ -50,9 +50,16 @@ struct Parameter {
   std::string name;  // local name: "weight", "bias"; "" for a tensor named as its layer
   Tensor value;
   Tensor grad;
-  // false: frozen (`trainable: false` in the YAML): its gradient is still
-  // computed, but no optimizer updates it.
+  // false: frozen (`trainable: false` in the YAML): no optimizer updates it.
   bool trainable = true;
+  // Trainable, but its optimizer group holds it from the next step on (past
+  // the group's until_epoch): set by the optimizer.
+  bool held = false;
+  // Whether the next backward needs its gradient. Model::Backward skips a
+  // layer none of whose tensors needs one and whose inputs need none (as
+  // PyTorch's autograd skips what requires no grad); a tensor of a layer
+  // whose backward runs for other reasons still gets its gradient.
+  bool needs_grad() const { return trainable && !held; }
 };
 
 // A non-learned state tensor saved with the model (BN running statistics).

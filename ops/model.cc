@@ -341,13 +341,22 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
                   "freed as that forward went; run Forward with keep_activations = true first");
   CNNFLOW_ENFORCE(acts_state_ == ActsState::kKept && dy.shape() == acts_.back().shape(),
                   "Backward without a matching Forward: dy ", dy.shape());
+  // Whether each layer's output needs a gradient: a tensor of it or of a
+  // layer it reads (transitively) needs one (Parameter::needs_grad), or it
+  // reads the model input and the caller wants dx. Layers that need none
+  // are skipped, and an input that needs none gets no dx.
+  std::vector<char> needs(num, 0);
+  for (int i = 0; i < num; ++i) {
+    for (const Parameter& p : layers_[i]->parameters()) needs[i] |= p.needs_grad();
+    for (int j : input_index_[i]) needs[i] |= j < 0 ? dx != nullptr : needs[j];
+  }
   std::vector<Tensor> grads(num);
   grads[num - 1] = dy;
   bool dx_written = false;
   std::vector<const Tensor*> ins;
   std::vector<Tensor*> dxs;
   for (int i = num - 1; i >= 0; --i) {
-    if (!grads[i].defined()) {  // nothing downstream depends on this layer
+    if (!grads[i].defined() || !needs[i]) {  // nothing downstream or upstream depends on it
       if (layer_done) layer_done(i);
       continue;
     }
@@ -372,6 +381,8 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
           local[k] = Tensor::Empty(input_.shape(), compute_, input_.device());
           dxs.push_back(&local[k]);
         }
+      } else if (!needs[j]) {
+        dxs.push_back(nullptr);
       } else {
         local[k] = Tensor::Empty(acts_[j].shape(), compute_, acts_[j].device());
         dxs.push_back(&local[k]);
@@ -386,8 +397,8 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
     }
     for (size_t k = 0; k < input_index_[i].size(); ++k) {
       const int j = input_index_[i][k];
+      if (dxs[k] == nullptr) continue;
       if (j < 0) {
-        if (dx == nullptr) continue;
         if (dx_written) {
           AddInPlace(*dx, local[k]);
         } else {

@@ -149,6 +149,15 @@ void Optimizer::AssignGroups(const std::vector<ParamGroup>& groups) {
       break;
     }
   }
+  UpdateHeld();
+}
+
+void Optimizer::UpdateHeld() {
+  for (size_t i = 0; i < params_.size() && i < until_step_.size(); ++i) {
+    if (params_[i].param != nullptr) {
+      params_[i].param->held = until_step_[i] > 0 && step_count_ + 1 > until_step_[i];
+    }
+  }
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::StateTensors() const {
@@ -223,7 +232,7 @@ Sgd::Sgd(std::vector<NamedParameter> params, SgdOptions options)
 std::vector<std::string> Sgd::StateNames() const { return {"momentum_buffer"}; }
 
 void Sgd::Step(double base_lr) {
-  ++step_count_;
+  CountStep();
   std::map<std::pair<int, int>, std::vector<ParamSlot>> gpu;  // by GPU index, group
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& param = *params_[i].param;
@@ -280,7 +289,7 @@ Adam::Adam(std::vector<NamedParameter> params, AdamOptions options, bool decoupl
 std::vector<std::string> Adam::StateNames() const { return {"exp_avg", "exp_avg_sq"}; }
 
 void Adam::Step(double base_lr) {
-  ++step_count_;
+  CountStep();
   const double t = static_cast<double>(step_count_);
   // The step's scalars; each parameter's group sets its lr and decay ones.
   cpu::AdamScalars s;

@@ -109,10 +109,18 @@ class Optimizer {
   int group(size_t i) const { return group_[i]; }
 
   int64_t step_count() const { return step_count_; }
-  void set_step_count(int64_t n) { step_count_ = n; }
+  void set_step_count(int64_t n) {
+    step_count_ = n;
+    UpdateHeld();
+  }
   const std::vector<NamedParameter>& params() const { return params_; }
 
  protected:
+  // Counts a step (at the start of Step).
+  void CountStep() {
+    ++step_count_;
+    UpdateHeld();
+  }
   // A parameter of group g (-1: of none): the group's values are its.
   size_t GroupMember(int g) const;
   // The names of one parameter's state tensors ("momentum_buffer", ...).
@@ -124,6 +132,10 @@ class Optimizer {
   int64_t step_count_ = 0;
 
  private:
+  // Parameter::held of each bound parameter: whether the next step's
+  // lr_scale is 0 (its group's until_step passed), so no backward needs
+  // its gradient.
+  void UpdateHeld();
   std::vector<int> group_;
   std::vector<double> lr_scale_;
   std::vector<int64_t> until_step_;   // 0: always

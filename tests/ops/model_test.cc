@@ -255,6 +255,57 @@ TEST(Model, ForwardWithoutKeepingActivationsGivesTheSameOutput) {
   }
 }
 
+// Model::Backward skips the layers that need no gradient (frozen, or held
+// by their optimizer group, with nothing trainable upstream): conv1 and its
+// ReLU here; conv2 and the add get no dx for relu1. The other gradients are
+// bitwise those of the fully trainable model, and conv1's stay untouched;
+// asked for dx of the data, conv1 runs again.
+TEST(Model, BackwardSkipsWhatNeedsNoGradient) {
+  for (const bool held : {false, true}) {
+    SCOPED_TRACE(held ? "held" : "frozen");
+    auto all = Model::Build(FanOutSpecs(), {2, 6, 6}, DType::kF32, 3);
+    auto part = Model::Build(FanOutSpecs(), {2, 6, 6}, DType::kF32, 3);
+    for (Parameter& p : part->FindLayer("conv1")->parameters()) {
+      if (held) {
+        p.held = true;
+      } else {
+        p.trainable = false;
+      }
+    }
+    const Tensor x = testing::RandomTensor({5, 2, 6, 6}, 11, -1, 1, DType::kF32);
+    const Tensor dy = testing::RandomTensor({5, 4}, 12, -1, 1, DType::kF32);
+    for (auto* m : {all.get(), part.get()}) {
+      m->ZeroGrad();
+      m->Forward(x, {});
+      m->Backward(dy);
+    }
+    const auto want = all->NamedParameters(), got = part->NamedParameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      SCOPED_TRACE(got[i].name);
+      const double grad_max =
+          MaxAbsDiff(got[i].param->grad, Tensor::Zeros(got[i].param->grad.shape()));
+      if (got[i].name.rfind("conv1.", 0) == 0) {
+        EXPECT_EQ(grad_max, 0.0) << "a layer that needs no gradient ran";
+        EXPECT_GT(MaxAbsDiff(want[i].param->grad, got[i].param->grad), 0.0);
+      } else {
+        EXPECT_GT(grad_max, 0.0);
+        EXPECT_EQ(MaxAbsDiff(want[i].param->grad, got[i].param->grad), 0.0);
+      }
+    }
+    Tensor dx_all, dx_part;
+    all->Forward(x, {});
+    all->Backward(dy, {}, &dx_all);
+    part->ZeroGrad();
+    part->Forward(x, {});
+    part->Backward(dy, {}, &dx_part);
+    EXPECT_EQ(MaxAbsDiff(dx_all, dx_part), 0.0);
+    EXPECT_GT(MaxAbsDiff(part->FindLayer("conv1")->parameters()[0].grad,
+                         Tensor::Zeros(part->FindLayer("conv1")->parameters()[0].grad.shape())),
+              0.0)
+        << "with dx asked for, conv1's backward runs (and computes its gradients)";
+  }
+}
+
 TEST(Model, ForwardWithoutKeepingActivationsFreesThemAsItGoes) {
   // fc1 relu1 ... fc4 relu4 fc5: eight [512, 128] f32 activations of
   // 256 KiB (a size class of the pool exactly), then [512, 10] logits.

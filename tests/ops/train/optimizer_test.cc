@@ -526,6 +526,34 @@ TEST(ParamGroups, OneStepByHand) {
   EXPECT_NEAR(b.value.At(0), 0.9, 1e-15);
 }
 
+// A group with until_step k trains its tensors in steps 1..k; from then on
+// they are held (Parameter::held), so no backward computes their gradient,
+// and a resume at any step count sets the same.
+TEST(ParamGroups, TensorsPastUntilStepAreHeld) {
+  Parameter w = MakeParam({1}), b = MakeParam({1});
+  Args a;
+  a.Set("lr", 0.1);
+  ParamGroup g;
+  g.params = {"*.bias"};
+  g.until_step = 2;
+  auto opt = MakeOptimizer({"sgd", a, {g}}, {{"fc.weight", &w}, {"fc.bias", &b}});
+  std::vector<bool> held;
+  for (int step = 1; step <= 3; ++step) {
+    held.push_back(b.held);
+    SetGrad(w, {0.5});
+    SetGrad(b, {0.5});
+    opt->Step(0.1);
+  }
+  held.push_back(b.held);
+  EXPECT_EQ(held, (std::vector<bool>{false, false, true, true}));
+  EXPECT_FALSE(w.held);
+  EXPECT_NEAR(b.value.At(0), 1 - 2 * 0.1 * 0.5, 1e-15);  // steps 1 and 2 only
+  opt->set_step_count(1);
+  EXPECT_FALSE(b.held);
+  opt->set_step_count(2);
+  EXPECT_TRUE(b.held);
+}
+
 TEST(ParamGroups, TheFirstGroupThatPicksATensorHasIt) {
   Parameter w = MakeParam({1}), b = MakeParam({1}), g = MakeParam({1});
   std::vector<ParamGroup> groups(3);
