@@ -103,6 +103,16 @@ inline void SumGradAndGradCentred(const T* g, const T* y, const T* x, int64_t le
   *sgx += b.Sum(tb);
 }
 
+// fn(c, offset of row (i, c)) over the rows of channels [c0, c1) of an
+// [n, c_n, s_n] tensor, sample by sample: a sample's rows of the range are
+// one contiguous span, which the prefetcher follows (a channel at a time
+// jumps to another page every row).
+template <typename Fn>
+inline void ForRows(int64_t n, int64_t c_n, int64_t s_n, int64_t c0, int64_t c1, Fn&& fn) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = c0; c < c1; ++c) fn(c, (i * c_n + c) * s_n);
+}
+
 // Channels per parallel task: enough elements that scheduling is noise.
 int64_t ChannelGrain(int64_t per_channel) {
   return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(per_channel, 1));
@@ -215,13 +225,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     const double momentum = momentum_, eps = eps_;
     // Channels are independent: each task owns a range of whole channels, so
     // every statistic is one serial-order sum (deterministic for any split).
-    // A task walks its rows sample by sample: a sample's rows of the range
-    // are one contiguous span, which the prefetcher follows (a channel at a
-    // time jumps to another page every row).
-    auto for_rows = [&](int64_t c0, int64_t c1, auto&& fn) {  // fn(c, offset of row (i, c))
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t c = c0; c < c1; ++c) fn(c, (i * c_n + c) * s_n);
-    };
+    auto for_rows = [&](int64_t c0, int64_t c1, auto&& fn) { ForRows(n, c_n, s_n, c0, c1, fn); };
     // sum(x - shift) and sum((x - shift)^2) per channel of [c0, c1), shift ~
     // the mean: the second pass that avoids the cancellation of E[x^2] -
     // E[x]^2; the first sum corrects the mean for the rounding of shift.
@@ -352,11 +356,7 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
     // With a fused ReLU, dy is the gradient of max(bn, 0): each row of it
     // counts only where y > 0, masked where it is read.
     const T* ys = relu_ ? y.data<T>() : nullptr;
-    // As in Forward: each task's channels, sample by sample.
-    auto for_rows = [&](int64_t c0, int64_t c1, auto&& fn) {  // fn(c, offset of row (i, c))
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t c = c0; c < c1; ++c) fn(c, (i * c_n + c) * s_n);
-    };
+    auto for_rows = [&](int64_t c0, int64_t c1, auto&& fn) { ForRows(n, c_n, s_n, c0, c1, fn); };
     const T* gamma = affine_ ? parameters()[0].value.data<T>() : nullptr;
     T* dgamma = affine_ ? parameters()[0].grad.data<T>() : nullptr;
     T* dbeta = affine_ ? parameters()[1].grad.data<T>() : nullptr;
