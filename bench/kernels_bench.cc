@@ -72,7 +72,7 @@ void BM_MaxPool1(benchmark::State& s) {
 // step runs ResNet-18's), batch 64, on [channels, hw, hw] samples.
 void BM_BatchNormRelu(benchmark::State& state) {
   tbb::global_control threads(tbb::global_control::max_allowed_parallelism, 2);
-  const int64_t n = 64, c = state.range(0), hw = state.range(1);
+  const int64_t c = state.range(0), hw = state.range(1), n = state.range(2);
   const LayerType* t = LayerRegistry::Get().Find("batchnorm");
   Args args;
   args.FillDefaults(t->schema);
@@ -92,7 +92,14 @@ void BM_BatchNormRelu(benchmark::State& state) {
   state.counters["GB/s"] = benchmark::Counter(static_cast<double>(x.numel()) * 4 * 6 / 1e9,
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_BatchNormRelu)->Args({64, 32})->Args({512, 4})->UseRealTime();
+// [C, H, W] and the batch: ResNet-18's at batch 64, the CIFAR speed run's
+// (configs/cifar10_speedrun.yaml) at 1024.
+BENCHMARK(BM_BatchNormRelu)
+    ->Args({64, 32, 64})
+    ->Args({512, 4, 64})
+    ->Args({64, 15, 1024})
+    ->Args({256, 7, 1024})
+    ->UseRealTime();
 
 BENCHMARK(BM_Conv1)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(BM_Conv2)->Arg(1)->Arg(2)->UseRealTime();

@@ -20,10 +20,15 @@ def main(path):
     steps = [e for e in events if e.get("cat") == "step" and e.get("ph") == "X"]
     step_ms = sum(e["dur"] for e in steps) / 1e3
     n = max(1, len(steps))
+    windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in steps)
+
+    def in_a_step(e):  # the final evaluation's forwards are not a step's
+        return any(a <= e["ts"] <= b for a, b in windows)
+
     by = collections.defaultdict(float)
     other = collections.defaultdict(float)
     for e in events:
-        if e.get("ph") != "X" or e.get("cat") == "step":
+        if e.get("ph") != "X" or e.get("cat") == "step" or not in_a_step(e):
             continue
         m = re.match(r".* \((\w+)\)$", e.get("name", ""))
         if m and e["cat"] in ("forward", "backward"):

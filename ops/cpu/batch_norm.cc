@@ -113,9 +113,15 @@ inline void ForRows(int64_t n, int64_t c_n, int64_t s_n, int64_t c0, int64_t c1,
     for (int64_t c = c0; c < c1; ++c) fn(c, (i * c_n + c) * s_n);
 }
 
-// Channels per parallel task: enough elements that scheduling is noise.
-int64_t ChannelGrain(int64_t per_channel) {
-  return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(per_channel, 1));
+// Channels per parallel task: enough elements that scheduling is noise,
+// and, since a task walks its channels sample by sample, at least 2048
+// values (8 KB of f32) a sample, so the prefetcher streams them. A task of
+// one 7x7 channel reads 196 bytes a sample, 50 KB apart: latency-bound,
+// 2.5x slower at batch 1024 (bench/kernels_bench BM_BatchNormRelu).
+int64_t ChannelGrain(int64_t s_n, int64_t m) {
+  constexpr int64_t kSpan = 2048;
+  const int64_t enough = (int64_t{1} << 14) / std::max<int64_t>(m, 1);
+  return std::max<int64_t>({1, enough, kSpan / std::max<int64_t>(s_n, 1)});
 }
 
 // SyncBN sums travel as float (ForwardContext::sync_sum). A double v is
@@ -271,7 +277,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     };
 
     if (!ctx.training) {
-      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; ++c) {
           set_stats(c, static_cast<double>(rmean[c]), static_cast<double>(rvar[c]));
         }
@@ -282,7 +288,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
       // standard deviations of the batch mean, so the double sums lose
       // nothing f32 would keep (a pass fewer over x than centring on the
       // batch mean, as the synced path must).
-      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
         std::vector<double> shift(c1 - c0), s1(c1 - c0), s2(c1 - c0);
         for (int64_t c = c0; c < c1; ++c) {
           shift[c - c0] = SumLanes(xs + c * s_n, s_n) / static_cast<double>(s_n);
@@ -298,7 +304,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
       // per-channel shift (the mean up to the float rounding of the sum).
       sync_buf_.assign(2 * c_n + 2, 0.0f);
       float* buf = sync_buf_.data();
-      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
         std::vector<double> sum(c1 - c0, 0.0);
         for_rows(c0, c1, [&](int64_t c, int64_t at) { sum[c - c0] += SumLanes(xs + at, s_n); });
         for (int64_t c = c0; c < c1; ++c) PutSplit(sum[c - c0], &buf[c], &buf[c_n + c]);
@@ -318,7 +324,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
       // Pass 2: [sum(x - shift) (hi, lo), sum((x - shift)^2) (hi, lo)].
       sync_buf_.assign(4 * c_n, 0.0f);
       buf = sync_buf_.data();
-      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
         std::vector<double> s1(c1 - c0), s2(c1 - c0);
         centred_sums(c0, c1, shift_.data() + c0, s1.data(), s2.data());
         for (int64_t c = c0; c < c1; ++c) {
@@ -327,7 +333,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
         }
       });
       (*sync_sum_)(buf, 4 * c_n);
-      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; ++c) {
           finish(c, count, shift_[c], GetSplit(buf[c], buf[c_n + c]),
                  GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]));
@@ -428,7 +434,7 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
       // One call: [sum dy (hi C, lo C), sum dy * xhat (hi C, lo C)].
       sync_buf_.assign(4 * c_n, 0.0f);
       float* buf = sync_buf_.data();
-      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
         std::vector<double> sum_dy(c1 - c0), sum_dy_xhat(c1 - c0);
         local_sums(c0, c1, sum_dy.data(), sum_dy_xhat.data());
         for (int64_t c = c0; c < c1; ++c) {
@@ -437,7 +443,7 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
         }
       });
       (*sync_sum_)(buf, 4 * c_n);
-      cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
         std::vector<double> sum_dy(c1 - c0), sum_dy_xhat(c1 - c0);
         for (int64_t c = c0; c < c1; ++c) {
           sum_dy[c - c0] = GetSplit(buf[c], buf[c_n + c]);
@@ -447,7 +453,7 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
       });
       return;
     }
-    cpu::ParallelFor(c_n, ChannelGrain(m), [&](int64_t c0, int64_t c1) {
+    cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
       std::vector<double> sum_dy(c1 - c0), sum_dy_xhat(c1 - c0);
       local_sums(c0, c1, sum_dy.data(), sum_dy_xhat.data());
       if (d == nullptr) return;
