@@ -92,13 +92,19 @@ std::string HostMemoryAvailable() {
 }  // namespace
 
 void* CachingPool::Allocate(size_t bytes) {
-  const size_t size = RoundToSizeClass(bytes);
+  size_t size = RoundToSizeClass(bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  auto& list = free_[size];
   void* p = nullptr;
-  if (!list.empty()) {
-    p = list.back();
-    list.pop_back();
+  // The smallest free block that holds it, if at most half as large again:
+  // a batch of another size (the evaluation's, an epoch's short last one)
+  // then reuses the training step's blocks instead of touching fresh memory
+  // (first touches cost the kernel seconds per GB on some virtual machines).
+  auto fit = free_.lower_bound(size);
+  if (fit != free_.end() && fit->first <= size + size / 2) {
+    size = fit->first;
+    p = fit->second.back();
+    fit->second.pop_back();
+    if (fit->second.empty()) free_.erase(fit);
   } else {
     p = limit_ > 0 && reserved_ + size > limit_ ? nullptr : RawAllocate(size);
     if (p == nullptr) {
@@ -116,6 +122,7 @@ void* CachingPool::Allocate(size_t bytes) {
     }
     reserved_ += size;
   }
+  block_size_[p] = size;
   in_use_ += size;
   peak_ = std::max(peak_, in_use_);
   return p;
@@ -143,8 +150,12 @@ AllocationScope::~AllocationScope() { g_scope = outer_; }
 std::string AllocationScope::Current() { return g_scope ? g_scope->describe_() : std::string(); }
 
 void CachingPool::Release(void* ptr, size_t bytes) {
-  const size_t size = RoundToSizeClass(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  const auto it = block_size_.find(ptr);
+  CNNFLOW_ENFORCE(it != block_size_.end(), name(), " pool: released ", bytes,
+                  " bytes it did not hand out");
+  const size_t size = it->second;
+  block_size_.erase(it);
   in_use_ -= size;
   free_[size].push_back(ptr);
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace cnnflow {
@@ -71,7 +72,8 @@ class AllocationScope {
 };
 
 // The pool logic shared by every device: blocks rounded up to size classes,
-// released blocks kept on per-class free lists. A device supplies the raw
+// released blocks kept on per-class free lists, and a request served by the
+// smallest free block up to 1.5x its class. A device supplies the raw
 // allocation.
 class CachingPool : public MemoryPool {
  public:
@@ -90,7 +92,8 @@ class CachingPool : public MemoryPool {
 
  private:
   std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;
+  std::map<size_t, std::vector<void*>> free_;     // no empty lists
+  std::unordered_map<void*, size_t> block_size_;  // of each block handed out
   size_t in_use_ = 0, peak_ = 0, reserved_ = 0, limit_ = 0;
 };
 

@@ -41,6 +41,29 @@ TEST(Tensor, PoolReusesReleasedBlocks) {
   EXPECT_EQ(pool.bytes_reserved(), reserved);
 }
 
+// A request takes the smallest free block up to 1.5x its size class (an
+// evaluation batch of 1000 reusing the training batch of 1024's blocks),
+// counted at the block's size until it comes back; a smaller one does not.
+TEST(Tensor, PoolServesASmallerTensorFromAFreeBlockUpToHalfAsLargeAgain) {
+  MemoryPool& pool = PoolFor(Device::Cpu());
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  void* large = nullptr;
+  { large = Tensor::Empty({61 * kMiB / 4}).raw_data(); }  // 61 MiB, back on its free list
+  const size_t reserved = pool.bytes_reserved(), in_use = pool.bytes_in_use();
+  {
+    Tensor smaller = Tensor::Empty({59 * kMiB / 4 + 3});  // class 60 MiB
+    EXPECT_EQ(smaller.raw_data(), large);
+    EXPECT_EQ(pool.bytes_reserved(), reserved);
+    EXPECT_EQ(pool.bytes_in_use(), in_use + 61 * kMiB);
+  }
+  EXPECT_EQ(pool.bytes_in_use(), in_use);
+  Tensor much_smaller = Tensor::Empty({40 * kMiB / 4});  // 61 > 1.5 x 40: a block of its own
+  EXPECT_NE(much_smaller.raw_data(), large);
+  EXPECT_EQ(pool.bytes_reserved(), reserved + 40 * kMiB);
+  Tensor again = Tensor::Empty({61 * kMiB / 4});
+  EXPECT_EQ(again.raw_data(), large);
+}
+
 TEST(Tensor, CastRoundTrip) {
   Tensor t = Tensor::Full({3}, 1.5);
   Tensor d = t.Cast(DType::kF64);
