@@ -70,7 +70,9 @@ void BM_MaxPool1(benchmark::State& s) {
 }
 // Forward + backward of a training batchnorm with a fused ReLU (as the
 // step runs ResNet-18's), batch 64, on [channels, hw, hw] samples.
-void BM_BatchNormRelu(benchmark::State& state) {
+// batchnorm with its activation fused (Layer::FuseRelu / FuseGelu), forward
+// and backward on [n, C, H, W] f32.
+void BatchNormStep(benchmark::State& state, bool gelu) {
   tbb::global_control threads(tbb::global_control::max_allowed_parallelism, 2);
   const int64_t c = state.range(0), hw = state.range(1), n = state.range(2);
   const LayerType* t = LayerRegistry::Get().Find("batchnorm");
@@ -79,7 +81,11 @@ void BM_BatchNormRelu(benchmark::State& state) {
   auto layer = t->create("bn", args);
   const Shape sample{c, hw, hw};
   layer->Build({sample}, DType::kF32);
-  layer->FuseRelu();
+  if (gelu) {
+    layer->FuseGelu();
+  } else {
+    layer->FuseRelu();
+  }
   Rng rng(1);
   layer->ResetParameters(rng);
   Tensor x = Random(sample.WithBatch(n), 2), y = Tensor::Empty(sample.WithBatch(n));
@@ -92,6 +98,8 @@ void BM_BatchNormRelu(benchmark::State& state) {
   state.counters["GB/s"] = benchmark::Counter(static_cast<double>(x.numel()) * 4 * 6 / 1e9,
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
+void BM_BatchNormRelu(benchmark::State& state) { BatchNormStep(state, false); }
+void BM_BatchNormGelu(benchmark::State& state) { BatchNormStep(state, true); }
 // [C, H, W] and the batch: ResNet-18's at batch 64, the CIFAR speed run's
 // (configs/cifar10_speedrun.yaml) at 1024.
 BENCHMARK(BM_BatchNormRelu)
@@ -100,6 +108,7 @@ BENCHMARK(BM_BatchNormRelu)
     ->Args({64, 15, 1024})
     ->Args({256, 7, 1024})
     ->UseRealTime();
+BENCHMARK(BM_BatchNormGelu)->Args({64, 15, 1024})->Args({256, 7, 1024})->UseRealTime();
 
 BENCHMARK(BM_Conv1)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(BM_Conv2)->Arg(1)->Arg(2)->UseRealTime();

@@ -125,6 +125,10 @@ class Layer {
   // itself). Model::Build calls it for a relu that is the only consumer of
   // this layer's output, and then skips the relu. Default: not fusable.
   virtual bool FuseRelu() { return false; }
+  // The same for a gelu (erf form) that is the only reader of this layer's
+  // output: Forward writes gelu(y), and Backward takes dy with respect to
+  // it. Model::Build calls it as FuseRelu. Default: not fusable.
+  virtual bool FuseGelu() { return false; }
 
   // bf16 on the CPU (graph.precision: bf16 on cpu:K, as PyTorch's CPU
   // autocast): a layer whose products can run in bf16 (convolutions,

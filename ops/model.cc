@@ -9,6 +9,7 @@
 #include <set>
 
 #include "ops/device_ops.h"
+#include "ops/layers/activation.h"
 #include "ops/trace.h"
 
 namespace cnnflow {
@@ -129,7 +130,7 @@ Error OutOfMemoryIn() {
 
 std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                     DType dtype, uint64_t seed, InitScheme init, Device device,
-                                    std::optional<DType> compute, bool fuse_relu,
+                                    std::optional<DType> compute, bool fuse_activations,
                                     const LayerSplitter* splitter) {
   if (device.is_cuda() && device.index >= CudaDeviceCount()) {
     throw Error(
@@ -251,15 +252,22 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
     if (device.is_cuda()) m->layers_[i]->MoveTo(device);
   }
   m->fused_into_.assign(m->layers_.size(), -1);
-  if (fuse_relu && !device.is_cuda()) {
+  if (fuse_activations && !device.is_cuda()) {
     std::vector<int> readers(m->layers_.size(), 0);
     for (const auto& ins : m->input_index_)
       for (int j : ins)
         if (j >= 0) ++readers[j];
     for (size_t i = 0; i < m->layers_.size(); ++i) {
-      if (std::string(m->layers_[i]->type()) != "relu" || m->input_index_[i].size() != 1) continue;
+      if (m->input_index_[i].size() != 1) continue;
       const int j = m->input_index_[i][0];
-      if (j >= 0 && readers[j] == 1 && m->layers_[j]->FuseRelu()) m->fused_into_[i] = j;
+      if (j < 0 || readers[j] != 1) continue;
+      Layer& reader = *m->layers_[i];
+      const auto* act = dynamic_cast<const ActivationLayer*>(&reader);
+      if (std::string(reader.type()) == "relu"                    ? m->layers_[j]->FuseRelu()
+          : act != nullptr && act->kind() == Activation::kGeluErf ? m->layers_[j]->FuseGelu()
+                                                                  : false) {
+        m->fused_into_[i] = j;
+      }
     }
   }
   if (splitter != nullptr) splitter->Pair(*m);
@@ -360,7 +368,7 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
       if (layer_done) layer_done(i);
       continue;
     }
-    if (fused_into_[i] >= 0) {  // the fused layer takes the gradient of its relu
+    if (fused_into_[i] >= 0) {  // the fused layer takes the gradient of its activation
       grads[fused_into_[i]] = std::move(grads[i]);
       if (layer_done) layer_done(i);
       continue;

@@ -62,8 +62,9 @@ class Model {
   //
   // On the CPU, a relu that is the only reader of a layer's output is fused
   // into that layer when it can take it (Layer::FuseRelu: conv2d, batchnorm,
-  // add): the relu layer then runs nothing and its output is the layer's
-  // (fuse_relu false keeps every relu a layer of its own).
+  // add), and so is a gelu (erf form) into a batchnorm (Layer::FuseGelu):
+  // the activation layer then runs nothing and its output is the layer's
+  // (fuse_activations false keeps every activation a layer of its own).
   //
   // bf16 on the CPU (`compute` bf16 on a CPU device): every layer that can
   // multiplies in bf16 (Layer::ComputeInBf16) and the activations stay f32;
@@ -82,7 +83,7 @@ class Model {
                                       InitScheme init = InitScheme::kPytorchDefault,
                                       Device device = Device::Cpu(),
                                       std::optional<DType> compute = std::nullopt,
-                                      bool fuse_relu = true,
+                                      bool fuse_activations = true,
                                       const LayerSplitter* splitter = nullptr);
 
   // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
@@ -111,7 +112,7 @@ class Model {
   const std::vector<std::string>& inputs_of(int i) const { return input_names_[i]; }
   // The layers layer i reads, by index (-1: the model's input).
   const std::vector<int>& input_indices(int i) const { return input_index_[i]; }
-  // The layer a relu i is fused into (see Build), or -1.
+  // The layer an activation i is fused into (see Build), or -1.
   int fused_into(int i) const { return fused_into_[i]; }
   DType dtype() const { return dtype_; }
   DType compute_dtype() const { return compute_; }
@@ -142,7 +143,7 @@ class Model {
   // model input's: when Forward without keep_activations frees them.
   std::vector<int> last_reader_;
   int input_last_reader_ = -1;
-  // For a relu fused into the layer it reads: that layer's index; else -1.
+  // For an activation fused into the layer it reads: that layer's index; else -1.
   std::vector<int> fused_into_;
   Shape input_shape_;
   DType dtype_ = DType::kF32;

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/cpu/gelu_vector.h"
 #include "ops/cpu/parallel.h"
+#include "ops/layers/activation.h"
 
 namespace cnnflow {
 
@@ -111,6 +113,26 @@ template <typename Fn>
 inline void ForRows(int64_t n, int64_t c_n, int64_t s_n, int64_t c0, int64_t c1, Fn&& fn) {
   for (int64_t i = 0; i < n; ++i)
     for (int64_t c = c0; c < c1; ++c) fn(c, (i * c_n + c) * s_n);
+}
+
+// A fused GELU (BatchNormLayer::FuseGelu): y[k] = gelu(y[k]) in place, and
+// out[k] = g[k] * gelu'(u[k]) (out may be u). f32 runs 16 lanes at a time;
+// f64 (the gradient checks' reference) the scalar erf.
+template <typename T>
+inline void GeluSpan(T* y, int64_t len) {
+  if constexpr (std::is_same_v<T, float>) {
+    cpu::GeluErfInPlace(y, len);
+  } else {
+    for (int64_t k = 0; k < len; ++k) y[k] = act::GeluErf::Forward(y[k], T(0));
+  }
+}
+template <typename T>
+inline void GeluGradSpan(const T* u, const T* g, T* out, int64_t len) {
+  if constexpr (std::is_same_v<T, float>) {
+    cpu::GeluErfGrad(u, g, out, len);
+  } else {
+    for (int64_t k = 0; k < len; ++k) out[k] = act::GeluErf::Backward(u[k], g[k], T(0));
+  }
 }
 
 // Channels per parallel task: enough elements that scheduling is noise,
@@ -248,21 +270,26 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     };
     // y = (x - mean) * a + beta with a = gamma / std (subtracting first
     // keeps f32 precise when |mean| >> std), over channels [c0, c1) whose
-    // statistics are set.
+    // statistics are set; a fused GELU then runs over each sample's span of
+    // them (contiguous).
     auto normalise = [&](int64_t c0, int64_t c1) {
-      for_rows(c0, c1, [&](int64_t c, int64_t at) {
-        const T tm = static_cast<T>(mean_[c]);
-        const T a =
-            static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std_[c]);
-        const T b = beta != nullptr ? beta[c] : T(0);
-        const T* row = xs + at;
-        T* out = ys + at;
-        if (relu_) {
-          for (int64_t k = 0; k < s_n; ++k) out[k] = std::max((row[k] - tm) * a + b, T(0));
-        } else {
-          for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t c = c0; c < c1; ++c) {
+          const int64_t at = (i * c_n + c) * s_n;
+          const T tm = static_cast<T>(mean_[c]);
+          const T a = static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) *
+                                     inv_std_[c]);
+          const T b = beta != nullptr ? beta[c] : T(0);
+          const T* row = xs + at;
+          T* out = ys + at;
+          if (relu_) {
+            for (int64_t k = 0; k < s_n; ++k) out[k] = std::max((row[k] - tm) * a + b, T(0));
+          } else {
+            for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
+          }
         }
-      });
+        if (gelu_) GeluSpan(ys + (i * c_n + c0) * s_n, (c1 - c0) * s_n);
+      }
     };
     // Batch statistics from the (global) count and centred sums; updates
     // the running statistics.
@@ -364,19 +391,47 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
     const T* ys = relu_ ? y.data<T>() : nullptr;
     auto for_rows = [&](int64_t c0, int64_t c1, auto&& fn) { ForRows(n, c_n, s_n, c0, c1, fn); };
     const T* gamma = affine_ ? parameters()[0].value.data<T>() : nullptr;
+    const T* beta = affine_ ? parameters()[1].value.data<T>() : nullptr;
     T* dgamma = affine_ ? parameters()[0].grad.data<T>() : nullptr;
     T* dbeta = affine_ ? parameters()[1].grad.data<T>() : nullptr;
     const bool training = last_training_;
     const double inv_count = 1.0 / count_;
+    // With a fused GELU, dy is the gradient of gelu(bn): local_sums takes it
+    // through the GELU at bn(x), recomputed from x a sample's span at a time,
+    // and leaves that gradient in dx (when wanted), where the dx passes
+    // read it and overwrite it in place.
+    const bool du_in_dx = gelu_ && d != nullptr;
+    auto grad_at = [&](int64_t at) -> const T* { return du_in_dx ? d + at : g + at; };
     // This replica's sum(dy) and sum(dy * xhat) per channel of [c0, c1),
     // xhat = (x - mean) * inv_std; the parameter gradients are these LOCAL sums.
     auto local_sums = [&](int64_t c0, int64_t c1, double* sum_dy, double* sum_dy_xhat) {
       std::fill_n(sum_dy, c1 - c0, 0.0);
       std::fill_n(sum_dy_xhat, c1 - c0, 0.0);
-      for_rows(c0, c1, [&](int64_t c, int64_t at) {
-        SumGradAndGradCentred(g + at, ys != nullptr ? ys + at : nullptr, xs + at, s_n, mean_[c],
-                              &sum_dy[c - c0], &sum_dy_xhat[c - c0]);
-      });
+      const int64_t span = (c1 - c0) * s_n;
+      std::vector<T> u(gelu_ ? span : 0);  // bn(x) over a sample's span
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t at0 = (i * c_n + c0) * s_n;
+        const T* grad = g + at0;
+        if (gelu_) {
+          for (int64_t c = c0; c < c1; ++c) {  // as the forward's normalise wrote it
+            const T tm = static_cast<T>(mean_[c]);
+            const T a = static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) *
+                                       inv_std_[c]);
+            const T b = beta != nullptr ? beta[c] : T(0);
+            const T* row = xs + at0 + (c - c0) * s_n;
+            T* out = u.data() + (c - c0) * s_n;
+            for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
+          }
+          T* du = du_in_dx ? d + at0 : u.data();
+          GeluGradSpan(u.data(), g + at0, du, span);
+          grad = du;
+        }
+        for (int64_t c = c0; c < c1; ++c) {
+          const int64_t at = at0 + (c - c0) * s_n;
+          SumGradAndGradCentred(grad + (c - c0) * s_n, ys != nullptr ? ys + at : nullptr, xs + at,
+                                s_n, mean_[c], &sum_dy[c - c0], &sum_dy_xhat[c - c0]);
+        }
+      }
       for (int64_t c = c0; c < c1; ++c) {
         sum_dy_xhat[c - c0] *= inv_std_[c];
         if (dgamma != nullptr) {
@@ -397,7 +452,7 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
         const T tu = static_cast<T>(-scale * inv_std * sum_dy_xhat[c - c0] * inv_count);
         const T tv = static_cast<T>(-scale * sum_dy[c - c0] * inv_count);
         const T tm = static_cast<T>(mean_[c]);
-        const T* grow = g + at;
+        const T* grow = grad_at(at);
         const T* row = xs + at;
         T* out = d + at;
         if (ys == nullptr) {
@@ -416,7 +471,7 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
       for_rows(c0, c1, [&](int64_t c, int64_t at) {
         const T tk =
             static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std_[c]);
-        const T* grow = g + at;
+        const T* grow = grad_at(at);
         T* out = d + at;
         if (ys == nullptr) {
           for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk;

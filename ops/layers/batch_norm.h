@@ -52,6 +52,13 @@ class BatchNormLayer : public Layer {
     relu_ = true;
     return true;
   }
+  // y = gelu(bn(x)) (erf form) from now on, in the pass that writes y; in
+  // backward, dy is taken through the GELU at bn(x), recomputed from x
+  // (bn(x) itself is never stored).
+  bool FuseGelu() override {
+    gelu_ = true;
+    return true;
+  }
 
   int64_t channels() const { return channels_; }
   double momentum() const { return momentum_; }
@@ -65,6 +72,7 @@ class BatchNormLayer : public Layer {
   double eps_;
   bool affine_;
   bool relu_ = false;  // a fused ReLU (FuseRelu)
+  bool gelu_ = false;  // a fused GELU (FuseGelu)
   int64_t channels_ = 0;
   int64_t spatial_ = 1;  // product of the dims after C (1 for [C])
   // Per-forward state: which statistics were used, per channel.

@@ -390,34 +390,41 @@ std::vector<LayerSpec> FusableSpecs() {
           Spec("fc", "linear", {{"out", int64_t{3}}})};
 }
 
-TEST(Model, ReluFusionPicksTheOnlyReaderCases) {
-  auto model = Model::Build(FusableSpecs(), {2, 5, 4}, DType::kF64, 3);
+// "activation->layer" for each fused activation of `model`.
+std::vector<std::string> FusedPairs(const Model& model) {
   std::vector<std::string> fused;
-  for (int i = 0; i < model->num_layers(); ++i) {
-    if (model->fused_into(i) >= 0) {
-      fused.push_back(model->layer(i).name() + "->" + model->layer(model->fused_into(i)).name());
+  for (int i = 0; i < model.num_layers(); ++i) {
+    if (model.fused_into(i) >= 0) {
+      fused.push_back(model.layer(i).name() + "->" + model.layer(model.fused_into(i)).name());
     }
   }
-  EXPECT_EQ(fused, (std::vector<std::string>{"relu1->bn1", "relu2->res", "relu3->conv3"}));
+  return fused;
+}
+
+TEST(Model, ReluFusionPicksTheOnlyReaderCases) {
+  auto model = Model::Build(FusableSpecs(), {2, 5, 4}, DType::kF64, 3);
+  EXPECT_EQ(FusedPairs(*model),
+            (std::vector<std::string>{"relu1->bn1", "relu2->res", "relu3->conv3"}));
   auto plain = Model::Build(FusableSpecs(), {2, 5, 4}, DType::kF64, 3, InitScheme::kPytorchDefault,
-                            Device::Cpu(), std::nullopt, /*fuse_relu=*/false);
+                            Device::Cpu(), std::nullopt, /*fuse_activations=*/false);
   for (int i = 0; i < plain->num_layers(); ++i) EXPECT_EQ(plain->fused_into(i), -1);
 }
 
 // The fused model computes what the unfused one does: outputs, the input
-// gradient and every parameter gradient, in f64 and f32, for two steps
-// (the second reuses the aliased activations).
-TEST(Model, FusedReluModelMatchesUnfused) {
+// gradient and every parameter gradient, in f64 and f32 (within f32_tol),
+// for two steps (the second reuses the aliased activations).
+void ExpectFusedModelMatchesUnfused(const std::vector<LayerSpec>& specs, const Shape& sample,
+                                    int64_t outputs, double f32_tol,
+                                    const ForwardContext& ctx = {}) {
   for (const DType dtype : {DType::kF64, DType::kF32}) {
     SCOPED_TRACE(DTypeName(dtype));
-    auto fused = Model::Build(FusableSpecs(), {2, 5, 4}, dtype, 3);
-    auto plain = Model::Build(FusableSpecs(), {2, 5, 4}, dtype, 3, InitScheme::kPytorchDefault,
-                              Device::Cpu(), std::nullopt, /*fuse_relu=*/false);
-    const double tol = dtype == DType::kF64 ? 1e-12 : 1e-5;
-    ForwardContext ctx;
+    auto fused = Model::Build(specs, sample, dtype, 3);
+    auto plain = Model::Build(specs, sample, dtype, 3, InitScheme::kPytorchDefault, Device::Cpu(),
+                              std::nullopt, /*fuse_activations=*/false);
+    const double tol = dtype == DType::kF64 ? 1e-12 : f32_tol;
     for (int step = 0; step < 2; ++step) {
-      const Tensor x = testing::RandomTensor({6, 2, 5, 4}, 5 + step, -1, 1, dtype);
-      const Tensor dy = testing::RandomTensor({6, 3}, 6 + step, -1, 1, dtype);
+      const Tensor x = testing::RandomTensor(sample.WithBatch(6), 5 + step, -1, 1, dtype);
+      const Tensor dy = testing::RandomTensor({6, outputs}, 6 + step, -1, 1, dtype);
       Tensor dx_a, dx_b;
       fused->ZeroGrad();
       plain->ZeroGrad();
@@ -438,6 +445,48 @@ TEST(Model, FusedReluModelMatchesUnfused) {
       }
     }
   }
+}
+
+TEST(Model, FusedReluModelMatchesUnfused) {
+  ExpectFusedModelMatchesUnfused(FusableSpecs(), {2, 5, 4}, 3, 1e-5);
+}
+
+// The speed run's pattern: conv -> bn1 -> gelu1 fuses; gelu2 (the tanh
+// form) stays a layer, and so does gelu3, whose batchnorm the residual add
+// reads too.
+std::vector<LayerSpec> GeluFusableSpecs() {
+  auto conv = [](const char* name) {
+    return Spec(name, "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}});
+  };
+  return {conv("conv1"),
+          Spec("bn1", "batchnorm"),
+          Spec("gelu1", "gelu"),
+          conv("conv2"),
+          Spec("bn2", "batchnorm"),
+          Spec("gelu2", "gelu", {{"approximate", std::string("tanh")}}),
+          Spec("bn3", "batchnorm"),
+          Spec("gelu3", "gelu"),
+          Spec("res", "add", {}, {"gelu3", "bn3"}),
+          Spec("flat", "flatten"),
+          Spec("fc", "linear", {{"out", int64_t{3}}})};
+}
+
+TEST(Model, GeluFusionTakesTheErfFormOfTheOnlyReader) {
+  auto model = Model::Build(GeluFusableSpecs(), {2, 7, 7}, DType::kF64, 3);
+  EXPECT_EQ(FusedPairs(*model), (std::vector<std::string>{"gelu1->bn1"}));
+}
+
+TEST(Model, FusedGeluModelMatchesUnfused) {
+  ExpectFusedModelMatchesUnfused(GeluFusableSpecs(), {2, 7, 7}, 3, 2e-5);
+  ForwardContext eval;
+  eval.training = false;
+  ExpectFusedModelMatchesUnfused(GeluFusableSpecs(), {2, 7, 7}, 3, 2e-5, eval);
+}
+
+TEST(Model, FusedGeluModelGradientsMatchFiniteDifferences) {
+  auto model = Model::Build(GeluFusableSpecs(), {2, 7, 7}, DType::kF64, 3);
+  ExpectGradientsMatchFiniteDifferences(*model, testing::RandomTensor({3, 2, 7, 7}, 5),
+                                        testing::RandomTensor({3, 3}, 6), 5);
 }
 
 // Backward through the fused model against central differences (f64).
