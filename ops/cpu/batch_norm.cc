@@ -135,6 +135,21 @@ inline void GeluGradSpan(const T* u, const T* g, T* out, int64_t len) {
   }
 }
 
+// Channel c's normalisation, y = (x - shift) * scale + bias in T, exactly as
+// the forward applies it (a fused GELU's backward recomputes y with it).
+template <typename T>
+struct ChannelAffine {
+  T shift, scale, bias;
+};
+template <typename T>
+inline ChannelAffine<T> AffineOf(int64_t c, const std::vector<double>& mean,
+                                 const std::vector<double>& inv_std, const T* gamma,
+                                 const T* beta) {
+  return {static_cast<T>(mean[c]),
+          static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std[c]),
+          beta != nullptr ? beta[c] : T(0)};
+}
+
 // Channels per parallel task: enough elements that scheduling is noise,
 // and, since a task walks its channels sample by sample, at least 2048
 // values (8 KB of f32) a sample, so the prefetcher streams them. A task of
@@ -276,10 +291,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
       for (int64_t i = 0; i < n; ++i) {
         for (int64_t c = c0; c < c1; ++c) {
           const int64_t at = (i * c_n + c) * s_n;
-          const T tm = static_cast<T>(mean_[c]);
-          const T a = static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) *
-                                     inv_std_[c]);
-          const T b = beta != nullptr ? beta[c] : T(0);
+          const auto [tm, a, b] = AffineOf(c, mean_, inv_std_, gamma, beta);
           const T* row = xs + at;
           T* out = ys + at;
           if (relu_) {
@@ -413,11 +425,8 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
         const int64_t at0 = (i * c_n + c0) * s_n;
         const T* grad = g + at0;
         if (gelu_) {
-          for (int64_t c = c0; c < c1; ++c) {  // as the forward's normalise wrote it
-            const T tm = static_cast<T>(mean_[c]);
-            const T a = static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) *
-                                       inv_std_[c]);
-            const T b = beta != nullptr ? beta[c] : T(0);
+          for (int64_t c = c0; c < c1; ++c) {
+            const auto [tm, a, b] = AffineOf(c, mean_, inv_std_, gamma, beta);
             const T* row = xs + at0 + (c - c0) * s_n;
             T* out = u.data() + (c - c0) * s_n;
             for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
