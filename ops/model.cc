@@ -257,17 +257,16 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
     for (const auto& ins : m->input_index_)
       for (int j : ins)
         if (j >= 0) ++readers[j];
+    // Whether `layer` takes activation `act` (a relu, or the erf form of gelu).
+    auto fuse = [](const Layer& act, Layer& layer) {
+      if (std::string(act.type()) == "relu") return layer.FuseRelu();
+      const auto* a = dynamic_cast<const ActivationLayer*>(&act);
+      return a != nullptr && a->kind() == Activation::kGeluErf && layer.FuseGelu();
+    };
     for (size_t i = 0; i < m->layers_.size(); ++i) {
       if (m->input_index_[i].size() != 1) continue;
       const int j = m->input_index_[i][0];
-      if (j < 0 || readers[j] != 1) continue;
-      Layer& reader = *m->layers_[i];
-      const auto* act = dynamic_cast<const ActivationLayer*>(&reader);
-      if (std::string(reader.type()) == "relu"                    ? m->layers_[j]->FuseRelu()
-          : act != nullptr && act->kind() == Activation::kGeluErf ? m->layers_[j]->FuseGelu()
-                                                                  : false) {
-        m->fused_into_[i] = j;
-      }
+      if (j >= 0 && readers[j] == 1 && fuse(*m->layers_[i], *m->layers_[j])) m->fused_into_[i] = j;
     }
   }
   if (splitter != nullptr) splitter->Pair(*m);
