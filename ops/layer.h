@@ -138,6 +138,27 @@ class Layer {
   // CPU has native bf16. Default: stays f32.
   virtual bool ComputeInBf16() { return false; }
 
+  // Channels-last activations on the CPU (bf16): a 4-D activation may be
+  // stored [N, H, W, C] while its shape stays [N, C, H, W], and so is its
+  // gradient. Model::Build decides it per activation, where every layer that
+  // writes or reads it can (ChannelsLast), and tells each layer its
+  // inputs' and output's layouts (SetChannelsLast). A layer that converts
+  // (kConverts: conv2d in bf16, whose oneDNN kernels read and write NHWC
+  // anyway) takes each side as it is told; a layer that follows
+  // (kFollows: batchnorm, max-pooling, elementwise layers) works in either
+  // layout and writes its output in its inputs' one. Default: NCHW only.
+  enum class ChannelsLast { kNo, kConverts, kFollows };
+  virtual ChannelsLast ChannelsLastSupport() const { return ChannelsLast::kNo; }
+  // Called once by Model::Build (before any Forward) where some side is
+  // channels-last; a kFollows layer gets the same layout on every side.
+  virtual void SetChannelsLast(const std::vector<bool>& inputs, bool output) {
+    nhwc_inputs_ = inputs;
+    nhwc_output_ = output;
+  }
+  // The layouts Model::Build chose: input i, or the output, as [N, H, W, C].
+  bool nhwc_input(size_t i = 0) const { return i < nhwc_inputs_.size() && nhwc_inputs_[i]; }
+  bool nhwc_output() const { return nhwc_output_; }
+
   // Multiply-adds x2 of one forward pass on a batch of n (for reports).
   virtual int64_t ForwardFlops(int64_t /*n*/) const { return 0; }
 
@@ -156,6 +177,8 @@ class Layer {
   std::string name_;
   std::vector<Parameter> params_;
   std::vector<Buffer> buffers_;
+  std::vector<bool> nhwc_inputs_;
+  bool nhwc_output_ = false;
 };
 
 using LayerFactory = std::function<std::unique_ptr<Layer>(const std::string&, const Args&)>;

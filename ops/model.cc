@@ -131,7 +131,7 @@ Error OutOfMemoryIn() {
 std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                     DType dtype, uint64_t seed, InitScheme init, Device device,
                                     std::optional<DType> compute, bool fuse_activations,
-                                    const LayerSplitter* splitter) {
+                                    bool channels_last, const LayerSplitter* splitter) {
   if (device.is_cuda() && device.index >= CudaDeviceCount()) {
     throw Error(
         StrCat("cannot build the model on ", device.ToString(), ": ", CudaDeviceCount(),
@@ -269,8 +269,50 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
       if (j >= 0 && readers[j] == 1 && fuse(*m->layers_[i], *m->layers_[j])) m->fused_into_[i] = j;
     }
   }
+  if (cpu_bf16 && channels_last && splitter == nullptr) m->ChooseChannelsLast();
   if (splitter != nullptr) splitter->Pair(*m);
   return m;
+}
+
+void Model::ChooseChannelsLast() {
+  const int num = static_cast<int>(layers_.size());
+  // Activations tied by a kFollows layer (its inputs and its output) share
+  // one layout: a union-find over them (-1, the model input, is not one).
+  std::vector<int> group(num);
+  for (int i = 0; i < num; ++i) group[i] = i;
+  auto root = [&](int i) {
+    while (group[i] != i) i = group[i] = group[group[i]];
+    return i;
+  };
+  using CL = Layer::ChannelsLast;
+  std::vector<char> ok(num, 1);  // per group root: every writer and reader can
+  for (int i = 0; i < num; ++i) {
+    const CL support = layers_[i]->ChannelsLastSupport();
+    // The model's output, and what is not [N, C, H, W], stay as they are.
+    if (support == CL::kNo || out_shapes_[i].rank() != 3 || i == num - 1) ok[i] = 0;
+    for (int j : input_index_[i]) {
+      if (support == CL::kFollows) {
+        if (j < 0) {
+          ok[i] = 0;  // follows the model input, which is NCHW
+        } else {
+          const int a = root(i), b = root(j);
+          group[a] = b;
+          ok[b] = ok[b] && ok[a];
+        }
+      }
+      if (j >= 0 && support == CL::kNo) ok[root(j)] = 0;
+    }
+  }
+  auto nhwc = [&](int j) { return j >= 0 && ok[root(j)] != 0; };
+  for (int i = 0; i < num; ++i) {
+    std::vector<bool> in;
+    bool any = nhwc(i);
+    for (int j : input_index_[i]) {
+      in.push_back(nhwc(j));
+      any = any || in.back();
+    }
+    if (any) layers_[i]->SetChannelsLast(in, nhwc(i));
+  }
 }
 
 const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {

@@ -70,6 +70,13 @@ class Model {
   // multiplies in bf16 (Layer::ComputeInBf16) and the activations stay f32;
   // ConfigError when the CPU has no native bf16 (cpu::NoNativeBf16Reason).
   //
+  // With bf16 on the CPU, activations between layers that can take them
+  // channels-last (Layer::ChannelsLast: conv2d, batchnorm, max-pooling,
+  // elementwise layers) are stored [N, H, W, C], as oneDNN's bf16 kernels
+  // read and write them, instead of being converted around every
+  // convolution (channels_last false: every activation stays NCHW; also
+  // under tensor parallelism). The model's input and output stay NCHW.
+  //
   // Mixed precision on a GPU: with `compute` f16 or bf16, parameters,
   // gradients and buffers stay in `dtype` (f32: the master weights) and
   // activations are in `compute`: Forward casts its input, every layer
@@ -83,7 +90,7 @@ class Model {
                                       InitScheme init = InitScheme::kPytorchDefault,
                                       Device device = Device::Cpu(),
                                       std::optional<DType> compute = std::nullopt,
-                                      bool fuse_activations = true,
+                                      bool fuse_activations = true, bool channels_last = true,
                                       const LayerSplitter* splitter = nullptr);
 
   // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
@@ -143,6 +150,8 @@ class Model {
   // model input's: when Forward without keep_activations frees them.
   std::vector<int> last_reader_;
   int input_last_reader_ = -1;
+  // Model::Build: which activations are channels-last (see Build).
+  void ChooseChannelsLast();
   // For an activation fused into the layer it reads: that layer's index; else -1.
   std::vector<int> fused_into_;
   Shape input_shape_;

@@ -161,6 +161,38 @@ int64_t ChannelGrain(int64_t s_n, int64_t m) {
   return std::max<int64_t>({1, enough, kSpan / std::max<int64_t>(s_n, 1)});
 }
 
+// Channel statistics from `count` values whose sums centred on `shift` are
+// s1 (of x - shift) and s2 (of its square): the batch mean and biased
+// variance. Updates the running statistics as PyTorch does (with the
+// unbiased variance).
+template <typename T>
+inline std::pair<double, double> BatchStats(double count, double shift, double s1, double s2,
+                                            double momentum, T* rmean, T* rvar) {
+  const double d = s1 / count;
+  const double mean = shift + d;
+  const double ss = std::max(s2 - s1 * d, 0.0);  // sum((x - mean)^2)
+  *rmean = static_cast<T>((1 - momentum) * *rmean + momentum * mean);
+  *rvar = static_cast<T>((1 - momentum) * *rvar + momentum * (ss / (count - 1)));
+  return {mean, ss / count};
+}
+
+// Channels-last ([rows, C], rows = N * H * W): per-channel sums over rows
+// in a fixed number of row chunks (a function of the shape only), each in
+// double, added in chunk order: the same for any thread count.
+// fn(r0, r1, acc) adds rows [r0, r1)'s sums into acc[width] (zeroed);
+// out[width] receives the totals.
+int64_t RowGrain(int64_t c_n) { return std::max<int64_t>(1, (int64_t{1} << 14) / c_n); }
+template <typename Fn>
+void SumRowChunks(int64_t rows, int64_t c_n, int64_t width, double* out, Fn&& fn) {
+  const int64_t chunks = cpu::NumChunks(rows, RowGrain(c_n));
+  std::vector<double> part(chunks * width, 0.0);
+  cpu::ForChunks(rows, chunks,
+                 [&](int64_t k, int64_t r0, int64_t r1) { fn(r0, r1, part.data() + k * width); });
+  std::fill_n(out, width, 0.0);
+  for (int64_t k = 0; k < chunks; ++k)
+    for (int64_t i = 0; i < width; ++i) out[i] += part[k * width + i];
+}
+
 // SyncBN sums travel as float (ForwardContext::sync_sum). A double v is
 // sent as the pair hi = float(v), lo = float(v - hi): with one replica (or
 // an identity sync, as in the f64 gradient checks) v comes back to ~48
@@ -233,6 +265,24 @@ void BatchNormLayer::InitState() {
   ones(buffers()[1].value);
 }
 
+double BatchNormLayer::SyncCountAndShift(int64_t local_count, const Shape& in_shape) {
+  const int64_t c_n = channels_;
+  float* buf = sync_buf_.data();
+  PutCount(local_count, &buf[2 * c_n]);
+  (*sync_sum_)(buf, 2 * c_n + 2);
+  const double count = GetCount(&buf[2 * c_n]);
+  if (!(count > 1)) {
+    throw Error(StrCat("batchnorm ", name(),
+                       ": expected more than 1 value per channel over the synced replicas "
+                       "when training, got ",
+                       count, " (this replica's input ", in_shape, ")"));
+  }
+  count_ = count;
+  shift_.resize(c_n);
+  for (int64_t c = 0; c < c_n; ++c) shift_[c] = GetSplit(buf[c], buf[c_n + c]) / count;
+  return count;
+}
+
 void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
                              const ForwardContext& ctx) {
   const Tensor& in = *x[0];
@@ -257,6 +307,10 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   count_ = static_cast<double>(m);
   mean_.resize(c_n);
   inv_std_.resize(c_n);
+  if (nhwc_input()) {
+    ForwardNhwc(in, y, ctx.training);
+    return;
+  }
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xs = in.data<T>();
@@ -306,13 +360,8 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     // Batch statistics from the (global) count and centred sums; updates
     // the running statistics.
     auto finish = [&](int64_t c, double count, double shift, double s1, double s2) {
-      const double d = s1 / count;
-      const double mean = shift + d;
-      const double ss = std::max(s2 - s1 * d, 0.0);  // sum((x - mean)^2)
-      // PyTorch updates the running variance with the unbiased estimate.
-      rmean[c] = static_cast<T>((1 - momentum) * rmean[c] + momentum * mean);
-      rvar[c] = static_cast<T>((1 - momentum) * rvar[c] + momentum * (ss / (count - 1)));
-      set_stats(c, mean, ss / count);
+      const auto [mean, var] = BatchStats(count, shift, s1, s2, momentum, &rmean[c], &rvar[c]);
+      set_stats(c, mean, var);
     };
 
     if (!ctx.training) {
@@ -348,18 +397,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
         for_rows(c0, c1, [&](int64_t c, int64_t at) { sum[c - c0] += SumLanes(xs + at, s_n); });
         for (int64_t c = c0; c < c1; ++c) PutSplit(sum[c - c0], &buf[c], &buf[c_n + c]);
       });
-      PutCount(m, &buf[2 * c_n]);
-      (*sync_sum_)(buf, 2 * c_n + 2);
-      const double count = GetCount(&buf[2 * c_n]);
-      if (!(count > 1)) {
-        throw Error(StrCat("batchnorm ", name(),
-                           ": expected more than 1 value per channel over the synced replicas "
-                           "when training, got ",
-                           count, " (this replica's input ", in.shape(), ")"));
-      }
-      count_ = count;
-      shift_.resize(c_n);
-      for (int64_t c = 0; c < c_n; ++c) shift_[c] = GetSplit(buf[c], buf[c_n + c]) / count;
+      const double count = SyncCountAndShift(m, in.shape());
       // Pass 2: [sum(x - shift) (hi, lo), sum((x - shift)^2) (hi, lo)].
       sync_buf_.assign(4 * c_n, 0.0f);
       buf = sync_buf_.data();
@@ -393,6 +431,10 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
       dy.numel() == in.numel() && static_cast<int64_t>(mean_.size()) == c_n && m == local_count_,
       "batchnorm ", name(), ": backward without a matching forward, x ", in.shape(), " dy ",
       dy.shape());
+  if (nhwc_input()) {
+    BackwardNhwc(in, y, dy, dx[0]);
+    return;
+  }
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xs = in.data<T>();
@@ -525,6 +567,214 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
         input_grad(c0, c1, sum_dy.data(), sum_dy_xhat.data());
       } else {
         affine_grad(c0, c1);
+      }
+    });
+  });
+}
+
+// Channels-last: x [N, H, W, C] as rows of C values. The same statistics,
+// passes and fusions as the NCHW code above; the sums go over row chunks
+// (SumRowChunks) and each pass runs along rows, a channel per lane.
+void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
+  const int64_t c_n = channels_, s_n = spatial_, rows = in.dim(0) * s_n;
+  DispatchFloat(in.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* xs = in.data<T>();
+    T* ys = y.data<T>();
+    const T* gamma = affine_ ? parameters()[0].value.data<T>() : nullptr;
+    const T* beta = affine_ ? parameters()[1].value.data<T>() : nullptr;
+    T* rmean = buffers()[0].value.data<T>();
+    T* rvar = buffers()[1].value.data<T>();
+    auto set_stats = [&](int64_t c, double mean, double var) {
+      mean_[c] = mean;
+      inv_std_[c] = 1.0 / std::sqrt(var + eps_);
+    };
+    auto normalise = [&] {
+      std::vector<T> tm(c_n), a(c_n), b(c_n);
+      for (int64_t c = 0; c < c_n; ++c) {
+        const ChannelAffine<T> f = AffineOf(c, mean_, inv_std_, gamma, beta);
+        tm[c] = f.shift;
+        a[c] = f.scale;
+        b[c] = f.bias;
+      }
+      cpu::ParallelFor(rows, RowGrain(c_n), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const T* row = xs + r * c_n;
+          T* out = ys + r * c_n;
+          if (relu_) {
+            for (int64_t c = 0; c < c_n; ++c)
+              out[c] = std::max((row[c] - tm[c]) * a[c] + b[c], T(0));
+          } else {
+            for (int64_t c = 0; c < c_n; ++c) out[c] = (row[c] - tm[c]) * a[c] + b[c];
+          }
+        }
+        if (gelu_) GeluSpan(ys + r0 * c_n, (r1 - r0) * c_n);
+      });
+    };
+    // s[0, C): sum(x - shift), s[C, 2C): sum((x - shift)^2), per channel.
+    auto centred_sums = [&](const double* shift, double* s) {
+      SumRowChunks(rows, c_n, 2 * c_n, s, [&](int64_t r0, int64_t r1, double* acc) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const T* row = xs + r * c_n;
+          for (int64_t c = 0; c < c_n; ++c) {
+            const double v = static_cast<double>(row[c]) - shift[c];
+            acc[c] += v;
+            acc[c_n + c] += v * v;
+          }
+        }
+      });
+    };
+    if (!training) {
+      for (int64_t c = 0; c < c_n; ++c) {
+        set_stats(c, static_cast<double>(rmean[c]), static_cast<double>(rvar[c]));
+      }
+      normalise();
+      return;
+    }
+    std::vector<double> sums(2 * c_n);
+    if (sync_sum_ == nullptr) {
+      // Centred on the first sample's mean, as the NCHW path.
+      std::vector<double> shift(c_n, 0.0);
+      for (int64_t r = 0; r < s_n; ++r)
+        for (int64_t c = 0; c < c_n; ++c) shift[c] += static_cast<double>(xs[r * c_n + c]);
+      for (double& v : shift) v /= static_cast<double>(s_n);
+      centred_sums(shift.data(), sums.data());
+      for (int64_t c = 0; c < c_n; ++c) {
+        const auto [mean, var] = BatchStats(static_cast<double>(rows), shift[c], sums[c],
+                                            sums[c_n + c], momentum_, &rmean[c], &rvar[c]);
+        set_stats(c, mean, var);
+      }
+      normalise();
+      return;
+    }
+    // Synced: the NCHW path's two sync_sum calls, with the same packing.
+    SumRowChunks(rows, c_n, c_n, sums.data(), [&](int64_t r0, int64_t r1, double* acc) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = 0; c < c_n; ++c) acc[c] += static_cast<double>(xs[r * c_n + c]);
+    });
+    sync_buf_.assign(2 * c_n + 2, 0.0f);
+    float* buf = sync_buf_.data();
+    for (int64_t c = 0; c < c_n; ++c) PutSplit(sums[c], &buf[c], &buf[c_n + c]);
+    const double count = SyncCountAndShift(rows, in.shape());
+    centred_sums(shift_.data(), sums.data());
+    sync_buf_.assign(4 * c_n, 0.0f);
+    buf = sync_buf_.data();
+    for (int64_t c = 0; c < c_n; ++c) {
+      PutSplit(sums[c], &buf[c], &buf[c_n + c]);
+      PutSplit(sums[c_n + c], &buf[2 * c_n + c], &buf[3 * c_n + c]);
+    }
+    (*sync_sum_)(buf, 4 * c_n);
+    for (int64_t c = 0; c < c_n; ++c) {
+      const auto [mean, var] =
+          BatchStats(count, shift_[c], GetSplit(buf[c], buf[c_n + c]),
+                     GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]), momentum_, &rmean[c], &rvar[c]);
+      set_stats(c, mean, var);
+    }
+    normalise();
+  });
+}
+
+void BatchNormLayer::BackwardNhwc(const Tensor& in, const Tensor& y, const Tensor& dy, Tensor* dx) {
+  const int64_t c_n = channels_, s_n = spatial_, rows = in.dim(0) * s_n;
+  DispatchFloat(in.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* xs = in.data<T>();
+    const T* g = dy.data<T>();
+    T* d = dx != nullptr ? dx->data<T>() : nullptr;
+    const T* ys = relu_ ? y.data<T>() : nullptr;
+    const T* gamma = affine_ ? parameters()[0].value.data<T>() : nullptr;
+    const T* beta = affine_ ? parameters()[1].value.data<T>() : nullptr;
+    T* dgamma = affine_ ? parameters()[0].grad.data<T>() : nullptr;
+    T* dbeta = affine_ ? parameters()[1].grad.data<T>() : nullptr;
+    std::vector<T> tm(c_n), a(c_n), b(c_n);
+    for (int64_t c = 0; c < c_n; ++c) {
+      const ChannelAffine<T> f = AffineOf(c, mean_, inv_std_, gamma, beta);
+      tm[c] = f.shift;
+      a[c] = f.scale;
+      b[c] = f.bias;
+    }
+    // A fused GELU: dy through it at bn(x), recomputed a block of rows at a
+    // time, left in dx when wanted (the dx pass then overwrites it in place).
+    const bool du_in_dx = gelu_ && d != nullptr;
+    const T* grad = du_in_dx ? d : g;
+    // sums[0, C): sum(dy), sums[C, 2C): sum(dy * (x - mean)), this replica's.
+    std::vector<double> sums(2 * c_n);
+    SumRowChunks(rows, c_n, 2 * c_n, sums.data(), [&](int64_t r0, int64_t r1, double* acc) {
+      const int64_t block = std::max<int64_t>(1, 2048 / c_n);
+      std::vector<T> u(gelu_ ? block * c_n : 0);
+      for (int64_t rb = r0; rb < r1; rb += block) {
+        const int64_t re = std::min(r1, rb + block);
+        const T* gb = g + rb * c_n;
+        if (gelu_) {
+          for (int64_t r = rb; r < re; ++r) {
+            const T* row = xs + r * c_n;
+            T* out = u.data() + (r - rb) * c_n;
+            for (int64_t c = 0; c < c_n; ++c) out[c] = (row[c] - tm[c]) * a[c] + b[c];
+          }
+          T* du = du_in_dx ? d + rb * c_n : u.data();
+          GeluGradSpan(u.data(), g + rb * c_n, du, (re - rb) * c_n);
+          gb = du;
+        }
+        for (int64_t r = rb; r < re; ++r) {
+          const T* row = xs + r * c_n;
+          const T* gr = gb + (r - rb) * c_n;
+          const T* yr = ys != nullptr ? ys + r * c_n : nullptr;
+          for (int64_t c = 0; c < c_n; ++c) {
+            const double v = yr == nullptr || yr[c] > T(0) ? static_cast<double>(gr[c]) : 0.0;
+            acc[c] += v;
+            acc[c_n + c] += v * (static_cast<double>(row[c]) - mean_[c]);
+          }
+        }
+      }
+    });
+    for (int64_t c = 0; c < c_n; ++c) {
+      sums[c_n + c] *= inv_std_[c];
+      if (dgamma != nullptr) {
+        dgamma[c] += static_cast<T>(sums[c_n + c]);
+        dbeta[c] += static_cast<T>(sums[c]);
+      }
+    }
+    if (d == nullptr) return;
+    if (last_training_ && sync_sum_ != nullptr) {
+      sync_buf_.assign(4 * c_n, 0.0f);
+      float* buf = sync_buf_.data();
+      for (int64_t c = 0; c < c_n; ++c) {
+        PutSplit(sums[c], &buf[c], &buf[c_n + c]);
+        PutSplit(sums[c_n + c], &buf[2 * c_n + c], &buf[3 * c_n + c]);
+      }
+      (*sync_sum_)(buf, 4 * c_n);
+      for (int64_t c = 0; c < c_n; ++c) {
+        sums[c] = GetSplit(buf[c], buf[c_n + c]);
+        sums[c_n + c] = GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]);
+      }
+    }
+    // dx = dy * k + (x - mean) * u + v per channel (training), dy * k
+    // (evaluation: the running statistics are constants).
+    const double inv_count = 1.0 / count_;
+    std::vector<T> tk(c_n), tu(c_n, T(0)), tv(c_n, T(0));
+    for (int64_t c = 0; c < c_n; ++c) {
+      const double scale = (gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std_[c];
+      tk[c] = static_cast<T>(scale);
+      if (last_training_) {
+        tu[c] = static_cast<T>(-scale * inv_std_[c] * sums[c_n + c] * inv_count);
+        tv[c] = static_cast<T>(-scale * sums[c] * inv_count);
+      }
+    }
+    cpu::ParallelFor(rows, RowGrain(c_n), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* gr = grad + r * c_n;
+        const T* row = xs + r * c_n;
+        T* out = d + r * c_n;
+        if (ys == nullptr) {
+          for (int64_t c = 0; c < c_n; ++c)
+            out[c] = gr[c] * tk[c] + (row[c] - tm[c]) * tu[c] + tv[c];
+        } else {
+          const T* yr = ys + r * c_n;
+          for (int64_t c = 0; c < c_n; ++c) {
+            const T gk = gr[c];
+            out[c] = (yr[c] > T(0) ? gk : T(0)) * tk[c] + (row[c] - tm[c]) * tu[c] + tv[c];
+          }
+        }
       }
     });
   });

@@ -122,6 +122,8 @@ struct Conv2dScratch {
   // size. Guarded: one layer may be planned from two threads (pipelines).
   std::mutex mu;
   bool bf16 = false;  // Conv2d::ComputeInBf16: oneDNN's bf16 primitives for every pass
+  // bf16 only (Conv2d::SetChannelsLast): x and dx, y and dy channels-last.
+  bool nhwc_in = false, nhwc_out = false;
   std::map<int64_t, Conv2dPlan> plans;
   std::map<int64_t, std::unique_ptr<cpu::OnednnConv>> onednn;
 
@@ -481,7 +483,10 @@ cpu::OnednnConv& OnednnFor(const Conv2dGeometry& g, bool bias, bool relu, Conv2d
                            int64_t mb) {
   std::lock_guard<std::mutex> lock(scratch.mu);
   auto& conv = scratch.onednn[mb];
-  if (conv == nullptr) conv = std::make_unique<cpu::OnednnConv>(g, mb, bias, relu, scratch.bf16);
+  if (conv == nullptr) {
+    conv = std::make_unique<cpu::OnednnConv>(g, mb, bias, relu, scratch.bf16, scratch.nhwc_in,
+                                             scratch.nhwc_out);
+  }
   return *conv;
 }
 
@@ -519,10 +524,12 @@ void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, co
   if constexpr (std::is_same_v<T, float>) {
     if (plan.forward == ConvAlgo::kOnednn) {
       const ChunkConvs convs = OnednnChunks(g, bias != nullptr, relu, scratch, n, chunks);
-      bool keeps = keep && plan.backward_weights == ConvAlgo::kOnednn;
+      // The matmul backward-weights reads the kept x too, from NHWC.
+      bool keeps = keep && (plan.backward_weights == ConvAlgo::kOnednn ||
+                            (scratch.nhwc_in && plan.backward_weights == ConvAlgo::kMatmul));
       convs.ForEach([&](cpu::OnednnConv& c) {
         c.PrepareForwardWeights(w);
-        keeps = keeps && c.KeepsInput();
+        keeps = keeps && c.KeepsInput(plan.backward_weights);
       });
       const int64_t in_sample = g.in_channels * g.in_plane();
       const int64_t out_sample = g.out_channels * g.out_plane();
@@ -568,7 +575,9 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
   }
   T* partial = want_dw ? scratch.partial.data<T>() : nullptr;
   // x as the forward kept it in bf16 (Conv2dScratch::Keep), if it did.
-  const Tensor kept = want_dw && onednn_weights && !matmul_weights ? scratch.Take(x) : Tensor();
+  const Tensor kept = want_dw && onednn_weights && (!matmul_weights || scratch.nhwc_in)
+                          ? scratch.Take(x)
+                          : Tensor();
   ChunkConvs convs;
   if constexpr (std::is_same_v<T, float>) {
     if (onednn_data || onednn_weights) {
@@ -744,8 +753,9 @@ std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& 
 // or the flipped forward one, for backward-weights its convolution or
 // OnednnConv's matmul, whichever is faster on one chunk:
 // "onednn,onednn|flipped,onednn|matmul", then the rates.
-std::string MeasureBf16Picks(const Conv2dGeometry& g, bool has_bias, int64_t bwd_mb) {
-  cpu::OnednnConv conv(g, bwd_mb, has_bias, false, true);
+std::string MeasureBf16Picks(const Conv2dGeometry& g, bool has_bias, int64_t bwd_mb, bool nhwc_in,
+                             bool nhwc_out) {
+  cpu::OnednnConv conv(g, bwd_mb, has_bias, false, true, nhwc_in, nhwc_out);
   Rng rng(1);
   auto random = [&](int64_t size) { return RandomF32(rng, size); };
   const int64_t dw_size = g.out_channels * g.col_rows();
@@ -807,9 +817,13 @@ Conv2dPlan PlanConv(const Conv2dGeometry& g, bool has_bias, ConvAlgo algo, Conv2
   auto it = scratch.plans.find(n);
   if (it != scratch.plans.end()) return it->second;
   const int64_t fwd_mb = n / BatchChunks(n), bwd_mb = n / BackwardChunks(g, n);
-  const std::string key = StrCat(PickKey(g, has_bias, n), scratch.bf16 ? " bf16" : "");
+  const std::string key =
+      StrCat(PickKey(g, has_bias, n), scratch.bf16 ? " bf16" : "",
+             scratch.nhwc_in || scratch.nhwc_out
+                 ? StrCat(" nhwc=", scratch.nhwc_in ? "in" : "", scratch.nhwc_out ? "out" : "")
+                 : "");
   const std::string picks = cpu::FindOrMeasure(key, [&] {
-    return scratch.bf16 ? MeasureBf16Picks(g, has_bias, bwd_mb)
+    return scratch.bf16 ? MeasureBf16Picks(g, has_bias, bwd_mb, scratch.nhwc_in, scratch.nhwc_out)
                         : MeasurePicks(g, has_bias, scratch, fwd_mb, bwd_mb);
   });
   Conv2dPlan plan;
@@ -1003,6 +1017,21 @@ bool Conv2d::ComputeInBf16() {
   scratch_->plans.clear();
   scratch_->onednn.clear();
   return true;
+}
+
+Layer::ChannelsLast Conv2d::ChannelsLastSupport() const {
+  return scratch_ != nullptr && scratch_->bf16 ? ChannelsLast::kConverts : ChannelsLast::kNo;
+}
+
+void Conv2d::SetChannelsLast(const std::vector<bool>& inputs, bool output) {
+  CNNFLOW_ENFORCE(ChannelsLastSupport() == ChannelsLast::kConverts,
+                  "conv2d: channels-last tensors outside bf16");
+  Layer::SetChannelsLast(inputs, output);
+  std::lock_guard<std::mutex> lock(scratch_->mu);
+  scratch_->nhwc_in = nhwc_input();
+  scratch_->nhwc_out = output;
+  scratch_->plans.clear();
+  scratch_->onednn.clear();
 }
 
 int64_t Conv2d::ForwardFlops(int64_t n) const {

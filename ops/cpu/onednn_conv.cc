@@ -3,6 +3,7 @@
 #include <tbb/enumerable_thread_specific.h>
 
 #include <algorithm>
+#include <bit>
 #include <dnnl.hpp>
 #include <vector>
 
@@ -19,10 +20,10 @@ using dnnl::memory;
 using Tag = memory::format_tag;
 
 // A reorder from `from` to `to`, or nothing when they are the same layout.
-// The two that bf16 convolutions run on every activation, f32 NCHW to bf16
-// NHWC and f32 NHWC to NCHW, are our own (ops/cpu/bf16_layout.h).
+// The ones that bf16 convolutions run on every activation, f32 NCHW or NHWC
+// to bf16 NHWC and f32 NHWC to NCHW, are our own (ops/cpu/bf16_layout.h).
 struct Reorder {
-  enum class Kind { kNone, kOnednn, kNchwToNhwcBf16, kNhwcToNchw };
+  enum class Kind { kNone, kOnednn, kNchwToNhwcBf16, kNhwcToBf16, kNhwcToNchw };
   Reorder() = default;
   Reorder(const memory::desc& from, const memory::desc& to, const dnnl::primitive_attr& attr)
       : from(from), to(to) {
@@ -33,6 +34,8 @@ struct Reorder {
       auto plain = [&](dt type, Tag tag) { return memory::desc(d, type, tag); };
       if (from == plain(dt::f32, Tag::nchw) && to == plain(dt::bf16, Tag::nhwc)) {
         kind = Kind::kNchwToNhwcBf16;
+      } else if (from == plain(dt::f32, Tag::nhwc) && to == plain(dt::bf16, Tag::nhwc)) {
+        kind = Kind::kNhwcToBf16;
       } else if (from == plain(dt::f32, Tag::nhwc) && to == plain(dt::f32, Tag::nchw)) {
         kind = Kind::kNhwcToNchw;
       }
@@ -48,7 +51,8 @@ struct Reorder {
     prim = dnnl::reorder(pd);
   }
   bool needed() const { return kind != Kind::kNone; }
-  bool ToBf16Nhwc() const { return kind == Kind::kNchwToNhwcBf16; }
+  // Whether it writes bf16 NHWC by our own conversion (from NCHW or NHWC).
+  bool ToBf16Nhwc() const { return kind == Kind::kNchwToNhwcBf16 || kind == Kind::kNhwcToBf16; }
   size_t scratchpad() const { return prim ? pd.scratchpad_desc().get_size() : 0; }
   // An input `p` laid out as `from`: what the primitive reads (p itself, or
   // buf after the reorder).
@@ -67,6 +71,10 @@ struct Reorder {
   void Run(const void* src, void* dst, void* pad) const {
     if (kind == Kind::kNchwToNhwcBf16) {
       NchwToNhwcBf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n, c, p);
+      return;
+    }
+    if (kind == Kind::kNhwcToBf16) {
+      ToBf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n * c * p);
       return;
     }
     if (kind == Kind::kNhwcToNchw) {
@@ -147,6 +155,32 @@ void Im2ColTransposed(const Conv2dGeometry& g, int64_t mb, const uint16_t* xb, u
   }
 }
 
+// xb [mb, H, W, C] bf16 -> col [mb * H' * W', kh * kw * C] (row q = (s, oh,
+// ow), column (i, j, c)): each tap a copy of C contiguous words, zero
+// outside x.
+void Im2ColNhwc(const Conv2dGeometry& g, int64_t mb, const uint16_t* xb, uint16_t* col) {
+  const int64_t c_n = g.in_channels, ncol = g.col_rows();
+  for (int64_t s = 0; s < mb; ++s) {
+    const uint16_t* xs = xb + s * g.in_plane() * c_n;
+    for (int64_t oh = 0; oh < g.out_h; ++oh) {
+      for (int64_t ow = 0; ow < g.out_w; ++ow) {
+        uint16_t* row = col + ((s * g.out_h + oh) * g.out_w + ow) * ncol;
+        for (int64_t i = 0; i < g.kernel_h; ++i) {
+          const int64_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
+          for (int64_t j = 0; j < g.kernel_w; ++j, row += c_n) {
+            const int64_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
+            if (ih < 0 || ih >= g.in_h || iw < 0 || iw >= g.in_w) {
+              std::fill_n(row, c_n, uint16_t{0});
+            } else {
+              std::copy_n(xs + (ih * g.in_w + iw) * c_n, c_n, row);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 struct OnednnConv::Impl {
@@ -160,6 +194,7 @@ struct OnednnConv::Impl {
   bool bias = false;
   Conv2dGeometry g;
   int64_t mb = 0;
+  bool nhwc_in = false, nhwc_out = false;  // x, dx [mb, H, W, C]; y, dy [mb, H', W', K]
 
   // bf16 backward-weights as one matmul (BackwardWeightsByMatmul): dW [K, C*kh*kw]
   // = dY^T [K, Q] x col [Q, C*kh*kw] over the chunk's Q = mb * H' * W'
@@ -190,7 +225,8 @@ struct OnednnConv::Impl {
   size_t buf_a = 0, buf_b = 0, buf_c = 0, pad = 0;  // per-thread scratch sizes (bytes)
   struct Scratch {
     Tensor a, b, c, pad;
-    Tensor col, dyt, xb;  // matmul_weights: col^T, dY^T and x in bf16
+    Tensor col, dyt, xb;  // matmul_weights: col (transposed for NCHW), dY and x in bf16
+    Tensor dwt;           // matmul_weights from NHWC: dW [K, kh, kw, C]
     Tensor dy16;          // Backward: dy in bf16 NHWC, for both passes
   };
   mutable tbb::enumerable_thread_specific<Scratch> scratch;
@@ -211,7 +247,8 @@ struct OnednnConv::Impl {
   }
 };
 
-OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu, bool bf16)
+OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu, bool bf16,
+                       bool nhwc_in, bool nhwc_out)
     : mb_(mb), impl_(std::make_unique<Impl>()) {
   // oneDNN sizes a primitive's OpenMP team when it creates the primitive,
   // from this thread's max threads: pinned after creation, a primitive made
@@ -221,6 +258,8 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
   m.bias = bias;
   m.g = g;
   m.mb = mb;
+  m.nhwc_in = nhwc_in;
+  m.nhwc_out = nhwc_out;
   using dt = memory::data_type;
   const memory::dims src{mb, g.in_channels, g.in_h, g.in_w};
   const memory::dims dst{mb, g.out_channels, g.out_h, g.out_w};
@@ -235,8 +274,8 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
   const memory::dims pad_r{
       (g.out_h - 1) * g.stride_h + (g.kernel_h - 1) * g.dilation_h + 1 - g.in_h - g.pad_h,
       (g.out_w - 1) * g.stride_w + (g.kernel_w - 1) * g.dilation_w + 1 - g.in_w - g.pad_w};
-  m.user_src = memory::desc(src, dt::f32, Tag::nchw);
-  m.user_dst = memory::desc(dst, dt::f32, Tag::nchw);
+  m.user_src = memory::desc(src, dt::f32, nhwc_in ? Tag::nhwc : Tag::nchw);
+  m.user_dst = memory::desc(dst, dt::f32, nhwc_out ? Tag::nhwc : Tag::nchw);
   m.user_wei = memory::desc(wei, dt::f32, grouped ? Tag::goihw : Tag::oihw);
   m.user_bias = memory::desc({g.out_channels}, dt::f32, Tag::x);
   // The operands of the products (x, w, dy) in the compute type; the
@@ -346,11 +385,15 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     m.flipped_data = true;
   }
   if (bf16 && !grouped && CpuHasAvx512Bf16()) {
+    // NCHW: dY^T [K, Q] and col^T [ncol, Q], both transposed as they are
+    // gathered; NHWC: dY as it is ([Q, K]) and col [Q, ncol] with its
+    // columns in (i, j, c) order, so dW comes out [K, kh, kw, C].
     const int64_t q = mb * g.out_plane(), ncol = g.col_rows();
     m.mm_pd = dnnl::matmul::primitive_desc(
-        dnnl::matmul::desc(memory::desc({g.out_channels, q}, dt::bf16, Tag::ab),
-                           memory::desc({q, ncol}, dt::bf16, Tag::ba),
-                           memory::desc({g.out_channels, ncol}, dt::f32, Tag::ab)),
+        dnnl::matmul::desc(
+            memory::desc({g.out_channels, q}, dt::bf16, nhwc_out ? Tag::ba : Tag::ab),
+            memory::desc({q, ncol}, dt::bf16, nhwc_in ? Tag::ab : Tag::ba),
+            memory::desc({g.out_channels, ncol}, dt::f32, Tag::ab)),
         attr, OnednnEngine());
     m.mm = dnnl::matmul(m.mm_pd);
     m.pad = std::max(m.pad, m.mm_pd.scratchpad_desc().get_size());
@@ -380,15 +423,17 @@ void OnednnConv::PrepareBackwardWeights(const float* w) {
   m.bd_wei_ptr = m.bd_wei.In(w, m.bd_wei_buf.raw_data(), m.Local().pad.data<float>());
 }
 
-bool OnednnConv::KeepsInput() const {
-  return impl_->fwd_src.ToBf16Nhwc() && impl_->bw_src.ToBf16Nhwc();
+bool OnednnConv::KeepsInput(ConvAlgo weights) const {
+  const Impl& m = *impl_;
+  return m.fwd_src.ToBf16Nhwc() &&
+         (weights == ConvAlgo::kMatmul ? m.nhwc_in && m.matmul_weights : m.bw_src.ToBf16Nhwc());
 }
 
 void OnednnConv::Forward(const float* x, const float* bias, float* y, uint16_t* keep_x) const {
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
   CNNFLOW_ENFORCE(m.fwd_wei_ptr != nullptr, "OnednnConv::Forward before PrepareForwardWeights");
-  CNNFLOW_ENFORCE(keep_x == nullptr || KeepsInput(),
+  CNNFLOW_ENFORCE(keep_x == nullptr || m.fwd_src.ToBf16Nhwc(),
                   "OnednnConv::Forward: keep_x where the input is not converted to bf16 NHWC");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
@@ -475,35 +520,68 @@ void OnednnConv::BackwardDataByFlippedForward(const float* dy, float* dx,
 
 bool OnednnConv::HasMatmulWeights() const { return impl_->matmul_weights; }
 
-void OnednnConv::BackwardWeightsByMatmul(const float* x, const float* dy, float* dw,
-                                         float* db) const {
+void OnednnConv::BackwardWeightsByMatmul(const float* x, const float* dy, float* dw, float* db,
+                                         const uint16_t* kept_x, const uint16_t* dy_bf16) const {
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
   CNNFLOW_ENFORCE(m.matmul_weights, "OnednnConv: no matmul backward-weights (bf16, ungrouped, ",
                   "avx512_bf16 only)");
+  CNNFLOW_ENFORCE((kept_x == nullptr || m.nhwc_in) && (dy_bf16 == nullptr || m.nhwc_out),
+                  "OnednnConv: the matmul backward-weights reads a converted x or dy only from "
+                  "NHWC");
   Impl::Scratch& s = m.Local();
   const Conv2dGeometry& g = m.g;
   const int64_t plane = g.out_plane(), q = m.mb * plane, k_out = g.out_channels;
   const int64_t x_size = m.mb * g.in_channels * g.in_plane();
   auto* col = static_cast<uint16_t*>(Impl::Fit(s.col, 2 * g.col_rows() * q));
-  auto* dyt = static_cast<uint16_t*>(Impl::Fit(s.dyt, 2 * k_out * q));
-  auto* xb = static_cast<uint16_t*>(Impl::Fit(s.xb, 2 * x_size));
-  ToBf16(x, xb, x_size);
-  Im2ColTransposed(g, m.mb, xb, col);
-  for (int64_t k = 0; k < k_out; ++k) {
-    for (int64_t n = 0; n < m.mb; ++n)
-      ToBf16(dy + (n * k_out + k) * plane, dyt + k * q + n * plane, plane);
+  auto* dyt = dy_bf16 != nullptr ? const_cast<uint16_t*>(dy_bf16)
+                                 : static_cast<uint16_t*>(Impl::Fit(s.dyt, 2 * k_out * q));
+  const uint16_t* xb = kept_x;
+  if (xb == nullptr) {
+    auto* buf = static_cast<uint16_t*>(Impl::Fit(s.xb, 2 * x_size));
+    ToBf16(x, buf, x_size);
+    xb = buf;
   }
+  if (m.nhwc_in) {
+    Im2ColNhwc(g, m.mb, xb, col);
+  } else {
+    Im2ColTransposed(g, m.mb, xb, col);
+  }
+  if (dy_bf16 == nullptr && m.nhwc_out) {
+    ToBf16(dy, dyt, q * k_out);
+  } else if (dy_bf16 == nullptr) {
+    for (int64_t k = 0; k < k_out; ++k) {
+      for (int64_t n = 0; n < m.mb; ++n)
+        ToBf16(dy + (n * k_out + k) * plane, dyt + k * q + n * plane, plane);
+    }
+  }
+  // From NHWC, dW comes out [K, kh, kw, C]: into [K, C, kh, kw] after.
+  const int64_t taps = g.kernel_h * g.kernel_w, c_n = g.in_channels;
+  float* out = m.nhwc_in ? static_cast<float*>(Impl::Fit(s.dwt, 4 * k_out * c_n * taps)) : dw;
   memory ms(m.mm_pd.src_desc(), OnednnEngine(), dyt);
   memory mw(m.mm_pd.weights_desc(), OnednnEngine(), col);
-  memory md(m.mm_pd.dst_desc(), OnednnEngine(), dw);
+  memory md(m.mm_pd.dst_desc(), OnednnEngine(), out);
   memory mp(m.mm_pd.scratchpad_desc(), OnednnEngine(), s.pad.data<float>());
   m.mm.execute(
       OnednnStream(),
       {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}, {DNNL_ARG_SCRATCHPAD, mp}});
+  if (m.nhwc_in) {
+    for (int64_t k = 0; k < k_out; ++k)
+      for (int64_t t = 0; t < taps; ++t)
+        for (int64_t c = 0; c < c_n; ++c)
+          dw[(k * c_n + c) * taps + t] = out[(k * taps + t) * c_n + c];
+  }
   if (m.bias) {
     CNNFLOW_ENFORCE(db != nullptr, "OnednnConv::BackwardWeightsByMatmul: the layer has a bias");
-    for (int64_t k = 0; k < k_out; ++k) db[k] = SumBf16(dyt + k * q, q);
+    if (m.nhwc_out) {
+      // Column sums of dY [Q, K] in bf16, in row order.
+      std::fill_n(db, k_out, 0.0f);
+      for (int64_t r = 0; r < q; ++r)
+        for (int64_t k = 0; k < k_out; ++k)
+          db[k] += std::bit_cast<float>(static_cast<uint32_t>(dyt[r * k_out + k]) << 16);
+    } else {
+      for (int64_t k = 0; k < k_out; ++k) db[k] = SumBf16(dyt + k * q, q);
+    }
   }
 }
 
@@ -541,21 +619,23 @@ void OnednnConv::Backward(const float* x, const uint16_t* kept_x, const float* d
   const Impl& m = *impl_;
   const bool flipped = dx != nullptr && data == ConvAlgo::kFlipped;
   const bool primitive_weights = dw != nullptr && weights == ConvAlgo::kOnednn;
+  const bool matmul_weights = dw != nullptr && weights == ConvAlgo::kMatmul;
   // Both passes read dy as bf16 NHWC: convert it once.
   const uint16_t* dy_bf16 = nullptr;
-  if (flipped && primitive_weights && m.flip_src.ToBf16Nhwc() && m.bw_diff_dst.ToBf16Nhwc()) {
+  if (flipped && m.flip_src.ToBf16Nhwc() &&
+      ((primitive_weights && m.bw_diff_dst.ToBf16Nhwc()) || (matmul_weights && m.nhwc_out))) {
     Impl::Scratch& s = m.Local();
-    const memory::desc& md = m.bw_diff_dst.to;
-    auto* buf = static_cast<uint16_t*>(Impl::Fit(s.dy16, md.get_size()));
-    m.bw_diff_dst.Run(dy, buf, s.pad.raw_data());
+    auto* buf = static_cast<uint16_t*>(Impl::Fit(s.dy16, m.flip_src.to.get_size()));
+    m.flip_src.Run(dy, buf, s.pad.raw_data());
     dy_bf16 = buf;
   }
   if (primitive_weights) {
     BackwardWeights(x, dy, dw, db, m.bw_src.ToBf16Nhwc() ? kept_x : nullptr, dy_bf16);
   } else if (dw != nullptr) {
-    CNNFLOW_ENFORCE(weights == ConvAlgo::kMatmul, "OnednnConv::Backward: backward-weights by ",
+    CNNFLOW_ENFORCE(matmul_weights, "OnednnConv::Backward: backward-weights by ",
                     ConvAlgoName(weights));
-    BackwardWeightsByMatmul(x, dy, dw, db);
+    BackwardWeightsByMatmul(x, dy, dw, db, m.nhwc_in ? kept_x : nullptr,
+                            m.nhwc_out ? dy_bf16 : nullptr);
   }
   if (flipped) {
     BackwardDataByFlippedForward(dy, dx, dy_bf16);

@@ -9,7 +9,8 @@
 // for any thread count.
 //
 // The layer's tensors stay in PyTorch's layouts (x, y [mb, C, H, W] plain,
-// weight [K, C/groups, kh, kw]); the primitives are created with
+// or [mb, H, W, C] where the model keeps them channels-last; weight
+// [K, C/groups, kh, kw]); the primitives are created with
 // format_tag::any, so oneDNN picks its blocked layouts (nChw8c on AVX2,
 // nChw16c on AVX-512) and each call reorders its chunk in and out through
 // per-thread scratch. Weights are reordered once per pass (Prepare*).
@@ -31,9 +32,13 @@ namespace cnnflow::cpu {
 class OnednnConv {
  public:
   // mb: the samples of every call; relu: Forward writes max(y, 0) (a
-  // post-op inside the kernel); bf16: the products in bf16. Throws Error
-  // when oneDNN has no primitive for the geometry.
-  OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu = false, bool bf16 = false);
+  // post-op inside the kernel); bf16: the products in bf16; nhwc_in: x and
+  // dx are [mb, H, W, C], nhwc_out: y and dy [mb, H', W', K] (channels-last
+  // activations, Layer::ChannelsLast), which bf16's kernels read and write
+  // without a transpose. Throws Error when oneDNN has no primitive for the
+  // geometry.
+  OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu = false, bool bf16 = false,
+             bool nhwc_in = false, bool nhwc_out = false);
   ~OnednnConv();
   OnednnConv(const OnednnConv&) = delete;
   OnednnConv& operator=(const OnednnConv&) = delete;
@@ -53,9 +58,10 @@ class OnednnConv {
   // KeepsInput): x in bf16 NHWC is written there, for Backward to read
   // instead of converting x again.
   void Forward(const float* x, const float* bias, float* y, uint16_t* keep_x = nullptr) const;
-  // Whether both the forward and the backward-weights primitive read x as
-  // bf16 NHWC (our own conversion), so Forward can keep it for Backward.
-  bool KeepsInput() const;
+  // Whether the forward reads x as bf16 NHWC (our own conversion) and the
+  // backward-weights by `weights` (kOnednn or kMatmul) reads the same, so
+  // Forward can keep it for Backward.
+  bool KeepsInput(ConvAlgo weights) const;
   // The backward of one chunk, converting each operand once for both
   // passes: dx (null: skipped) by `data` (kOnednn or kFlipped), dw and db
   // (dw null: skipped) by `weights` (kOnednn or kMatmul, as the calls
@@ -82,8 +88,12 @@ class OnednnConv {
   // brgemm, which oneDNN 2.6 has for matmul but not for this pass of a
   // convolution: faster for small planes of many channels), db summed from
   // the rounded dy. Where HasMatmulWeights: bf16, ungrouped, and the CPU has avx512_bf16.
+  // From NHWC tensors only: kept_x, x as Forward kept it (bf16 NHWC), and
+  // dy_bf16, dy already in bf16 (or null: converted here).
   bool HasMatmulWeights() const;
-  void BackwardWeightsByMatmul(const float* x, const float* dy, float* dw, float* db) const;
+  void BackwardWeightsByMatmul(const float* x, const float* dy, float* dw, float* db,
+                               const uint16_t* kept_x = nullptr,
+                               const uint16_t* dy_bf16 = nullptr) const;
 
  private:
   struct Impl;

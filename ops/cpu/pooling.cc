@@ -215,6 +215,46 @@ void MaxPoolPlaneBackward(const Pool2dGeometry& g, const T* dy, const int32_t* i
   for (int64_t o = 0; o < g.out_plane(); ++o) dx[idx[o]] += dy[o];
 }
 
+// Channels-last: one sample x [H, W, C] -> y [H', W', C] and the argmax of
+// each output (its cell h * W + w, per channel), each window's cells in
+// PyTorch's scan order, a channel per lane.
+template <typename T>
+void MaxPoolSampleNhwc(const Pool2dGeometry& g, const T* x, T* y, int32_t* idx) {
+  const int64_t c_n = g.channels;
+  for (int64_t oh = 0; oh < g.out_h; ++oh) {
+    int64_t hs, he;
+    Window(oh, g.stride_h, g.pad_h, g.kernel_h, g.in_h, &hs, &he);
+    for (int64_t ow = 0; ow < g.out_w; ++ow) {
+      int64_t ws, we;
+      Window(ow, g.stride_w, g.pad_w, g.kernel_w, g.in_w, &ws, &we);
+      T* yo = y + (oh * g.out_w + ow) * c_n;
+      int32_t* io = idx + (oh * g.out_w + ow) * c_n;
+      std::fill_n(yo, c_n, -std::numeric_limits<T>::infinity());
+      std::fill_n(io, c_n, static_cast<int32_t>(hs * g.in_w + ws));
+      for (int64_t h = hs; h < he; ++h) {
+        for (int64_t w = ws; w < we; ++w) {
+          const T* xc = x + (h * g.in_w + w) * c_n;
+          const auto at = static_cast<int32_t>(h * g.in_w + w);
+          for (int64_t c = 0; c < c_n; ++c) {
+            const bool t = Beats(xc[c], yo[c]);
+            yo[c] = t ? xc[c] : yo[c];
+            io[c] = t ? at : io[c];
+          }
+        }
+      }
+    }
+  }
+}
+
+// One sample: dy [H', W', C] and the argmax -> dx [H, W, C] (overwritten).
+template <typename T>
+void MaxPoolSampleBackwardNhwc(const Pool2dGeometry& g, const T* dy, const int32_t* idx, T* dx) {
+  const int64_t c_n = g.channels;
+  std::fill_n(dx, g.in_plane() * c_n, T(0));
+  for (int64_t o = 0; o < g.out_plane(); ++o)
+    for (int64_t c = 0; c < c_n; ++c) dx[idx[o * c_n + c] * c_n + c] += dy[o * c_n + c];
+}
+
 // PyTorch's divisor: the window clipped to the padded input, or to the
 // input itself when padding is not counted.
 inline int64_t AvgDivisor(const Pool2dGeometry& g, int64_t oh, int64_t ow, bool include_pad) {
@@ -325,6 +365,15 @@ void MaxPool2d::Forward(const std::vector<const Tensor*>& x, Tensor& y, const Fo
     const T* xs = x[0]->data<T>();
     T* ys = y.data<T>();
     int32_t* idx = argmax_.data();
+    if (nhwc_input()) {
+      const int64_t in_sample = g.in_plane() * g.channels, out_sample = g.out_plane() * g.channels;
+      cpu::ParallelFor(x[0]->dim(0), PlaneGrain(in_sample), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          MaxPoolSampleNhwc(g, xs + i * in_sample, ys + i * out_sample, idx + i * out_sample);
+        }
+      });
+      return;
+    }
     cpu::ParallelFor(planes, PlaneGrain(g.in_plane()), [&](int64_t b, int64_t e) {
       for (int64_t p = b; p < e; ++p) {
         MaxPoolPlane(g, xs + p * g.in_plane(), ys + p * g.out_plane(), idx + p * g.out_plane());
@@ -345,6 +394,16 @@ void MaxPool2d::Backward(const std::vector<const Tensor*>& x, const Tensor&, con
     const T* dys = dy.data<T>();
     T* dxs = dx[0]->data<T>();
     const int32_t* idx = argmax_.data();
+    if (nhwc_input()) {
+      const int64_t in_sample = g.in_plane() * g.channels, out_sample = g.out_plane() * g.channels;
+      cpu::ParallelFor(x[0]->dim(0), PlaneGrain(in_sample), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          MaxPoolSampleBackwardNhwc(g, dys + i * out_sample, idx + i * out_sample,
+                                    dxs + i * in_sample);
+        }
+      });
+      return;
+    }
     cpu::ParallelFor(planes, PlaneGrain(g.in_plane()), [&](int64_t b, int64_t e) {
       for (int64_t p = b; p < e; ++p) {
         MaxPoolPlaneBackward(g, dys + p * g.out_plane(), idx + p * g.out_plane(),

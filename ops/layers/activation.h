@@ -56,6 +56,8 @@ class ActivationLayer : public Layer {
   void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext& ctx) override;
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
+  // Elementwise: works in either layout.
+  ChannelsLast ChannelsLastSupport() const override { return ChannelsLast::kFollows; }
 
   Activation kind() const { return kind_; }
   // leaky_relu's negative_slope (0 for the others): the `a` of the functions.

@@ -26,6 +26,8 @@ class AddLayer : public Layer {
     relu_ = true;
     return true;
   }
+  // Elementwise: works in either layout.
+  ChannelsLast ChannelsLastSupport() const override { return ChannelsLast::kFollows; }
 
  private:
   bool relu_ = false;

@@ -60,6 +60,9 @@ class BatchNormLayer : public Layer {
     return true;
   }
 
+  // Either layout, [N, C, H, W] or channels-last [N, H, W, C] samples.
+  ChannelsLast ChannelsLastSupport() const override { return ChannelsLast::kFollows; }
+
   int64_t channels() const { return channels_; }
   double momentum() const { return momentum_; }
   double eps() const { return eps_; }
@@ -67,6 +70,13 @@ class BatchNormLayer : public Layer {
 
  private:
   void InitState();  // weight 1, bias 0, running_mean 0, running_var 1
+  // Synced forward, pass 1: sync_buf_ holds this replica's per-channel sums
+  // (hi C, lo C); adds the count, syncs, and sets count_ and shift_ (the
+  // global mean up to the float rounding). Returns the global count.
+  double SyncCountAndShift(int64_t local_count, const Shape& in_shape);
+  // The passes over channels-last tensors (nhwc_input()).
+  void ForwardNhwc(const Tensor& in, Tensor& y, bool training);
+  void BackwardNhwc(const Tensor& in, const Tensor& y, const Tensor& dy, Tensor* dx);
 
   double momentum_;
   double eps_;

@@ -120,6 +120,9 @@ class Conv2d : public Layer {
   // Every pass through oneDNN's bf16 primitives from now on, whatever
   // `algo` says (the GEMM path is f32 only).
   bool ComputeInBf16() override;
+  // In bf16 its oneDNN kernels read and write NHWC: either side may be.
+  ChannelsLast ChannelsLastSupport() const override;
+  void SetChannelsLast(const std::vector<bool>& inputs, bool output) override;
 
   const Conv2dGeometry& geometry() const { return geom_; }
   bool has_bias() const { return has_bias_; }

@@ -28,6 +28,11 @@ class MulLayer : public Layer {
   // dx = dy * s; ds = dy * x summed over the dimensions s broadcasts over.
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
+  // By a constant it is elementwise (either layout); by a tensor it
+  // broadcasts over NCHW positions.
+  ChannelsLast ChannelsLastSupport() const override {
+    return has_scale_ ? ChannelsLast::kFollows : ChannelsLast::kNo;
+  }
 
   bool has_scale() const { return has_scale_; }
   double scale() const { return scale_; }

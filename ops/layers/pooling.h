@@ -51,9 +51,12 @@ class MaxPool2d : public Pool2dBase {
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
   int64_t ForwardFlops(int64_t n) const override;
+  // Either layout, [N, C, H, W] or channels-last [N, H, W, C].
+  ChannelsLast ChannelsLastSupport() const override { return ChannelsLast::kFollows; }
 
  private:
-  // Per forward: index in its input plane (h * W + w) of each output's max.
+  // Per forward: index in its input plane (h * W + w) of each output's max
+  // (channels-last: laid out as the output).
   std::vector<int32_t> argmax_;
 };
 

@@ -19,6 +19,8 @@ class ReluLayer : public Layer {
   void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext& ctx) override;
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
+  // Elementwise: works in either layout.
+  ChannelsLast ChannelsLastSupport() const override { return ChannelsLast::kFollows; }
 };
 
 }  // namespace cnnflow

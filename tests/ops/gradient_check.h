@@ -37,6 +37,26 @@ inline Tensor RandomTensor(const Shape& shape, uint64_t seed, double lo = -1, do
   return t;
 }
 
+// x [N, C, H, W] with its data laid out channels-last ([N, H, W, C], the
+// shape unchanged: Layer::ChannelsLast), and back (FromChannelsLast).
+inline Tensor ChannelsLastCopy(const Tensor& x, bool to_nhwc) {
+  const int64_t n = x.dim(0), c = x.dim(1), p = x.numel() / (n * c);
+  Tensor t = Tensor::Empty(x.shape(), x.dtype());
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t ci = 0; ci < c; ++ci)
+      for (int64_t pi = 0; pi < p; ++pi) {
+        const int64_t nchw = (s * c + ci) * p + pi, nhwc = (s * p + pi) * c + ci;
+        if (to_nhwc) {
+          t.Set(nhwc, x.At(nchw));
+        } else {
+          t.Set(nchw, x.At(nhwc));
+        }
+      }
+  return t;
+}
+inline Tensor ToChannelsLast(const Tensor& x) { return ChannelsLastCopy(x, true); }
+inline Tensor FromChannelsLast(const Tensor& x) { return ChannelsLastCopy(x, false); }
+
 // Runs Forward and returns the output (shape from out_sample_shape).
 inline Tensor RunForward(Layer& layer, const std::vector<Tensor>& inputs, const Shape& out_shape,
                          const ForwardContext& ctx) {

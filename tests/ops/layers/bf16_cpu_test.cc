@@ -458,6 +458,150 @@ TEST(Bf16Cpu, FlippedBackwardDataMatchesRoundedReference) {
   }
 }
 
+// Channels-last tensors (Layer::ChannelsLast): OnednnConv with x and dx
+// (in), y and dy (out) NHWC, every pass and both alternatives of each
+// backward pass, against the NCHW convolution on the same values.
+TEST(Bf16Cpu, ChannelsLastConvPassesMatchNchw) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  for (const ConvCase& t : kConvCases) {
+    for (int layout = 1; layout < 4; ++layout) {
+      const bool in = (layout & 1) != 0, out = (layout & 2) != 0;
+      SCOPED_TRACE(::testing::Message()
+                   << "case c " << t.c << " " << t.h << "x" << t.w << " kernel " << t.kh << "x"
+                   << t.kw << " stride " << t.stride << " nhwc in " << in << " out " << out);
+      const Conv2dGeometry g = GeometryOf(t);
+      cpu::OnednnConv ref(g, t.mb, t.bias, false, true),
+          conv(g, t.mb, t.bias, false, true, in, out);
+      const Shape xs{t.mb, t.c, t.h, t.w}, ys{t.mb, t.k, g.out_h, g.out_w};
+      const Tensor x = RandomTensor(xs, 7).Cast(DType::kF32);
+      const Tensor dy = RandomTensor(ys, 8).Cast(DType::kF32);
+      const Tensor w = RandomTensor(Shape({t.k, t.c, t.kh, t.kw}), 6).Cast(DType::kF32);
+      const Tensor b = RandomTensor(Shape({t.k}), 5).Cast(DType::kF32);
+      const Tensor xl = in ? testing::ToChannelsLast(x) : x;
+      const Tensor dyl = out ? testing::ToChannelsLast(dy) : dy;
+      auto nchw_x = [&](const Tensor& v) { return in ? testing::FromChannelsLast(v) : v; };
+      auto nchw_y = [&](const Tensor& v) { return out ? testing::FromChannelsLast(v) : v; };
+      const float* bias = t.bias ? b.data<float>() : nullptr;
+
+      Tensor y_ref = Tensor::Empty(ys), y = Tensor::Empty(ys);
+      ref.PrepareForwardWeights(w.data<float>());
+      conv.PrepareForwardWeights(w.data<float>());
+      ref.Forward(x.data<float>(), bias, y_ref.data<float>());
+      conv.Forward(xl.data<float>(), bias, y.data<float>());
+      EXPECT_LE(RelError(nchw_y(y), Values(y_ref)), 4e-5) << "forward";
+
+      Tensor dx_ref = Tensor::Empty(xs), dx = Tensor::Empty(xs);
+      ref.PrepareBackwardWeights(w.data<float>());
+      conv.PrepareBackwardWeights(w.data<float>());
+      ref.BackwardData(dy.data<float>(), dx_ref.data<float>());
+      conv.BackwardData(dyl.data<float>(), dx.data<float>());
+      EXPECT_LE(RelError(nchw_x(dx), Values(dx_ref)), 4e-5) << "backward-data";
+      if (conv.HasFlippedData()) {
+        conv.PrepareFlippedWeights(w.data<float>());
+        conv.BackwardDataByFlippedForward(dyl.data<float>(), dx.data<float>());
+        EXPECT_LE(RelError(nchw_x(dx), Values(dx_ref)), 4e-5) << "flipped backward-data";
+      }
+
+      const int64_t dw_size = t.k * g.col_rows(), size = dw_size + (t.bias ? t.k : 0);
+      Tensor dw_ref = Tensor::Zeros({size}), dw = Tensor::Zeros({size});
+      auto db = [&](Tensor& d) { return t.bias ? d.data<float>() + dw_size : nullptr; };
+      ref.BackwardWeights(x.data<float>(), dy.data<float>(), dw_ref.data<float>(), db(dw_ref));
+      conv.BackwardWeights(xl.data<float>(), dyl.data<float>(), dw.data<float>(), db(dw));
+      EXPECT_LE(RelError(dw, Values(dw_ref)), 4e-5) << "backward-weights";
+      if (conv.HasMatmulWeights()) {
+        conv.BackwardWeightsByMatmul(xl.data<float>(), dyl.data<float>(), dw.data<float>(), db(dw));
+        EXPECT_LE(RelError(dw, Values(dw_ref)), 4e-5) << "matmul backward-weights";
+        // Through Backward, with x as Forward kept it and dy converted once
+        // for both passes where it can.
+        if (conv.KeepsInput(ConvAlgo::kMatmul) && conv.HasFlippedData()) {
+          std::vector<uint16_t> kept(x.numel());
+          conv.Forward(xl.data<float>(), bias, y.data<float>(), kept.data());
+          dw = Tensor::Zeros({size});
+          conv.Backward(xl.data<float>(), kept.data(), dyl.data<float>(), dx.data<float>(),
+                        ConvAlgo::kFlipped, dw.data<float>(), db(dw), ConvAlgo::kMatmul);
+          EXPECT_LE(RelError(dw, Values(dw_ref)), 4e-5) << "Backward: matmul from the kept x";
+          EXPECT_LE(RelError(nchw_x(dx), Values(dx_ref)), 4e-5) << "Backward: flipped";
+        }
+      }
+    }
+  }
+}
+
+// Model::Build keeps an activation channels-last where every layer that
+// writes or reads it can, and a bf16 model so built trains as the NCHW
+// one: the same logits and gradients up to the order of the sums.
+std::vector<LayerSpec> ChannelsLastNet() {
+  return {
+      Spec("conv1", "conv2d", {{"out", int64_t{8}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
+      Spec("bn1", "batchnorm", {}),
+      Spec("gelu1", "gelu", {}),
+      Spec("conv2", "conv2d",
+           {{"out", int64_t{16}}, {"kernel", int64_t{3}}, {"stride", int64_t{2}}, {"bias", false}}),
+      Spec("bn2", "batchnorm", {}),
+      Spec("relu2", "relu", {}),
+      Spec("scale", "mul", {{"scale", 0.5}}),
+      Spec("conv3", "conv2d", {{"out", int64_t{16}}, {"kernel", int64_t{2}}}),
+      Spec("relu3", "relu", {}),
+      Spec("fc", "linear", {{"out", int64_t{5}}})};
+}
+
+TEST(Bf16Cpu, ModelChoosesChannelsLastWhereEveryLayerCan) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  auto m = Model::Build(ChannelsLastNet(), {3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
+                        Device::Cpu(), DType::kBF16);
+  // Per layer: its input's and its output's layout (1: NHWC). conv3's
+  // output goes to fc through relu3, and fc reads NCHW.
+  const std::vector<std::pair<int, int>> want = {{0, 1}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, {1, 1},
+                                                 {1, 1}, {1, 1}, {1, 0}, {0, 0}, {0, 0}};
+  ASSERT_EQ(m->num_layers(), static_cast<int>(want.size()));
+  for (int i = 0; i < m->num_layers(); ++i) {
+    EXPECT_EQ(m->layer(i).nhwc_input(), want[i].first != 0) << m->layer(i).name();
+    EXPECT_EQ(m->layer(i).nhwc_output(), want[i].second != 0) << m->layer(i).name();
+  }
+  auto off = Model::Build(ChannelsLastNet(), {3, 12, 12}, DType::kF32, 1,
+                          InitScheme::kPytorchDefault, Device::Cpu(), DType::kBF16, true, false);
+  for (int i = 0; i < off->num_layers(); ++i) {
+    EXPECT_FALSE(off->layer(i).nhwc_input() || off->layer(i).nhwc_output());
+  }
+  auto f32 = Model::Build(ChannelsLastNet(), {3, 12, 12}, DType::kF32, 1);
+  for (int i = 0; i < f32->num_layers(); ++i) {
+    EXPECT_FALSE(f32->layer(i).nhwc_input() || f32->layer(i).nhwc_output()) << "f32 stays NCHW";
+  }
+}
+
+TEST(Bf16Cpu, ChannelsLastModelMatchesNchw) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  std::unique_ptr<Model> models[2];
+  for (int k = 0; k < 2; ++k) {
+    models[k] = Model::Build(ChannelsLastNet(), {3, 12, 12}, DType::kF32, 3,
+                             InitScheme::kPytorchDefault, Device::Cpu(), DType::kBF16, true,
+                             /*channels_last=*/k == 1);
+  }
+  ASSERT_TRUE(models[1]->layer(0).nhwc_output());
+  const int64_t n = 6;
+  const Tensor x = RandomTensor({n, 3, 12, 12}, 4, -1, 1, DType::kF32);
+  const Tensor dy = RandomTensor({n, 5}, 5, -1, 1, DType::kF32);
+  Tensor logits[2];
+  for (int k = 0; k < 2; ++k) {
+    for (bool training : {false, true}) {
+      ForwardContext ctx;
+      ctx.training = training;
+      logits[k] = models[k]->Forward(x, ctx).Clone();
+      if (!training) {
+        continue;
+      }
+      models[k]->ZeroGrad();
+      models[k]->Backward(dy);
+    }
+  }
+  EXPECT_LE(RelError(logits[1], Values(logits[0])), 1e-3);
+  const auto named = models[0]->NamedParameters(), other = models[1]->NamedParameters();
+  for (size_t i = 0; i < named.size(); ++i) {
+    EXPECT_LE(RelError(other[i].param->grad, Values(named[i].param->grad)), 2e-3) << named[i].name;
+  }
+}
+
 TEST(Bf16Cpu, Conv1dMatchesRoundedReference) {
   SKIP_WITHOUT_NATIVE_BF16();
   CheckBf16Layer("conv1d", ConvArgs(16, 5, 1, 2, 1, true), Shape({4, 8, 50}), true);

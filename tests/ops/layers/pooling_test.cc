@@ -189,6 +189,37 @@ TEST(MaxPool2dForward, ManyPlanesForwardAndBackwardMatchNaive) {
   ExpectNear(want, dx, 0, "dx");
 }
 
+// Channels-last (Layer::SetChannelsLast): the NHWC forward and backward
+// against the NCHW ones on the same values, with ties (values from a few
+// levels, so the scan order decides) and NaNs, for every case's geometry.
+TEST(MaxPool2dForward, ChannelsLastMatchesNchw) {
+  for (const PoolCase& t : Cases()) {
+    SCOPED_TRACE(::testing::Message() << "case " << t.h << "x" << t.w << " kernel " << t.kh << "x"
+                                      << t.kw << " stride " << t.sh << " pad " << t.ph);
+    for (DType dtype : {DType::kF64, DType::kF32}) {
+      auto nchw = MakeLayer("maxpool2d", PoolArgs(t), {InShape(t).WithoutBatch()}, dtype);
+      auto nhwc = MakeLayer("maxpool2d", PoolArgs(t), {InShape(t).WithoutBatch()}, dtype);
+      nhwc->SetChannelsLast({true}, true);
+      Tensor x = RandomTensor(InShape(t), 5, -2, 2, dtype);
+      for (int64_t i = 0; i < x.numel(); ++i) x.Set(i, std::round(x.At(i)));
+      x.Set(x.numel() / 2, std::numeric_limits<double>::quiet_NaN());
+      const Tensor xl = testing::ToChannelsLast(x);
+      const Tensor y = RunForward(*nchw, {x}, OutShape(t), {});
+      const Tensor yl = testing::FromChannelsLast(RunForward(*nhwc, {xl}, OutShape(t), {}));
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        ASSERT_TRUE(y.At(i) == yl.At(i) || (std::isnan(y.At(i)) && std::isnan(yl.At(i)))) << i;
+      }
+      const Tensor dy = RandomTensor(OutShape(t), 6, -1, 1, dtype);
+      Tensor dx = Tensor::Full(InShape(t), 7.0, dtype), dxl = Tensor::Full(InShape(t), 7.0, dtype);
+      const Tensor dyl = testing::ToChannelsLast(dy);
+      nchw->Backward({&x}, y, dy, {&dx});
+      nhwc->Backward({&xl}, testing::ToChannelsLast(yl), dyl, {&dxl});
+      const Tensor back = testing::FromChannelsLast(dxl);
+      for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_EQ(dx.At(i), back.At(i)) << i;
+    }
+  }
+}
+
 // The f32 2x2 path (scalar, AVX2 or AVX-512: each this CPU has) against the
 // f64 one (scalar), with ties, NaNs and rows of 1 to 35 outputs (several
 // vector steps, ragged tails).
