@@ -293,7 +293,7 @@ void Model::ChooseChannelsLast() {
     for (int j : input_index_[i]) {
       if (support == CL::kFollows) {
         if (j < 0) {
-          ok[i] = 0;  // follows the model input, which is NCHW
+          ok[root(i)] = 0;  // follows the model input, which is NCHW
         } else {
           const int a = root(i), b = root(j);
           group[a] = b;

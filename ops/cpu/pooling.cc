@@ -216,25 +216,29 @@ void MaxPoolPlaneBackward(const Pool2dGeometry& g, const T* dy, const int32_t* i
 }
 
 // Channels-last: one sample x [H, W, C] -> y [H', W', C] and the argmax of
-// each output (its cell h * W + w, per channel), each window's cells in
+// each output as its offset in the (unclipped) window, i * kw + j, per
+// channel: a byte (kernel_h * kernel_w <= 256, MaxPool2d::ChannelsLast),
+// a quarter of the traffic of a cell index. Each window's cells in
 // PyTorch's scan order, a channel per lane.
 template <typename T>
-void MaxPoolSampleNhwc(const Pool2dGeometry& g, const T* x, T* y, int32_t* idx) {
+void MaxPoolSampleNhwc(const Pool2dGeometry& g, const T* x, T* y, uint8_t* win) {
   const int64_t c_n = g.channels;
   for (int64_t oh = 0; oh < g.out_h; ++oh) {
     int64_t hs, he;
     Window(oh, g.stride_h, g.pad_h, g.kernel_h, g.in_h, &hs, &he);
+    const int64_t h0 = oh * g.stride_h - g.pad_h;
     for (int64_t ow = 0; ow < g.out_w; ++ow) {
       int64_t ws, we;
       Window(ow, g.stride_w, g.pad_w, g.kernel_w, g.in_w, &ws, &we);
+      const int64_t w0 = ow * g.stride_w - g.pad_w;
       T* yo = y + (oh * g.out_w + ow) * c_n;
-      int32_t* io = idx + (oh * g.out_w + ow) * c_n;
+      uint8_t* io = win + (oh * g.out_w + ow) * c_n;
       std::fill_n(yo, c_n, -std::numeric_limits<T>::infinity());
-      std::fill_n(io, c_n, static_cast<int32_t>(hs * g.in_w + ws));
+      std::fill_n(io, c_n, static_cast<uint8_t>((hs - h0) * g.kernel_w + (ws - w0)));
       for (int64_t h = hs; h < he; ++h) {
         for (int64_t w = ws; w < we; ++w) {
           const T* xc = x + (h * g.in_w + w) * c_n;
-          const auto at = static_cast<int32_t>(h * g.in_w + w);
+          const auto at = static_cast<uint8_t>((h - h0) * g.kernel_w + (w - w0));
           for (int64_t c = 0; c < c_n; ++c) {
             const bool t = Beats(xc[c], yo[c]);
             yo[c] = t ? xc[c] : yo[c];
@@ -246,13 +250,44 @@ void MaxPoolSampleNhwc(const Pool2dGeometry& g, const T* x, T* y, int32_t* idx) 
   }
 }
 
-// One sample: dy [H', W', C] and the argmax -> dx [H, W, C] (overwritten).
+// One sample: dy [H', W', C] and the window argmax -> dx [H, W, C]
+// (overwritten). Windows that tile the input (stride = kernel, no padding)
+// hold each cell at most once, so dx is written in one pass, dy where the
+// cell is its window's argmax and 0 elsewhere, instead of zeroed and then
+// scattered into (two passes over a tensor 4x the output's size).
 template <typename T>
-void MaxPoolSampleBackwardNhwc(const Pool2dGeometry& g, const T* dy, const int32_t* idx, T* dx) {
+void MaxPoolSampleBackwardNhwc(const Pool2dGeometry& g, const T* dy, const uint8_t* win, T* dx) {
   const int64_t c_n = g.channels;
+  if (g.stride_h == g.kernel_h && g.stride_w == g.kernel_w && g.pad_h == 0 && g.pad_w == 0) {
+    for (int64_t h = 0; h < g.in_h; ++h) {
+      const int64_t oh = h / g.kernel_h;
+      for (int64_t w = 0; w < g.in_w; ++w) {
+        const int64_t ow = w / g.kernel_w;
+        T* d = dx + (h * g.in_w + w) * c_n;
+        if (oh >= g.out_h || ow >= g.out_w) {
+          std::fill_n(d, c_n, T(0));
+          continue;
+        }
+        const auto at = static_cast<uint8_t>((h % g.kernel_h) * g.kernel_w + w % g.kernel_w);
+        const uint8_t* io = win + (oh * g.out_w + ow) * c_n;
+        const T* gr = dy + (oh * g.out_w + ow) * c_n;
+        for (int64_t c = 0; c < c_n; ++c) d[c] = io[c] == at ? gr[c] : T(0);
+      }
+    }
+    return;
+  }
   std::fill_n(dx, g.in_plane() * c_n, T(0));
-  for (int64_t o = 0; o < g.out_plane(); ++o)
-    for (int64_t c = 0; c < c_n; ++c) dx[idx[o * c_n + c] * c_n + c] += dy[o * c_n + c];
+  for (int64_t oh = 0; oh < g.out_h; ++oh) {
+    for (int64_t ow = 0; ow < g.out_w; ++ow) {
+      const int64_t o = oh * g.out_w + ow;
+      const int64_t h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
+      for (int64_t c = 0; c < c_n; ++c) {
+        const int64_t off = win[o * c_n + c];
+        const int64_t cell = (h0 + off / g.kernel_w) * g.in_w + w0 + off % g.kernel_w;
+        dx[cell * c_n + c] += dy[o * c_n + c];
+      }
+    }
+  }
 }
 
 // PyTorch's divisor: the window clipped to the padded input, or to the
@@ -359,21 +394,25 @@ void MaxPool2d::Forward(const std::vector<const Tensor*>& x, Tensor& y, const Fo
   CheckInput("maxpool2d", x, y);
   const Pool2dGeometry& g = geom_;
   const int64_t planes = x[0]->dim(0) * g.channels;
-  argmax_.resize(static_cast<size_t>(planes * g.out_plane()));
+  const bool nhwc = nhwc_input();
+  const auto outputs = static_cast<size_t>(planes * g.out_plane());
+  window_argmax_.resize(nhwc ? outputs : 0);
+  argmax_.resize(nhwc ? 0 : outputs);
   DispatchFloat(y.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xs = x[0]->data<T>();
     T* ys = y.data<T>();
-    int32_t* idx = argmax_.data();
-    if (nhwc_input()) {
+    if (nhwc) {
       const int64_t in_sample = g.in_plane() * g.channels, out_sample = g.out_plane() * g.channels;
+      uint8_t* win = window_argmax_.data();
       cpu::ParallelFor(x[0]->dim(0), PlaneGrain(in_sample), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
-          MaxPoolSampleNhwc(g, xs + i * in_sample, ys + i * out_sample, idx + i * out_sample);
+          MaxPoolSampleNhwc(g, xs + i * in_sample, ys + i * out_sample, win + i * out_sample);
         }
       });
       return;
     }
+    int32_t* idx = argmax_.data();
     cpu::ParallelFor(planes, PlaneGrain(g.in_plane()), [&](int64_t b, int64_t e) {
       for (int64_t p = b; p < e; ++p) {
         MaxPoolPlane(g, xs + p * g.in_plane(), ys + p * g.out_plane(), idx + p * g.out_plane());
@@ -387,23 +426,26 @@ void MaxPool2d::Backward(const std::vector<const Tensor*>& x, const Tensor&, con
   if (dx.empty() || dx[0] == nullptr) return;
   const Pool2dGeometry& g = geom_;
   const int64_t planes = x[0]->dim(0) * g.channels;
-  CNNFLOW_ENFORCE(static_cast<int64_t>(argmax_.size()) == planes * g.out_plane(),
-                  "maxpool2d: Backward without a matching Forward");
+  const bool nhwc = nhwc_input();
+  CNNFLOW_ENFORCE(
+      static_cast<int64_t>(nhwc ? window_argmax_.size() : argmax_.size()) == planes * g.out_plane(),
+      "maxpool2d: Backward without a matching Forward");
   DispatchFloat(dy.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* dys = dy.data<T>();
     T* dxs = dx[0]->data<T>();
-    const int32_t* idx = argmax_.data();
-    if (nhwc_input()) {
+    if (nhwc) {
       const int64_t in_sample = g.in_plane() * g.channels, out_sample = g.out_plane() * g.channels;
+      const uint8_t* win = window_argmax_.data();
       cpu::ParallelFor(x[0]->dim(0), PlaneGrain(in_sample), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
-          MaxPoolSampleBackwardNhwc(g, dys + i * out_sample, idx + i * out_sample,
+          MaxPoolSampleBackwardNhwc(g, dys + i * out_sample, win + i * out_sample,
                                     dxs + i * in_sample);
         }
       });
       return;
     }
+    const int32_t* idx = argmax_.data();
     cpu::ParallelFor(planes, PlaneGrain(g.in_plane()), [&](int64_t b, int64_t e) {
       for (int64_t p = b; p < e; ++p) {
         MaxPoolPlaneBackward(g, dys + p * g.out_plane(), idx + p * g.out_plane(),

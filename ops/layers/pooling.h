@@ -51,13 +51,18 @@ class MaxPool2d : public Pool2dBase {
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override;
   int64_t ForwardFlops(int64_t n) const override;
-  // Either layout, [N, C, H, W] or channels-last [N, H, W, C].
-  ChannelsLast ChannelsLastSupport() const override { return ChannelsLast::kFollows; }
+  // Either layout, [N, C, H, W] or channels-last [N, H, W, C] (windows of
+  // at most 256 cells: the argmax is kept as a byte).
+  ChannelsLast ChannelsLastSupport() const override {
+    return geom_.kernel_h * geom_.kernel_w <= 256 ? ChannelsLast::kFollows : ChannelsLast::kNo;
+  }
 
  private:
-  // Per forward: index in its input plane (h * W + w) of each output's max
-  // (channels-last: laid out as the output).
+  // Per forward, NCHW: index in its input plane (h * W + w) of each
+  // output's max; channels-last: its offset in the window (i * kw + j),
+  // laid out as the output.
   std::vector<int32_t> argmax_;
+  std::vector<uint8_t> window_argmax_;
 };
 
 class AvgPool2d : public Pool2dBase {

@@ -559,6 +559,25 @@ TEST(Bf16Cpu, ModelChoosesChannelsLastWhereEveryLayerCan) {
     EXPECT_EQ(m->layer(i).nhwc_input(), want[i].first != 0) << m->layer(i).name();
     EXPECT_EQ(m->layer(i).nhwc_output(), want[i].second != 0) << m->layer(i).name();
   }
+  // A residual add of a conv's output and the model input (NCHW) keeps
+  // both NCHW, whichever order it reads them in; conv2 may still write
+  // channels-last for the add of two conv outputs.
+  const std::vector<LayerSpec> residual = {
+      Spec("conv1", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("sum1", "add", {}, {"conv1", "input"}),
+      Spec("conv2", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("conv3", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{1}}}, {"sum1"}),
+      Spec("sum2", "add", {}, {"conv2", "conv3"}),
+      Spec("conv4", "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}}),
+      Spec("fc", "linear", {{"out", int64_t{5}}})};
+  auto r = Model::Build(residual, {3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
+                        Device::Cpu(), DType::kBF16);
+  EXPECT_FALSE(r->layer(0).nhwc_output());
+  EXPECT_FALSE(r->layer(1).nhwc_input(0) || r->layer(1).nhwc_input(1) || r->layer(1).nhwc_output());
+  EXPECT_TRUE(r->layer(2).nhwc_output() && r->layer(3).nhwc_output());
+  EXPECT_TRUE(r->layer(4).nhwc_input(0) && r->layer(4).nhwc_input(1) && r->layer(4).nhwc_output());
+  EXPECT_TRUE(r->layer(5).nhwc_input() && !r->layer(5).nhwc_output());
+
   auto off = Model::Build(ChannelsLastNet(), {3, 12, 12}, DType::kF32, 1,
                           InitScheme::kPytorchDefault, Device::Cpu(), DType::kBF16, true, false);
   for (int i = 0; i < off->num_layers(); ++i) {
