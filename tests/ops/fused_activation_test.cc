@@ -32,7 +32,9 @@ struct Result {
 // activation's output.
 Result Run(Layer& layer, const std::string& act, bool fuse, const std::vector<Tensor>& xs,
            const Shape& out, const Tensor& dy, const ForwardContext& ctx) {
-  if (fuse) EXPECT_TRUE(act == "relu" ? layer.FuseRelu() : layer.FuseGelu());
+  if (fuse) {
+    EXPECT_TRUE(act == "relu" ? layer.FuseRelu() : layer.FuseGelu());
+  }
   std::vector<const Tensor*> in;
   for (const Tensor& x : xs) in.push_back(&x);
   Tensor z = Tensor::Empty(out, xs[0].dtype());
