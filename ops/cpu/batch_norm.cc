@@ -161,6 +161,57 @@ int64_t ChannelGrain(int64_t s_n, int64_t m) {
   return std::max<int64_t>({1, enough, kSpan / std::max<int64_t>(s_n, 1)});
 }
 
+// Every channel's AffineOf, as arrays a channels-last row pass reads a
+// lane at a time.
+template <typename T>
+struct ChannelAffines {
+  std::vector<T> shift, scale, bias;
+  ChannelAffines(int64_t c_n, const std::vector<double>& mean, const std::vector<double>& inv_std,
+                 const T* gamma, const T* beta)
+      : shift(c_n), scale(c_n), bias(c_n) {
+    for (int64_t c = 0; c < c_n; ++c) {
+      const ChannelAffine<T> f = AffineOf(c, mean, inv_std, gamma, beta);
+      shift[c] = f.shift;
+      scale[c] = f.scale;
+      bias[c] = f.bias;
+    }
+  }
+};
+
+// One channels-last row of C values into per-channel sums: s1[c] += x[c] -
+// shift[c] and s2[c] += its square. The pointers never overlap (restrict:
+// s1, s2 and shift are all doubles).
+template <typename T>
+inline void AddRowCentred(const T* __restrict x, const double* __restrict shift,
+                          double* __restrict s1, double* __restrict s2, int64_t c_n) {
+  for (int64_t c = 0; c < c_n; ++c) {
+    const double v = static_cast<double>(x[c]) - shift[c];
+    s1[c] += v;
+    s2[c] += v * v;
+  }
+}
+
+// The same for backward: s1[c] += g[c] and s2[c] += g[c] * (x[c] -
+// mean[c]), g counted only where y[c] > 0 when y is given (a fused ReLU).
+template <typename T>
+inline void AddRowGrad(const T* __restrict g, const T* __restrict y, const T* __restrict x,
+                       const double* __restrict mean, double* __restrict s1, double* __restrict s2,
+                       int64_t c_n) {
+  if (y == nullptr) {
+    for (int64_t c = 0; c < c_n; ++c) {
+      const double v = static_cast<double>(g[c]);
+      s1[c] += v;
+      s2[c] += v * (static_cast<double>(x[c]) - mean[c]);
+    }
+    return;
+  }
+  for (int64_t c = 0; c < c_n; ++c) {
+    const double v = y[c] > T(0) ? static_cast<double>(g[c]) : 0.0;
+    s1[c] += v;
+    s2[c] += v * (static_cast<double>(x[c]) - mean[c]);
+  }
+}
+
 // Channel statistics from `count` values whose sums centred on `shift` are
 // s1 (of x - shift) and s2 (of its square): the batch mean and biased
 // variance. Updates the running statistics as PyTorch does (with the
@@ -265,6 +316,11 @@ void BatchNormLayer::InitState() {
   ones(buffers()[1].value);
 }
 
+void BatchNormLayer::SetStats(int64_t c, double mean, double var) {
+  mean_[c] = mean;
+  inv_std_[c] = 1.0 / std::sqrt(var + eps_);
+}
+
 double BatchNormLayer::SyncCountAndShift(int64_t local_count, const Shape& in_shape) {
   const int64_t c_n = channels_;
   float* buf = sync_buf_.data();
@@ -319,7 +375,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     const T* beta = affine_ ? parameters()[1].value.data<T>() : nullptr;
     T* rmean = buffers()[0].value.data<T>();
     T* rvar = buffers()[1].value.data<T>();
-    const double momentum = momentum_, eps = eps_;
+    const double momentum = momentum_;
     // Channels are independent: each task owns a range of whole channels, so
     // every statistic is one serial-order sum (deterministic for any split).
     auto for_rows = [&](int64_t c0, int64_t c1, auto&& fn) { ForRows(n, c_n, s_n, c0, c1, fn); };
@@ -332,10 +388,6 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
       for_rows(c0, c1, [&](int64_t c, int64_t at) {
         SumCentred(xs + at, s_n, shift[c - c0], &s1[c - c0], &s2[c - c0]);
       });
-    };
-    auto set_stats = [&](int64_t c, double mean, double var) {
-      mean_[c] = mean;
-      inv_std_[c] = 1.0 / std::sqrt(var + eps);
     };
     // y = (x - mean) * a + beta with a = gamma / std (subtracting first
     // keeps f32 precise when |mean| >> std), over channels [c0, c1) whose
@@ -361,13 +413,13 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     // the running statistics.
     auto finish = [&](int64_t c, double count, double shift, double s1, double s2) {
       const auto [mean, var] = BatchStats(count, shift, s1, s2, momentum, &rmean[c], &rvar[c]);
-      set_stats(c, mean, var);
+      SetStats(c, mean, var);
     };
 
     if (!ctx.training) {
       cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; ++c) {
-          set_stats(c, static_cast<double>(rmean[c]), static_cast<double>(rvar[c]));
+          SetStats(c, static_cast<double>(rmean[c]), static_cast<double>(rvar[c]));
         }
         normalise(c0, c1);
       });
@@ -585,18 +637,9 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
     const T* beta = affine_ ? parameters()[1].value.data<T>() : nullptr;
     T* rmean = buffers()[0].value.data<T>();
     T* rvar = buffers()[1].value.data<T>();
-    auto set_stats = [&](int64_t c, double mean, double var) {
-      mean_[c] = mean;
-      inv_std_[c] = 1.0 / std::sqrt(var + eps_);
-    };
     auto normalise = [&] {
-      std::vector<T> tm(c_n), a(c_n), b(c_n);
-      for (int64_t c = 0; c < c_n; ++c) {
-        const ChannelAffine<T> f = AffineOf(c, mean_, inv_std_, gamma, beta);
-        tm[c] = f.shift;
-        a[c] = f.scale;
-        b[c] = f.bias;
-      }
+      const ChannelAffines<T> f(c_n, mean_, inv_std_, gamma, beta);
+      const T *tm = f.shift.data(), *a = f.scale.data(), *b = f.bias.data();
       cpu::ParallelFor(rows, RowGrain(c_n), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           const T* row = xs + r * c_n;
@@ -614,19 +657,12 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
     // s[0, C): sum(x - shift), s[C, 2C): sum((x - shift)^2), per channel.
     auto centred_sums = [&](const double* shift, double* s) {
       SumRowChunks(rows, c_n, 2 * c_n, s, [&](int64_t r0, int64_t r1, double* acc) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const T* row = xs + r * c_n;
-          for (int64_t c = 0; c < c_n; ++c) {
-            const double v = static_cast<double>(row[c]) - shift[c];
-            acc[c] += v;
-            acc[c_n + c] += v * v;
-          }
-        }
+        for (int64_t r = r0; r < r1; ++r) AddRowCentred(xs + r * c_n, shift, acc, acc + c_n, c_n);
       });
     };
     if (!training) {
       for (int64_t c = 0; c < c_n; ++c) {
-        set_stats(c, static_cast<double>(rmean[c]), static_cast<double>(rvar[c]));
+        SetStats(c, static_cast<double>(rmean[c]), static_cast<double>(rvar[c]));
       }
       normalise();
       return;
@@ -642,7 +678,7 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
       for (int64_t c = 0; c < c_n; ++c) {
         const auto [mean, var] = BatchStats(static_cast<double>(rows), shift[c], sums[c],
                                             sums[c_n + c], momentum_, &rmean[c], &rvar[c]);
-        set_stats(c, mean, var);
+        SetStats(c, mean, var);
       }
       normalise();
       return;
@@ -668,7 +704,7 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
       const auto [mean, var] =
           BatchStats(count, shift_[c], GetSplit(buf[c], buf[c_n + c]),
                      GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]), momentum_, &rmean[c], &rvar[c]);
-      set_stats(c, mean, var);
+      SetStats(c, mean, var);
     }
     normalise();
   });
@@ -686,13 +722,8 @@ void BatchNormLayer::BackwardNhwc(const Tensor& in, const Tensor& y, const Tenso
     const T* beta = affine_ ? parameters()[1].value.data<T>() : nullptr;
     T* dgamma = affine_ ? parameters()[0].grad.data<T>() : nullptr;
     T* dbeta = affine_ ? parameters()[1].grad.data<T>() : nullptr;
-    std::vector<T> tm(c_n), a(c_n), b(c_n);
-    for (int64_t c = 0; c < c_n; ++c) {
-      const ChannelAffine<T> f = AffineOf(c, mean_, inv_std_, gamma, beta);
-      tm[c] = f.shift;
-      a[c] = f.scale;
-      b[c] = f.bias;
-    }
+    const ChannelAffines<T> f(c_n, mean_, inv_std_, gamma, beta);
+    const T *tm = f.shift.data(), *a = f.scale.data(), *b = f.bias.data();
     // A fused GELU: dy through it at bn(x), recomputed a block of rows at a
     // time, left in dx when wanted (the dx pass then overwrites it in place).
     const bool du_in_dx = gelu_ && d != nullptr;
@@ -716,14 +747,8 @@ void BatchNormLayer::BackwardNhwc(const Tensor& in, const Tensor& y, const Tenso
           gb = du;
         }
         for (int64_t r = rb; r < re; ++r) {
-          const T* row = xs + r * c_n;
-          const T* gr = gb + (r - rb) * c_n;
-          const T* yr = ys != nullptr ? ys + r * c_n : nullptr;
-          for (int64_t c = 0; c < c_n; ++c) {
-            const double v = yr == nullptr || yr[c] > T(0) ? static_cast<double>(gr[c]) : 0.0;
-            acc[c] += v;
-            acc[c_n + c] += v * (static_cast<double>(row[c]) - mean_[c]);
-          }
+          AddRowGrad(gb + (r - rb) * c_n, ys != nullptr ? ys + r * c_n : nullptr, xs + r * c_n,
+                     mean_.data(), acc, acc + c_n, c_n);
         }
       }
     });

@@ -70,6 +70,8 @@ class BatchNormLayer : public Layer {
 
  private:
   void InitState();  // weight 1, bias 0, running_mean 0, running_var 1
+  // The statistics channel c normalises with (mean_, inv_std_).
+  void SetStats(int64_t c, double mean, double var);
   // Synced forward, pass 1: sync_buf_ holds this replica's per-channel sums
   // (hi C, lo C); adds the count, syncs, and sets count_ and shift_ (the
   // global mean up to the float rounding). Returns the global count.
