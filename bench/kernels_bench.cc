@@ -71,16 +71,19 @@ void BM_MaxPool1(benchmark::State& s) {
 // Forward + backward of a training batchnorm with a fused ReLU (as the
 // step runs ResNet-18's), batch 64, on [channels, hw, hw] samples.
 // batchnorm with its activation fused (Layer::FuseRelu / FuseGelu), forward
-// and backward on [n, C, H, W] f32.
+// and backward on [n, C, H, W] f32, or [n, H, W, C] when the fourth argument
+// is 1 (channels-last, as a bf16 model keeps it).
 void BatchNormStep(benchmark::State& state, bool gelu) {
   tbb::global_control threads(tbb::global_control::max_allowed_parallelism, 2);
   const int64_t c = state.range(0), hw = state.range(1), n = state.range(2);
+  const bool nhwc = state.range(3) != 0;
   const LayerType* t = LayerRegistry::Get().Find("batchnorm");
   Args args;
   args.FillDefaults(t->schema);
   auto layer = t->create("bn", args);
   const Shape sample{c, hw, hw};
   layer->Build({sample}, DType::kF32);
+  layer->SetChannelsLast({nhwc}, nhwc);
   if (gelu) {
     layer->FuseGelu();
   } else {
@@ -103,12 +106,15 @@ void BM_BatchNormGelu(benchmark::State& state) { BatchNormStep(state, true); }
 // [C, H, W] and the batch: ResNet-18's at batch 64, the CIFAR speed run's
 // (configs/cifar10_speedrun.yaml) at 1024.
 BENCHMARK(BM_BatchNormRelu)
-    ->Args({64, 32, 64})
-    ->Args({512, 4, 64})
-    ->Args({64, 15, 1024})
-    ->Args({256, 7, 1024})
+    ->ArgsProduct({{64}, {32}, {64}, {0, 1}})
+    ->ArgsProduct({{512}, {4}, {64}, {0, 1}})
+    ->ArgsProduct({{64}, {15}, {1024}, {0, 1}})
+    ->ArgsProduct({{256}, {7}, {1024}, {0, 1}})
     ->UseRealTime();
-BENCHMARK(BM_BatchNormGelu)->Args({64, 15, 1024})->Args({256, 7, 1024})->UseRealTime();
+BENCHMARK(BM_BatchNormGelu)
+    ->ArgsProduct({{64}, {15}, {1024}, {0, 1}})
+    ->ArgsProduct({{256}, {7}, {1024}, {0, 1}})
+    ->UseRealTime();
 
 BENCHMARK(BM_Conv1)->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK(BM_Conv2)->Arg(1)->Arg(2)->UseRealTime();

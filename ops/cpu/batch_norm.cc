@@ -178,37 +178,56 @@ struct ChannelAffines {
   }
 };
 
-// One channels-last row of C values into per-channel sums: s1[c] += x[c] -
-// shift[c] and s2[c] += its square. The pointers never overlap (restrict:
-// s1, s2 and shift are all doubles).
-template <typename T>
-inline void AddRowCentred(const T* __restrict x, const double* __restrict shift,
-                          double* __restrict s1, double* __restrict s2, int64_t c_n) {
-  for (int64_t c = 0; c < c_n; ++c) {
-    const double v = static_cast<double>(x[c]) - shift[c];
-    s1[c] += v;
-    s2[c] += v * v;
+// One channel's value (V = double) or four channels' (V = Double4) at p.
+template <typename V, typename T>
+inline V LoadLanes(const T* p) {
+  if constexpr (std::is_same_v<V, double>) {
+    return static_cast<double>(*p);
+  } else {
+    return Load4(p);
   }
 }
 
-// The same for backward: s1[c] += g[c] and s2[c] += g[c] * (x[c] -
-// mean[c]), g counted only where y[c] > 0 when y is given (a fused ReLU).
-template <typename T>
-inline void AddRowGrad(const T* __restrict g, const T* __restrict y, const T* __restrict x,
-                       const double* __restrict mean, double* __restrict s1, double* __restrict s2,
-                       int64_t c_n) {
-  if (y == nullptr) {
-    for (int64_t c = 0; c < c_n; ++c) {
-      const double v = static_cast<double>(g[c]);
-      s1[c] += v;
-      s2[c] += v * (static_cast<double>(x[c]) - mean[c]);
+// Channels-last per-channel sums over rows [r0, r1) of [rows, c_n] data:
+// s1[c] and s2[c] get the sums over the rows of two terms that
+// terms(r, c, a, b) adds into a and b for channel c (V = double) or
+// channels [c, c + 4) (V = Double4). Sixteen channels are summed at a time
+// in registers (eight independent chains) over a block of rows that stays
+// in L1, then added into s1 and s2 once a block. (A memory accumulator per
+// channel, updated every row, serialises on store-to-load forwarding, and
+// GCC left that loop scalar: 4.6x slower than NCHW on ResNet-18's shapes.)
+// The order of the additions is a function of r0, r1 and c_n alone.
+template <typename Terms>
+inline void SumChannelTiles(int64_t r0, int64_t r1, int64_t c_n, double* s1, double* s2,
+                            Terms&& terms) {
+  const int64_t block = std::max<int64_t>(8, 2048 / c_n);
+  for (int64_t rb = r0; rb < r1; rb += block) {
+    const int64_t re = std::min(r1, rb + block);
+    int64_t c = 0;
+    for (; c + 16 <= c_n; c += 16) {
+      Double4 a[4] = {}, b[4] = {};
+      for (int64_t r = rb; r < re; ++r)
+        for (int k = 0; k < 4; ++k) terms(r, c + 4 * k, a[k], b[k]);
+      for (int k = 0; k < 4; ++k)
+        for (int j = 0; j < 4; ++j) {
+          s1[c + 4 * k + j] += a[k][j];
+          s2[c + 4 * k + j] += b[k][j];
+        }
     }
-    return;
-  }
-  for (int64_t c = 0; c < c_n; ++c) {
-    const double v = y[c] > T(0) ? static_cast<double>(g[c]) : 0.0;
-    s1[c] += v;
-    s2[c] += v * (static_cast<double>(x[c]) - mean[c]);
+    for (; c + 4 <= c_n; c += 4) {
+      Double4 a = {}, b = {};
+      for (int64_t r = rb; r < re; ++r) terms(r, c, a, b);
+      for (int j = 0; j < 4; ++j) {
+        s1[c + j] += a[j];
+        s2[c + j] += b[j];
+      }
+    }
+    for (; c < c_n; ++c) {
+      double a = 0, b = 0;
+      for (int64_t r = rb; r < re; ++r) terms(r, c, a, b);
+      s1[c] += a;
+      s2[c] += b;
+    }
   }
 }
 
@@ -657,7 +676,12 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
     // s[0, C): sum(x - shift), s[C, 2C): sum((x - shift)^2), per channel.
     auto centred_sums = [&](const double* shift, double* s) {
       SumRowChunks(rows, c_n, 2 * c_n, s, [&](int64_t r0, int64_t r1, double* acc) {
-        for (int64_t r = r0; r < r1; ++r) AddRowCentred(xs + r * c_n, shift, acc, acc + c_n, c_n);
+        SumChannelTiles(r0, r1, c_n, acc, acc + c_n, [&](int64_t r, int64_t c, auto& a, auto& b) {
+          using V = std::remove_reference_t<decltype(a)>;
+          const V v = LoadLanes<V>(xs + r * c_n + c) - LoadLanes<V>(shift + c);
+          a += v;
+          b += v * v;
+        });
       });
     };
     if (!training) {
@@ -684,9 +708,11 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
       return;
     }
     // Synced: the NCHW path's two sync_sum calls, with the same packing.
-    SumRowChunks(rows, c_n, c_n, sums.data(), [&](int64_t r0, int64_t r1, double* acc) {
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = 0; c < c_n; ++c) acc[c] += static_cast<double>(xs[r * c_n + c]);
+    // sums[0, C): sum(x) (the second half stays zero).
+    SumRowChunks(rows, c_n, 2 * c_n, sums.data(), [&](int64_t r0, int64_t r1, double* acc) {
+      SumChannelTiles(r0, r1, c_n, acc, acc + c_n, [&](int64_t r, int64_t c, auto& a, auto&) {
+        a += LoadLanes<std::remove_reference_t<decltype(a)>>(xs + r * c_n + c);
+      });
     });
     sync_buf_.assign(2 * c_n + 2, 0.0f);
     float* buf = sync_buf_.data();
@@ -731,7 +757,9 @@ void BatchNormLayer::BackwardNhwc(const Tensor& in, const Tensor& y, const Tenso
     // sums[0, C): sum(dy), sums[C, 2C): sum(dy * (x - mean)), this replica's.
     std::vector<double> sums(2 * c_n);
     SumRowChunks(rows, c_n, 2 * c_n, sums.data(), [&](int64_t r0, int64_t r1, double* acc) {
-      const int64_t block = std::max<int64_t>(1, 2048 / c_n);
+      // A fused GELU's dy goes through u a block of rows at a time.
+      const int64_t block =
+          gelu_ ? std::max<int64_t>(8, 2048 / c_n) : std::max<int64_t>(1, r1 - r0);
       std::vector<T> u(gelu_ ? block * c_n : 0);
       for (int64_t rb = r0; rb < r1; rb += block) {
         const int64_t re = std::min(r1, rb + block);
@@ -746,10 +774,16 @@ void BatchNormLayer::BackwardNhwc(const Tensor& in, const Tensor& y, const Tenso
           GeluGradSpan(u.data(), g + rb * c_n, du, (re - rb) * c_n);
           gb = du;
         }
-        for (int64_t r = rb; r < re; ++r) {
-          AddRowGrad(gb + (r - rb) * c_n, ys != nullptr ? ys + r * c_n : nullptr, xs + r * c_n,
-                     mean_.data(), acc, acc + c_n, c_n);
-        }
+        const double* mean = mean_.data();
+        // dy (masked where y <= 0 with a fused ReLU) and dy * (x - mean).
+        auto grad_terms = [&](int64_t r, int64_t c, auto& a, auto& b) {
+          using V = std::remove_reference_t<decltype(a)>;
+          V v = LoadLanes<V>(gb + (r - rb) * c_n + c);
+          if (ys != nullptr) v = LoadLanes<V>(ys + r * c_n + c) > 0 ? v : V{};
+          a += v;
+          b += v * (LoadLanes<V>(xs + r * c_n + c) - LoadLanes<V>(mean + c));
+        };
+        SumChannelTiles(rb, re, c_n, acc, acc + c_n, grad_terms);
       }
     });
     for (int64_t c = 0; c < c_n; ++c) {

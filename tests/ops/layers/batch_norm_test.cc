@@ -495,44 +495,48 @@ TEST(BatchNormSync, EvalIgnoresSyncSum) {
 // (training, evaluation, synced; plain, ReLU or GELU fused) against the
 // NCHW layer on the same values, in f64: the same outputs, running
 // statistics and gradients up to the order of the sums.
+// 5 channels take the sums' 4-channel tile and a single channel; 37 take
+// two 16-channel tiles, a 4-channel one and a single one, over several
+// blocks of rows.
 TEST(BatchNorm, ChannelsLastMatchesNchw) {
-  const Shape s{3, 5, 4, 3};
   enum Fused { kNone, kRelu, kGelu };
-  for (Fused fused : {kNone, kRelu, kGelu}) {
-    for (int mode = 0; mode < 3; ++mode) {  // training, evaluation, training synced
-      SCOPED_TRACE(::testing::Message() << "fused " << fused << " mode " << mode);
-      int calls = 0;
-      const SyncFn identity = [&](float*, int64_t) { ++calls; };
-      std::unique_ptr<Layer> layers[2];
-      for (int k = 0; k < 2; ++k) {
-        layers[k] = MakeLayer("batchnorm", BnArgs(0.3), {s.WithoutBatch()});
-        Randomise(*layers[k], 11);
-        if (fused == kRelu) layers[k]->FuseRelu();
-        if (fused == kGelu) layers[k]->FuseGelu();
+  for (const Shape& s : {Shape{3, 5, 4, 3}, Shape{2, 37, 9, 8}})
+    for (Fused fused : {kNone, kRelu, kGelu}) {
+      for (int mode = 0; mode < 3; ++mode) {  // training, evaluation, training synced
+        SCOPED_TRACE(::testing::Message() << s << " fused " << fused << " mode " << mode);
+        int calls = 0;
+        const SyncFn identity = [&](float*, int64_t) { ++calls; };
+        std::unique_ptr<Layer> layers[2];
+        for (int k = 0; k < 2; ++k) {
+          layers[k] = MakeLayer("batchnorm", BnArgs(0.3), {s.WithoutBatch()});
+          Randomise(*layers[k], 11);
+          if (fused == kRelu) layers[k]->FuseRelu();
+          if (fused == kGelu) layers[k]->FuseGelu();
+        }
+        layers[1]->SetChannelsLast({true}, true);
+        ForwardContext ctx = Mode(mode != 1);
+        if (mode == 2) ctx.sync_sum = &identity;
+        const Tensor x = RandomTensor(s, 12, -2, 3), dy = RandomTensor(s, 13);
+        const Tensor xl = testing::ToChannelsLast(x);
+        const Tensor y = RunForward(*layers[0], {x}, s, ctx);
+        const Tensor yl = RunForward(*layers[1], {xl}, s, ctx);
+        EXPECT_LE(MaxAbsDiff(testing::FromChannelsLast(yl), y), 1e-12);
+        for (int b = 0; b < 2; ++b) {
+          EXPECT_LE(MaxAbsDiff(layers[1]->buffers()[b].value, layers[0]->buffers()[b].value),
+                    1e-12);
+        }
+        Tensor dx = Tensor::Empty(s, DType::kF64), dxl = Tensor::Empty(s, DType::kF64);
+        layers[0]->Backward({&x}, y, dy, {&dx});
+        const Tensor dyl = testing::ToChannelsLast(dy);
+        layers[1]->Backward({&xl}, yl, dyl, {&dxl});
+        EXPECT_LE(MaxAbsDiff(testing::FromChannelsLast(dxl), dx), 1e-12);
+        for (int p = 0; p < 2; ++p) {
+          EXPECT_LE(MaxAbsDiff(layers[1]->parameters()[p].grad, layers[0]->parameters()[p].grad),
+                    1e-12);
+        }
+        EXPECT_EQ(calls, mode == 2 ? 6 : 0);  // two forward and one backward call each
       }
-      layers[1]->SetChannelsLast({true}, true);
-      ForwardContext ctx = Mode(mode != 1);
-      if (mode == 2) ctx.sync_sum = &identity;
-      const Tensor x = RandomTensor(s, 12, -2, 3), dy = RandomTensor(s, 13);
-      const Tensor xl = testing::ToChannelsLast(x);
-      const Tensor y = RunForward(*layers[0], {x}, s, ctx);
-      const Tensor yl = RunForward(*layers[1], {xl}, s, ctx);
-      EXPECT_LE(MaxAbsDiff(testing::FromChannelsLast(yl), y), 1e-12);
-      for (int b = 0; b < 2; ++b) {
-        EXPECT_LE(MaxAbsDiff(layers[1]->buffers()[b].value, layers[0]->buffers()[b].value), 1e-12);
-      }
-      Tensor dx = Tensor::Empty(s, DType::kF64), dxl = Tensor::Empty(s, DType::kF64);
-      layers[0]->Backward({&x}, y, dy, {&dx});
-      const Tensor dyl = testing::ToChannelsLast(dy);
-      layers[1]->Backward({&xl}, yl, dyl, {&dxl});
-      EXPECT_LE(MaxAbsDiff(testing::FromChannelsLast(dxl), dx), 1e-12);
-      for (int p = 0; p < 2; ++p) {
-        EXPECT_LE(MaxAbsDiff(layers[1]->parameters()[p].grad, layers[0]->parameters()[p].grad),
-                  1e-12);
-      }
-      EXPECT_EQ(calls, mode == 2 ? 6 : 0);  // two forward and one backward call each
     }
-  }
 }
 
 TEST(BatchNormSync, ErrorsAreTheSameOnEveryReplica) {
