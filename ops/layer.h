@@ -159,6 +159,15 @@ class Layer {
   bool nhwc_input(size_t i = 0) const { return i < nhwc_inputs_.size() && nhwc_inputs_[i]; }
   bool nhwc_output() const { return nhwc_output_; }
 
+  // bf16 activations on the CPU: among the channels-last ones, Model::Build
+  // stores an activation in bf16 (DType::kBF16, the values rounded to
+  // nearest even) where its writer can write it so (WritesBf16) and every
+  // reader reads it so (ReadsBf16): a conv2d in bf16, which rounds its
+  // input to bf16 anyway. A writer's own backward then never reads its
+  // output. Its gradient stays f32. Default: neither.
+  virtual bool WritesBf16() const { return false; }
+  virtual bool ReadsBf16(size_t /*input*/) const { return false; }
+
   // Multiply-adds x2 of one forward pass on a batch of n (for reports).
   virtual int64_t ForwardFlops(int64_t /*n*/) const { return 0; }
 

@@ -131,7 +131,8 @@ Error OutOfMemoryIn() {
 std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                     DType dtype, uint64_t seed, InitScheme init, Device device,
                                     std::optional<DType> compute, bool fuse_activations,
-                                    bool channels_last, const LayerSplitter* splitter) {
+                                    bool channels_last, bool bf16_activations,
+                                    const LayerSplitter* splitter) {
   if (device.is_cuda() && device.index >= CudaDeviceCount()) {
     throw Error(
         StrCat("cannot build the model on ", device.ToString(), ": ", CudaDeviceCount(),
@@ -269,7 +270,11 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
       if (j >= 0 && readers[j] == 1 && fuse(*m->layers_[i], *m->layers_[j])) m->fused_into_[i] = j;
     }
   }
-  if (cpu_bf16 && channels_last && splitter == nullptr) m->ChooseChannelsLast();
+  m->act_dtypes_.assign(m->layers_.size(), m->compute_);
+  if (cpu_bf16 && channels_last && splitter == nullptr) {
+    m->ChooseChannelsLast();
+    if (bf16_activations) m->ChooseBf16Activations();
+  }
   if (splitter != nullptr) splitter->Pair(*m);
   return m;
 }
@@ -315,6 +320,32 @@ void Model::ChooseChannelsLast() {
   }
 }
 
+bool Model::ReadBf16Only(int i) const {
+  for (int r = 0; r < static_cast<int>(layers_.size()); ++r) {
+    const std::vector<int>& ins = input_index_[r];
+    for (size_t k = 0; k < ins.size(); ++k) {
+      if (ins[k] != i) continue;
+      const bool ok =
+          fused_into_[r] == i ? r != num_layers() - 1 && ReadBf16Only(r) : layers_[r]->ReadsBf16(k);
+      if (!ok) return false;
+    }
+  }
+  return true;
+}
+
+void Model::ChooseBf16Activations() {
+  const int last = num_layers() - 1;
+  for (int i = 0; i < last; ++i) {
+    if (fused_into_[i] >= 0 || !layers_[i]->nhwc_output() || !layers_[i]->WritesBf16() ||
+        last_reader_[i] < 0 || !ReadBf16Only(i)) {
+      continue;
+    }
+    act_dtypes_[i] = DType::kBF16;
+    for (int r = i + 1; r <= last; ++r)  // the fused activation layers that alias it
+      if (fused_into_[r] == i) act_dtypes_[r] = DType::kBF16;
+  }
+}
+
 const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
   if (x.shape().WithoutBatch() != input_shape_) {
     throw ShapeError(StrCat("model input has shape ", x.shape(), ", expected [N, ",
@@ -355,7 +386,9 @@ const Tensor& Model::Forward(const Tensor& x, const ForwardContext& ctx) {
         return StrCat("layer '", layer->name(), "' (", layer->type(), ") forward, output ", shape);
       });
       try {
-        if (!y.defined() || y.shape() != shape) y = Tensor::Empty(shape, compute_, x.device());
+        if (!y.defined() || y.shape() != shape || y.dtype() != act_dtypes_[i]) {
+          y = Tensor::Empty(shape, act_dtypes_[i], x.device());
+        }
         const TraceSpan span("forward", [layer] { return SpanName(*layer); });
         const DeviceSpan device_span(device_, "gpu forward", [layer] { return SpanName(*layer); });
         layers_[i]->Forward(ins, y, ctx);

@@ -76,6 +76,12 @@ class Model {
   // read and write them, instead of being converted around every
   // convolution (channels_last false: every activation stays NCHW; also
   // under tensor parallelism). The model's input and output stay NCHW.
+  // Of those, an activation that only convolutions read, written by a layer
+  // that can write it in bf16 (Layer::WritesBf16: batchnorm), is stored in
+  // bf16: the convolutions would round it to bf16 anyway, so the results
+  // are the same bits, and it is half the bytes, written once instead of
+  // written, read and converted (bf16_activations false: every activation
+  // stays f32).
   //
   // Mixed precision on a GPU: with `compute` f16 or bf16, parameters,
   // gradients and buffers stay in `dtype` (f32: the master weights) and
@@ -91,6 +97,7 @@ class Model {
                                       Device device = Device::Cpu(),
                                       std::optional<DType> compute = std::nullopt,
                                       bool fuse_activations = true, bool channels_last = true,
+                                      bool bf16_activations = true,
                                       const LayerSplitter* splitter = nullptr);
 
   // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
@@ -123,6 +130,8 @@ class Model {
   int fused_into(int i) const { return fused_into_[i]; }
   DType dtype() const { return dtype_; }
   DType compute_dtype() const { return compute_; }
+  // The dtype layer i's output is stored in (compute_dtype(), or bf16: see Build).
+  DType activation_dtype(int i) const { return act_dtypes_[i]; }
   // How many layers multiply in bf16 on the CPU (Layer::ComputeInBf16).
   int bf16_layers() const { return bf16_layers_; }
   Device device() const { return device_; }
@@ -150,8 +159,15 @@ class Model {
   // model input's: when Forward without keep_activations frees them.
   std::vector<int> last_reader_;
   int input_last_reader_ = -1;
-  // Model::Build: which activations are channels-last (see Build).
+  // Model::Build: which activations are channels-last, and which of those
+  // are bf16 (see Build).
   void ChooseChannelsLast();
+  void ChooseBf16Activations();
+  // Whether every layer that reads activation i (through fused activation
+  // layers, which alias it) reads it in bf16.
+  bool ReadBf16Only(int i) const;
+  // Each activation's dtype (compute_, or bf16: ChooseBf16Activations).
+  std::vector<DType> act_dtypes_;
   // For an activation fused into the layer it reads: that layer's index; else -1.
   std::vector<int> fused_into_;
   Shape input_shape_;

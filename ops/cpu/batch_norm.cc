@@ -5,7 +5,9 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/cpu/bf16_layout.h"
 #include "ops/cpu/gelu_vector.h"
+#include "ops/cpu/onednn.h"
 #include "ops/cpu/parallel.h"
 #include "ops/layers/activation.h"
 
@@ -503,7 +505,7 @@ void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor&
       "batchnorm ", name(), ": backward without a matching forward, x ", in.shape(), " dy ",
       dy.shape());
   if (nhwc_input()) {
-    BackwardNhwc(in, y, dy, dx[0]);
+    BackwardNhwc(in, dy, dx[0]);
     return;
   }
   DispatchFloat(in.dtype(), [&](auto* tag) {
@@ -651,7 +653,10 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xs = in.data<T>();
-    T* ys = y.data<T>();
+    const bool bf16_out = y.dtype() == DType::kBF16;
+    CNNFLOW_ENFORCE(y.dtype() == in.dtype() || (bf16_out && std::is_same_v<T, float>), "batchnorm ",
+                    name(), ": a ", DTypeName(y.dtype()), " output for a ", DTypeName(in.dtype()),
+                    " input");
     const T* gamma = affine_ ? parameters()[0].value.data<T>() : nullptr;
     const T* beta = affine_ ? parameters()[1].value.data<T>() : nullptr;
     T* rmean = buffers()[0].value.data<T>();
@@ -659,10 +664,10 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
     auto normalise = [&] {
       const ChannelAffines<T> f(c_n, mean_, inv_std_, gamma, beta);
       const T *tm = f.shift.data(), *a = f.scale.data(), *b = f.bias.data();
-      cpu::ParallelFor(rows, RowGrain(c_n), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
+      // Rows [r0, r1) of y into out, f32 or f64 as x.
+      auto rows_out = [&](int64_t r0, int64_t r1, T* out) {
+        for (int64_t r = r0; r < r1; ++r, out += c_n) {
           const T* row = xs + r * c_n;
-          T* out = ys + r * c_n;
           if (relu_) {
             for (int64_t c = 0; c < c_n; ++c)
               out[c] = std::max((row[c] - tm[c]) * a[c] + b[c], T(0));
@@ -670,7 +675,25 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
             for (int64_t c = 0; c < c_n; ++c) out[c] = (row[c] - tm[c]) * a[c] + b[c];
           }
         }
-        if (gelu_) GeluSpan(ys + r0 * c_n, (r1 - r0) * c_n);
+        if (gelu_) GeluSpan(out - (r1 - r0) * c_n, (r1 - r0) * c_n);
+      };
+      cpu::ParallelFor(rows, RowGrain(c_n), [&](int64_t r0, int64_t r1) {
+        if (!bf16_out) {
+          rows_out(r0, r1, y.data<T>() + r0 * c_n);
+          return;
+        }
+        if constexpr (std::is_same_v<T, float>) {
+          // A block of rows at a time in f32, then rounded (as a bf16
+          // convolution rounds an f32 input: the same bits).
+          const int64_t block = std::max<int64_t>(1, 2048 / c_n);
+          std::vector<float> buf(std::min(block, r1 - r0) * c_n);
+          auto* y16 = static_cast<uint16_t*>(y.raw_data());
+          for (int64_t rb = r0; rb < r1; rb += block) {
+            const int64_t re = std::min(r1, rb + block);
+            rows_out(rb, re, buf.data());
+            cpu::ToBf16(buf.data(), y16 + rb * c_n, (re - rb) * c_n);
+          }
+        }
       });
     };
     // s[0, C): sum(x - shift), s[C, 2C): sum((x - shift)^2), per channel.
@@ -736,50 +759,56 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
   });
 }
 
-void BatchNormLayer::BackwardNhwc(const Tensor& in, const Tensor& y, const Tensor& dy, Tensor* dx) {
+void BatchNormLayer::BackwardNhwc(const Tensor& in, const Tensor& dy, Tensor* dx) {
   const int64_t c_n = channels_, s_n = spatial_, rows = in.dim(0) * s_n;
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xs = in.data<T>();
     const T* g = dy.data<T>();
     T* d = dx != nullptr ? dx->data<T>() : nullptr;
-    const T* ys = relu_ ? y.data<T>() : nullptr;
     const T* gamma = affine_ ? parameters()[0].value.data<T>() : nullptr;
     const T* beta = affine_ ? parameters()[1].value.data<T>() : nullptr;
     T* dgamma = affine_ ? parameters()[0].grad.data<T>() : nullptr;
     T* dbeta = affine_ ? parameters()[1].grad.data<T>() : nullptr;
     const ChannelAffines<T> f(c_n, mean_, inv_std_, gamma, beta);
     const T *tm = f.shift.data(), *a = f.scale.data(), *b = f.bias.data();
-    // A fused GELU: dy through it at bn(x), recomputed a block of rows at a
-    // time, left in dx when wanted (the dx pass then overwrites it in place).
-    const bool du_in_dx = gelu_ && d != nullptr;
+    // A fused activation: dy through it at bn(x), recomputed from x a block
+    // of rows at a time (y is never read: it may be bf16, WritesBf16), left
+    // in dx when wanted (the dx pass then overwrites it in place).
+    const bool fused = gelu_ || relu_;
+    const bool du_in_dx = fused && d != nullptr;
     const T* grad = du_in_dx ? d : g;
     // sums[0, C): sum(dy), sums[C, 2C): sum(dy * (x - mean)), this replica's.
     std::vector<double> sums(2 * c_n);
     SumRowChunks(rows, c_n, 2 * c_n, sums.data(), [&](int64_t r0, int64_t r1, double* acc) {
-      // A fused GELU's dy goes through u a block of rows at a time.
       const int64_t block =
-          gelu_ ? std::max<int64_t>(8, 2048 / c_n) : std::max<int64_t>(1, r1 - r0);
-      std::vector<T> u(gelu_ ? block * c_n : 0);
+          fused ? std::max<int64_t>(8, 2048 / c_n) : std::max<int64_t>(1, r1 - r0);
+      std::vector<T> u(fused ? block * c_n : 0);
       for (int64_t rb = r0; rb < r1; rb += block) {
         const int64_t re = std::min(r1, rb + block);
         const T* gb = g + rb * c_n;
-        if (gelu_) {
+        if (fused) {
+          T* du = du_in_dx ? d + rb * c_n : u.data();
           for (int64_t r = rb; r < re; ++r) {
             const T* row = xs + r * c_n;
-            T* out = u.data() + (r - rb) * c_n;
-            for (int64_t c = 0; c < c_n; ++c) out[c] = (row[c] - tm[c]) * a[c] + b[c];
+            if (relu_) {  // the forward's expression, so the same mask as max(., 0)
+              const T* gr = g + r * c_n;
+              T* dr = du + (r - rb) * c_n;
+              for (int64_t c = 0; c < c_n; ++c)
+                dr[c] = (row[c] - tm[c]) * a[c] + b[c] > T(0) ? gr[c] : T(0);
+            } else {
+              T* out = u.data() + (r - rb) * c_n;
+              for (int64_t c = 0; c < c_n; ++c) out[c] = (row[c] - tm[c]) * a[c] + b[c];
+            }
           }
-          T* du = du_in_dx ? d + rb * c_n : u.data();
-          GeluGradSpan(u.data(), g + rb * c_n, du, (re - rb) * c_n);
+          if (gelu_) GeluGradSpan(u.data(), g + rb * c_n, du, (re - rb) * c_n);
           gb = du;
         }
         const double* mean = mean_.data();
-        // dy (masked where y <= 0 with a fused ReLU) and dy * (x - mean).
+        // dy (through the fused activation) and dy * (x - mean).
         auto grad_terms = [&](int64_t r, int64_t c, auto& a, auto& b) {
           using V = std::remove_reference_t<decltype(a)>;
-          V v = LoadLanes<V>(gb + (r - rb) * c_n + c);
-          if (ys != nullptr) v = LoadLanes<V>(ys + r * c_n + c) > 0 ? v : V{};
+          const V v = LoadLanes<V>(gb + (r - rb) * c_n + c);
           a += v;
           b += v * (LoadLanes<V>(xs + r * c_n + c) - LoadLanes<V>(mean + c));
         };
@@ -824,20 +853,13 @@ void BatchNormLayer::BackwardNhwc(const Tensor& in, const Tensor& y, const Tenso
         const T* gr = grad + r * c_n;
         const T* row = xs + r * c_n;
         T* out = d + r * c_n;
-        if (ys == nullptr) {
-          for (int64_t c = 0; c < c_n; ++c)
-            out[c] = gr[c] * tk[c] + (row[c] - tm[c]) * tu[c] + tv[c];
-        } else {
-          const T* yr = ys + r * c_n;
-          for (int64_t c = 0; c < c_n; ++c) {
-            const T gk = gr[c];
-            out[c] = (yr[c] > T(0) ? gk : T(0)) * tk[c] + (row[c] - tm[c]) * tu[c] + tv[c];
-          }
-        }
+        for (int64_t c = 0; c < c_n; ++c) out[c] = gr[c] * tk[c] + (row[c] - tm[c]) * tu[c] + tv[c];
       }
     });
   });
 }
+
+bool BatchNormLayer::WritesBf16() const { return nhwc_output() && cpu::CpuHasAvx512Bf16(); }
 
 CNNFLOW_REGISTER_LAYER(
     batchnorm, BatchNormLayer,

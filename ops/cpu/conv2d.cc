@@ -514,19 +514,24 @@ ChunkConvs OnednnChunks(const Conv2dGeometry& g, bool bias, bool relu, Conv2dScr
 
 // x [n, C, H, W], w [K, C/groups, kh, kw], bias [K] or null -> y [n, K, H', W'].
 // relu: y = max(conv, 0) (a fused ReLU). keep: a backward of this x follows
-// (scratch.Keep it where its backward-weights can read it).
+// (scratch.Keep it where its backward-weights can read it). x_bf16: x given
+// in bf16 NHWC instead (Conv2d::ReadsBf16; x null).
 template <typename T>
 void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, const T* w,
                  const T* bias, bool relu, T* y, int64_t n, Conv2dScratch& scratch,
-                 bool keep = false) {
+                 bool keep = false, const uint16_t* x_bf16 = nullptr) {
   if (n == 0) return;
   const int64_t chunks = BatchChunks(n);
+  CNNFLOW_ENFORCE(x_bf16 == nullptr || plan.forward == ConvAlgo::kOnednn,
+                  "conv2d: a bf16 input outside the bf16 kernels");
   if constexpr (std::is_same_v<T, float>) {
     if (plan.forward == ConvAlgo::kOnednn) {
       const ChunkConvs convs = OnednnChunks(g, bias != nullptr, relu, scratch, n, chunks);
-      // The matmul backward-weights reads the kept x too, from NHWC.
-      bool keeps = keep && (plan.backward_weights == ConvAlgo::kOnednn ||
-                            (scratch.nhwc_in && plan.backward_weights == ConvAlgo::kMatmul));
+      // The matmul backward-weights reads the kept x too, from NHWC. A bf16
+      // x is read as it is by both.
+      bool keeps = keep && x_bf16 == nullptr &&
+                   (plan.backward_weights == ConvAlgo::kOnednn ||
+                    (scratch.nhwc_in && plan.backward_weights == ConvAlgo::kMatmul));
       convs.ForEach([&](cpu::OnednnConv& c) {
         c.PrepareForwardWeights(w);
         keeps = keeps && c.KeepsInput(plan.backward_weights);
@@ -536,8 +541,9 @@ void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, co
       uint16_t* kept = keeps ? scratch.Keep(x, n * in_sample) : nullptr;
       cpu::ForChunks(n, chunks, [&](int64_t, int64_t begin, int64_t end) {
         convs.For(end - begin)
-            .Forward(x + begin * in_sample, bias, y + begin * out_sample,
-                     kept != nullptr ? kept + begin * in_sample : nullptr);
+            .Forward(x_bf16 != nullptr ? nullptr : x + begin * in_sample, bias,
+                     y + begin * out_sample, kept != nullptr ? kept + begin * in_sample : nullptr,
+                     x_bf16 != nullptr ? x_bf16 + begin * in_sample : nullptr);
       });
       return;
     }
@@ -551,10 +557,11 @@ void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, co
 // dx [n, C, H, W] (overwritten; null: skipped), dw [K, C/groups, kh, kw] and
 // db [K] (added into; db null: no bias; dw null: neither, and x unused). With a fused ReLU (relu_y:
 // the layer's output y), dy is the gradient of max(conv, 0) and each chunk first masks it by y > 0.
+// x_bf16: x given in bf16 NHWC instead (Conv2d::ReadsBf16; x null).
 template <typename T>
 void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, const T* w,
                   const T* relu_y, const T* dy, T* dx, T* dw, T* db, int64_t n,
-                  Conv2dScratch& scratch) {
+                  Conv2dScratch& scratch, const uint16_t* x_bf16 = nullptr) {
   if (n == 0) return;
   const int64_t chunks = BackwardChunks(g, n);
   const int64_t dw_size = g.out_channels * g.col_rows();
@@ -574,10 +581,14 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
     scratch.partial = Tensor::Empty({chunks * part_size}, DTypeOf<T>());
   }
   T* partial = want_dw ? scratch.partial.data<T>() : nullptr;
+  CNNFLOW_ENFORCE(x_bf16 == nullptr || !want_dw || onednn_weights,
+                  "conv2d: a bf16 input outside the bf16 kernels");
   // x as the forward kept it in bf16 (Conv2dScratch::Keep), if it did.
-  const Tensor kept = want_dw && onednn_weights && (!matmul_weights || scratch.nhwc_in)
-                          ? scratch.Take(x)
-                          : Tensor();
+  const Tensor kept =
+      want_dw && x_bf16 == nullptr && onednn_weights && (!matmul_weights || scratch.nhwc_in)
+          ? scratch.Take(x)
+          : Tensor();
+  const auto* x16 = x_bf16 != nullptr ? x_bf16 : static_cast<const uint16_t*>(kept.raw_data());
   ChunkConvs convs;
   if constexpr (std::is_same_v<T, float>) {
     if (onednn_data || onednn_weights) {
@@ -601,7 +612,7 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
     T* pdw = want_dw ? partial + chunk * part_size : nullptr;
     T* pdb = db != nullptr ? pdw + dw_size : nullptr;
     const int64_t count = end - begin;
-    const T* xc = want_dw ? x + begin * in_sample : nullptr;
+    const T* xc = want_dw && x != nullptr ? x + begin * in_sample : nullptr;
     const T* dyc = dy + begin * out_sample;
     T* dxc = dx != nullptr ? dx + begin * in_sample : nullptr;
     if (relu_y != nullptr) {
@@ -611,9 +622,7 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
     }
     if constexpr (std::is_same_v<T, float>) {
       if (onednn_weights || (onednn_data && dxc != nullptr)) {
-        const uint16_t* kept_x =
-            kept.defined() ? static_cast<const uint16_t*>(kept.raw_data()) + begin * in_sample
-                           : nullptr;
+        const uint16_t* kept_x = x16 != nullptr ? x16 + begin * in_sample : nullptr;
         convs.For(count).Backward(xc, kept_x, dyc, onednn_data ? dxc : nullptr, plan.backward_data,
                                   onednn_weights ? pdw : nullptr, pdb, plan.backward_weights);
       }
@@ -944,12 +953,16 @@ void Conv2d::Forward(const std::vector<const Tensor*>& x, Tensor& y, const Forwa
   CNNFLOW_ENFORCE(scratch_ != nullptr, "conv2d: Forward before Build");
   CNNFLOW_ENFORCE(in.is_contiguous() && y.is_contiguous(), "conv2d needs contiguous tensors");
   const int64_t n = in.dim(0);
-  const Conv2dPlan plan = PlanFor(n, in.dtype());
-  DispatchFloat(in.dtype(), [&](auto* tag) {
+  const Tensor& w = parameters()[0].value;
+  const bool x16 = in.dtype() == DType::kBF16;  // a bf16 activation (ReadsBf16)
+  CNNFLOW_ENFORCE(!x16 || ReadsBf16(0), "conv2d ", name(), ": a bf16 input it cannot read");
+  const Conv2dPlan plan = PlanFor(n, w.dtype());
+  DispatchFloat(w.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* bias = has_bias_ ? parameters()[1].value.data<T>() : nullptr;
-    ConvForward<T>(geom_, plan, in.data<T>(), parameters()[0].value.data<T>(), bias, relu_,
-                   y.data<T>(), n, *scratch_, ctx.training);
+    ConvForward<T>(geom_, plan, x16 ? nullptr : in.data<T>(), w.data<T>(), bias, relu_, y.data<T>(),
+                   n, *scratch_, ctx.training,
+                   x16 ? static_cast<const uint16_t*>(in.raw_data()) : nullptr);
   });
 }
 
@@ -959,14 +972,18 @@ void Conv2d::Backward(const std::vector<const Tensor*>& x, const Tensor& y, cons
   CNNFLOW_ENFORCE(scratch_ != nullptr, "conv2d: Backward before Build");
   CNNFLOW_ENFORCE(in.is_contiguous() && dy.is_contiguous(), "conv2d needs contiguous tensors");
   const int64_t n = in.dim(0);
-  const Conv2dPlan plan = PlanFor(n, in.dtype());
-  DispatchFloat(in.dtype(), [&](auto* tag) {
+  const Tensor& w = parameters()[0].value;
+  const bool x16 = in.dtype() == DType::kBF16;  // a bf16 activation (ReadsBf16)
+  CNNFLOW_ENFORCE(!x16 || ReadsBf16(0), "conv2d ", name(), ": a bf16 input it cannot read");
+  const Conv2dPlan plan = PlanFor(n, w.dtype());
+  DispatchFloat(w.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* dxp = dx.empty() || dx[0] == nullptr ? nullptr : dx[0]->data<T>();
     T* db = has_bias_ ? parameters()[1].grad.data<T>() : nullptr;
-    ConvBackward<T>(geom_, plan, in.data<T>(), parameters()[0].value.data<T>(),
+    ConvBackward<T>(geom_, plan, x16 ? nullptr : in.data<T>(), w.data<T>(),
                     relu_ ? y.data<T>() : nullptr, dy.data<T>(), dxp,
-                    parameters()[0].grad.data<T>(), db, n, *scratch_);
+                    parameters()[0].grad.data<T>(), db, n, *scratch_,
+                    x16 ? static_cast<const uint16_t*>(in.raw_data()) : nullptr);
   });
 }
 
@@ -1021,6 +1038,10 @@ bool Conv2d::ComputeInBf16() {
 
 Layer::ChannelsLast Conv2d::ChannelsLastSupport() const {
   return scratch_ != nullptr && scratch_->bf16 ? ChannelsLast::kConverts : ChannelsLast::kNo;
+}
+
+bool Conv2d::ReadsBf16(size_t input) const {
+  return input == 0 && ChannelsLastSupport() == ChannelsLast::kConverts && nhwc_input(0);
 }
 
 void Conv2d::SetChannelsLast(const std::vector<bool>& inputs, bool output) {

@@ -216,6 +216,10 @@ struct OnednnConv::Impl {
 
   // Per call: user -> primitive layouts and back.
   Reorder fwd_src, fwd_dst, bd_diff_dst, bd_diff_src, bw_src, bw_diff_dst, bw_diff_wei;
+  // bf16: x given in bf16 NHWC (kept by Forward, or a bf16 activation) to
+  // the forward's and backward-weights' layouts (nothing where they read it so).
+  bool bf16 = false;
+  Reorder fwd_src16, bw_src16;
   // Per pass: the weights in the forward and backward-data layouts.
   Reorder fwd_wei, bd_wei;
   Tensor fwd_wei_buf, bd_wei_buf;
@@ -335,6 +339,12 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     m.bw_src = Reorder(m.user_src, m.bwd_weights_pd.src_desc(), attr);
     m.bw_diff_dst = Reorder(m.user_dst, m.bwd_weights_pd.diff_dst_desc(), attr);
     m.bw_diff_wei = Reorder(m.bwd_weights_pd.diff_weights_desc(), m.user_wei, attr);
+    if (bf16) {
+      const memory::desc user_src16(src, dt::bf16, Tag::nhwc);
+      m.bf16 = true;
+      m.fwd_src16 = Reorder(user_src16, m.fwd_pd.src_desc(), attr);
+      m.bw_src16 = Reorder(user_src16, m.bwd_weights_pd.src_desc(), attr);
+    }
   } catch (const dnnl::error& e) {
     throw Error(StrCat("oneDNN has no ", bf16 ? "bf16 " : "", "convolution for input [", mb, ", ",
                        g.in_channels, ", ", g.in_h, ", ", g.in_w, "], kernel ", g.kernel_h, "x",
@@ -343,7 +353,9 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
   }
   m.buf_a = std::max({BufferBytes(m.fwd_src, m.fwd_pd.src_desc()),
                       BufferBytes(m.bd_diff_dst, m.bwd_data_pd.diff_dst_desc()),
-                      BufferBytes(m.bw_src, m.bwd_weights_pd.src_desc())});
+                      BufferBytes(m.bw_src, m.bwd_weights_pd.src_desc()),
+                      BufferBytes(m.fwd_src16, m.fwd_pd.src_desc()),
+                      BufferBytes(m.bw_src16, m.bwd_weights_pd.src_desc())});
   m.buf_b = std::max({BufferBytes(m.fwd_dst, m.fwd_pd.dst_desc()),
                       BufferBytes(m.bd_diff_src, m.bwd_data_pd.diff_src_desc()),
                       BufferBytes(m.bw_diff_dst, m.bwd_weights_pd.diff_dst_desc())});
@@ -353,7 +365,8 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
                 m.bwd_weights_pd.scratchpad_desc().get_size(), m.fwd_src.scratchpad(),
                 m.fwd_dst.scratchpad(), m.bd_diff_dst.scratchpad(), m.bd_diff_src.scratchpad(),
                 m.bw_src.scratchpad(), m.bw_diff_dst.scratchpad(), m.bw_diff_wei.scratchpad(),
-                m.fwd_wei.scratchpad(), m.bd_wei.scratchpad()});
+                m.fwd_wei.scratchpad(), m.bd_wei.scratchpad(), m.fwd_src16.scratchpad(),
+                m.bw_src16.scratchpad()});
   auto words = [](const memory::desc& md) {  // f32 words that hold md (bf16: half as many)
     return static_cast<int64_t>((md.get_size() + 3) / 4);
   };
@@ -429,15 +442,19 @@ bool OnednnConv::KeepsInput(ConvAlgo weights) const {
          (weights == ConvAlgo::kMatmul ? m.nhwc_in && m.matmul_weights : m.bw_src.ToBf16Nhwc());
 }
 
-void OnednnConv::Forward(const float* x, const float* bias, float* y, uint16_t* keep_x) const {
+void OnednnConv::Forward(const float* x, const float* bias, float* y, uint16_t* keep_x,
+                         const uint16_t* x_bf16) const {
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
   CNNFLOW_ENFORCE(m.fwd_wei_ptr != nullptr, "OnednnConv::Forward before PrepareForwardWeights");
-  CNNFLOW_ENFORCE(keep_x == nullptr || m.fwd_src.ToBf16Nhwc(),
+  CNNFLOW_ENFORCE(keep_x == nullptr || (m.fwd_src.ToBf16Nhwc() && x_bf16 == nullptr),
                   "OnednnConv::Forward: keep_x where the input is not converted to bf16 NHWC");
+  CNNFLOW_ENFORCE(x_bf16 == nullptr || m.bf16, "OnednnConv::Forward: a bf16 x for an f32 kernel");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
-  const void* src = m.fwd_src.In(x, keep_x != nullptr ? keep_x : s.a.raw_data(), pad);
+  const void* src = x_bf16 != nullptr
+                        ? m.fwd_src16.In(x_bf16, s.a.raw_data(), pad)
+                        : m.fwd_src.In(x, keep_x != nullptr ? keep_x : s.a.raw_data(), pad);
   void* dst = m.fwd_dst.Out(y, s.b.raw_data());
   const auto& pd = m.fwd_pd;
   memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
@@ -589,12 +606,13 @@ void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, flo
                                  const uint16_t* x_bf16, const uint16_t* dy_bf16) const {
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
-  CNNFLOW_ENFORCE((x_bf16 == nullptr || m.bw_src.ToBf16Nhwc()) &&
-                      (dy_bf16 == nullptr || m.bw_diff_dst.ToBf16Nhwc()),
-                  "OnednnConv: the backward-weights does not read x or dy as bf16 NHWC");
+  CNNFLOW_ENFORCE(
+      (x_bf16 == nullptr || m.bf16) && (dy_bf16 == nullptr || m.bw_diff_dst.ToBf16Nhwc()),
+      "OnednnConv: the backward-weights does not read x or dy as bf16 NHWC");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
-  const void* src = x_bf16 != nullptr ? x_bf16 : m.bw_src.In(x, s.a.raw_data(), pad);
+  const void* src = x_bf16 != nullptr ? m.bw_src16.In(x_bf16, s.a.raw_data(), pad)
+                                      : m.bw_src.In(x, s.a.raw_data(), pad);
   const void* diff_dst = dy_bf16 != nullptr ? dy_bf16 : m.bw_diff_dst.In(dy, s.b.raw_data(), pad);
   void* diff_wei = m.bw_diff_wei.Out(dw, s.c.raw_data());
   const auto& pd = m.bwd_weights_pd;
@@ -630,7 +648,7 @@ void OnednnConv::Backward(const float* x, const uint16_t* kept_x, const float* d
     dy_bf16 = buf;
   }
   if (primitive_weights) {
-    BackwardWeights(x, dy, dw, db, m.bw_src.ToBf16Nhwc() ? kept_x : nullptr, dy_bf16);
+    BackwardWeights(x, dy, dw, db, kept_x, dy_bf16);
   } else if (dw != nullptr) {
     CNNFLOW_ENFORCE(matmul_weights, "OnednnConv::Backward: backward-weights by ",
                     ConvAlgoName(weights));

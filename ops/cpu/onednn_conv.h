@@ -56,8 +56,10 @@ class OnednnConv {
   // The per-chunk calls; any number may run at once on different threads.
   // x [mb, C, H, W], bias [K] or null -> y [mb, K, H', W']. keep_x (where
   // KeepsInput): x in bf16 NHWC is written there, for Backward to read
-  // instead of converting x again.
-  void Forward(const float* x, const float* bias, float* y, uint16_t* keep_x = nullptr) const;
+  // instead of converting x again. x_bf16 (bf16 only): x given in bf16
+  // NHWC instead (x unused), as a bf16 activation (Layer::ReadsBf16).
+  void Forward(const float* x, const float* bias, float* y, uint16_t* keep_x = nullptr,
+               const uint16_t* x_bf16 = nullptr) const;
   // Whether the forward reads x as bf16 NHWC (our own conversion) and the
   // backward-weights by `weights` (kOnednn or kMatmul) reads the same, so
   // Forward can keep it for Backward.
@@ -65,15 +67,16 @@ class OnednnConv {
   // The backward of one chunk, converting each operand once for both
   // passes: dx (null: skipped) by `data` (kOnednn or kFlipped), dw and db
   // (dw null: skipped) by `weights` (kOnednn or kMatmul, as the calls
-  // below). kept_x: x as Forward kept it, or null.
+  // below). kept_x: x in bf16 NHWC (as Forward kept it, or a bf16
+  // activation), or null.
   void Backward(const float* x, const uint16_t* kept_x, const float* dy, float* dx, ConvAlgo data,
                 float* dw, float* db, ConvAlgo weights) const;
   // dy [mb, K, H', W'] -> dx [mb, C, H, W] (overwritten).
   void BackwardData(const float* dy, float* dx) const;
   // x, dy -> dw [K, C/groups, kh, kw] and db [K] (db null: no bias),
   // overwritten with this chunk's sums.
-  // x_bf16 / dy_bf16: the operand already in the primitive's layout (bf16
-  // NHWC), or null.
+  // x_bf16: x in bf16 NHWC, or null; dy_bf16: dy already in the
+  // primitive's layout (bf16 NHWC), or null.
   void BackwardWeights(const float* x, const float* dy, float* dw, float* db,
                        const uint16_t* x_bf16 = nullptr, const uint16_t* dy_bf16 = nullptr) const;
   // dy -> dx in bf16 as the forward convolution of dy with w flipped in

@@ -47,7 +47,8 @@ class BatchNormLayer : public Layer {
                 const std::vector<Tensor*>& dx) override;
   int64_t ForwardFlops(int64_t n) const override { return 2 * n * channels_ * spatial_; }
   // y = max(bn(x), 0) from now on, in the pass that writes y; dy masked by
-  // y > 0 in backward, row by row as it is read.
+  // y > 0 in backward, row by row as it is read (channels-last: by
+  // bn(x) > 0, recomputed from x).
   bool FuseRelu() override {
     relu_ = true;
     return true;
@@ -62,6 +63,10 @@ class BatchNormLayer : public Layer {
 
   // Either layout, [N, C, H, W] or channels-last [N, H, W, C] samples.
   ChannelsLast ChannelsLastSupport() const override { return ChannelsLast::kFollows; }
+  // Channels-last, y may be bf16 (Layer::WritesBf16): the channels-last
+  // backward never reads y (a fused ReLU's mask is recomputed from x, as a
+  // fused GELU's derivative is).
+  bool WritesBf16() const override;
 
   int64_t channels() const { return channels_; }
   double momentum() const { return momentum_; }
@@ -78,7 +83,7 @@ class BatchNormLayer : public Layer {
   double SyncCountAndShift(int64_t local_count, const Shape& in_shape);
   // The passes over channels-last tensors (nhwc_input()).
   void ForwardNhwc(const Tensor& in, Tensor& y, bool training);
-  void BackwardNhwc(const Tensor& in, const Tensor& y, const Tensor& dy, Tensor* dx);
+  void BackwardNhwc(const Tensor& in, const Tensor& dy, Tensor* dx);
 
   double momentum_;
   double eps_;

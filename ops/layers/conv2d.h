@@ -123,6 +123,9 @@ class Conv2d : public Layer {
   // In bf16 its oneDNN kernels read and write NHWC: either side may be.
   ChannelsLast ChannelsLastSupport() const override;
   void SetChannelsLast(const std::vector<bool>& inputs, bool output) override;
+  // In bf16 with a channels-last input, x may be bf16 too: the kernels read
+  // it as it is, and its backward-weights too.
+  bool ReadsBf16(size_t input) const override;
 
   const Conv2dGeometry& geometry() const { return geom_; }
   bool has_bias() const { return has_bias_; }

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -618,6 +619,78 @@ TEST(Bf16Cpu, ChannelsLastModelMatchesNchw) {
   const auto named = models[0]->NamedParameters(), other = models[1]->NamedParameters();
   for (size_t i = 0; i < named.size(); ++i) {
     EXPECT_LE(RelError(other[i].param->grad, Values(named[i].param->grad)), 2e-3) << named[i].name;
+  }
+}
+
+// bf16 activations (Layer::WritesBf16 / ReadsBf16): a batchnorm's output
+// that only convolutions read is stored in bf16, through a fused ReLU or
+// GELU or none; one that an add or a max-pool reads stays f32.
+std::vector<LayerSpec> Bf16ActivationsNet() {
+  auto conv = [](const char* name, int64_t kernel, int64_t stride = 1) {
+    return Spec(name, "conv2d",
+                {{"out", int64_t{8}}, {"kernel", kernel}, {"pad", kernel / 2}, {"stride", stride}});
+  };
+  return {conv("conv1", 3),
+          Spec("bn1", "batchnorm", {}),
+          Spec("relu1", "relu", {}),
+          conv("conv2", 3),
+          Spec("bn2", "batchnorm", {}),
+          Spec("gelu2", "gelu", {}),
+          conv("conv3", 3),
+          Spec("bn3", "batchnorm", {}),
+          conv("conv4", 1),
+          Spec("sum", "add", {}, {"conv4", "bn3"}),
+          Spec("bn4", "batchnorm", {}),
+          conv("conv5", 3, 2),
+          Spec("bn5", "batchnorm", {}),
+          Spec("pool", "maxpool2d", {{"kernel", int64_t{2}}}),
+          Spec("fc", "linear", {{"out", int64_t{5}}})};
+}
+
+// The convolutions round their input to bf16 either way, and batchnorm's
+// channels-last backward never reads its output: the same bits with the
+// bf16 activations as without, in training and evaluation, for the
+// logits, every gradient and the running statistics.
+TEST(Bf16Cpu, Bf16ActivationsGiveTheSameBits) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  if (!cpu::CpuHasAvx512Bf16()) GTEST_SKIP() << "bf16 activations need avx512_bf16";
+  std::unique_ptr<Model> models[2];
+  for (int k = 0; k < 2; ++k) {
+    models[k] = Model::Build(Bf16ActivationsNet(), {3, 12, 12}, DType::kF32, 3,
+                             InitScheme::kPytorchDefault, Device::Cpu(), DType::kBF16, true, true,
+                             /*bf16_activations=*/k == 1);
+  }
+  const std::set<std::string> bf16 = {"bn1", "relu1", "bn2", "gelu2", "bn4"};
+  for (int i = 0; i < models[1]->num_layers(); ++i) {
+    const std::string& name = models[1]->layer(i).name();
+    EXPECT_EQ(models[1]->activation_dtype(i), bf16.count(name) ? DType::kBF16 : DType::kF32)
+        << name;
+    EXPECT_EQ(models[0]->activation_dtype(i), DType::kF32) << name;
+  }
+  const int64_t n = 6;
+  const Tensor x = RandomTensor({n, 3, 12, 12}, 4, -1, 1, DType::kF32);
+  const Tensor dy = RandomTensor({n, 5}, 5, -1, 1, DType::kF32);
+  Tensor logits[2][2];
+  for (int k = 0; k < 2; ++k) {
+    for (int step = 0; step < 2; ++step) {
+      ForwardContext ctx;
+      ctx.training = step == 0;
+      logits[k][step] = models[k]->Forward(x, ctx).Clone();
+      if (!ctx.training) continue;
+      models[k]->ZeroGrad();
+      models[k]->Backward(dy);
+    }
+  }
+  for (int step = 0; step < 2; ++step) EXPECT_EQ(MaxAbsDiff(logits[1][step], logits[0][step]), 0.0);
+  const auto state = models[0]->StateTensors(), other = models[1]->StateTensors();
+  for (size_t i = 0; i < state.size(); ++i) {
+    EXPECT_EQ(MaxAbsDiff(other[i].second, state[i].second), 0.0) << state[i].first;
+  }
+  const auto named = models[0]->NamedParameters(), named1 = models[1]->NamedParameters();
+  for (size_t i = 0; i < named.size(); ++i) {
+    EXPECT_GT(MaxAbsDiff(named[i].param->grad, Tensor::Zeros(named[i].param->grad.shape())), 0.0)
+        << named[i].name;
+    EXPECT_EQ(MaxAbsDiff(named1[i].param->grad, named[i].param->grad), 0.0) << named[i].name;
   }
 }
 
