@@ -167,6 +167,12 @@ class Layer {
   // output. Its gradient stays f32. Default: neither.
   virtual bool WritesBf16() const { return false; }
   virtual bool ReadsBf16(size_t /*input*/) const { return false; }
+  // The same for gradients: an activation's gradient is bf16 where its one
+  // reader's backward can write it so (WritesBf16Grad: max-pooling, whose
+  // dx holds dy's values) and its writer's backward reads it so
+  // (ReadsBf16Grad: conv2d in bf16, which rounds dy anyway).
+  virtual bool WritesBf16Grad(size_t /*input*/) const { return false; }
+  virtual bool ReadsBf16Grad() const { return false; }
 
   // Multiply-adds x2 of one forward pass on a batch of n (for reports).
   virtual int64_t ForwardFlops(int64_t /*n*/) const { return 0; }

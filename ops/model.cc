@@ -271,6 +271,7 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
     }
   }
   m->act_dtypes_.assign(m->layers_.size(), m->compute_);
+  m->grad_dtypes_ = m->act_dtypes_;
   if (cpu_bf16 && channels_last && splitter == nullptr) {
     m->ChooseChannelsLast();
     if (bf16_activations) m->ChooseBf16Activations();
@@ -343,6 +344,22 @@ void Model::ChooseBf16Activations() {
     act_dtypes_[i] = DType::kBF16;
     for (int r = i + 1; r <= last; ++r)  // the fused activation layers that alias it
       if (fused_into_[r] == i) act_dtypes_[r] = DType::kBF16;
+  }
+  // Gradients: one reader (no sum of several), not a fused one.
+  for (int i = 0; i < last; ++i) {
+    if (fused_into_[i] >= 0 || !layers_[i]->ReadsBf16Grad()) continue;
+    int reader = -1, input = -1, count = 0;
+    for (int r = i + 1; r <= last; ++r) {
+      for (size_t k = 0; k < input_index_[r].size(); ++k) {
+        if (input_index_[r][k] != i) continue;
+        reader = r;
+        input = static_cast<int>(k);
+        ++count;
+      }
+    }
+    if (count == 1 && fused_into_[reader] < 0 && layers_[reader]->WritesBf16Grad(input)) {
+      grad_dtypes_[i] = DType::kBF16;
+    }
   }
 }
 
@@ -466,7 +483,7 @@ void Model::Backward(const Tensor& dy, const std::function<void(int)>& layer_don
       } else if (!needs[j]) {
         dxs.push_back(nullptr);
       } else {
-        local[k] = Tensor::Empty(acts_[j].shape(), compute_, acts_[j].device());
+        local[k] = Tensor::Empty(acts_[j].shape(), grad_dtypes_[j], acts_[j].device());
         dxs.push_back(&local[k]);
       }
     }

@@ -80,8 +80,10 @@ class Model {
   // that can write it in bf16 (Layer::WritesBf16: batchnorm), is stored in
   // bf16: the convolutions would round it to bf16 anyway, so the results
   // are the same bits, and it is half the bytes, written once instead of
-  // written, read and converted (bf16_activations false: every activation
-  // stays f32).
+  // written, read and converted. So, the other way, is the gradient of an
+  // activation that one max-pool reads and a convolution wrote
+  // (Layer::WritesBf16Grad, ReadsBf16Grad). (bf16_activations false: every
+  // activation and gradient stays f32.)
   //
   // Mixed precision on a GPU: with `compute` f16 or bf16, parameters,
   // gradients and buffers stay in `dtype` (f32: the master weights) and
@@ -130,8 +132,10 @@ class Model {
   int fused_into(int i) const { return fused_into_[i]; }
   DType dtype() const { return dtype_; }
   DType compute_dtype() const { return compute_; }
-  // The dtype layer i's output is stored in (compute_dtype(), or bf16: see Build).
+  // The dtypes layer i's output and its gradient are stored in
+  // (compute_dtype(), or bf16: see Build).
   DType activation_dtype(int i) const { return act_dtypes_[i]; }
+  DType gradient_dtype(int i) const { return grad_dtypes_[i]; }
   // How many layers multiply in bf16 on the CPU (Layer::ComputeInBf16).
   int bf16_layers() const { return bf16_layers_; }
   Device device() const { return device_; }
@@ -166,8 +170,9 @@ class Model {
   // Whether every layer that reads activation i (through fused activation
   // layers, which alias it) reads it in bf16.
   bool ReadBf16Only(int i) const;
-  // Each activation's dtype (compute_, or bf16: ChooseBf16Activations).
-  std::vector<DType> act_dtypes_;
+  // Each activation's dtype and its gradient's (compute_, or bf16:
+  // ChooseBf16Activations).
+  std::vector<DType> act_dtypes_, grad_dtypes_;
   // For an activation fused into the layer it reads: that layer's index; else -1.
   std::vector<int> fused_into_;
   Shape input_shape_;

@@ -557,11 +557,13 @@ void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, co
 // dx [n, C, H, W] (overwritten; null: skipped), dw [K, C/groups, kh, kw] and
 // db [K] (added into; db null: no bias; dw null: neither, and x unused). With a fused ReLU (relu_y:
 // the layer's output y), dy is the gradient of max(conv, 0) and each chunk first masks it by y > 0.
-// x_bf16: x given in bf16 NHWC instead (Conv2d::ReadsBf16; x null).
+// x_bf16, dy_bf16: x, dy given in bf16 NHWC instead (Conv2d::ReadsBf16,
+// ReadsBf16Grad; x, dy null).
 template <typename T>
 void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, const T* w,
                   const T* relu_y, const T* dy, T* dx, T* dw, T* db, int64_t n,
-                  Conv2dScratch& scratch, const uint16_t* x_bf16 = nullptr) {
+                  Conv2dScratch& scratch, const uint16_t* x_bf16 = nullptr,
+                  const uint16_t* dy_bf16 = nullptr) {
   if (n == 0) return;
   const int64_t chunks = BackwardChunks(g, n);
   const int64_t dw_size = g.out_channels * g.col_rows();
@@ -583,6 +585,9 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
   T* partial = want_dw ? scratch.partial.data<T>() : nullptr;
   CNNFLOW_ENFORCE(x_bf16 == nullptr || !want_dw || onednn_weights,
                   "conv2d: a bf16 input outside the bf16 kernels");
+  CNNFLOW_ENFORCE(dy_bf16 == nullptr || ((!want_dw || onednn_weights) &&
+                                         (dx == nullptr || onednn_data) && relu_y == nullptr),
+                  "conv2d: a bf16 gradient outside the bf16 kernels");
   // x as the forward kept it in bf16 (Conv2dScratch::Keep), if it did.
   const Tensor kept =
       want_dw && x_bf16 == nullptr && onednn_weights && (!matmul_weights || scratch.nhwc_in)
@@ -613,7 +618,7 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
     T* pdb = db != nullptr ? pdw + dw_size : nullptr;
     const int64_t count = end - begin;
     const T* xc = want_dw && x != nullptr ? x + begin * in_sample : nullptr;
-    const T* dyc = dy + begin * out_sample;
+    const T* dyc = dy != nullptr ? dy + begin * out_sample : nullptr;
     T* dxc = dx != nullptr ? dx + begin * in_sample : nullptr;
     if (relu_y != nullptr) {
       T* masked = ScratchBuffer<T>(scratch.masked, max_chunk * out_sample, false);
@@ -624,12 +629,16 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
       if (onednn_weights || (onednn_data && dxc != nullptr)) {
         const uint16_t* kept_x = x16 != nullptr ? x16 + begin * in_sample : nullptr;
         convs.For(count).Backward(xc, kept_x, dyc, onednn_data ? dxc : nullptr, plan.backward_data,
-                                  onednn_weights ? pdw : nullptr, pdb, plan.backward_weights);
+                                  onednn_weights ? pdw : nullptr, pdb, plan.backward_weights,
+                                  dy_bf16 != nullptr ? dy_bf16 + begin * out_sample : nullptr);
       }
     }
     if (want_dw && !onednn_weights) std::fill_n(pdw, db != nullptr ? part_size : dw_size, T(0));
-    GemmBackwardChunk(g, scratch, xc, w, dyc, onednn_data ? nullptr : dxc,
-                      onednn_weights ? nullptr : pdw, onednn_weights ? nullptr : pdb, 0, count);
+    // What the oneDNN passes left (a lowered chunk would copy dy even with nothing to do).
+    if ((dxc != nullptr && !onednn_data) || (want_dw && !onednn_weights)) {
+      GemmBackwardChunk(g, scratch, xc, w, dyc, onednn_data ? nullptr : dxc,
+                        onednn_weights ? nullptr : pdw, onednn_weights ? nullptr : pdb, 0, count);
+    }
   });
   if (!want_dw) return;
 
@@ -973,17 +982,20 @@ void Conv2d::Backward(const std::vector<const Tensor*>& x, const Tensor& y, cons
   CNNFLOW_ENFORCE(in.is_contiguous() && dy.is_contiguous(), "conv2d needs contiguous tensors");
   const int64_t n = in.dim(0);
   const Tensor& w = parameters()[0].value;
-  const bool x16 = in.dtype() == DType::kBF16;  // a bf16 activation (ReadsBf16)
+  const bool x16 = in.dtype() == DType::kBF16;   // a bf16 activation (ReadsBf16)
+  const bool dy16 = dy.dtype() == DType::kBF16;  // a bf16 gradient (ReadsBf16Grad)
   CNNFLOW_ENFORCE(!x16 || ReadsBf16(0), "conv2d ", name(), ": a bf16 input it cannot read");
+  CNNFLOW_ENFORCE(!dy16 || ReadsBf16Grad(), "conv2d ", name(), ": a bf16 gradient it cannot read");
   const Conv2dPlan plan = PlanFor(n, w.dtype());
   DispatchFloat(w.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* dxp = dx.empty() || dx[0] == nullptr ? nullptr : dx[0]->data<T>();
     T* db = has_bias_ ? parameters()[1].grad.data<T>() : nullptr;
     ConvBackward<T>(geom_, plan, x16 ? nullptr : in.data<T>(), w.data<T>(),
-                    relu_ ? y.data<T>() : nullptr, dy.data<T>(), dxp,
+                    relu_ ? y.data<T>() : nullptr, dy16 ? nullptr : dy.data<T>(), dxp,
                     parameters()[0].grad.data<T>(), db, n, *scratch_,
-                    x16 ? static_cast<const uint16_t*>(in.raw_data()) : nullptr);
+                    x16 ? static_cast<const uint16_t*>(in.raw_data()) : nullptr,
+                    dy16 ? static_cast<const uint16_t*>(dy.raw_data()) : nullptr);
   });
 }
 
@@ -1042,6 +1054,10 @@ Layer::ChannelsLast Conv2d::ChannelsLastSupport() const {
 
 bool Conv2d::ReadsBf16(size_t input) const {
   return input == 0 && ChannelsLastSupport() == ChannelsLast::kConverts && nhwc_input(0);
+}
+
+bool Conv2d::ReadsBf16Grad() const {
+  return ChannelsLastSupport() == ChannelsLast::kConverts && nhwc_output() && !relu_;
 }
 
 void Conv2d::SetChannelsLast(const std::vector<bool>& inputs, bool output) {

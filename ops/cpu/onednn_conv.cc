@@ -217,9 +217,10 @@ struct OnednnConv::Impl {
   // Per call: user -> primitive layouts and back.
   Reorder fwd_src, fwd_dst, bd_diff_dst, bd_diff_src, bw_src, bw_diff_dst, bw_diff_wei;
   // bf16: x given in bf16 NHWC (kept by Forward, or a bf16 activation) to
-  // the forward's and backward-weights' layouts (nothing where they read it so).
+  // the forward's and backward-weights' layouts, and dy (converted once, or
+  // a bf16 gradient) to the backward passes' (nothing where they read it so).
   bool bf16 = false;
-  Reorder fwd_src16, bw_src16;
+  Reorder fwd_src16, bw_src16, bd_diff_dst16, bw_diff_dst16, flip_src16;
   // Per pass: the weights in the forward and backward-data layouts.
   Reorder fwd_wei, bd_wei;
   Tensor fwd_wei_buf, bd_wei_buf;
@@ -344,6 +345,9 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
       m.bf16 = true;
       m.fwd_src16 = Reorder(user_src16, m.fwd_pd.src_desc(), attr);
       m.bw_src16 = Reorder(user_src16, m.bwd_weights_pd.src_desc(), attr);
+      const memory::desc user_dst16(dst, dt::bf16, Tag::nhwc);
+      m.bd_diff_dst16 = Reorder(user_dst16, m.bwd_data_pd.diff_dst_desc(), attr);
+      m.bw_diff_dst16 = Reorder(user_dst16, m.bwd_weights_pd.diff_dst_desc(), attr);
     }
   } catch (const dnnl::error& e) {
     throw Error(StrCat("oneDNN has no ", bf16 ? "bf16 " : "", "convolution for input [", mb, ", ",
@@ -355,18 +359,20 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
                       BufferBytes(m.bd_diff_dst, m.bwd_data_pd.diff_dst_desc()),
                       BufferBytes(m.bw_src, m.bwd_weights_pd.src_desc()),
                       BufferBytes(m.fwd_src16, m.fwd_pd.src_desc()),
-                      BufferBytes(m.bw_src16, m.bwd_weights_pd.src_desc())});
+                      BufferBytes(m.bw_src16, m.bwd_weights_pd.src_desc()),
+                      BufferBytes(m.bd_diff_dst16, m.bwd_data_pd.diff_dst_desc())});
   m.buf_b = std::max({BufferBytes(m.fwd_dst, m.fwd_pd.dst_desc()),
                       BufferBytes(m.bd_diff_src, m.bwd_data_pd.diff_src_desc()),
                       BufferBytes(m.bw_diff_dst, m.bwd_weights_pd.diff_dst_desc())});
+  m.buf_b = std::max(m.buf_b, BufferBytes(m.bw_diff_dst16, m.bwd_weights_pd.diff_dst_desc()));
   m.buf_c = BufferBytes(m.bw_diff_wei, m.bwd_weights_pd.diff_weights_desc());
-  m.pad =
-      std::max({m.fwd_pd.scratchpad_desc().get_size(), m.bwd_data_pd.scratchpad_desc().get_size(),
-                m.bwd_weights_pd.scratchpad_desc().get_size(), m.fwd_src.scratchpad(),
-                m.fwd_dst.scratchpad(), m.bd_diff_dst.scratchpad(), m.bd_diff_src.scratchpad(),
-                m.bw_src.scratchpad(), m.bw_diff_dst.scratchpad(), m.bw_diff_wei.scratchpad(),
-                m.fwd_wei.scratchpad(), m.bd_wei.scratchpad(), m.fwd_src16.scratchpad(),
-                m.bw_src16.scratchpad()});
+  m.pad = std::max(
+      {m.fwd_pd.scratchpad_desc().get_size(), m.bwd_data_pd.scratchpad_desc().get_size(),
+       m.bwd_weights_pd.scratchpad_desc().get_size(), m.fwd_src.scratchpad(),
+       m.fwd_dst.scratchpad(), m.bd_diff_dst.scratchpad(), m.bd_diff_src.scratchpad(),
+       m.bw_src.scratchpad(), m.bw_diff_dst.scratchpad(), m.bw_diff_wei.scratchpad(),
+       m.fwd_wei.scratchpad(), m.bd_wei.scratchpad(), m.fwd_src16.scratchpad(),
+       m.bw_src16.scratchpad(), m.bd_diff_dst16.scratchpad(), m.bw_diff_dst16.scratchpad()});
   auto words = [](const memory::desc& md) {  // f32 words that hold md (bf16: half as many)
     return static_cast<int64_t>((md.get_size() + 3) / 4);
   };
@@ -385,16 +391,18 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     m.flip = dnnl::convolution_forward(m.flip_pd);
     m.flip_src = Reorder(m.user_dst, m.flip_pd.src_desc(), attr);
     m.flip_dst = Reorder(m.flip_pd.dst_desc(), m.user_src, attr);
+    m.flip_src16 = Reorder(memory::desc(dst, dt::bf16, Tag::nhwc), m.flip_pd.src_desc(), attr);
     // w flipped in space but in w's own order [K, C, kh, kw]: iohw of flip_wei.
     const memory::desc user_flip_wei(flip_wei, dt::f32, Tag::iohw);
     m.flip_wei = Reorder(user_flip_wei, m.flip_pd.weights_desc(), attr);
     m.flip_wei_f32 = Tensor::Empty({g.in_channels * g.out_channels * g.kernel_h * g.kernel_w});
     m.flip_wei_buf =
         Tensor::Empty({static_cast<int64_t>((m.flip_pd.weights_desc().get_size() + 3) / 4)});
-    m.buf_a = std::max(m.buf_a, BufferBytes(m.flip_src, m.flip_pd.src_desc()));
+    m.buf_a = std::max({m.buf_a, BufferBytes(m.flip_src, m.flip_pd.src_desc()),
+                        BufferBytes(m.flip_src16, m.flip_pd.src_desc())});
     m.buf_b = std::max(m.buf_b, BufferBytes(m.flip_dst, m.flip_pd.dst_desc()));
     m.pad = std::max({m.pad, m.flip_pd.scratchpad_desc().get_size(), m.flip_src.scratchpad(),
-                      m.flip_dst.scratchpad(), m.flip_wei.scratchpad()});
+                      m.flip_dst.scratchpad(), m.flip_wei.scratchpad(), m.flip_src16.scratchpad()});
     m.flipped_data = true;
   }
   if (bf16 && !grouped && CpuHasAvx512Bf16()) {
@@ -471,14 +479,16 @@ void OnednnConv::Forward(const float* x, const float* bias, float* y, uint16_t* 
   m.fwd_dst.Finish(dst, y, pad);
 }
 
-void OnednnConv::BackwardData(const float* dy, float* dx) const {
+void OnednnConv::BackwardData(const float* dy, float* dx, const uint16_t* dy_bf16) const {
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
   CNNFLOW_ENFORCE(m.bd_wei_ptr != nullptr,
                   "OnednnConv::BackwardData before PrepareBackwardWeights");
+  CNNFLOW_ENFORCE(dy_bf16 == nullptr || m.bf16, "OnednnConv: a bf16 dy for an f32 kernel");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
-  const void* diff_dst = m.bd_diff_dst.In(dy, s.a.raw_data(), pad);
+  const void* diff_dst = dy_bf16 != nullptr ? m.bd_diff_dst16.In(dy_bf16, s.a.raw_data(), pad)
+                                            : m.bd_diff_dst.In(dy, s.a.raw_data(), pad);
   void* diff_src = m.bd_diff_src.Out(dx, s.b.raw_data());
   const auto& pd = m.bwd_data_pd;
   memory mdd(pd.diff_dst_desc(), OnednnEngine(), const_cast<void*>(diff_dst));
@@ -518,11 +528,11 @@ void OnednnConv::BackwardDataByFlippedForward(const float* dy, float* dx,
   const Impl& m = *impl_;
   CNNFLOW_ENFORCE(m.flip_wei_ptr != nullptr,
                   "OnednnConv::BackwardDataByFlippedForward before PrepareFlippedWeights");
-  CNNFLOW_ENFORCE(dy_bf16 == nullptr || m.flip_src.ToBf16Nhwc(),
-                  "OnednnConv: the flipped backward-data does not read dy as bf16 NHWC");
+  CNNFLOW_ENFORCE(dy_bf16 == nullptr || m.bf16, "OnednnConv: a bf16 dy for an f32 kernel");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
-  const void* src = dy_bf16 != nullptr ? dy_bf16 : m.flip_src.In(dy, s.a.raw_data(), pad);
+  const void* src = dy_bf16 != nullptr ? m.flip_src16.In(dy_bf16, s.a.raw_data(), pad)
+                                       : m.flip_src.In(dy, s.a.raw_data(), pad);
   void* dst = m.flip_dst.Out(dx, s.b.raw_data());
   const auto& pd = m.flip_pd;
   memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
@@ -606,14 +616,14 @@ void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, flo
                                  const uint16_t* x_bf16, const uint16_t* dy_bf16) const {
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
-  CNNFLOW_ENFORCE(
-      (x_bf16 == nullptr || m.bf16) && (dy_bf16 == nullptr || m.bw_diff_dst.ToBf16Nhwc()),
-      "OnednnConv: the backward-weights does not read x or dy as bf16 NHWC");
+  CNNFLOW_ENFORCE((x_bf16 == nullptr && dy_bf16 == nullptr) || m.bf16,
+                  "OnednnConv: a bf16 x or dy for an f32 kernel");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
   const void* src = x_bf16 != nullptr ? m.bw_src16.In(x_bf16, s.a.raw_data(), pad)
                                       : m.bw_src.In(x, s.a.raw_data(), pad);
-  const void* diff_dst = dy_bf16 != nullptr ? dy_bf16 : m.bw_diff_dst.In(dy, s.b.raw_data(), pad);
+  const void* diff_dst = dy_bf16 != nullptr ? m.bw_diff_dst16.In(dy_bf16, s.b.raw_data(), pad)
+                                            : m.bw_diff_dst.In(dy, s.b.raw_data(), pad);
   void* diff_wei = m.bw_diff_wei.Out(dw, s.c.raw_data());
   const auto& pd = m.bwd_weights_pd;
   memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
@@ -633,14 +643,14 @@ void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, flo
 }
 
 void OnednnConv::Backward(const float* x, const uint16_t* kept_x, const float* dy, float* dx,
-                          ConvAlgo data, float* dw, float* db, ConvAlgo weights) const {
+                          ConvAlgo data, float* dw, float* db, ConvAlgo weights,
+                          const uint16_t* dy_bf16) const {
   const Impl& m = *impl_;
   const bool flipped = dx != nullptr && data == ConvAlgo::kFlipped;
   const bool primitive_weights = dw != nullptr && weights == ConvAlgo::kOnednn;
   const bool matmul_weights = dw != nullptr && weights == ConvAlgo::kMatmul;
   // Both passes read dy as bf16 NHWC: convert it once.
-  const uint16_t* dy_bf16 = nullptr;
-  if (flipped && m.flip_src.ToBf16Nhwc() &&
+  if (dy_bf16 == nullptr && flipped && m.flip_src.ToBf16Nhwc() &&
       ((primitive_weights && m.bw_diff_dst.ToBf16Nhwc()) || (matmul_weights && m.nhwc_out))) {
     Impl::Scratch& s = m.Local();
     auto* buf = static_cast<uint16_t*>(Impl::Fit(s.dy16, m.flip_src.to.get_size()));
@@ -660,7 +670,7 @@ void OnednnConv::Backward(const float* x, const uint16_t* kept_x, const float* d
   } else if (dx != nullptr) {
     CNNFLOW_ENFORCE(data == ConvAlgo::kOnednn, "OnednnConv::Backward: backward-data by ",
                     ConvAlgoName(data));
-    BackwardData(dy, dx);
+    BackwardData(dy, dx, dy_bf16);
   }
 }
 

@@ -68,21 +68,23 @@ class OnednnConv {
   // passes: dx (null: skipped) by `data` (kOnednn or kFlipped), dw and db
   // (dw null: skipped) by `weights` (kOnednn or kMatmul, as the calls
   // below). kept_x: x in bf16 NHWC (as Forward kept it, or a bf16
-  // activation), or null.
+  // activation), or null. dy_bf16 (bf16 only): dy given in bf16 NHWC
+  // instead (dy unused), as a bf16 gradient (Layer::ReadsBf16Grad).
   void Backward(const float* x, const uint16_t* kept_x, const float* dy, float* dx, ConvAlgo data,
-                float* dw, float* db, ConvAlgo weights) const;
-  // dy [mb, K, H', W'] -> dx [mb, C, H, W] (overwritten).
-  void BackwardData(const float* dy, float* dx) const;
+                float* dw, float* db, ConvAlgo weights, const uint16_t* dy_bf16 = nullptr) const;
+  // dy [mb, K, H', W'] -> dx [mb, C, H, W] (overwritten). dy_bf16: dy in
+  // bf16 NHWC instead, or null.
+  void BackwardData(const float* dy, float* dx, const uint16_t* dy_bf16 = nullptr) const;
   // x, dy -> dw [K, C/groups, kh, kw] and db [K] (db null: no bias),
   // overwritten with this chunk's sums.
-  // x_bf16: x in bf16 NHWC, or null; dy_bf16: dy already in the
-  // primitive's layout (bf16 NHWC), or null.
+  // x_bf16, dy_bf16: x, dy in bf16 NHWC instead, or null.
   void BackwardWeights(const float* x, const float* dy, float* dw, float* db,
                        const uint16_t* x_bf16 = nullptr, const uint16_t* dy_bf16 = nullptr) const;
   // dy -> dx in bf16 as the forward convolution of dy with w flipped in
   // space and its channel axes swapped, on oneDNN's brgemm forward kernels
   // (its 2.6 backward-data ones are plain jit). Where HasFlippedData: bf16,
   // ungrouped, stride 1; PrepareFlippedWeights(w) once per pass first.
+  // dy_bf16: dy in bf16 NHWC instead, or null.
   bool HasFlippedData() const;
   void PrepareFlippedWeights(const float* w);
   void BackwardDataByFlippedForward(const float* dy, float* dx,

@@ -12,8 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "ops/cpu/bf16_layout.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/isa.h"
+#include "ops/cpu/onednn.h"
 #include "ops/cpu/parallel.h"
 
 namespace cnnflow {
@@ -250,15 +252,45 @@ void MaxPoolSampleNhwc(const Pool2dGeometry& g, const T* x, T* y, uint8_t* win) 
   }
 }
 
+// Windows that tile the input (stride = kernel, no padding): each cell is
+// in at most one window.
+bool WindowsTile(const Pool2dGeometry& g) {
+  return g.stride_h == g.kernel_h && g.stride_w == g.kernel_w && g.pad_h == 0 && g.pad_w == 0;
+}
+
+// One sample, tiling windows: dy [H', W', C] and the window argmax -> dx
+// [H, W, C] in bf16, dy rounded where the cell is its window's argmax and 0
+// elsewhere, an input row at a time through `row` (W * C floats).
+void MaxPoolSampleBackwardNhwcBf16(const Pool2dGeometry& g, const float* dy, const uint8_t* win,
+                                   uint16_t* dx, float* row) {
+  const int64_t c_n = g.channels;
+  for (int64_t h = 0; h < g.in_h; ++h) {
+    const int64_t oh = h / g.kernel_h;
+    for (int64_t w = 0; w < g.in_w; ++w) {
+      const int64_t ow = w / g.kernel_w;
+      float* d = row + w * c_n;
+      if (oh >= g.out_h || ow >= g.out_w) {
+        std::fill_n(d, c_n, 0.0f);
+        continue;
+      }
+      const auto at = static_cast<uint8_t>((h % g.kernel_h) * g.kernel_w + w % g.kernel_w);
+      const uint8_t* io = win + (oh * g.out_w + ow) * c_n;
+      const float* gr = dy + (oh * g.out_w + ow) * c_n;
+      for (int64_t c = 0; c < c_n; ++c) d[c] = io[c] == at ? gr[c] : 0.0f;
+    }
+    cpu::ToBf16(row, dx + h * g.in_w * c_n, g.in_w * c_n);
+  }
+}
+
 // One sample: dy [H', W', C] and the window argmax -> dx [H, W, C]
-// (overwritten). Windows that tile the input (stride = kernel, no padding)
-// hold each cell at most once, so dx is written in one pass, dy where the
-// cell is its window's argmax and 0 elsewhere, instead of zeroed and then
-// scattered into (two passes over a tensor 4x the output's size).
+// (overwritten). Windows that tile the input hold each cell at most once,
+// so dx is written in one pass, dy where the cell is its window's argmax
+// and 0 elsewhere, instead of zeroed and then scattered into (two passes
+// over a tensor 4x the output's size).
 template <typename T>
 void MaxPoolSampleBackwardNhwc(const Pool2dGeometry& g, const T* dy, const uint8_t* win, T* dx) {
   const int64_t c_n = g.channels;
-  if (g.stride_h == g.kernel_h && g.stride_w == g.kernel_w && g.pad_h == 0 && g.pad_w == 0) {
+  if (WindowsTile(g)) {
     for (int64_t h = 0; h < g.in_h; ++h) {
       const int64_t oh = h / g.kernel_h;
       for (int64_t w = 0; w < g.in_w; ++w) {
@@ -430,12 +462,27 @@ void MaxPool2d::Backward(const std::vector<const Tensor*>& x, const Tensor&, con
   CNNFLOW_ENFORCE(
       static_cast<int64_t>(nhwc ? window_argmax_.size() : argmax_.size()) == planes * g.out_plane(),
       "maxpool2d: Backward without a matching Forward");
+  const int64_t in_sample = g.in_plane() * g.channels, out_sample = g.out_plane() * g.channels;
+  if (dx[0]->dtype() == DType::kBF16) {  // WritesBf16Grad
+    CNNFLOW_ENFORCE(WritesBf16Grad(0) && dy.dtype() == DType::kF32, "maxpool2d ", name(),
+                    ": a bf16 gradient it cannot write");
+    const float* dys = dy.data<float>();
+    auto* dxs = static_cast<uint16_t*>(dx[0]->raw_data());
+    const uint8_t* win = window_argmax_.data();
+    cpu::ParallelFor(x[0]->dim(0), PlaneGrain(in_sample), [&](int64_t b, int64_t e) {
+      std::vector<float> row(g.in_w * g.channels);
+      for (int64_t i = b; i < e; ++i) {
+        MaxPoolSampleBackwardNhwcBf16(g, dys + i * out_sample, win + i * out_sample,
+                                      dxs + i * in_sample, row.data());
+      }
+    });
+    return;
+  }
   DispatchFloat(dy.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* dys = dy.data<T>();
     T* dxs = dx[0]->data<T>();
     if (nhwc) {
-      const int64_t in_sample = g.in_plane() * g.channels, out_sample = g.out_plane() * g.channels;
       const uint8_t* win = window_argmax_.data();
       cpu::ParallelFor(x[0]->dim(0), PlaneGrain(in_sample), [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
@@ -453,6 +500,10 @@ void MaxPool2d::Backward(const std::vector<const Tensor*>& x, const Tensor&, con
       }
     });
   });
+}
+
+bool MaxPool2d::WritesBf16Grad(size_t input) const {
+  return input == 0 && nhwc_input() && WindowsTile(geom_) && cpu::CpuHasAvx512Bf16();
 }
 
 int64_t MaxPool2d::ForwardFlops(int64_t n) const {

@@ -126,6 +126,8 @@ class Conv2d : public Layer {
   // In bf16 with a channels-last input, x may be bf16 too: the kernels read
   // it as it is, and its backward-weights too.
   bool ReadsBf16(size_t input) const override;
+  // And dy, with a channels-last output and no fused ReLU.
+  bool ReadsBf16Grad() const override;
 
   const Conv2dGeometry& geometry() const { return geom_; }
   bool has_bias() const { return has_bias_; }

@@ -56,6 +56,9 @@ class MaxPool2d : public Pool2dBase {
   ChannelsLast ChannelsLastSupport() const override {
     return geom_.kernel_h * geom_.kernel_w <= 256 ? ChannelsLast::kFollows : ChannelsLast::kNo;
   }
+  // Channels-last with windows that tile the input: dx may be bf16 (each
+  // cell is dy's value or 0, so rounding it is rounding dy).
+  bool WritesBf16Grad(size_t input) const override;
 
  private:
   // Per forward, NCHW: index in its input plane (h * W + w) of each

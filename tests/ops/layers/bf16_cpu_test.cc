@@ -624,7 +624,9 @@ TEST(Bf16Cpu, ChannelsLastModelMatchesNchw) {
 
 // bf16 activations (Layer::WritesBf16 / ReadsBf16): a batchnorm's output
 // that only convolutions read is stored in bf16, through a fused ReLU or
-// GELU or none; one that an add or a max-pool reads stays f32.
+// GELU or none; one that an add or a max-pool reads stays f32. The
+// gradient of a convolution's output that one max-pool reads is bf16 too
+// (WritesBf16Grad / ReadsBf16Grad); one that a batchnorm reads stays f32.
 std::vector<LayerSpec> Bf16ActivationsNet() {
   auto conv = [](const char* name, int64_t kernel, int64_t stride = 1) {
     return Spec(name, "conv2d",
@@ -642,14 +644,15 @@ std::vector<LayerSpec> Bf16ActivationsNet() {
           Spec("sum", "add", {}, {"conv4", "bn3"}),
           Spec("bn4", "batchnorm", {}),
           conv("conv5", 3, 2),
-          Spec("bn5", "batchnorm", {}),
           Spec("pool", "maxpool2d", {{"kernel", int64_t{2}}}),
+          Spec("bn5", "batchnorm", {}),
+          conv("conv6", 1),
           Spec("fc", "linear", {{"out", int64_t{5}}})};
 }
 
-// The convolutions round their input to bf16 either way, and batchnorm's
-// channels-last backward never reads its output: the same bits with the
-// bf16 activations as without, in training and evaluation, for the
+// The convolutions round their input and dy to bf16 either way, and
+// batchnorm's channels-last backward never reads its output: the same bits
+// with the bf16 activations and gradients as without, in training and evaluation, for the
 // logits, every gradient and the running statistics.
 TEST(Bf16Cpu, Bf16ActivationsGiveTheSameBits) {
   SKIP_WITHOUT_NATIVE_BF16();
@@ -660,12 +663,14 @@ TEST(Bf16Cpu, Bf16ActivationsGiveTheSameBits) {
                              InitScheme::kPytorchDefault, Device::Cpu(), DType::kBF16, true, true,
                              /*bf16_activations=*/k == 1);
   }
-  const std::set<std::string> bf16 = {"bn1", "relu1", "bn2", "gelu2", "bn4"};
+  const std::set<std::string> bf16 = {"bn1", "relu1", "bn2", "gelu2", "bn4", "bn5"};
   for (int i = 0; i < models[1]->num_layers(); ++i) {
     const std::string& name = models[1]->layer(i).name();
     EXPECT_EQ(models[1]->activation_dtype(i), bf16.count(name) ? DType::kBF16 : DType::kF32)
         << name;
+    EXPECT_EQ(models[1]->gradient_dtype(i), name == "conv5" ? DType::kBF16 : DType::kF32) << name;
     EXPECT_EQ(models[0]->activation_dtype(i), DType::kF32) << name;
+    EXPECT_EQ(models[0]->gradient_dtype(i), DType::kF32) << name;
   }
   const int64_t n = 6;
   const Tensor x = RandomTensor({n, 3, 12, 12}, 4, -1, 1, DType::kF32);
