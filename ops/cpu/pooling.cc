@@ -258,54 +258,37 @@ bool WindowsTile(const Pool2dGeometry& g) {
   return g.stride_h == g.kernel_h && g.stride_w == g.kernel_w && g.pad_h == 0 && g.pad_w == 0;
 }
 
-// One sample, tiling windows: dy [H', W', C] and the window argmax -> dx
-// [H, W, C] in bf16, dy rounded where the cell is its window's argmax and 0
-// elsewhere, an input row at a time through `row` (W * C floats).
-void MaxPoolSampleBackwardNhwcBf16(const Pool2dGeometry& g, const float* dy, const uint8_t* win,
-                                   uint16_t* dx, float* row) {
-  const int64_t c_n = g.channels;
-  for (int64_t h = 0; h < g.in_h; ++h) {
-    const int64_t oh = h / g.kernel_h;
-    for (int64_t w = 0; w < g.in_w; ++w) {
-      const int64_t ow = w / g.kernel_w;
-      float* d = row + w * c_n;
-      if (oh >= g.out_h || ow >= g.out_w) {
-        std::fill_n(d, c_n, 0.0f);
-        continue;
-      }
-      const auto at = static_cast<uint8_t>((h % g.kernel_h) * g.kernel_w + w % g.kernel_w);
-      const uint8_t* io = win + (oh * g.out_w + ow) * c_n;
-      const float* gr = dy + (oh * g.out_w + ow) * c_n;
-      for (int64_t c = 0; c < c_n; ++c) d[c] = io[c] == at ? gr[c] : 0.0f;
+// Tiling windows: input row h of dx [H, W, C] into `row` (W * C values),
+// dy [H', W', C] where the cell is its window's argmax and 0 elsewhere.
+template <typename T>
+void MaxPoolTiledRowBackwardNhwc(const Pool2dGeometry& g, const T* dy, const uint8_t* win,
+                                 int64_t h, T* row) {
+  const int64_t c_n = g.channels, oh = h / g.kernel_h;
+  for (int64_t w = 0; w < g.in_w; ++w) {
+    const int64_t ow = w / g.kernel_w;
+    T* d = row + w * c_n;
+    if (oh >= g.out_h || ow >= g.out_w) {
+      std::fill_n(d, c_n, T(0));
+      continue;
     }
-    cpu::ToBf16(row, dx + h * g.in_w * c_n, g.in_w * c_n);
+    const auto at = static_cast<uint8_t>((h % g.kernel_h) * g.kernel_w + w % g.kernel_w);
+    const uint8_t* io = win + (oh * g.out_w + ow) * c_n;
+    const T* gr = dy + (oh * g.out_w + ow) * c_n;
+    for (int64_t c = 0; c < c_n; ++c) d[c] = io[c] == at ? gr[c] : T(0);
   }
 }
 
 // One sample: dy [H', W', C] and the window argmax -> dx [H, W, C]
 // (overwritten). Windows that tile the input hold each cell at most once,
-// so dx is written in one pass, dy where the cell is its window's argmax
-// and 0 elsewhere, instead of zeroed and then scattered into (two passes
-// over a tensor 4x the output's size).
+// so dx is written in one pass, a row at a time (MaxPoolTiledRowBackwardNhwc),
+// instead of zeroed and then scattered into (two passes over a tensor 4x the
+// output's size).
 template <typename T>
 void MaxPoolSampleBackwardNhwc(const Pool2dGeometry& g, const T* dy, const uint8_t* win, T* dx) {
   const int64_t c_n = g.channels;
   if (WindowsTile(g)) {
-    for (int64_t h = 0; h < g.in_h; ++h) {
-      const int64_t oh = h / g.kernel_h;
-      for (int64_t w = 0; w < g.in_w; ++w) {
-        const int64_t ow = w / g.kernel_w;
-        T* d = dx + (h * g.in_w + w) * c_n;
-        if (oh >= g.out_h || ow >= g.out_w) {
-          std::fill_n(d, c_n, T(0));
-          continue;
-        }
-        const auto at = static_cast<uint8_t>((h % g.kernel_h) * g.kernel_w + w % g.kernel_w);
-        const uint8_t* io = win + (oh * g.out_w + ow) * c_n;
-        const T* gr = dy + (oh * g.out_w + ow) * c_n;
-        for (int64_t c = 0; c < c_n; ++c) d[c] = io[c] == at ? gr[c] : T(0);
-      }
-    }
+    for (int64_t h = 0; h < g.in_h; ++h)
+      MaxPoolTiledRowBackwardNhwc(g, dy, win, h, dx + h * g.in_w * c_n);
     return;
   }
   std::fill_n(dx, g.in_plane() * c_n, T(0));
@@ -319,6 +302,17 @@ void MaxPoolSampleBackwardNhwc(const Pool2dGeometry& g, const T* dy, const uint8
         dx[cell * c_n + c] += dy[o * c_n + c];
       }
     }
+  }
+}
+
+// The same into a bf16 dx (MaxPool2d::WritesBf16Grad: tiling windows), each
+// row through `row` (W * C floats) and then rounded.
+void MaxPoolSampleBackwardNhwcBf16(const Pool2dGeometry& g, const float* dy, const uint8_t* win,
+                                   uint16_t* dx, float* row) {
+  const int64_t row_size = g.in_w * g.channels;
+  for (int64_t h = 0; h < g.in_h; ++h) {
+    MaxPoolTiledRowBackwardNhwc(g, dy, win, h, row);
+    cpu::ToBf16(row, dx + h * row_size, row_size);
   }
 }
 
