@@ -67,7 +67,8 @@ class Model {
   // (fuse_activations false keeps every activation a layer of its own).
   //
   // bf16 on the CPU (`compute` bf16 on a CPU device): every layer that can
-  // multiplies in bf16 (Layer::ComputeInBf16) and the activations stay f32;
+  // multiplies in bf16 (Layer::ComputeInBf16) and the activations stay f32
+  // (but for the bf16 ones below);
   // ConfigError when the CPU has no native bf16 (cpu::NoNativeBf16Reason).
   //
   // With bf16 on the CPU, activations between layers that can take them
