@@ -164,7 +164,7 @@ class Layer {
   // nearest even) where its writer can write it so (WritesBf16) and every
   // reader reads it so (ReadsBf16): a conv2d in bf16, which rounds its
   // input to bf16 anyway. A writer's own backward then never reads its
-  // output. Its gradient stays f32. Default: neither.
+  // output. Default: neither.
   virtual bool WritesBf16() const { return false; }
   virtual bool ReadsBf16(size_t /*input*/) const { return false; }
   // The same for gradients: an activation's gradient is bf16 where its one

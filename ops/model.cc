@@ -321,15 +321,20 @@ void Model::ChooseChannelsLast() {
   }
 }
 
+std::vector<std::pair<int, int>> Model::ReadersOf(int i) const {
+  std::vector<std::pair<int, int>> readers;
+  for (int r = 0; r < num_layers(); ++r) {
+    for (size_t k = 0; k < input_index_[r].size(); ++k)
+      if (input_index_[r][k] == i) readers.emplace_back(r, static_cast<int>(k));
+  }
+  return readers;
+}
+
 bool Model::ReadBf16Only(int i) const {
-  for (int r = 0; r < static_cast<int>(layers_.size()); ++r) {
-    const std::vector<int>& ins = input_index_[r];
-    for (size_t k = 0; k < ins.size(); ++k) {
-      if (ins[k] != i) continue;
-      const bool ok =
-          fused_into_[r] == i ? r != num_layers() - 1 && ReadBf16Only(r) : layers_[r]->ReadsBf16(k);
-      if (!ok) return false;
-    }
+  for (const auto& [r, k] : ReadersOf(i)) {
+    const bool ok =
+        fused_into_[r] == i ? r != num_layers() - 1 && ReadBf16Only(r) : layers_[r]->ReadsBf16(k);
+    if (!ok) return false;
   }
   return true;
 }
@@ -348,18 +353,10 @@ void Model::ChooseBf16Activations() {
   // Gradients: one reader (no sum of several), not a fused one.
   for (int i = 0; i < last; ++i) {
     if (fused_into_[i] >= 0 || !layers_[i]->ReadsBf16Grad()) continue;
-    int reader = -1, input = -1, count = 0;
-    for (int r = i + 1; r <= last; ++r) {
-      for (size_t k = 0; k < input_index_[r].size(); ++k) {
-        if (input_index_[r][k] != i) continue;
-        reader = r;
-        input = static_cast<int>(k);
-        ++count;
-      }
-    }
-    if (count == 1 && fused_into_[reader] < 0 && layers_[reader]->WritesBf16Grad(input)) {
-      grad_dtypes_[i] = DType::kBF16;
-    }
+    const auto readers = ReadersOf(i);
+    if (readers.size() != 1) continue;
+    const auto [r, k] = readers[0];
+    if (fused_into_[r] < 0 && layers_[r]->WritesBf16Grad(k)) grad_dtypes_[i] = DType::kBF16;
   }
 }
 

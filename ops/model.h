@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/layer.h"
@@ -168,6 +169,8 @@ class Model {
   // are bf16 (see Build).
   void ChooseChannelsLast();
   void ChooseBf16Activations();
+  // (layer, input) of every read of activation i.
+  std::vector<std::pair<int, int>> ReadersOf(int i) const;
   // Whether every layer that reads activation i (through fused activation
   // layers, which alias it) reads it in bf16.
   bool ReadBf16Only(int i) const;

@@ -780,10 +780,12 @@ void BatchNormLayer::BackwardNhwc(const Tensor& in, const Tensor& dy, Tensor* dx
     const T* grad = du_in_dx ? d : g;
     // sums[0, C): sum(dy), sums[C, 2C): sum(dy * (x - mean)), this replica's.
     std::vector<double> sums(2 * c_n);
+    const double* mean = mean_.data();
     SumRowChunks(rows, c_n, 2 * c_n, sums.data(), [&](int64_t r0, int64_t r1, double* acc) {
       const int64_t block =
           fused ? std::max<int64_t>(8, 2048 / c_n) : std::max<int64_t>(1, r1 - r0);
-      std::vector<T> u(fused ? block * c_n : 0);
+      // bn(x) for a GELU, or the activation's dy when dx does not hold it.
+      std::vector<T> u(gelu_ || (fused && !du_in_dx) ? block * c_n : 0);
       for (int64_t rb = r0; rb < r1; rb += block) {
         const int64_t re = std::min(r1, rb + block);
         const T* gb = g + rb * c_n;
@@ -804,7 +806,6 @@ void BatchNormLayer::BackwardNhwc(const Tensor& in, const Tensor& dy, Tensor* dx
           if (gelu_) GeluGradSpan(u.data(), g + rb * c_n, du, (re - rb) * c_n);
           gb = du;
         }
-        const double* mean = mean_.data();
         // dy (through the fused activation) and dy * (x - mean).
         auto grad_terms = [&](int64_t r, int64_t c, auto& a, auto& b) {
           using V = std::remove_reference_t<decltype(a)>;

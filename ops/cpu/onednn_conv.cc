@@ -363,8 +363,8 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
                       BufferBytes(m.bd_diff_dst16, m.bwd_data_pd.diff_dst_desc())});
   m.buf_b = std::max({BufferBytes(m.fwd_dst, m.fwd_pd.dst_desc()),
                       BufferBytes(m.bd_diff_src, m.bwd_data_pd.diff_src_desc()),
-                      BufferBytes(m.bw_diff_dst, m.bwd_weights_pd.diff_dst_desc())});
-  m.buf_b = std::max(m.buf_b, BufferBytes(m.bw_diff_dst16, m.bwd_weights_pd.diff_dst_desc()));
+                      BufferBytes(m.bw_diff_dst, m.bwd_weights_pd.diff_dst_desc()),
+                      BufferBytes(m.bw_diff_dst16, m.bwd_weights_pd.diff_dst_desc())});
   m.buf_c = BufferBytes(m.bw_diff_wei, m.bwd_weights_pd.diff_weights_desc());
   m.pad = std::max(
       {m.fwd_pd.scratchpad_desc().get_size(), m.bwd_data_pd.scratchpad_desc().get_size(),
