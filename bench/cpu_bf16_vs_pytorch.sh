@@ -4,7 +4,8 @@
 #
 # ResNet-18 CIFAR at batch 64 on synthetic 3x32x32 data
 # (bench/configs/resnet18_synthetic.yaml; bench/pytorch_train.py --model
-# resnet18 --channels-last, PyTorch's best CPU setting), T threads pinned to
+# resnet18 --channels-last on tcmalloc where the system has it: PyTorch's best
+# CPU setting, bench/torch_malloc.sh), T threads pinned to
 # cores 0..T-1 (taskset), R rounds, the four runs in each round in an order
 # reversed every other round. Prints the CPU, its bf16 features, a table of
 # median images/s with the ratios cnnflow / PyTorch at the same precision
@@ -27,7 +28,7 @@ WARMUP=3
 BATCH=64
 OUT=""
 RUN_TIMEOUT=120
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --cnnflow) CNNFLOW="$2"; shift 2 ;;
@@ -51,6 +52,8 @@ log() { echo "# $*" >&2; }
 
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; threads $THREADS pinned to cores $cores"
 echo "bf16 features: $(grep -o -w -E 'avx512_bf16|amx_bf16|amx_tile|avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+read -r MALLOC PRELOAD < <("$ROOT/bench/torch_malloc.sh")
+echo "pytorch: $PYTHON on $MALLOC${PRELOAD:+ ($PRELOAD)}"
 echo "resnet18 (CIFAR) batch $BATCH, $STEPS steps timed after $WARMUP, $REPS rounds"
 echo "runner,precision,rep,images_per_s,status" > "$CSV"
 
@@ -75,7 +78,8 @@ run_cnnflow() {  # precision rep
 }
 run_pytorch() {  # precision rep
   local p=$1 log="$OUT/pytorch.$1.$2.log" ips
-  if ! timeout -k 5 "$RUN_TIMEOUT" taskset -c "$cores" "$PYTHON" "$ROOT/bench/pytorch_train.py" \
+  if ! env ${PRELOAD:+"LD_PRELOAD=$PRELOAD"} timeout -k 5 "$RUN_TIMEOUT" taskset -c "$cores" \
+      "$PYTHON" "$ROOT/bench/pytorch_train.py" \
       --model resnet18 --device cpu --precision "$p" --source synthetic --channels-last \
       --threads "$THREADS" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" > "$log" 2>&1; then
     echo "pytorch,$p,$2,,failed" >> "$CSV"

@@ -8,9 +8,10 @@
 #            TTA: its last epoch line), then CNNFLOW eval CONFIG --weights
 #            DIR/model.safetensors --set train.tta=none (untimed: the
 #            accuracy without TTA)
-#   pytorch: PY bench/airbench_pytorch.py --seed S --precision P --threads T
-#            --json (wall: from its start, reading the JPEGs, to the end of
-#            its TTA evaluation)
+#   pytorch: LD_PRELOAD=tcmalloc PY bench/airbench_pytorch.py --seed S
+#            --precision P --threads T --json (wall: from its start, reading
+#            the JPEGs, to the end of its TTA evaluation; on tcmalloc, its
+#            best allocator, where the system has it: bench/torch_malloc.sh)
 # Prints the CPU and its ISA first, each seed's pair as it goes, and at the
 # end, per side: mean and min test accuracy with and without TTA, mean wall
 # time, and the ratio PyTorch wall / cnnflow wall (> 1: cnnflow faster); then
@@ -18,13 +19,16 @@
 # threads and epochs (seeds accumulate over sessions).
 # Appends one row per side and seed to bench/results/time-to-accuracy.csv
 # (date,commit,cpu,isa,side,precision,threads,seed,epochs,accuracy,
-# accuracy_tta,wall_s; accuracies in %). Runs with --subset are smoke tests:
+# accuracy_tta,wall_s,malloc; accuracies in %; malloc: the side's allocator,
+# glibc or tcmalloc). The summary over the file takes the PyTorch rows of
+# this run's allocator only. Runs with --subset are smoke tests:
 # not appended unless --csv is given.
 #
 # usage: bench/time_to_accuracy.sh [--seeds "0 1 2"] [--precision fp32|bf16]
 #          [--threads 2] [--only torch|cnnflow] [--epochs E] [--subset N]
 #          [--csv FILE] [--cnnflow BIN] [--config YAML] [--data DIR]
 #          [--venv DIR] [--no-install] [--logs DIR]
+#          [--torch-malloc auto|tcmalloc|glibc]
 #   --epochs E    both sides (cnnflow: --set train.epochs=E); default the
 #                 config's and the recipe's 9.9
 #   --subset N    train on N images only: PyTorch --subset N; cnnflow on an
@@ -36,6 +40,8 @@
 #                 scripts/prepare_cifar10.sh makes from the same JPEGs)
 #   --logs DIR    each run's log, JSON and cnnflow output (default: a new
 #                 /tmp/time_to_accuracy.XXXXXX, kept)
+#   --torch-malloc  PyTorch's allocator (default auto: tcmalloc where the
+#                 system has it; glibc reproduces the rows before 2026-12-05)
 # bf16 runs only on a CPU with avx512_bf16 or amx_bf16: elsewhere PyTorch
 # emulates bf16 (slower than fp32), no fair peer, and the script refuses.
 # The torch 2.x venv (default .venv-torch) is made by bench/torch_venv.sh
@@ -59,7 +65,9 @@ VENV="$ROOT/.venv-torch"
 INSTALL=1
 LOGS=""
 
-usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; }
+TORCH_MALLOC=auto
+
+usage() { sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "time_to_accuracy.sh: $*" >&2; exit 1; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -76,6 +84,7 @@ while [[ $# -gt 0 ]]; do
     --venv) VENV="$2"; shift 2 ;;
     --no-install) INSTALL=0; shift ;;
     --logs) LOGS="$2"; shift 2 ;;
+    --torch-malloc) TORCH_MALLOC="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -105,14 +114,16 @@ if [[ "$PRECISION" == bf16 && "$FLAGS" != *" avx512_bf16 "* && "$FLAGS" != *" am
 fi
 
 # --- the two sides -------------------------------------------------------------
-PY=""
+PY="" MALLOC=glibc PRELOAD=""
 if [[ $RUN_TORCH -eq 1 ]]; then
   args=(--venv "$VENV"); if [[ $INSTALL -eq 1 ]]; then args+=(--install); fi
   PY=$("$ROOT/bench/torch_venv.sh" "${args[@]}") \
     || die "no PyTorch 2.x (bench/torch_venv.sh ${args[*]} failed; see above); --only cnnflow runs without it"
   [[ -d "$DATA/cifar10-jpeg/train" && -d "$DATA/cifar10-jpeg/test" ]] \
     || die "no $DATA/cifar10-jpeg/{train,test} (--data DIR or CNNFLOW_DATA_DIR: the folder holding cifar10-jpeg/)"
-  echo "pytorch: $("$PY" -c 'import torch; print("torch", torch.__version__)')"
+  read -r MALLOC PRELOAD < <("$ROOT/bench/torch_malloc.sh" "$TORCH_MALLOC") \
+    || die "bench/torch_malloc.sh $TORCH_MALLOC failed (see above)"
+  echo "pytorch: $("$PY" -c 'import torch; print("torch", torch.__version__)') on $MALLOC${PRELOAD:+ ($PRELOAD)}"
 fi
 if [[ $RUN_CNNFLOW -eq 1 ]]; then
   [[ -x "$CNNFLOW" ]] || die "no cnnflow binary $CNNFLOW (cmake --build build, or --cnnflow BIN; --only torch runs without it)"
@@ -163,7 +174,7 @@ run_torch() {  # seed
                                          --data "$DATA/cifar10-jpeg" --json)
   if [[ -n "$EPOCHS" ]]; then args+=(--epochs "$EPOCHS"); fi
   if [[ -n "$SUBSET" ]]; then args+=(--subset "$SUBSET"); fi
-  "$PY" "$ROOT/bench/airbench_pytorch.py" "${args[@]}" >"$log.json" 2>"$log.log" \
+  env ${PRELOAD:+"LD_PRELOAD=$PRELOAD"} "$PY" "$ROOT/bench/airbench_pytorch.py" "${args[@]}" >"$log.json" 2>"$log.log" \
     || { echo "pytorch failed: $log.log" >&2; tail -5 "$log.log" >&2; return 1; }
   "$PY" -c 'import json, sys
 d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
@@ -171,15 +182,16 @@ print(d["accuracy"], d["accuracy_tta"], d["wall_s"])
 print("# pytorch seed %s: data %ss, train %ss, eval %ss, torch %s" % (d["seed"], d["data_s"], d["train_s"], d["eval_s"], d["torch"]), file=sys.stderr)' "$log.json"
 }
 
-HEADER="date,commit,cpu,isa,side,precision,threads,seed,epochs,accuracy,accuracy_tta,wall_s"
+HEADER="date,commit,cpu,isa,side,precision,threads,seed,epochs,accuracy,accuracy_tta,wall_s,malloc"
 record() {  # side seed "accuracy accuracy_tta wall_s"
-  local acc tta wall
+  local acc tta wall malloc=glibc
+  if [[ "$1" == pytorch ]]; then malloc=$MALLOC; fi
   read -r acc tta wall <<<"$3"
   echo "$1 $2 $acc $tta $wall" >>"$RESULTS"
   [[ -n "$CSV" ]] || return 0
   mkdir -p "$(dirname "$CSV")"
   [[ -s "$CSV" ]] || echo "$HEADER" >"$CSV"
-  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ),$COMMIT,${CPU//,/;},$ISA,$1,$PRECISION,$THREADS,$2,${EPOCHS:-9.9},$acc,$tta,$wall" >>"$CSV"
+  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ),$COMMIT,${CPU//,/;},$ISA,$1,$PRECISION,$THREADS,$2,${EPOCHS:-9.9},$acc,$tta,$wall,$malloc" >>"$CSV"
 }
 
 for seed in $SEEDS; do
@@ -216,7 +228,8 @@ summary() {
 echo "this session ($LOGS):"
 if [[ -s "$RESULTS" ]]; then summary <"$RESULTS"; else echo "  no run finished"; fi
 if [[ -n "$CSV" && -s "$CSV" ]]; then
-  echo "every row of $CSV with this cpu, precision $PRECISION, $THREADS threads, ${EPOCHS:-9.9} epochs:"
-  awk -F, -v cpu="${CPU//,/;}" -v p="$PRECISION" -v th="$THREADS" -v e="${EPOCHS:-9.9}" \
-    'NR > 1 && $3 == cpu && $6 == p && $7 == th && $9 == e { print $5, $8, $10, $11, $12 }' "$CSV" | summary
+  echo "every row of $CSV with this cpu, precision $PRECISION, $THREADS threads, ${EPOCHS:-9.9} epochs (pytorch: on $MALLOC):"
+  awk -F, -v cpu="${CPU//,/;}" -v p="$PRECISION" -v th="$THREADS" -v e="${EPOCHS:-9.9}" -v m="$MALLOC" \
+    'NR > 1 && $3 == cpu && $6 == p && $7 == th && $9 == e && ($5 != "pytorch" || $13 == m) { print $5, $8, $10, $11, $12 }' \
+    "$CSV" | summary
 fi

@@ -69,11 +69,15 @@ DEBIAN_PYTHON=/usr/bin/python3   # Debian's interpreter: torch 1.13
 # models), and glibc malloc kept from mmap-ing (and page-faulting) every
 # step's tensors. OpenMP's default (spinning) wait is the fastest on an idle
 # machine; OMP_WAIT_POLICY=PASSIVE is, by far, when other processes share the
-# cores. torch 2.x also runs with glibc's default malloc settings. Every
-# setting runs every round; the best median counts, per version and model.
+# cores. torch 2.x also runs with glibc's default malloc settings, and both
+# on tcmalloc where the system has it (bench/torch_malloc.sh: glibc cannot
+# keep blocks over 32 MB off mmap). Every setting runs every round; the best
+# median counts, per version and model.
 PT_MALLOC="MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456"
 PT_SETTINGS_DEBIAN=("OPENBLAS_NUM_THREADS=1 $PT_MALLOC|--channels-last"
                     "OPENBLAS_NUM_THREADS=1 $PT_MALLOC OMP_WAIT_POLICY=PASSIVE|--channels-last")
+read -r _ PT_TCMALLOC < <("$ROOT/bench/torch_malloc.sh")
+if [[ -n "$PT_TCMALLOC" ]]; then PT_SETTINGS_DEBIAN+=("OPENBLAS_NUM_THREADS=1 LD_PRELOAD=$PT_TCMALLOC|--channels-last"); fi
 PT_SETTINGS_TORCH2=("${PT_SETTINGS_DEBIAN[@]}"
                     "OPENBLAS_NUM_THREADS=1|--channels-last")
 PT_GIVEN=()

@@ -34,9 +34,11 @@ if [[ "${1:-all}" != run ]]; then
     clang-14 libclang-rt-14-dev libomp-14-dev llvm-14
   )
 fi
-# For bench/: PyTorch on the CPU, side by side with cnnflow.
+# For bench/: PyTorch on the CPU, side by side with cnnflow, on tcmalloc, its
+# best allocator (bench/torch_malloc.sh).
 if [[ "${CNNFLOW_SETUP_BENCH:-0}" == 1 ]]; then
-  packages+=(python3-torch python3-numpy python3-pil python3-lmdb plasma-workspace-wallpapers)
+  packages+=(python3-torch python3-numpy python3-pil python3-lmdb plasma-workspace-wallpapers
+             libgoogle-perftools4)
 fi
 
 missing=()
