@@ -54,6 +54,9 @@ const Schema& TrainSchema() {
                   "test-time augmentation in evaluation (the templates' eval_step): logits "
                   "averaged over the image and its mirror, and with flip_translate their "
                   "one-pixel translations")
+          .Optional("drop_last", ParamType::kBool, false,
+                    "drop each epoch's last incomplete batch (PyTorch DataLoader's drop_last; "
+                    "graph.sync_bn drops it anyway); the templates' samplers read it")
           .Optional("max_steps", ParamType::kInt, int64_t{0},
                     "stop each training pass after this many batches (0: whole epochs)")
           .Optional("eval_max_steps", ParamType::kInt, int64_t{0},
@@ -606,6 +609,8 @@ void BuildGraphs(const YamlDoc& doc, const Args& data, const Args& train, const 
       run["train"][k] = YAML::Load(ParamValueToString(v));
     }
   }
+  // SyncBN's statistics take every replica's part of a batch: no short last one.
+  run["train"]["drop_last"] = train.Bool("drop_last") || c.sync_bn;
   const YamlDoc tmpl = YamlDoc::Load(c.graph_template);
   c.train_graph = ParseGraph(tmpl, "train", run, doc);
   c.eval_graph = ParseGraph(tmpl, "eval", run, doc);

@@ -203,6 +203,12 @@ void Trainer::PlanSchedule() {
                                           plan.drop_last, config_.max_steps),
                               config_.accumulate)
                          .steps();
+  if (steps_per_epoch_ == 0 && plan.drop_last) {
+    throw ConfigError(StrCat("data.train: its ", train.size(), " samples make no full batch of ",
+                             plan.batch_samples * state_.data_ranks,
+                             ", and the short one is dropped (train.drop_last, or graph.sync_bn): "
+                             "an epoch would train nothing; lower train.batch"));
+  }
   const Args& s = config_.schedule_args;
   const int64_t global_batch = plan.batch_samples * state_.data_ranks * config_.accumulate;
   LrScheduleOptions lr;

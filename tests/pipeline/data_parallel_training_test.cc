@@ -4,6 +4,7 @@
 //    accumulated twice, after several SGD steps;
 //  - a run resumed from a mid-epoch checkpoint ends bitwise identical to the
 //    uninterrupted run, and a different config is refused.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -609,6 +610,41 @@ TEST(PipelineTraining, PipelineMatchesOneDeviceForBothSchedules) {
     }
   }
   // Its resume: ResumeSweep's pipeline case.
+}
+
+// train.drop_last: an epoch of 100 samples at batch 32 is 4 steps (the last
+// of 4 samples) without it, 3 full ones with it, through the template's
+// sampler and the trainer's step count alike.
+TEST(DataParallelTraining, DropLastDropsTheShortLastBatch) {
+  const fs::path dir = testing::TestDir();
+  const std::string config = (dir / "drop.yaml").string();
+  std::ofstream(config) << R"(name: drop_last
+seed: 1
+threads: 2
+data:
+  train: {source: synthetic, shape: [1, 4, 4], classes: 3, size: 100, seed: 1}
+model:
+  input: [1, 4, 4]
+  layers:
+    - {name: flatten, flatten: {}}
+    - {name: fc, linear: {out: 3}}
+train: {epochs: 1, batch: 32, optimizer: {sgd: {lr: 0.1}}}
+)";
+  for (const bool drop : {false, true}) {
+    Trainer t(LoadRunConfig(config, {StrCat("train.drop_last=", drop ? "true" : "false")}));
+    const PassMetrics m = t.RunPass(t.config().train_graph, "train", 0);
+    EXPECT_EQ(m.samples, drop ? 96 : 100) << "drop_last " << drop;
+    EXPECT_EQ(t.state().global_step, drop ? 3 : 4) << "drop_last " << drop;
+  }
+  // A set smaller than one batch would train nothing: refused, saying why.
+  try {
+    Trainer t(LoadRunConfig(config, {"train.drop_last=true", "train.batch=128"}));
+    t.Train((dir / "run").string());
+    ADD_FAILURE() << "an epoch of no batch was not refused";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("100 samples make no full batch of 128"));
+  }
+  fs::remove_all(dir);
 }
 
 // More replicas than cores, with SyncBN (every replica blocks in each
