@@ -20,9 +20,9 @@
 # Appends one row per side and seed to bench/results/time-to-accuracy.csv
 # (date,commit,cpu,isa,side,precision,threads,seed,epochs,accuracy,
 # accuracy_tta,wall_s,malloc; accuracies in %; malloc: the side's allocator,
-# glibc or tcmalloc). The summary over the file takes the PyTorch rows of
-# this run's allocator only. Runs with --subset are smoke tests:
-# not appended unless --csv is given.
+# glibc or tcmalloc). The summary over the file takes the seeds both sides
+# ran, PyTorch on this run's allocator (the last row of each side). Runs
+# with --subset are smoke tests: not appended unless --csv is given.
 #
 # usage: bench/time_to_accuracy.sh [--seeds "0 1 2"] [--precision fp32|bf16]
 #          [--threads 2] [--only torch|cnnflow] [--epochs E] [--subset N]
@@ -228,8 +228,13 @@ summary() {
 echo "this session ($LOGS):"
 if [[ -s "$RESULTS" ]]; then summary <"$RESULTS"; else echo "  no run finished"; fi
 if [[ -n "$CSV" && -s "$CSV" ]]; then
-  echo "every row of $CSV with this cpu, precision $PRECISION, $THREADS threads, ${EPOCHS:-9.9} epochs (pytorch: on $MALLOC):"
+  # Pairs only: a seed counts where both sides have a row (the last of each),
+  # so cnnflow's rows of older commits without a peer of this allocator and
+  # PyTorch's without a cnnflow row stay out.
+  echo "every seed of $CSV run by both sides on this cpu, precision $PRECISION, $THREADS threads, ${EPOCHS:-9.9} epochs (pytorch on $MALLOC):"
   awk -F, -v cpu="${CPU//,/;}" -v p="$PRECISION" -v th="$THREADS" -v e="${EPOCHS:-9.9}" -v m="$MALLOC" \
-    'NR > 1 && $3 == cpu && $6 == p && $7 == th && $9 == e && ($5 != "pytorch" || $13 == m) { print $5, $8, $10, $11, $12 }' \
-    "$CSV" | summary
+    'NR > 1 && $3 == cpu && $6 == p && $7 == th && $9 == e && ($5 != "pytorch" || $13 == m) {
+       row[$5, $8] = $5 " " $8 " " $10 " " $11 " " $12; seen[$8] = 1 }
+     END { for (s in seen) if ((("cnnflow", s) in row) && (("pytorch", s) in row)) {
+             print row["cnnflow", s]; print row["pytorch", s] } }' "$CSV" | summary
 fi
