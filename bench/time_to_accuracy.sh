@@ -15,8 +15,8 @@
 # Prints the CPU and its ISA first, each seed's pair as it goes, and at the
 # end, per side: mean and min test accuracy with and without TTA, mean wall
 # time, and the ratio PyTorch wall / cnnflow wall (> 1: cnnflow faster); then
-# the same over every row of the results file for this CPU, precision,
-# threads and epochs (seeds accumulate over sessions).
+# the same over every seed of the results file that both sides ran on this CPU,
+# precision, threads and epochs (seeds accumulate over sessions).
 # Appends one row per side and seed to bench/results/time-to-accuracy.csv
 # (date,commit,cpu,isa,side,precision,threads,seed,epochs,accuracy,
 # accuracy_tta,wall_s,malloc; accuracies in %; malloc: the side's allocator,
@@ -64,7 +64,6 @@ DATA="${CNNFLOW_DATA_DIR:-$ROOT/data}"
 VENV="$ROOT/.venv-torch"
 INSTALL=1
 LOGS=""
-
 TORCH_MALLOC=auto
 
 usage() { sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; }
