@@ -66,7 +66,7 @@ INSTALL=1
 LOGS=""
 TORCH_MALLOC=auto
 
-usage() { sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "time_to_accuracy.sh: $*" >&2; exit 1; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
