@@ -131,7 +131,7 @@ Error OutOfMemoryIn() {
 std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                     DType dtype, uint64_t seed, InitScheme init, Device device,
                                     std::optional<DType> compute, bool fuse_activations,
-                                    bool channels_last, bool bf16_activations,
+                                    MemoryFormat memory_format, bool bf16_activations,
                                     const LayerSplitter* splitter) {
   if (device.is_cuda() && device.index >= CudaDeviceCount()) {
     throw Error(
@@ -272,9 +272,11 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
   }
   m->act_dtypes_.assign(m->layers_.size(), m->compute_);
   m->grad_dtypes_ = m->act_dtypes_;
-  if (cpu_bf16 && channels_last && splitter == nullptr) {
+  const bool channels_last = memory_format == MemoryFormat::kChannelsLast ||
+                             (memory_format == MemoryFormat::kAuto && cpu_bf16);
+  if (device.is_cpu() && act == DType::kF32 && channels_last && splitter == nullptr) {
     m->ChooseChannelsLast();
-    if (bf16_activations) m->ChooseBf16Activations();
+    if (cpu_bf16 && bf16_activations) m->ChooseBf16Activations();
   }
   if (splitter != nullptr) splitter->Pair(*m);
   return m;

@@ -36,6 +36,10 @@ struct LayerSpec {
 // How parameters are initialised: PyTorch's defaults, or Xavier.
 enum class InitScheme { kPytorchDefault, kXavierUniform, kKaimingNormal };
 
+// Where activations between layers are stored (Model::Build):
+// kAuto: channels-last with bf16 on CPUs, NCHW otherwise (graph.channels_last: auto).
+enum class MemoryFormat { kAuto, kChannelsLast, kNchw };
+
 class Model;
 
 // How a tensor-parallel group splits layers (TensorParallelPlacement,
@@ -76,8 +80,10 @@ class Model {
   // channels-last (Layer::ChannelsLast: conv2d, batchnorm, max-pooling,
   // elementwise layers) are stored [N, H, W, C], as oneDNN's bf16 kernels
   // read and write them, instead of being converted around every
-  // convolution (channels_last false: every activation stays NCHW; also
-  // under tensor parallelism). The model's input and output stay NCHW.
+  // convolution; in f32 with memory_format kChannelsLast too, where
+  // oneDNN's f32 convolutions read and write them as they are (AVX-512).
+  // kNchw: every activation stays NCHW (also under tensor parallelism).
+  // The model's input and output stay NCHW.
   // Of those, an activation that only convolutions read, written by a layer
   // that can write it in bf16 (Layer::WritesBf16: batchnorm), is stored in
   // bf16: the convolutions would round it to bf16 anyway, so the results
@@ -95,14 +101,12 @@ class Model {
   //
   // Tensor parallelism: `splitter` builds the layers it splits (a member
   // of a group holding its part), then pairs them.
-  static std::unique_ptr<Model> Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
-                                      DType dtype = DType::kF32, uint64_t seed = 0,
-                                      InitScheme init = InitScheme::kPytorchDefault,
-                                      Device device = Device::Cpu(),
-                                      std::optional<DType> compute = std::nullopt,
-                                      bool fuse_activations = true, bool channels_last = true,
-                                      bool bf16_activations = true,
-                                      const LayerSplitter* splitter = nullptr);
+  static std::unique_ptr<Model> Build(
+      const std::vector<LayerSpec>& specs, const Shape& input_shape, DType dtype = DType::kF32,
+      uint64_t seed = 0, InitScheme init = InitScheme::kPytorchDefault,
+      Device device = Device::Cpu(), std::optional<DType> compute = std::nullopt,
+      bool fuse_activations = true, MemoryFormat memory_format = MemoryFormat::kAuto,
+      bool bf16_activations = true, const LayerSplitter* splitter = nullptr);
 
   // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
   // activations that Backward needs; with ctx.keep_activations false it

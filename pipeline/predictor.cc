@@ -40,6 +40,7 @@ Predictor::Predictor(const RunConfig& config, const std::string& weights) : conf
   o.tensor_parallel = group;
   o.split_layers = config_.split_layers;
   o.compute = config_.compute;
+  o.memory_format = config_.memory_format;
   replicas_ = std::make_unique<ReplicaSet>(config_.layers, config_.input_shape, config_.seed,
                                            config_.init, config_.optimizer, o, MpiWorld::Get());
   std::vector<Model*> models;

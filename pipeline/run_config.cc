@@ -137,6 +137,11 @@ const Schema& GraphSectionSchema() {
                     "master weights; fp16 with dynamic loss scaling); on CPUs with native bf16 "
                     "(avx512_bf16 or AMX): bf16 (convolutions and linear layers multiply in bf16, "
                     "all else f32)")
+          .Choice("channels_last", {"auto", "true", "false"}, "auto",
+                  "activations stored [N, H, W, C] between the layers that can take them "
+                  "(conv2d, batchnorm, max-pooling, elementwise) on CPUs: auto: with bf16; "
+                  "true: in fp32 too, where oneDNN's convolutions read and write them without "
+                  "a reorder (CPUs with AVX-512); false: NCHW everywhere")
           .Optional("pipeline", ParamType::kTree, std::string("{}"),
                     "model parallelism: {stages: [[layer, ...], ...] or auto, microbatches: M, "
                     "schedule: 1f1b | gpipe}; one stage per device")
@@ -551,8 +556,23 @@ void ReadPrecision(const YamlDoc& doc, const YAML::Node& graph, const Args& g, R
   }
 }
 
-// graph: devices, the gradient reduction, model parallelism, precision and
-// the template. Returns the section's arguments.
+// graph.channels_last: the activations' layout on CPU data-parallel replicas.
+void ReadMemoryFormat(const YamlDoc& doc, const YAML::Node& graph, const Args& g, RunConfig& c) {
+  const std::string layout = g.String("channels_last");
+  c.memory_format = layout == "true"    ? MemoryFormat::kChannelsLast
+                    : layout == "false" ? MemoryFormat::kNchw
+                                        : MemoryFormat::kAuto;
+  if (c.memory_format != MemoryFormat::kChannelsLast) return;
+  const char* why = c.devices[0].is_cuda()  ? "CPU devices only so far"
+                    : c.pipeline            ? "does not combine with graph.pipeline yet"
+                    : c.tensor_parallel > 1 ? "does not combine with graph.tensor_parallel yet"
+                                            : nullptr;
+  if (why != nullptr)
+    doc.Fail(graph["channels_last"], "graph.channels_last", StrCat("true: ", why));
+}
+
+// graph: devices, the gradient reduction, model parallelism, precision, the
+// activations' layout and the template. Returns the section's arguments.
 Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   const YAML::Node graph = Section(doc.root(), "graph");
   Args g = doc.CheckArgs(graph, GraphSectionSchema(), "graph");
@@ -576,6 +596,7 @@ Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   if (c.stall_warn_s < 0) doc.Fail(graph["stall_warn_s"], "graph.stall_warn_s", "must be >= 0");
   ReadModelParallel(doc, graph, c);
   ReadPrecision(doc, graph, g, c);
+  ReadMemoryFormat(doc, graph, g, c);
   if (c.sync_bn && c.devices[0].is_cuda()) {
     doc.Fail(graph["sync_bn"], "graph.sync_bn", "not implemented for GPU replicas yet");
   }

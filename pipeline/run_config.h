@@ -75,7 +75,8 @@ struct RunConfig {
   double bucket_mb = 25;
   bool broadcast_buffers = true;
   bool sync_bn = false;
-  DType compute = DType::kF32;  // graph.precision: the activations' type
+  DType compute = DType::kF32;                       // graph.precision: the activations' type
+  MemoryFormat memory_format = MemoryFormat::kAuto;  // graph.channels_last
   double collective_timeout_s = 300;
   // graph.startup_timeout_s: the deadline of the start-up's collectives,
   // up to the end of the first training step (MpiWorld::BeginStartup).

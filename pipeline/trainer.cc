@@ -73,6 +73,7 @@ void Trainer::BuildModel(MpiWorld& world) {
     dp.timeout_s = config_.collective_timeout_s;
     dp.devices = config_.devices;
     dp.compute = config_.compute;
+    dp.memory_format = config_.memory_format;
     dp.tensor_parallel = config_.tensor_parallel;
     dp.split_layers = config_.split_layers;
     if (dp.devices[0].is_cuda()) {

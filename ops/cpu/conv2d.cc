@@ -46,6 +46,7 @@
 #include "ops/cpu/algo_cache.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/gemm.h"
+#include "ops/cpu/onednn.h"
 #include "ops/cpu/onednn_conv.h"
 #include "ops/cpu/parallel.h"
 #include "ops/random.h"
@@ -122,7 +123,7 @@ struct Conv2dScratch {
   // size. Guarded: one layer may be planned from two threads (pipelines).
   std::mutex mu;
   bool bf16 = false;  // Conv2d::ComputeInBf16: oneDNN's bf16 primitives for every pass
-  // bf16 only (Conv2d::SetChannelsLast): x and dx, y and dy channels-last.
+  // Conv2d::SetChannelsLast: x and dx, y and dy channels-last.
   bool nhwc_in = false, nhwc_out = false;
   std::map<int64_t, Conv2dPlan> plans;
   std::map<int64_t, std::unique_ptr<cpu::OnednnConv>> onednn;
@@ -828,7 +829,7 @@ std::string PickKey(const Conv2dGeometry& g, bool has_bias, int64_t n) {
 Conv2dPlan PlanConv(const Conv2dGeometry& g, bool has_bias, ConvAlgo algo, Conv2dScratch& scratch,
                     int64_t n, DType dtype) {
   if (dtype != DType::kF32 || (algo == ConvAlgo::kGemm && !scratch.bf16)) return {};
-  if (algo == ConvAlgo::kOnednn && !scratch.bf16) {
+  if (!scratch.bf16 && (algo == ConvAlgo::kOnednn || scratch.nhwc_in || scratch.nhwc_out)) {
     return {ConvAlgo::kOnednn, ConvAlgo::kOnednn, ConvAlgo::kOnednn};
   }
   std::lock_guard<std::mutex> lock(scratch.mu);
@@ -1049,20 +1050,25 @@ bool Conv2d::ComputeInBf16() {
 }
 
 Layer::ChannelsLast Conv2d::ChannelsLastSupport() const {
-  return scratch_ != nullptr && scratch_->bf16 ? ChannelsLast::kConverts : ChannelsLast::kNo;
+  if (scratch_ == nullptr) return ChannelsLast::kNo;
+  // f32: oneDNN's primitives only (our GEMM lowering reads NCHW), where
+  // they take channels-last tensors as they are.
+  return scratch_->bf16 || (algo_ != ConvAlgo::kGemm && cpu::OnednnHasAvx512Core())
+             ? ChannelsLast::kConverts
+             : ChannelsLast::kNo;
 }
 
 bool Conv2d::ReadsBf16(size_t input) const {
-  return input == 0 && ChannelsLastSupport() == ChannelsLast::kConverts && nhwc_input(0);
+  return input == 0 && scratch_ != nullptr && scratch_->bf16 && nhwc_input(0);
 }
 
 bool Conv2d::ReadsBf16Grad() const {
-  return ChannelsLastSupport() == ChannelsLast::kConverts && nhwc_output() && !relu_;
+  return scratch_ != nullptr && scratch_->bf16 && nhwc_output() && !relu_;
 }
 
 void Conv2d::SetChannelsLast(const std::vector<bool>& inputs, bool output) {
   CNNFLOW_ENFORCE(ChannelsLastSupport() == ChannelsLast::kConverts,
-                  "conv2d: channels-last tensors outside bf16");
+                  "conv2d: channels-last tensors where its kernels read NCHW only");
   Layer::SetChannelsLast(inputs, output);
   std::lock_guard<std::mutex> lock(scratch_->mu);
   scratch_->nhwc_in = nhwc_input();

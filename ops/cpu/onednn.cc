@@ -33,6 +33,12 @@ bool CpuHasAvx512Bf16() {
   return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1);
 }
 
+bool OnednnHasAvx512Core() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+  return (isa & avx512) == avx512;  // each ISA's value holds the bits of those below it
+}
+
 std::string NoNativeBf16Reason() {
   // CPUID leaf 7: sub-leaf 1 EAX bit 5 is AVX512_BF16, sub-leaf 0 EDX bit 22
   // AMX-BF16.

@@ -28,5 +28,9 @@ std::string NoNativeBf16Reason();
 // Whether this CPU has avx512_bf16 (vcvtneps2bf16, which our own bf16
 // conversions use).
 bool CpuHasAvx512Bf16();
+// Whether oneDNN runs its AVX-512 kernels here (avx512_core or above, not
+// capped by ONEDNN_MAX_CPU_ISA): where it has f32 convolutions that read and
+// write channels-last tensors as they are (brgemm forward, jit backward).
+bool OnednnHasAvx512Core();
 
 }  // namespace cnnflow::cpu

@@ -286,9 +286,13 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
   // The operands of the products (x, w, dy) in the compute type; the
   // results (y, dx, dw) in f32.
   const dt op = bf16 ? dt::bf16 : dt::f32;
-  const memory::desc any_src(src, op, Tag::any), any_dst(dst, dt::f32, Tag::any);
-  const memory::desc any_wei(wei, op, Tag::any), any_diff_dst(dst, op, Tag::any);
-  const memory::desc any_diff_src(src, dt::f32, Tag::any), any_diff_wei(wei, dt::f32, Tag::any);
+  // f32 channels-last tensors are read and written as they are where
+  // oneDNN has kernels for that (its brgemm forward and jit backward ones on
+  // AVX-512, when x and y are both channels-last): a reorder to its blocked
+  // layout and back costs ~20% of a pass. Elsewhere (its reference kernels
+  // would be picked) and for bf16, whose operands are converted on the way
+  // in anyway, oneDNN picks the layouts (format_tag::any).
+  const bool direct = !bf16 && nhwc_in && nhwc_out;
   const memory::desc no_bias;
 
   dnnl::primitive_attr attr;
@@ -307,26 +311,37 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     using BwdData = dnnl::convolution_backward_data;
     using BwdWeights = dnnl::convolution_backward_weights;
     const auto algo = dnnl::algorithm::convolution_direct;
-    auto fwd_desc = [&](dnnl::prop_kind kind) {
-      return Fwd::desc(kind, algo, any_src, any_wei, bias ? m.user_bias : no_bias, any_dst, strides,
-                       dilates, pad_l, pad_r);
-    };
-    // The backward primitives take their hint from a forward without the
-    // post-op; a convolution needs no training workspace, so the forward
-    // itself may be an inference primitive, which is where oneDNN 2.6 has
-    // the ReLU post-op.
-    const Fwd::primitive_desc hint(fwd_desc(dnnl::prop_kind::forward_training), attr,
-                                   OnednnEngine());
-    m.fwd_pd = relu ? Fwd::primitive_desc(fwd_desc(dnnl::prop_kind::forward_inference), fwd_attr,
-                                          OnednnEngine())
-                    : hint;
-    m.bwd_data_pd = BwdData::primitive_desc(
-        BwdData::desc(algo, any_diff_src, any_wei, any_diff_dst, strides, dilates, pad_l, pad_r),
-        attr, OnednnEngine(), hint);
-    m.bwd_weights_pd = BwdWeights::primitive_desc(
-        BwdWeights::desc(algo, any_src, any_diff_wei, bias ? m.user_bias : no_bias, any_diff_dst,
-                         strides, dilates, pad_l, pad_r),
-        attr, OnednnEngine(), hint);
+    for (const Tag act :
+         direct ? std::vector<Tag>{Tag::nhwc, Tag::any} : std::vector<Tag>{Tag::any}) {
+      const memory::desc any_src(src, op, act), any_dst(dst, dt::f32, act);
+      const memory::desc any_wei(wei, op, Tag::any), any_diff_dst(dst, op, act);
+      const memory::desc any_diff_src(src, dt::f32, act), any_diff_wei(wei, dt::f32, Tag::any);
+      auto fwd_desc = [&](dnnl::prop_kind kind) {
+        return Fwd::desc(kind, algo, any_src, any_wei, bias ? m.user_bias : no_bias, any_dst,
+                         strides, dilates, pad_l, pad_r);
+      };
+      // The backward primitives take their hint from a forward without the
+      // post-op; a convolution needs no training workspace, so the forward
+      // itself may be an inference primitive, which is where oneDNN 2.6 has
+      // the ReLU post-op.
+      const Fwd::primitive_desc hint(fwd_desc(dnnl::prop_kind::forward_training), attr,
+                                     OnednnEngine());
+      m.fwd_pd = relu ? Fwd::primitive_desc(fwd_desc(dnnl::prop_kind::forward_inference), fwd_attr,
+                                            OnednnEngine())
+                      : hint;
+      m.bwd_data_pd = BwdData::primitive_desc(
+          BwdData::desc(algo, any_diff_src, any_wei, any_diff_dst, strides, dilates, pad_l, pad_r),
+          attr, OnednnEngine(), hint);
+      m.bwd_weights_pd = BwdWeights::primitive_desc(
+          BwdWeights::desc(algo, any_src, any_diff_wei, bias ? m.user_bias : no_bias, any_diff_dst,
+                           strides, dilates, pad_l, pad_r),
+          attr, OnednnEngine(), hint);
+      auto reference = [](const std::string& impl) { return impl.rfind("ref", 0) == 0; };
+      if (!reference(m.fwd_pd.impl_info_str()) && !reference(m.bwd_data_pd.impl_info_str()) &&
+          !reference(m.bwd_weights_pd.impl_info_str())) {
+        break;
+      }
+    }
     m.fwd = Fwd(m.fwd_pd);
     m.bwd_data = BwdData(m.bwd_data_pd);
     m.bwd_weights = BwdWeights(m.bwd_weights_pd);

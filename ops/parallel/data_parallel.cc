@@ -153,7 +153,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     }
     rep->model =
         Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device, options.compute,
-                     /*fuse_activations=*/true, /*channels_last=*/true, /*bf16_activations=*/true,
+                     /*fuse_activations=*/true, options.memory_format, /*bf16_activations=*/true,
                      tp > 1 ? &placement : nullptr);
     if (options.compute == DType::kF16)
       rep->scaler = std::make_unique<LossScaler>(options.loss_scaler);

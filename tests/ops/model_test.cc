@@ -4,9 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string>
 
 #include "ops/cpu/elementwise.h"
+#include "ops/cpu/onednn.h"
 #include "ops/device.h"
 #include "tests/ops/gradient_check.h"
 #include "tests/testing/helpers.h"
@@ -494,6 +498,84 @@ TEST(Model, FusedReluModelGradientsMatchFiniteDifferences) {
   auto model = Model::Build(FusableSpecs(), {2, 5, 4}, DType::kF64, 3);
   ExpectGradientsMatchFiniteDifferences(*model, testing::RandomTensor({3, 2, 5, 4}, 5),
                                         testing::RandomTensor({3, 3}, 6), 5);
+}
+
+}  // namespace
+}  // namespace cnnflow
+
+namespace cnnflow {
+namespace {
+
+// f32 with graph.channels_last: true (MemoryFormat::kChannelsLast): the
+// activations between the layers that can take them are [N, H, W, C], and
+// oneDNN's convolutions read and write them as they are (AVX-512). The
+// default NCHW model, on other kernels (GEMM or blocked oneDNN), is the
+// reference: the same outputs and gradients up to the order of the sums.
+std::vector<LayerSpec> ChannelsLastF32Specs() {
+  auto conv = [](const char* name, int64_t out, int64_t kernel, int64_t stride, bool bias) {
+    return Spec(name, "conv2d",
+                {{"out", out},
+                 {"kernel", kernel},
+                 {"pad", kernel / 2},
+                 {"stride", stride},
+                 {"bias", bias}});
+  };
+  return {conv("conv1", 16, 3, 1, true),  Spec("pool1", "maxpool2d", {{"kernel", int64_t{2}}}),
+          Spec("bn1", "batchnorm"),       Spec("gelu1", "gelu"),
+          conv("conv2", 16, 3, 1, false), Spec("bn2", "batchnorm"),
+          Spec("relu2", "relu"),          Spec("res", "add", {}, {"relu2", "gelu1"}),
+          conv("conv3", 32, 3, 2, false), Spec("scale", "mul", {{"scale", 0.5}}),
+          conv("conv4", 32, 1, 1, false), Spec("relu4", "relu"),
+          Spec("flat", "flatten"),        Spec("fc", "linear", {{"out", int64_t{5}}})};
+}
+
+TEST(Model, F32ChannelsLastMatchesNchw) {
+  const Shape in{3, 12, 12};
+  auto nchw = Model::Build(ChannelsLastF32Specs(), in, DType::kF32, 3);
+  for (int i = 0; i < nchw->num_layers(); ++i) {
+    EXPECT_FALSE(nchw->layer(i).nhwc_input() || nchw->layer(i).nhwc_output())
+        << "f32 stays NCHW unless asked: " << nchw->layer(i).name();
+  }
+  if (!cpu::OnednnHasAvx512Core()) {
+    GTEST_SKIP() << "f32 convolutions go channels-last only where oneDNN runs AVX-512; "
+                    "this CPU's oneDNN does not";
+  }
+  auto nhwc = Model::Build(ChannelsLastF32Specs(), in, DType::kF32, 3, InitScheme::kPytorchDefault,
+                           Device::Cpu(), std::nullopt, true, MemoryFormat::kChannelsLast);
+  // Every activation from conv1's output to conv4's input is NHWC; conv4's
+  // output goes through relu4 to flatten, which reads NCHW.
+  for (int i = 0; i < nhwc->num_layers(); ++i) {
+    const std::string& name = nhwc->layer(i).name();
+    EXPECT_EQ(nhwc->layer(i).nhwc_input(), i >= 1 && i <= 10) << name;
+    EXPECT_EQ(nhwc->layer(i).nhwc_output(), i <= 9) << name;
+  }
+  // Chunks of several samples, and of one more than others (n % chunks).
+  for (const int64_t n : {int64_t{7}, int64_t{64}}) {
+    SCOPED_TRACE(n);
+    const Tensor x = testing::RandomTensor({n, 3, 12, 12}, 4, -1, 1, DType::kF32);
+    const Tensor dy = testing::RandomTensor({n, 5}, 5, -1, 1, DType::kF32);
+    Model* models[2] = {nchw.get(), nhwc.get()};
+    Tensor eval[2], train[2];
+    for (int k = 0; k < 2; ++k) {
+      ForwardContext ctx;
+      ctx.training = false;
+      eval[k] = models[k]->Forward(x, ctx).Clone();
+      train[k] = models[k]->Forward(x, ForwardContext{}).Clone();
+      models[k]->ZeroGrad();
+      models[k]->Backward(dy);
+    }
+    EXPECT_LE(MaxAbsDiff(eval[1], eval[0]), 1e-4);
+    EXPECT_LE(MaxAbsDiff(train[1], train[0]), 1e-4);
+    const auto a = nchw->NamedParameters(), b = nhwc->NamedParameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      double scale = 0;
+      for (int64_t j = 0; j < a[i].param->grad.numel(); ++j)
+        scale = std::max(scale, std::abs(a[i].param->grad.At(j)));
+      EXPECT_LE(MaxAbsDiff(b[i].param->grad, a[i].param->grad), 1e-4 * std::max(1.0, scale))
+          << a[i].name;
+    }
+  }
 }
 
 }  // namespace

@@ -579,8 +579,9 @@ TEST(Bf16Cpu, ModelChoosesChannelsLastWhereEveryLayerCan) {
   EXPECT_TRUE(r->layer(4).nhwc_input(0) && r->layer(4).nhwc_input(1) && r->layer(4).nhwc_output());
   EXPECT_TRUE(r->layer(5).nhwc_input() && !r->layer(5).nhwc_output());
 
-  auto off = Model::Build(ChannelsLastNet(), {3, 12, 12}, DType::kF32, 1,
-                          InitScheme::kPytorchDefault, Device::Cpu(), DType::kBF16, true, false);
+  auto off =
+      Model::Build(ChannelsLastNet(), {3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
+                   Device::Cpu(), DType::kBF16, true, MemoryFormat::kNchw);
   for (int i = 0; i < off->num_layers(); ++i) {
     EXPECT_FALSE(off->layer(i).nhwc_input() || off->layer(i).nhwc_output());
   }
@@ -596,7 +597,7 @@ TEST(Bf16Cpu, ChannelsLastModelMatchesNchw) {
   for (int k = 0; k < 2; ++k) {
     models[k] = Model::Build(ChannelsLastNet(), {3, 12, 12}, DType::kF32, 3,
                              InitScheme::kPytorchDefault, Device::Cpu(), DType::kBF16, true,
-                             /*channels_last=*/k == 1);
+                             k == 1 ? MemoryFormat::kAuto : MemoryFormat::kNchw);
   }
   ASSERT_TRUE(models[1]->layer(0).nhwc_output());
   const int64_t n = 6;
@@ -659,9 +660,10 @@ TEST(Bf16Cpu, Bf16ActivationsGiveTheSameBits) {
   if (!cpu::CpuHasAvx512Bf16()) GTEST_SKIP() << "bf16 activations need avx512_bf16";
   std::unique_ptr<Model> models[2];
   for (int k = 0; k < 2; ++k) {
-    models[k] = Model::Build(Bf16ActivationsNet(), {3, 12, 12}, DType::kF32, 3,
-                             InitScheme::kPytorchDefault, Device::Cpu(), DType::kBF16, true, true,
-                             /*bf16_activations=*/k == 1);
+    models[k] =
+        Model::Build(Bf16ActivationsNet(), {3, 12, 12}, DType::kF32, 3, InitScheme::kPytorchDefault,
+                     Device::Cpu(), DType::kBF16, true, MemoryFormat::kAuto,
+                     /*bf16_activations=*/k == 1);
   }
   const std::set<std::string> bf16 = {"bn1", "relu1", "bn2", "gelu2", "bn4", "bn5"};
   for (int i = 0; i < models[1]->num_layers(); ++i) {
