@@ -305,6 +305,24 @@ TEST_F(ConfigTest, GpuDeviceListsAreCheckedBeforeTheRun) {
             std::string::npos);
 }
 
+// graph.channels_last: auto (the default), true or false; true only where
+// the model is one data-parallel replica per CPU device.
+TEST_F(ConfigTest, ChannelsLastIsAutoTrueOrFalse) {
+  EXPECT_EQ(LoadRunConfig(Write(kGood)).memory_format, MemoryFormat::kAuto);
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.channels_last=true"}).memory_format,
+            MemoryFormat::kChannelsLast);
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.channels_last=false"}).memory_format,
+            MemoryFormat::kNchw);
+  testing::ExpectContains(ErrorOf(kGood, {"graph.channels_last=nhwc"}),
+                          {"channels_last", "'nhwc'", "auto, true, false"});
+  testing::ExpectContains(ErrorOf(kGood, {"graph.channels_last=true", "graph.devices=[cuda:0]"}),
+                          {"graph.channels_last", "CPU devices only"});
+  testing::ExpectContains(
+      ErrorOf(kGood, {"graph.channels_last=true", "graph.devices=[cpu:0, cpu:1]",
+                      "graph.pipeline={stages: auto}"}),
+      {"graph.channels_last", "graph.pipeline"});
+}
+
 // Without a usable GPU (here; or a build without CUDA) a GPU model is a
 // clear error naming the device, not a crash inside CUDA.
 TEST_F(ConfigTest, WithoutAGpuAGpuModelIsAnErrorNamingTheDevice) {
