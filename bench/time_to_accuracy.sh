@@ -15,7 +15,7 @@
 # Prints the CPU and its ISA first, each seed's pair as it goes, and at the
 # end, per side: mean and min test accuracy with and without TTA, mean wall
 # time, and the ratio PyTorch wall / cnnflow wall (> 1: cnnflow faster); then
-# the same over every seed of the results file that both sides ran on this CPU,
+# the same over every seed of the results file that both sides ran on this CPU and ISA,
 # precision, threads and epochs (seeds accumulate over sessions).
 # Appends one row per side and seed to bench/results/time-to-accuracy.csv
 # (date,commit,cpu,isa,side,precision,threads,seed,epochs,accuracy,
@@ -230,9 +230,9 @@ if [[ -n "$CSV" && -s "$CSV" ]]; then
   # Pairs only: a seed counts where both sides have a row (the last of each),
   # so cnnflow's rows of older commits without a peer of this allocator and
   # PyTorch's without a cnnflow row stay out.
-  echo "every seed of $CSV run by both sides on this cpu, precision $PRECISION, $THREADS threads, ${EPOCHS:-9.9} epochs (pytorch on $MALLOC):"
-  awk -F, -v cpu="${CPU//,/;}" -v p="$PRECISION" -v th="$THREADS" -v e="${EPOCHS:-9.9}" -v m="$MALLOC" \
-    'NR > 1 && $3 == cpu && $6 == p && $7 == th && $9 == e && ($5 != "pytorch" || $13 == m) {
+  echo "every seed of $CSV run by both sides on this cpu and isa ($ISA), precision $PRECISION, $THREADS threads, ${EPOCHS:-9.9} epochs (pytorch on $MALLOC):"
+  awk -F, -v cpu="${CPU//,/;}" -v isa="$ISA" -v p="$PRECISION" -v th="$THREADS" -v e="${EPOCHS:-9.9}" -v m="$MALLOC" \
+    'NR > 1 && $3 == cpu && $4 == isa && $6 == p && $7 == th && $9 == e && ($5 != "pytorch" || $13 == m) {
        row[$5, $8] = $5 " " $8 " " $10 " " $11 " " $12; seen[$8] = 1 }
      END { for (s in seen) if ((("cnnflow", s) in row) && (("pytorch", s) in row)) {
              print row["cnnflow", s]; print row["pytorch", s] } }' "$CSV" | summary
