@@ -15,8 +15,8 @@
 # Prints the CPU and its ISA first, each seed's pair as it goes, and at the
 # end, per side: mean and min test accuracy with and without TTA, mean wall
 # time, and the ratio PyTorch wall / cnnflow wall (> 1: cnnflow faster); then
-# the same over every seed of the results file that both sides ran on this CPU and ISA,
-# precision, threads and epochs (seeds accumulate over sessions).
+# the same over every seed of the results file that both sides ran on this
+# CPU and ISA, precision, threads and epochs (seeds accumulate over sessions).
 # Appends one row per side and seed to bench/results/time-to-accuracy.csv
 # (date,commit,cpu,isa,side,precision,threads,seed,epochs,accuracy,
 # accuracy_tta,wall_s,malloc; accuracies in %; malloc: the side's allocator,

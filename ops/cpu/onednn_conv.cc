@@ -313,12 +313,12 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     const auto algo = dnnl::algorithm::convolution_direct;
     for (const Tag act :
          direct ? std::vector<Tag>{Tag::nhwc, Tag::any} : std::vector<Tag>{Tag::any}) {
-      const memory::desc any_src(src, op, act), any_dst(dst, dt::f32, act);
-      const memory::desc any_wei(wei, op, Tag::any), any_diff_dst(dst, op, act);
-      const memory::desc any_diff_src(src, dt::f32, act), any_diff_wei(wei, dt::f32, Tag::any);
+      const memory::desc src_md(src, op, act), dst_md(dst, dt::f32, act);
+      const memory::desc wei_md(wei, op, Tag::any), diff_dst_md(dst, op, act);
+      const memory::desc diff_src_md(src, dt::f32, act), diff_wei_md(wei, dt::f32, Tag::any);
       auto fwd_desc = [&](dnnl::prop_kind kind) {
-        return Fwd::desc(kind, algo, any_src, any_wei, bias ? m.user_bias : no_bias, any_dst,
-                         strides, dilates, pad_l, pad_r);
+        return Fwd::desc(kind, algo, src_md, wei_md, bias ? m.user_bias : no_bias, dst_md, strides,
+                         dilates, pad_l, pad_r);
       };
       // The backward primitives take their hint from a forward without the
       // post-op; a convolution needs no training workspace, so the forward
@@ -330,10 +330,10 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
                                             OnednnEngine())
                       : hint;
       m.bwd_data_pd = BwdData::primitive_desc(
-          BwdData::desc(algo, any_diff_src, any_wei, any_diff_dst, strides, dilates, pad_l, pad_r),
+          BwdData::desc(algo, diff_src_md, wei_md, diff_dst_md, strides, dilates, pad_l, pad_r),
           attr, OnednnEngine(), hint);
       m.bwd_weights_pd = BwdWeights::primitive_desc(
-          BwdWeights::desc(algo, any_src, any_diff_wei, bias ? m.user_bias : no_bias, any_diff_dst,
+          BwdWeights::desc(algo, src_md, diff_wei_md, bias ? m.user_bias : no_bias, diff_dst_md,
                            strides, dilates, pad_l, pad_r),
           attr, OnednnEngine(), hint);
       auto reference = [](const std::string& impl) { return impl.rfind("ref", 0) == 0; };

@@ -69,8 +69,8 @@ struct DataParallelOptions {
   // a step whose reduced gradients hold an inf or NaN is skipped.
   DType compute = DType::kF32;
   LossScalerOptions loss_scaler;  // f16 only
-  MemoryFormat memory_format =
-      MemoryFormat::kAuto;  // the activations' layout on CPUs (ops/model.h)
+  // The activations' layout on CPUs (ops/model.h).
+  MemoryFormat memory_format = MemoryFormat::kAuto;
   // Tensor parallelism (ops/parallel/tensor_parallel.h), CPU replicas: the
   // replicas come in groups of T = `tensor_parallel` consecutive ones. A
   // group's members split the layers of `split_layers` between them and
