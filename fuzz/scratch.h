@@ -23,19 +23,22 @@ namespace cnnflow::fuzz {
 
 // This process's scratch folder (under $TMPDIR, /tmp by default), removed at
 // exit unless CNNFLOW_FUZZ_KEEP_SCRATCH is set.
+// The path is never destroyed: a static one would be, before the atexit
+// handler (registered inside its initialiser) ran, and the folder would stay.
 inline const std::filesystem::path& Scratch() {
-  static const std::filesystem::path dir = [] {
+  static const std::filesystem::path* dir = [] {
     const char* t = std::getenv("TMPDIR");
     std::string tmpl = std::string(t && *t ? t : "/tmp") + "/cnnflow-fuzz-XXXXXX";
     if (!::mkdtemp(tmpl.data())) throw std::runtime_error("fuzz: cannot create " + tmpl);
+    auto* path = new std::filesystem::path(tmpl);
     if (!std::getenv("CNNFLOW_FUZZ_KEEP_SCRATCH"))
       std::atexit([] {
         std::error_code ec;
         std::filesystem::remove_all(Scratch(), ec);
       });
-    return std::filesystem::path(tmpl);
+    return path;
   }();
-  return dir;
+  return *dir;
 }
 
 inline std::string WriteScratch(const std::string& name, const uint8_t* data, size_t size) {
