@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -50,9 +51,11 @@ class RemoveTestDirsAtTestEnd : public ::testing::EmptyTestEventListener {
 inline std::string TestDir() {
   namespace fs = std::filesystem;
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const fs::path dir =
-      fs::path(::testing::TempDir()) / (std::string("cnnflow_") + info->test_suite_name() + "_" +
-                                        info->name() + "_" + std::to_string(::getpid()));
+  // Parameterised tests' names hold '/' ("Modes/ResumeSweep"): one folder.
+  std::string name = std::string("cnnflow_") + info->test_suite_name() + "_" + info->name() + "_" +
+                     std::to_string(::getpid());
+  std::replace(name.begin(), name.end(), '/', '_');
+  const fs::path dir = fs::path(::testing::TempDir()) / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   RemoveTestDirsAtTestEnd::Get().Add(dir.string());
