@@ -768,13 +768,14 @@ std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& 
                 rates(bwd_mb, w_gemm, w_onednn), "; oneDNN's ", fwd_conv->ImplInfo(), ")");
 }
 
-// bf16: oneDNN's convolution forward; for backward-data its convolution
-// or the flipped forward one, for backward-weights its convolution or
-// OnednnConv's matmul, whichever is faster on one chunk:
-// "onednn,onednn|flipped,onednn|matmul", then the rates.
-std::string MeasureBf16Picks(const Conv2dGeometry& g, bool has_bias, int64_t bwd_mb, bool nhwc_in,
-                             bool nhwc_out) {
-  cpu::OnednnConv conv(g, bwd_mb, has_bias, false, true, nhwc_in, nhwc_out);
+// bf16, and f32 on channels-last tensors: oneDNN's convolution forward;
+// for backward-data its convolution or the flipped forward one, for
+// backward-weights its convolution or OnednnConv's matmul (bf16), whichever
+// is faster on one chunk: "onednn,onednn|flipped,onednn|matmul", then the
+// rates.
+std::string MeasureOnednnPicks(const Conv2dGeometry& g, bool has_bias, int64_t bwd_mb, bool bf16,
+                               bool nhwc_in, bool nhwc_out) {
+  cpu::OnednnConv conv(g, bwd_mb, has_bias, false, bf16, nhwc_in, nhwc_out);
   Rng rng(1);
   auto random = [&](int64_t size) { return RandomF32(rng, size); };
   const int64_t dw_size = g.out_channels * g.col_rows();
@@ -806,7 +807,9 @@ std::string MeasureBf16Picks(const Conv2dGeometry& g, bool has_bias, int64_t bwd
                    "backward-weights onednn/matmul: ", rate(w_onednn), "/", rate(w_matmul));
   }
   return StrCat("onednn,", data, ",", weights,
-                rates.empty() ? "" : StrCat(" (bf16 GFLOP/s of one thread, ", rates, ")"));
+                rates.empty()
+                    ? ""
+                    : StrCat(" (", bf16 ? "bf16" : "f32", " GFLOP/s of one thread, ", rates, ")"));
 }
 
 ConvAlgo ParsePick(const std::string& s) {
@@ -829,7 +832,12 @@ std::string PickKey(const Conv2dGeometry& g, bool has_bias, int64_t n) {
 Conv2dPlan PlanConv(const Conv2dGeometry& g, bool has_bias, ConvAlgo algo, Conv2dScratch& scratch,
                     int64_t n, DType dtype) {
   if (dtype != DType::kF32 || (algo == ConvAlgo::kGemm && !scratch.bf16)) return {};
-  if (!scratch.bf16 && (algo == ConvAlgo::kOnednn || scratch.nhwc_in || scratch.nhwc_out)) {
+  // f32 on channels-last tensors: oneDNN's primitives (the GEMM path reads
+  // NCHW), and where x and y are both NHWC the flipped backward-data if it
+  // measures faster.
+  const bool f32_nhwc = !scratch.bf16 && scratch.nhwc_in && scratch.nhwc_out;
+  if (!scratch.bf16 && !f32_nhwc &&
+      (algo == ConvAlgo::kOnednn || scratch.nhwc_in || scratch.nhwc_out)) {
     return {ConvAlgo::kOnednn, ConvAlgo::kOnednn, ConvAlgo::kOnednn};
   }
   std::lock_guard<std::mutex> lock(scratch.mu);
@@ -842,8 +850,9 @@ Conv2dPlan PlanConv(const Conv2dGeometry& g, bool has_bias, ConvAlgo algo, Conv2
                  ? StrCat(" nhwc=", scratch.nhwc_in ? "in" : "", scratch.nhwc_out ? "out" : "")
                  : "");
   const std::string picks = cpu::FindOrMeasure(key, [&] {
-    return scratch.bf16 ? MeasureBf16Picks(g, has_bias, bwd_mb, scratch.nhwc_in, scratch.nhwc_out)
-                        : MeasurePicks(g, has_bias, scratch, fwd_mb, bwd_mb);
+    return scratch.bf16 || f32_nhwc ? MeasureOnednnPicks(g, has_bias, bwd_mb, scratch.bf16,
+                                                         scratch.nhwc_in, scratch.nhwc_out)
+                                    : MeasurePicks(g, has_bias, scratch, fwd_mb, bwd_mb);
   });
   Conv2dPlan plan;
   const size_t a = picks.find(','), b = picks.find(',', a + 1), end = picks.find(' ');

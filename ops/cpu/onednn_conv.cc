@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <dnnl.hpp>
+#include <string>
 #include <vector>
 
 #include "ops/cpu/bf16_layout.h"
@@ -203,7 +204,7 @@ struct OnednnConv::Impl {
   dnnl::matmul::primitive_desc mm_pd;
   dnnl::matmul mm;
 
-  // bf16 backward-data of a stride-1 convolution as a forward one
+  // The backward-data of a stride-1 convolution as a forward one
   // (BackwardDataByFlippedForward): dx = conv(dy, w flipped in space with
   // its channel axes swapped), padded by dilation * (k - 1) - pad, which
   // runs on oneDNN's brgemm forward kernels.
@@ -392,21 +393,31 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     return static_cast<int64_t>((md.get_size() + 3) / 4);
   };
   const int64_t span_h = (g.kernel_h - 1) * g.dilation_h, span_w = (g.kernel_w - 1) * g.dilation_w;
-  if (bf16 && !grouped && g.stride_h == 1 && g.stride_w == 1 && pad_l[0] <= span_h &&
+  // The flipped backward-data: bf16, or f32 where both activations are
+  // channels-last (oneDNN 2.6's f32 NHWC forward is brgemm, its backward-data jit).
+  if ((bf16 || direct) && !grouped && g.stride_h == 1 && g.stride_w == 1 && pad_l[0] <= span_h &&
       pad_l[1] <= span_w && pad_r[0] <= span_h && pad_r[1] <= span_w) {
     const memory::dims flip_wei{g.in_channels, g.out_channels, g.kernel_h, g.kernel_w};
+    const Tag act = direct ? Tag::nhwc : Tag::any;
     m.flip_pd = dnnl::convolution_forward::primitive_desc(
         dnnl::convolution_forward::desc(
             dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-            memory::desc(dst, dt::bf16, Tag::any), memory::desc(flip_wei, dt::bf16, Tag::any),
-            memory::desc(src, dt::f32, Tag::any), strides, dilates,
+            memory::desc(dst, op, act), memory::desc(flip_wei, op, Tag::any),
+            memory::desc(src, dt::f32, act), strides, dilates,
             memory::dims{span_h - pad_l[0], span_w - pad_l[1]},
             memory::dims{span_h - pad_r[0], span_w - pad_r[1]}),
         attr, OnednnEngine());
+    m.flipped_data =
+        std::string(m.flip_pd.impl_info_str()).rfind("ref", 0) != 0;  // not a reference kernel
+  }
+  if (m.flipped_data) {
+    const memory::dims flip_wei{g.in_channels, g.out_channels, g.kernel_h, g.kernel_w};
     m.flip = dnnl::convolution_forward(m.flip_pd);
     m.flip_src = Reorder(m.user_dst, m.flip_pd.src_desc(), attr);
     m.flip_dst = Reorder(m.flip_pd.dst_desc(), m.user_src, attr);
-    m.flip_src16 = Reorder(memory::desc(dst, dt::bf16, Tag::nhwc), m.flip_pd.src_desc(), attr);
+    if (bf16) {
+      m.flip_src16 = Reorder(memory::desc(dst, dt::bf16, Tag::nhwc), m.flip_pd.src_desc(), attr);
+    }
     // w flipped in space but in w's own order [K, C, kh, kw]: iohw of flip_wei.
     const memory::desc user_flip_wei(flip_wei, dt::f32, Tag::iohw);
     m.flip_wei = Reorder(user_flip_wei, m.flip_pd.weights_desc(), attr);
@@ -418,7 +429,6 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     m.buf_b = std::max(m.buf_b, BufferBytes(m.flip_dst, m.flip_pd.dst_desc()));
     m.pad = std::max({m.pad, m.flip_pd.scratchpad_desc().get_size(), m.flip_src.scratchpad(),
                       m.flip_dst.scratchpad(), m.flip_wei.scratchpad(), m.flip_src16.scratchpad()});
-    m.flipped_data = true;
   }
   if (bf16 && !grouped && CpuHasAvx512Bf16()) {
     // NCHW: dY^T [K, Q] and col^T [ncol, Q], both transposed as they are
@@ -522,8 +532,9 @@ bool OnednnConv::HasFlippedData() const { return impl_->flipped_data; }
 void OnednnConv::PrepareFlippedWeights(const float* w) {
   OneOpenMpThreadHere();
   Impl& m = *impl_;
-  CNNFLOW_ENFORCE(m.flipped_data, "OnednnConv: no flipped backward-data (bf16, ungrouped, ",
-                  "stride 1 only)");
+  CNNFLOW_ENFORCE(m.flipped_data,
+                  "OnednnConv: no flipped backward-data (bf16 or f32 "
+                  "channels-last, ungrouped, stride 1 only)");
   const Conv2dGeometry& g = m.g;
   const int64_t kh = g.kernel_h, kw = g.kernel_w, taps = kh * kw;
   float* f = m.flip_wei_f32.data<float>();

@@ -80,11 +80,13 @@ class OnednnConv {
   // x_bf16, dy_bf16: x, dy in bf16 NHWC instead, or null.
   void BackwardWeights(const float* x, const float* dy, float* dw, float* db,
                        const uint16_t* x_bf16 = nullptr, const uint16_t* dy_bf16 = nullptr) const;
-  // dy -> dx in bf16 as the forward convolution of dy with w flipped in
-  // space and its channel axes swapped, on oneDNN's brgemm forward kernels
-  // (its 2.6 backward-data ones are plain jit). Where HasFlippedData: bf16,
-  // ungrouped, stride 1; PrepareFlippedWeights(w) once per pass first.
-  // dy_bf16: dy in bf16 NHWC instead, or null.
+  // dy -> dx as the forward convolution of dy with w flipped in space and
+  // its channel axes swapped, on oneDNN's brgemm forward kernels (its 2.6
+  // backward-data ones are plain jit). Where HasFlippedData: bf16, or f32
+  // with x and y both channels-last (read and written as they are);
+  // ungrouped, stride 1, and not on a reference kernel.
+  // PrepareFlippedWeights(w) once per pass first. dy_bf16: dy in bf16 NHWC
+  // instead, or null.
   bool HasFlippedData() const;
   void PrepareFlippedWeights(const float* w);
   void BackwardDataByFlippedForward(const float* dy, float* dx,

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ops/cpu/algo_cache.h"
+#include "ops/cpu/onednn.h"
 #include "ops/cpu/parallel.h"
 #include "tests/ops/gradient_check.h"
 #include "tests/testing/helpers.h"
@@ -446,6 +447,71 @@ TEST(KernelPicks, AutoMeasuresOncePerShape) {
   const size_t at = text.find(key);
   ASSERT_NE(at, std::string::npos) << text;
   EXPECT_EQ(text.find(key, at + 1), std::string::npos) << "measured twice:\n" << text;
+}
+
+// f32 on channels-last tensors (graph.channels_last): oneDNN reads and
+// writes NHWC as it is, and the backward-data of a stride-1 convolution may
+// run as the flipped forward one. Every pick of each case, pinned in the
+// file, against the naive loops; then `auto` measures the alternatives once.
+TEST(Conv2dOnednn, ChannelsLastPassesMatchNaive) {
+  if (!cpu::OnednnHasAvx512Core()) {
+    GTEST_SKIP() << "f32 channels-last convolutions run where oneDNN has AVX-512 kernels only";
+  }
+  KernelPickDir dir;
+  //            n   c   h   w   k kh kw sh sw ph pw dh dw g
+  for (const ConvCase& c : {ConvCase{5, 24, 9, 9, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, false},
+                            ConvCase{4, 16, 7, 8, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1},
+                            ConvCase{3, 8, 9, 9, 16, 2, 2, 1, 1, 0, 0, 1, 1, 1},  // no padding
+                            ConvCase{3, 8, 9, 9, 16, 3, 3, 1, 1, 2, 2, 2, 2, 1},  // dilated
+                            ConvCase{3, 16, 9, 9, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1, false}}) {
+    for (const char* pick : {"onednn,onednn,onednn", "onednn,flipped,onednn"}) {
+      if (c.sh != 1 && std::string(pick).find("flipped") != std::string::npos) continue;
+      // A geometry per pick: a key is read from the file once per process.
+      ConvCase t = c;
+      if (std::string(pick).find("flipped") != std::string::npos) t.k += 8;
+      SCOPED_TRACE(StrCat(pick, " c=", t.c, " ", t.h, "x", t.w, " k=", t.k, " kernel ", t.kh,
+                          " stride ", t.sh, " dilation ", t.dh));
+      Shape out;
+      auto layer = BuildConv(ConvArgs(t), {t.c, t.h, t.w}, DType::kF32, &out);
+      auto& conv = dynamic_cast<Conv2d&>(*layer);
+      conv.SetChannelsLast({true}, true);
+      dir.Write(StrCat(conv.KernelPickKey(t.n), " nhwc=inout"), pick);
+      const Conv2dPlan plan = conv.PlanFor(t.n, DType::kF32);
+      ASSERT_EQ(StrCat(ConvAlgoName(plan.forward), ",", ConvAlgoName(plan.backward_data), ",",
+                       ConvAlgoName(plan.backward_weights)),
+                pick);
+      Parameter& w = layer->parameters()[0];
+      const Tensor* b = t.bias ? &layer->parameters()[1].value : nullptr;
+      const Tensor x = RandomTensor(InShape(t), 5, -1, 1, DType::kF32);
+      const Tensor xl = testing::ToChannelsLast(x);
+      const Tensor yl = RunForward(*layer, {xl}, OutShape(t), {});
+      ExpectNear(NaiveConv(t, x, w.value, b), testing::FromChannelsLast(yl), 2e-5, "y");
+      const Tensor dy = RandomTensor(OutShape(t), 6, -1, 1, DType::kF32);
+      Tensor dxl = Tensor::Full(InShape(t), 123.0, DType::kF32);  // must be overwritten
+      for (auto& p : layer->parameters()) p.grad.Zero();
+      layer->Backward({&xl}, yl, testing::ToChannelsLast(dy), {&dxl});
+      std::vector<double> ndx, ndw, ndb;
+      NaiveConvBackward(t, x, w.value, dy, &ndx, &ndw, &ndb);
+      ExpectNear(ndx, testing::FromChannelsLast(dxl), 2e-5, "dx");
+      ExpectNear(ndw, w.grad, 2e-5, "dweight");
+      if (t.bias) ExpectNear(ndb, layer->parameters()[1].grad, 2e-5, "dbias");
+    }
+  }
+  // Unpinned: the stride-1 geometry is measured with both backward-data
+  // kernels and recorded under its channels-last key.
+  const ConvCase t{6, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+  Shape out;
+  auto layer = BuildConv(ConvArgs(t), {t.c, t.h, t.w}, DType::kF32, &out);
+  auto& conv = dynamic_cast<Conv2d&>(*layer);
+  conv.SetChannelsLast({true}, true);
+  const Conv2dPlan plan = conv.PlanFor(t.n, DType::kF32);
+  EXPECT_EQ(plan.forward, ConvAlgo::kOnednn);
+  EXPECT_EQ(plan.backward_weights, ConvAlgo::kOnednn);
+  const std::string text = dir.Read();
+  EXPECT_NE(text.find(StrCat(conv.KernelPickKey(t.n), " nhwc=inout\t")), std::string::npos) << text;
+  EXPECT_NE(text.find("(f32 GFLOP/s of one thread, backward-data onednn/flipped: "),
+            std::string::npos)
+      << text;
 }
 
 TEST(Conv2dBuild, ParametersShapesAndInit) {
