@@ -80,6 +80,9 @@ CPU settings (the "best setting" search of bench/README.md):
     --channels-last        model and input in torch.channels_last (4D tensors
                            only: a no-op for m5, printed as channels_last=n/a)
     --foreach              SGD with foreach=True (multi-tensor update)
+    --flush-denormal       torch.set_flush_denormal(True) before any work, so
+                           the intra-op threads inherit it (cnnflow's
+                           graph.flush_denormals, on by default)
 and environment variables (see SEARCH). --search times them all.
 Works with torch 1.13 (Debian) and 2.x (the PyPI wheel, bench/torch_venv.sh).
 """
@@ -144,6 +147,8 @@ def parse_args():
     p.add_argument("--mkldnn", choices=["on", "off"], default="on")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--foreach", action="store_true")
+    p.add_argument("--flush-denormal", action="store_true",
+                   help="torch.set_flush_denormal(True): denormals as zero")
     p.add_argument("--search", action="store_true",
                    help="time every candidate setting (SEARCH below) --reps times, "
                         "alternating, and print the median of each and the best")
@@ -438,6 +443,8 @@ class ResNet18(nn.Module):
 
 
 def main():
+    if args.flush_denormal and not torch.set_flush_denormal(True):
+        sys.exit("torch.set_flush_denormal: not supported on this CPU")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     torch.backends.mkldnn.enabled = args.mkldnn == "on"
@@ -519,7 +526,7 @@ def main():
 
     cl = int(args.channels_last) if four_d else "n/a"
     setting = (f"mkldnn={args.mkldnn} channels_last={cl} "
-               f"foreach={int(args.foreach)} "
+               f"foreach={int(args.foreach)} flush_denormal={int(args.flush_denormal)} "
                + " ".join(f"{k}={os.environ.get(k, 'unset')}" for k in
                           ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY",
                            "MALLOC_MMAP_THRESHOLD_", "LD_PRELOAD")))

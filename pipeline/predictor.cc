@@ -8,6 +8,7 @@
 #include "loaders/folder_dataset.h"
 #include "loaders/image_decoder.h"
 #include "loaders/wav.h"
+#include "ops/cpu/parallel.h"
 #include "ops/io/safetensors.h"
 
 namespace cnnflow {
@@ -30,12 +31,14 @@ Predictor::Predictor(const RunConfig& config, const std::string& weights) : conf
     throw ConfigError("predict runs data-parallel configs; this one is a pipeline");
   // One group: its members in this process (all of them, unless it spans
   // processes).
+  arena_ = cpu::MakeComputeArena(config_.threads, config_.flush_denormals);
   const int group = config_.tensor_parallel;
   const int local = std::min(group, static_cast<int>(config_.devices.size()));
   DataParallelOptions o;
   o.replicas = local;
   o.devices.assign(config_.devices.begin(), config_.devices.begin() + local);
   o.threads_per_replica = std::max(1, config_.threads / local);
+  o.flush_denormals = config_.flush_denormals;
   o.timeout_s = config_.collective_timeout_s;
   o.tensor_parallel = group;
   o.split_layers = config_.split_layers;
@@ -108,7 +111,8 @@ Prediction Predictor::Predict(const std::string& file, int k) {
   const Device device = replicas_->device(0);
   t0 = std::chrono::steady_clock::now();
   const Tensor in = device.is_cuda() ? x.To(device) : x;
-  const Tensor logits = replicas_->Infer(in, ctx).To(Device::Cpu());
+  Tensor logits;
+  arena_->execute([&] { logits = replicas_->Infer(in, ctx).To(Device::Cpu()); });
   p.forward_ms = MsSince(t0);
   const int64_t classes = logits.numel();
   std::vector<double> prob(classes);

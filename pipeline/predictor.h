@@ -7,6 +7,8 @@
 // [1, L] model input, cut or zero-padded to L.
 #pragma once
 
+#include <tbb/task_arena.h>
+
 #include <memory>
 #include <string>
 #include <utility>
@@ -41,6 +43,7 @@ class Predictor {
   Tensor Decode(const std::string& file) const;
 
   RunConfig config_;
+  std::unique_ptr<tbb::task_arena> arena_;  // the forwards run in it, `threads` slots
   std::unique_ptr<ReplicaSet> replicas_;
   std::unique_ptr<ImageSampleDecoder> image_;  // for [C, H, W] inputs
 };

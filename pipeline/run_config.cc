@@ -137,6 +137,10 @@ const Schema& GraphSectionSchema() {
                     "master weights; fp16 with dynamic loss scaling); on CPUs with native bf16 "
                     "(avx512_bf16 or AMX): bf16 (convolutions and linear layers multiply in bf16, "
                     "all else f32)")
+          .Optional("flush_denormals", ParamType::kBool, true,
+                    "CPU kernels treat denormal floats (below 1.2e-38) as zero (x86's FTZ and "
+                    "DAZ), as TensorFlow does: IEEE's gradual underflow costs ~100x per "
+                    "operation, and early training is full of them; false: IEEE")
           .Choice("channels_last", {"auto", "true", "false"}, "auto",
                   "activations stored [N, H, W, C] between the layers that can take them "
                   "(conv2d, batchnorm, max-pooling, elementwise) on CPUs: auto: with bf16; "
@@ -580,6 +584,7 @@ Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   c.bucket_mb = g.Float("bucket_mb");
   c.broadcast_buffers = g.Bool("broadcast_buffers");
   c.sync_bn = g.Bool("sync_bn");
+  c.flush_denormals = g.Bool("flush_denormals");
   c.collective_timeout_s = g.Float("collective_timeout_s");
   if (c.bucket_mb <= 0) doc.Fail(graph["bucket_mb"], "graph.bucket_mb", "must be > 0");
   if (c.collective_timeout_s <= 0) {

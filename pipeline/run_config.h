@@ -77,6 +77,7 @@ struct RunConfig {
   bool sync_bn = false;
   DType compute = DType::kF32;                       // graph.precision: the activations' type
   MemoryFormat memory_format = MemoryFormat::kAuto;  // graph.channels_last
+  bool flush_denormals = true;                       // graph.flush_denormals (CPU kernels)
   double collective_timeout_s = 300;
   // graph.startup_timeout_s: the deadline of the start-up's collectives,
   // up to the end of the first training step (MpiWorld::BeginStartup).

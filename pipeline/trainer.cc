@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "ops/cpu/parallel.h"
 #include "ops/io/safetensors.h"
 #include "ops/test_fault.h"
 #include "pipeline/batch_loader.h"
@@ -60,6 +61,7 @@ void Trainer::BuildModel(MpiWorld& world) {
     po.microbatches = static_cast<int>(config_.microbatches);
     po.schedule = ParsePipelineSchedule(config_.pipeline_schedule);
     po.threads_per_stage = config_.threads / replicas;
+    po.flush_denormals = config_.flush_denormals;
     pipeline_ = std::make_unique<PipelineModel>(config_.layers, config_.input_shape, config_.seed,
                                                 config_.init, config_.optimizer, po);
     model_ = &pipeline_->full();
@@ -67,6 +69,7 @@ void Trainer::BuildModel(MpiWorld& world) {
     DataParallelOptions dp;
     dp.replicas = replicas;
     dp.threads_per_replica = config_.threads / replicas;
+    dp.flush_denormals = config_.flush_denormals;
     dp.bucket_mb = config_.bucket_mb;
     dp.broadcast_buffers = config_.broadcast_buffers;
     dp.sync_bn = config_.sync_bn;
@@ -98,7 +101,7 @@ void Trainer::BuildModel(MpiWorld& world) {
 Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   thread_limit_ = std::make_shared<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, static_cast<size_t>(config_.threads));
-  arena_ = std::make_unique<tbb::task_arena>(config_.threads);
+  arena_ = cpu::MakeComputeArena(config_.threads, config_.flush_denormals);
 
   MpiWorld& world = MpiWorld::Get();
   state_.process_rank = world.rank();

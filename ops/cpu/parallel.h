@@ -9,10 +9,12 @@
 #pragma once
 
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 namespace cnnflow::cpu {
 
@@ -47,5 +49,19 @@ void ParallelFor(int64_t n, int64_t grain, Fn&& fn) {
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, std::max<int64_t>(grain, 1)),
                     [&](const tbb::blocked_range<int64_t>& r) { fn(r.begin(), r.end()); });
 }
+
+// A task arena of `threads` slots for a run's kernels. flush_denormals:
+// its tasks treat denormal floats (below 1.2e-38 in f32) as zero, in and
+// out (x86's DAZ and FTZ), as TensorFlow's and XLA's CPU threads do: an
+// operation on one costs ~100x a normal one on x86, and the gradients of
+// early training are full of them (ResNet-18's fp32 channels-last steps
+// 4-23 ran 12% slower). Otherwise IEEE's gradual underflow. TBB runs every
+// task of an arena with the floating-point settings of the thread that
+// initialised it (nested algorithms and flow graphs included), so the
+// flags are set on the calling thread for the initialisation only.
+std::unique_ptr<tbb::task_arena> MakeComputeArena(int threads, bool flush_denormals);
+
+// Whether this thread flushes denormals to zero (both flags set).
+bool FlushesDenormals();
 
 }  // namespace cnnflow::cpu

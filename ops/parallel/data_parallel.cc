@@ -3,6 +3,7 @@
 #include <cmath>
 #include <optional>
 
+#include "ops/cpu/parallel.h"
 #include "ops/device_ops.h"
 #include "ops/loss.h"
 #include "ops/test_fault.h"
@@ -159,7 +160,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
       rep->scaler = std::make_unique<LossScaler>(options.loss_scaler);
     rep->idle = MakeIdleMeter(rep->device);
     if (options.replicas > 1) {
-      rep->arena = std::make_unique<tbb::task_arena>(std::max(1, options.threads_per_replica));
+      rep->arena = cpu::MakeComputeArena(options.threads_per_replica, options.flush_denormals);
     }
     replicas_.push_back(std::move(rep));
   }

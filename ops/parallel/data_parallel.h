@@ -59,6 +59,8 @@ struct DataParallelOptions {
   // instead of the host collectives, each issuing its collectives from its
   // own compute thread (the caller runs replicas on distinct threads).
   int threads_per_replica = 1;
+  // Replicas' kernels flush denormals to zero (cpu::MakeComputeArena).
+  bool flush_denormals = true;
   double bucket_mb = 25;
   bool broadcast_buffers = true;
   bool sync_bn = false;

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "ops/collectives/collective_mpi.h"
+#include "ops/cpu/parallel.h"
 #include "ops/loss.h"
 
 namespace cnnflow {
@@ -157,7 +158,7 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
       stage->slots.push_back(std::move(model));
     }
     stage->optimizer = MakeOptimizer(optimizer, stage->slots[0]->NamedParameters());
-    stage->arena = std::make_unique<tbb::task_arena>(std::max(1, options_.threads_per_stage));
+    stage->arena = cpu::MakeComputeArena(options_.threads_per_stage, options_.flush_denormals);
     stages_.push_back(std::move(stage));
     first += count;
   }

@@ -61,6 +61,7 @@ struct PipelineOptions {
   int microbatches = 4;
   PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
   int threads_per_stage = 1;
+  bool flush_denormals = true;  // stages' kernels flush denormals (cpu::MakeComputeArena)
 };
 
 class PipelineModel {

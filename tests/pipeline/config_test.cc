@@ -305,6 +305,15 @@ TEST_F(ConfigTest, GpuDeviceListsAreCheckedBeforeTheRun) {
             std::string::npos);
 }
 
+// graph.flush_denormals: on unless told (Training.FlushDenormalsZeroesWhatUnderflows
+// checks what it does); a non-boolean is an error naming it.
+TEST_F(ConfigTest, FlushDenormalsIsOnByDefault) {
+  EXPECT_TRUE(LoadRunConfig(Write(kGood)).flush_denormals);
+  EXPECT_FALSE(LoadRunConfig(Write(kGood), {"graph.flush_denormals=false"}).flush_denormals);
+  testing::ExpectContains(ErrorOf(kGood, {"graph.flush_denormals=sometimes"}),
+                          {"flush_denormals", "sometimes"});
+}
+
 // graph.channels_last: auto (the default), true or false; true only where
 // the model is one data-parallel replica per CPU device.
 TEST_F(ConfigTest, ChannelsLastIsAutoTrueOrFalse) {

@@ -327,6 +327,46 @@ TEST(Training, AParamGroupWithLrScaleZeroHoldsItsTensors) {
   fs::remove_all(dir);
 }
 
+// graph.flush_denormals: the run's kernels treat denormal floats as zero. A
+// model that scales its input down into the denormals (~1e-40) and back up
+// feeds its linear layer zeros where they are flushed, so the layer's
+// weights never move; with IEEE's gradual underflow they train. On one
+// replica (the trainer's arena) and on two (an arena each).
+TEST(Training, FlushDenormalsZeroesWhatUnderflows) {
+  const std::string layers =
+      "model.layers=[{name: flatten, flatten: {}}, {name: down1, mul: {scale: 1.0e-20}}, "
+      "{name: down2, mul: {scale: 1.0e-20}}, {name: up1, mul: {scale: 1.0e+20}}, "
+      "{name: up2, mul: {scale: 1.0e+20}}, {name: fc, linear: {out: 10}}]";
+  for (const char* devices : {"graph.devices=[cpu:0]", "graph.devices=[cpu:0, cpu:1]"}) {
+    for (const bool flush : {true, false}) {
+      SCOPED_TRACE(StrCat(devices, " flush_denormals ", flush));
+      Trainer t(LoadRunConfig(
+          "configs/fashion_mnist.yaml",
+          {"train.epochs=1", "train.max_steps=2", "train.eval_max_steps=1", "threads=2", devices,
+           layers, StrCat("graph.flush_denormals=", flush ? "true" : "false")}));
+      auto fc_weight = [&] {
+        for (auto& [name, value] : t.model().StateTensors())
+          if (name == "fc.weight") return value.Clone();
+        ADD_FAILURE() << "no fc.weight";
+        return Tensor();
+      };
+      const Tensor before = fc_weight();
+      const fs::path dir = testing::TestDir();
+      t.Train(dir.string());
+      const Tensor after = fc_weight();
+      double moved = 0;
+      for (int64_t i = 0; i < after.numel(); ++i)
+        moved = std::max(moved, std::abs(after.At(i) - before.At(i)));
+      if (flush) {
+        EXPECT_EQ(moved, 0.0) << "the linear layer read denormals, not zeros";
+      } else {
+        EXPECT_GT(moved, 0.0) << "the denormals were flushed";
+      }
+      fs::remove_all(dir);
+    }
+  }
+}
+
 // init: {weight: whiten} on the first conv: 18 filters for its 3x3 patches
 // of one channel, the last 9 the first 9 negated, none left at the default
 // init; a conv that does not read the image, or another filter count, is
