@@ -29,9 +29,9 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 Predictor::Predictor(const RunConfig& config, const std::string& weights) : config_(config) {
   if (config_.pipeline)
     throw ConfigError("predict runs data-parallel configs; this one is a pipeline");
+  arena_ = cpu::MakeComputeArena(config_.threads, config_.flush_denormals);
   // One group: its members in this process (all of them, unless it spans
   // processes).
-  arena_ = cpu::MakeComputeArena(config_.threads, config_.flush_denormals);
   const int group = config_.tensor_parallel;
   const int local = std::min(group, static_cast<int>(config_.devices.size()));
   DataParallelOptions o;

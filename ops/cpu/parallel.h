@@ -53,9 +53,9 @@ void ParallelFor(int64_t n, int64_t grain, Fn&& fn) {
 // A task arena of `threads` slots for a run's kernels. flush_denormals:
 // its tasks treat denormal floats (below 1.2e-38 in f32) as zero, in and
 // out (x86's DAZ and FTZ), as TensorFlow's and XLA's CPU threads do: an
-// operation on one costs ~100x a normal one on x86, and the gradients of
-// early training are full of them (ResNet-18's fp32 channels-last steps
-// 4-23 ran 12% slower). Otherwise IEEE's gradual underflow. TBB runs every
+// operation on one costs ~100x a normal one on x86, and early training
+// makes many (bench/results/2026-12-06-cpu-flush-denormals.md).
+// Otherwise IEEE's gradual underflow. TBB runs every
 // task of an arena with the floating-point settings of the thread that
 // initialised it (nested algorithms and flow graphs included), so the
 // flags are set on the calling thread for the initialisation only.
