@@ -94,6 +94,9 @@ struct Reorder {
   dnnl::reorder prim;
 };
 
+// Whether oneDNN picked its reference kernel ("ref:any"...): never worth taking.
+bool IsReference(const char* impl_info) { return std::string(impl_info).rfind("ref", 0) == 0; }
+
 // The size in bytes of a buffer laid out as md (0 when `r` needs none).
 size_t BufferBytes(const Reorder& r, const memory::desc& md) {
   return r.needed() ? md.get_size() : 0;
@@ -337,9 +340,8 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
           BwdWeights::desc(algo, src_md, diff_wei_md, bias ? m.user_bias : no_bias, diff_dst_md,
                            strides, dilates, pad_l, pad_r),
           attr, OnednnEngine(), hint);
-      auto reference = [](const std::string& impl) { return impl.rfind("ref", 0) == 0; };
-      if (!reference(m.fwd_pd.impl_info_str()) && !reference(m.bwd_data_pd.impl_info_str()) &&
-          !reference(m.bwd_weights_pd.impl_info_str())) {
+      if (!IsReference(m.fwd_pd.impl_info_str()) && !IsReference(m.bwd_data_pd.impl_info_str()) &&
+          !IsReference(m.bwd_weights_pd.impl_info_str())) {
         break;
       }
     }
@@ -393,11 +395,11 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     return static_cast<int64_t>((md.get_size() + 3) / 4);
   };
   const int64_t span_h = (g.kernel_h - 1) * g.dilation_h, span_w = (g.kernel_w - 1) * g.dilation_w;
+  const memory::dims flip_wei{g.in_channels, g.out_channels, g.kernel_h, g.kernel_w};
   // The flipped backward-data: bf16, or f32 where both activations are
   // channels-last (oneDNN 2.6's f32 NHWC forward is brgemm, its backward-data jit).
   if ((bf16 || direct) && !grouped && g.stride_h == 1 && g.stride_w == 1 && pad_l[0] <= span_h &&
       pad_l[1] <= span_w && pad_r[0] <= span_h && pad_r[1] <= span_w) {
-    const memory::dims flip_wei{g.in_channels, g.out_channels, g.kernel_h, g.kernel_w};
     const Tag act = direct ? Tag::nhwc : Tag::any;
     m.flip_pd = dnnl::convolution_forward::primitive_desc(
         dnnl::convolution_forward::desc(
@@ -407,11 +409,9 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
             memory::dims{span_h - pad_l[0], span_w - pad_l[1]},
             memory::dims{span_h - pad_r[0], span_w - pad_r[1]}),
         attr, OnednnEngine());
-    m.flipped_data =
-        std::string(m.flip_pd.impl_info_str()).rfind("ref", 0) != 0;  // not a reference kernel
+    m.flipped_data = !IsReference(m.flip_pd.impl_info_str());
   }
   if (m.flipped_data) {
-    const memory::dims flip_wei{g.in_channels, g.out_channels, g.kernel_h, g.kernel_w};
     m.flip = dnnl::convolution_forward(m.flip_pd);
     m.flip_src = Reorder(m.user_dst, m.flip_pd.src_desc(), attr);
     m.flip_dst = Reorder(m.flip_pd.dst_desc(), m.user_src, attr);

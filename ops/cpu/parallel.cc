@@ -29,12 +29,4 @@ std::unique_ptr<tbb::task_arena> MakeComputeArena(int threads, bool flush_denorm
   return arena;
 }
 
-bool FlushesDenormals() {
-#if defined(__SSE__)
-  return (_mm_getcsr() & kFlushDenormals) == kFlushDenormals;
-#else
-  return false;
-#endif
-}
-
 }  // namespace cnnflow::cpu

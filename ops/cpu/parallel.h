@@ -61,7 +61,4 @@ void ParallelFor(int64_t n, int64_t grain, Fn&& fn) {
 // flags are set on the calling thread for the initialisation only.
 std::unique_ptr<tbb::task_arena> MakeComputeArena(int threads, bool flush_denormals);
 
-// Whether this thread flushes denormals to zero (both flags set).
-bool FlushesDenormals();
-
 }  // namespace cnnflow::cpu

@@ -16,6 +16,9 @@ namespace {
 
 constexpr unsigned kFtzDaz = 0x8040;
 
+// Whether this thread flushes denormals to zero (both MXCSR flags set).
+bool FlushesDenormals() { return (_mm_getcsr() & kFtzDaz) == kFtzDaz; }
+
 // Half of the smallest normal f32, times one: denormal under IEEE, 0 flushed.
 float HalfOfTheSmallestNormal() {
   volatile float tiny = 5.9e-39f, one = 1.0f;
