@@ -25,6 +25,7 @@
 // machine-readable line each:
 //   cpu model="AMD EPYC" flags=avx2,fma peak_isa=avx2
 //   fma_peak isa=avx2 threads=2 chains=12 gflops_median=... gflops_best=...
+//   bf16_dot_peak isa=avx512_bf16 threads=2 chains=24 gflops_median=... (avx512_bf16 CPUs)
 //   sgemm n=2048 threads=1 gflops_median=... gflops_best=... core=Haswell
 //
 // Usage: fma_peak [--threads N] [--reps R] [--seconds S] [--n SIZE] [--no-sgemm]
@@ -62,6 +63,17 @@ constexpr int kChainsAvx512 = 24;
 // derived from every accumulator, so the compiler must compute them all.
 // `a` and `b` go through an empty asm so that they are live registers the
 // compiler cannot fold into the FMAs as memory (broadcast) operands.
+// The sum of every lane of n accumulators.
+__attribute__((target("avx512f"))) float sum_avx512(const __m512* acc, int n) {
+  __m512 s = acc[0];
+  for (int i = 1; i < n; ++i) s = _mm512_add_ps(s, acc[i]);
+  float out[16];  // not _mm512_reduce_add_ps: GCC 12's header warns in it
+  _mm512_storeu_ps(out, s);
+  float r = 0;
+  for (float x : out) r += x;
+  return r;
+}
+
 __attribute__((target("avx512f"), noinline)) float chains_avx512(long iters) {
   constexpr int C = kChainsAvx512;
   __m512 acc[C];
@@ -72,13 +84,24 @@ __attribute__((target("avx512f"), noinline)) float chains_avx512(long iters) {
 #pragma GCC unroll 32
     for (int i = 0; i < C; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
   }
-  __m512 s = acc[0];
-  for (int i = 1; i < C; ++i) s = _mm512_add_ps(s, acc[i]);
-  float out[16];  // not _mm512_reduce_add_ps: GCC 12's header warns in it
-  _mm512_storeu_ps(out, s);
-  float r = 0;
-  for (float x : out) r += x;
-  return r;
+  return sum_avx512(acc, C);
+}
+
+// The same with bf16 dot products (vdpbf16ps: per f32 lane, two bf16
+// products added to the accumulator, 4 flops), where the CPU has
+// avx512_bf16: what bf16 convolutions without AMX can reach.
+__attribute__((target("avx512f,avx512bf16"), noinline)) float chains_avx512_bf16(long iters) {
+  constexpr int C = kChainsAvx512;
+  __m512 acc[C];
+  for (int i = 0; i < C; ++i) acc[i] = _mm512_set1_ps(1.0f + 0.01f * i);
+  __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+  __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-4f), _mm512_set1_ps(1e-4f));
+  asm("" : "+v"(a), "+v"(b));
+  for (long it = 0; it < iters; ++it) {
+#pragma GCC unroll 32
+    for (int i = 0; i < C; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  return sum_avx512(acc, C);
 }
 
 __attribute__((target("avx2,fma"), noinline)) float chains_avx2(long iters) {
@@ -106,6 +129,8 @@ struct Isa {
   int lanes;   // floats per register
   int chains;  // FMAs per iteration per thread
   bool supported;
+  int flops = 2;    // per lane and instruction
+  bool f32 = true;  // an f32 FMA peak (else bf16 dot products: never peak_isa)
 };
 
 // The CPU's model name and the SIMD-relevant flags of /proc/cpuinfo's first
@@ -147,7 +172,7 @@ std::string simd_flags() {
 volatile float g_sink;
 
 // GFLOP/s of `threads` threads each running isa.fn(iters); flops per
-// iteration per thread = chains * 2 * lanes.
+// iteration per thread = chains * flops * lanes.
 double fma_gflops(const Isa& isa, int threads, long iters) {
   std::vector<std::thread> pool;
   std::vector<float> out(threads);
@@ -156,7 +181,7 @@ double fma_gflops(const Isa& isa, int threads, long iters) {
   for (auto& th : pool) th.join();
   double dt = seconds_since(t0);
   for (float x : out) g_sink = x;
-  return double(iters) * isa.chains * 2 * isa.lanes * threads / dt * 1e-9;
+  return double(iters) * isa.chains * isa.flops * isa.lanes * threads / dt * 1e-9;
 }
 
 void run_fma(const Isa& isa, int threads, int reps, double seconds) {
@@ -174,8 +199,9 @@ void run_fma(const Isa& isa, int threads, int reps, double seconds) {
   }
   std::vector<double> g;
   for (int r = 0; r < reps; ++r) g.push_back(fma_gflops(isa, threads, iters));
-  std::printf("fma_peak isa=%s threads=%d chains=%d gflops_median=%.1f gflops_best=%.1f\n",
-              isa.name, threads, isa.chains, median(g), *std::max_element(g.begin(), g.end()));
+  std::printf("%s isa=%s threads=%d chains=%d gflops_median=%.1f gflops_best=%.1f\n",
+              isa.f32 ? "fma_peak" : "bf16_dot_peak", isa.name, threads, isa.chains, median(g),
+              *std::max_element(g.begin(), g.end()));
   std::fflush(stdout);
 }
 
@@ -245,10 +271,12 @@ int main(int argc, char** argv) {
       {"avx512", chains_avx512, 16, kChainsAvx512, bool(__builtin_cpu_supports("avx512f"))},
       {"avx2", chains_avx2, 8, kChainsAvx2,
        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")},
+      {"avx512_bf16", chains_avx512_bf16, 16, kChainsAvx512,
+       bool(__builtin_cpu_supports("avx512bf16")), 4, false},
   };
   const char* peak_isa = "none";
   for (const Isa& isa : isas)
-    if (isa.supported) {
+    if (isa.supported && isa.f32) {
       peak_isa = isa.name;
       break;
     }

@@ -82,8 +82,8 @@ std::string FindInFile(int fd, const std::string& key) {
 
 // Bumped whenever a cnnflow kernel that a pick weighs changes its speed (2:
 // conv2d lowers a whole chunk where P < 64; 3: bf16 picks its backward
-// passes), so stale picks are re-measured.
-constexpr int kKernelGeneration = 3;
+// passes; 4: bf16 weighs the f32 kernels too), so stale picks are re-measured.
+constexpr int kKernelGeneration = 4;
 
 const std::string& MachineId() {
   static const std::string id = [] {

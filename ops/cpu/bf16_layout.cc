@@ -45,7 +45,32 @@ CNNFLOW_AVX512_BF16 inline __m256i Bf16Of(__m512 v) {
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
 }
 
+// 16 bf16 values widened to f32 (exact: the low 16 bits zero).
+CNNFLOW_AVX512_BF16 inline __m512 F32Of(__m256i v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
 }  // namespace
+
+CNNFLOW_AVX512_BF16 void FromBf16(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(dst + i, F32Of(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+  if (i < n) {
+    const __mmask16 m = FirstLanes(n - i);
+    _mm512_mask_storeu_ps(dst + i, m, F32Of(_mm256_maskz_loadu_epi16(m, src + i)));
+  }
+}
+
+CNNFLOW_AVX512_BF16 void RoundToBf16(const float* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, F32Of(Bf16Of(_mm512_loadu_ps(src + i))));
+  if (i < n) {
+    const __mmask16 m = FirstLanes(n - i);
+    _mm512_mask_storeu_ps(dst + i, m, F32Of(Bf16Of(_mm512_maskz_loadu_ps(m, src + i))));
+  }
+}
 
 CNNFLOW_AVX512_BF16 void ToBf16(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;

@@ -12,6 +12,10 @@ namespace cnnflow::cpu {
 
 // dst[i] = bf16(src[i]) for i < n.
 void ToBf16(const float* src, uint16_t* dst, int64_t n);
+// dst[i] = src[i] widened to f32 (exact) for i < n.
+void FromBf16(const uint16_t* src, float* dst, int64_t n);
+// dst[i] = bf16(src[i]) as an f32 for i < n (dst may be src).
+void RoundToBf16(const float* src, float* dst, int64_t n);
 // The f32 sum of n bf16 values, in 16 lanes then across them (a fixed
 // order: a function of n only).
 float SumBf16(const uint16_t* v, int64_t n);

@@ -38,6 +38,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -126,7 +127,8 @@ struct Conv2dScratch {
   // Conv2d::SetChannelsLast: x and dx, y and dy channels-last.
   bool nhwc_in = false, nhwc_out = false;
   std::map<int64_t, Conv2dPlan> plans;
-  std::map<int64_t, std::unique_ptr<cpu::OnednnConv>> onednn;
+  // By chunk size and Conv2dPlan::f32_kernels.
+  std::map<std::pair<int64_t, bool>, std::unique_ptr<cpu::OnednnConv>> onednn;
 
   // bf16: x in bf16 NHWC as a training forward converted it, for the
   // backward-weights of the same x, which then need not convert it again.
@@ -480,13 +482,13 @@ void GemmBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T*
 }
 
 // The oneDNN convolution for chunks of mb samples (made on first use).
-cpu::OnednnConv& OnednnFor(const Conv2dGeometry& g, bool bias, bool relu, Conv2dScratch& scratch,
-                           int64_t mb) {
+cpu::OnednnConv& OnednnFor(const Conv2dGeometry& g, bool bias, bool relu, bool f32_kernels,
+                           Conv2dScratch& scratch, int64_t mb) {
   std::lock_guard<std::mutex> lock(scratch.mu);
-  auto& conv = scratch.onednn[mb];
+  auto& conv = scratch.onednn[{mb, f32_kernels}];
   if (conv == nullptr) {
     conv = std::make_unique<cpu::OnednnConv>(g, mb, bias, relu, scratch.bf16, scratch.nhwc_in,
-                                             scratch.nhwc_out);
+                                             scratch.nhwc_out, f32_kernels);
   }
   return *conv;
 }
@@ -504,12 +506,14 @@ struct ChunkConvs {
       if (c != nullptr) fn(*c);
   }
 };
-ChunkConvs OnednnChunks(const Conv2dGeometry& g, bool bias, bool relu, Conv2dScratch& scratch,
-                        int64_t n, int64_t chunks) {
+ChunkConvs OnednnChunks(const Conv2dGeometry& g, const Conv2dPlan& plan, bool bias, bool relu,
+                        Conv2dScratch& scratch, int64_t n, int64_t chunks) {
   ChunkConvs convs;
   convs.small = n / chunks;
-  convs.conv[0] = &OnednnFor(g, bias, relu, scratch, convs.small);
-  if (n % chunks != 0) convs.conv[1] = &OnednnFor(g, bias, relu, scratch, convs.small + 1);
+  convs.conv[0] = &OnednnFor(g, bias, relu, plan.f32_kernels, scratch, convs.small);
+  if (n % chunks != 0) {
+    convs.conv[1] = &OnednnFor(g, bias, relu, plan.f32_kernels, scratch, convs.small + 1);
+  }
   return convs;
 }
 
@@ -527,7 +531,7 @@ void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, co
                   "conv2d: a bf16 input outside the bf16 kernels");
   if constexpr (std::is_same_v<T, float>) {
     if (plan.forward == ConvAlgo::kOnednn) {
-      const ChunkConvs convs = OnednnChunks(g, bias != nullptr, relu, scratch, n, chunks);
+      const ChunkConvs convs = OnednnChunks(g, plan, bias != nullptr, relu, scratch, n, chunks);
       // The matmul backward-weights reads the kept x too, from NHWC. A bf16
       // x is read as it is by both.
       bool keeps = keep && x_bf16 == nullptr &&
@@ -598,7 +602,7 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
   ChunkConvs convs;
   if constexpr (std::is_same_v<T, float>) {
     if (onednn_data || onednn_weights) {
-      convs = OnednnChunks(g, db != nullptr, relu_y != nullptr, scratch, n, chunks);
+      convs = OnednnChunks(g, plan, db != nullptr, relu_y != nullptr, scratch, n, chunks);
       if (onednn_data && dx != nullptr) {
         convs.ForEach([&](cpu::OnednnConv& c) {
           if (flipped_data) {
@@ -768,48 +772,90 @@ std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& 
                 rates(bwd_mb, w_gemm, w_onednn), "; oneDNN's ", fwd_conv->ImplInfo(), ")");
 }
 
-// bf16, and f32 on channels-last tensors: oneDNN's convolution forward;
-// for backward-data its convolution or the flipped forward one, for
-// backward-weights its convolution or OnednnConv's matmul (bf16), whichever
-// is faster on one chunk: "onednn,onednn|flipped,onednn|matmul", then the
-// rates.
-std::string MeasureOnednnPicks(const Conv2dGeometry& g, bool has_bias, int64_t bwd_mb, bool bf16,
-                               bool nhwc_in, bool nhwc_out) {
-  cpu::OnednnConv conv(g, bwd_mb, has_bias, false, bf16, nhwc_in, nhwc_out);
+// One OnednnConv's passes on one chunk: its forward, the faster of its
+// backward-data primitive and the flipped forward, and the faster of its
+// backward-weights primitive and the matmul (where it has them).
+struct OnednnPassTimes {
+  std::string data = "onednn", weights = "onednn", rates;
+  double seconds = 0;  // the three passes as picked
+};
+OnednnPassTimes TimeOnednnPasses(cpu::OnednnConv& conv, const Conv2dGeometry& g, bool has_bias,
+                                 int64_t mb) {
   Rng rng(1);
   auto random = [&](int64_t size) { return RandomF32(rng, size); };
   const int64_t dw_size = g.out_channels * g.col_rows();
-  Tensor x = random(bwd_mb * g.in_channels * g.in_plane()), dx = random(x.numel());
-  Tensor dy = random(bwd_mb * g.out_channels * g.out_plane());
-  Tensor w = random(dw_size), dw = random(dw_size + g.out_channels);
+  Tensor x = random(mb * g.in_channels * g.in_plane()), dx = random(x.numel());
+  Tensor y = random(mb * g.out_channels * g.out_plane()), dy = random(y.numel());
+  Tensor w = random(dw_size), b = random(g.out_channels), dw = random(dw_size + g.out_channels);
+  const float* bias = has_bias ? b.data<float>() : nullptr;
   float* db = has_bias ? dw.data<float>() + dw_size : nullptr;
-  const double flop = 2.0 * dw_size * g.out_plane() * bwd_mb / 1e9;
+  const double flop = 2.0 * dw_size * g.out_plane() * mb / 1e9;
   auto rate = [&](double seconds) { return static_cast<int>(flop / seconds); };
-  std::string data = "onednn", weights = "onednn", rates;
+  OnednnPassTimes t;
+  conv.PrepareForwardWeights(w.data<float>());
+  conv.PrepareBackwardWeights(w.data<float>());
+  const double f = BestSeconds([&] { conv.Forward(x.data<float>(), bias, y.data<float>()); });
+  double d = BestSeconds([&] { conv.BackwardData(dy.data<float>(), dx.data<float>()); });
+  t.rates = StrCat("forward ", rate(f), ", backward-data ");
+  // A pass's primitive against its alternative: the faster by kMargin (a
+  // tie keeps the primitive), named in `pick`, its rate beside the other's.
+  auto faster = [&](double own, const char* alt, double alt_seconds, std::string& pick) {
+    t.rates = StrCat(t.rates, "onednn/", alt, " ", rate(own), "/", rate(alt_seconds));
+    if (own <= kMargin * alt_seconds) return own;
+    pick = alt;
+    return alt_seconds;
+  };
   if (conv.HasFlippedData()) {
-    conv.PrepareBackwardWeights(w.data<float>());
     conv.PrepareFlippedWeights(w.data<float>());
-    const double d_onednn =
-        BestSeconds([&] { conv.BackwardData(dy.data<float>(), dx.data<float>()); });
-    const double d_flipped =
-        BestSeconds([&] { conv.BackwardDataByFlippedForward(dy.data<float>(), dx.data<float>()); });
-    if (d_onednn > kMargin * d_flipped) data = "flipped";
-    rates = StrCat("backward-data onednn/flipped: ", rate(d_onednn), "/", rate(d_flipped));
+    d = faster(d, "flipped", BestSeconds([&] {
+                 conv.BackwardDataByFlippedForward(dy.data<float>(), dx.data<float>());
+               }),
+               t.data);
+  } else {
+    t.rates = StrCat(t.rates, rate(d));
   }
+  double wt = BestSeconds(
+      [&] { conv.BackwardWeights(x.data<float>(), dy.data<float>(), dw.data<float>(), db); });
+  t.rates = StrCat(t.rates, ", backward-weights ");
   if (conv.HasMatmulWeights()) {
-    const double w_onednn = BestSeconds(
-        [&] { conv.BackwardWeights(x.data<float>(), dy.data<float>(), dw.data<float>(), db); });
-    const double w_matmul = BestSeconds([&] {
-      conv.BackwardWeightsByMatmul(x.data<float>(), dy.data<float>(), dw.data<float>(), db);
-    });
-    if (w_onednn > kMargin * w_matmul) weights = "matmul";
-    rates = StrCat(rates, rates.empty() ? "" : ", ",
-                   "backward-weights onednn/matmul: ", rate(w_onednn), "/", rate(w_matmul));
+    wt = faster(wt, "matmul", BestSeconds([&] {
+                  conv.BackwardWeightsByMatmul(x.data<float>(), dy.data<float>(), dw.data<float>(),
+                                               db);
+                }),
+                t.weights);
+  } else {
+    t.rates = StrCat(t.rates, rate(wt));
   }
-  return StrCat("onednn,", data, ",", weights,
-                rates.empty()
-                    ? ""
-                    : StrCat(" (", bf16 ? "bf16" : "f32", " GFLOP/s of one thread, ", rates, ")"));
+  t.seconds = f + d + wt;
+  return t;
+}
+
+// bf16, and f32 on channels-last tensors: oneDNN's convolution forward;
+// for backward-data its convolution or the flipped forward one, for
+// backward-weights its convolution or OnednnConv's matmul (bf16 kernels),
+// whichever is faster on one chunk: "onednn,onednn|flipped,onednn|matmul".
+// bf16 weighs the f32 kernels on the same rounded operands too, and takes
+// them where the three passes run kMargin faster (CPUs whose bf16 dot
+// products are slower than their f32 FMAs): then a fourth pick, "f32".
+// Then the rates of each.
+std::string MeasureOnednnPicks(const Conv2dGeometry& g, bool has_bias, int64_t bwd_mb, bool bf16,
+                               bool nhwc_in, bool nhwc_out) {
+  cpu::OnednnConv conv(g, bwd_mb, has_bias, false, bf16, nhwc_in, nhwc_out);
+  const OnednnPassTimes own = TimeOnednnPasses(conv, g, has_bias, bwd_mb);
+  std::string picks = StrCat("onednn,", own.data, ",", own.weights);
+  std::string rates = StrCat(bf16 ? "bf16" : "f32", " kernels: ", own.rates);
+  if (bf16) {
+    try {
+      cpu::OnednnConv f32(g, bwd_mb, has_bias, false, true, nhwc_in, nhwc_out, true);
+      const OnednnPassTimes t = TimeOnednnPasses(f32, g, has_bias, bwd_mb);
+      if (own.seconds > kMargin * t.seconds)
+        picks = StrCat("onednn,", t.data, ",", t.weights, ",f32");
+      rates = StrCat(rates, "; f32 kernels on bf16 operands: ", t.rates);
+    } catch (const Error&) {
+      // No f32 primitive for the geometry: the bf16 kernels run it.
+    }
+  }
+  return StrCat(picks, " (GFLOP/s of one thread, ", rates, ")");
 }
 
 ConvAlgo ParsePick(const std::string& s) {
@@ -854,14 +900,18 @@ Conv2dPlan PlanConv(const Conv2dGeometry& g, bool has_bias, ConvAlgo algo, Conv2
                                                          scratch.nhwc_in, scratch.nhwc_out)
                                     : MeasurePicks(g, has_bias, scratch, fwd_mb, bwd_mb);
   });
+  // "forward,backward_data,backward_weights[,f32]", then the rates.
+  std::vector<std::string> words;
+  std::stringstream list(picks.substr(0, picks.find(' ')));
+  for (std::string w; std::getline(list, w, ',');) words.push_back(w);
+  CNNFLOW_ENFORCE(words.size() == 3 || (words.size() == 4 && words[3] == "f32" && scratch.bf16 &&
+                                        words[2] != "matmul"),
+                  "conv2d: bad kernel pick '", picks, "' for ", key, " in ", cpu::KernelPickFile());
   Conv2dPlan plan;
-  const size_t a = picks.find(','), b = picks.find(',', a + 1), end = picks.find(' ');
-  CNNFLOW_ENFORCE(a != std::string::npos && b != std::string::npos, "conv2d: bad kernel pick '",
-                  picks, "' for ", key, " in ", cpu::KernelPickFile());
-  plan.forward = ParsePick(picks.substr(0, a));
-  plan.backward_data = ParsePick(picks.substr(a + 1, b - a - 1));
-  plan.backward_weights =
-      ParsePick(picks.substr(b + 1, end == std::string::npos ? end : end - b - 1));
+  plan.forward = ParsePick(words[0]);
+  plan.backward_data = ParsePick(words[1]);
+  plan.backward_weights = ParsePick(words[2]);
+  plan.f32_kernels = words.size() == 4;
   scratch.plans[n] = plan;
   return plan;
 }

@@ -22,9 +22,10 @@ using Tag = memory::format_tag;
 
 // A reorder from `from` to `to`, or nothing when they are the same layout.
 // The ones that bf16 convolutions run on every activation, f32 NCHW or NHWC
-// to bf16 NHWC and f32 NHWC to NCHW, are our own (ops/cpu/bf16_layout.h).
+// to bf16 NHWC, f32 NHWC to NCHW and bf16 NHWC to f32 NHWC (the f32
+// kernels'), are our own (ops/cpu/bf16_layout.h).
 struct Reorder {
-  enum class Kind { kNone, kOnednn, kNchwToNhwcBf16, kNhwcToBf16, kNhwcToNchw };
+  enum class Kind { kNone, kOnednn, kNchwToNhwcBf16, kNhwcToBf16, kNhwcToNchw, kBf16ToNhwc };
   Reorder() = default;
   Reorder(const memory::desc& from, const memory::desc& to, const dnnl::primitive_attr& attr)
       : from(from), to(to) {
@@ -39,6 +40,8 @@ struct Reorder {
         kind = Kind::kNhwcToBf16;
       } else if (from == plain(dt::f32, Tag::nhwc) && to == plain(dt::f32, Tag::nchw)) {
         kind = Kind::kNhwcToNchw;
+      } else if (from == plain(dt::bf16, Tag::nhwc) && to == plain(dt::f32, Tag::nhwc)) {
+        kind = Kind::kBf16ToNhwc;
       }
       if (kind != Kind::kNone) {
         n = d[0];
@@ -80,6 +83,10 @@ struct Reorder {
     }
     if (kind == Kind::kNhwcToNchw) {
       NhwcToNchw(static_cast<const float*>(src), static_cast<float*>(dst), n, c, p);
+      return;
+    }
+    if (kind == Kind::kBf16ToNhwc) {
+      FromBf16(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n * c * p);
       return;
     }
     memory s(from, OnednnEngine(), const_cast<void*>(src)), d(to, OnednnEngine(), dst);
@@ -225,6 +232,12 @@ struct OnednnConv::Impl {
   // a bf16 gradient) to the backward passes' (nothing where they read it so).
   bool bf16 = false;
   Reorder fwd_src16, bw_src16, bd_diff_dst16, bw_diff_dst16, flip_src16;
+  // bf16 on the f32 kernels: an f32 x or dy is first rounded to bf16 NHWC
+  // (src_to16, dst_to16), and the weights to bf16 values in f32 (*_rounded),
+  // so that the kernels multiply the operands the bf16 kernels would.
+  bool f32_kernels = false;
+  Reorder src_to16, dst_to16;
+  Tensor fwd_wei_rounded, bd_wei_rounded;
   // Per pass: the weights in the forward and backward-data layouts.
   Reorder fwd_wei, bd_wei;
   Tensor fwd_wei_buf, bd_wei_buf;
@@ -234,7 +247,8 @@ struct OnednnConv::Impl {
   size_t buf_a = 0, buf_b = 0, buf_c = 0, pad = 0;  // per-thread scratch sizes (bytes)
   struct Scratch {
     Tensor a, b, c, pad;
-    Tensor col, dyt, xb;  // matmul_weights: col (transposed for NCHW), dY and x in bf16
+    Tensor col, dyt, xb;  // matmul_weights: col (transposed for NCHW), dY and x in bf16;
+                          // f32_kernels: x in bf16 (xb)
     Tensor dwt;           // matmul_weights from NHWC: dW [K, kh, kw, C]
     Tensor dy16;          // Backward: dy in bf16 NHWC, for both passes
   };
@@ -245,6 +259,19 @@ struct OnednnConv::Impl {
     const int64_t n = static_cast<int64_t>((bytes + 3) / 4) + 1;
     if (!t.defined() || t.numel() < n) t = Tensor::Empty({n}, DType::kF32);
     return t.raw_data();
+  }
+  // f32_kernels: p (laid out as r.from) rounded to bf16 NHWC in buf.
+  static const uint16_t* RoundedOperand(const Reorder& r, const float* p, Tensor& buf, void* pad) {
+    auto* out = static_cast<uint16_t*>(Fit(buf, r.to.get_size()));
+    r.Run(p, out, pad);
+    return out;
+  }
+  // f32_kernels: w [K, C/groups, kh, kw] rounded to bf16 values in `rounded`.
+  const float* RoundedWeights(const float* w, Tensor& rounded) const {
+    const int64_t n = g.out_channels * g.in_per_group() * g.kernel_h * g.kernel_w;
+    if (!rounded.defined()) rounded = Tensor::Empty({n});
+    RoundToBf16(w, rounded.data<float>(), n);
+    return rounded.data<float>();
   }
   Scratch& Local() const {
     Scratch& s = scratch.local();
@@ -257,7 +284,7 @@ struct OnednnConv::Impl {
 };
 
 OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu, bool bf16,
-                       bool nhwc_in, bool nhwc_out)
+                       bool nhwc_in, bool nhwc_out, bool f32_kernels)
     : mb_(mb), impl_(std::make_unique<Impl>()) {
   // oneDNN sizes a primitive's OpenMP team when it creates the primitive,
   // from this thread's max threads: pinned after creation, a primitive made
@@ -287,16 +314,18 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
   m.user_dst = memory::desc(dst, dt::f32, nhwc_out ? Tag::nhwc : Tag::nchw);
   m.user_wei = memory::desc(wei, dt::f32, grouped ? Tag::goihw : Tag::oihw);
   m.user_bias = memory::desc({g.out_channels}, dt::f32, Tag::x);
-  // The operands of the products (x, w, dy) in the compute type; the
+  CNNFLOW_ENFORCE(bf16 || !f32_kernels, "OnednnConv: f32 kernels for bf16 operands only");
+  // The operands of the products (x, w, dy) in the kernels' type; the
   // results (y, dx, dw) in f32.
-  const dt op = bf16 ? dt::bf16 : dt::f32;
+  const bool bf16_kernels = bf16 && !f32_kernels;
+  const dt op = bf16_kernels ? dt::bf16 : dt::f32;
   // f32 channels-last tensors are read and written as they are where
   // oneDNN has kernels for that (its brgemm forward and jit backward ones on
   // AVX-512, when x and y are both channels-last): a reorder to its blocked
   // layout and back costs ~20% of a pass. Elsewhere (its reference kernels
-  // would be picked) and for bf16, whose operands are converted on the way
-  // in anyway, oneDNN picks the layouts (format_tag::any).
-  const bool direct = !bf16 && nhwc_in && nhwc_out;
+  // would be picked) and for bf16 kernels, whose operands are converted on
+  // the way in anyway, oneDNN picks the layouts (format_tag::any).
+  const bool direct = !bf16_kernels && nhwc_in && nhwc_out;
   const memory::desc no_bias;
 
   dnnl::primitive_attr attr;
@@ -366,12 +395,17 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
       const memory::desc user_dst16(dst, dt::bf16, Tag::nhwc);
       m.bd_diff_dst16 = Reorder(user_dst16, m.bwd_data_pd.diff_dst_desc(), attr);
       m.bw_diff_dst16 = Reorder(user_dst16, m.bwd_weights_pd.diff_dst_desc(), attr);
+      m.f32_kernels = f32_kernels;
+      if (f32_kernels) {
+        m.src_to16 = Reorder(m.user_src, user_src16, attr);
+        m.dst_to16 = Reorder(m.user_dst, user_dst16, attr);
+      }
     }
   } catch (const dnnl::error& e) {
-    throw Error(StrCat("oneDNN has no ", bf16 ? "bf16 " : "", "convolution for input [", mb, ", ",
-                       g.in_channels, ", ", g.in_h, ", ", g.in_w, "], kernel ", g.kernel_h, "x",
-                       g.kernel_w, " stride ", g.stride_h, "x", g.stride_w, " groups ", g.groups,
-                       ": ", e.what()));
+    throw Error(StrCat("oneDNN has no ", bf16_kernels ? "bf16 " : "", "convolution for input [", mb,
+                       ", ", g.in_channels, ", ", g.in_h, ", ", g.in_w, "], kernel ", g.kernel_h,
+                       "x", g.kernel_w, " stride ", g.stride_h, "x", g.stride_w, " groups ",
+                       g.groups, ": ", e.what()));
   }
   m.buf_a = std::max({BufferBytes(m.fwd_src, m.fwd_pd.src_desc()),
                       BufferBytes(m.bd_diff_dst, m.bwd_data_pd.diff_dst_desc()),
@@ -384,22 +418,23 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
                       BufferBytes(m.bw_diff_dst, m.bwd_weights_pd.diff_dst_desc()),
                       BufferBytes(m.bw_diff_dst16, m.bwd_weights_pd.diff_dst_desc())});
   m.buf_c = BufferBytes(m.bw_diff_wei, m.bwd_weights_pd.diff_weights_desc());
-  m.pad = std::max(
-      {m.fwd_pd.scratchpad_desc().get_size(), m.bwd_data_pd.scratchpad_desc().get_size(),
-       m.bwd_weights_pd.scratchpad_desc().get_size(), m.fwd_src.scratchpad(),
-       m.fwd_dst.scratchpad(), m.bd_diff_dst.scratchpad(), m.bd_diff_src.scratchpad(),
-       m.bw_src.scratchpad(), m.bw_diff_dst.scratchpad(), m.bw_diff_wei.scratchpad(),
-       m.fwd_wei.scratchpad(), m.bd_wei.scratchpad(), m.fwd_src16.scratchpad(),
-       m.bw_src16.scratchpad(), m.bd_diff_dst16.scratchpad(), m.bw_diff_dst16.scratchpad()});
+  m.pad =
+      std::max({m.fwd_pd.scratchpad_desc().get_size(), m.bwd_data_pd.scratchpad_desc().get_size(),
+                m.bwd_weights_pd.scratchpad_desc().get_size(), m.fwd_src.scratchpad(),
+                m.fwd_dst.scratchpad(), m.bd_diff_dst.scratchpad(), m.bd_diff_src.scratchpad(),
+                m.bw_src.scratchpad(), m.bw_diff_dst.scratchpad(), m.bw_diff_wei.scratchpad(),
+                m.fwd_wei.scratchpad(), m.bd_wei.scratchpad(), m.fwd_src16.scratchpad(),
+                m.bw_src16.scratchpad(), m.bd_diff_dst16.scratchpad(), m.bw_diff_dst16.scratchpad(),
+                m.src_to16.scratchpad(), m.dst_to16.scratchpad()});
   auto words = [](const memory::desc& md) {  // f32 words that hold md (bf16: half as many)
     return static_cast<int64_t>((md.get_size() + 3) / 4);
   };
   const int64_t span_h = (g.kernel_h - 1) * g.dilation_h, span_w = (g.kernel_w - 1) * g.dilation_w;
   const memory::dims flip_wei{g.in_channels, g.out_channels, g.kernel_h, g.kernel_w};
-  // The flipped backward-data: bf16, or f32 where both activations are
-  // channels-last (oneDNN 2.6's f32 NHWC forward is brgemm, its backward-data jit).
-  if ((bf16 || direct) && !grouped && g.stride_h == 1 && g.stride_w == 1 && pad_l[0] <= span_h &&
-      pad_l[1] <= span_w && pad_r[0] <= span_h && pad_r[1] <= span_w) {
+  // The flipped backward-data: bf16 kernels, or f32 where both activations
+  // are channels-last (oneDNN 2.6's f32 NHWC forward is brgemm, its backward-data jit).
+  if ((bf16_kernels || direct) && !grouped && g.stride_h == 1 && g.stride_w == 1 &&
+      pad_l[0] <= span_h && pad_l[1] <= span_w && pad_r[0] <= span_h && pad_r[1] <= span_w) {
     const Tag act = direct ? Tag::nhwc : Tag::any;
     m.flip_pd = dnnl::convolution_forward::primitive_desc(
         dnnl::convolution_forward::desc(
@@ -430,7 +465,7 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     m.pad = std::max({m.pad, m.flip_pd.scratchpad_desc().get_size(), m.flip_src.scratchpad(),
                       m.flip_dst.scratchpad(), m.flip_wei.scratchpad(), m.flip_src16.scratchpad()});
   }
-  if (bf16 && !grouped && CpuHasAvx512Bf16()) {
+  if (bf16_kernels && !grouped && CpuHasAvx512Bf16()) {
     // NCHW: dY^T [K, Q] and col^T [ncol, Q], both transposed as they are
     // gathered; NHWC: dY as it is ([Q, K]) and col [Q, ncol] with its
     // columns in (i, j, c) order, so dW comes out [K, kh, kw, C].
@@ -460,19 +495,23 @@ std::string OnednnConv::ImplInfo() const {
 void OnednnConv::PrepareForwardWeights(const float* w) {
   OneOpenMpThreadHere();
   Impl& m = *impl_;
+  if (m.f32_kernels) w = m.RoundedWeights(w, m.fwd_wei_rounded);
   m.fwd_wei_ptr = m.fwd_wei.In(w, m.fwd_wei_buf.raw_data(), m.Local().pad.data<float>());
 }
 
 void OnednnConv::PrepareBackwardWeights(const float* w) {
   OneOpenMpThreadHere();
   Impl& m = *impl_;
+  if (m.f32_kernels) w = m.RoundedWeights(w, m.bd_wei_rounded);
   m.bd_wei_ptr = m.bd_wei.In(w, m.bd_wei_buf.raw_data(), m.Local().pad.data<float>());
 }
 
 bool OnednnConv::KeepsInput(ConvAlgo weights) const {
   const Impl& m = *impl_;
-  return m.fwd_src.ToBf16Nhwc() &&
-         (weights == ConvAlgo::kMatmul ? m.nhwc_in && m.matmul_weights : m.bw_src.ToBf16Nhwc());
+  // The f32 kernels read every x through bf16 NHWC.
+  return (m.f32_kernels || m.fwd_src.ToBf16Nhwc()) &&
+         (weights == ConvAlgo::kMatmul ? m.nhwc_in && m.matmul_weights
+                                       : m.f32_kernels || m.bw_src.ToBf16Nhwc());
 }
 
 void OnednnConv::Forward(const float* x, const float* bias, float* y, uint16_t* keep_x,
@@ -480,11 +519,18 @@ void OnednnConv::Forward(const float* x, const float* bias, float* y, uint16_t* 
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
   CNNFLOW_ENFORCE(m.fwd_wei_ptr != nullptr, "OnednnConv::Forward before PrepareForwardWeights");
-  CNNFLOW_ENFORCE(keep_x == nullptr || (m.fwd_src.ToBf16Nhwc() && x_bf16 == nullptr),
-                  "OnednnConv::Forward: keep_x where the input is not converted to bf16 NHWC");
+  CNNFLOW_ENFORCE(
+      keep_x == nullptr || ((m.f32_kernels || m.fwd_src.ToBf16Nhwc()) && x_bf16 == nullptr),
+      "OnednnConv::Forward: keep_x where the input is not converted to bf16 NHWC");
   CNNFLOW_ENFORCE(x_bf16 == nullptr || m.bf16, "OnednnConv::Forward: a bf16 x for an f32 kernel");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
+  if (m.f32_kernels && x_bf16 == nullptr && keep_x != nullptr) {
+    m.src_to16.Run(x, keep_x, pad);
+    x_bf16 = keep_x;
+  } else if (m.f32_kernels && x_bf16 == nullptr) {
+    x_bf16 = Impl::RoundedOperand(m.src_to16, x, s.xb, pad);
+  }
   const void* src = x_bf16 != nullptr
                         ? m.fwd_src16.In(x_bf16, s.a.raw_data(), pad)
                         : m.fwd_src.In(x, keep_x != nullptr ? keep_x : s.a.raw_data(), pad);
@@ -512,6 +558,8 @@ void OnednnConv::BackwardData(const float* dy, float* dx, const uint16_t* dy_bf1
   CNNFLOW_ENFORCE(dy_bf16 == nullptr || m.bf16, "OnednnConv: a bf16 dy for an f32 kernel");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
+  if (m.f32_kernels && dy_bf16 == nullptr)
+    dy_bf16 = Impl::RoundedOperand(m.dst_to16, dy, s.dy16, pad);
   const void* diff_dst = dy_bf16 != nullptr ? m.bd_diff_dst16.In(dy_bf16, s.a.raw_data(), pad)
                                             : m.bd_diff_dst.In(dy, s.a.raw_data(), pad);
   void* diff_src = m.bd_diff_src.Out(dx, s.b.raw_data());
@@ -545,6 +593,7 @@ void OnednnConv::PrepareFlippedWeights(const float* w) {
     float* dst = f + kc * taps;
     for (int64_t t = 0; t < taps; ++t) dst[t] = src[taps - 1 - t];
   }
+  if (m.f32_kernels) RoundToBf16(f, f, m.flip_wei_f32.numel());
   m.flip_wei_ptr = m.flip_wei.In(f, m.flip_wei_buf.raw_data(), m.Local().pad.data<float>());
 }
 
@@ -557,6 +606,8 @@ void OnednnConv::BackwardDataByFlippedForward(const float* dy, float* dx,
   CNNFLOW_ENFORCE(dy_bf16 == nullptr || m.bf16, "OnednnConv: a bf16 dy for an f32 kernel");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
+  if (m.f32_kernels && dy_bf16 == nullptr)
+    dy_bf16 = Impl::RoundedOperand(m.dst_to16, dy, s.dy16, pad);
   const void* src = dy_bf16 != nullptr ? m.flip_src16.In(dy_bf16, s.a.raw_data(), pad)
                                        : m.flip_src.In(dy, s.a.raw_data(), pad);
   void* dst = m.flip_dst.Out(dx, s.b.raw_data());
@@ -646,6 +697,9 @@ void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, flo
                   "OnednnConv: a bf16 x or dy for an f32 kernel");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
+  if (m.f32_kernels && x_bf16 == nullptr) x_bf16 = Impl::RoundedOperand(m.src_to16, x, s.xb, pad);
+  if (m.f32_kernels && dy_bf16 == nullptr)
+    dy_bf16 = Impl::RoundedOperand(m.dst_to16, dy, s.dy16, pad);
   const void* src = x_bf16 != nullptr ? m.bw_src16.In(x_bf16, s.a.raw_data(), pad)
                                       : m.bw_src.In(x, s.a.raw_data(), pad);
   const void* diff_dst = dy_bf16 != nullptr ? m.bw_diff_dst16.In(dy_bf16, s.b.raw_data(), pad)
@@ -676,8 +730,12 @@ void OnednnConv::Backward(const float* x, const uint16_t* kept_x, const float* d
   const bool primitive_weights = dw != nullptr && weights == ConvAlgo::kOnednn;
   const bool matmul_weights = dw != nullptr && weights == ConvAlgo::kMatmul;
   // Both passes read dy as bf16 NHWC: convert it once.
-  if (dy_bf16 == nullptr && flipped && m.flip_src.ToBf16Nhwc() &&
-      ((primitive_weights && m.bw_diff_dst.ToBf16Nhwc()) || (matmul_weights && m.nhwc_out))) {
+  if (dy_bf16 == nullptr && m.f32_kernels) {
+    Impl::Scratch& s = m.Local();
+    dy_bf16 = Impl::RoundedOperand(m.dst_to16, dy, s.dy16, s.pad.raw_data());
+  } else if (dy_bf16 == nullptr && flipped && m.flip_src.ToBf16Nhwc() &&
+             ((primitive_weights && m.bw_diff_dst.ToBf16Nhwc()) ||
+              (matmul_weights && m.nhwc_out))) {
     Impl::Scratch& s = m.Local();
     auto* buf = static_cast<uint16_t*>(Impl::Fit(s.dy16, m.flip_src.to.get_size()));
     m.flip_src.Run(dy, buf, s.pad.raw_data());

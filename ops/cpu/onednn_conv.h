@@ -18,7 +18,11 @@
 // bf16 (as PyTorch's CPU autocast, but with f32 between layers): x, w and dy
 // are rounded to bf16 in those same reorders, the primitives multiply in
 // bf16 and accumulate in f32, and y, dx and dw come out in f32. Only where
-// the CPU has native bf16 (cpu::NoNativeBf16Reason).
+// the CPU has native bf16 (cpu::NoNativeBf16Reason). Or the same rounded
+// operands on oneDNN's f32 kernels (f32_kernels), for CPUs whose bf16 dot
+// products run at half their f32 FMAs' rate (avx512_bf16 without AMX): a
+// product of two bf16 values is exact in f32, so the results differ from
+// the bf16 kernels' only in the order of the f32 sums.
 #pragma once
 
 #include <cstdint>
@@ -35,10 +39,11 @@ class OnednnConv {
   // post-op inside the kernel); bf16: the products in bf16; nhwc_in: x and
   // dx are [mb, H, W, C], nhwc_out: y and dy [mb, H', W', K] (channels-last
   // activations, Layer::ChannelsLast), which bf16's kernels read and write
-  // without a transpose. Throws Error when oneDNN has no primitive for the
-  // geometry.
+  // without a transpose; f32_kernels (bf16 only): the bf16-rounded
+  // operands multiplied by the f32 kernels. Throws Error when oneDNN has no
+  // primitive for the geometry.
   OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu = false, bool bf16 = false,
-             bool nhwc_in = false, bool nhwc_out = false);
+             bool nhwc_in = false, bool nhwc_out = false, bool f32_kernels = false);
   ~OnednnConv();
   OnednnConv(const OnednnConv&) = delete;
   OnednnConv& operator=(const OnednnConv&) = delete;
@@ -82,8 +87,8 @@ class OnednnConv {
                        const uint16_t* x_bf16 = nullptr, const uint16_t* dy_bf16 = nullptr) const;
   // dy -> dx as the forward convolution of dy with w flipped in space and
   // its channel axes swapped, on oneDNN's brgemm forward kernels (its 2.6
-  // backward-data ones are plain jit). Where HasFlippedData: bf16, or f32
-  // with x and y both channels-last (read and written as they are);
+  // backward-data ones are plain jit). Where HasFlippedData: bf16 kernels,
+  // or f32 ones with x and y both channels-last (read and written as they are);
   // ungrouped, stride 1, and not on a reference kernel.
   // PrepareFlippedWeights(w) once per pass first. dy_bf16: dy in bf16 NHWC
   // instead, or null.
@@ -94,7 +99,7 @@ class OnednnConv {
   // The backward-weights in bf16 as one matmul, dW = dY^T col (oneDNN's
   // brgemm, which oneDNN 2.6 has for matmul but not for this pass of a
   // convolution: faster for small planes of many channels), db summed from
-  // the rounded dy. Where HasMatmulWeights: bf16, ungrouped, and the CPU has avx512_bf16.
+  // the rounded dy. Where HasMatmulWeights: bf16 kernels, ungrouped, and the CPU has avx512_bf16.
   // From NHWC tensors only: kept_x, x as Forward kept it (bf16 NHWC), and
   // dy_bf16, dy already in bf16 (or null: converted here).
   bool HasMatmulWeights() const;

@@ -65,6 +65,9 @@ struct Conv2dPlan {
   ConvAlgo forward = ConvAlgo::kGemm;
   ConvAlgo backward_data = ConvAlgo::kGemm;
   ConvAlgo backward_weights = ConvAlgo::kGemm;
+  // bf16 only: the bf16-rounded operands multiplied by oneDNN's f32 kernels
+  // (cpu::OnednnConv's f32_kernels), where they measure faster than its bf16 ones.
+  bool f32_kernels = false;
 };
 
 // One geometry's CPU passes, each alone, on caller-owned tensors (no

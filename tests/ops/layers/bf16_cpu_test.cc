@@ -216,7 +216,8 @@ TEST(Bf16Cpu, Conv2dMatchesRoundedReference) {
                  true);  // depthwise
 }
 
-// Pins a bf16 conv2d's picks ("forward,backward_data,backward_weights") at
+// Pins a bf16 conv2d's picks ("forward,backward_data,backward_weights",
+// then ",f32" for the f32 kernels) at
 // batch n in a fresh pick file, so a test runs the passes it names whatever
 // this machine would measure. Each caller's geometry must be its own: a
 // process remembers the first pick of a key.
@@ -251,17 +252,19 @@ class PinnedPicks {
   bool had_old_ = false;
 };
 
-// Every combination of the bf16 passes through the layer: the backward
-// reads x as the forward kept it in bf16 where the backward-weights is
-// oneDNN's primitive, and converts dy once where the flipped backward-data
-// reads it too. Batch 10 of 10x10 planes runs the forward in chunks of 1
-// and the backward in chunks of 5, so the kept x crosses chunkings.
+// Every combination of the bf16 passes through the layer, on the bf16
+// kernels and on the f32 ones ("f32", which flip only channels-last
+// tensors: F32KernelsMatchBf16Kernels): the backward reads x as the forward
+// kept it in bf16 where the backward-weights is oneDNN's primitive, and
+// converts dy once where the flipped backward-data reads it too. Batch 10 of 10x10 planes runs the
+// forward in chunks of 1 and the backward in chunks of 5, so the kept x crosses chunkings.
 TEST(Bf16Cpu, Conv2dPassCombinationsMatchRoundedReference) {
   SKIP_WITHOUT_NATIVE_BF16();
   PinnedPicks pinned;
   int64_t out = 10;  // a geometry per combination (see PinnedPicks)
-  for (const char* picks : {"onednn,flipped,onednn", "onednn,onednn,onednn",
-                            "onednn,flipped,matmul", "onednn,onednn,matmul"}) {
+  for (const char* picks :
+       {"onednn,flipped,onednn", "onednn,onednn,onednn", "onednn,flipped,matmul",
+        "onednn,onednn,matmul", "onednn,onednn,onednn,f32"}) {
     if (std::string(picks).find("matmul") != std::string::npos && !cpu::CpuHasAvx512Bf16())
       continue;
     SCOPED_TRACE(picks);
@@ -269,6 +272,40 @@ TEST(Bf16Cpu, Conv2dPassCombinationsMatchRoundedReference) {
     const Shape shape({10, 6, 10, 10});
     pinned.Pin(args, shape, picks);
     CheckBf16Layer("conv2d", args, shape, true);
+  }
+}
+
+// Unpinned, a bf16 convolution times its passes on both kernels and
+// records both; a pick file that asks for the matmul (a bf16 kernel) on the
+// f32 kernels is refused, naming the line.
+TEST(Bf16Cpu, Conv2dWeighsBothKernels) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  PinnedPicks pinned;
+  const Shape shape({8, 16, 8, 8});
+  auto measured = MakeLayerPair("conv2d", ConvArgs(16, 3, 1, 1, 1, false), {shape});
+  ASSERT_TRUE(measured.f32->ComputeInBf16());
+  auto& conv = dynamic_cast<Conv2d&>(*measured.f32);
+  const Conv2dPlan plan = conv.PlanFor(shape[0], DType::kF32);
+  std::ifstream file(cpu::KernelPickFile());
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const size_t line = text.find(StrCat(conv.KernelPickKey(shape[0]), " bf16\t"));
+  ASSERT_NE(line, std::string::npos) << text;
+  const std::string entry = text.substr(line, text.find('\n', line) - line);
+  EXPECT_NE(entry.find("bf16 kernels: forward "), std::string::npos) << entry;
+  EXPECT_NE(entry.find("; f32 kernels on bf16 operands: forward "), std::string::npos) << entry;
+  EXPECT_EQ(plan.f32_kernels, entry.find(",f32 (") != std::string::npos) << entry;
+
+  const Args args = ConvArgs(17, 3, 1, 1, 1, false);
+  pinned.Pin(args, shape, "onednn,onednn,matmul,f32");
+  auto bad = MakeLayerPair("conv2d", args, {shape});
+  ASSERT_TRUE(bad.f32->ComputeInBf16());
+  try {
+    dynamic_cast<Conv2d&>(*bad.f32).PlanFor(shape[0], DType::kF32);
+    ADD_FAILURE() << "a matmul on the f32 kernels was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad kernel pick 'onednn,onednn,matmul,f32'"),
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -328,8 +365,10 @@ TEST(Bf16Cpu, LayoutConversionsMatchScalarReference) {
     std::vector<uint16_t> bf(size), nhwc(size);
     cpu::ToBf16(xs, bf.data(), size);
     cpu::NchwToNhwcBf16(xs, nhwc.data(), n, c, p);
-    std::vector<float> back(size);
+    std::vector<float> back(size), widened(size), rounded(size);
     cpu::NhwcToNchw(xs, back.data(), n, c, p);  // xs read as [n, p, c]
+    cpu::FromBf16(bf.data(), widened.data(), size);
+    cpu::RoundToBf16(xs, rounded.data(), size);
     int64_t wrong = 0;
     for (int64_t s = 0; s < n; ++s)
       for (int64_t ci = 0; ci < c; ++ci)
@@ -338,6 +377,8 @@ TEST(Bf16Cpu, LayoutConversionsMatchScalarReference) {
           wrong += FromBf16Bits(bf[nchw]) != NearestBf16(xs[nchw]);
           wrong += FromBf16Bits(nhwc[nhwc_at]) != NearestBf16(xs[nchw]);
           wrong += back[nchw] != xs[nhwc_at];
+          wrong += widened[nchw] != FromBf16Bits(bf[nchw]);
+          wrong += rounded[nchw] != NearestBf16(xs[nchw]);
         }
     EXPECT_EQ(wrong, 0);
   }
@@ -459,6 +500,35 @@ TEST(Bf16Cpu, FlippedBackwardDataMatchesRoundedReference) {
   }
 }
 
+std::string LayoutCaseName(const ConvCase& t, bool nhwc_in, bool nhwc_out) {
+  return StrCat("case c ", t.c, " ", t.h, "x", t.w, " kernel ", t.kh, "x", t.kw, " stride ",
+                t.stride, " nhwc in ", nhwc_in, " out ", nhwc_out);
+}
+
+// A case's random operands, NCHW (x, dy) and as the layouts under test
+// give them (xl, dyl: channels-last where in, out).
+struct ConvOperands {
+  ConvOperands(const ConvCase& t, const Conv2dGeometry& g, bool in, bool out)
+      : xs{t.mb, t.c, t.h, t.w},
+        ys{t.mb, t.k, g.out_h, g.out_w},
+        x(RandomTensor(xs, 7).Cast(DType::kF32)),
+        dy(RandomTensor(ys, 8).Cast(DType::kF32)),
+        w(RandomTensor(Shape({t.k, t.c, t.kh, t.kw}), 6).Cast(DType::kF32)),
+        b(RandomTensor(Shape({t.k}), 5).Cast(DType::kF32)),
+        xl(in ? testing::ToChannelsLast(x) : x),
+        dyl(out ? testing::ToChannelsLast(dy) : dy),
+        bias(t.bias ? b.data<float>() : nullptr),
+        in(in),
+        out(out) {}
+  // An x-shaped (y-shaped) result in the layout under test, as NCHW.
+  Tensor NchwX(const Tensor& v) const { return in ? testing::FromChannelsLast(v) : v; }
+  Tensor NchwY(const Tensor& v) const { return out ? testing::FromChannelsLast(v) : v; }
+  Shape xs, ys;
+  Tensor x, dy, w, b, xl, dyl;
+  const float* bias;  // b, or null where the case has no bias
+  bool in, out;
+};
+
 // Channels-last tensors (Layer::ChannelsLast): OnednnConv with x and dx
 // (in), y and dy (out) NHWC, every pass and both alternatives of each
 // backward pass, against the NCHW convolution on the same values.
@@ -467,40 +537,32 @@ TEST(Bf16Cpu, ChannelsLastConvPassesMatchNchw) {
   for (const ConvCase& t : kConvCases) {
     for (int layout = 1; layout < 4; ++layout) {
       const bool in = (layout & 1) != 0, out = (layout & 2) != 0;
-      SCOPED_TRACE(::testing::Message()
-                   << "case c " << t.c << " " << t.h << "x" << t.w << " kernel " << t.kh << "x"
-                   << t.kw << " stride " << t.stride << " nhwc in " << in << " out " << out);
+      SCOPED_TRACE(LayoutCaseName(t, in, out));
       const Conv2dGeometry g = GeometryOf(t);
       cpu::OnednnConv ref(g, t.mb, t.bias, false, true),
           conv(g, t.mb, t.bias, false, true, in, out);
-      const Shape xs{t.mb, t.c, t.h, t.w}, ys{t.mb, t.k, g.out_h, g.out_w};
-      const Tensor x = RandomTensor(xs, 7).Cast(DType::kF32);
-      const Tensor dy = RandomTensor(ys, 8).Cast(DType::kF32);
-      const Tensor w = RandomTensor(Shape({t.k, t.c, t.kh, t.kw}), 6).Cast(DType::kF32);
-      const Tensor b = RandomTensor(Shape({t.k}), 5).Cast(DType::kF32);
-      const Tensor xl = in ? testing::ToChannelsLast(x) : x;
-      const Tensor dyl = out ? testing::ToChannelsLast(dy) : dy;
-      auto nchw_x = [&](const Tensor& v) { return in ? testing::FromChannelsLast(v) : v; };
-      auto nchw_y = [&](const Tensor& v) { return out ? testing::FromChannelsLast(v) : v; };
-      const float* bias = t.bias ? b.data<float>() : nullptr;
+      const ConvOperands ops(t, g, in, out);
+      const Shape &xs = ops.xs, &ys = ops.ys;
+      const Tensor &x = ops.x, &dy = ops.dy, &w = ops.w, &xl = ops.xl, &dyl = ops.dyl;
+      const float* bias = ops.bias;
 
       Tensor y_ref = Tensor::Empty(ys), y = Tensor::Empty(ys);
       ref.PrepareForwardWeights(w.data<float>());
       conv.PrepareForwardWeights(w.data<float>());
       ref.Forward(x.data<float>(), bias, y_ref.data<float>());
       conv.Forward(xl.data<float>(), bias, y.data<float>());
-      EXPECT_LE(RelError(nchw_y(y), Values(y_ref)), 4e-5) << "forward";
+      EXPECT_LE(RelError(ops.NchwY(y), Values(y_ref)), 4e-5) << "forward";
 
       Tensor dx_ref = Tensor::Empty(xs), dx = Tensor::Empty(xs);
       ref.PrepareBackwardWeights(w.data<float>());
       conv.PrepareBackwardWeights(w.data<float>());
       ref.BackwardData(dy.data<float>(), dx_ref.data<float>());
       conv.BackwardData(dyl.data<float>(), dx.data<float>());
-      EXPECT_LE(RelError(nchw_x(dx), Values(dx_ref)), 4e-5) << "backward-data";
+      EXPECT_LE(RelError(ops.NchwX(dx), Values(dx_ref)), 4e-5) << "backward-data";
       if (conv.HasFlippedData()) {
         conv.PrepareFlippedWeights(w.data<float>());
         conv.BackwardDataByFlippedForward(dyl.data<float>(), dx.data<float>());
-        EXPECT_LE(RelError(nchw_x(dx), Values(dx_ref)), 4e-5) << "flipped backward-data";
+        EXPECT_LE(RelError(ops.NchwX(dx), Values(dx_ref)), 4e-5) << "flipped backward-data";
       }
 
       const int64_t dw_size = t.k * g.col_rows(), size = dw_size + (t.bias ? t.k : 0);
@@ -521,9 +583,75 @@ TEST(Bf16Cpu, ChannelsLastConvPassesMatchNchw) {
           conv.Backward(xl.data<float>(), kept.data(), dyl.data<float>(), dx.data<float>(),
                         ConvAlgo::kFlipped, dw.data<float>(), db(dw), ConvAlgo::kMatmul);
           EXPECT_LE(RelError(dw, Values(dw_ref)), 4e-5) << "Backward: matmul from the kept x";
-          EXPECT_LE(RelError(nchw_x(dx), Values(dx_ref)), 4e-5) << "Backward: flipped";
+          EXPECT_LE(RelError(ops.NchwX(dx), Values(dx_ref)), 4e-5) << "Backward: flipped";
         }
       }
+    }
+  }
+}
+
+// bf16 operands on oneDNN's f32 kernels (OnednnConv's f32_kernels): every
+// pass, NCHW and channels-last, against the bf16 kernels on the same
+// values. A product of two bf16 values is exact in f32, so only the order
+// of the f32 sums separates them; the f32 convolution of the unrounded
+// operands is 10x further off, so the f32 kernels did get rounded operands.
+// Then through Backward, from x as Forward kept it.
+TEST(Bf16Cpu, F32KernelsMatchBf16Kernels) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  constexpr double kTol = 4e-5;
+  for (const ConvCase& t : kConvCases) {
+    for (int layout = 0; layout < 4; ++layout) {
+      const bool in = (layout & 1) != 0, out = (layout & 2) != 0;
+      SCOPED_TRACE(LayoutCaseName(t, in, out));
+      const Conv2dGeometry g = GeometryOf(t);
+      cpu::OnednnConv ref(g, t.mb, t.bias, false, true), exact(g, t.mb, t.bias),
+          conv(g, t.mb, t.bias, false, true, in, out, true);
+      const ConvOperands ops(t, g, in, out);
+      const Shape &xs = ops.xs, &ys = ops.ys;
+      const Tensor &x = ops.x, &dy = ops.dy, &w = ops.w, &xl = ops.xl, &dyl = ops.dyl;
+      const float* bias = ops.bias;
+      for (cpu::OnednnConv* c : {&ref, &exact, &conv}) {
+        c->PrepareForwardWeights(w.data<float>());
+        c->PrepareBackwardWeights(w.data<float>());
+      }
+
+      Tensor y_ref = Tensor::Empty(ys), y_exact = Tensor::Empty(ys), y = Tensor::Empty(ys);
+      ref.Forward(x.data<float>(), bias, y_ref.data<float>());
+      exact.Forward(x.data<float>(), bias, y_exact.data<float>());
+      conv.Forward(xl.data<float>(), bias, y.data<float>());
+      EXPECT_LE(RelError(ops.NchwY(y), Values(y_ref)), kTol) << "forward";
+      EXPECT_GT(RelError(y_exact, Values(y_ref)), 10 * kTol) << "the tolerance tells bf16 apart";
+
+      Tensor dx_ref = Tensor::Empty(xs), dx = Tensor::Empty(xs);
+      ref.BackwardData(dy.data<float>(), dx_ref.data<float>());
+      conv.BackwardData(dyl.data<float>(), dx.data<float>());
+      EXPECT_LE(RelError(ops.NchwX(dx), Values(dx_ref)), kTol) << "backward-data";
+      if (conv.HasFlippedData()) {
+        dx = Tensor::Empty(xs);
+        conv.PrepareFlippedWeights(w.data<float>());
+        conv.BackwardDataByFlippedForward(dyl.data<float>(), dx.data<float>());
+        EXPECT_LE(RelError(ops.NchwX(dx), Values(dx_ref)), kTol) << "flipped backward-data";
+      }
+      EXPECT_FALSE(conv.HasMatmulWeights()) << "the matmul is a bf16 kernel";
+
+      const int64_t dw_size = t.k * g.col_rows(), size = dw_size + (t.bias ? t.k : 0);
+      Tensor dw_ref = Tensor::Zeros({size}), dw = Tensor::Zeros({size});
+      auto db = [&](Tensor& d) { return t.bias ? d.data<float>() + dw_size : nullptr; };
+      ref.BackwardWeights(x.data<float>(), dy.data<float>(), dw_ref.data<float>(), db(dw_ref));
+      conv.BackwardWeights(xl.data<float>(), dyl.data<float>(), dw.data<float>(), db(dw));
+      EXPECT_LE(RelError(dw, Values(dw_ref)), kTol) << "backward-weights";
+
+      ASSERT_TRUE(conv.KeepsInput(ConvAlgo::kOnednn));
+      std::vector<uint16_t> kept(x.numel());
+      conv.Forward(xl.data<float>(), bias, y.data<float>(), kept.data());
+      EXPECT_LE(RelError(ops.NchwY(y), Values(y_ref)), kTol) << "forward keeping x";
+      dw = Tensor::Zeros({size});
+      dx = Tensor::Empty(xs);
+      conv.Backward(nullptr, kept.data(), dyl.data<float>(), dx.data<float>(),
+                    conv.HasFlippedData() ? ConvAlgo::kFlipped : ConvAlgo::kOnednn,
+                    dw.data<float>(), db(dw), ConvAlgo::kOnednn);
+      EXPECT_LE(RelError(dw, Values(dw_ref)), kTol) << "Backward: from the kept x";
+      EXPECT_LE(RelError(ops.NchwX(dx), Values(dx_ref)), kTol) << "Backward: backward-data";
     }
   }
 }
