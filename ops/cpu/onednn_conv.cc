@@ -233,11 +233,11 @@ struct OnednnConv::Impl {
   bool bf16 = false;
   Reorder fwd_src16, bw_src16, bd_diff_dst16, bw_diff_dst16, flip_src16;
   // bf16 on the f32 kernels: an f32 x or dy is first rounded to bf16 NHWC
-  // (src_to16, dst_to16), and the weights to bf16 values in f32 (*_rounded),
-  // so that the kernels multiply the operands the bf16 kernels would.
+  // (src_to16, dst_to16), and the weights to bf16 values in f32, so that the
+  // kernels multiply the operands the bf16 kernels would.
   bool f32_kernels = false;
   Reorder src_to16, dst_to16;
-  Tensor fwd_wei_rounded, bd_wei_rounded;
+  Tensor fwd_wei_rounded, bd_wei_rounded;  // the rounded weights, where no reorder copies them
   // Per pass: the weights in the forward and backward-data layouts.
   Reorder fwd_wei, bd_wei;
   Tensor fwd_wei_buf, bd_wei_buf;
@@ -251,6 +251,7 @@ struct OnednnConv::Impl {
                           // f32_kernels: x in bf16 (xb)
     Tensor dwt;           // matmul_weights from NHWC: dW [K, kh, kw, C]
     Tensor dy16;          // Backward: dy in bf16 NHWC, for both passes
+    Tensor wei_rounded;   // f32_kernels: the rounded weights on their way to a reorder
   };
   mutable tbb::enumerable_thread_specific<Scratch> scratch;
 
@@ -266,12 +267,15 @@ struct OnednnConv::Impl {
     r.Run(p, out, pad);
     return out;
   }
-  // f32_kernels: w [K, C/groups, kh, kw] rounded to bf16 values in `rounded`.
-  const float* RoundedWeights(const float* w, Tensor& rounded) const {
+  // The weights a pass reorders by `r` (f32_kernels: rounded to bf16 values
+  // first, in this thread's scratch, or in `kept` where nothing copies them).
+  const float* WeightsFor(const Reorder& r, const float* w, Tensor& kept) {
+    if (!f32_kernels) return w;
     const int64_t n = g.out_channels * g.in_per_group() * g.kernel_h * g.kernel_w;
-    if (!rounded.defined()) rounded = Tensor::Empty({n});
-    RoundToBf16(w, rounded.data<float>(), n);
-    return rounded.data<float>();
+    Tensor& out = r.needed() ? Local().wei_rounded : kept;
+    if (!out.defined() || out.numel() < n) out = Tensor::Empty({n});
+    RoundToBf16(w, out.data<float>(), n);
+    return out.data<float>();
   }
   Scratch& Local() const {
     Scratch& s = scratch.local();
@@ -495,15 +499,15 @@ std::string OnednnConv::ImplInfo() const {
 void OnednnConv::PrepareForwardWeights(const float* w) {
   OneOpenMpThreadHere();
   Impl& m = *impl_;
-  if (m.f32_kernels) w = m.RoundedWeights(w, m.fwd_wei_rounded);
-  m.fwd_wei_ptr = m.fwd_wei.In(w, m.fwd_wei_buf.raw_data(), m.Local().pad.data<float>());
+  m.fwd_wei_ptr = m.fwd_wei.In(m.WeightsFor(m.fwd_wei, w, m.fwd_wei_rounded),
+                               m.fwd_wei_buf.raw_data(), m.Local().pad.data<float>());
 }
 
 void OnednnConv::PrepareBackwardWeights(const float* w) {
   OneOpenMpThreadHere();
   Impl& m = *impl_;
-  if (m.f32_kernels) w = m.RoundedWeights(w, m.bd_wei_rounded);
-  m.bd_wei_ptr = m.bd_wei.In(w, m.bd_wei_buf.raw_data(), m.Local().pad.data<float>());
+  m.bd_wei_ptr = m.bd_wei.In(m.WeightsFor(m.bd_wei, w, m.bd_wei_rounded), m.bd_wei_buf.raw_data(),
+                             m.Local().pad.data<float>());
 }
 
 bool OnednnConv::KeepsInput(ConvAlgo weights) const {
