@@ -217,10 +217,10 @@ TEST(Bf16Cpu, Conv2dMatchesRoundedReference) {
 }
 
 // Pins a bf16 conv2d's picks ("forward,backward_data,backward_weights",
-// then ",f32" for the f32 kernels) at
-// batch n in a fresh pick file, so a test runs the passes it names whatever
-// this machine would measure. Each caller's geometry must be its own: a
-// process remembers the first pick of a key.
+// then ",f32" for the f32 kernels) at batch n in a fresh pick file, so a
+// test runs the passes it names whatever this machine would measure. Each
+// caller's geometry must be its own: a process remembers the first pick of
+// a key.
 class PinnedPicks {
  public:
   PinnedPicks() : dir_(::testing::TempDir() + "/picks." + std::to_string(::getpid())) {
@@ -256,8 +256,9 @@ class PinnedPicks {
 // kernels and on the f32 ones ("f32", which flip only channels-last
 // tensors: F32KernelsMatchBf16Kernels): the backward reads x as the forward
 // kept it in bf16 where the backward-weights is oneDNN's primitive, and
-// converts dy once where the flipped backward-data reads it too. Batch 10 of 10x10 planes runs the
-// forward in chunks of 1 and the backward in chunks of 5, so the kept x crosses chunkings.
+// converts dy once where the flipped backward-data reads it too. Batch 10
+// of 10x10 planes runs the forward in chunks of 1 and the backward in
+// chunks of 5, so the kept x crosses chunkings.
 TEST(Bf16Cpu, Conv2dPassCombinationsMatchRoundedReference) {
   SKIP_WITHOUT_NATIVE_BF16();
   PinnedPicks pinned;
