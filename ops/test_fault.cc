@@ -1,6 +1,7 @@
 #include "ops/test_fault.h"
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +17,7 @@
 namespace cnnflow {
 namespace {
 
-enum class FaultMode { kNone, kExit0, kExit1, kAbort };
+enum class FaultMode { kNone, kExit0, kExit1, kAbort, kStop };
 
 struct Fault {
   FaultMode mode = FaultMode::kNone;
@@ -56,7 +57,7 @@ struct HookValue {
 
 // Parses "rank=1,step=5,mode=exit1"; throws Error naming the bad part.
 Fault ParseFault(const std::string& value) {
-  const HookValue h{"CNNFLOW_TEST_FAULT", "rank=R,step=S|start,mode=exit0|exit1|abort", value};
+  const HookValue h{"CNNFLOW_TEST_FAULT", "rank=R,step=S|start,mode=exit0|exit1|abort|stop", value};
   Fault f;
   bool has_step = false;
   for (const auto& [key, v] : h.Pairs()) {
@@ -71,6 +72,7 @@ Fault ParseFault(const std::string& value) {
       f.mode = v == "exit0"   ? FaultMode::kExit0
                : v == "exit1" ? FaultMode::kExit1
                : v == "abort" ? FaultMode::kAbort
+               : v == "stop"  ? FaultMode::kStop
                               : FaultMode::kNone;
       if (f.mode == FaultMode::kNone) throw h.Bad(StrCat("unknown mode '", v, "'"));
     } else {
@@ -179,6 +181,9 @@ void MaybeInjectTestFault(int64_t global_step) {
       std::_Exit(1);
     case FaultMode::kAbort:
       std::abort();
+    case FaultMode::kStop:
+      std::raise(SIGSTOP);  // until a SIGCONT; then it goes on
+      break;
     case FaultMode::kNone:
       break;
   }

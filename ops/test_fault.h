@@ -1,7 +1,8 @@
-// A test hook that kills this process mid-step, so the fault tests can make
-// a rank die the ways a real one does (tests/cli/mpi_fault_test.sh):
+// A test hook that kills or stops this process mid-step, so the fault tests
+// can make a rank die or hang the ways a real one does
+// (tests/cli/mpi_fault_test.sh, mpi_tensor_parallel_test.sh):
 //
-//   CNNFLOW_TEST_FAULT="rank=1,step=5|start,mode=exit0|exit1|abort"
+//   CNNFLOW_TEST_FAULT="rank=1,step=5|start,mode=exit0|exit1|abort|stop"
 //
 // The process whose MPI rank is `rank` (0 in a plain process) ends when its
 // first replica starts the forward pass of global step `step` (0-based), so
@@ -10,7 +11,9 @@
 // broadcast of the weights, so that its peers are left waiting in that:
 //   exit0, exit1  std::_Exit(0) / std::_Exit(1): no atexit handlers and no
 //                 MPI_Finalize, as a process that leaves mid-step does;
-//   abort         std::abort() (SIGABRT, as a failed assertion).
+//   abort         std::abort() (SIGABRT, as a failed assertion);
+//   stop          raise(SIGSTOP): the process hangs, alive, until a SIGCONT,
+//                 at a known point (a SIGSTOP from outside lands anywhere).
 // It prints one line to stderr first ("cnnflow: CNNFLOW_TEST_FAULT: rank 1
 // exit1 at step 5", "... at start-up"), which the tests time the survivors
 // from. SIGKILL and SIGTERM come from outside (kill), as they do in real
@@ -51,8 +54,8 @@ namespace cnnflow {
 // The `global_step` of step=start.
 inline constexpr int64_t kTestFaultAtStart = -1;
 
-// Ends the process as CNNFLOW_TEST_FAULT says when this is its rank and
-// step; else returns at once.
+// Ends or stops the process as CNNFLOW_TEST_FAULT says when this is its
+// rank and step; else returns at once.
 void MaybeInjectTestFault(int64_t global_step);
 
 // Sleeps as CNNFLOW_TEST_SLOW_START says when this is its rank and step;

@@ -5,7 +5,7 @@
 #          bit, and the same metrics; and `mpirun -n 4` (2 data-parallel
 #          groups of 2 processes, each group on a communicator of its own)
 #          == one process with 4 devices (2 x 2), to float noise.
-#   stall: rank 1 stops (SIGSTOP) mid-step; rank 0 fails within
+#   stall: rank 1 stops (SIGSTOP) as it starts a step; rank 0 fails within
 #          graph.collective_timeout_s + 5 s, naming the split layer whose
 #          collective it waited in, and the job ends.
 #   usage: mpi_tensor_parallel_test.sh MPIEXEC CNNFLOW_BINARY equal|stall
@@ -62,34 +62,32 @@ if [[ $mode == equal ]]; then
   exit 0
 fi
 
-# stall: the group's collectives are most of a step, so rank 0 is most
-# likely waiting in one of a split layer's; a run whose rank 0 waited in
-# the step's other collectives (a gradient bucket, the stop agreement) is
-# retried, up to 3 times. Each must fail within the bound.
-for attempt in 1 2 3; do
-  timeout 120 "$mpiexec" -n 2 --oversubscribe "$cnnflow" train configs/fashion_mnist.yaml \
-    --set train.epochs=1 --set threads=1 --set graph.collective_timeout_s=3 \
-    --set "graph.tensor_parallel={size: 2, layers: $split}" --out "$out/run$attempt" \
-    > "$out/log" 2>&1 &
-  launcher=$!
-  rank1=$(wait_for_rank1 "$launcher" "$out/log") || exit 1
-  sleep 0.$((RANDOM % 10))
-  start=$(date +%s.%N)
-  kill -STOP "$rank1"
-  wait "$launcher"
-  status=$?
-  elapsed=$(echo "$(date +%s.%N) - $start" | bc)
-  kill -CONT "$rank1" 2>/dev/null
-  rank1=""
-  grep "error" "$out/log" | head -n 2
-  [[ $status -ne 0 && $status -ne 124 ]] || { echo "FAIL: exit status $status (124: hung)"; exit 1; }
-  (( $(echo "$elapsed < 3 + 5 + 2" | bc) )) || { echo "FAIL: took ${elapsed} s"; exit 1; }
-  if grep -qE "rank 0 of 2: error: .*tensor-parallel group 0: member 0 of 2: MPI AllReduceSum 'layer (conv2|fc1|fc2) (forward|backward) all-(gather|reduce)' .*did not complete within 3 s" "$out/log"; then
-    echo "PASS: a stalled member failed the job in ${elapsed} s, naming the layer (attempt $attempt)"
-    exit 0
-  fi
-  grep -qE "rank 0 of 2: error: .*did not complete within 3 s" "$out/log" ||
-    { echo "FAIL: rank 0 did not report the stalled collective"; cat "$out/log"; exit 1; }
+# stall: rank 1 stops itself (CNNFLOW_TEST_FAULT mode=stop, ops/test_fault.h)
+# as it starts step 5's forward, after the step-4 collectives both ranks
+# finished; rank 0 goes on into step 5 and waits in the first split layer's
+# forward all-gather (conv2's), which must fail by name within the bound,
+# timed from the hook's line. (A SIGSTOP from outside landed at a random
+# point, often in a gradient bucket, which fails by that name instead.)
+hook_line="CNNFLOW_TEST_FAULT: rank 1 stop at step 5"
+timeout -k 5 $((120 * slowdown)) "$mpiexec" -n 2 --oversubscribe -x "CNNFLOW_TEST_FAULT=rank=1,step=5,mode=stop" \
+  "$cnnflow" train configs/fashion_mnist.yaml \
+  --set train.epochs=1 --set threads=1 --set graph.collective_timeout_s=3 \
+  --set "graph.tensor_parallel={size: 2, layers: $split}" --out "$out/run" > "$out/log" 2>&1 &
+launcher=$!
+rank1=$(wait_for_rank1 "$launcher" "$out/log") || { kill -KILL "$launcher"; exit 1; }
+t0=""
+for _ in $(seq 1 $((600 * slowdown))); do
+  grep -q "$hook_line" "$out/log" 2>/dev/null && t0=$EPOCHREALTIME && break
+  kill -0 "$launcher" 2>/dev/null || break
+  sleep 0.05
 done
-echo "FAIL: rank 0 never waited in a split layer's collective"
-exit 1
+wait "$launcher"
+status=$?
+[[ -n "$t0" ]] || { cat "$out/log"; echo "FAIL: rank 1 never stopped"; exit 1; }
+elapsed=$(since "$t0")
+grep "error" "$out/log" | head -n 2
+[[ $status -ne 0 && $status -ne 124 ]] || { cat "$out/log"; echo "FAIL: exit status $status (124: hung)"; exit 1; }
+le "$elapsed" $((3 + 5)) || { echo "FAIL: took ${elapsed} s"; exit 1; }
+grep -qE "rank 0 of 2: error: .*tensor-parallel group 0: member 0 of 2: MPI AllReduceSum 'layer conv2 forward all-gather' .*did not complete within 3 s" "$out/log" ||
+  { cat "$out/log"; echo "FAIL: rank 0 did not name conv2's forward all-gather"; exit 1; }
+echo "PASS: a stalled member failed the job in ${elapsed} s, naming the layer"
