@@ -6,6 +6,7 @@
 #include <bit>
 #include <dnnl.hpp>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ops/cpu/bf16_layout.h"
@@ -237,6 +238,11 @@ struct OnednnConv::Impl {
   // kernels multiply the operands the bf16 kernels would.
   bool f32_kernels = false;
   Reorder src_to16, dst_to16;
+  // f32_kernels whose backward passes all read dy in its own layout
+  // (channels-last x and y, on oneDNN's direct kernels): Backward rounds dy
+  // to bf16 values in f32 once for both passes (8 bytes an element moved),
+  // where each pass would widen a bf16 copy again (6 + 2 x 6).
+  bool dy_rounded_once = false;
   Tensor fwd_wei_rounded, bd_wei_rounded;  // the rounded weights, where no reorder copies them
   // Per pass: the weights in the forward and backward-data layouts.
   Reorder fwd_wei, bd_wei;
@@ -251,6 +257,7 @@ struct OnednnConv::Impl {
                           // f32_kernels: x in bf16 (xb)
     Tensor dwt;           // matmul_weights from NHWC: dW [K, kh, kw, C]
     Tensor dy16;          // Backward: dy in bf16 NHWC, for both passes
+    Tensor dy_rounded;    // dy_rounded_once: dy rounded to bf16 values, in f32
     Tensor wei_rounded;   // f32_kernels: the rounded weights on their way to a reorder
   };
   mutable tbb::enumerable_thread_specific<Scratch> scratch;
@@ -284,6 +291,82 @@ struct OnednnConv::Impl {
     Fit(s.c, buf_c);
     Fit(s.pad, pad);
     return s;
+  }
+  // Whether the forward reads every x as bf16 NHWC (the f32 kernels: rounded
+  // so; the bf16 ones: converted so by our own reorder).
+  bool ForwardReadsBf16Nhwc() const { return f32_kernels || fwd_src.ToBf16Nhwc(); }
+
+  // A backward pass's dy in its primitive's layout (in buf where a reorder
+  // writes it): from dy_bf16 by r16, else from dy by r32 (f32_kernels: dy
+  // rounded to bf16 NHWC first, then by r16).
+  const void* DiffDst(const Reorder& r32, const Reorder& r16, const float* dy,
+                      const uint16_t* dy_bf16, void* buf, Scratch& s) const {
+    void* pad = s.pad.raw_data();
+    if (f32_kernels && dy_bf16 == nullptr) dy_bf16 = RoundedOperand(dst_to16, dy, s.dy16, pad);
+    return dy_bf16 != nullptr ? r16.In(dy_bf16, buf, pad) : r32.In(dy, buf, pad);
+  }
+  // The backward-weights' x in its primitive's layout (in s.a where a
+  // reorder writes it), as DiffDst.
+  const void* WeightsPassSrc(const float* x, const uint16_t* x_bf16, Scratch& s) const {
+    void* pad = s.pad.raw_data();
+    if (f32_kernels && x_bf16 == nullptr) x_bf16 = RoundedOperand(src_to16, x, s.xb, pad);
+    return x_bf16 != nullptr ? bw_src16.In(x_bf16, s.a.raw_data(), pad)
+                             : bw_src.In(x, s.a.raw_data(), pad);
+  }
+
+  // The backward passes on operands in their primitives' layouts; the
+  // results into dx (through s.b), dw (through s.c) and db.
+  void RunBackwardData(const void* diff_dst, float* dx, Scratch& s) const {
+    CNNFLOW_ENFORCE(bd_wei_ptr != nullptr,
+                    "OnednnConv: the backward-data before PrepareBackwardWeights");
+    void* pad = s.pad.raw_data();
+    void* diff_src = bd_diff_src.Out(dx, s.b.raw_data());
+    const auto& pd = bwd_data_pd;
+    memory mdd(pd.diff_dst_desc(), OnednnEngine(), const_cast<void*>(diff_dst));
+    memory mw(pd.weights_desc(), OnednnEngine(), const_cast<void*>(bd_wei_ptr));
+    memory mds(pd.diff_src_desc(), OnednnEngine(), diff_src);
+    memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
+    bwd_data.execute(OnednnStream(), {{DNNL_ARG_DIFF_DST, mdd},
+                                      {DNNL_ARG_WEIGHTS, mw},
+                                      {DNNL_ARG_DIFF_SRC, mds},
+                                      {DNNL_ARG_SCRATCHPAD, mp}});
+    bd_diff_src.Finish(diff_src, dx, pad);
+  }
+  void RunFlipped(const void* src, float* dx, Scratch& s) const {
+    CNNFLOW_ENFORCE(flip_wei_ptr != nullptr,
+                    "OnednnConv: the flipped backward-data before PrepareFlippedWeights");
+    void* pad = s.pad.raw_data();
+    void* dst = flip_dst.Out(dx, s.b.raw_data());
+    const auto& pd = flip_pd;
+    memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
+    memory mw(pd.weights_desc(), OnednnEngine(), const_cast<void*>(flip_wei_ptr));
+    memory md(pd.dst_desc(), OnednnEngine(), dst);
+    memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
+    flip.execute(OnednnStream(), {{DNNL_ARG_SRC, ms},
+                                  {DNNL_ARG_WEIGHTS, mw},
+                                  {DNNL_ARG_DST, md},
+                                  {DNNL_ARG_SCRATCHPAD, mp}});
+    flip_dst.Finish(dst, dx, pad);
+  }
+  void RunBackwardWeights(const void* src, const void* diff_dst, float* dw, float* db,
+                          Scratch& s) const {
+    void* pad = s.pad.raw_data();
+    void* diff_wei = bw_diff_wei.Out(dw, s.c.raw_data());
+    const auto& pd = bwd_weights_pd;
+    memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
+    memory mdd(pd.diff_dst_desc(), OnednnEngine(), const_cast<void*>(diff_dst));
+    memory mdw(pd.diff_weights_desc(), OnednnEngine(), diff_wei);
+    memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, ms},
+                                         {DNNL_ARG_DIFF_DST, mdd},
+                                         {DNNL_ARG_DIFF_WEIGHTS, mdw},
+                                         {DNNL_ARG_SCRATCHPAD, mp}};
+    if (bias) {
+      CNNFLOW_ENFORCE(db != nullptr, "OnednnConv::BackwardWeights: the layer has a bias");
+      args.emplace(DNNL_ARG_DIFF_BIAS, memory(user_bias, OnednnEngine(), db));
+    }
+    bwd_weights.execute(OnednnStream(), args);
+    bw_diff_wei.Finish(diff_wei, dw, pad);
   }
 };
 
@@ -484,6 +567,8 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu
     m.pad = std::max(m.pad, m.mm_pd.scratchpad_desc().get_size());
     m.matmul_weights = true;
   }
+  m.dy_rounded_once = f32_kernels && !m.bd_diff_dst.needed() && !m.bw_diff_dst.needed() &&
+                      (!m.flipped_data || !m.flip_src.needed());
   if (m.fwd_wei.needed()) m.fwd_wei_buf = Tensor::Empty({words(m.fwd_pd.weights_desc())});
   if (m.bd_wei.needed()) m.bd_wei_buf = Tensor::Empty({words(m.bwd_data_pd.weights_desc())});
 }
@@ -512,8 +597,7 @@ void OnednnConv::PrepareBackwardWeights(const float* w) {
 
 bool OnednnConv::KeepsInput(ConvAlgo weights) const {
   const Impl& m = *impl_;
-  // The f32 kernels read every x through bf16 NHWC.
-  return (m.f32_kernels || m.fwd_src.ToBf16Nhwc()) &&
+  return m.ForwardReadsBf16Nhwc() &&
          (weights == ConvAlgo::kMatmul ? m.nhwc_in && m.matmul_weights
                                        : m.f32_kernels || m.bw_src.ToBf16Nhwc());
 }
@@ -523,9 +607,8 @@ void OnednnConv::Forward(const float* x, const float* bias, float* y, uint16_t* 
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
   CNNFLOW_ENFORCE(m.fwd_wei_ptr != nullptr, "OnednnConv::Forward before PrepareForwardWeights");
-  CNNFLOW_ENFORCE(
-      keep_x == nullptr || ((m.f32_kernels || m.fwd_src.ToBf16Nhwc()) && x_bf16 == nullptr),
-      "OnednnConv::Forward: keep_x where the input is not converted to bf16 NHWC");
+  CNNFLOW_ENFORCE(keep_x == nullptr || (m.ForwardReadsBf16Nhwc() && x_bf16 == nullptr),
+                  "OnednnConv::Forward: keep_x where the input is not converted to bf16 NHWC");
   CNNFLOW_ENFORCE(x_bf16 == nullptr || m.bf16, "OnednnConv::Forward: a bf16 x for an f32 kernel");
   Impl::Scratch& s = m.Local();
   void* pad = s.pad.data<float>();
@@ -557,26 +640,10 @@ void OnednnConv::Forward(const float* x, const float* bias, float* y, uint16_t* 
 void OnednnConv::BackwardData(const float* dy, float* dx, const uint16_t* dy_bf16) const {
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
-  CNNFLOW_ENFORCE(m.bd_wei_ptr != nullptr,
-                  "OnednnConv::BackwardData before PrepareBackwardWeights");
   CNNFLOW_ENFORCE(dy_bf16 == nullptr || m.bf16, "OnednnConv: a bf16 dy for an f32 kernel");
   Impl::Scratch& s = m.Local();
-  void* pad = s.pad.data<float>();
-  if (m.f32_kernels && dy_bf16 == nullptr)
-    dy_bf16 = Impl::RoundedOperand(m.dst_to16, dy, s.dy16, pad);
-  const void* diff_dst = dy_bf16 != nullptr ? m.bd_diff_dst16.In(dy_bf16, s.a.raw_data(), pad)
-                                            : m.bd_diff_dst.In(dy, s.a.raw_data(), pad);
-  void* diff_src = m.bd_diff_src.Out(dx, s.b.raw_data());
-  const auto& pd = m.bwd_data_pd;
-  memory mdd(pd.diff_dst_desc(), OnednnEngine(), const_cast<void*>(diff_dst));
-  memory mw(pd.weights_desc(), OnednnEngine(), const_cast<void*>(m.bd_wei_ptr));
-  memory mds(pd.diff_src_desc(), OnednnEngine(), diff_src);
-  memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
-  m.bwd_data.execute(OnednnStream(), {{DNNL_ARG_DIFF_DST, mdd},
-                                      {DNNL_ARG_WEIGHTS, mw},
-                                      {DNNL_ARG_DIFF_SRC, mds},
-                                      {DNNL_ARG_SCRATCHPAD, mp}});
-  m.bd_diff_src.Finish(diff_src, dx, pad);
+  m.RunBackwardData(m.DiffDst(m.bd_diff_dst, m.bd_diff_dst16, dy, dy_bf16, s.a.raw_data(), s), dx,
+                    s);
 }
 
 bool OnednnConv::HasFlippedData() const { return impl_->flipped_data; }
@@ -605,25 +672,9 @@ void OnednnConv::BackwardDataByFlippedForward(const float* dy, float* dx,
                                               const uint16_t* dy_bf16) const {
   OneOpenMpThreadHere();
   const Impl& m = *impl_;
-  CNNFLOW_ENFORCE(m.flip_wei_ptr != nullptr,
-                  "OnednnConv::BackwardDataByFlippedForward before PrepareFlippedWeights");
   CNNFLOW_ENFORCE(dy_bf16 == nullptr || m.bf16, "OnednnConv: a bf16 dy for an f32 kernel");
   Impl::Scratch& s = m.Local();
-  void* pad = s.pad.data<float>();
-  if (m.f32_kernels && dy_bf16 == nullptr)
-    dy_bf16 = Impl::RoundedOperand(m.dst_to16, dy, s.dy16, pad);
-  const void* src = dy_bf16 != nullptr ? m.flip_src16.In(dy_bf16, s.a.raw_data(), pad)
-                                       : m.flip_src.In(dy, s.a.raw_data(), pad);
-  void* dst = m.flip_dst.Out(dx, s.b.raw_data());
-  const auto& pd = m.flip_pd;
-  memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
-  memory mw(pd.weights_desc(), OnednnEngine(), const_cast<void*>(m.flip_wei_ptr));
-  memory md(pd.dst_desc(), OnednnEngine(), dst);
-  memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
-  m.flip.execute(
-      OnednnStream(),
-      {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}, {DNNL_ARG_SCRATCHPAD, mp}});
-  m.flip_dst.Finish(dst, dx, pad);
+  m.RunFlipped(m.DiffDst(m.flip_src, m.flip_src16, dy, dy_bf16, s.a.raw_data(), s), dx, s);
 }
 
 bool OnednnConv::HasMatmulWeights() const { return impl_->matmul_weights; }
@@ -700,30 +751,9 @@ void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, flo
   CNNFLOW_ENFORCE((x_bf16 == nullptr && dy_bf16 == nullptr) || m.bf16,
                   "OnednnConv: a bf16 x or dy for an f32 kernel");
   Impl::Scratch& s = m.Local();
-  void* pad = s.pad.data<float>();
-  if (m.f32_kernels && x_bf16 == nullptr) x_bf16 = Impl::RoundedOperand(m.src_to16, x, s.xb, pad);
-  if (m.f32_kernels && dy_bf16 == nullptr)
-    dy_bf16 = Impl::RoundedOperand(m.dst_to16, dy, s.dy16, pad);
-  const void* src = x_bf16 != nullptr ? m.bw_src16.In(x_bf16, s.a.raw_data(), pad)
-                                      : m.bw_src.In(x, s.a.raw_data(), pad);
-  const void* diff_dst = dy_bf16 != nullptr ? m.bw_diff_dst16.In(dy_bf16, s.b.raw_data(), pad)
-                                            : m.bw_diff_dst.In(dy, s.b.raw_data(), pad);
-  void* diff_wei = m.bw_diff_wei.Out(dw, s.c.raw_data());
-  const auto& pd = m.bwd_weights_pd;
-  memory ms(pd.src_desc(), OnednnEngine(), const_cast<void*>(src));
-  memory mdd(pd.diff_dst_desc(), OnednnEngine(), const_cast<void*>(diff_dst));
-  memory mdw(pd.diff_weights_desc(), OnednnEngine(), diff_wei);
-  memory mp(pd.scratchpad_desc(), OnednnEngine(), pad);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, ms},
-                                       {DNNL_ARG_DIFF_DST, mdd},
-                                       {DNNL_ARG_DIFF_WEIGHTS, mdw},
-                                       {DNNL_ARG_SCRATCHPAD, mp}};
-  if (m.bias) {
-    CNNFLOW_ENFORCE(db != nullptr, "OnednnConv::BackwardWeights: the layer has a bias");
-    args.emplace(DNNL_ARG_DIFF_BIAS, memory(m.user_bias, OnednnEngine(), db));
-  }
-  m.bwd_weights.execute(OnednnStream(), args);
-  m.bw_diff_wei.Finish(diff_wei, dw, pad);
+  const void* src = m.WeightsPassSrc(x, x_bf16, s);
+  m.RunBackwardWeights(
+      src, m.DiffDst(m.bw_diff_dst, m.bw_diff_dst16, dy, dy_bf16, s.b.raw_data(), s), dw, db, s);
 }
 
 void OnednnConv::Backward(const float* x, const uint16_t* kept_x, const float* dy, float* dx,
@@ -733,6 +763,27 @@ void OnednnConv::Backward(const float* x, const uint16_t* kept_x, const float* d
   const bool flipped = dx != nullptr && data == ConvAlgo::kFlipped;
   const bool primitive_weights = dw != nullptr && weights == ConvAlgo::kOnednn;
   const bool matmul_weights = dw != nullptr && weights == ConvAlgo::kMatmul;
+  if (m.dy_rounded_once) {
+    OneOpenMpThreadHere();
+    CNNFLOW_ENFORCE(!matmul_weights, "OnednnConv::Backward: the f32 kernels have no matmul");
+    Impl::Scratch& s = m.Local();
+    const int64_t n = m.mb * m.g.out_channels * m.g.out_plane();
+    auto* dyr = static_cast<float*>(Impl::Fit(s.dy_rounded, 4 * n));
+    if (dy_bf16 != nullptr) {
+      FromBf16(dy_bf16, dyr, n);
+    } else {
+      RoundToBf16(dy, dyr, n);
+    }
+    if (dw != nullptr) m.RunBackwardWeights(m.WeightsPassSrc(x, kept_x, s), dyr, dw, db, s);
+    if (flipped) {
+      m.RunFlipped(dyr, dx, s);
+    } else if (dx != nullptr) {
+      CNNFLOW_ENFORCE(data == ConvAlgo::kOnednn, "OnednnConv::Backward: backward-data by ",
+                      ConvAlgoName(data));
+      m.RunBackwardData(dyr, dx, s);
+    }
+    return;
+  }
   // Both passes read dy as bf16 NHWC: convert it once.
   if (dy_bf16 == nullptr && m.f32_kernels) {
     Impl::Scratch& s = m.Local();

@@ -596,7 +596,8 @@ TEST(Bf16Cpu, ChannelsLastConvPassesMatchNchw) {
 // values. A product of two bf16 values is exact in f32, so only the order
 // of the f32 sums separates them; the f32 convolution of the unrounded
 // operands is 10x further off, so the f32 kernels did get rounded operands.
-// Then through Backward, from x as Forward kept it.
+// Then through Backward, from x as Forward kept it, and dy given in f32 or
+// in bf16.
 TEST(Bf16Cpu, F32KernelsMatchBf16Kernels) {
   SKIP_WITHOUT_NATIVE_BF16();
   constexpr double kTol = 4e-5;
@@ -653,6 +654,16 @@ TEST(Bf16Cpu, F32KernelsMatchBf16Kernels) {
                     dw.data<float>(), db(dw), ConvAlgo::kOnednn);
       EXPECT_LE(RelError(dw, Values(dw_ref)), kTol) << "Backward: from the kept x";
       EXPECT_LE(RelError(ops.NchwX(dx), Values(dx_ref)), kTol) << "Backward: backward-data";
+      // dy given in bf16 NHWC (a bf16 gradient) instead.
+      std::vector<uint16_t> dy16(dy.numel());
+      cpu::NchwToNhwcBf16(dy.data<float>(), dy16.data(), t.mb, t.k, g.out_plane());
+      dw = Tensor::Zeros({size});
+      dx = Tensor::Empty(xs);
+      conv.Backward(nullptr, kept.data(), nullptr, dx.data<float>(),
+                    conv.HasFlippedData() ? ConvAlgo::kFlipped : ConvAlgo::kOnednn,
+                    dw.data<float>(), db(dw), ConvAlgo::kOnednn, dy16.data());
+      EXPECT_LE(RelError(dw, Values(dw_ref)), kTol) << "Backward: from a bf16 dy";
+      EXPECT_LE(RelError(ops.NchwX(dx), Values(dx_ref)), kTol) << "Backward: from a bf16 dy";
     }
   }
 }
