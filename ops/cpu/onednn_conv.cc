@@ -296,14 +296,21 @@ struct OnednnConv::Impl {
   // so; the bf16 ones: converted so by our own reorder).
   bool ForwardReadsBf16Nhwc() const { return f32_kernels || fwd_src.ToBf16Nhwc(); }
 
+  // dy as a backward pass is given it: in bf16 NHWC (bf16), else in f32,
+  // where `rounded` says it holds bf16 values already (dy_rounded_once).
+  struct Dy {
+    const float* f32 = nullptr;
+    const uint16_t* bf16 = nullptr;
+    bool rounded = false;
+  };
   // A backward pass's dy in its primitive's layout (in buf where a reorder
-  // writes it): from dy_bf16 by r16, else from dy by r32 (f32_kernels: dy
-  // rounded to bf16 NHWC first, then by r16).
-  const void* DiffDst(const Reorder& r32, const Reorder& r16, const float* dy,
-                      const uint16_t* dy_bf16, void* buf, Scratch& s) const {
+  // writes it): dy.bf16 by r16, else dy.f32 by r32 (f32_kernels, unless
+  // rounded: rounded to bf16 NHWC first, then by r16).
+  const void* DiffDst(const Reorder& r32, const Reorder& r16, Dy dy, void* buf, Scratch& s) const {
     void* pad = s.pad.raw_data();
-    if (f32_kernels && dy_bf16 == nullptr) dy_bf16 = RoundedOperand(dst_to16, dy, s.dy16, pad);
-    return dy_bf16 != nullptr ? r16.In(dy_bf16, buf, pad) : r32.In(dy, buf, pad);
+    if (f32_kernels && !dy.rounded && dy.bf16 == nullptr)
+      dy.bf16 = RoundedOperand(dst_to16, dy.f32, s.dy16, pad);
+    return dy.bf16 != nullptr ? r16.In(dy.bf16, buf, pad) : r32.In(dy.f32, buf, pad);
   }
   // The backward-weights' x in its primitive's layout (in s.a where a
   // reorder writes it), as DiffDst.
@@ -642,7 +649,7 @@ void OnednnConv::BackwardData(const float* dy, float* dx, const uint16_t* dy_bf1
   const Impl& m = *impl_;
   CNNFLOW_ENFORCE(dy_bf16 == nullptr || m.bf16, "OnednnConv: a bf16 dy for an f32 kernel");
   Impl::Scratch& s = m.Local();
-  m.RunBackwardData(m.DiffDst(m.bd_diff_dst, m.bd_diff_dst16, dy, dy_bf16, s.a.raw_data(), s), dx,
+  m.RunBackwardData(m.DiffDst(m.bd_diff_dst, m.bd_diff_dst16, {dy, dy_bf16}, s.a.raw_data(), s), dx,
                     s);
 }
 
@@ -674,7 +681,7 @@ void OnednnConv::BackwardDataByFlippedForward(const float* dy, float* dx,
   const Impl& m = *impl_;
   CNNFLOW_ENFORCE(dy_bf16 == nullptr || m.bf16, "OnednnConv: a bf16 dy for an f32 kernel");
   Impl::Scratch& s = m.Local();
-  m.RunFlipped(m.DiffDst(m.flip_src, m.flip_src16, dy, dy_bf16, s.a.raw_data(), s), dx, s);
+  m.RunFlipped(m.DiffDst(m.flip_src, m.flip_src16, {dy, dy_bf16}, s.a.raw_data(), s), dx, s);
 }
 
 bool OnednnConv::HasMatmulWeights() const { return impl_->matmul_weights; }
@@ -753,63 +760,54 @@ void OnednnConv::BackwardWeights(const float* x, const float* dy, float* dw, flo
   Impl::Scratch& s = m.Local();
   const void* src = m.WeightsPassSrc(x, x_bf16, s);
   m.RunBackwardWeights(
-      src, m.DiffDst(m.bw_diff_dst, m.bw_diff_dst16, dy, dy_bf16, s.b.raw_data(), s), dw, db, s);
+      src, m.DiffDst(m.bw_diff_dst, m.bw_diff_dst16, {dy, dy_bf16}, s.b.raw_data(), s), dw, db, s);
 }
 
 void OnednnConv::Backward(const float* x, const uint16_t* kept_x, const float* dy, float* dx,
                           ConvAlgo data, float* dw, float* db, ConvAlgo weights,
                           const uint16_t* dy_bf16) const {
+  OneOpenMpThreadHere();
   const Impl& m = *impl_;
   const bool flipped = dx != nullptr && data == ConvAlgo::kFlipped;
   const bool primitive_weights = dw != nullptr && weights == ConvAlgo::kOnednn;
   const bool matmul_weights = dw != nullptr && weights == ConvAlgo::kMatmul;
+  Impl::Scratch& s = m.Local();
+  // Both passes read the same dy: convert it once.
+  Impl::Dy d{dy, dy_bf16};
   if (m.dy_rounded_once) {
-    OneOpenMpThreadHere();
-    CNNFLOW_ENFORCE(!matmul_weights, "OnednnConv::Backward: the f32 kernels have no matmul");
-    Impl::Scratch& s = m.Local();
     const int64_t n = m.mb * m.g.out_channels * m.g.out_plane();
-    auto* dyr = static_cast<float*>(Impl::Fit(s.dy_rounded, 4 * n));
+    auto* rounded = static_cast<float*>(Impl::Fit(s.dy_rounded, 4 * n));
     if (dy_bf16 != nullptr) {
-      FromBf16(dy_bf16, dyr, n);
+      FromBf16(dy_bf16, rounded, n);
     } else {
-      RoundToBf16(dy, dyr, n);
+      RoundToBf16(dy, rounded, n);
     }
-    if (dw != nullptr) m.RunBackwardWeights(m.WeightsPassSrc(x, kept_x, s), dyr, dw, db, s);
-    if (flipped) {
-      m.RunFlipped(dyr, dx, s);
-    } else if (dx != nullptr) {
-      CNNFLOW_ENFORCE(data == ConvAlgo::kOnednn, "OnednnConv::Backward: backward-data by ",
-                      ConvAlgoName(data));
-      m.RunBackwardData(dyr, dx, s);
-    }
-    return;
-  }
-  // Both passes read dy as bf16 NHWC: convert it once.
-  if (dy_bf16 == nullptr && m.f32_kernels) {
-    Impl::Scratch& s = m.Local();
-    dy_bf16 = Impl::RoundedOperand(m.dst_to16, dy, s.dy16, s.pad.raw_data());
+    d = {rounded, nullptr, true};
+  } else if (dy_bf16 == nullptr && m.f32_kernels) {
+    d.bf16 = Impl::RoundedOperand(m.dst_to16, dy, s.dy16, s.pad.raw_data());
   } else if (dy_bf16 == nullptr && flipped && m.flip_src.ToBf16Nhwc() &&
              ((primitive_weights && m.bw_diff_dst.ToBf16Nhwc()) ||
               (matmul_weights && m.nhwc_out))) {
-    Impl::Scratch& s = m.Local();
     auto* buf = static_cast<uint16_t*>(Impl::Fit(s.dy16, m.flip_src.to.get_size()));
     m.flip_src.Run(dy, buf, s.pad.raw_data());
-    dy_bf16 = buf;
+    d.bf16 = buf;
   }
   if (primitive_weights) {
-    BackwardWeights(x, dy, dw, db, kept_x, dy_bf16);
+    m.RunBackwardWeights(m.WeightsPassSrc(x, kept_x, s),
+                         m.DiffDst(m.bw_diff_dst, m.bw_diff_dst16, d, s.b.raw_data(), s), dw, db,
+                         s);
   } else if (dw != nullptr) {
     CNNFLOW_ENFORCE(matmul_weights, "OnednnConv::Backward: backward-weights by ",
                     ConvAlgoName(weights));
     BackwardWeightsByMatmul(x, dy, dw, db, m.nhwc_in ? kept_x : nullptr,
-                            m.nhwc_out ? dy_bf16 : nullptr);
+                            m.nhwc_out ? d.bf16 : nullptr);
   }
   if (flipped) {
-    BackwardDataByFlippedForward(dy, dx, dy_bf16);
+    m.RunFlipped(m.DiffDst(m.flip_src, m.flip_src16, d, s.a.raw_data(), s), dx, s);
   } else if (dx != nullptr) {
     CNNFLOW_ENFORCE(data == ConvAlgo::kOnednn, "OnednnConv::Backward: backward-data by ",
                     ConvAlgoName(data));
-    BackwardData(dy, dx, dy_bf16);
+    m.RunBackwardData(m.DiffDst(m.bd_diff_dst, m.bd_diff_dst16, d, s.a.raw_data(), s), dx, s);
   }
 }
 
