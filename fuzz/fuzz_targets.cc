@@ -5,7 +5,7 @@ namespace cnnflow::fuzz {
 
 const std::vector<FuzzTarget>& FuzzTargets() {
   static const std::vector<FuzzTarget> targets = {
-      {"idx", FuzzIdx, "IdxDataset::Open + Read (loaders/idx.h)"},
+      {"idx", FuzzIdx, "IdxDataset::Open + Read (loaders/idx_dataset.h)"},
       {"cnnflow_record", FuzzCnnflowRecord, "DecodeCnnflowRecord (loaders/record.h)"},
       {"caffe_datum", FuzzCaffeDatum, "DecodeCaffeDatum (loaders/record.h)"},
       {"image", FuzzImage,
@@ -17,8 +17,7 @@ const std::vector<FuzzTarget>& FuzzTargets() {
       {"safetensors", FuzzSafetensors, "LoadSafetensors (ops/io/safetensors.h)"},
       {"checkpoint_sidecar", FuzzCheckpointSidecar, "LoadCheckpoint (pipeline/checkpoint.h)"},
       {"json", FuzzJson, "ParseJson + WriteJson (ops/io/json.h)"},
-      {"onnx_import", FuzzOnnxImport,
-       "ImportOnnx + Model::Build + LoadStateDict (tools/import_onnx.h)"},
+      {"onnx_import", FuzzOnnxImport, "ImportOnnx + Model::Build + LoadStateDict (onnx/import.h)"},
   };
   return targets;
 }

@@ -1,8 +1,8 @@
 // The fuzz entry of the ONNX importer (fuzz_targets.h): it maps nodes onto
 // the registered layers and builds them, so it links the whole project.
 #include "fuzz/fuzz_targets.h"
+#include "onnx/import.h"
 #include "ops/model.h"
-#include "tools/import_onnx.h"
 
 namespace cnnflow::fuzz {
 

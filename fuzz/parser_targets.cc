@@ -7,7 +7,7 @@
 
 #include "fuzz/fuzz_targets.h"
 #include "fuzz/scratch.h"
-#include "loaders/idx.h"
+#include "loaders/idx_dataset.h"
 #include "loaders/image_decoder.h"
 #include "loaders/record.h"
 #include "loaders/ts_format.h"

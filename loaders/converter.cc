@@ -10,15 +10,16 @@
 
 #include "loaders/augment.h"
 #include "loaders/folder_dataset.h"
-#include "loaders/idx.h"
+#include "loaders/idx_dataset.h"
 #include "loaders/image_decoder.h"
 #include "loaders/image_folder.h"
 #include "loaders/jpeg_decoder.h"
 #include "loaders/lmdb_store.h"
 #include "loaders/record.h"
-#include "loaders/series_dataset.h"
+#include "loaders/ts_dataset.h"
 #include "loaders/ts_format.h"
 #include "loaders/wav.h"
+#include "loaders/wav_dataset.h"
 #include "ops/error.h"
 #include "ops/random.h"
 

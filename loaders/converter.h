@@ -6,7 +6,7 @@
 // (encoded) or decoded to raw uint8 CHW pixels; an optional resize gives
 // every image the same exact size. Series (ts, wav) become raw f32 [C, L]
 // records at their own length (cnnflow layout only: a Caffe Datum is an
-// image), fitted to the sample length when read (series_dataset.h).
+// image), fitted to the sample length when read (series_fit.h).
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,7 @@ struct ConvertOptions {
   std::string from;
   std::string src;     // the folder root, the IDX images file, the .ts file
   std::string labels;  // the IDX labels file (idx only)
-  // wav only (series_dataset.h ScanWavFolder): the class from the file name
+  // wav only (wav_dataset.h ScanWavFolder): the class from the file name
   // (first capture group), and the files to convert (empty: all).
   std::string label_regex = "^([^_]+)_";
   std::string select;

@@ -4,7 +4,7 @@
 // augmented per (seed, epoch, sample) in training passes. Records of raw
 // f32 [C, L] series (`cnnflow convert --from ts|wav`, any length each) are
 // fitted to the sample length as the `ts` / `wav` sources do
-// (series_dataset.h: fit, standardize). A record that cannot be read is a
+// (series_fit.h: fit, standardize). A record that cannot be read is a
 // ReadResult error naming the problem (the loader stage skips or fails).
 #pragma once
 
@@ -14,7 +14,7 @@
 #include "loaders/dataset.h"
 #include "loaders/image_decoder.h"
 #include "loaders/lmdb_store.h"
-#include "loaders/series_dataset.h"
+#include "loaders/series_fit.h"
 #include "ops/schema.h"
 
 namespace cnnflow {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "loaders/dataset.h"
+#include "ops/registry.h"
 #include "ops/schema.h"
 
 namespace cnnflow {
@@ -16,30 +17,14 @@ namespace cnnflow {
 using SourceFactory = std::function<std::shared_ptr<Dataset>(const Args&)>;
 
 struct SourceType {
-  std::string type;
+  static constexpr const char* kKind = "data source";
   Schema schema;
   SourceFactory open;
 };
+using SourceRegistry = Registry<SourceType>;
 
-class SourceRegistry {
- public:
-  static SourceRegistry& Get();
-  void Register(SourceType t);
-  const SourceType* Find(const std::string& type) const;  // nullptr when unknown
-  std::vector<std::string> Names() const;
-
- private:
-  std::vector<SourceType> types_;
-};
-
-struct SourceRegistration {
-  SourceRegistration(const char* type, Schema schema, SourceFactory open) {
-    SourceRegistry::Get().Register({type, std::move(schema), std::move(open)});
-  }
-};
-
-#define CNNFLOW_REGISTER_SOURCE(type_name, schema_expr, open_fn)                \
-  static ::cnnflow::SourceRegistration cnnflow_source_registration_##type_name( \
-      #type_name, schema_expr, open_fn)
+#define CNNFLOW_REGISTER_SOURCE(type_name, schema_expr, open_fn)                               \
+  static ::cnnflow::RegisterIn<::cnnflow::SourceType> cnnflow_source_registration_##type_name( \
+      #type_name, {schema_expr, open_fn})
 
 }  // namespace cnnflow

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ops/random.h"
+#include "ops/registry.h"
 #include "ops/schema.h"
 #include "ops/tensor.h"
 
@@ -179,6 +180,8 @@ class Layer {
 
   std::vector<Parameter>& parameters() { return params_; }
   std::vector<Buffer>& buffers() { return buffers_; }
+  const std::vector<Parameter>& parameters() const { return params_; }
+  const std::vector<Buffer>& buffers() const { return buffers_; }
 
   // Moves parameters, gradients and buffers to `device` (after Build and
   // ResetParameters). A layer holding more device state overrides it.
@@ -198,46 +201,29 @@ class Layer {
 
 using LayerFactory = std::function<std::unique_ptr<Layer>(const std::string&, const Args&)>;
 
+// A layer type: registered by its CPU class at the base priority (with the
+// schema of its YAML arguments) and by its CUDA class, where it has one, at
+// kCudaVariant (ops/registry.h).
 struct LayerType {
-  std::string type;
-  Schema schema;
-  LayerFactory create;       // the CPU class
-  LayerFactory create_cuda;  // the CUDA class; empty when it has none
+  static constexpr const char* kKind = "layer type";
+  Schema schema;  // the CUDA variant leaves it empty: the base entry's holds
+  LayerFactory create;
 };
+using LayerRegistry = Registry<LayerType>;
 
-// Registered layer types, by name.
-class LayerRegistry {
- public:
-  static LayerRegistry& Get();
-  void Register(LayerType t);
-  // The CUDA class of a type (registration order across files is free).
-  void RegisterCuda(const std::string& type, LayerFactory create);
-  // nullptr when unknown.
-  const LayerType* Find(const std::string& type) const;
-  std::vector<std::string> Names() const;
+#define CNNFLOW_REGISTER_LAYER(type_name, Class, schema_expr)                                \
+  static ::cnnflow::RegisterIn<::cnnflow::LayerType> cnnflow_layer_registration_##type_name( \
+      #type_name, {schema_expr, [](const std::string& n, const ::cnnflow::Args& a) {         \
+                     return std::unique_ptr<::cnnflow::Layer>(new Class(n, a));              \
+                   }})
 
- private:
-  std::vector<LayerType> types_;
-  std::vector<std::pair<std::string, LayerFactory>> cuda_;  // until the type registers
-};
-
-struct LayerRegistration {
-  LayerRegistration(const char* type, Schema schema, LayerFactory create);
-};
-struct CudaLayerRegistration {
-  CudaLayerRegistration(const char* type, LayerFactory create);
-};
-
-#define CNNFLOW_REGISTER_LAYER(type_name, Class, schema_expr)                       \
-  static ::cnnflow::LayerRegistration cnnflow_layer_registration_##type_name(       \
-      #type_name, schema_expr, [](const std::string& n, const ::cnnflow::Args& a) { \
-        return std::unique_ptr<::cnnflow::Layer>(new Class(n, a));                  \
-      })
-
-#define CNNFLOW_REGISTER_CUDA_LAYER(type_name, Class)                                  \
-  static ::cnnflow::CudaLayerRegistration cnnflow_cuda_layer_registration_##type_name( \
-      #type_name, [](const std::string& n, const ::cnnflow::Args& a) {                 \
-        return std::unique_ptr<::cnnflow::Layer>(new Class(n, a));                     \
-      })
+#define CNNFLOW_REGISTER_CUDA_LAYER(type_name, Class)                                             \
+  static ::cnnflow::RegisterIn<::cnnflow::LayerType> cnnflow_cuda_layer_registration_##type_name( \
+      #type_name,                                                                                 \
+      {::cnnflow::Schema(),                                                                       \
+       [](const std::string& n, const ::cnnflow::Args& a) {                                       \
+         return std::unique_ptr<::cnnflow::Layer>(new Class(n, a));                               \
+       }},                                                                                        \
+      ::cnnflow::kCudaVariant)
 
 }  // namespace cnnflow

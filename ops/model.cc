@@ -169,21 +169,19 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
                                kModelInput, "')"));
     }
     const LayerType* type = registry.Find(s.type);
-    if (type == nullptr) {
-      std::string close = ClosestMatch(s.type, registry.Names());
-      throw ConfigError(StrCat("layer '", s.name, "': unknown layer type '", s.type, "'",
-                               close.empty() ? "" : StrCat(" (did you mean '", close, "'?)")));
-    }
+    if (type == nullptr)
+      throw ConfigError(StrCat("layer '", s.name, "': ", registry.Unknown(s.type)));
     Args args = s.args;
     args.FillDefaults(type->schema);
-    if (device.is_cuda() && !type->create_cuda) {
+    const LayerType* impl = device.is_cuda() ? registry.Find(s.type, kCudaVariant) : type;
+    if (impl == nullptr) {
       throw ConfigError(StrCat("layer '", s.name, "': layer type '", s.type,
                                "' has no CUDA kernels yet, so the model cannot run on ",
                                device.ToString()));
     }
     std::unique_ptr<Layer> layer = splitter != nullptr ? splitter->Split(s, args, device) : nullptr;
     if (layer == nullptr) {
-      layer = device.is_cuda() ? type->create_cuda(s.name, args) : type->create(s.name, args);
+      layer = impl->create(s.name, args);
     }
 
     std::vector<std::string> in_names = s.inputs;

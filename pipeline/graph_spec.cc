@@ -275,10 +275,11 @@ GraphPlan GraphSpec::Plan() const {
   GraphPlan plan;
   for (const NodeSpec& n : nodes) {
     const StageType* type = StageRegistry::Get().Find(n.stage);
-    if (type == nullptr || !type->plan) continue;
+    const StagePlan* hook = Registry<StagePlan>::Get().Find(n.stage);
+    if (type == nullptr || hook == nullptr) continue;
     Args args = n.args;
     args.FillDefaults(type->schema);
-    type->plan(args, PlanNode{n.name, StrCat(n.where, ": node '", n.name, "' (", n.stage, ")")},
+    hook->plan(args, PlanNode{n.name, StrCat(n.where, ": node '", n.name, "' (", n.stage, ")")},
                plan);
   }
   return plan;

@@ -16,10 +16,10 @@
 #include <optional>
 #include <thread>
 
+#include "onnx/export.h"
 #include "ops/io/safetensors.h"
 #include "pipeline/batch_loader.h"
 #include "pipeline/trainer.h"
-#include "tools/export_onnx.h"
 
 namespace nb = nanobind;
 
@@ -344,23 +344,15 @@ class PyRun {
     cnnflow::LoadStateDict(file, trainer_->Tensors().models, rules, "load_state_dict");
   }
 
-  // `cnnflow export` on this run's config and its current weights.
+  // The live model with its current weights as ONNX (onnx/export.h); an
+  // error is a cnnflow.Error with the message.
   void ExportOnnx(const std::string& out) {
     Idle("export_onnx");
-    namespace fs = std::filesystem;
-    const std::string weights =
-        (fs::temp_directory_path() / StrCat("cnnflow-export-", getpid(), ".safetensors")).string();
-    SaveSafetensors(weights, trainer_->Tensors().Exported());
-    std::vector<std::string> args = {path_, "--weights", weights, "-o", out};
-    for (const std::string& o : overrides_) {
-      args.push_back("--set");
-      args.push_back(o);
-    }
-    std::fflush(stdout);
-    const int rc = RunExport(args);
-    std::fflush(stdout);
-    fs::remove(weights);
-    if (rc != 0) throw Error(StrCat("export_onnx(", out, ") failed (the error is on stderr)"));
+    ExportOptions options;
+    options.name = trainer_->config().name;
+    options.doc = StrCat("cnnflow config ", trainer_->config().name, " (", path_,
+                         "), weights of cnnflow.Run at step ", trainer_->state().global_step);
+    WriteOnnx(ExportModel(trainer_->model(), options), out);
   }
 
   const std::string& run_dir() const { return trainer_->run_dir(); }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/registry.h"
 #include "ops/schema.h"
 
 namespace cnnflow {
@@ -66,14 +67,15 @@ struct PlanNode {
 // decides, added to `plan`.
 using StagePlanner = std::function<void(const Args& args, const PlanNode& node, GraphPlan& plan)>;
 
-struct StagePlanRegistration {
-  // Attaches `planner` to the registered stage type `type` (registered
-  // before it, in the same file).
-  StagePlanRegistration(const char* type, StagePlanner planner);
+// A stage type's plan hook, registered under the stage type's name.
+struct StagePlan {
+  static constexpr const char* kKind = "stage plan";
+  StagePlanner plan;
 };
 
 // Variadic: the planner lambda may hold commas outside parentheses.
-#define CNNFLOW_STAGE_PLAN(type_name, ...) \
-  static ::cnnflow::StagePlanRegistration cnnflow_stage_plan_##type_name(#type_name, __VA_ARGS__)
+#define CNNFLOW_STAGE_PLAN(type_name, ...)                                                      \
+  static ::cnnflow::RegisterIn<::cnnflow::StagePlan> cnnflow_stage_plan_##type_name(#type_name, \
+                                                                                    {__VA_ARGS__})
 
 }  // namespace cnnflow

@@ -110,46 +110,28 @@ enum class StageLayout {
 };
 
 struct StageType {
-  std::string type;
+  static constexpr const char* kKind = "stage type";
   Schema schema;
   StageFactory create;
   StageLayout layout = StageLayout::kOne;
-  StagePlanner
-      plan;  // what its nodes decide before the graph is built (graph_plan.h); may be empty
   bool per_device() const { return layout != StageLayout::kOne; }
 };
+using StageRegistry = Registry<StageType>;
 
-class StageRegistry {
- public:
-  static StageRegistry& Get();
-  void Register(StageType t);
-  const StageType* Find(const std::string& type) const;  // nullptr when unknown
-  void SetPlanner(const std::string& type, StagePlanner planner);
-  std::vector<std::string> Names() const;
-
- private:
-  std::vector<StageType> types_;
-};
-
-struct StageRegistration {
-  StageRegistration(const char* type, Schema schema, StageFactory create,
-                    StageLayout layout = StageLayout::kOne);
-};
-
-#define CNNFLOW_REGISTER_STAGE(type_name, Class, schema_expr)                                \
-  static ::cnnflow::StageRegistration cnnflow_stage_registration_##type_name(                \
-      #type_name, schema_expr, [](const ::cnnflow::StageInfo& i, const ::cnnflow::Args& a) { \
-        return std::unique_ptr<::cnnflow::Stage>(new Class(i, a));                           \
-      })
+#define CNNFLOW_REGISTER_STAGE(type_name, Class, schema_expr)                                 \
+  static ::cnnflow::RegisterIn<::cnnflow::StageType> cnnflow_stage_registration_##type_name(  \
+      #type_name, {schema_expr, [](const ::cnnflow::StageInfo& i, const ::cnnflow::Args& a) { \
+                     return std::unique_ptr<::cnnflow::Stage>(new Class(i, a));               \
+                   }})
 
 // A stage of one node per device (StagePorts' lanes); `layout` is
 // kPerDevice or kPerDeviceChain.
-#define CNNFLOW_REGISTER_PER_DEVICE_STAGE(type_name, Class, schema_expr, layout) \
-  static ::cnnflow::StageRegistration cnnflow_stage_registration_##type_name(    \
-      #type_name, schema_expr,                                                   \
-      [](const ::cnnflow::StageInfo& i, const ::cnnflow::Args& a) {              \
-        return std::unique_ptr<::cnnflow::Stage>(new Class(i, a));               \
-      },                                                                         \
-      ::cnnflow::StageLayout::layout)
+#define CNNFLOW_REGISTER_PER_DEVICE_STAGE(type_name, Class, schema_expr, layout)             \
+  static ::cnnflow::RegisterIn<::cnnflow::StageType> cnnflow_stage_registration_##type_name( \
+      #type_name, {schema_expr,                                                              \
+                   [](const ::cnnflow::StageInfo& i, const ::cnnflow::Args& a) {             \
+                     return std::unique_ptr<::cnnflow::Stage>(new Class(i, a));              \
+                   },                                                                        \
+                   ::cnnflow::StageLayout::layout})
 
 }  // namespace cnnflow

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "loaders/source_registry.h"
+#include "onnx/converter.h"
 #include "ops/collectives/collective_mpi.h"
 #include "ops/io/file_write.h"
 #include "ops/io/safetensors.h"
@@ -269,6 +270,14 @@ int Stages() {
   for (const auto& n : OptimizerTypes()) PrintSchema(n, OptimizerSchema(n));
   std::printf("\nlearning-rate schedule (train.schedule):\n");
   PrintSchema("schedule", LrScheduleSchema());
+  std::printf("\nONNX ops (cnnflow import maps each to the layer its line names):\n");
+  for (const auto& n : onnx_io::OnnxImportRegistry::Get().Names())
+    PrintSchema(n, onnx_io::OnnxImportRegistry::Get().Find(n)->schema);
+  std::printf("\nONNX export by layer type (cnnflow export writes the nodes its line names):\n");
+  for (const auto& n : onnx_io::OnnxExportRegistry::Get().Names()) {
+    const onnx_io::OnnxExport* e = onnx_io::OnnxExportRegistry::Get().Find(n);
+    PrintSchema(n, e->convert ? e->schema : Schema(StrCat("not exportable: ", e->schema.doc())));
+  }
   return 0;
 }
 

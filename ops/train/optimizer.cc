@@ -339,45 +339,10 @@ void Adam::Step(double base_lr) {
 
 // ---------------------------------------------------------------- registry
 
-OptimizerRegistry& OptimizerRegistry::Get() {
-  static OptimizerRegistry r;
-  return r;
-}
-
-void OptimizerRegistry::Register(OptimizerType t) {
-  CNNFLOW_ENFORCE(Find(t.type) == nullptr, "optimizer type '", t.type, "' registered twice");
-  types_.push_back(std::move(t));
-}
-
-const OptimizerType* OptimizerRegistry::Find(const std::string& type) const {
-  for (const OptimizerType& t : types_)
-    if (t.type == type) return &t;
-  return nullptr;
-}
-
-std::vector<std::string> OptimizerRegistry::Names() const {
-  std::vector<std::string> names;
-  for (const OptimizerType& t : types_) names.push_back(t.type);
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-OptimizerRegistration::OptimizerRegistration(const char* type, Schema schema,
-                                             OptimizerFactory create) {
-  OptimizerRegistry::Get().Register(OptimizerType{type, std::move(schema), std::move(create)});
-}
-
 std::vector<std::string> OptimizerTypes() { return OptimizerRegistry::Get().Names(); }
 
 const Schema& OptimizerSchema(const std::string& type) {
-  if (const OptimizerType* t = OptimizerRegistry::Get().Find(type)) return t->schema;
-  std::string msg = StrCat("unknown optimizer type '", type, "'");
-  const std::vector<std::string> known = OptimizerTypes();
-  const std::string close = ClosestMatch(type, known);
-  if (!close.empty()) msg += StrCat(" (did you mean '", close, "'?)");
-  std::string list;
-  for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-  throw ConfigError(StrCat(msg, "; known types: ", list));
+  return OptimizerRegistry::Get().Get(type).schema;
 }
 
 std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerSpec& spec,

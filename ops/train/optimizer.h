@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "ops/model.h"
+#include "ops/registry.h"
 #include "ops/schema.h"
 #include "ops/tensor.h"
 
@@ -210,30 +211,15 @@ using OptimizerFactory =
     std::function<std::unique_ptr<Optimizer>(const Args& args, std::vector<NamedParameter> params)>;
 
 struct OptimizerType {
-  std::string type;
+  static constexpr const char* kKind = "optimizer type";
   Schema schema;
   OptimizerFactory create;
 };
+using OptimizerRegistry = Registry<OptimizerType>;
 
-class OptimizerRegistry {
- public:
-  static OptimizerRegistry& Get();
-  void Register(OptimizerType t);
-  // nullptr when unknown.
-  const OptimizerType* Find(const std::string& type) const;
-  std::vector<std::string> Names() const;  // sorted
-
- private:
-  std::vector<OptimizerType> types_;
-};
-
-struct OptimizerRegistration {
-  OptimizerRegistration(const char* type, Schema schema, OptimizerFactory create);
-};
-
-#define CNNFLOW_REGISTER_OPTIMIZER(type_name, schema_expr, factory)                   \
-  static ::cnnflow::OptimizerRegistration cnnflow_optimizer_registration_##type_name( \
-      #type_name, schema_expr, factory)
+#define CNNFLOW_REGISTER_OPTIMIZER(type_name, schema_expr, factory) \
+  static ::cnnflow::RegisterIn<::cnnflow::OptimizerType>            \
+      cnnflow_optimizer_registration_##type_name(#type_name, {schema_expr, factory})
 
 // The registered optimizer types (adam, adamw, sgd).
 std::vector<std::string> OptimizerTypes();

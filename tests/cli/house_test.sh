@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# The house's include rules (CONTRIBUTING.md), checked on the sources so they
-# cannot drift:
-#  - includes go one way: ops <- loaders <- stages <- pipeline <- tools;
+# The house's rules (CONTRIBUTING.md), checked on the sources so they cannot
+# drift:
+#  - includes go one way: ops <- loaders <- stages <- pipeline <- onnx <- tools,
+#    and only tools/ and tests/ include a tools/ header (the CLI is no library);
 #  - inside ops/, each room keeps to itself: the collectives include no CUDA
 #    header (the NCCL group is made in ops/cuda/), no kernel and not the
 #    device seam include ops/train/ (the loss contract is ops/loss.h), the
 #    model includes no ops/parallel/ header (tensor parallelism reaches it
 #    as a LayerSplitter), and a header lives in the room that implements it
 #    (ops/parallel/ has no header whose only implementation is in ops/cuda/).
-#   usage: house_test.sh   (from the repository root)
+#  - one registry: Registry<T> (ops/registry.h) is the only class with a
+#    static Get() and a Register();
+#  - every registered layer type has an ONNX export or a declaration that it
+#    has none (read from `cnnflow stages`, when the binary is given).
+#   usage: house_test.sh [CNNFLOW_BINARY]   (from the repository root)
 set -u
 fail=0
 # forbid PATHS FOLDERS WHY: no #include of a header under FOLDERS (an ERE
@@ -22,10 +27,12 @@ forbid() {
     fail=1
   fi
 }
-forbid ops "loaders|stages|pipeline|tools" "ops/ includes a layer above it"
-forbid loaders "stages|pipeline|tools" "loaders/ includes a layer above it"
-forbid stages "pipeline|tools" "stages/ includes a layer above it"
-forbid pipeline "tools" "pipeline/ includes tools/"
+forbid ops "loaders|stages|pipeline|onnx|tools" "ops/ includes a layer above it"
+forbid loaders "stages|pipeline|onnx|tools" "loaders/ includes a layer above it"
+forbid stages "pipeline|onnx|tools" "stages/ includes a layer above it"
+forbid pipeline "onnx|tools" "pipeline/ includes a layer above it"
+forbid onnx "tools" "onnx/ includes tools/"
+forbid "bench fuzz python" "tools" "a library user includes a tools/ header (the CLI is no library)"
 forbid ops/collectives "ops/cuda" "the collectives include a CUDA header (make the GPU group in ops/cuda/)"
 forbid "ops/cpu ops/device_ops.h ops/device_ops.cc" "ops/train" "a kernel or the device seam includes ops/train/ (the loss contract is ops/loss.h)"
 forbid "ops/model.h ops/model.cc" "ops/parallel" "the model includes ops/parallel/ (tensor parallelism is a LayerSplitter)"
@@ -37,5 +44,31 @@ for h in ops/parallel/*.h; do
     fail=1
   fi
 done
-((fail == 0)) || { echo "FAIL: the include rules above are broken"; exit 1; }
+# One registry template: a class of its own with a static Get() and a
+# Register() is a second registry.
+hits=$(grep -rlE "void Register\(" ops loaders stages pipeline onnx tools python \
+         --include='*.h' --include='*.cc' --include='*.cu' | grep -v '^ops/registry.h$' |
+       xargs -r grep -lE "static [A-Za-z_:<>]+ ?& ?Get\(\)")
+if [[ -n "$hits" ]]; then
+  echo "a registry defined outside ops/registry.h (use Registry<T>):"
+  echo "$hits" | sed 's/^/  /'
+  fail=1
+fi
+# Every layer type has an ONNX export or a declaration that it has none.
+if [[ -n "${1:-}" ]]; then
+  listing=$("$1" stages) || { echo "$1 stages failed"; exit 1; }
+  section() {  # the entry names of the section whose heading starts with $1
+    awk -v h="$1" 'index($0, h) == 1 {on = 1; next} /^[^ ]/ {on = 0} on && /^  [^ ]/ {print $1}' <<<"$listing"
+  }
+  layers=$(section "layer types")
+  exports=$(section "ONNX export by layer type")
+  [[ -n "$layers" && -n "$exports" ]] || { echo "cannot read the layer types and the ONNX exports from '$1 stages'"; exit 1; }
+  missing=$(comm -23 <(sort <<<"$layers") <(sort <<<"$exports"))
+  if [[ -n "$missing" ]]; then
+    echo "layer types with neither an ONNX export nor CNNFLOW_ONNX_NOT_EXPORTABLE (onnx/converters/):"
+    echo "$missing" | sed 's/^/  /'
+    fail=1
+  fi
+fi
+((fail == 0)) || { echo "FAIL: the house rules above are broken"; exit 1; }
 echo "PASS: includes keep to the house's rules"

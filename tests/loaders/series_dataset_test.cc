@@ -3,8 +3,6 @@
 // the `ts` and `wav` sources through the registry on files written here
 // (FSDD-style names, select / label regexes), and ts / wav -> LMDB (the
 // converter) -> `lmdb` source giving the same samples as the direct source.
-#include "loaders/series_dataset.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,7 +15,10 @@
 #include "loaders/converter.h"
 #include "loaders/lmdb_store.h"
 #include "loaders/record.h"
+#include "loaders/series_fit.h"
 #include "loaders/source_registry.h"
+#include "loaders/ts_dataset.h"
+#include "loaders/wav_dataset.h"
 #include "ops/error.h"
 #include "tests/testing/open_source.h"
 #include "tests/testing/test_dir.h"

@@ -164,7 +164,12 @@ TEST(Model, UnknownLayerTypeAndBadInputsAreConfigErrors) {
     Model::Build({Spec("c", "conv2dd")}, {1, 4, 4});
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(), "layer 'c': unknown layer type 'conv2dd' (did you mean 'conv2d'?)");
+    const std::string msg = e.what();
+    EXPECT_EQ(
+        msg.rfind("layer 'c': unknown layer type 'conv2dd' (did you mean 'conv2d'?); known: ", 0),
+        0u)
+        << msg;
+    EXPECT_NE(msg.find(", relu, "), std::string::npos) << msg;  // the list of every type
   }
   try {
     Model::Build({Spec("r", "relu", {}, {"nope"})}, {1, 4, 4});

@@ -83,9 +83,18 @@ def test_state_dict_is_a_snapshot_and_loads_back(config):
 
 def test_export_onnx(config, tmp_path):
     run = cnnflow.Run(config)
+    # The live weights go out, not a copy from before: conv1's, changed here.
+    state = {k: np.from_dlpack(v).copy() for k, v in run.state_dict().items()}
+    state["conv1.weight"] = np.linspace(-1, 1, state["conv1.weight"].size,
+                                        dtype=np.float32).reshape(state["conv1.weight"].shape)
+    run.load_state_dict(state)
     run.export_onnx(tmp_path / "model.onnx")
     raw = (tmp_path / "model.onnx").read_bytes()
     assert len(raw) > 10000 and b"conv1.weight" in raw
+    assert state["conv1.weight"].tobytes() in raw
+    # An error is an exception with the message, nothing on stderr to read.
+    with pytest.raises(cnnflow.Error, match="no-such-folder"):
+        run.export_onnx(tmp_path / "no-such-folder" / "model.onnx")
 
 
 def test_config_errors(tmp_path, config):

@@ -646,7 +646,7 @@ TEST(CudnnLayers, EveryTypeHasACudaClass) {
                         "avgpool1d", "batchnorm"}) {
     const LayerType* lt = LayerRegistry::Get().Find(t);
     ASSERT_NE(lt, nullptr) << t << " is not registered";
-    EXPECT_TRUE(static_cast<bool>(lt->create_cuda)) << t << " has no CUDA class";
+    EXPECT_NE(LayerRegistry::Get().Find(t, kCudaVariant), nullptr) << t << " has no CUDA class";
   }
 #endif
 }
@@ -681,7 +681,7 @@ TEST(CudnnLayers, CudaClassesBuildLikeTheCpuOnes) {
     for (const auto& [k, v] : c.args) args.Set(k, v);
     args.FillDefaults(lt->schema);
     auto cpu = lt->create("l", args);
-    auto gpu = lt->create_cuda("l", args);
+    auto gpu = LayerRegistry::Get().Find(c.type, kCudaVariant)->create("l", args);
     EXPECT_STREQ(cpu->type(), gpu->type());
     EXPECT_EQ(cpu->Build({c.input}, DType::kF32), gpu->Build({c.input}, DType::kF32)) << c.type;
     Rng r1(4), r2(4);
@@ -760,7 +760,7 @@ TEST(CudnnLayers, DataTypesDimensionsAndLabels) {
   const LayerType* lt = LayerRegistry::Get().Find("maxpool2d");
   ASSERT_NE(lt, nullptr);
   args.FillDefaults(lt->schema);
-  auto layer = lt->create_cuda("pool7", args);
+  auto layer = LayerRegistry::Get().Find("maxpool2d", kCudaVariant)->create("pool7", args);
   detail::LayerLabel label;
   EXPECT_EQ(label.Of(*layer), "maxpool2d 'pool7'");
   EXPECT_EQ(&label.Of(*layer), &label.Of(*layer));

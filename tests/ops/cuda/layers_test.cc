@@ -103,11 +103,12 @@ struct DropoutPair {
 
 DropoutPair MakeDropoutPair(double p, const Shape& sample) {
   const LayerType* t = LayerRegistry::Get().Find("dropout");
-  if (t == nullptr || !t->create_cuda) throw Error("dropout has no CUDA class registered");
+  const LayerType* cuda = LayerRegistry::Get().Find("dropout", kCudaVariant);
+  if (t == nullptr || cuda == nullptr) throw Error("dropout has no CUDA class registered");
   Args args;
   args.Set("p", p);
   args.FillDefaults(t->schema);
-  DropoutPair d{t->create("drop", args), t->create_cuda("drop", args)};
+  DropoutPair d{t->create("drop", args), cuda->create("drop", args)};
   d.cpu->Build({sample}, DType::kF32);
   d.gpu->Build({sample}, DType::kF32);
   d.gpu->MoveTo(kGpu);

@@ -186,10 +186,9 @@ LayerRun::LayerRun(const LayerCase& c, DType dtype, Device device, const LayerRu
   if (t == nullptr) throw Error(StrCat("layer table: no layer type '", c.type, "'"));
   Args args = c.args;
   args.FillDefaults(t->schema);
-  if (device.is_cuda() && !t->create_cuda) {
-    throw Error(StrCat("layer table: '", c.type, "' has no CUDA class"));
-  }
-  layer_ = device.is_cuda() ? t->create_cuda(c.type + "0", args) : t->create(c.type + "0", args);
+  const LayerType* impl = device.is_cuda() ? LayerRegistry::Get().Find(c.type, kCudaVariant) : t;
+  if (impl == nullptr) throw Error(StrCat("layer table: '", c.type, "' has no CUDA class"));
+  layer_ = impl->create(c.type + "0", args);
   out_shape_ = layer_->Build(c.inputs, dtype).WithBatch(c.batch);
   Rng rng(5);
   layer_->ResetParameters(rng);

@@ -346,16 +346,16 @@ TEST(Sgd, FactoryReadsTheSchema) {
 // A type registers itself as layers, stages and sources do; its args reach
 // its factory checked and with the schema's defaults.
 TEST(OptimizerRegistry, ATypeRegisteredByNameIsMadeByMakeOptimizer) {
-  static const OptimizerRegistration plain(
+  static const RegisterIn<OptimizerType> plain(
       "test_plain_sgd",
-      Schema("a test type")
-          .Required("lr", ParamType::kFloat, "lr")
-          .Optional("momentum", ParamType::kFloat, 0.25, "m"),
-      [](const Args& a, std::vector<NamedParameter> params) -> std::unique_ptr<Optimizer> {
-        SgdOptions o;
-        o.momentum = a.Float("momentum");  // the default, filled in
-        return std::make_unique<Sgd>(std::move(params), o);
-      });
+      {Schema("a test type")
+           .Required("lr", ParamType::kFloat, "lr")
+           .Optional("momentum", ParamType::kFloat, 0.25, "m"),
+       [](const Args& a, std::vector<NamedParameter> params) -> std::unique_ptr<Optimizer> {
+         SgdOptions o;
+         o.momentum = a.Float("momentum");  // the default, filled in
+         return std::make_unique<Sgd>(std::move(params), o);
+       }});
   Parameter p = MakeParam({1, -2});
   Args args;
   args.Set("lr", 0.1);

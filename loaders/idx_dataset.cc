@@ -1,4 +1,4 @@
-#include "loaders/idx.h"
+#include "loaders/idx_dataset.h"
 
 #include <sys/stat.h>
 #include <zlib.h>

@@ -6,7 +6,7 @@
 // and ops without a layer are named errors, and a failed import leaves no
 // folder behind. bench/onnx_import_vs_pytorch.py checks torchvision's
 // full-size networks.
-#include "tools/import_onnx.h"
+#include "onnx/import.h"
 
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
@@ -283,25 +283,25 @@ TEST(ImportOnnx, AnAttributeWithoutACounterpartIsNamed) {
       << e2;
 }
 
-TEST(ImportOnnx, AFailedImportWritesNothing) {
+TEST(ImportOnnx, WriteImportedIsWholeOrNothing) {
   const fs::path dir = fs::temp_directory_path() / StrCat("cnnflow_import_", ::getpid());
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const fs::path bad = dir / "bad.onnx";
-  {
-    std::ofstream f(bad, std::ios::binary);
-    const std::string b = ReadBytes(Fixture("resnet_block.onnx"));
-    f.write(b.data(), static_cast<std::streamsize>(b.size() / 2));
-  }
-  EXPECT_EQ(RunImport({bad.string(), "-o", (dir / "out").string()}), 1);
-  EXPECT_FALSE(fs::exists(dir / "out"));
+  const fs::path out = dir / "out";
+  ImportedOnnx m = ImportFile(Fixture("resnet_block.onnx"));
+  m.name = "resnet_block";
+  // A config that does not load leaves nothing behind.
+  EXPECT_THROW(WriteImported(m, "model: {", out.string()), Error);
+  EXPECT_FALSE(fs::exists(out));
   // Whole: the config and the weights, which load as `cnnflow train` reads them.
-  EXPECT_EQ(RunImport({Fixture("resnet_block.onnx"), "-o", (dir / "out").string()}), 0);
-  const RunConfig rc = LoadRunConfig((dir / "out" / "model.yaml").string());
-  EXPECT_EQ(rc.init_from.weights, (dir / "out" / "model.safetensors").string());
+  WriteImported(m, ImportedConfig(m, Fixture("resnet_block.onnx"), {}, {}), out.string());
+  const RunConfig rc = LoadRunConfig((out / "model.yaml").string());
+  EXPECT_EQ(rc.init_from.weights, (out / "model.safetensors").string());
   // Never over an existing folder's files.
-  EXPECT_EQ(RunImport({Fixture("gelu_net.onnx"), "-o", (dir / "out").string()}), 1);
-  EXPECT_EQ(LoadRunConfig((dir / "out" / "model.yaml").string()).name, "resnet_block");
+  const ImportedOnnx g = ImportFile(Fixture("gelu_net.onnx"));
+  EXPECT_THROW(WriteImported(g, ImportedConfig(g, Fixture("gelu_net.onnx"), {}, {}), out.string()),
+               Error);
+  EXPECT_EQ(LoadRunConfig((out / "model.yaml").string()).name, "resnet_block");
   for (const auto& e : fs::directory_iterator(dir))
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
   fs::remove_all(dir);

@@ -1,0 +1,83 @@
+// Constants and shapes: Constant and Identity (values under another name);
+// a Transpose only of a constant (a weight's, folded by the importer);
+// Flatten (axis 1) and Reshape [N, -1] <-> flatten (nothing when the sample
+// is flat already).
+#include <algorithm>
+
+#include "onnx/converter.h"
+#include "onnx/exporter.h"
+#include "onnx/importer.h"
+#include "onnx/tensor_proto.h"
+
+namespace cnnflow::onnx_io {
+namespace {
+
+void ImportConstant(OnnxImporter& im, int i, NodeAttrs& a) {
+  const auto& n = im.node(i);
+  Tensor t;
+  if (const onnx::TensorProto* v = a.TensorAttr("value")) {
+    t = ReadTensor(*v, im.Where(i));
+  } else if (a.Has("value_float")) {
+    t = Tensor::Full(Shape{1}, a.Float("value_float", 0));
+  } else if (a.Has("value_int")) {
+    t = Tensor::Full(Shape{1}, static_cast<double>(a.Int("value_int", 0)), DType::kI64);
+  } else if (a.Has("value_ints")) {
+    const std::vector<int64_t> v = a.Ints("value_ints", {});
+    t = Tensor::Empty(Shape{static_cast<int64_t>(v.size())}, DType::kI64);
+    std::copy(v.begin(), v.end(), t.data<int64_t>());
+  } else if (a.Has("value_floats")) {
+    const std::vector<float> v = a.Floats("value_floats");
+    t = Tensor::Empty(Shape{static_cast<int64_t>(v.size())}, DType::kF32);
+    std::copy(v.begin(), v.end(), t.data<float>());
+  }
+  a.Done();
+  if (t.numel() == 0 && t.shape().rank() == 0) im.Fail(i, "has no value the importer reads");
+  im.SetConst(n.output(0), t);
+}
+
+void ImportFlatten(OnnxImporter& im, int i, NodeAttrs& a) {
+  const Val x = im.ValIn(i, 0);
+  if (im.node(i).op_type() == "Flatten") {
+    const int64_t axis = a.Int("axis", 1);
+    a.Done();
+    if (axis != 1)
+      im.Fail(i,
+              StrCat("flattens from axis ", axis, "; cnnflow's flatten keeps the batch (axis 1)"));
+  } else {
+    a.Int("allowzero", 0);
+    a.Done();
+    if (!im.IsFlatten(i, x.shape)) {
+      im.Fail(i,
+              im.HasIn(i, 1) && !im.IsConst(im.In(i, 1))
+                  ? "its target shape is computed (x.view(x.size(0), -1) exports so); "
+                    "torch.flatten(x, 1) exports as a Flatten"
+                  : "reshapes to another shape than [N, -1]; only that flatten is a cnnflow layer");
+    }
+  }
+  if (x.shape.rank() == 1) return im.Alias(i, im.In(i, 0));
+  im.Simple(i, "flatten");
+}
+
+void ExportFlatten(OnnxExporter& ex, int i) {
+  ex.Int(ex.Node("Flatten", i, {ex.In(i)}, ex.Out(i)), "axis", 1);
+}
+
+}  // namespace
+
+CNNFLOW_ONNX_IMPORT(Constant, "a constant (value, value_float(s), value_int(s))", ImportConstant);
+CNNFLOW_ONNX_IMPORT(Identity, "nothing: its input under another name",
+                    [](OnnxImporter& im, int i, NodeAttrs& a) {
+                      a.Done();
+                      im.Alias(i, im.In(i, 0));
+                    });
+CNNFLOW_ONNX_IMPORT(Transpose, "of a 2-D constant only (a weight's, folded)",
+                    [](OnnxImporter& im, int i, NodeAttrs&) {
+                      im.Fail(i,
+                              "transposes a computed value; cnnflow maps a Transpose only of a "
+                              "constant (a weight)");
+                    });
+CNNFLOW_ONNX_IMPORT(Flatten, "flatten (axis 1)", ImportFlatten);
+CNNFLOW_ONNX_IMPORT(Reshape, "flatten (to a constant [N, -1])", ImportFlatten);
+CNNFLOW_ONNX_EXPORT(flatten, "Flatten (axis 1)", ExportFlatten);
+
+}  // namespace cnnflow::onnx_io
