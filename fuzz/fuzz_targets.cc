@@ -15,6 +15,7 @@ const std::vector<FuzzTarget>& FuzzTargets() {
       {"run_config", FuzzRunConfig, "LoadRunConfig of a config file (pipeline/run_config.h)"},
       {"graph_template", FuzzGraphTemplate, "LoadRunConfig with the input as graph.template"},
       {"safetensors", FuzzSafetensors, "LoadSafetensors (ops/io/safetensors.h)"},
+      {"pth", FuzzPth, "LoadPth (ops/io/pth.h)"},
       {"checkpoint_sidecar", FuzzCheckpointSidecar, "LoadCheckpoint (pipeline/checkpoint.h)"},
       {"json", FuzzJson, "ParseJson + WriteJson (ops/io/json.h)"},
       {"onnx_import", FuzzOnnxImport, "ImportOnnx + Model::Build + LoadStateDict (onnx/import.h)"},

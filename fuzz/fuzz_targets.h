@@ -31,6 +31,7 @@ void FuzzWav(const uint8_t* data, size_t size);
 void FuzzRunConfig(const uint8_t* data, size_t size);
 void FuzzGraphTemplate(const uint8_t* data, size_t size);
 void FuzzSafetensors(const uint8_t* data, size_t size);
+void FuzzPth(const uint8_t* data, size_t size);
 void FuzzCheckpointSidecar(const uint8_t* data, size_t size);
 void FuzzJson(const uint8_t* data, size_t size);
 void FuzzOnnxImport(const uint8_t* data, size_t size);

@@ -2,8 +2,9 @@
 """Builds the fuzz seed corpora, fuzz/corpus/<target>/, from real files:
 Fashion-MNIST (IDX), CIFAR-10 JPEGs and the spoken digits (WAV) in
 ../shared/data, the UCR .ts files, PNGs that Debian ships, the project's
-configs/ and graphs/, tests/data. Seeds are cut small (a few KB): a fuzzer
-mutates a small input faster, and the parsers' paths do not need big ones.
+configs/ and graphs/, tests/data (with tests/data/pth: files torch.save
+wrote). Seeds are cut small (a few KB): a fuzzer mutates a small input
+faster, and the parsers' paths do not need big ones.
 
   fuzz/make_corpus.py [--data DIR]   # DIR: the shared data sets (../shared/data)
 
@@ -224,6 +225,17 @@ def safetensors_seeds():
     return real[8:8 + n]
 
 
+def pth_seeds():
+    # The small files torch.save wrote (tests/data/make_pth_fixtures.py):
+    # every dtype and view, deflated, a wrapped checkpoint, the legacy format,
+    # and pickles torch refuses.
+    # nocrc.pth records no CRC-32 (as torch.save can), so mutations of its
+    # pickle reach the pickle machine instead of failing the CRC check.
+    for name in ("dtypes", "nocrc", "deflated", "wrapped_model", "legacy", "forbidden_system",
+                 "protocol4"):
+        put("pth", name + ".pth", open(os.path.join(ROOT, "tests/data/pth", name + ".pth"), "rb").read())
+
+
 def json_seeds(st_header):
     put("json", "pytorch_tiny.json", open(os.path.join(ROOT, "tests/data/pytorch_tiny.json"), "rb").read())
     put("json", "safetensors-header.json", st_header.rstrip())
@@ -246,6 +258,7 @@ def main():
     wav_seeds(a.data)
     text_seeds()
     json_seeds(safetensors_seeds())
+    pth_seeds()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 // without the kernels (fuzz/CMakeLists.txt).
 #include <algorithm>
 #include <fstream>
+#include <set>
 #include <string_view>
 
 #include "fuzz/fuzz_targets.h"
@@ -14,6 +15,7 @@
 #include "loaders/wav.h"
 #include "ops/error.h"
 #include "ops/io/json.h"
+#include "ops/io/pth.h"
 #include "ops/io/safetensors.h"
 #include "pipeline/checkpoint.h"
 
@@ -149,6 +151,22 @@ void FuzzSafetensors(const uint8_t* data, size_t size) {
   const SafetensorsFile f = LoadSafetensors(WriteScratch("fuzz.safetensors", data, size));
   for (const auto& [name, t] : f.tensors) {
     if (t.nbytes() > size) Finding("safetensors: tensor '" + name + "' larger than the file");
+  }
+}
+
+// A .pth as torch.save writes it (a zip of a pickle and storages). The reader
+// makes at most twice the elements of the storages it read (+1M), and a
+// storage is at most what deflate can expand the file to. Names of the same
+// view share one tensor: each counts once.
+void FuzzPth(const uint8_t* data, size_t size) {
+  const SafetensorsFile f = LoadPth(WriteScratch("fuzz.pth", data, size));
+  std::set<const void*> seen;
+  uint64_t elements = 0;
+  for (const auto& [name, t] : f.tensors) {
+    if (seen.insert(t.raw_data()).second) elements += static_cast<uint64_t>(t.numel());
+  }
+  if (elements > 2 * 1032 * static_cast<uint64_t>(size) + (1 << 20)) {
+    Finding("pth: the tensors hold more elements than the file can");
   }
 }
 

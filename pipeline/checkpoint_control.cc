@@ -3,7 +3,7 @@
 #include <optional>
 #include <sstream>
 
-#include "ops/io/safetensors.h"
+#include "ops/io/weights_file.h"
 #include "pipeline/checkpoint.h"
 #include "pipeline/run_files.h"
 #include "pipeline/yaml_util.h"
@@ -135,7 +135,7 @@ std::string InitFromWeights(const std::string& weights, bool strict,
   StateDictRules rules;
   rules.strict = strict;
   rules.skip = skip;
-  const SafetensorsFile file = LoadSafetensors(weights);
+  const SafetensorsFile file = LoadWeightsFile(weights);
   const StateDictMatch m = MatchStateDict(file.tensors, models[0]->StateTensors(), rules);
   std::string report;
   if (!m.mismatches.empty()) {

@@ -9,7 +9,7 @@
 #include "loaders/image_decoder.h"
 #include "loaders/wav.h"
 #include "ops/cpu/parallel.h"
-#include "ops/io/safetensors.h"
+#include "ops/io/weights_file.h"
 
 namespace cnnflow {
 namespace {
@@ -48,7 +48,7 @@ Predictor::Predictor(const RunConfig& config, const std::string& weights) : conf
                                            config_.init, config_.optimizer, o, MpiWorld::Get());
   std::vector<Model*> models;
   for (int r = 0; r < replicas_->size(); ++r) models.push_back(&replicas_->model(r));
-  LoadStateDict(LoadSafetensors(weights).tensors, models, {}, weights);
+  LoadStateDict(LoadWeightsFile(weights).tensors, models, {}, weights);
   if (config_.input_shape.rank() == 3) {
     // The test set's decode (its resize_min_side and the like), else the train set's.
     const auto spec =

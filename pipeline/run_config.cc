@@ -73,7 +73,7 @@ const Schema& TrainSchema() {
                     "write the training scalars to the run's TensorBoard event file every this "
                     "many optimizer steps (0: per epoch only)")
           .Optional("init", ParamType::kTree, std::string("{}"),
-                    "{weights: FILE.safetensors, strict: true, skip: [glob, ...]}: start from "
+                    "{weights: FILE, strict: true, skip: [glob, ...]}: start from "
                     "these weights (PyTorch state_dict names; a 'module.' prefix is dropped)");
   return s;
 }
@@ -82,7 +82,8 @@ const Schema& InitSchema() {
   static const Schema s =
       Schema("Start from existing weights.")
           .Optional("weights", ParamType::kString, std::string(""),
-                    "a .safetensors file (PyTorch state_dict names, 'module.' dropped; a relative "
+                    "a .safetensors file or a .pth/.pt as torch.save wrote it (PyTorch state_dict "
+                    "names, 'module.' dropped; a relative "
                     "path from the working folder, else from the config's)")
           .Optional("strict", ParamType::kBool, true,
                     "every tensor of the model and of the file must match by name and shape")
@@ -452,7 +453,7 @@ void ReadInit(const YamlDoc& doc, const YAML::Node& train, const std::string& pa
   c.init_from.strict = a.Bool("strict");
   c.init_from.skip = a.Strings("skip");
   if (c.init_from.weights.empty() && init.IsMap() && init.size() > 0) {
-    doc.Fail(init, "train.init", "needs weights: FILE.safetensors");
+    doc.Fail(init, "train.init", "needs weights: FILE (.safetensors or .pth)");
   }
 }
 

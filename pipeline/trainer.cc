@@ -13,6 +13,7 @@
 
 #include "ops/cpu/parallel.h"
 #include "ops/io/safetensors.h"
+#include "ops/io/weights_file.h"
 #include "ops/test_fault.h"
 #include "pipeline/batch_loader.h"
 #include "pipeline/checkpoint.h"
@@ -631,7 +632,7 @@ TrainedTensors Trainer::Tensors() {
 void Trainer::LoadWeights(const std::string& path, const std::string& prefix) {
   StateDictRules rules;
   rules.prefix = prefix;
-  LoadStateDict(LoadSafetensors(path).tensors, Tensors().models, rules, path);
+  LoadStateDict(LoadWeightsFile(path).tensors, Tensors().models, rules, path);
 }
 
 std::string Trainer::Describe() const {

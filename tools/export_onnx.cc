@@ -9,6 +9,7 @@
 
 #include "onnx/export.h"
 #include "ops/io/safetensors.h"
+#include "ops/io/weights_file.h"
 #include "ops/model.h"
 #include "ops/train/weight_average.h"
 #include "pipeline/run_config.h"
@@ -24,7 +25,8 @@ constexpr const char* kExportUsage =
                       [--check N FILE.safetensors]
 
   RUN_DIR             a run folder: its config.yaml, and model.safetensors unless --weights
-  CONFIG --weights W  a config and the weights to export (a run's model.safetensors)
+  CONFIG --weights W  a config and the weights to export (a run's model.safetensors, or a
+                      PyTorch state_dict as torch.save wrote it: .pth)
   -o MODEL.onnx       the ONNX file (opset 17; input "input" [N, ...], output "logits")
   --ema               export the weight average (the ema stage's "ema.*" tensors)
   --check N FILE      also write the first N test samples (as the model sees them,
@@ -115,7 +117,7 @@ int Export(const std::vector<std::string>& args) {
   const std::string prefix = ema ? kEmaPrefix : "";
   StateDictRules rules;
   rules.prefix = prefix;
-  LoadStateDict(LoadSafetensors(weights).tensors, {model.get()}, rules, weights);
+  LoadStateDict(LoadWeightsFile(weights).tensors, {model.get()}, rules, weights);
 
   ExportOptions options;
   options.name = rc.name;

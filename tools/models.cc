@@ -5,6 +5,7 @@
 #include <set>
 
 #include "ops/io/safetensors.h"
+#include "ops/io/weights_file.h"
 #include "ops/loss.h"
 #include "ops/model.h"
 #include "pipeline/model_blocks.h"
@@ -23,7 +24,7 @@ namespace {
 void Check(const ExpandedModel& m, const std::string& weights, const std::string& input,
            const std::string& out, DType dtype) {
   auto model = Model::Build(m.layers, m.input_shape, dtype);
-  LoadStateDict(LoadSafetensors(weights).tensors, {model.get()}, {}, weights);
+  LoadStateDict(LoadWeightsFile(weights).tensors, {model.get()}, {}, weights);
   const SafetensorsFile in = LoadSafetensors(input);
   const Tensor* x = in.Find("input");
   const Tensor* y = in.Find("labels");

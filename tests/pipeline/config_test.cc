@@ -101,7 +101,7 @@ TEST_F(ConfigTest, ChoiceWithTrueAndFalseTakesYamlBools) {
 TEST_F(ConfigTest, TrainInitNeedsWeightsAndKnownKeys) {
   testing::ExpectContains(
       ErrorOf(Replace(kGood, "  epochs: 1", "  epochs: 1\n  init: {strict: false}")),
-      {"train.init", "needs weights: FILE.safetensors"});
+      {"train.init", "needs weights: FILE (.safetensors or .pth)"});
   testing::ExpectContains(
       ErrorOf(Replace(kGood, "  epochs: 1",
                       "  epochs: 1\n  init: {weights: w.safetensors, skp: [fc.*]}")),
