@@ -175,6 +175,10 @@ class Layer {
   virtual bool WritesBf16Grad(size_t /*input*/) const { return false; }
   virtual bool ReadsBf16Grad() const { return false; }
 
+  // A layer with running statistics (batchnorm) uses and keeps them in
+  // training too from now on (a frozen BN); false for a layer without them.
+  virtual bool HoldRunningStatistics() { return false; }
+
   // Multiply-adds x2 of one forward pass on a batch of n (for reports).
   virtual int64_t ForwardFlops(int64_t /*n*/) const { return 0; }
 

@@ -2,6 +2,7 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <new>
@@ -113,6 +114,22 @@ void ApplyTensorSpecs(const LayerSpec& spec, Layer& layer, int64_t in_channels, 
                                "', a buffer: buffers are never trained"));
     }
   }
+  const auto frozen_by_glob = [&](const std::string& local) {
+    const std::string name = TensorName(layer.name(), local);
+    return std::any_of(spec.freeze.begin(), spec.freeze.end(), [&](const std::string& g) {
+      return fnmatch(g.c_str(), name.c_str(), 0) == 0;
+    });
+  };
+  bool all_frozen = true;
+  for (auto& p : layer.parameters()) {
+    if (frozen_by_glob(p.name)) p.trainable = false;
+    all_frozen = all_frozen && !p.trainable;
+  }
+  if (layer.parameters().empty()) {
+    for (const Buffer& b : layer.buffers()) all_frozen = all_frozen && frozen_by_glob(b.name);
+  }
+  if (spec.frozen_bn_eval && all_frozen && !(layer.parameters().empty() && layer.buffers().empty()))
+    layer.HoldRunningStatistics();
 }
 
 // "conv1 (conv2d)": a layer's name in the profiler's spans.

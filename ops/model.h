@@ -31,6 +31,14 @@ struct LayerSpec {
   // Named init of single tensors, after the model-wide scheme: local
   // tensor name -> zeros | ones | dirac | kaiming_normal_fan_out.
   std::map<std::string, std::string> init;
+  // The run's train.freeze: globs over the model's tensor names; a
+  // parameter of this layer whose name one matches is frozen, whatever
+  // `trainable` says (either freezes).
+  std::vector<std::string> freeze;
+  // train.frozen_bn: eval: a layer with running statistics whose weight and
+  // bias are frozen (without them: whose running statistics a freeze glob
+  // names) uses and keeps them in training too (Layer::HoldRunningStatistics).
+  bool frozen_bn_eval = false;
 };
 
 // How parameters are initialised: PyTorch's defaults, or Xavier.

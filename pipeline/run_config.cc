@@ -42,6 +42,14 @@ const Schema& TrainSchema() {
           .Required("batch", ParamType::kInt, "samples per step per replica")
           .Required("optimizer", ParamType::kTree,
                     "one of {sgd: {...}}, {adam: {...}}, {adamw: {...}}")
+          .Optional("freeze", ParamType::kStringList, std::vector<std::string>{},
+                    "globs over tensor names (\"conv1.*\", \"layer1.*\") frozen from the first "
+                    "step, as requires_grad = False: no gradient where the backward can skip "
+                    "it, no optimizer step, no weight decay (a layer's trainable: false too)")
+          .Choice("frozen_bn", {"train", "eval"}, "train",
+                  "batchnorm layers whose weight and bias are frozen: train (batch statistics, "
+                  "running ones updated, as requires_grad alone) or eval (running statistics "
+                  "used and kept, as detection codebases freeze BN)")
           .Optional("param_groups", ParamType::kTree, std::string("[]"),
                     "[{params: [glob], layers: [type], lr_scale: x, weight_decay: y}]: the "
                     "tensors a group picks (the first that does) get its learning-rate scale "
@@ -255,7 +263,8 @@ const Schema& ParamGroupSchema() {
                     "layer types (batchnorm, layernorm, ...) whose tensors it picks; none: any")
           .Optional("lr_scale", ParamType::kFloat, 1.0, "the learning rate times this")
           .Optional("until_epoch", ParamType::kFloat, 0.0,
-                    "> 0: its tensors train until this epoch (fractions allowed), then hold")
+                    "> 0: its tensors train until this epoch (fractions allowed), then hold; "
+                    "unset: no limit (to freeze tensors from the start: train.freeze)")
           .Optional("weight_decay", ParamType::kFloat, -1.0,
                     "its weight decay (-1, unset: the optimizer's)");
   return s;
@@ -276,6 +285,13 @@ void ReadParamGroups(const YamlDoc& doc, const YAML::Node& node, RunConfig& c) {
     g.layer_types = a.Strings("layers");
     g.lr_scale = a.Float("lr_scale");
     g.until_epoch = a.Float("until_epoch");
+    if (node[i]["until_epoch"] && g.until_epoch <= 0) {
+      doc.Fail(node[i]["until_epoch"], key,
+               StrCat("until_epoch: ", g.until_epoch,
+                      " would train these tensors for no epochs; to freeze tensors from the "
+                      "first step, list their globs in train.freeze (leave until_epoch out for "
+                      "no limit)"));
+    }
     if (node[i]["weight_decay"]) g.weight_decay = a.Float("weight_decay");
     g.where = StrCat(doc.Where(node[i]), ": ", key);
     if (g.params.empty() && g.layer_types.empty()) {
@@ -486,6 +502,13 @@ Args ReadTrain(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   ReadInit(doc, train, path, c);
   ParseOptimizer(doc, train["optimizer"], c);
   ReadParamGroups(doc, train["param_groups"], c);
+  // Every layer carries the run's freeze globs: each model instance (replica,
+  // pipeline stage, tensor-parallel shard) freezes as it is built.
+  c.freeze = t.Strings("freeze");
+  for (LayerSpec& l : c.layers) {
+    l.freeze = c.freeze;
+    l.frozen_bn_eval = t.String("frozen_bn") == "eval";
+  }
   c.schedule_args = doc.CheckArgs(Section(train, "schedule"), LrScheduleSchema(), "train.schedule");
   return t;
 }

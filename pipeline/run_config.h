@@ -63,6 +63,9 @@ struct RunConfig {
     bool strict = true;
     std::vector<std::string> skip;
   } init_from;
+  // train.freeze: globs over tensor names frozen from the first step (also
+  // in each LayerSpec, which applies them; train.frozen_bn there too).
+  std::vector<std::string> freeze;
   OptimizerSpec optimizer;  // train.optimizer and train.param_groups
   Args schedule_args;
 

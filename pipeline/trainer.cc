@@ -134,13 +134,17 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
 
   // The model first: a shape error is reported before any data is read.
   BuildModel(world);
-  CheckParamGroups(config_.optimizer.groups, model_->NamedParameters());
+  CheckFreezeGlobs(config_.freeze, model_->NamedParameters());
+  const std::vector<std::string> group_notes =
+      CheckParamGroups(config_.optimizer.groups, model_->NamedParameters());
   OpenData();
   PlanSchedule();
   TimeParamGroups();
   // `init: {weight: whiten}` and the like, once the training data is open.
   init_report_ =
       InitFromData(config_, state_.dataset("train"), state_.transform, *model_, Tensors().models);
+  for (const std::string& note : group_notes)
+    init_report_ += StrCat(init_report_.empty() ? "" : "\n", "note: ", note);
   // Before the ema node's average starts from the model (a resume then
   // loads its checkpoint over both).
   if (!config_.init_from.weights.empty()) {

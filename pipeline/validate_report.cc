@@ -8,10 +8,12 @@
 #include <sstream>
 #include <vector>
 
+#include "ops/layers/batch_norm.h"
 #include "ops/model.h"
 #include "ops/parallel/data_parallel.h"
 #include "ops/parallel/pipeline_model.h"
 #include "ops/parallel/tensor_parallel.h"
+#include "ops/train/optimizer.h"
 
 namespace cnnflow {
 namespace {
@@ -146,6 +148,40 @@ std::string DescribeParamGroups(const RunConfig& config, Model& m) {
     if (!picked[g].empty()) os << (picked[g].size() > 4 ? ", ...)" : ")");
     os << "\n";
   }
+  for (const std::string& note : CheckParamGroups(groups, m.NamedParameters()))
+    os << "  note: " << note << "\n";
+  return os.str();
+}
+
+// The frozen tensors (train.freeze, a layer's trainable: false) and the
+// batchnorm layers that hold their running statistics (train.frozen_bn: eval).
+std::string DescribeFrozen(Model& m) {
+  std::vector<std::string> frozen;
+  int64_t values = 0, total = 0;
+  for (const NamedParameter& p : m.NamedParameters()) {
+    total += p.param->value.numel();
+    if (p.param->trainable) continue;
+    frozen.push_back(p.name);
+    values += p.param->value.numel();
+  }
+  if (frozen.empty()) return "";
+  std::ostringstream os;
+  os << "frozen (train.freeze, trainable: false): " << frozen.size() << " tensors, " << values
+     << " of " << total << " values";
+  for (size_t i = 0; i < frozen.size() && i < 6; ++i) os << (i ? ", " : " (") << frozen[i];
+  os << (frozen.size() > 6 ? ", ...)" : ")") << "\n";
+  std::vector<std::string> held;
+  for (int i = 0; i < m.num_layers(); ++i) {
+    if (const auto* bn = dynamic_cast<const BatchNormLayer*>(&m.layer(i));
+        bn != nullptr && bn->hold_running_stats()) {
+      held.push_back(bn->name());
+    }
+  }
+  if (!held.empty()) {
+    os << "  batchnorm in eval mode (train.frozen_bn: eval): " << held.size() << " layers";
+    for (size_t i = 0; i < held.size() && i < 6; ++i) os << (i ? ", " : " (") << held[i];
+    os << (held.size() > 6 ? ", ...)" : ")") << "\n";
+  }
   return os.str();
 }
 
@@ -217,6 +253,7 @@ std::string ValidateReport(const RunConfig& config, Model& m, ReplicaSet* replic
     os << "precision: bf16 on the CPU: " << m.bf16_layers()
        << " convolution and linear layers multiply in bf16; all else f32\n";
   }
+  os << DescribeFrozen(m);
   os << DescribeParamGroups(config, m);
 
   // Memory known before the run: the prefetched input batches (bounded by

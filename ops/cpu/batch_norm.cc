@@ -368,14 +368,16 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   const int64_t m = n * s_n;  // values per channel (this replica's shard)
   CNNFLOW_ENFORCE(in.numel() == n * c_n * s_n && y.numel() == in.numel(), "batchnorm ", name(),
                   ": input ", in.shape(), " output ", y.shape());
-  last_training_ = ctx.training;
-  sync_sum_ = ctx.training ? ctx.sync_sum : nullptr;
+  // Held running statistics (a frozen BN) normalise as in evaluation.
+  const bool training = ctx.training && !hold_running_stats_;
+  last_training_ = training;
+  sync_sum_ = training ? ctx.sync_sum : nullptr;
   if (sync_sum_ != nullptr && !*sync_sum_) {
     throw Error(StrCat("batchnorm ", name(),
                        ": ForwardContext::sync_sum points to an empty "
                        "function"));
   }
-  if (ctx.training && sync_sum_ == nullptr && m <= 1) {
+  if (training && sync_sum_ == nullptr && m <= 1) {
     throw Error(StrCat("batchnorm ", name(),
                        ": expected more than 1 value per channel when training, got input ",
                        in.shape()));
@@ -385,7 +387,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   mean_.resize(c_n);
   inv_std_.resize(c_n);
   if (nhwc_input()) {
-    ForwardNhwc(in, y, ctx.training);
+    ForwardNhwc(in, y, training);
     return;
   }
   DispatchFloat(in.dtype(), [&](auto* tag) {
@@ -437,7 +439,7 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
       SetStats(c, mean, var);
     };
 
-    if (!ctx.training) {
+    if (!training) {
       cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
         for (int64_t c = c0; c < c1; ++c) {
           SetStats(c, static_cast<double>(rmean[c]), static_cast<double>(rvar[c]));

@@ -171,11 +171,13 @@ void BatchNormCudnn::Forward(const std::vector<const Tensor*>& x, Tensor& y,
                   ": output ", y.shape(), " does not match the input ", in.shape());
   const int64_t n = in.dim(0);
   const int64_t m = n * dims_[2] * dims_[3];  // values per channel
-  last_training_ = ctx.training;
+  // Held running statistics (a frozen BN) normalise as in evaluation.
+  const bool training = ctx.training && !hold_running_stats();
+  last_training_ = training;
   last_n_ = n;
   float* rmean = buffers()[0].value.data<float>();
   float* rvar = buffers()[1].value.data<float>();
-  if (!ctx.training) {
+  if (!training) {
     CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
         cuda.cudnn(), kMode, &kCudnnOne, &kCudnnZero, x_desc_, in.raw_data(), x_desc_, y.raw_data(),
         bn_desc_, Scale(), Bias(), rmean, rvar, eps()));

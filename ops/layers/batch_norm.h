@@ -68,6 +68,14 @@ class BatchNormLayer : public Layer {
   // fused GELU's derivative is).
   bool WritesBf16() const override;
 
+  // A frozen BN (train.frozen_bn: eval): from now on it normalises with the
+  // running statistics and keeps them in training too, and its backward is
+  // the evaluation one (the affine map), as detection codebases freeze BN.
+  bool HoldRunningStatistics() override {
+    hold_running_stats_ = true;
+    return true;
+  }
+  bool hold_running_stats() const { return hold_running_stats_; }
   int64_t channels() const { return channels_; }
   double momentum() const { return momentum_; }
   double eps() const { return eps_; }
@@ -88,8 +96,9 @@ class BatchNormLayer : public Layer {
   double momentum_;
   double eps_;
   bool affine_;
-  bool relu_ = false;  // a fused ReLU (FuseRelu)
-  bool gelu_ = false;  // a fused GELU (FuseGelu)
+  bool relu_ = false;                // a fused ReLU (FuseRelu)
+  bool gelu_ = false;                // a fused GELU (FuseGelu)
+  bool hold_running_stats_ = false;  // HoldRunningStatistics
   int64_t channels_ = 0;
   int64_t spatial_ = 1;  // product of the dims after C (1 for [C])
   // Per-forward state: which statistics were used, per channel.

@@ -35,6 +35,7 @@ std::vector<Bucket> LayoutBuckets(Model& model, double bucket_mb) {
     cur = Bucket();
   };
   for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+    if (!params[i].param->trainable) continue;  // frozen: no gradient to reduce (as DDP)
     const int64_t n = params[i].param->value.numel();
     if (!cur.params.empty() && cur.numel + n > limit) close();
     if (cur.params.empty()) first = params[i].name;

@@ -1,7 +1,9 @@
-// Optimizers: SGD, Adam and AdamW with exactly the update rules of
-// torch.optim (same state, same order of operations), so a run can be
-// compared step by step with PyTorch and its state saved in a checkpoint
-// under PyTorch-like names ("fc1.weight.momentum_buffer", "fc1.bias.exp_avg").
+// Optimizers: the base of SGD (sgd.h), Adam and AdamW (adam.h), which keep
+// exactly the update rules of torch.optim (same state, same order of
+// operations), so a run can be compared step by step with PyTorch and its
+// state saved in a checkpoint under PyTorch-like names
+// ("fc1.weight.momentum_buffer", "fc1.bias.exp_avg"); their registry, and
+// parameter groups.
 //
 // An optimizer is bound to a list of named parameters; Step(lr) applies
 // Parameter::grad to Parameter::value (f32 or f64, each parameter in its own
@@ -10,10 +12,11 @@
 // comes from the caller each step (the LR schedule), so `lr` in the schema
 // is the BASE learning rate the schedule starts from.
 //
-// How to add an optimizer type: a class deriving from Optimizer, and
-// CNNFLOW_REGISTER_OPTIMIZER(name, schema, factory) in its .cc (as layers,
-// stages and sources register); its host loops in ops/cpu/ (as
-// optimizer_kernels.h), its GPU ones behind ops/device_ops.h.
+// How to add an optimizer type: ops/train/<name>.{h,cc}, a class deriving
+// from Optimizer, and CNNFLOW_REGISTER_OPTIMIZER(name, schema, factory) in
+// its .cc (as layers, stages and sources register); its host loops in
+// ops/cpu/ (as optimizer_kernels.h), its GPU ones behind ops/device_ops.h,
+// reached through ops/train/param_update.h.
 #pragma once
 
 #include <cmath>
@@ -63,8 +66,16 @@ struct OptimizerSpec {
 
 // Throws ConfigError naming a group that picks none of `params` (a typo
 // would otherwise silently train with the default values), or whose values
-// are out of range.
-void CheckParamGroups(const std::vector<ParamGroup>& groups,
+// are out of range. A group whose tensors are all frozen is no error (a
+// frozen backbone may keep its group): it gets a line in the returned
+// notes, which say so.
+std::vector<std::string> CheckParamGroups(const std::vector<ParamGroup>& groups,
+                                          const std::vector<NamedParameter>& params);
+
+// train.freeze: throws ConfigError naming a glob that matches no tensor of
+// `params` (a typo would otherwise train what was meant to be frozen), or
+// when every tensor is frozen.
+void CheckFreezeGlobs(const std::vector<std::string>& globs,
                       const std::vector<NamedParameter>& params);
 
 class Optimizer {
@@ -141,68 +152,6 @@ class Optimizer {
   std::vector<double> lr_scale_;
   std::vector<int64_t> until_step_;   // 0: always
   std::vector<double> weight_decay_;  // NaN: the optimizer's
-};
-
-// torch.optim.SGD: with weight decay wd, momentum mu, dampening d:
-//   g = grad + wd * p
-//   buf = g at the first step, else mu * buf + (1 - d) * g   (if mu != 0)
-//   g = nesterov ? g + mu * buf : buf                        (if mu != 0)
-//   p = p - lr * g
-struct SgdOptions {
-  double momentum = 0;
-  double dampening = 0;
-  bool nesterov = false;
-  double weight_decay = 0;
-};
-
-class Sgd : public Optimizer {
- public:
-  // Throws ConfigError for a negative momentum / weight decay, or nesterov
-  // without momentum or with dampening (as PyTorch does).
-  Sgd(std::vector<NamedParameter> params, SgdOptions options);
-  const char* type() const override { return "sgd"; }
-  void Step(double lr) override;
-  const SgdOptions& options() const { return options_; }
-
- protected:
-  std::vector<std::string> StateNames() const override;
-
- private:
-  SgdOptions options_;
-};
-
-// torch.optim.Adam (L2 weight decay added to the gradient) and
-// torch.optim.AdamW (decoupled: p = p * (1 - lr * wd) first). At step t:
-//   m = m + (1 - b1) * (g - m);  v = b2 * v + (1 - b2) * g * g
-//   p = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-struct AdamOptions {
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0;  // AdamW's default is 0.01 (see MakeOptimizer)
-};
-
-class Adam : public Optimizer {
- public:
-  // decoupled = true is AdamW. Throws ConfigError for betas outside [0, 1),
-  // a negative eps or weight decay.
-  Adam(std::vector<NamedParameter> params, AdamOptions options, bool decoupled = false);
-  const char* type() const override { return decoupled_ ? "adamw" : "adam"; }
-  void Step(double lr) override;
-  const AdamOptions& options() const { return options_; }
-
- protected:
-  std::vector<std::string> StateNames() const override;
-
- private:
-  AdamOptions options_;
-  bool decoupled_;
-};
-
-class AdamW : public Adam {
- public:
-  AdamW(std::vector<NamedParameter> params, AdamOptions options)
-      : Adam(std::move(params), options, /*decoupled=*/true) {}
 };
 
 // Registered optimizer types, by name.

@@ -111,7 +111,8 @@ TEST_F(ConfigTest, TrainInitNeedsWeightsAndKnownKeys) {
 TEST_F(ConfigTest, MisspeltKeySuggestsTheKnownOne) {
   EXPECT_EQ(ErrorOf(Replace(kGood, "  epochs: 1", "  epohcs: 1")),
             ":12:3: train: unknown key 'epohcs' (did you mean 'epochs'?); known: epochs, batch, "
-            "optimizer, param_groups, schedule, eval_batch, eval_every, tta, drop_last, max_steps, "
+            "optimizer, freeze, frozen_bn, param_groups, schedule, eval_batch, eval_every, tta, "
+            "drop_last, max_steps, "
             "eval_max_steps, accumulate, "
             "checkpoint_every, "
             "keep_checkpoints, log_every, init");

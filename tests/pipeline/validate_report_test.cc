@@ -152,7 +152,7 @@ TEST(ValidateReport, ParamGroupsSayWhatTheyPick) {
                                    "conv2.weight)"});
   testing::ExpectContains(
       testing::ErrorOf<ConfigError>([] { Build({"train.param_groups=[{params: [fc3.*]}]"}); }),
-      {"train.param_groups[0] picks no trainable tensor; the model's are conv1.weight (conv2d)"});
+      {"train.param_groups[0] picks no tensor; the model's are conv1.weight (conv2d)"});
 }
 
 }  // namespace

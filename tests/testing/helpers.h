@@ -29,7 +29,10 @@ inline std::vector<uint8_t> RandomImage(int h, int w, int c, uint64_t seed) {
 inline LayerSpec Spec(std::string name, std::string type,
                       std::vector<std::pair<std::string, ParamValue>> args = {},
                       std::vector<std::string> inputs = {}) {
-  LayerSpec s{std::move(name), std::move(type), {}, std::move(inputs), {}, {}};
+  LayerSpec s;
+  s.name = std::move(name);
+  s.type = std::move(type);
+  s.inputs = std::move(inputs);
   for (auto& [k, v] : args) s.args.Set(k, v);
   return s;
 }

@@ -19,6 +19,8 @@
 #include "ops/cuda/kernels.h"
 #include "ops/layers/dropout.h"
 #include "ops/loss.h"
+#include "ops/train/adam.h"
+#include "ops/train/sgd.h"
 #include "tests/ops/cuda/util.h"
 #include "tests/ops/gpu_check.h"
 #include "tests/ops/gradient_check.h"
