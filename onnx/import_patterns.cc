@@ -1,11 +1,13 @@
 // Patterns of several ONNX nodes that are one cnnflow layer, as PyTorch's
-// exporters write one module: SiLU (Sigmoid then Mul by x) and GELU in its
-// erf and tanh forms. Each is found from one node and matched by the
+// exporters write one module: SiLU (Sigmoid then Mul by x), GELU in its
+// erf and tanh forms, and ShuffleNet's channel shuffle (Reshape, Transpose,
+// Reshape). Each is found from one node and matched by the
 // values it computes; a match marks its nodes skipped and its last node
 // (the anchor) as the layer.
 #include <cmath>
 
 #include "onnx/importer.h"
+#include "onnx/tensor_proto.h"
 
 namespace cnnflow::onnx_io {
 namespace {
@@ -34,6 +36,9 @@ void OnnxImporter::FindPatterns() {
     // GELU (tanh): x * 0.5 * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3))),
     // found from its Tanh: walked back to x, forward to the end.
     if (n.op_type() == "Tanh" && n.input_size() == 1 && n.output_size() == 1) MatchGeluTanh(i);
+    if (n.op_type() == "Transpose" && n.input_size() == 1 && n.output_size() == 1) {
+      MatchChannelShuffle(i);
+    }
   }
 }
 
@@ -138,6 +143,37 @@ void OnnxImporter::MatchGeluTanh(int t) {
   }
 }
 
+// ShuffleNet's channel_shuffle as torchvision writes it, x.view(N, g, C/g,
+// ...).transpose(1, 2).reshape(N, C, ...): Reshape to [N, g, C/g, rest] ->
+// Transpose (perm swaps axes 1 and 2) -> Reshape to [N, C, rest], the
+// target shapes constant (N: 0, -1 or the fixed batch size), found from
+// its Transpose.
+void OnnxImporter::MatchChannelShuffle(int t) {
+  const auto& n = g_.node(t);
+  std::vector<int64_t> perm;
+  for (const auto& at : n.attribute())
+    if (at.name() == "perm") perm.assign(at.ints().begin(), at.ints().end());
+  const int r1 = Producer(n.input(0)), r2 = SoleReader(n.output(0));
+  if (perm.size() < 3 || perm[0] != 0 || perm[1] != 2 || perm[2] != 1) return;
+  for (size_t d = 3; d < perm.size(); ++d)
+    if (perm[d] != static_cast<int64_t>(d)) return;
+  if (!IsOp(r1, "Reshape") || !IsOp(r2, "Reshape") || SoleReader(n.input(0)) != t) return;
+  if (!HasIn(r1, 1) || !IsConst(In(r1, 1)) || !HasIn(r2, 1) || !IsConst(In(r2, 1))) return;
+  const std::vector<int64_t> split = IntsOf(consts_.at(In(r1, 1)));
+  const std::vector<int64_t> back = IntsOf(consts_.at(In(r2, 1)));
+  if (split.size() != perm.size() || back.size() + 1 != split.size()) return;
+  const int64_t g = split[1], k = split[2];
+  if (!IsBatchDim(split[0]) || !IsBatchDim(back[0]) || g < 1 || k < 1 || back[1] != g * k) return;
+  std::vector<int64_t> sample = {g * k};  // what x must be, per sample: [C, rest...]
+  for (size_t d = 3; d < split.size(); ++d) {
+    if (split[d] < 1 || back[d - 1] != split[d]) return;
+    sample.push_back(split[d]);
+  }
+  Args args;
+  args.Set("groups", g);
+  Fuse(r2, {r1, t}, "channel_shuffle", args, In(r1, 0), Shape(sample));
+}
+
 // Whether `v` is x^3 (Pow(x, 3), or Mul(Mul(x, x), x) in any order),
 // computed only for this chain; its nodes go to `nodes`.
 bool OnnxImporter::IsCube(const std::string& v, const std::string& x,
@@ -165,11 +201,11 @@ bool OnnxImporter::IsCube(const std::string& v, const std::string& x,
 }
 
 void OnnxImporter::Fuse(int anchor, const std::vector<int>& members, const std::string& type,
-                        Args args, const std::string& x) {
+                        Args args, const std::string& x, const Shape& x_shape) {
   if (fused_.count(anchor) || skip_.count(anchor)) return;
   for (int m : members)
     if (skip_.count(m) || fused_.count(m)) return;
-  fused_[anchor] = Fused{type, std::move(args), x};
+  fused_[anchor] = Fused{type, std::move(args), x, x_shape};
   skip_.insert(members.begin(), members.end());
 }
 

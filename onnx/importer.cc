@@ -260,6 +260,23 @@ bool OnnxImporter::FoldConstant(int i) {
     consts_[n.output(0)] = Transposed(t);
     return true;
   }
+  if (op == "Unsqueeze") {  // a shape's pieces, put together by a Concat after
+    const Tensor& t = ConstIn(i, 0);
+    std::vector<int64_t> axes = a.Ints("axes", {});  // opset < 13
+    a.Done();
+    if (HasIn(i, 1)) axes = IntsOf(ConstIn(i, 1));
+    std::vector<int64_t> dims = t.shape().dims();
+    // A scalar (read as [1], ReadTensor) made a vector of one: still [1].
+    if (t.shape() == Shape{1} && axes.size() == 1) dims.clear();
+    std::sort(axes.begin(), axes.end());
+    for (int64_t ax : axes) {
+      if (ax < 0) ax += static_cast<int64_t>(dims.size() + axes.size());
+      if (ax < 0 || ax > static_cast<int64_t>(dims.size())) Fail(i, "unsqueezes past the rank");
+      dims.insert(dims.begin() + ax, 1);
+    }
+    consts_[n.output(0)] = t.Reshape(Shape(dims));
+    return true;
+  }
   if (op == "Concat") {
     const int64_t axis = a.Int("axis", 0);
     a.Done();
@@ -510,8 +527,7 @@ void OnnxImporter::AddLayer(int i, const std::string& base, const std::string& t
 }
 
 // One input, no tensors, the node's own scope as the name.
-void OnnxImporter::Simple(int i, const std::string& type, const Args& args,
-                          const std::string& x) {
+void OnnxImporter::Simple(int i, const std::string& type, const Args& args, const std::string& x) {
   AddLayer(i, ScopeName(i), type, args, {x.empty() ? In(i, 0) : x}, {}, g_.node(i).output(0));
 }
 
@@ -533,6 +549,11 @@ void OnnxImporter::Convert(int i) {
   if (auto f = fused_.find(i); f != fused_.end()) {
     if (!vals_.count(f->second.x))
       Fail(i, StrCat("reads '", f->second.x, "', which is not computed by a layer"));
+    const Shape& want = f->second.x_shape;
+    if (want.rank() > 0 && vals_.at(f->second.x).shape != want) {
+      Fail(i, StrCat("ends a ", f->second.type, " pattern over samples ", want, ", but its input '",
+                     f->second.x, "' is ", vals_.at(f->second.x).shape));
+    }
     return Simple(i, f->second.type, f->second.args, f->second.x);
   }
   NodeAttrs a(n, Where(i));

@@ -94,6 +94,9 @@ class OnnxImporter {
   Window ReadWindow(int i, NodeAttrs& a, size_t s, const std::vector<int64_t>& kernel_from_weight,
                     const Shape& x) const;
   const std::string& output() const { return output_; }
+  // Whether `d`, a Reshape's first target dimension, keeps the batch: 0
+  // (copy), -1 (infer), or the input's batch size where it is fixed.
+  bool IsBatchDim(int64_t d) const { return d == 0 || d == -1 || (batch_ > 0 && d == batch_); }
 
   // ---- what converters add
   // Adds a layer of `type` reading `inputs` (values), with its tensors by
@@ -128,6 +131,7 @@ class OnnxImporter {
     std::string type;
     Args args;
     std::string x;  // the value it reads
+    Shape x_shape;  // what x must be per sample; empty: any
   };
 
   void ReadInput();
@@ -139,9 +143,12 @@ class OnnxImporter {
   void FindPatterns();
   void MatchGeluErf(int erf);
   void MatchGeluTanh(int t);
+  void MatchChannelShuffle(int t);
   bool IsCube(const std::string& v, const std::string& x, std::vector<int>* nodes) const;
+  // `x_shape` (when not empty): the per-sample shape x must have for the
+  // nodes to be this layer, checked when it is built.
   void Fuse(int anchor, const std::vector<int>& members, const std::string& type, Args args,
-            const std::string& x);
+            const std::string& x, const Shape& x_shape = Shape());
 
   const onnx::ModelProto& m_;
   const onnx::GraphProto& g_;

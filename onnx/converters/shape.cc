@@ -1,13 +1,15 @@
 // Constants and shapes: Constant and Identity (values under another name);
-// a Transpose only of a constant (a weight's, folded by the importer);
-// Flatten (axis 1) and Reshape [N, -1] <-> flatten (nothing when the sample
-// is flat already).
+// a Transpose only of a constant (a weight's, folded by the importer) or in
+// a channel shuffle (onnx/import_patterns.cc); Flatten (axis 1) and Reshape
+// [N, -1] <-> flatten (nothing when the sample is flat already);
+// channel_shuffle out as Reshape -> Transpose -> Reshape.
 #include <algorithm>
 
 #include "onnx/converter.h"
 #include "onnx/exporter.h"
 #include "onnx/importer.h"
 #include "onnx/tensor_proto.h"
+#include "ops/layers/channel_shuffle.h"
 
 namespace cnnflow::onnx_io {
 namespace {
@@ -58,6 +60,27 @@ void ImportFlatten(OnnxImporter& im, int i, NodeAttrs& a) {
   im.Simple(i, "flatten");
 }
 
+// x.view(N, g, C/g, ...).transpose(1, 2).reshape(N, C, ...), as torchvision
+// writes ShuffleNet's channel_shuffle (and the importer reads it back).
+void ExportChannelShuffle(OnnxExporter& ex, int i) {
+  const auto& l = ex.As<ChannelShuffleLayer>(i);
+  const Shape s = ex.InShape(i);
+  const std::string p = l.name() + "/";
+  std::vector<int64_t> split = {0, l.groups(), l.channels() / l.groups()}, back = {0, l.channels()};
+  std::vector<int64_t> perm = {0, 2, 1};
+  for (int d = 1; d < s.rank(); ++d) {
+    split.push_back(s[d]);
+    back.push_back(s[d]);
+    perm.push_back(static_cast<int64_t>(perm.size()));
+  }
+  ex.AddInts(p + "split_shape", split);
+  ex.AddInts(p + "shape", back);
+  const std::string grouped = ex.Step(i, "Reshape", {ex.In(i), p + "split_shape"}, "grouped");
+  const std::string swapped = p + "swapped";
+  ex.Ints(ex.Node("Transpose", i, {grouped}, swapped, "/swapped"), "perm", perm);
+  ex.Step(i, "Reshape", {swapped, p + "shape"}, "shuffled", true);
+}
+
 void ExportFlatten(OnnxExporter& ex, int i) {
   ex.Int(ex.Node("Flatten", i, {ex.In(i)}, ex.Out(i)), "axis", 1);
 }
@@ -70,14 +93,24 @@ CNNFLOW_ONNX_IMPORT(Identity, "nothing: its input under another name",
                       a.Done();
                       im.Alias(i, im.In(i, 0));
                     });
-CNNFLOW_ONNX_IMPORT(Transpose, "of a 2-D constant only (a weight's, folded)",
+CNNFLOW_ONNX_IMPORT(Transpose,
+                    "of a 2-D constant (a weight's, folded), or in a channel shuffle (Reshape "
+                    "[N, g, C/g, ...] -> Transpose -> Reshape [N, C, ...]: channel_shuffle)",
                     [](OnnxImporter& im, int i, NodeAttrs&) {
                       im.Fail(i,
-                              "transposes a computed value; cnnflow maps a Transpose only of a "
-                              "constant (a weight)");
+                              "transposes a computed value; cnnflow maps a Transpose of a "
+                              "constant (a weight) or in a channel shuffle");
+                    });
+CNNFLOW_ONNX_IMPORT(Unsqueeze, "of constants (a shape's pieces; folded)",
+                    [](OnnxImporter& im, int i, NodeAttrs&) {
+                      im.Fail(i,
+                              "unsqueezes a computed value; cnnflow maps an Unsqueeze of "
+                              "constants only");
                     });
 CNNFLOW_ONNX_IMPORT(Flatten, "flatten (axis 1)", ImportFlatten);
 CNNFLOW_ONNX_IMPORT(Reshape, "flatten (to a constant [N, -1])", ImportFlatten);
 CNNFLOW_ONNX_EXPORT(flatten, "Flatten (axis 1)", ExportFlatten);
+CNNFLOW_ONNX_EXPORT(channel_shuffle, "Reshape [N, g, C/g, ...] -> Transpose -> Reshape [N, C, ...]",
+                    ExportChannelShuffle);
 
 }  // namespace cnnflow::onnx_io

@@ -50,6 +50,7 @@ import collections
 import copy
 import os
 import sys
+import warnings
 
 import torch
 import torch.nn as nn
@@ -170,14 +171,50 @@ class ZooNet(nn.Module):
         return torch.softmax(y, 1) if self.softmax else y
 
 
+class ShuffleNet(nn.Module):
+    """ShuffleNet V2's channel shuffle as torchvision writes it
+    (torchvision.models.shufflenetv2.channel_shuffle: view, transpose,
+    view) between two 1x1 conv+BN+ReLU, the pool and a Linear."""
+
+    def __init__(self, width=8, classes=CLASSES):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, x):
+        from torchvision.models.shufflenetv2 import channel_shuffle
+        x = channel_shuffle(torch.relu(self.bn1(self.conv1(x))), 2)
+        x = torch.relu(self.bn2(self.conv2(x)))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
 # name: (the network, the other exports of it: "folded" (TorchScript, BN
-# folded), "dynamo" (the newer exporter, whose optimiser folds BN too))
+# folded), "dynamo" (the newer exporter, whose optimiser folds BN too),
+# "dynamic" (a dynamic batch, where the main export's is fixed))
 NETS = {
     "resnet_block": (ResNetBlock, ("folded",)),
     "inverted_residual_se_silu": (InvertedResidualSE, ("dynamo",)),
     "gelu_net": (GeluNet, ()),
     "zoo_net": (ZooNet, ()),
+    "shuffle_net": (ShuffleNet, ("dynamic",)),
 }
+# Exported with the batch fixed (the channel shuffle's view sizes are then
+# constants; with a dynamic batch they are computed from Shape nodes, which
+# the importer does not map yet).
+FIXED_BATCH = {"shuffle_net"}
+
+
+def export_fixed(model, x, path):
+    """export_onnx's settings with the batch size fixed (no dynamic_axes)."""
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, x, path, dynamo=False, training=torch.onnx.TrainingMode.PRESERVE,
+                          do_constant_folding=False, input_names=["input"],
+                          output_names=["logits"], opset_version=17)
 
 
 def export_dynamo(model, x, path):
@@ -264,6 +301,8 @@ def main():
                 exported.softmax = True
             if kind == "dynamo":
                 export_dynamo(exported, x, path)
+            elif kind == "" and name in FIXED_BATCH:
+                export_fixed(exported, x, path)
             else:
                 export_onnx(exported, x, path, folded=kind == "folded")
         ref = reference(model, x, labels)

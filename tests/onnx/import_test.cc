@@ -21,6 +21,7 @@
 #include "ops/loss.h"
 #include "ops/model.h"
 #include "pipeline/run_config.h"
+#include "tests/testing/helpers.h"
 
 namespace cnnflow {
 namespace {
@@ -111,7 +112,7 @@ TEST_P(OnnxFixture, GivesPyTorchsLogitsAndGradients) {
 
 INSTANTIATE_TEST_SUITE_P(TorchOnnx, OnnxFixture,
                          ::testing::Values("resnet_block", "inverted_residual_se_silu", "gelu_net",
-                                           "zoo_net"));
+                                           "zoo_net", "shuffle_net"));
 
 TEST(ImportOnnx, MapsExporterPatternsToSingleLayers) {
   auto types = [](const ImportedOnnx& m) {
@@ -129,6 +130,19 @@ TEST(ImportOnnx, MapsExporterPatternsToSingleLayers) {
   const ImportedOnnx gelu = ImportFile(Fixture("gelu_net.onnx"));
   EXPECT_EQ(types(gelu).count("gelu"), 2u);  // erf (5 nodes) and tanh (9 nodes)
   EXPECT_EQ(gelu.layers.size(), 8u);
+  // ShuffleNet's channel shuffle (view, transpose, view; batch fixed): one
+  // layer; with a dynamic batch its view sizes are computed (Shape ->
+  // Gather -> ...), which is named, not mapped.
+  const ImportedOnnx shuffle = ImportFile(Fixture("shuffle_net.onnx"));
+  EXPECT_EQ(types(shuffle).count("channel_shuffle"), 1u);
+  for (const LayerSpec& s : shuffle.layers) {
+    if (s.type == "channel_shuffle") {
+      EXPECT_EQ(s.args.Int("groups"), 2);
+    }
+  }
+  testing::ExpectContains(
+      testing::ErrorOf([] { ImportFile(Fixture("shuffle_net_dynamic.onnx")); }),
+      {"shuffle_net_dynamic.onnx: node", "(Shape): no cnnflow layer for this op"});
   const ImportedOnnx zoo = ImportFile(Fixture("zoo_net.onnx"));
   const auto z = types(zoo);
   for (const char* t :

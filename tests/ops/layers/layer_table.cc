@@ -75,6 +75,8 @@ std::vector<LayerCase> MakeCases() {
   r.push_back(Row("relu", A(), {{3, 4, 5}}));
   r.push_back(Row("add", A(), {{3, 4, 5}, {3, 4, 5}}));
   r.push_back(Row("flatten", A(), {{3, 4, 5}}));
+  r.push_back(Row("channel_shuffle", A({{"groups", int64_t{3}}}), {{6, 2, 3}}));
+  r.push_back(Row("channel_shuffle", A({{"groups", int64_t{2}}}), {{4, 5}}, "1d"));
   r.push_back(Row("dropout", A({{"p", 0.3}}), {{4, 5}}));
   r.push_back(Eval(Row("dropout", A({{"p", 0.3}}), {{4, 5}})));
   // ---- joins and scales
