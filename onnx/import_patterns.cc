@@ -145,9 +145,10 @@ void OnnxImporter::MatchGeluTanh(int t) {
 
 // ShuffleNet's channel_shuffle as torchvision writes it, x.view(N, g, C/g,
 // ...).transpose(1, 2).reshape(N, C, ...): Reshape to [N, g, C/g, rest] ->
-// Transpose (perm swaps axes 1 and 2) -> Reshape to [N, C, rest], the
-// target shapes constant (N: 0, -1 or the fixed batch size), found from
-// its Transpose.
+// Transpose (perm swaps axes 1 and 2) -> Reshape to [N, C, rest], found
+// from its Transpose. The target shapes are constants, or shape arithmetic
+// that is folded only as the nodes are converted (a dynamic batch), so they
+// are read when the last Reshape is (ResolveChannelShuffle).
 void OnnxImporter::MatchChannelShuffle(int t) {
   const auto& n = g_.node(t);
   std::vector<int64_t> perm;
@@ -158,20 +159,33 @@ void OnnxImporter::MatchChannelShuffle(int t) {
   for (size_t d = 3; d < perm.size(); ++d)
     if (perm[d] != static_cast<int64_t>(d)) return;
   if (!IsOp(r1, "Reshape") || !IsOp(r2, "Reshape") || SoleReader(n.input(0)) != t) return;
-  if (!HasIn(r1, 1) || !IsConst(In(r1, 1)) || !HasIn(r2, 1) || !IsConst(In(r2, 1))) return;
+  if (!HasIn(r1, 1) || !HasIn(r2, 1)) return;
+  const size_t rank = perm.size();
+  Fuse(r2, {r1, t}, "channel_shuffle", Args(), In(r1, 0), Shape(),
+       [this, r1, rank](int anchor, Fused& f) { ResolveChannelShuffle(anchor, r1, rank, f); });
+}
+
+void OnnxImporter::ResolveChannelShuffle(int anchor, int r1, size_t rank, Fused& f) {
+  if (!IsConst(In(r1, 1)) || !IsConst(In(anchor, 1))) {
+    Fail(anchor, "ends a Reshape -> Transpose -> Reshape whose shapes are not constants");
+  }
   const std::vector<int64_t> split = IntsOf(consts_.at(In(r1, 1)));
-  const std::vector<int64_t> back = IntsOf(consts_.at(In(r2, 1)));
-  if (split.size() != perm.size() || back.size() + 1 != split.size()) return;
-  const int64_t g = split[1], k = split[2];
-  if (!IsBatchDim(split[0]) || !IsBatchDim(back[0]) || g < 1 || k < 1 || back[1] != g * k) return;
+  const std::vector<int64_t> back = IntsOf(consts_.at(In(anchor, 1)));
+  const int64_t g = split.size() == rank ? split[1] : 0, k = split.size() == rank ? split[2] : 0;
+  bool ok = back.size() + 1 == rank && g >= 1 && k >= 1 && IsBatchDim(split[0]) &&
+            IsBatchDim(back[0]) && back[1] == g * k;
   std::vector<int64_t> sample = {g * k};  // what x must be, per sample: [C, rest...]
-  for (size_t d = 3; d < split.size(); ++d) {
-    if (split[d] < 1 || back[d - 1] != split[d]) return;
+  for (size_t d = 3; ok && d < rank; ++d) {
+    ok = split[d] >= 1 && back[d - 1] == split[d];
     sample.push_back(split[d]);
   }
-  Args args;
-  args.Set("groups", g);
-  Fuse(r2, {r1, t}, "channel_shuffle", args, In(r1, 0), Shape(sample));
+  if (!ok) {
+    Fail(anchor, StrCat("ends a Reshape ", Shape(split), " -> Transpose -> Reshape ", Shape(back),
+                        ", which is not a channel shuffle (x.view(N, g, C/g, ...).transpose(1, "
+                        "2).reshape(N, C, ...))"));
+  }
+  f.args.Set("groups", g);
+  f.x_shape = Shape(sample);
 }
 
 // Whether `v` is x^3 (Pow(x, 3), or Mul(Mul(x, x), x) in any order),
@@ -201,11 +215,12 @@ bool OnnxImporter::IsCube(const std::string& v, const std::string& x,
 }
 
 void OnnxImporter::Fuse(int anchor, const std::vector<int>& members, const std::string& type,
-                        Args args, const std::string& x, const Shape& x_shape) {
+                        Args args, const std::string& x, const Shape& x_shape,
+                        std::function<void(int, Fused&)> resolve) {
   if (fused_.count(anchor) || skip_.count(anchor)) return;
   for (int m : members)
     if (skip_.count(m) || fused_.count(m)) return;
-  fused_[anchor] = Fused{type, std::move(args), x, x_shape};
+  fused_[anchor] = Fused{type, std::move(args), x, x_shape, std::move(resolve)};
   skip_.insert(members.begin(), members.end());
 }
 

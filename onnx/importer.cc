@@ -147,8 +147,10 @@ ImportedOnnx OnnxImporter::Run() {
     if (live_[i] && FoldConstant(i)) skip_.insert(i);
   }
   FindPatterns();
+  // In order: a node whose inputs became constants on the way (shape
+  // arithmetic after a Shape) is folded, else converted.
   for (int i = 0; i < g_.node_size(); ++i) {
-    if (live_[i] && !skip_.count(i)) Convert(i);
+    if (live_[i] && !skip_.count(i) && !FoldConstant(i)) Convert(i);
   }
   auto it = vals_.find(output_);
   if (it == vals_.end()) {
@@ -239,64 +241,6 @@ void OnnxImporter::MarkLive() {
   producer_ = std::move(producer);
 }
 
-// Whether node i computes a constant from constants alone; if so, its
-// output joins the constants.
-bool OnnxImporter::FoldConstant(int i) {
-  const auto& n = g_.node(i);
-  const std::string& op = n.op_type();
-  if (op == "Constant") return Convert(i), true;
-  if (n.input_size() == 0 || n.output_size() < 1 || n.output(0).empty()) return false;
-  for (const auto& v : n.input())
-    if (!v.empty() && !IsConst(v)) return false;
-  if (op == "Identity") return Convert(i), true;
-  NodeAttrs a(n, Where(i));
-  if (op == "Transpose") {
-    const Tensor& t = ConstIn(i, 0);
-    const std::vector<int64_t> perm = a.Ints("perm", {1, 0});
-    a.Done();
-    if (t.shape().rank() != 2 || perm != std::vector<int64_t>{1, 0} || t.dtype() != DType::kF32) {
-      Fail(i, "transposes a constant other than a 2-D float matrix");
-    }
-    consts_[n.output(0)] = Transposed(t);
-    return true;
-  }
-  if (op == "Unsqueeze") {  // a shape's pieces, put together by a Concat after
-    const Tensor& t = ConstIn(i, 0);
-    std::vector<int64_t> axes = a.Ints("axes", {});  // opset < 13
-    a.Done();
-    if (HasIn(i, 1)) axes = IntsOf(ConstIn(i, 1));
-    std::vector<int64_t> dims = t.shape().dims();
-    // A scalar (read as [1], ReadTensor) made a vector of one: still [1].
-    if (t.shape() == Shape{1} && axes.size() == 1) dims.clear();
-    std::sort(axes.begin(), axes.end());
-    for (int64_t ax : axes) {
-      if (ax < 0) ax += static_cast<int64_t>(dims.size() + axes.size());
-      if (ax < 0 || ax > static_cast<int64_t>(dims.size())) Fail(i, "unsqueezes past the rank");
-      dims.insert(dims.begin() + ax, 1);
-    }
-    consts_[n.output(0)] = t.Reshape(Shape(dims));
-    return true;
-  }
-  if (op == "Concat") {
-    const int64_t axis = a.Int("axis", 0);
-    a.Done();
-    std::vector<double> v;
-    DType dtype = ConstIn(i, 0).dtype();
-    for (int k = 0; k < n.input_size(); ++k) {
-      const Tensor& t = ConstIn(i, k);
-      if (t.shape().rank() != 1 || t.dtype() != dtype || (axis != 0 && axis != -1)) {
-        Fail(i, "concatenates constants other than vectors of one type");
-      }
-      for (int64_t j = 0; j < t.numel(); ++j) v.push_back(t.At(j));
-    }
-    Tensor out = Tensor::Empty(Shape{static_cast<int64_t>(v.size())}, dtype);
-    for (size_t j = 0; j < v.size(); ++j) out.Set(static_cast<int64_t>(j), v[j]);
-    consts_[n.output(0)] = out;
-    return true;
-  }
-  return false;
-}
-
 // ---- the context converters read
 
 std::string OnnxImporter::Where(int i) const {
@@ -375,7 +319,7 @@ bool OnnxImporter::IsFlatten(int f, const Shape& sample) const {
   if (IsOp(f, "Reshape") && HasIn(f, 1) && IsConst(In(f, 1))) {
     const std::vector<int64_t> s = IntsOf(consts_.at(In(f, 1)));
     return s.size() == 2 && (s[1] == -1 || s[1] == sample.numel()) && !(s[0] == -1 && s[1] == -1) &&
-           (s[0] == 0 || s[0] == -1 || (batch_ > 0 && s[0] == batch_));
+           IsBatchDim(s[0]);
   }
   return false;
 }
@@ -549,6 +493,7 @@ void OnnxImporter::Convert(int i) {
   if (auto f = fused_.find(i); f != fused_.end()) {
     if (!vals_.count(f->second.x))
       Fail(i, StrCat("reads '", f->second.x, "', which is not computed by a layer"));
+    if (f->second.resolve) f->second.resolve(i, f->second);
     const Shape& want = f->second.x_shape;
     if (want.rank() > 0 && vals_.at(f->second.x).shape != want) {
       Fail(i, StrCat("ends a ", f->second.type, " pattern over samples ", want, ", but its input '",

@@ -20,6 +20,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -42,6 +43,11 @@ void SetInts(Args& args, const std::string& key, const std::vector<int64_t>& v, 
 // A [c, r] f32 matrix from a [r, c] one (a Gemm or MatMul weight [in, out]
 // as cnnflow's [out, in]).
 Tensor Transposed(const Tensor& w);
+
+// In a constant that is a shape: the batch size, which a file exported with
+// a dynamic batch computes (Shape); and what arithmetic on it gives.
+constexpr int64_t kBatchDim = -(int64_t{1} << 40);
+constexpr int64_t kUnknownDim = -(int64_t{1} << 41);
 
 // A value the imported layers compute.
 struct Val {
@@ -95,8 +101,11 @@ class OnnxImporter {
                     const Shape& x) const;
   const std::string& output() const { return output_; }
   // Whether `d`, a Reshape's first target dimension, keeps the batch: 0
-  // (copy), -1 (infer), or the input's batch size where it is fixed.
-  bool IsBatchDim(int64_t d) const { return d == 0 || d == -1 || (batch_ > 0 && d == batch_); }
+  // (copy), -1 (infer), the symbolic kBatchDim (x.size(0)), or the input's
+  // batch size where it is fixed.
+  bool IsBatchDim(int64_t d) const {
+    return d == 0 || d == -1 || d == kBatchDim || (batch_ > 0 && d == batch_);
+  }
 
   // ---- what converters add
   // Adds a layer of `type` reading `inputs` (values), with its tensors by
@@ -132,11 +141,20 @@ class OnnxImporter {
     Args args;
     std::string x;  // the value it reads
     Shape x_shape;  // what x must be per sample; empty: any
+    // Run when the anchor is converted, once the constants the pattern
+    // reads are folded: fills args and x_shape, or fails naming the node.
+    std::function<void(int anchor, Fused& f)> resolve;
   };
 
   void ReadInput();
   void MarkLive();
+  // import_constants.cc: whether node i computes a constant from constants
+  // alone; if so, its output joins the constants.
   bool FoldConstant(int i);
+  std::optional<Tensor> FoldUnsqueeze(int i, NodeAttrs& a);
+  std::optional<Tensor> FoldConcat(int i, NodeAttrs& a);
+  std::optional<Tensor> FoldGather(int i, NodeAttrs& a);
+  std::optional<Tensor> FoldArithmetic(int i);
   void Convert(int i);
   std::string UniqueName(int i, const std::string& base, bool has_params);
   // import_patterns.cc
@@ -144,11 +162,13 @@ class OnnxImporter {
   void MatchGeluErf(int erf);
   void MatchGeluTanh(int t);
   void MatchChannelShuffle(int t);
+  void ResolveChannelShuffle(int anchor, int r1, size_t rank, Fused& f);
   bool IsCube(const std::string& v, const std::string& x, std::vector<int>* nodes) const;
   // `x_shape` (when not empty): the per-sample shape x must have for the
   // nodes to be this layer, checked when it is built.
   void Fuse(int anchor, const std::vector<int>& members, const std::string& type, Args args,
-            const std::string& x, const Shape& x_shape = Shape());
+            const std::string& x, const Shape& x_shape = Shape(),
+            std::function<void(int, Fused&)> resolve = nullptr);
 
   const onnx::ModelProto& m_;
   const onnx::GraphProto& g_;

@@ -1,9 +1,13 @@
 // Constants and shapes: Constant and Identity (values under another name);
+// Shape of a computed value (a constant with the batch symbolic) and the
+// shape arithmetic on constants the importer folds (Unsqueeze, Gather,
+// Cast, Concat, Add, Sub, Mul, Div: onnx/import_constants.cc);
 // a Transpose only of a constant (a weight's, folded by the importer) or in
 // a channel shuffle (onnx/import_patterns.cc); Flatten (axis 1) and Reshape
 // [N, -1] <-> flatten (nothing when the sample is flat already);
 // channel_shuffle out as Reshape -> Transpose -> Reshape.
 #include <algorithm>
+#include <vector>
 
 #include "onnx/converter.h"
 #include "onnx/exporter.h"
@@ -51,13 +55,36 @@ void ImportFlatten(OnnxImporter& im, int i, NodeAttrs& a) {
     if (!im.IsFlatten(i, x.shape)) {
       im.Fail(i,
               im.HasIn(i, 1) && !im.IsConst(im.In(i, 1))
-                  ? "its target shape is computed (x.view(x.size(0), -1) exports so); "
-                    "torch.flatten(x, 1) exports as a Flatten"
+                  ? "its target shape is computed by nodes the importer does not fold"
                   : "reshapes to another shape than [N, -1]; only that flatten is a cnnflow layer");
     }
   }
   if (x.shape.rank() == 1) return im.Alias(i, im.In(i, 0));
   im.Simple(i, "flatten");
+}
+
+// The shape of a computed value as a constant: its per-sample dimensions
+// are known, its batch size is the symbolic kBatchDim (the shape arithmetic
+// that follows is folded, onnx/import_constants.cc).
+void ImportShape(OnnxImporter& im, int i, NodeAttrs& a) {
+  const Val x = im.ValIn(i, 0);
+  std::vector<int64_t> dims = {kBatchDim};
+  dims.insert(dims.end(), x.shape.dims().begin(), x.shape.dims().end());
+  const auto rank = static_cast<int64_t>(dims.size());
+  int64_t start = a.Int("start", 0), end = a.Int("end", rank);  // opset 15
+  a.Done();
+  start = std::clamp(start < 0 ? start + rank : start, int64_t{0}, rank);
+  end = std::clamp(end < 0 ? end + rank : end, start, rank);
+  Tensor t = Tensor::Empty(Shape{end - start}, DType::kI64);
+  for (int64_t k = start; k < end; ++k) t.Set(k - start, static_cast<double>(dims[k]));
+  im.SetConst(im.node(i).output(0), t);
+}
+
+// Ops the importer folds where their inputs are constants (shape
+// arithmetic) and has no layer for otherwise.
+void ConstantsOnly(OnnxImporter& im, int i, NodeAttrs&) {
+  im.Fail(i, StrCat("computes on a value that is not a constant; cnnflow folds ",
+                    im.node(i).op_type(), " of constants (shape arithmetic) only"));
 }
 
 // x.view(N, g, C/g, ...).transpose(1, 2).reshape(N, C, ...), as torchvision
@@ -101,12 +128,14 @@ CNNFLOW_ONNX_IMPORT(Transpose,
                               "transposes a computed value; cnnflow maps a Transpose of a "
                               "constant (a weight) or in a channel shuffle");
                     });
-CNNFLOW_ONNX_IMPORT(Unsqueeze, "of constants (a shape's pieces; folded)",
-                    [](OnnxImporter& im, int i, NodeAttrs&) {
-                      im.Fail(i,
-                              "unsqueezes a computed value; cnnflow maps an Unsqueeze of "
-                              "constants only");
-                    });
+CNNFLOW_ONNX_IMPORT(Shape,
+                    "a constant: the per-sample shape, the batch symbolic (x.view(x.size(0), "
+                    "-1) and the like are folded)",
+                    ImportShape);
+CNNFLOW_ONNX_IMPORT(Unsqueeze, "of constants (a shape's pieces; folded)", ConstantsOnly);
+CNNFLOW_ONNX_IMPORT(Gather, "of constants (a shape's dimension; folded)", ConstantsOnly);
+CNNFLOW_ONNX_IMPORT(Cast, "of constants (folded)", ConstantsOnly);
+CNNFLOW_ONNX_IMPORT(Sub, "of constants (folded)", ConstantsOnly);
 CNNFLOW_ONNX_IMPORT(Flatten, "flatten (axis 1)", ImportFlatten);
 CNNFLOW_ONNX_IMPORT(Reshape, "flatten (to a constant [N, -1])", ImportFlatten);
 CNNFLOW_ONNX_EXPORT(flatten, "Flatten (axis 1)", ExportFlatten);

@@ -130,19 +130,27 @@ TEST(ImportOnnx, MapsExporterPatternsToSingleLayers) {
   const ImportedOnnx gelu = ImportFile(Fixture("gelu_net.onnx"));
   EXPECT_EQ(types(gelu).count("gelu"), 2u);  // erf (5 nodes) and tanh (9 nodes)
   EXPECT_EQ(gelu.layers.size(), 8u);
-  // ShuffleNet's channel shuffle (view, transpose, view; batch fixed): one
-  // layer; with a dynamic batch its view sizes are computed (Shape ->
-  // Gather -> ...), which is named, not mapped.
-  const ImportedOnnx shuffle = ImportFile(Fixture("shuffle_net.onnx"));
-  EXPECT_EQ(types(shuffle).count("channel_shuffle"), 1u);
-  for (const LayerSpec& s : shuffle.layers) {
-    if (s.type == "channel_shuffle") {
-      EXPECT_EQ(s.args.Int("groups"), 2);
+  // ShuffleNet's channel shuffle (view, transpose, view): one layer, whether
+  // the view sizes are constants (batch fixed) or computed from Shape nodes
+  // (a dynamic batch: the shape arithmetic is folded).
+  for (const std::string name : {"shuffle_net", "shuffle_net_dynamic"}) {
+    const ImportedOnnx shuffle = ImportFile(Fixture(name + ".onnx"));
+    EXPECT_EQ(types(shuffle).count("channel_shuffle"), 1u) << name;
+    EXPECT_EQ(shuffle.layers.size(), 9u) << name;
+    for (const LayerSpec& s : shuffle.layers) {
+      if (s.type == "channel_shuffle") {
+        EXPECT_EQ(s.args.Int("groups"), 2);
+      }
     }
+    const SafetensorsFile ref = LoadSafetensors(Fixture(name + ".check.safetensors"));
+    ForwardContext eval;
+    eval.training = false;
+    EXPECT_LE(
+        RelativeError(BuildImported(shuffle)->Forward(ref.Find("input")->Cast(DType::kF32), eval),
+                      *ref.Find("logits")),
+        1e-4)
+        << name;
   }
-  testing::ExpectContains(
-      testing::ErrorOf([] { ImportFile(Fixture("shuffle_net_dynamic.onnx")); }),
-      {"shuffle_net_dynamic.onnx: node", "(Shape): no cnnflow layer for this op"});
   const ImportedOnnx zoo = ImportFile(Fixture("zoo_net.onnx"));
   const auto z = types(zoo);
   for (const char* t :
