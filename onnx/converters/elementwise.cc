@@ -1,13 +1,18 @@
-// Elementwise and joining ops: Add, Mul, Concat of computed values <-> add,
-// mul, concat (axis 1); Mul by a scalar -> mul {scale} (out: Mul by a [1]
+// Elementwise, joining and splitting ops: Add, Mul, Concat of computed
+// values <-> add, mul, concat (axis 1); Slice and Split along the channels
+// -> channel_slice (out: Slice); Mul by a scalar -> mul {scale} (out: Mul by a [1]
 // initializer), by a [C, 1, 1] tensor -> layer_scale (out: Mul by gamma
 // [C, 1, 1], the initializer named as the layer); Div by a scalar ->
 // mul {scale: 1 / c}; mul's gate s [N, C] out unsqueezed to x's rank.
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "onnx/converter.h"
 #include "onnx/exporter.h"
 #include "onnx/importer.h"
+#include "onnx/tensor_proto.h"
+#include "ops/layers/channel_slice.h"
 #include "ops/layers/mul.h"
 
 namespace cnnflow::onnx_io {
@@ -77,6 +82,80 @@ void ImportConcat(OnnxImporter& im, int i, NodeAttrs& a) {
   im.AddLayer(i, im.ScopeName(i), "concat", Args(), ins, {}, n.output(0));
 }
 
+// Channels [start, end) of input 0 as a channel_slice layer writing `output`.
+void AddChannelSlice(OnnxImporter& im, int i, int64_t start, int64_t end,
+                     const std::string& output) {
+  const int64_t c = im.ValIn(i, 0).shape[0];
+  if (!(0 <= start && start < end && end <= c)) {
+    im.Fail(i, StrCat("takes channels [", start, ", ", end, ") of ", c));
+  }
+  Args args;
+  args.Set("start", start);
+  args.Set("end", end);
+  im.AddLayer(i, im.ScopeName(i), "channel_slice", args, {im.In(i, 0)}, {}, output);
+}
+
+// Whether ONNX's `axis` of a batched tensor is the channels of samples of
+// `rank` dimensions (1, or its negative form).
+bool IsChannelAxis(int64_t axis, int rank) { return axis == 1 || axis == 1 - (rank + 1); }
+
+// Slice (opset 10+) of one axis, the channels, step 1: starts and ends
+// constants (or shape arithmetic, folded: torch.chunk exports so);
+// negative ones count from the end, and both clamp to [0, C].
+void ImportSlice(OnnxImporter& im, int i, NodeAttrs& a) {
+  a.Done();
+  const Val x = im.ValIn(i, 0);
+  const std::vector<int64_t> starts = IntsOf(im.ConstIn(i, 1)), ends = IntsOf(im.ConstIn(i, 2));
+  const std::vector<int64_t> axes =
+      im.HasIn(i, 3) ? IntsOf(im.ConstIn(i, 3)) : std::vector<int64_t>{0};
+  const std::vector<int64_t> steps =
+      im.HasIn(i, 4) ? IntsOf(im.ConstIn(i, 4)) : std::vector<int64_t>{1};
+  if (starts.size() != 1 || ends.size() != 1 || axes.size() != 1 || steps.size() != 1 ||
+      !IsChannelAxis(axes[0], x.shape.rank()) || steps[0] != 1) {
+    im.Fail(i,
+            "slices other than one range of channels with step 1; cnnflow's channel_slice "
+            "takes x[:, start:end]");
+  }
+  const int64_t c = x.shape[0];
+  auto clamp = [c](int64_t v) { return std::clamp(v < 0 ? v + c : v, int64_t{0}, c); };
+  AddChannelSlice(im, i, clamp(starts[0]), clamp(ends[0]), im.node(i).output(0));
+}
+
+// Split along the channels into parts of the given sizes (input 1, opset
+// 13+; the `split` attribute before), or equal parts: a channel_slice each.
+void ImportSplit(OnnxImporter& im, int i, NodeAttrs& a) {
+  const auto& n = im.node(i);
+  const int64_t axis = a.Int("axis", 0);
+  std::vector<int64_t> sizes = a.Ints("split", {});
+  a.Int("num_outputs", 0);  // opset 18: equal parts, as without sizes
+  a.Done();
+  const Val x = im.ValIn(i, 0);
+  if (!IsChannelAxis(axis, x.shape.rank())) im.Fail(i, "splits another axis than the channels");
+  if (im.HasIn(i, 1)) sizes = IntsOf(im.ConstIn(i, 1));
+  const int64_t c = x.shape[0], parts = n.output_size();
+  if (sizes.empty()) {
+    if (c % parts != 0)
+      im.Fail(i, StrCat(c, " channels do not split into ", parts, " equal parts"));
+    sizes.assign(parts, c / parts);
+  }
+  if (static_cast<int64_t>(sizes.size()) != parts) im.Fail(i, "has as many sizes as outputs");
+  int64_t start = 0;
+  for (int64_t k = 0; k < parts; ++k) {
+    if (!n.output(k).empty()) AddChannelSlice(im, i, start, start + sizes[k], n.output(k));
+    start += sizes[k];
+  }
+  if (start != c) im.Fail(i, StrCat("splits ", c, " channels into parts of ", start, " in all"));
+}
+
+void ExportChannelSlice(OnnxExporter& ex, int i) {
+  const auto& l = ex.As<ChannelSliceLayer>(i);
+  const std::string p = l.name() + "/";
+  ex.AddInts(p + "starts", {l.start()});
+  ex.AddInts(p + "ends", {l.end()});
+  ex.AddInts(p + "axes", {1});
+  ex.Node("Slice", i, {ex.In(i), p + "starts", p + "ends", p + "axes"}, ex.Out(i));
+}
+
 void ExportAdd(OnnxExporter& ex, int i) {
   ex.Node("Add", i, {ex.In(i, 0), ex.In(i, 1)}, ex.Out(i));
 }
@@ -112,7 +191,10 @@ CNNFLOW_ONNX_IMPORT(Mul, "mul (of two values; by a scalar: mul {scale}; by [C, 1
                     ImportArithmetic);
 CNNFLOW_ONNX_IMPORT(Div, "mul {scale: 1 / c} (by a scalar constant)", ImportArithmetic);
 CNNFLOW_ONNX_IMPORT(Concat, "concat (axis 1; of constants: folded)", ImportConcat);
+CNNFLOW_ONNX_IMPORT(Slice, "channel_slice (one range of channels, step 1)", ImportSlice);
+CNNFLOW_ONNX_IMPORT(Split, "a channel_slice per output (along the channels)", ImportSplit);
 CNNFLOW_ONNX_EXPORT(add, "Add", ExportAdd);
+CNNFLOW_ONNX_EXPORT(channel_slice, "Slice (axis 1)", ExportChannelSlice);
 CNNFLOW_ONNX_EXPORT(mul, "Mul (a scale as a [1] initializer; s unsqueezed to x's rank)", ExportMul);
 CNNFLOW_ONNX_EXPORT(layer_scale, "Mul by gamma [C, 1, 1]", ExportLayerScale);
 CNNFLOW_ONNX_EXPORT(concat, "Concat (axis 1)", ExportConcat);

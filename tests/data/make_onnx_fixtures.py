@@ -191,6 +191,30 @@ class ShuffleNet(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+class ShuffleUnit(nn.Module):
+    """ShuffleNet V2's unit as torchvision writes it (x.chunk(2, dim=1), one
+    half through 1x1 conv+BN+ReLU, torch.cat, channel_shuffle), then
+    torch.split into unequal parts joined the other way round: Slice (with
+    ends computed from x.size()), Split, the shape arithmetic, Concat."""
+
+    def __init__(self, width=8, classes=CLASSES):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width // 2, width // 2, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width // 2)
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, x):
+        from torchvision.models.shufflenetv2 import channel_shuffle
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x1, x2 = x.chunk(2, dim=1)
+        x = channel_shuffle(torch.cat([x1, torch.relu(self.bn2(self.conv2(x2)))], 1), 2)
+        a, b = torch.split(x, [3, x.size(1) - 3], dim=1)
+        x = torch.cat([b, a], 1)
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
 # name: (the network, the other exports of it: "folded" (TorchScript, BN
 # folded), "dynamo" (the newer exporter, whose optimiser folds BN too),
 # "dynamic" (a dynamic batch, where the main export's is fixed))
@@ -200,6 +224,7 @@ NETS = {
     "gelu_net": (GeluNet, ()),
     "zoo_net": (ZooNet, ()),
     "shuffle_net": (ShuffleNet, ("dynamic",)),
+    "shuffle_unit": (ShuffleUnit, ()),
 }
 # Exported with the batch fixed (the channel shuffle's view sizes are then
 # constants; with a dynamic batch they are computed from Shape nodes, which

@@ -77,6 +77,9 @@ std::vector<LayerCase> MakeCases() {
   r.push_back(Row("flatten", A(), {{3, 4, 5}}));
   r.push_back(Row("channel_shuffle", A({{"groups", int64_t{3}}}), {{6, 2, 3}}));
   r.push_back(Row("channel_shuffle", A({{"groups", int64_t{2}}}), {{4, 5}}, "1d"));
+  r.push_back(Row("channel_slice", A({{"start", int64_t{2}}, {"end", int64_t{5}}}), {{6, 2, 3}}));
+  r.push_back(
+      Row("channel_slice", A({{"start", int64_t{0}}, {"end", int64_t{2}}}), {{4, 5}}, "1d"));
   r.push_back(Row("dropout", A({{"p", 0.3}}), {{4, 5}}));
   r.push_back(Eval(Row("dropout", A({{"p", 0.3}}), {{4, 5}})));
   // ---- joins and scales
