@@ -65,6 +65,10 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from library_vs_pytorch import F64_TOL, GRAD_FLOOR, TOL, randomise, rel  # noqa: E402
 
 MODELS = ["resnet50", "mobilenet_v2", "efficientnet_b0"]
+# Constructor arguments where the defaults do not give one logits tensor in
+# training mode (the auxiliary classifiers return a tuple there).
+MODEL_KWARGS = {"googlenet": {"aux_logits": False, "init_weights": True},
+                "inception_v3": {"aux_logits": False, "init_weights": True}}
 SHAPE = (3, 224, 224)
 
 
@@ -155,7 +159,7 @@ def check(name, a, tmp):
     row = {"name": name}
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
-    model = getattr(torchvision.models, name)(weights=None).float()
+    model = getattr(torchvision.models, name)(weights=None, **MODEL_KWARGS.get(name, {})).float()
     randomise(model, gen)  # also every nn.Dropout's p and StochasticDepth's p to 0
     x = torch.randn((a.batch,) + SHAPE, generator=gen)
     labels = torch.randint(0, 1000, (a.batch,), generator=gen)
@@ -254,7 +258,7 @@ def check_dynamo(name, a, tmp):
     import onnx
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
-    model = getattr(torchvision.models, name)(weights=None).float()
+    model = getattr(torchvision.models, name)(weights=None, **MODEL_KWARGS.get(name, {})).float()
     randomise(model, gen)
     x = torch.randn((a.batch,) + SHAPE, generator=gen)
     labels = torch.randint(0, 1000, (a.batch,), generator=gen)

@@ -1,5 +1,5 @@
 // Pooling: MaxPool, AveragePool <-> maxpool*d, avgpool*d (count_include_pad;
-// ceil_mode only where it changes nothing); GlobalAveragePool and a spatial
+// ceil_mode in 2D, and in 1D where it changes nothing); GlobalAveragePool and a spatial
 // ReduceMean -> global_avgpool when a Flatten follows, else
 // adaptive_avgpool*d {out: 1}; global_avgpool out as GlobalAveragePool +
 // Flatten; adaptive_avgpool*d out as GlobalAveragePool (out 1) or an
@@ -37,15 +37,16 @@ void ImportPool(OnnxImporter& im, int i, NodeAttrs& a) {
     count_include_pad = a.Int("count_include_pad", 0) != 0;
   }
   a.Done();
+  bool rounds_up = false;  // ceil_mode changes the output size
   for (int d = 0; d < s; ++d) {
     if (w.dilation[d] != 1) im.Fail(i, "dilated pooling is not supported");
-    // ceil_mode rounds the output size up; only where that changes nothing
-    // is it cnnflow's (floor) pooling.
-    if (ceil_mode && (x.shape[d + 1] + 2 * w.pad[d] - w.kernel[d]) % w.stride[d] != 0) {
-      im.Fail(i, "ceil_mode = 1 gives a larger output than cnnflow's pooling (floor) here");
-    }
+    rounds_up |= ceil_mode && (x.shape[d + 1] + 2 * w.pad[d] - w.kernel[d]) % w.stride[d] != 0;
+  }
+  if (rounds_up && s == 1) {
+    im.Fail(i, "ceil_mode = 1 gives a larger output than cnnflow's 1D pooling (floor) here");
   }
   Args args;
+  if (rounds_up) args.Set("ceil_mode", true);
   args.Set("kernel",
            w.kernel[0] == w.kernel.back() ? ParamValue(w.kernel[0]) : ParamValue(w.kernel));
   args.Set("stride",
@@ -109,6 +110,7 @@ void ExportPool2d(OnnxExporter& ex, int i) {
   ex.Ints(n, "strides", {g.stride_h, g.stride_w});
   ex.Ints(n, "pads", {g.pad_h, g.pad_w, g.pad_h, g.pad_w});
   if (type == "avgpool2d") ex.Int(n, "count_include_pad", ex.As<AvgPool2d>(i).count_include_pad());
+  if (!g.WindowsInside()) ex.Int(n, "ceil_mode", 1);  // a ceil_mode size that rounded up
 }
 
 void ExportPool1d(OnnxExporter& ex, int i) {
@@ -162,14 +164,15 @@ void ExportAdaptivePool(OnnxExporter& ex, int i) {
 
 }  // namespace
 
-CNNFLOW_ONNX_IMPORT(MaxPool, "maxpool1d or maxpool2d", ImportPool);
-CNNFLOW_ONNX_IMPORT(AveragePool, "avgpool1d or avgpool2d (count_include_pad)", ImportPool);
+CNNFLOW_ONNX_IMPORT(MaxPool, "maxpool1d or maxpool2d (ceil_mode: 2D)", ImportPool);
+CNNFLOW_ONNX_IMPORT(AveragePool, "avgpool1d or avgpool2d (count_include_pad; ceil_mode: 2D)",
+                    ImportPool);
 CNNFLOW_ONNX_IMPORT(GlobalAveragePool,
                     "global_avgpool when a Flatten follows, else adaptive_avgpool*d {out: 1}",
                     ImportGlobalAveragePool);
 CNNFLOW_ONNX_IMPORT(ReduceMean, "over all the spatial axes: as GlobalAveragePool",
                     ImportReduceMean);
-CNNFLOW_ONNX_EXPORT(maxpool2d, "MaxPool", ExportPool2d);
+CNNFLOW_ONNX_EXPORT(maxpool2d, "MaxPool (ceil_mode)", ExportPool2d);
 CNNFLOW_ONNX_EXPORT(avgpool2d, "AveragePool (count_include_pad)", ExportPool2d);
 CNNFLOW_ONNX_EXPORT(maxpool1d, "MaxPool", ExportPool1d);
 CNNFLOW_ONNX_EXPORT(avgpool1d, "AveragePool (count_include_pad)", ExportPool1d);

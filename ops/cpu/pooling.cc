@@ -43,7 +43,7 @@ inline bool Beats(T v, T best) {
 // The common 2x2 window, stride 2, no padding.
 bool IsPlain2x2(const Pool2dGeometry& g) {
   return g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
-         g.pad_w == 0;
+         g.pad_w == 0 && g.WindowsInside();
 }
 
 // The 2x2 stride-2 window on f32 rows with AVX-512: 16 outputs per step,
@@ -255,7 +255,8 @@ void MaxPoolSampleNhwc(const Pool2dGeometry& g, const T* x, T* y, uint8_t* win) 
 // Windows that tile the input (stride = kernel, no padding): each cell is
 // in at most one window.
 bool WindowsTile(const Pool2dGeometry& g) {
-  return g.stride_h == g.kernel_h && g.stride_w == g.kernel_w && g.pad_h == 0 && g.pad_w == 0;
+  return g.stride_h == g.kernel_h && g.stride_w == g.kernel_w && g.pad_h == 0 && g.pad_w == 0 &&
+         g.WindowsInside();
 }
 
 // Tiling windows: input row h of dx [H, W, C] into `row` (W * C values),
@@ -374,6 +375,17 @@ std::pair<int64_t, int64_t> PairArg(const char* layer, const Args& args, const s
   return {v[0], v[1]};
 }
 
+// PyTorch's output size (pooling_shape.h): (in + 2 pad - kernel) / stride
+// + 1, rounded down, or up in ceil_mode unless the last window would start
+// past the input and its left padding.
+int64_t PooledSize(int64_t in, int64_t kernel, int64_t stride, int64_t pad, bool ceil_mode) {
+  const int64_t span = in + 2 * pad - kernel;
+  if (span < 0) return 0;
+  int64_t out = (span + (ceil_mode ? stride - 1 : 0)) / stride + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
 void CheckInput(const char* layer, const std::vector<const Tensor*>& x, const Tensor& y) {
   CNNFLOW_ENFORCE(x.size() == 1 && x[0]->is_contiguous() && y.is_contiguous(), layer,
                   " needs one contiguous input and a contiguous output");
@@ -385,6 +397,7 @@ Pool2dBase::Pool2dBase(const std::string& name, const Args& args) : Layer(name) 
   std::tie(geom_.kernel_h, geom_.kernel_w) = PairArg("pooling", args, "kernel", 1);
   std::tie(geom_.stride_h, geom_.stride_w) = PairArg("pooling", args, "stride", 0);
   std::tie(geom_.pad_h, geom_.pad_w) = PairArg("pooling", args, "pad", 0);
+  geom_.ceil_mode = args.Bool("ceil_mode");
   if (geom_.stride_h == 0) geom_.stride_h = geom_.kernel_h;
   if (geom_.stride_w == 0) geom_.stride_w = geom_.kernel_w;
   if (2 * geom_.pad_h > geom_.kernel_h || 2 * geom_.pad_w > geom_.kernel_w) {
@@ -403,8 +416,10 @@ Shape Pool2dBase::Build(const std::vector<Shape>& inputs, DType) {
   geom_.channels = s[0];
   geom_.in_h = s[1];
   geom_.in_w = s[2];
-  geom_.out_h = (geom_.in_h + 2 * geom_.pad_h - geom_.kernel_h) / geom_.stride_h + 1;
-  geom_.out_w = (geom_.in_w + 2 * geom_.pad_w - geom_.kernel_w) / geom_.stride_w + 1;
+  geom_.out_h =
+      PooledSize(geom_.in_h, geom_.kernel_h, geom_.stride_h, geom_.pad_h, geom_.ceil_mode);
+  geom_.out_w =
+      PooledSize(geom_.in_w, geom_.kernel_w, geom_.stride_w, geom_.pad_w, geom_.ceil_mode);
   if (geom_.in_h + 2 * geom_.pad_h < geom_.kernel_h ||
       geom_.in_w + 2 * geom_.pad_w < geom_.kernel_w || geom_.out_h <= 0 || geom_.out_w <= 0) {
     throw ShapeError(StrCat(type(), ": input ", s, " padded by ", geom_.pad_h, "x", geom_.pad_w,
@@ -597,7 +612,10 @@ CNNFLOW_REGISTER_LAYER(
         .Required("kernel", ParamType::kIntList, "window size: k or [kh, kw]")
         .Optional("stride", ParamType::kIntList, int64_t{0}, "stride: s or [sh, sw]; 0 = kernel")
         .Optional("pad", ParamType::kIntList, int64_t{0},
-                  "implicit -inf padding on each side, at most kernel / 2"));
+                  "implicit -inf padding on each side, at most kernel / 2")
+        .Optional("ceil_mode", ParamType::kBool, false,
+                  "round H', W' up (PyTorch's ceil_mode): a last window may hang over the "
+                  "padded input, clipped to it"));
 
 CNNFLOW_REGISTER_LAYER(
     avgpool2d, AvgPool2d,
@@ -608,7 +626,10 @@ CNNFLOW_REGISTER_LAYER(
         .Optional("pad", ParamType::kIntList, int64_t{0},
                   "implicit zero padding on each side, at most kernel / 2")
         .Optional("count_include_pad", ParamType::kBool, true,
-                  "divide by the window size including padded cells (else by the valid cells)"));
+                  "divide by the window size including padded cells (else by the valid cells)")
+        .Optional("ceil_mode", ParamType::kBool, false,
+                  "round H', W' up (PyTorch's ceil_mode): a last window may hang over the "
+                  "padded input, clipped to it; its divisor stops at the padded input"));
 
 CNNFLOW_REGISTER_LAYER(global_avgpool, GlobalAvgPool,
                        Schema("mean over each channel's plane: [C, H, W] or [C, L] -> [C]"));

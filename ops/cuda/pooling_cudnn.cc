@@ -11,7 +11,8 @@
 //    border, so both divide by kh * kw) or ..._EXCLUDE_PADDING;
 //  - global_avgpool: an average pool whose window is the whole plane;
 //  - 1D layers: [N, C, L] is [N, C, 1, L] with a 1 x k window.
-// None of the CPU layers has an option cuDNN cannot express (no ceil_mode).
+// A ceil_mode size that rounded up (a last window hangs over the padded
+// input) is what cuDNN cannot pool: those layers run ops/cuda/pooling_ceil.h.
 // Tensors are f32, or f16/bf16 under mixed precision (cuDNN pools half
 // data as it is: a max is exact, an average is summed in f32 and rounded
 // once). Descriptors are made once and re-set only when the shape or dtype
@@ -19,11 +20,13 @@
 #include <cudnn.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cudnn_util.h"
+#include "ops/cuda/pooling_ceil.h"
 #include "ops/layers/pooling.h"
 #include "ops/layers/pooling1d.h"
 
@@ -231,16 +234,41 @@ class PoolCudnn : public Base {
 
   void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) override {
     const Tensor& in = OneInput(x, Label());
+    if (HangsOver()) return CeilForward(in, y);
     pool_.Forward(Label(), MakeSpec(*this, in), in, y);
   }
   void Backward(const std::vector<const Tensor*>& x, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override {
     if (dx.empty() || dx[0] == nullptr) return;  // no parameters: nothing else to do
+    if (HangsOver()) return CeilBackward(dy, *dx[0]);
     const Tensor& in = OneInput(x, Label());
     pool_.Backward(Label(), MakeSpec(*this, in), in, y, dy, *dx[0]);
   }
 
  private:
+  // A 2D pooling whose ceil_mode size rounded up: not cuDNN's.
+  bool HangsOver() const {
+    if constexpr (std::is_base_of_v<Pool2dBase, Base>) {
+      return !this->geometry().WindowsInside();
+    } else {
+      return false;
+    }
+  }
+  void CeilForward(const Tensor& in, Tensor& y) {
+    if constexpr (std::is_same_v<Base, MaxPool2d>) {
+      cuda::CeilMaxPoolForward(this->geometry(), in, y, argmax_);
+    } else if constexpr (std::is_same_v<Base, AvgPool2d>) {
+      cuda::CeilAvgPoolForward(this->geometry(), this->count_include_pad(), in, y);
+    }
+  }
+  void CeilBackward(const Tensor& dy, Tensor& dx) {
+    if constexpr (std::is_same_v<Base, MaxPool2d>) {
+      cuda::CeilMaxPoolBackward(this->geometry(), dy, argmax_, dx);
+    } else if constexpr (std::is_same_v<Base, AvgPool2d>) {
+      cuda::CeilAvgPoolBackward(this->geometry(), this->count_include_pad(), dy, dx);
+    }
+  }
+  Tensor argmax_;  // ceil_mode max pooling: each output's winner, in its input plane
   const std::string& Label() const { return label_.Of(*this); }
   detail::LayerLabel label_;
   CudnnPool pool_;

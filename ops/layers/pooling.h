@@ -23,9 +23,19 @@ struct Pool2dGeometry {
   int64_t stride_h = 1, stride_w = 1;
   int64_t pad_h = 0, pad_w = 0;
   int64_t out_h = 0, out_w = 0;
+  // PyTorch's ceil_mode: the output size rounded up (a last window may hang
+  // over the padded input, and is clipped to it), as long as each window
+  // starts inside the input or its left/top padding.
+  bool ceil_mode = false;
 
   int64_t in_plane() const { return in_h * in_w; }
   int64_t out_plane() const { return out_h * out_w; }
+  // Whether every window lies inside the padded input (always, but for a
+  // ceil_mode size that rounded up).
+  bool WindowsInside() const {
+    return (out_h - 1) * stride_h + kernel_h <= in_h + 2 * pad_h &&
+           (out_w - 1) * stride_w + kernel_w <= in_w + 2 * pad_w;
+  }
 };
 
 // Shared parameter parsing and shape rule of maxpool2d and avgpool2d.

@@ -215,6 +215,26 @@ class ShuffleUnit(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+class CeilPoolNet(nn.Module):
+    """Poolings whose ceil_mode rounds the output size up (GoogLeNet's max
+    pools): MaxPool2d(3, 2, ceil_mode), AvgPool2d(3, 2, 1, ceil_mode)
+    counting the padding, and AvgPool2d(2, 2, ceil_mode) not counting it."""
+
+    def __init__(self, width=8, classes=CLASSES):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 3, 1, 1)
+        self.pool1 = nn.MaxPool2d(3, 2, ceil_mode=True)                    # 16 -> 8 (floor: 7)
+        self.conv2 = nn.Conv2d(width, width, 3, 1, 1)
+        self.pool2 = nn.AvgPool2d(3, 2, 1, ceil_mode=True)                 # 8 -> 5 (floor: 4)
+        self.pool3 = nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)  # 5 -> 3
+        self.fc = nn.Linear(width * 9, classes)
+
+    def forward(self, x):
+        x = self.pool1(torch.relu(self.conv1(x)))
+        x = self.pool3(self.pool2(torch.relu(self.conv2(x))))
+        return self.fc(torch.flatten(x, 1))
+
+
 # name: (the network, the other exports of it: "folded" (TorchScript, BN
 # folded), "dynamo" (the newer exporter, whose optimiser folds BN too),
 # "dynamic" (a dynamic batch, where the main export's is fixed))
@@ -225,6 +245,7 @@ NETS = {
     "zoo_net": (ZooNet, ()),
     "shuffle_net": (ShuffleNet, ("dynamic",)),
     "shuffle_unit": (ShuffleUnit, ()),
+    "ceil_pool_net": (CeilPoolNet, ()),
 }
 # Exported with the batch fixed (the channel shuffle's view sizes are then
 # constants; with a dynamic batch they are computed from Shape nodes, which

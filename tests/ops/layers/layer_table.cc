@@ -62,7 +62,17 @@ std::vector<LayerCase> MakeCases() {
   r.push_back(Row("maxpool2d", A({{"kernel", I{2}}}), {{2, 6, 6}}));
   r.push_back(Row("maxpool2d", A({{"kernel", I{3}}, {"stride", I{2}}, {"pad", I{1}}}), {{2, 7, 7}},
                   "k3s2p1"));
+  // ceil_mode: the last windows hang over the (padded) input, clipped to it.
+  r.push_back(Row("maxpool2d", A({{"kernel", I{3}}, {"stride", I{2}}, {"ceil_mode", true}}),
+                  {{2, 6, 6}}, "ceil"));
   r.push_back(Row("avgpool2d", A({{"kernel", I{2}}}), {{2, 6, 6}}));
+  r.push_back(Row("avgpool2d",
+                  A({{"kernel", I{3}}, {"stride", I{2}}, {"pad", I{1}}, {"ceil_mode", true}}),
+                  {{2, 6, 6}}, "ceil"));
+  r.push_back(Row(
+      "avgpool2d",
+      A({{"kernel", I{3}}, {"stride", I{2}}, {"ceil_mode", true}, {"count_include_pad", false}}),
+      {{2, 5, 7}}, "ceil_exclude_pad"));
   r.push_back(
       Row("avgpool2d",
           A({{"kernel", I{3}}, {"stride", I{2}}, {"pad", I{1}}, {"count_include_pad", false}}),
