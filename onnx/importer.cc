@@ -104,6 +104,17 @@ Tensor Transposed(const Tensor& w) {
   return t;
 }
 
+// The layer types whose output means the same over a channels-last view of
+// their input (elementwise ops), and the two that the converters map from
+// channels-last ops (LayerNormalization and MatMul over the last axis).
+bool WorksChannelsLast(const std::string& type) {
+  static const std::set<std::string> types = {
+      "add",        "mul",         "dropout",   "drop_path",     "relu",      "relu6",
+      "gelu",       "silu",        "sigmoid",   "tanh",          "hardswish", "hardsigmoid",
+      "leaky_relu", "layer_scale", "layernorm", "channel_linear"};
+  return types.count(type) != 0;
+}
+
 OnnxImporter::OnnxImporter(const onnx::ModelProto& m, std::string what)
     : m_(m), g_(m.graph()), what_(std::move(what)) {
   for (const auto& op : m.opset_import())
@@ -426,12 +437,22 @@ void OnnxImporter::AddLayer(int i, const std::string& base, const std::string& t
   spec.type = type;
   spec.args = args;
   std::vector<Shape> shapes;
-  for (const std::string& v : inputs) {
-    auto it = vals_.find(v);
-    if (it == vals_.end()) Fail(i, StrCat("reads '", v, "', which no layer before computes"));
+  bool channels_last = false;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    auto it = vals_.find(inputs[k]);
+    if (it == vals_.end())
+      Fail(i, StrCat("reads '", inputs[k], "', which no layer before computes"));
     const Val& val = it->second;
     spec.inputs.push_back(val.layer);
     shapes.push_back(val.shape);
+    if (k > 0 && val.channels_last != channels_last)
+      Fail(i, "joins a channels-last value (after a Transpose) with a channels-first one");
+    channels_last = val.channels_last;
+  }
+  if (channels_last && !WorksChannelsLast(type)) {
+    Fail(i,
+         StrCat("reads a channels-last value (a Transpose to [N, H, W, C] before it); cnnflow's ",
+                type, " reads channels-first: transpose back first"));
   }
   const std::string previous = out_.layers.empty() ? "input" : out_.layers.back().name;
   if (spec.inputs.size() == 1 && spec.inputs[0] == previous) spec.inputs.clear();
@@ -466,13 +487,19 @@ void OnnxImporter::AddLayer(int i, const std::string& base, const std::string& t
   for (const Parameter& p : layer->parameters()) take(p.name, p.value);
   for (const Buffer& b : layer->buffers()) take(b.name, b.value);
   CNNFLOW_ENFORCE(given.empty(), Where(i), ": tensor '", given.begin()->first, "' left over");
-  vals_[output] = Val{spec.name, out};
+  vals_[output] = Val{spec.name, out, channels_last};
   out_.layers.push_back(std::move(spec));
 }
 
 // One input, no tensors, the node's own scope as the name.
 void OnnxImporter::Simple(int i, const std::string& type, const Args& args, const std::string& x) {
   AddLayer(i, ScopeName(i), type, args, {x.empty() ? In(i, 0) : x}, {}, g_.node(i).output(0));
+}
+
+void OnnxImporter::AliasLayout(int i, const std::string& from, bool channels_last) {
+  Val v = vals_.at(from);
+  v.channels_last = channels_last;
+  vals_[g_.node(i).output(0)] = v;
 }
 
 void OnnxImporter::Alias(int i, const std::string& from) {

@@ -43,6 +43,8 @@ void SetInts(Args& args, const std::string& key, const std::vector<int64_t>& v, 
 // A [c, r] f32 matrix from a [r, c] one (a Gemm or MatMul weight [in, out]
 // as cnnflow's [out, in]).
 Tensor Transposed(const Tensor& w);
+// Whether layer `type` may read a channels-last view (Val::channels_last).
+bool WorksChannelsLast(const std::string& type);
 
 // In a constant that is a shape: the batch size, which a file exported with
 // a dynamic batch computes (Shape); and what arithmetic on it gives.
@@ -53,6 +55,10 @@ constexpr int64_t kUnknownDim = -(int64_t{1} << 41);
 struct Val {
   std::string layer;  // the layer that writes it; "input": the model's input
   Shape shape;        // per sample
+  // The ONNX value is the layer's output transposed to channels-last,
+  // [N, H, W, C] for shape [C, H, W] (ConvNeXt's x.permute(0, 2, 3, 1)):
+  // only layers that work on either layout read it (AddLayer checks).
+  bool channels_last = false;
 };
 
 // kernel, strides, pads, dilations of a Conv, ConvTranspose or pooling node.
@@ -118,6 +124,8 @@ class OnnxImporter {
   void Simple(int i, const std::string& type, const Args& args = Args(), const std::string& x = "");
   // Node i's output is `from` (a value or a constant) under another name.
   void Alias(int i, const std::string& from);
+  // Node i's output is value `from` seen channels-last (or back).
+  void AliasLayout(int i, const std::string& from, bool channels_last);
   void SetConst(const std::string& v, Tensor t) { consts_[v] = std::move(t); }
   // Node j is part of the layer being added: it is not converted itself.
   void Skip(int j) { skip_.insert(j); }

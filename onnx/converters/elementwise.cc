@@ -54,9 +54,19 @@ void ImportArithmetic(OnnxImporter& im, int i, NodeAttrs& a) {
     args.Set("scale", std::vector<double>{Decimal(static_cast<float>(s))});
     return im.Simple(i, "mul", args, im.In(i, xk));
   }
-  // A per-channel scale: [C, 1, 1] (with a leading 1 or not) is ConvNeXt's layer scale.
+  // A per-channel scale: [C, 1, 1] (with a leading 1 or not) is ConvNeXt's
+  // layer scale; over a channels-last view, [C].
   const int64_t channels = x.shape[0];
-  if (op == "Mul" && c.numel() == channels && x.shape.rank() >= 2) {
+  bool per_channel = c.numel() == channels && x.shape.rank() >= 2;
+  if (per_channel && x.channels_last) {
+    per_channel = c.shape().rank() == 1;
+  } else if (per_channel) {
+    const auto& d = c.shape().dims();
+    per_channel =
+        d.size() >= static_cast<size_t>(x.shape.rank()) &&
+        std::all_of(d.end() - (x.shape.rank() - 1), d.end(), [](int64_t n) { return n == 1; });
+  }
+  if (op == "Mul" && per_channel) {
     const std::string base = IsModulePath(cname) ? cname : im.ScopeName(i);
     return im.AddLayer(i, base, "layer_scale", Args(), {im.In(i, xk)}, {{"", c}}, n.output(0));
   }

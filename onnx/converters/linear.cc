@@ -47,9 +47,28 @@ void ImportGemm(OnnxImporter& im, int i, NodeAttrs& a) {
 }
 
 // x [N, in] @ W [in, out], with the bias of an Add that follows.
+// x @ W over the channels of a channels-last view (ConvNeXt's nn.Linear
+// on x.permute(0, 2, 3, 1)): a channel_linear, channels-last too.
+void AddChannelLinear(OnnxImporter& im, int i, const std::string& base, const Tensor& w,
+                      const Tensor* b, const std::string& output) {
+  const Val x = im.ValIn(i, 0);
+  if (w.shape()[1] != x.shape[0]) {
+    im.Fail(i, StrCat("a weight ", w.shape(), " does not fit ", x.shape[0], " channels"));
+  }
+  Args args;
+  args.Set("out", w.shape()[0]);
+  std::vector<std::pair<std::string, Tensor>> t = {{"weight", w}};
+  if (b != nullptr) {
+    t.emplace_back("bias", *b);
+  } else {
+    args.Set("bias", false);
+  }
+  im.AddLayer(i, base, "channel_linear", args, {im.In(i, 0)}, t, output);
+}
+
 void ImportMatMul(OnnxImporter& im, int i, NodeAttrs& a) {
   a.Done();
-  im.ValIn(i, 0);
+  const bool channels_last = im.ValIn(i, 0).channels_last;
   const Tensor& bm = im.ConstIn(i, 1);
   if (bm.shape().rank() != 2) im.Fail(i, "only x @ W with a 2-D constant W is a cnnflow linear");
   const Tensor w = Transposed(bm);
@@ -67,6 +86,7 @@ void ImportMatMul(OnnxImporter& im, int i, NodeAttrs& a) {
       output = im.node(add).output(0);
     }
   }
+  if (channels_last) return AddChannelLinear(im, i, base, w, b, output);
   AddLinear(im, i, base, im.In(i, 0), w, b, output);
 }
 
@@ -101,7 +121,9 @@ void ExportChannelLinear(OnnxExporter& ex, int i) {
 }  // namespace
 
 CNNFLOW_ONNX_IMPORT(Gemm, "linear (y = x W^T + b: alpha 1, beta 1, transA 0)", ImportGemm);
-CNNFLOW_ONNX_IMPORT(MatMul, "linear (x @ W with a constant 2-D W, and the bias of an Add after)",
+CNNFLOW_ONNX_IMPORT(MatMul,
+                    "linear (x @ W with a constant 2-D W, and the bias of an Add after); over a "
+                    "channels-last view's channels: channel_linear",
                     ImportMatMul);
 CNNFLOW_ONNX_EXPORT(linear, "Gemm (transB 1), after a Flatten for samples of several dimensions",
                     ExportLinear);

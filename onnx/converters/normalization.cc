@@ -39,6 +39,29 @@ void ImportBatchNorm(OnnxImporter& im, int i, NodeAttrs& a) {
               im.node(i).output(0));
 }
 
+// LayerNormalization over the last axis: the channels of a channels-last
+// view (ConvNeXt's nn.LayerNorm after x.permute(0, 2, 3, 1), and
+// LayerNorm2d's) or of [N, C] samples: layernorm.
+void ImportLayerNorm(OnnxImporter& im, int i, NodeAttrs& a) {
+  const Val x = im.ValIn(i, 0);
+  const int64_t axis = a.Int("axis", -1);
+  const double eps = a.Float("epsilon", 1e-5);
+  a.Int("stash_type", 1);  // the statistics' type: cnnflow's are f64 and f32
+  a.Done();
+  const int64_t rank = x.shape.rank() + 1;
+  if (!((x.channels_last || rank == 2) && (axis == -1 || axis == rank - 1))) {
+    im.Fail(i,
+            "normalises over another axis than the channels (cnnflow's layernorm takes the "
+            "channels of [N, C] or of a channels-last view, axis -1)");
+  }
+  const Tensor& scale = im.ConstIn(i, 1);
+  const Tensor bias = im.HasIn(i, 2) ? im.ConstIn(i, 2) : Tensor::Zeros(scale.shape());
+  Args args;
+  args.Set("eps", eps);
+  im.AddLayer(i, im.WeightName(i, 1, "weight"), "layernorm", args, {im.In(i, 0)},
+              {{"weight", scale}, {"bias", bias}}, im.node(i).output(0));
+}
+
 void ExportBatchNorm(OnnxExporter& ex, int i) {
   const Layer& l = ex.layer(i);
   const auto& bn = ex.As<BatchNormLayer>(i);
@@ -108,6 +131,9 @@ void ExportGroupNorm(OnnxExporter& ex, int i) {
 }  // namespace
 
 CNNFLOW_ONNX_IMPORT(BatchNormalization, "batchnorm (training or inference mode)", ImportBatchNorm);
+CNNFLOW_ONNX_IMPORT(LayerNormalization,
+                    "layernorm (over the channels of [N, C] or of a channels-last view)",
+                    ImportLayerNorm);
 CNNFLOW_ONNX_EXPORT(batchnorm, "BatchNormalization (running statistics, epsilon)", ExportBatchNorm);
 CNNFLOW_ONNX_EXPORT(layernorm, "Transpose -> LayerNormalization (axis -1) -> Transpose",
                     ExportLayerNorm);

@@ -80,6 +80,24 @@ void ImportShape(OnnxImporter& im, int i, NodeAttrs& a) {
   im.SetConst(im.node(i).output(0), t);
 }
 
+// A computed value to channels-last, [N, C, ...] -> [N, ..., C], or back:
+// no layer, the value seen in the other layout (Val::channels_last).
+void ImportTranspose(OnnxImporter& im, int i, NodeAttrs& a) {
+  const Val x = im.ValIn(i, 0);
+  const int64_t rank = x.shape.rank() + 1;
+  const std::vector<int64_t> perm = a.Ints("perm", {});
+  a.Done();
+  std::vector<int64_t> to_last = {0}, back = {0, rank - 1};
+  for (int64_t d = 2; d < rank; ++d) to_last.push_back(d);
+  to_last.push_back(1);
+  for (int64_t d = 1; d < rank - 1; ++d) back.push_back(d);
+  if (rank >= 3 && !x.channels_last && perm == to_last) return im.AliasLayout(i, im.In(i, 0), true);
+  if (rank >= 3 && x.channels_last && perm == back) return im.AliasLayout(i, im.In(i, 0), false);
+  im.Fail(i, StrCat("transposes a computed value by ", Shape(perm),
+                    "; cnnflow maps a Transpose of a constant (a weight), to channels-last and "
+                    "back, or in a channel shuffle"));
+}
+
 // Ops the importer folds where their inputs are constants (shape
 // arithmetic) and has no layer for otherwise.
 void ConstantsOnly(OnnxImporter& im, int i, NodeAttrs&) {
@@ -121,13 +139,10 @@ CNNFLOW_ONNX_IMPORT(Identity, "nothing: its input under another name",
                       im.Alias(i, im.In(i, 0));
                     });
 CNNFLOW_ONNX_IMPORT(Transpose,
-                    "of a 2-D constant (a weight's, folded), or in a channel shuffle (Reshape "
-                    "[N, g, C/g, ...] -> Transpose -> Reshape [N, C, ...]: channel_shuffle)",
-                    [](OnnxImporter& im, int i, NodeAttrs&) {
-                      im.Fail(i,
-                              "transposes a computed value; cnnflow maps a Transpose of a "
-                              "constant (a weight) or in a channel shuffle");
-                    });
+                    "of a 2-D constant (a weight's, folded); to channels-last and back (a view "
+                    "the elementwise ops, LayerNormalization and MatMul read: ConvNeXt); in a "
+                    "channel shuffle (Reshape -> Transpose -> Reshape: channel_shuffle)",
+                    ImportTranspose);
 CNNFLOW_ONNX_IMPORT(Shape,
                     "a constant: the per-sample shape, the batch symbolic (x.view(x.size(0), "
                     "-1) and the like are folded)",

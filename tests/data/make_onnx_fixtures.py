@@ -235,6 +235,16 @@ class CeilPoolNet(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
+def convnext_net():
+    """torchvision's ConvNeXt at two small stages: its blocks permute to
+    channels-last for LayerNorm, Linear, GELU, Linear and permute back
+    (Transpose -> LayerNormalization -> MatMul + Add ... -> Transpose), a
+    [C, 1, 1] layer scale after; LayerNorm2d permutes around its norm."""
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+    return ConvNeXt([CNBlockConfig(8, 16, 1), CNBlockConfig(16, None, 1)],
+                    stochastic_depth_prob=0.0, num_classes=CLASSES)
+
+
 # name: (the network, the other exports of it: "folded" (TorchScript, BN
 # folded), "dynamo" (the newer exporter, whose optimiser folds BN too),
 # "dynamic" (a dynamic batch, where the main export's is fixed))
@@ -246,6 +256,7 @@ NETS = {
     "shuffle_net": (ShuffleNet, ("dynamic",)),
     "shuffle_unit": (ShuffleUnit, ()),
     "ceil_pool_net": (CeilPoolNet, ()),
+    "convnext_net": (convnext_net, ()),
 }
 # Exported with the batch fixed (the channel shuffle's view sizes are then
 # constants; with a dynamic batch they are computed from Shape nodes, which

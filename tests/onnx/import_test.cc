@@ -113,7 +113,7 @@ TEST_P(OnnxFixture, GivesPyTorchsLogitsAndGradients) {
 INSTANTIATE_TEST_SUITE_P(TorchOnnx, OnnxFixture,
                          ::testing::Values("resnet_block", "inverted_residual_se_silu", "gelu_net",
                                            "zoo_net", "shuffle_net", "shuffle_unit",
-                                           "ceil_pool_net"));
+                                           "ceil_pool_net", "convnext_net"));
 
 TEST(ImportOnnx, MapsExporterPatternsToSingleLayers) {
   auto types = [](const ImportedOnnx& m) {
