@@ -40,7 +40,7 @@ command's stderr printed, and the next model runs.
 Runs in the git-ignored venv of bench/torch_venv.sh (torch, torchvision,
 onnx, onnxruntime, safetensors; onnxscript for --dynamo), never in CI:
 
-  $(bench/torch_venv.sh) bench/onnx_import_vs_pytorch.py [--models a,b] [--batch 2]
+  $(bench/torch_venv.sh) bench/onnx_import_vs_pytorch.py [--models a,b | all] [--batch 2]
       [--cnnflow build/cnnflow] [--no-roundtrip] [--f64] [--keep DIR] [--out FILE]
   $(bench/torch_venv.sh) bench/onnx_import_vs_pytorch.py --export-only   # PyTorch and onnxruntime only
 """
@@ -65,11 +65,17 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from library_vs_pytorch import F64_TOL, GRAD_FLOOR, TOL, randomise, rel  # noqa: E402
 
 MODELS = ["resnet50", "mobilenet_v2", "efficientnet_b0"]
+# --models all: torchvision's CNN classifiers (issue 57's list).
+ALL_MODELS = ["alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "efficientnet_v2_s",
+              "googlenet", "inception_v3", "mnasnet0_5", "mobilenet_v2", "mobilenet_v3_large",
+              "mobilenet_v3_small", "regnet_y_400mf", "resnet18", "resnet50", "resnext50_32x4d",
+              "shufflenet_v2_x0_5", "squeezenet1_1", "vgg11_bn", "wide_resnet50_2"]
 # Constructor arguments where the defaults do not give one logits tensor in
 # training mode (the auxiliary classifiers return a tuple there).
 MODEL_KWARGS = {"googlenet": {"aux_logits": False, "init_weights": True},
                 "inception_v3": {"aux_logits": False, "init_weights": True}}
 SHAPE = (3, 224, 224)
+INPUT = {"inception_v3": (3, 299, 299)}  # networks trained at another size
 
 
 def export_onnx(model, x, path, folded=False):
@@ -161,7 +167,7 @@ def check(name, a, tmp):
     gen = torch.Generator().manual_seed(1)
     model = getattr(torchvision.models, name)(weights=None, **MODEL_KWARGS.get(name, {})).float()
     randomise(model, gen)  # also every nn.Dropout's p and StochasticDepth's p to 0
-    x = torch.randn((a.batch,) + SHAPE, generator=gen)
+    x = torch.randn((a.batch,) + INPUT.get(name, SHAPE), generator=gen)
     labels = torch.randint(0, 1000, (a.batch,), generator=gen)
     state = {k: v.detach().contiguous().numpy() for k, v in model.state_dict().items()
              if not k.endswith("num_batches_tracked")}
@@ -260,7 +266,7 @@ def check_dynamo(name, a, tmp):
     gen = torch.Generator().manual_seed(1)
     model = getattr(torchvision.models, name)(weights=None, **MODEL_KWARGS.get(name, {})).float()
     randomise(model, gen)
-    x = torch.randn((a.batch,) + SHAPE, generator=gen)
+    x = torch.randn((a.batch,) + INPUT.get(name, SHAPE), generator=gen)
     labels = torch.randint(0, 1000, (a.batch,), generator=gen)
     path = os.path.join(tmp, f"{name}.dynamo.onnx")
     export_onnx_dynamo(copy.deepcopy(model), x, path)
@@ -325,6 +331,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="PyTorch's threads (default 2)")
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.models == "all":
+        a.models = ",".join(ALL_MODELS)
     if not a.export_only and not os.access(a.cnnflow, os.X_OK):
         ap.error(f"no cnnflow at {a.cnnflow} (--cnnflow PATH, or --export-only)")
     torch.set_num_threads(a.threads)

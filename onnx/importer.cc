@@ -67,13 +67,16 @@ std::string MetadataScope(const onnx::NodeProto& n) {
 }
 }  // namespace
 
-// [A-Za-z0-9_] words joined by single dots: a PyTorch module path.
+// [A-Za-z0-9_-] words joined by single dots: a PyTorch module path (a
+// ModuleDict's or Sequential's keys may hold '-': RegNet's "block1-0").
 bool IsModulePath(const std::string& s) {
-  if (s.empty() || s.front() == '.' || s.back() == '.') return false;
+  if (s.empty() || s.front() == '.' || s.back() == '.' || s.front() == '-') return false;
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
     if (c == '.' && s[i + 1] == '.') return false;
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.')) return false;
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-')) {
+      return false;
+    }
   }
   return true;
 }

@@ -34,7 +34,7 @@
 
 namespace cnnflow::onnx_io {
 
-// [A-Za-z0-9_] words joined by single dots: a PyTorch module path.
+// [A-Za-z0-9_-] words joined by single dots: a PyTorch module path.
 bool IsModulePath(const std::string& s);
 bool EndsWith(const std::string& s, const std::string& suffix);
 // Args from a list of ints: omitted when every one is `dflt`, a scalar when

@@ -79,7 +79,7 @@ int RunImport(const std::vector<std::string>& args) {
     if (in.empty() || out.empty()) throw UsageError("needs MODEL.onnx and -o DIR");
     if (mean.size() != std.size()) throw UsageError("--mean and --std need as many values each");
     if (!name.empty() && !onnx_io::IsModulePath(name))
-      throw UsageError(StrCat("--name '", name, "': letters, digits, _ and ."));
+      throw UsageError(StrCat("--name '", name, "': letters, digits, _, - and ."));
   } catch (const UsageError& e) {
     std::fprintf(stderr, "cnnflow import: %s\n\n%s", e.what(), kImportUsage);
     return 2;

@@ -1,5 +1,6 @@
 // Linear maps: Gemm, MatMul (+ the Add of its bias) <-> linear (a [in, out]
-// weight transposed); channel_linear out as a Conv with a 1x1 kernel (the
+// weight transposed); MatMul over a channels-last view's channels ->
+// channel_linear; channel_linear out as a Conv with a 1x1 kernel (the
 // weight [K, C] unsqueezed to [K, C, 1, 1]; Gemm for [C] samples): one node
 // every runtime runs as a GEMM, where Transpose -> MatMul -> Add ->
 // Transpose would be four.
@@ -11,15 +12,19 @@
 namespace cnnflow::onnx_io {
 namespace {
 
-// A linear layer of weight w [out, in] (and bias b) on the flat value x.
+// A linear layer of weight w [out, in] (and bias b) reading value x:
+// `linear` on flat samples [N, in], or `channel_linear` over the channels
+// of a channels-last view (ConvNeXt's nn.Linear on x.permute(0, 2, 3, 1)).
 void AddLinear(OnnxImporter& im, int i, const std::string& base, const std::string& x,
                const Tensor& w, const Tensor* b, const std::string& output) {
-  const Shape& in = im.Value(x).shape;
-  if (in.rank() != 1)
-    im.Fail(i,
-            StrCat("a matrix product of samples ", in, ": cnnflow's linear takes [N, features]"));
-  if (w.shape().rank() != 2 || w.shape()[1] != in[0]) {
-    im.Fail(i, StrCat("a weight ", w.shape(), " does not fit ", in[0], " input features"));
+  const Val& in = im.Value(x);
+  if (in.shape.rank() != 1 && !in.channels_last) {
+    im.Fail(i, StrCat("a matrix product of samples ", in.shape,
+                      ": cnnflow's linear takes [N, features] (or the channels of a "
+                      "channels-last view)"));
+  }
+  if (w.shape().rank() != 2 || w.shape()[1] != in.shape[0]) {
+    im.Fail(i, StrCat("a weight ", w.shape(), " does not fit ", in.shape[0], " input features"));
   }
   Args args;
   args.Set("out", w.shape()[0]);
@@ -29,7 +34,7 @@ void AddLinear(OnnxImporter& im, int i, const std::string& base, const std::stri
   } else {
     args.Set("bias", false);
   }
-  im.AddLayer(i, base, "linear", args, {x}, t, output);
+  im.AddLayer(i, base, in.channels_last ? "channel_linear" : "linear", args, {x}, t, output);
 }
 
 void ImportGemm(OnnxImporter& im, int i, NodeAttrs& a) {
@@ -46,29 +51,11 @@ void ImportGemm(OnnxImporter& im, int i, NodeAttrs& a) {
   AddLinear(im, i, im.WeightName(i, 1, "weight"), im.In(i, 0), w, b, im.node(i).output(0));
 }
 
-// x [N, in] @ W [in, out], with the bias of an Add that follows.
-// x @ W over the channels of a channels-last view (ConvNeXt's nn.Linear
-// on x.permute(0, 2, 3, 1)): a channel_linear, channels-last too.
-void AddChannelLinear(OnnxImporter& im, int i, const std::string& base, const Tensor& w,
-                      const Tensor* b, const std::string& output) {
-  const Val x = im.ValIn(i, 0);
-  if (w.shape()[1] != x.shape[0]) {
-    im.Fail(i, StrCat("a weight ", w.shape(), " does not fit ", x.shape[0], " channels"));
-  }
-  Args args;
-  args.Set("out", w.shape()[0]);
-  std::vector<std::pair<std::string, Tensor>> t = {{"weight", w}};
-  if (b != nullptr) {
-    t.emplace_back("bias", *b);
-  } else {
-    args.Set("bias", false);
-  }
-  im.AddLayer(i, base, "channel_linear", args, {im.In(i, 0)}, t, output);
-}
-
+// x [N, in] @ W [in, out] (or over a channels-last view's channels), with
+// the bias of an Add that follows.
 void ImportMatMul(OnnxImporter& im, int i, NodeAttrs& a) {
   a.Done();
-  const bool channels_last = im.ValIn(i, 0).channels_last;
+  im.ValIn(i, 0);
   const Tensor& bm = im.ConstIn(i, 1);
   if (bm.shape().rank() != 2) im.Fail(i, "only x @ W with a 2-D constant W is a cnnflow linear");
   const Tensor w = Transposed(bm);
@@ -86,7 +73,6 @@ void ImportMatMul(OnnxImporter& im, int i, NodeAttrs& a) {
       output = im.node(add).output(0);
     }
   }
-  if (channels_last) return AddChannelLinear(im, i, base, w, b, output);
   AddLinear(im, i, base, im.In(i, 0), w, b, output);
 }
 

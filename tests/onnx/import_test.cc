@@ -17,6 +17,7 @@
 #include <fstream>
 #include <set>
 
+#include "onnx/importer.h"
 #include "ops/io/safetensors.h"
 #include "ops/loss.h"
 #include "ops/model.h"
@@ -190,6 +191,15 @@ INSTANTIATE_TEST_SUITE_P(TorchOnnx, FoldedFixture,
                          ::testing::Values(std::make_pair("resnet_block_folded", "conv1"),
                                            std::make_pair("inverted_residual_se_silu_dynamo",
                                                           "features.0.0")));
+
+// Layers are named after PyTorch's module paths, whose keys may hold '-'
+// (RegNet's trunk_output.block1.block1-0), so that the weights keep them.
+TEST(ImportOnnx, ModulePathsMayHoldHyphens) {
+  EXPECT_TRUE(onnx_io::IsModulePath("trunk_output.block1.block1-0.proj.0"));
+  EXPECT_TRUE(onnx_io::IsModulePath("layer1.0.conv1"));
+  for (const char* bad : {"", "-a", ".a", "a.", "a..b", "a/b", "a b"})
+    EXPECT_FALSE(onnx_io::IsModulePath(bad)) << bad;
+}
 
 TEST(ImportOnnx, TruncatedOrForeignFilesAreNamedErrors) {
   const std::string b = ReadBytes(Fixture("resnet_block.onnx"));

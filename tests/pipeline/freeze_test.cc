@@ -7,7 +7,6 @@
 // spans); and the config's mistakes are named errors.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -51,11 +50,6 @@ std::map<std::string, Tensor> State(Trainer& t) {
   return out;
 }
 
-bool Same(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
-
 bool Frozen(const std::string& name) {
   return name.rfind("conv1.", 0) == 0 || name.rfind("bn1.", 0) == 0 ||
          name.rfind("layer1.", 0) == 0;
@@ -87,16 +81,16 @@ TEST(Freeze, FineTunesADownloadedPthWithTheStemAndLayer1Frozen) {
   const SafetensorsFile file = LoadWeightsFile(kPretrained);
   const Tensor* w = file.Find("module.layer1.0.conv2.weight");
   ASSERT_NE(w, nullptr);
-  EXPECT_TRUE(Same(r.before.at("layer1.0.conv2.weight"), w->Cast(DType::kF32)));
+  EXPECT_TRUE(testing::SameBytes(r.before.at("layer1.0.conv2.weight"), w->Cast(DType::kF32)));
 
   int frozen = 0, moved = 0;
   for (const auto& [name, t] : r.after) {
     if (name.find("num_batches_tracked") != std::string::npos) continue;
     if (Frozen(name)) {  // weights and, in eval mode, BN statistics: as loaded
-      EXPECT_TRUE(Same(t, r.before.at(name))) << name << " changed though frozen";
+      EXPECT_TRUE(testing::SameBytes(t, r.before.at(name))) << name << " changed though frozen";
       ++frozen;
     } else if (name.find("running_") == std::string::npos) {
-      moved += !Same(t, r.before.at(name));
+      moved += !testing::SameBytes(t, r.before.at(name));
     }
   }
   EXPECT_GE(frozen, 20);
@@ -113,10 +107,10 @@ TEST(Freeze, FineTunesADownloadedPthWithTheStemAndLayer1Frozen) {
 TEST(Freeze, FrozenBatchNormTrainsItsStatisticsUnlessHeldInEvalMode) {
   const FineTune r = Train("train");
   // requires_grad alone: the weights hold, the batch statistics still move.
-  EXPECT_TRUE(Same(r.after.at("bn1.weight"), r.before.at("bn1.weight")));
-  EXPECT_FALSE(Same(r.after.at("bn1.running_mean"), r.before.at("bn1.running_mean")));
-  EXPECT_FALSE(
-      Same(r.after.at("layer1.0.bn2.running_var"), r.before.at("layer1.0.bn2.running_var")));
+  EXPECT_TRUE(testing::SameBytes(r.after.at("bn1.weight"), r.before.at("bn1.weight")));
+  EXPECT_FALSE(testing::SameBytes(r.after.at("bn1.running_mean"), r.before.at("bn1.running_mean")));
+  EXPECT_FALSE(testing::SameBytes(r.after.at("layer1.0.bn2.running_var"),
+                                  r.before.at("layer1.0.bn2.running_var")));
 }
 
 TEST(Freeze, MistakesAreNamedErrors) {

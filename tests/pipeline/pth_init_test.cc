@@ -6,7 +6,6 @@
 // evaluate as PyTorch did.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <map>
 #include <string>
 
@@ -23,11 +22,6 @@ std::map<std::string, Tensor> State(Trainer& t) {
   return out;
 }
 
-bool Same(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
-
 TEST(PthInit, TrainInitAndEvalWeightsReadAPthAsItsSafetensorsTwin) {
   const std::string config = "tests/data/pytorch_tiny.yaml";
   Trainer fresh(LoadRunConfig(config));
@@ -40,10 +34,10 @@ TEST(PthInit, TrainInitAndEvalWeightsReadAPthAsItsSafetensorsTwin) {
   const auto a = State(fresh), b = State(from_st), c = State(from_pth), d = State(evaluated);
   ASSERT_FALSE(b.empty());
   for (const auto& [name, t] : b) {
-    EXPECT_TRUE(Same(c.at(name), t)) << name;
-    EXPECT_TRUE(Same(d.at(name), t)) << name;
+    EXPECT_TRUE(testing::SameBytes(c.at(name), t)) << name;
+    EXPECT_TRUE(testing::SameBytes(d.at(name), t)) << name;
   }
-  EXPECT_FALSE(Same(a.at("conv1.weight"), b.at("conv1.weight")));
+  EXPECT_FALSE(testing::SameBytes(a.at("conv1.weight"), b.at("conv1.weight")));
   // The file itself, as the readers of weights see it.
   const SafetensorsFile f = LoadWeightsFile("tests/data/pth/pytorch_tiny.pth");
   EXPECT_EQ(f.metadata.at("format"), "pth");

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <utility>
@@ -68,6 +69,12 @@ std::string ErrorOf(F&& f) {
 
 // Every piece is in `text` (an error message); a failure names each
 // missing piece and shows the text.
+// Whether two tensors hold the same bytes, shape and dtype.
+inline bool SameBytes(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
 inline void ExpectContains(const std::string& text, const std::vector<std::string>& pieces) {
   if (text.empty()) ADD_FAILURE() << "no error; expected one with '" << pieces.front() << "'";
   for (const std::string& p : pieces) {
