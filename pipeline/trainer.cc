@@ -529,11 +529,7 @@ PassMetrics Trainer::TrainEpoch(int64_t epoch) {
     state_.stop_batch = every > 0 ? (at_.batch_in_epoch / every + 1) * every : 0;
     const int64_t before = state_.batches_done;
     const PassMetrics part = RunPass(config_.train_graph, "train", epoch);
-    train.loss_sum += part.loss_sum;
-    train.correct += part.correct;
-    train.samples += part.samples;
-    train.batches += part.batches;
-    train.skipped += part.skipped;
+    train.Merge(part);
     train.seconds += part.seconds;
     at_.batch_in_epoch += state_.batches_done - before;
     state_.start_batch = state_.stop_batch = 0;

@@ -152,16 +152,14 @@ class EvalStepStage final : public Stage {
       m.correct = r.correct;
       return;
     }
-    double loss_sum = 0;  // of the chunks' mean losses x their rows
-    int64_t correct = 0;
+    PassMetrics sum;  // of the chunks
     for (int64_t b = 0; b < n; b += chunk) {
       const int64_t e = std::min(n, b + chunk);
       const LossResult r = run(b, e);
-      loss_sum += r.loss * static_cast<double>(e - b);
-      correct += r.correct;
+      sum.Add(r.loss, r.correct, e - b);
     }
-    m.loss = loss_sum / static_cast<double>(n);
-    m.correct = correct;
+    m.loss = sum.mean_loss();
+    m.correct = sum.correct;
   }
 
   int64_t micro_batch_;

@@ -18,9 +18,7 @@ class MetricsStage final : public Stage {
           return Guarded([&] {
             PassMetrics& p = state.metrics;
             const auto n = static_cast<int64_t>(m->labels.size());
-            p.loss_sum += m->loss * static_cast<double>(n);
-            p.correct += m->correct;
-            p.samples += n;
+            p.Add(m->loss, m->correct, n);
             p.batches += 1;
             p.seconds =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - state.pass_start)

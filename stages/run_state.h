@@ -35,6 +35,20 @@ struct PassMetrics {
   int64_t batches = 0;
   int64_t skipped = 0;  // bad records left out (on_bad_record: skip)
   double seconds = 0;
+  // A batch (or chunk) of `rows` samples whose mean loss was `mean_loss`.
+  void Add(double mean_loss, int64_t right, int64_t rows) {
+    loss_sum += mean_loss * static_cast<double>(rows);
+    correct += right;
+    samples += rows;
+  }
+  // Another pass's counts (its seconds aside).
+  void Merge(const PassMetrics& o) {
+    loss_sum += o.loss_sum;
+    correct += o.correct;
+    samples += o.samples;
+    batches += o.batches;
+    skipped += o.skipped;
+  }
   double mean_loss() const { return samples ? loss_sum / static_cast<double>(samples) : 0; }
   double accuracy() const { return samples ? static_cast<double>(correct) / samples : 0; }
   double samples_per_second() const { return seconds > 0 ? samples / seconds : 0; }
