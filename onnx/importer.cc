@@ -107,6 +107,17 @@ Tensor Transposed(const Tensor& w) {
   return t;
 }
 
+std::vector<std::pair<std::string, Tensor>> WeightAndBias(const Tensor& w, const Tensor* b,
+                                                          Args& args) {
+  std::vector<std::pair<std::string, Tensor>> t = {{"weight", w}};
+  if (b != nullptr) {
+    t.emplace_back("bias", *b);
+  } else {
+    args.Set("bias", false);
+  }
+  return t;
+}
+
 // The layer types whose output means the same over a channels-last view of
 // their input (elementwise ops), and the two that the converters map from
 // channels-last ops (LayerNormalization and MatMul over the last axis).

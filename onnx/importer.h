@@ -43,6 +43,10 @@ void SetInts(Args& args, const std::string& key, const std::vector<int64_t>& v, 
 // A [c, r] f32 matrix from a [r, c] one (a Gemm or MatMul weight [in, out]
 // as cnnflow's [out, in]).
 Tensor Transposed(const Tensor& w);
+// A layer's tensors {weight, and bias where b is given}; without a bias,
+// args gets bias: false.
+std::vector<std::pair<std::string, Tensor>> WeightAndBias(const Tensor& w, const Tensor* b,
+                                                          Args& args);
 // Whether layer `type` may read a channels-last view (Val::channels_last).
 bool WorksChannelsLast(const std::string& type);
 

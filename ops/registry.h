@@ -67,12 +67,7 @@ class Registry {
 
   // "unknown layer type 'conv2' (did you mean 'conv2d'?); known: ...".
   std::string Unknown(const std::string& key) const {
-    const std::vector<std::string> known = Names();
-    const std::string close = ClosestMatch(key, known);
-    std::string list;
-    for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-    return StrCat("unknown ", T::kKind, " '", key, "'",
-                  close.empty() ? "" : StrCat(" (did you mean '", close, "'?)"), "; known: ", list);
+    return UnknownNameMessage(T::kKind, key, Names());
   }
 
   // The keys with a base entry, sorted.

@@ -186,6 +186,20 @@ size_t EditDistance(const std::string& a, const std::string& b) {
   return d[a.size()][b.size()];
 }
 
+std::string JoinNames(const std::vector<std::string>& names) {
+  std::string list;
+  for (const auto& k : names) list += (list.empty() ? "" : ", ") + k;
+  return list;
+}
+
+std::string UnknownNameMessage(const std::string& what, const std::string& name,
+                               const std::vector<std::string>& known) {
+  std::string close = ClosestMatch(name, known);
+  const std::string list = JoinNames(known);
+  return StrCat("unknown ", what, " '", name, "'",
+                close.empty() ? "" : StrCat(" (did you mean '", close, "'?)"), "; known: ", list);
+}
+
 std::string ClosestMatch(const std::string& word, const std::vector<std::string>& known) {
   std::string best;
   size_t best_d = std::string::npos;

@@ -88,5 +88,10 @@ std::string ParamValueToString(const ParamValue& v);
 size_t EditDistance(const std::string& a, const std::string& b);
 // The closest of `known` to `word`, or "" when none is close enough.
 std::string ClosestMatch(const std::string& word, const std::vector<std::string>& known);
+// "a, b, c"
+std::string JoinNames(const std::vector<std::string>& names);
+// "unknown X 'y' (did you mean 'z'?); known: a, b, c"
+std::string UnknownNameMessage(const std::string& what, const std::string& name,
+                               const std::vector<std::string>& known);
 
 }  // namespace cnnflow

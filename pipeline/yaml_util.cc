@@ -6,20 +6,6 @@
 
 namespace cnnflow {
 
-std::string JoinNames(const std::vector<std::string>& names) {
-  std::string list;
-  for (const auto& k : names) list += (list.empty() ? "" : ", ") + k;
-  return list;
-}
-
-std::string UnknownNameMessage(const std::string& what, const std::string& name,
-                               const std::vector<std::string>& known) {
-  std::string close = ClosestMatch(name, known);
-  const std::string list = JoinNames(known);
-  return StrCat("unknown ", what, " '", name, "'",
-                close.empty() ? "" : StrCat(" (did you mean '", close, "'?)"), "; known: ", list);
-}
-
 namespace {
 
 // The end of the flow collection or scalar that starts at `pos` ('{', '[',

@@ -63,10 +63,4 @@ class YamlDoc {
 std::string SetYamlScalar(const std::string& text, const std::string& key, const std::string& value,
                           const std::string& name);
 
-// "a, b, c"
-std::string JoinNames(const std::vector<std::string>& names);
-// "unknown X 'y' (did you mean 'z'?); known: a, b, c"
-std::string UnknownNameMessage(const std::string& what, const std::string& name,
-                               const std::vector<std::string>& known);
-
 }  // namespace cnnflow

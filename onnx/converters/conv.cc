@@ -35,12 +35,7 @@ void ImportConv(OnnxImporter& im, int i, NodeAttrs& a) {
   SetInts(args, "pad", win.pad, 0);
   SetInts(args, "dilation", win.dilation, 1);
   if (groups != 1) args.Set("groups", groups);
-  std::vector<std::pair<std::string, Tensor>> t = {{"weight", w}};
-  if (im.HasIn(i, 2)) {
-    t.emplace_back("bias", im.ConstIn(i, 2));
-  } else {
-    args.Set("bias", false);
-  }
+  const auto t = WeightAndBias(w, im.HasIn(i, 2) ? &im.ConstIn(i, 2) : nullptr, args);
   im.AddLayer(i, im.WeightName(i, 1, "weight"), s == 2 ? "conv2d" : "conv1d", args, {im.In(i, 0)},
               t, im.node(i).output(0));
 }
@@ -71,12 +66,7 @@ void ImportConvTranspose(OnnxImporter& im, int i, NodeAttrs& a) {
   SetInts(args, "output_pad", output_pad, 0);
   SetInts(args, "dilation", win.dilation, 1);
   if (groups != 1) args.Set("groups", groups);
-  std::vector<std::pair<std::string, Tensor>> t = {{"weight", w}};
-  if (im.HasIn(i, 2)) {
-    t.emplace_back("bias", im.ConstIn(i, 2));
-  } else {
-    args.Set("bias", false);
-  }
+  const auto t = WeightAndBias(w, im.HasIn(i, 2) ? &im.ConstIn(i, 2) : nullptr, args);
   im.AddLayer(i, im.WeightName(i, 1, "weight"), "conv_transpose2d", args, {im.In(i, 0)}, t,
               im.node(i).output(0));
 }

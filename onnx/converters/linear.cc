@@ -28,12 +28,7 @@ void AddLinear(OnnxImporter& im, int i, const std::string& base, const std::stri
   }
   Args args;
   args.Set("out", w.shape()[0]);
-  std::vector<std::pair<std::string, Tensor>> t = {{"weight", w}};
-  if (b != nullptr) {
-    t.emplace_back("bias", *b);
-  } else {
-    args.Set("bias", false);
-  }
+  const auto t = WeightAndBias(w, b, args);
   im.AddLayer(i, base, in.channels_last ? "channel_linear" : "linear", args, {x}, t, output);
 }
 

@@ -36,6 +36,13 @@
 
 namespace cnnflow {
 
+// The steady-clock time `seconds` from now: a collective's deadline.
+inline std::chrono::steady_clock::time_point DeadlineIn(double seconds) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             std::chrono::duration<double>(seconds));
+}
+
 // Base of the errors a collective throws.
 class CollectiveError : public Error {
  public:

@@ -5,17 +5,6 @@
 #include <chrono>
 
 namespace cnnflow {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-Clock::time_point DeadlineIn(double seconds) {
-  return Clock::now() +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
-
-}  // namespace
-
 HierarchicalAllReduce::HierarchicalAllReduce(LocalGroup& local, MpiWorld& world, double timeout_s)
     : local_(local), world_(world), timeout_s_(timeout_s) {
   GatherSizes();

@@ -28,11 +28,6 @@ constexpr int64_t kMaxPiece = int64_t{1} << 30;
 constexpr auto kBusyPoll = std::chrono::milliseconds(2);
 constexpr auto kPollSleep = std::chrono::microseconds(50);
 
-Clock::time_point DeadlineIn(double seconds) {
-  return Clock::now() +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
-
 const char* EnvOrNull(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? v : nullptr;

@@ -31,11 +31,6 @@ static_assert(sizeof(ncclUniqueId) == sizeof(NcclGroup::UniqueId),
 constexpr auto kBusyPoll = std::chrono::microseconds(500);
 constexpr auto kPollSleep = std::chrono::microseconds(50);
 
-Clock::time_point DeadlineIn(double seconds) {
-  return Clock::now() +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
-
 void PollPause(Clock::time_point start) {
   if (Clock::now() - start < kBusyPoll) {
     std::this_thread::yield();

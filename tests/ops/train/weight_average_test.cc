@@ -7,18 +7,17 @@
 #include <cmath>
 #include <vector>
 
+#include "tests/testing/helpers.h"
+
 namespace cnnflow {
 namespace {
 
 std::unique_ptr<Model> SmallModel(uint64_t seed) {
-  LayerSpec conv{"conv", "conv2d", {}, {}, {}, {}};
-  conv.args.Set("out", int64_t{3});
-  conv.args.Set("kernel", int64_t{3});
-  LayerSpec bn{"bn", "batchnorm", {}, {}, {}, {}};
-  LayerSpec fc{"fc", "linear", {}, {}, {}, {}};
-  fc.args.Set("out", int64_t{4});
-  LayerSpec flat{"flat", "flatten", {}, {}, {}, {}};
-  return Model::Build({conv, bn, flat, fc}, {2, 5, 5}, DType::kF32, seed);
+  return Model::Build(
+      {testing::Spec("conv", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}}),
+       testing::Spec("bn", "batchnorm"), testing::Spec("flat", "flatten"),
+       testing::Spec("fc", "linear", {{"out", int64_t{4}}})},
+      {2, 5, 5}, DType::kF32, seed);
 }
 
 std::vector<std::vector<double>> Values(Model& m) {
