@@ -4,6 +4,12 @@
 // same buffers. Run under mpirun; rank 0 prints.
 //
 //   mpirun -n 2 mpi_allreduce_bench [--sizes-mb 1,4,16,64] [--rounds 5] [--link-gbps 1]
+//     [--leaves G]
+//
+// --leaves G times, beside them, the all-reduce of a run of G logical
+// replicas split over the processes (8 over 3: 3 + 3 + 2; MpiWorld's
+// partial-sum tree, ops/collectives/reduction_tree.h), each process
+// handing in its partial sums, and prints the bytes it sends.
 //
 // algbw = bucket bytes / time; busbw = algbw * 2(W-1)/W (NCCL's convention:
 // the bytes each process's link must carry, so busbw / link rate is the
@@ -57,6 +63,7 @@ int Main(int argc, char** argv) {
   std::vector<double> sizes_mb = {1, 4, 16, 64};
   int rounds = 5;
   double link_gbps = 0;
+  int leaves = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--sizes-mb" && i + 1 < argc) {
@@ -65,14 +72,25 @@ int Main(int argc, char** argv) {
       rounds = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--link-gbps" && i + 1 < argc) {
       link_gbps = std::atof(argv[++i]);
+    } else if (a == "--leaves" && i + 1 < argc) {
+      leaves = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: mpi_allreduce_bench [--sizes-mb 1,4,16,64] [--rounds 5] "
-                   "[--link-gbps G]\n");
+                   "[--link-gbps G] [--leaves G]\n");
       return 2;
     }
   }
   const int w = world.size();
+  if (leaves != 0 && leaves < w) {
+    std::fprintf(stderr, "mpi_allreduce_bench: --leaves %d < %d processes\n", leaves, w);
+    return 2;
+  }
+  // The split of the leaves, and this process's partial-sum buffers.
+  std::vector<LeafRange> layout;
+  for (int p = 0; leaves > 0 && p < w; ++p) layout.push_back(ProcessLeaves(p, w, leaves));
+  const size_t partials =
+      leaves > 0 ? TreeSegments(layout[world.rank()], leaves).size() : size_t{0};
   const bool print = world.rank() == 0;
   if (print) {
     std::printf("all-reduce (sum, float32) across %d processes; 1 MB = 2^20 bytes, GB/s = 1e9 B/s",
@@ -87,9 +105,19 @@ int Main(int argc, char** argv) {
     std::vector<float> buf(count, 1.0f);
     // About 1 s of each per round at 1 Gb/s; at least 2 calls.
     const int reps = std::max(2, static_cast<int>(64 / std::max(1.0, mb)));
-    std::vector<double> ours, theirs;
+    std::vector<double> ours, theirs, split;
+    std::vector<std::vector<float>> parts(partials, std::vector<float>(count, 1.0f));
+    std::vector<float*> part_ptrs;
+    for (auto& p : parts) part_ptrs.push_back(p.data());
     for (int r = 0; r < rounds; ++r) {
       ours.push_back(Time(reps, [&] { world.AllReduceSum(buf.data(), count, "bench", 600.0); }));
+      if (leaves > 0) {
+        split.push_back(Time(reps, [&] {
+          MpiRequest q = world.StartAllReduceSum(part_ptrs, count, layout, "bench");
+          world.Wait(q, 600.0);
+        }));
+        for (auto& p : parts) std::fill(p.begin(), p.end(), 1.0f);
+      }
       theirs.push_back(Time(reps, [&] {
         MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                       MPI_COMM_WORLD);
@@ -99,7 +127,9 @@ int Main(int argc, char** argv) {
     if (!print) continue;
     for (const auto& [name, times] :
          {std::pair<const char*, std::vector<double>&>{"cnnflow tree", ours},
-          {"MPI_Allreduce", theirs}}) {
+          {"MPI_Allreduce", theirs},
+          {"G leaves split", split}}) {
+      if (times.empty()) continue;
       const double t = Median(times);
       const double alg = count * 4.0 / t / 1e9;
       const double bus = alg * 2.0 * (w - 1) / w;
@@ -107,6 +137,13 @@ int Main(int argc, char** argv) {
       if (link_gbps > 0) std::printf(" %9.0f%%", 100 * bus * 8 / link_gbps);
       std::printf("\n");
     }
+  }
+  if (print && leaves > 0) {
+    const TreeTraffic t = TreeAllReduceTraffic(layout, 1);
+    std::printf("\n%d leaves over %d processes (", leaves, w);
+    for (int p = 0; p < w; ++p) std::printf("%s%d", p ? " + " : "", layout[p].size());
+    std::printf("): per all-reduce of B bytes, %.2f B sent in all, at most %.2f B by one process\n",
+                t.total_bytes / 4.0, t.max_process_bytes / 4.0);
   }
   return 0;
 }

@@ -487,14 +487,7 @@ MpiRequest MpiWorld::StartTreeAllReduce(const std::vector<float*>& partials, int
   const int mpi_tag = static_cast<int>(next_reduce_tag_++ % 32768);  // MPI_TAG_UB >= 32767
   // One block of leaves of the same size per process: the tree over the
   // processes is the leaves' (and a power-of-two world halves and doubles).
-  bool equal_blocks = processes == nullptr;
-  if (!equal_blocks) {
-    const int leaves = processes->back().end;
-    equal_blocks = leaves % size_ == 0 &&
-                   std::all_of(processes->begin(), processes->end(), [&](const LeafRange& p) {
-                     return p.size() == leaves / size_ && TreeSegments(p, leaves).size() == 1;
-                   });
-  }
+  const bool equal_blocks = processes == nullptr || EqualBlocks(*processes);
   // Each round: complete the last one's arithmetic, start the next's messages.
   std::function<bool(std::vector<MPI_Request>&, int&)> next;
   auto rounds_of = [&next](auto reduce) {

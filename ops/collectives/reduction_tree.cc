@@ -92,9 +92,29 @@ TreeSchedule PlanTreeAllReduce(const std::vector<LeafRange>& processes, int rank
   return s;
 }
 
+bool EqualBlocks(const std::vector<LeafRange>& processes) {
+  const int leaves = processes.back().end, nproc = static_cast<int>(processes.size());
+  return leaves % nproc == 0 &&
+         std::all_of(processes.begin(), processes.end(), [&](const LeafRange& p) {
+           return p.size() == leaves / nproc && TreeSegments(p, leaves).size() == 1;
+         });
+}
+
 TreeTraffic TreeAllReduceTraffic(const std::vector<LeafRange>& processes, int64_t count) {
   TreeTraffic t;
   const auto bytes = count * static_cast<int64_t>(sizeof(float));
+  const auto nproc = static_cast<int64_t>(processes.size());
+  if (EqualBlocks(processes) && (nproc & (nproc - 1)) == 0) {
+    // Halving then doubling: each process sends (W - 1) / W of the buffer twice.
+    t.max_process_bytes = 2 * (nproc - 1) * bytes / nproc;
+    t.total_bytes = nproc * t.max_process_bytes;
+    return t;
+  }
+  if (EqualBlocks(processes)) {  // one block each: the partial-sum plan is the binomial tree's
+    std::vector<LeafRange> one_each;
+    for (int p = 0; p < nproc; ++p) one_each.push_back({p, p + 1});
+    return TreeAllReduceTraffic(one_each, count);
+  }
   for (int p = 0; p < static_cast<int>(processes.size()); ++p) {
     const TreeSchedule s = PlanTreeAllReduce(processes, p);
     int64_t sent = 0;

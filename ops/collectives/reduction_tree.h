@@ -37,6 +37,11 @@ std::vector<LeafRange> TreeSegments(LeafRange range, int leaves);
 // 3 + 3 + 2).
 LeafRange ProcessLeaves(int p, int processes, int leaves);
 
+// Whether every process holds one complete subtree of the same size (4 x 2):
+// then the tree over the processes is the leaves', and a power-of-two
+// number of processes runs it as recursive halving and doubling.
+bool EqualBlocks(const std::vector<LeafRange>& processes);
+
 // What one process does to all-reduce across processes, given each
 // process's leaf range (contiguous, in rank order, covering [0, G)): adds
 // and messages level by level up the tree to the process that holds leaf
@@ -66,8 +71,9 @@ struct TreeSchedule {
 };
 TreeSchedule PlanTreeAllReduce(const std::vector<LeafRange>& processes, int rank);
 
-// Bytes one all-reduce of `count` floats sends, over all processes, by
-// PlanTreeAllReduce (reduce and broadcast), and the most one process sends.
+// Bytes one all-reduce of `count` floats sends, over all processes, and the
+// most one process sends: by halving and doubling, or the binomial tree of
+// processes, for EqualBlocks; else by PlanTreeAllReduce (reduce, broadcast).
 struct TreeTraffic {
   int64_t total_bytes = 0, max_process_bytes = 0;
 };

@@ -128,12 +128,18 @@ TEST(ReductionTree, EverySplitOfTheLeavesSumsToTheSameBits) {
   }
 }
 
-TEST(ReductionTree, ThreeThreeTwoSendsLessThanFourByTwoInAllButMoreFromOneProcess) {
+TEST(ReductionTree, ThreeThreeTwoSendsLessInAllButMoreFromOneProcess) {
   const int64_t count = 1 << 20;
   const TreeTraffic uneven = TreeAllReduceTraffic(Ranges({{0, 3}, {3, 6}, {6, 8}}), count);
   // [3,4) and [6,8) and [4,8) up, the total down to 2 processes.
   EXPECT_EQ(uneven.total_bytes, 5 * count * 4);
   EXPECT_EQ(uneven.max_process_bytes, 2 * count * 4);
+  // 4 x 2 halves and doubles: 1.5 buffers from each process.
+  const TreeTraffic even = TreeAllReduceTraffic(Ranges({{0, 2}, {2, 4}, {4, 6}, {6, 8}}), count);
+  EXPECT_EQ(even.max_process_bytes, 3 * count * 4 / 2);
+  EXPECT_EQ(even.total_bytes, 6 * count * 4);
+  EXPECT_FALSE(EqualBlocks(Ranges({{0, 3}, {3, 6}})));  // [0, 3) is two subtrees
+  EXPECT_TRUE(EqualBlocks(Ranges({{0, 2}, {2, 4}, {4, 6}})));
 }
 
 // A LocalGroup placed at leaves [0, 3) of 8 hands the root step the sums of
