@@ -146,10 +146,9 @@ Error OutOfMemoryIn() {
 }  // namespace
 
 std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
-                                    DType dtype, uint64_t seed, InitScheme init, Device device,
-                                    std::optional<DType> compute, bool fuse_activations,
-                                    MemoryFormat memory_format, bool bf16_activations,
-                                    const LayerSplitter* splitter) {
+                                    const ModelOptions& options) {
+  const auto& [dtype, seed, init, device, compute, fuse_activations, memory_format,
+               bf16_activations, splitter] = options;
   if (device.is_cuda() && device.index >= CudaDeviceCount()) {
     throw Error(
         StrCat("cannot build the model on ", device.ToString(), ": ", CudaDeviceCount(),

@@ -65,6 +65,20 @@ class LayerSplitter {
   virtual void Pair(Model& model) const = 0;
 };
 
+// What Model::Build takes besides the layers and the input shape (each
+// described at Build).
+struct ModelOptions {
+  DType dtype = DType::kF32;  // parameters, gradients, buffers
+  uint64_t seed = 0;          // the parameters' initialisation
+  InitScheme init = InitScheme::kPytorchDefault;
+  Device device = Device::Cpu();
+  std::optional<DType> compute;  // the activations' type; unset: dtype
+  bool fuse_activations = true;
+  MemoryFormat memory_format = MemoryFormat::kAuto;
+  bool bf16_activations = true;
+  const LayerSplitter* splitter = nullptr;  // tensor parallelism
+};
+
 class Model {
  public:
   // Builds and shape-checks the layers for samples of `input_shape`
@@ -109,12 +123,8 @@ class Model {
   //
   // Tensor parallelism: `splitter` builds the layers it splits (a member
   // of a group holding its part), then pairs them.
-  static std::unique_ptr<Model> Build(
-      const std::vector<LayerSpec>& specs, const Shape& input_shape, DType dtype = DType::kF32,
-      uint64_t seed = 0, InitScheme init = InitScheme::kPytorchDefault,
-      Device device = Device::Cpu(), std::optional<DType> compute = std::nullopt,
-      bool fuse_activations = true, MemoryFormat memory_format = MemoryFormat::kAuto,
-      bool bf16_activations = true, const LayerSplitter* splitter = nullptr);
+  static std::unique_ptr<Model> Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
+                                      const ModelOptions& options = {});
 
   // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
   // activations that Backward needs; with ctx.keep_activations false it

@@ -56,8 +56,8 @@ void Trainer::BuildModel(MpiWorld& world) {
     PipelineOptions po;
     po.stages = config_.pipeline_stages;
     if (po.stages.empty()) {  // stages: auto
-      auto whole = Model::Build(config_.layers, config_.input_shape, DType::kF32, config_.seed,
-                                config_.init);
+      auto whole = Model::Build(config_.layers, config_.input_shape,
+                                {.seed = config_.seed, .init = config_.init});
       po.stages = BalancedCut(*whole, replicas);
     }
     po.microbatches = static_cast<int>(config_.microbatches);

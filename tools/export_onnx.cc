@@ -111,9 +111,8 @@ int Export(const std::vector<std::string>& args) {
 
   RunConfig rc = LoadRunConfig(config, sets);
   // The model alone, on the CPU, every ReLU a layer: what ONNX describes.
-  std::unique_ptr<Model> model =
-      Model::Build(rc.layers, rc.input_shape, DType::kF32, rc.seed, rc.init, Device::Cpu(),
-                   std::nullopt, /*fuse_activations=*/false);
+  std::unique_ptr<Model> model = Model::Build(
+      rc.layers, rc.input_shape, {.seed = rc.seed, .init = rc.init, .fuse_activations = false});
   const std::string prefix = ema ? kEmaPrefix : "";
   StateDictRules rules;
   rules.prefix = prefix;

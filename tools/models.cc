@@ -23,7 +23,7 @@ namespace {
 // outputs too.
 void Check(const ExpandedModel& m, const std::string& weights, const std::string& input,
            const std::string& out, DType dtype) {
-  auto model = Model::Build(m.layers, m.input_shape, dtype);
+  auto model = Model::Build(m.layers, m.input_shape, {.dtype = dtype});
   LoadStateDict(LoadWeightsFile(weights).tensors, {model.get()}, {}, weights);
   const SafetensorsFile in = LoadSafetensors(input);
   const Tensor* x = in.Find("input");

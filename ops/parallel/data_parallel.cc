@@ -153,10 +153,13 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
       placement.group = tp_groups_[r / tp_local_].get();
       placement.rank = r % tp_local_;
     }
-    rep->model =
-        Model::Build(layers, input_shape, DType::kF32, seed, init, rep->device, options.compute,
-                     /*fuse_activations=*/true, options.memory_format, /*bf16_activations=*/true,
-                     tp > 1 ? &placement : nullptr);
+    rep->model = Model::Build(layers, input_shape,
+                              {.seed = seed,
+                               .init = init,
+                               .device = rep->device,
+                               .compute = options.compute,
+                               .memory_format = options.memory_format,
+                               .splitter = tp > 1 ? &placement : nullptr});
     if (options.compute == DType::kF16)
       rep->scaler = std::make_unique<LossScaler>(options.loss_scaler);
     rep->idle = MakeIdleMeter(rep->device);

@@ -85,7 +85,7 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
                              uint64_t seed, InitScheme init, const OptimizerSpec& optimizer,
                              PipelineOptions options)
     : options_(std::move(options)) {
-  full_ = Model::Build(layers, input_shape, DType::kF32, seed, init);
+  full_ = Model::Build(layers, input_shape, {.seed = seed, .init = init});
   full_->ZeroGrad();
   const int num_stages = static_cast<int>(options_.stages.size());
   CNNFLOW_ENFORCE(options_.microbatches >= 1, "microbatches must be >= 1, got ",
@@ -143,7 +143,7 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
     const int slots =
         options_.schedule == PipelineSchedule::kGpipe ? m : std::min(m, num_stages - s);
     for (int k = 0; k < slots; ++k) {
-      auto model = Model::Build(specs, in_shape, DType::kF32, seed, init);
+      auto model = Model::Build(specs, in_shape, {.seed = seed, .init = init});
       // Share the full model's storage: parameters, gradients, buffers.
       for (int l = 0; l < model->num_layers(); ++l) {
         Layer& mine = model->layer(l);

@@ -63,9 +63,9 @@ struct GpuCpuComparison {
 inline GpuCpuComparison CompareWithCpu(const std::vector<LayerSpec>& specs,
                                        const Shape& sample_shape, int64_t n, bool training = true,
                                        uint64_t seed = 5, DType compute = DType::kF32) {
-  auto cpu = Model::Build(specs, sample_shape, DType::kF32, seed);
-  auto gpu = Model::Build(specs, sample_shape, DType::kF32, seed, InitScheme::kPytorchDefault,
-                          Device::Cuda(0), compute);
+  auto cpu = Model::Build(specs, sample_shape, {.seed = seed});
+  auto gpu = Model::Build(specs, sample_shape,
+                          {.seed = seed, .device = Device::Cuda(0), .compute = compute});
   const Tensor x = RandomTensor(sample_shape.WithBatch(n), seed + 1, -1, 1, DType::kF32);
   ForwardContext ctx;
   ctx.training = training;

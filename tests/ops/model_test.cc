@@ -63,14 +63,14 @@ void ExpectGradientsMatchFiniteDifferences(Model& model, const Tensor& x, const 
 }
 
 TEST(Model, ResidualModelGradientsMatchFiniteDifferences) {
-  auto model = Model::Build(ResidualSpecs(), {2, 5, 4}, DType::kF64, 3);
+  auto model = Model::Build(ResidualSpecs(), {2, 5, 4}, {.dtype = DType::kF64, .seed = 3});
   EXPECT_EQ(model->output_shape(), Shape({4}));
   ExpectGradientsMatchFiniteDifferences(*model, testing::RandomTensor({2, 2, 5, 4}, 5),
                                         testing::RandomTensor({2, 4}, 6), 3);
 }
 
 TEST(Model, BackwardAccumulatesUntilZeroGrad) {
-  auto model = Model::Build(ResidualSpecs(), {2, 5, 4}, DType::kF64, 3);
+  auto model = Model::Build(ResidualSpecs(), {2, 5, 4}, {.dtype = DType::kF64, .seed = 3});
   const Tensor x = testing::RandomTensor({3, 2, 5, 4}, 5);
   const Tensor dy = testing::RandomTensor({3, 4}, 6);
   model->ZeroGrad();
@@ -98,7 +98,7 @@ TEST(Model, StateIsNamedByLayerWithoutPrefix) {
 
 TEST(Model, PytorchDefaultInitIsUniformInFanInBound) {
   auto model =
-      Model::Build({Spec("fc", "linear", {{"out", int64_t{64}}})}, {1, 10, 10}, DType::kF32, 1);
+      Model::Build({Spec("fc", "linear", {{"out", int64_t{64}}})}, {1, 10, 10}, {.seed = 1});
   const Tensor& w = model->NamedParameters()[0].param->value;
   const double bound = 1.0 / std::sqrt(100.0);
   double max_abs = 0, sum = 0, sum_sq = 0;
@@ -115,9 +115,9 @@ TEST(Model, PytorchDefaultInitIsUniformInFanInBound) {
 }
 
 TEST(Model, SameSeedSameWeightsOtherSeedOther) {
-  auto a = Model::Build(ResidualSpecs(), {2, 5, 4}, DType::kF32, 7);
-  auto b = Model::Build(ResidualSpecs(), {2, 5, 4}, DType::kF32, 7);
-  auto c = Model::Build(ResidualSpecs(), {2, 5, 4}, DType::kF32, 8);
+  auto a = Model::Build(ResidualSpecs(), {2, 5, 4}, {.seed = 7});
+  auto b = Model::Build(ResidualSpecs(), {2, 5, 4}, {.seed = 7});
+  auto c = Model::Build(ResidualSpecs(), {2, 5, 4}, {.seed = 8});
   const Tensor& wa = a->NamedParameters()[0].param->value;
   EXPECT_EQ(MaxAbsDiff(wa, b->NamedParameters()[0].param->value), 0.0);
   EXPECT_GT(MaxAbsDiff(wa, c->NamedParameters()[0].param->value), 0.0);
@@ -191,7 +191,7 @@ TEST(Model, OutOfMemoryNamesTheLayerThatAsked) {
   auto model =
       Model::Build({Spec("conv1", "conv2d",
                          {{"out", int64_t{64}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})},
-                   {3, 61, 67}, DType::kF32, 1);
+                   {3, 61, 67}, {.seed = 1});
   MemoryPool& pool = PoolFor(Device::Cpu());
   struct Uncap {
     MemoryPool& p;
@@ -252,7 +252,7 @@ TEST(Model, ForwardWithoutKeepingActivationsGivesTheSameOutput) {
   for (const DType dtype : {DType::kF64, DType::kF32}) {
     SCOPED_TRACE(DTypeName(dtype));
     // No BN or dropout: training and evaluation mode compute the same.
-    auto model = Model::Build(FanOutSpecs(), {2, 6, 6}, dtype, 3);
+    auto model = Model::Build(FanOutSpecs(), {2, 6, 6}, {.dtype = dtype, .seed = 3});
     const Tensor x = testing::RandomTensor({5, 2, 6, 6}, 11, -1, 1, dtype);
     const Tensor kept = model->Forward(x, ForwardContext{}).Clone();
     const Tensor freed = model->Forward(x, FreeingContext()).Clone();
@@ -272,8 +272,8 @@ TEST(Model, ForwardWithoutKeepingActivationsGivesTheSameOutput) {
 TEST(Model, BackwardSkipsWhatNeedsNoGradient) {
   for (const bool held : {false, true}) {
     SCOPED_TRACE(held ? "held" : "frozen");
-    auto all = Model::Build(FanOutSpecs(), {2, 6, 6}, DType::kF32, 3);
-    auto part = Model::Build(FanOutSpecs(), {2, 6, 6}, DType::kF32, 3);
+    auto all = Model::Build(FanOutSpecs(), {2, 6, 6}, {.seed = 3});
+    auto part = Model::Build(FanOutSpecs(), {2, 6, 6}, {.seed = 3});
     for (Parameter& p : part->FindLayer("conv1")->parameters()) {
       if (held) {
         p.held = true;
@@ -333,7 +333,7 @@ TEST(Model, ForwardWithoutKeepingActivationsFreesThemAsItGoes) {
     size_t peak, after;  // above what was in use before the forward
   };
   auto forward = [&](const ForwardContext& ctx) {
-    auto model = Model::Build(specs, {128}, DType::kF32, 1);
+    auto model = Model::Build(specs, {128}, {.seed = 1});
     const size_t before = pool.bytes_in_use();
     pool.ResetPeak();
     model->Forward(x, ctx);
@@ -349,7 +349,7 @@ TEST(Model, ForwardWithoutKeepingActivationsFreesThemAsItGoes) {
 }
 
 TEST(Model, BackwardAfterForwardWithoutActivationsIsAnError) {
-  auto model = Model::Build(ResidualSpecs(), {2, 5, 4}, DType::kF64, 3);
+  auto model = Model::Build(ResidualSpecs(), {2, 5, 4}, {.dtype = DType::kF64, .seed = 3});
   const Tensor x = testing::RandomTensor({3, 2, 5, 4}, 5);
   const Tensor dy = testing::RandomTensor({3, 4}, 6);
   model->ZeroGrad();
@@ -411,11 +411,11 @@ std::vector<std::string> FusedPairs(const Model& model) {
 }
 
 TEST(Model, ReluFusionPicksTheOnlyReaderCases) {
-  auto model = Model::Build(FusableSpecs(), {2, 5, 4}, DType::kF64, 3);
+  auto model = Model::Build(FusableSpecs(), {2, 5, 4}, {.dtype = DType::kF64, .seed = 3});
   EXPECT_EQ(FusedPairs(*model),
             (std::vector<std::string>{"relu1->bn1", "relu2->res", "relu3->conv3"}));
-  auto plain = Model::Build(FusableSpecs(), {2, 5, 4}, DType::kF64, 3, InitScheme::kPytorchDefault,
-                            Device::Cpu(), std::nullopt, /*fuse_activations=*/false);
+  auto plain = Model::Build(FusableSpecs(), {2, 5, 4},
+                            {.dtype = DType::kF64, .seed = 3, .fuse_activations = false});
   for (int i = 0; i < plain->num_layers(); ++i) EXPECT_EQ(plain->fused_into(i), -1);
 }
 
@@ -427,9 +427,9 @@ void ExpectFusedModelMatchesUnfused(const std::vector<LayerSpec>& specs, const S
                                     const ForwardContext& ctx = {}) {
   for (const DType dtype : {DType::kF64, DType::kF32}) {
     SCOPED_TRACE(DTypeName(dtype));
-    auto fused = Model::Build(specs, sample, dtype, 3);
-    auto plain = Model::Build(specs, sample, dtype, 3, InitScheme::kPytorchDefault, Device::Cpu(),
-                              std::nullopt, /*fuse_activations=*/false);
+    auto fused = Model::Build(specs, sample, {.dtype = dtype, .seed = 3});
+    auto plain =
+        Model::Build(specs, sample, {.dtype = dtype, .seed = 3, .fuse_activations = false});
     const double tol = dtype == DType::kF64 ? 1e-12 : f32_tol;
     for (int step = 0; step < 2; ++step) {
       const Tensor x = testing::RandomTensor(sample.WithBatch(6), 5 + step, -1, 1, dtype);
@@ -481,7 +481,7 @@ std::vector<LayerSpec> GeluFusableSpecs() {
 }
 
 TEST(Model, GeluFusionTakesTheErfFormOfTheOnlyReader) {
-  auto model = Model::Build(GeluFusableSpecs(), {2, 7, 7}, DType::kF64, 3);
+  auto model = Model::Build(GeluFusableSpecs(), {2, 7, 7}, {.dtype = DType::kF64, .seed = 3});
   EXPECT_EQ(FusedPairs(*model), (std::vector<std::string>{"gelu1->bn1"}));
 }
 
@@ -493,14 +493,14 @@ TEST(Model, FusedGeluModelMatchesUnfused) {
 }
 
 TEST(Model, FusedGeluModelGradientsMatchFiniteDifferences) {
-  auto model = Model::Build(GeluFusableSpecs(), {2, 7, 7}, DType::kF64, 3);
+  auto model = Model::Build(GeluFusableSpecs(), {2, 7, 7}, {.dtype = DType::kF64, .seed = 3});
   ExpectGradientsMatchFiniteDifferences(*model, testing::RandomTensor({3, 2, 7, 7}, 5),
                                         testing::RandomTensor({3, 3}, 6), 5);
 }
 
 // Backward through the fused model against central differences (f64).
 TEST(Model, FusedReluModelGradientsMatchFiniteDifferences) {
-  auto model = Model::Build(FusableSpecs(), {2, 5, 4}, DType::kF64, 3);
+  auto model = Model::Build(FusableSpecs(), {2, 5, 4}, {.dtype = DType::kF64, .seed = 3});
   ExpectGradientsMatchFiniteDifferences(*model, testing::RandomTensor({3, 2, 5, 4}, 5),
                                         testing::RandomTensor({3, 3}, 6), 5);
 }
@@ -536,7 +536,7 @@ std::vector<LayerSpec> ChannelsLastF32Specs() {
 
 TEST(Model, F32ChannelsLastMatchesNchw) {
   const Shape in{3, 12, 12};
-  auto nchw = Model::Build(ChannelsLastF32Specs(), in, DType::kF32, 3);
+  auto nchw = Model::Build(ChannelsLastF32Specs(), in, {.seed = 3});
   for (int i = 0; i < nchw->num_layers(); ++i) {
     EXPECT_FALSE(nchw->layer(i).nhwc_input() || nchw->layer(i).nhwc_output())
         << "f32 stays NCHW unless asked: " << nchw->layer(i).name();
@@ -545,8 +545,8 @@ TEST(Model, F32ChannelsLastMatchesNchw) {
     GTEST_SKIP() << "f32 convolutions go channels-last only where oneDNN runs AVX-512; "
                     "this CPU's oneDNN does not";
   }
-  auto nhwc = Model::Build(ChannelsLastF32Specs(), in, DType::kF32, 3, InitScheme::kPytorchDefault,
-                           Device::Cpu(), std::nullopt, true, MemoryFormat::kChannelsLast);
+  auto nhwc = Model::Build(ChannelsLastF32Specs(), in,
+                           {.seed = 3, .memory_format = MemoryFormat::kChannelsLast});
   // Every activation from conv1's output to conv4's input is NHWC; conv4's
   // output goes through relu4 to flatten, which reads NCHW.
   for (int i = 0; i < nhwc->num_layers(); ++i) {

@@ -220,8 +220,7 @@ TEST(TraceGPU, GpuModelLayersGetSpansOfGpuTime) {
       testing::Spec("conv1", "conv2d", {{"out", int64_t{8}}, {"kernel", int64_t{3}}}),
       testing::Spec("relu1", "relu"), testing::Spec("flatten", "flatten"),
       testing::Spec("fc", "linear", {{"out", int64_t{4}}})};
-  auto model = Model::Build(net, Shape{3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
-                            Device::Cuda(0));
+  auto model = Model::Build(net, Shape{3, 12, 12}, {.seed = 1, .device = Device::Cuda(0)});
   const Tensor x = testing::RandomTensor(Shape{16, 3, 12, 12}, 2, -1, 1, DType::kF32);
   ForwardContext ctx;
   model->Forward(x.To(Device::Cuda(0)), ctx);  // warm-up: cuDNN's search, outside the trace

@@ -26,7 +26,7 @@ using testing::TestDir;
 std::unique_ptr<Model> SmallModel(uint64_t seed, int64_t hidden = 4) {
   return Model::Build({Spec("fc1", "linear", {{"out", hidden}}), Spec("relu", "relu"),
                        Spec("fc2", "linear", {{"out", int64_t{3}}})},
-                      {5}, DType::kF32, seed);
+                      {5}, {.seed = seed});
 }
 
 std::unique_ptr<Optimizer> Sgd(Model& m) {

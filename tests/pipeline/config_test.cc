@@ -361,8 +361,7 @@ TEST_F(ConfigTest, WithoutAGpuAGpuModelIsAnErrorNamingTheDevice) {
   if (CudaAvailable()) GTEST_SKIP() << "a GPU is present: the error case cannot happen";
   RunConfig c = LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0]"});
   try {
-    Model::Build(c.layers, c.input_shape, DType::kF32, 1, InitScheme::kPytorchDefault,
-                 Device::Cuda(0));
+    Model::Build(c.layers, c.input_shape, {.seed = 1, .device = Device::Cuda(0)});
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();

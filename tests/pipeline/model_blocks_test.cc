@@ -303,7 +303,7 @@ TEST(LayerTensorSpecs, DiracFirstSetsTheFirstFiltersOnly) {
     std::string t = text;
     t.replace(t.find("INIT"), 4, init);
     const ExpandedModel m = Expand(t);
-    return Model::Build(m.layers, m.input_shape, DType::kF32, 7);
+    return Model::Build(m.layers, m.input_shape, {.seed = 7});
   };
   auto plain = build("");
   auto first = build(", init: {weight: dirac_first}");

@@ -90,7 +90,7 @@ struct EvalStepTest : testing::StageGraphTest {
     model =
         Model::Build({testing::Spec("flatten", "flatten"),
                       testing::Spec("fc", "linear", {{"out", int64_t{kClasses}}, {"bias", false}})},
-                     Shape{kC, kH, kW}, DType::kF32, 3);
+                     Shape{kC, kH, kW}, {.seed = 3});
     state.model = model.get();
     state.pass = "eval";
   }

@@ -80,9 +80,9 @@ struct ModelPair {
 
   ModelPair(const std::vector<LayerSpec>& specs, const Shape& sample_shape, uint64_t seed = 5,
             DType compute_dtype = DType::kF32)
-      : cpu(Model::Build(specs, sample_shape, DType::kF32, seed)),
-        gpu(Model::Build(specs, sample_shape, DType::kF32, seed, InitScheme::kPytorchDefault,
-                         Device::Cuda(0), compute_dtype)),
+      : cpu(Model::Build(specs, sample_shape, {.seed = seed})),
+        gpu(Model::Build(specs, sample_shape,
+                         {.seed = seed, .device = Device::Cuda(0), .compute = compute_dtype})),
         sample(sample_shape),
         compute(compute_dtype) {}
 
@@ -439,8 +439,8 @@ TEST(BatchNormGPU, GradientsAccumulateOverCalls) {
 
 TEST(BatchNormGPU, SyncBatchNormIsRefused) {
   CNNFLOW_SKIP_WITHOUT_GPU();
-  auto gpu = Model::Build({Spec("bn", "batchnorm")}, Shape{2, 3, 3}, DType::kF32, 1,
-                          InitScheme::kPytorchDefault, Device::Cuda(0));
+  auto gpu = Model::Build({Spec("bn", "batchnorm")}, Shape{2, 3, 3},
+                          {.seed = 1, .device = Device::Cuda(0)});
   const std::function<void(float*, int64_t)> sum = [](float*, int64_t) {};
   ForwardContext ctx;
   ctx.sync_sum = &sum;

@@ -188,8 +188,8 @@ TEST(LinearGPU, WithoutBiasAndStacked) {
 TEST(LinearGPU, GradientsAccumulate) {
   CNNFLOW_SKIP_WITHOUT_GPU();
   // Two backward passes add: dW after two equals twice dW after one.
-  auto gpu = Model::Build({Spec("fc", "linear", {{"out", int64_t{6}}})}, Shape{5}, DType::kF32, 3,
-                          InitScheme::kPytorchDefault, kGpu);
+  auto gpu = Model::Build({Spec("fc", "linear", {{"out", int64_t{6}}})}, Shape{5},
+                          {.seed = 3, .device = kGpu});
   const Tensor x = RandomTensor(Shape{4, 5}, 4, -1, 1, DType::kF32).To(kGpu);
   const Tensor dy = RandomTensor(Shape{4, 6}, 5, -1, 1, DType::kF32).To(kGpu);
   ForwardContext ctx;

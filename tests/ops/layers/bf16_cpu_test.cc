@@ -131,19 +131,16 @@ std::vector<LayerSpec> SmallNet() {
 TEST(Bf16Cpu, ModelRefusesOrUsesIt) {
   if (!NativeBf16()) {
     const std::string e = testing::ErrorOf<ConfigError>([] {
-      Model::Build(SmallNet(), {3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
-                   Device::Cpu(), DType::kBF16);
+      Model::Build(SmallNet(), {3, 12, 12}, {.seed = 1, .compute = DType::kBF16});
     });
     testing::ExpectContains(e, {"bf16 on cpu", "avx512_bf16", "emulated"});
     return;
   }
-  auto m = Model::Build(SmallNet(), {3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
-                        Device::Cpu(), DType::kBF16);
+  auto m = Model::Build(SmallNet(), {3, 12, 12}, {.seed = 1, .compute = DType::kBF16});
   EXPECT_EQ(m->bf16_layers(), 3);              // conv1, conv2, fc
   EXPECT_EQ(m->compute_dtype(), DType::kF32);  // the activations stay f32
   // fp16 stays GPU-only.
-  EXPECT_THROW(Model::Build(SmallNet(), {3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
-                            Device::Cpu(), DType::kF16),
+  EXPECT_THROW(Model::Build(SmallNet(), {3, 12, 12}, {.seed = 1, .compute = DType::kF16}),
                ConfigError);
 }
 
@@ -689,8 +686,7 @@ std::vector<LayerSpec> ChannelsLastNet() {
 
 TEST(Bf16Cpu, ModelChoosesChannelsLastWhereEveryLayerCan) {
   SKIP_WITHOUT_NATIVE_BF16();
-  auto m = Model::Build(ChannelsLastNet(), {3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
-                        Device::Cpu(), DType::kBF16);
+  auto m = Model::Build(ChannelsLastNet(), {3, 12, 12}, {.seed = 1, .compute = DType::kBF16});
   // Per layer: its input's and its output's layout (1: NHWC). conv3's
   // output goes to fc through relu3, and fc reads NCHW.
   const std::vector<std::pair<int, int>> want = {{0, 1}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, {1, 1},
@@ -711,8 +707,7 @@ TEST(Bf16Cpu, ModelChoosesChannelsLastWhereEveryLayerCan) {
       Spec("sum2", "add", {}, {"conv2", "conv3"}),
       Spec("conv4", "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}}),
       Spec("fc", "linear", {{"out", int64_t{5}}})};
-  auto r = Model::Build(residual, {3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
-                        Device::Cpu(), DType::kBF16);
+  auto r = Model::Build(residual, {3, 12, 12}, {.seed = 1, .compute = DType::kBF16});
   EXPECT_FALSE(r->layer(0).nhwc_output());
   EXPECT_FALSE(r->layer(1).nhwc_input(0) || r->layer(1).nhwc_input(1) || r->layer(1).nhwc_output());
   EXPECT_TRUE(r->layer(2).nhwc_output() && r->layer(3).nhwc_output());
@@ -720,12 +715,12 @@ TEST(Bf16Cpu, ModelChoosesChannelsLastWhereEveryLayerCan) {
   EXPECT_TRUE(r->layer(5).nhwc_input() && !r->layer(5).nhwc_output());
 
   auto off =
-      Model::Build(ChannelsLastNet(), {3, 12, 12}, DType::kF32, 1, InitScheme::kPytorchDefault,
-                   Device::Cpu(), DType::kBF16, true, MemoryFormat::kNchw);
+      Model::Build(ChannelsLastNet(), {3, 12, 12},
+                   {.seed = 1, .compute = DType::kBF16, .memory_format = MemoryFormat::kNchw});
   for (int i = 0; i < off->num_layers(); ++i) {
     EXPECT_FALSE(off->layer(i).nhwc_input() || off->layer(i).nhwc_output());
   }
-  auto f32 = Model::Build(ChannelsLastNet(), {3, 12, 12}, DType::kF32, 1);
+  auto f32 = Model::Build(ChannelsLastNet(), {3, 12, 12}, {.seed = 1});
   for (int i = 0; i < f32->num_layers(); ++i) {
     EXPECT_FALSE(f32->layer(i).nhwc_input() || f32->layer(i).nhwc_output()) << "f32 stays NCHW";
   }
@@ -735,9 +730,10 @@ TEST(Bf16Cpu, ChannelsLastModelMatchesNchw) {
   SKIP_WITHOUT_NATIVE_BF16();
   std::unique_ptr<Model> models[2];
   for (int k = 0; k < 2; ++k) {
-    models[k] = Model::Build(ChannelsLastNet(), {3, 12, 12}, DType::kF32, 3,
-                             InitScheme::kPytorchDefault, Device::Cpu(), DType::kBF16, true,
-                             k == 1 ? MemoryFormat::kAuto : MemoryFormat::kNchw);
+    models[k] = Model::Build(ChannelsLastNet(), {3, 12, 12},
+                             {.seed = 3,
+                              .compute = DType::kBF16,
+                              .memory_format = k == 1 ? MemoryFormat::kAuto : MemoryFormat::kNchw});
   }
   ASSERT_TRUE(models[1]->layer(0).nhwc_output());
   const int64_t n = 6;
@@ -800,10 +796,8 @@ TEST(Bf16Cpu, Bf16ActivationsGiveTheSameBits) {
   if (!cpu::CpuHasAvx512Bf16()) GTEST_SKIP() << "bf16 activations need avx512_bf16";
   std::unique_ptr<Model> models[2];
   for (int k = 0; k < 2; ++k) {
-    models[k] =
-        Model::Build(Bf16ActivationsNet(), {3, 12, 12}, DType::kF32, 3, InitScheme::kPytorchDefault,
-                     Device::Cpu(), DType::kBF16, true, MemoryFormat::kAuto,
-                     /*bf16_activations=*/k == 1);
+    models[k] = Model::Build(Bf16ActivationsNet(), {3, 12, 12},
+                             {.seed = 3, .compute = DType::kBF16, .bf16_activations = k == 1});
   }
   const std::set<std::string> bf16 = {"bn1", "relu1", "bn2", "gelu2", "bn4", "bn5"};
   for (int i = 0; i < models[1]->num_layers(); ++i) {
@@ -890,9 +884,8 @@ TEST(Bf16Cpu, GemmTransposesAndBeta) {
 // rounding of each other and fall as far.
 TEST(Bf16Cpu, TrainsAsF32Does) {
   SKIP_WITHOUT_NATIVE_BF16();
-  auto f32 = Model::Build(SmallNet(), {3, 12, 12}, DType::kF32, 7);
-  auto bf16 = Model::Build(SmallNet(), {3, 12, 12}, DType::kF32, 7, InitScheme::kPytorchDefault,
-                           Device::Cpu(), DType::kBF16);
+  auto f32 = Model::Build(SmallNet(), {3, 12, 12}, {.seed = 7});
+  auto bf16 = Model::Build(SmallNet(), {3, 12, 12}, {.seed = 7, .compute = DType::kBF16});
   const int64_t n = 32;
   const Tensor x = RandomTensor({n, 3, 12, 12}, 9, -1, 1, DType::kF32);
   std::vector<int64_t> labels(n);

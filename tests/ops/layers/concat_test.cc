@@ -63,19 +63,19 @@ TEST(Concat, OtherDimensionsMustAgree) {
 TEST(Concat, ModelTakesAnyNumberOfInputsFromTwo) {
   auto m = Model::Build(
       {Spec("a", "relu"), Spec("b", "relu"), Spec("cat", "concat", {}, {"a", "input", "b"})},
-      Shape{2, 3, 3}, DType::kF32, 1);
+      Shape{2, 3, 3}, {.seed = 1});
   EXPECT_EQ(m->output_shape(), (Shape{6, 3, 3}));
   EXPECT_EQ(m->layer(2).num_inputs(), kVariadicInputs);
   ExpectContains(
       ErrorOf<ConfigError>([] {
-        Model::Build({Spec("a", "relu"), Spec("cat", "concat")}, Shape{2, 3}, DType::kF32, 1);
+        Model::Build({Spec("a", "relu"), Spec("cat", "concat")}, Shape{2, 3}, {.seed = 1});
       }),
       {"layer 'cat' (concat) takes 2 or more input(s), got 1"});
   // A shape mismatch names the layers it came from.
   ExpectContains(ErrorOf<ShapeError>([] {
                    Model::Build({Spec("fc", "linear", {{"out", int64_t{4}}}),
                                  Spec("cat", "concat", {}, {"fc", "input"})},
-                                Shape{2, 3}, DType::kF32, 1);
+                                Shape{2, 3}, {.seed = 1});
                  }),
                  {"'fc' (linear) produces [4]", "the model input produces [2, 3]"});
 }

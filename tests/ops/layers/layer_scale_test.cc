@@ -33,7 +33,7 @@ TEST(LayerScale, MatchesNaiveAndGradients) {
 TEST(LayerScale, GammaIsNamedAsTheLayerWithTorchvisionsShape) {
   auto m = Model::Build({Spec("features.1.0.layer_scale", "layer_scale", {{"init", 0.25}}),
                          Spec("head", "linear", {{"out", int64_t{2}}})},
-                        Shape{8, 3, 3}, DType::kF32, 1);
+                        Shape{8, 3, 3}, {.seed = 1});
   const auto named = m->NamedParameters();
   ASSERT_EQ(named.size(), 3u);
   EXPECT_EQ(named[0].name, "features.1.0.layer_scale");

@@ -68,11 +68,11 @@ TEST(Mul, InputCountDependsOnScale) {
   ExpectContains(
       ErrorOf<ConfigError>([] {
         Model::Build({Spec("m", "mul", {{"scale", std::vector<double>{0.5}}}, {"input", "input"})},
-                     Shape{3}, DType::kF32, 1);
+                     Shape{3}, {.seed = 1});
       }),
       {"takes 1 input(s), got 2"});
   ExpectContains(
-      ErrorOf<ConfigError>([] { Model::Build({Spec("m", "mul")}, Shape{3}, DType::kF32, 1); }),
+      ErrorOf<ConfigError>([] { Model::Build({Spec("m", "mul")}, Shape{3}, {.seed = 1}); }),
       {"takes 2 input(s), got 1"});
   Args two;
   two.Set("scale", std::vector<double>{1, 2});

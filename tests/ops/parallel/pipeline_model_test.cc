@@ -142,7 +142,7 @@ void ExpectPipelineMatches(bool bn, std::vector<int> sizes, int m, PipelineSched
   o.microbatches = m;
   o.schedule = schedule;
   PipelineModel p(net, kInput, 3, InitScheme::kPytorchDefault, {"sgd", Sgd()}, o);
-  auto ref = Model::Build(net, kInput, DType::kF32, 3);
+  auto ref = Model::Build(net, kInput, {.seed = 3});
   auto opt = MakeOptimizer("sgd", Sgd(), ref->NamedParameters());
   ASSERT_LT(MaxRelDiff(p.full(), *ref), 1e-30) << "the same initial parameters";
   for (int step = 0; step < 3; ++step) {
@@ -152,7 +152,7 @@ void ExpectPipelineMatches(bool bn, std::vector<int> sizes, int m, PipelineSched
     ReferenceStep(*ref, *opt, b, bn ? static_cast<int>(std::min<int64_t>(m, batch)) : 1, step);
   }
   EXPECT_LT(MaxRelDiff(p.full(), *ref), 2e-5);
-  auto fresh = Model::Build(net, kInput, DType::kF32, 3);
+  auto fresh = Model::Build(net, kInput, {.seed = 3});
   EXPECT_GT(MaxRelDiff(p.full(), *fresh), 1e-3) << "training moved the weights";
   const std::vector<int> held = p.max_held();
   const int s_count = static_cast<int>(sizes.size());
@@ -226,7 +226,7 @@ TEST(PipelineModel, BadCutsAreClearErrors) {
 }
 
 TEST(PipelineModel, BalancedCutMinimisesTheLargestStage) {
-  auto model = Model::Build(Net(false), kInput, DType::kF32, 3);
+  auto model = Model::Build(Net(false), kInput, {.seed = 3});
   for (int s = 1; s <= 4; ++s) {
     const auto cut = BalancedCut(*model, s);
     ASSERT_EQ(static_cast<int>(cut.size()), s);

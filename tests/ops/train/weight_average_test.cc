@@ -17,7 +17,7 @@ std::unique_ptr<Model> SmallModel(uint64_t seed) {
       {testing::Spec("conv", "conv2d", {{"out", int64_t{3}}, {"kernel", int64_t{3}}}),
        testing::Spec("bn", "batchnorm"), testing::Spec("flat", "flatten"),
        testing::Spec("fc", "linear", {{"out", int64_t{4}}})},
-      {2, 5, 5}, DType::kF32, seed);
+      {2, 5, 5}, {.seed = seed});
 }
 
 std::vector<std::vector<double>> Values(Model& m) {
