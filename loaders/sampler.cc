@@ -22,10 +22,16 @@ ShardedSampler::ShardedSampler(SamplerOptions options) : options_(options) {
   if (o.uneven) {
     num_samples_ = (o.dataset_size - o.rank + o.world_size - 1) / o.world_size;
   } else if (o.block > 0) {
-    const int64_t run = o.block * o.world_size;
+    if (o.blocks > 0 &&
+        (o.first_block < 0 || o.rank_blocks < 1 || o.first_block + o.rank_blocks > o.blocks)) {
+      throw ConfigError(StrCat("sampler: blocks [", o.first_block, ", ",
+                               o.first_block + o.rank_blocks, ") outside [0, ", o.blocks, ")"));
+    }
+    const int64_t run = RunLength();
     const int64_t tail = o.drop_last ? 0 : o.dataset_size % run;
-    const auto [b, e] = Part(tail, o.rank, o.world_size);
-    num_samples_ = o.dataset_size / run * o.block + (e - b);
+    const auto [b, e] = RunPart(tail);
+    const auto [rb, re] = RunPart(run);
+    num_samples_ = o.dataset_size / run * (re - rb) + (e - b);
   } else {
     num_samples_ = o.drop_last ? o.dataset_size / o.world_size
                                : (o.dataset_size + o.world_size - 1) / o.world_size;
@@ -48,11 +54,11 @@ std::vector<int64_t> ShardedSampler::EpochIndices(int64_t epoch) const {
   mine.reserve(num_samples_);
   if (o.block > 0 && !o.uneven) {
     // Whole runs, then this rank's part of the short one (none: drop_last).
-    const int64_t run = o.block * o.world_size;
+    const int64_t run = RunLength();
     for (int64_t start = 0; start < n; start += run) {
       const int64_t len = std::min(run, n - start);
       if (len < run && o.drop_last) break;
-      const auto [b, e] = Part(len, o.rank, o.world_size);
+      const auto [b, e] = RunPart(len);
       mine.insert(mine.end(), order.begin() + start + b, order.begin() + start + e);
     }
     return mine;
@@ -65,6 +71,17 @@ std::vector<int64_t> ShardedSampler::EpochIndices(int64_t epoch) const {
   }
   for (int64_t k = 0; k < num_samples_; ++k) mine.push_back(order[o.rank + k * o.world_size]);
   return mine;
+}
+
+int64_t ShardedSampler::RunLength() const {
+  const SamplerOptions& o = options_;
+  return o.block * (o.blocks > 0 ? o.blocks : o.world_size);
+}
+
+std::pair<int64_t, int64_t> ShardedSampler::RunPart(int64_t len) const {
+  const SamplerOptions& o = options_;
+  if (o.blocks == 0) return Part(len, o.rank, o.world_size);
+  return {len * o.first_block / o.blocks, len * (o.first_block + o.rank_blocks) / o.blocks};
 }
 
 int64_t ShardedSampler::NumBatches(int64_t num_samples, int64_t batch, bool drop_last_batch) {

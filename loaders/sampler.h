@@ -34,6 +34,13 @@ struct SamplerOptions {
   // all-reduce's tree order does the rest: mpirun -np 2 equals two
   // replicas in one process bit for bit).
   int64_t block = 0;
+  // In blocks, for ranks of unequal shares (a run's logical replicas split
+  // 3 + 3 + 2 over processes): `block` is one replica's batch, a run is
+  // `blocks` of them, and this rank takes blocks [first_block, first_block
+  // + rank_blocks) of each (of the short last run of L positions, its
+  // positions [L first_block / blocks, L (first_block + rank_blocks) /
+  // blocks)). 0: one block a rank (block `rank` of world_size).
+  int64_t blocks = 0, first_block = 0, rank_blocks = 1;
   // Neither: rank r takes positions r, r + world, ... < n, so every sample is
   // read exactly once and the shards differ by at most one (evaluation:
   // nothing counted twice, nothing left out). Overrides drop_last.
@@ -66,6 +73,11 @@ class ShardedSampler {
   }
 
  private:
+  // In blocks: this rank's part [b, e) of a run of `len` positions, and a
+  // whole run's length.
+  std::pair<int64_t, int64_t> RunPart(int64_t len) const;
+  int64_t RunLength() const;
+
   SamplerOptions options_;
   int64_t num_samples_ = 0;
 };

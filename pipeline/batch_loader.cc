@@ -101,6 +101,8 @@ std::unique_ptr<BatchLoader::Epoch> BatchLoader::Start(int64_t epoch) const {
   state.pass = options_.train ? "train" : "eval";
   state.data_rank = options_.rank;
   state.data_ranks = options_.world;
+  state.replica_first = options_.rank;  // a process is one replica
+  state.replicas_total = options_.world;
   state.batch_bytes =
       options_.batch * data_->sample_shape().numel() * static_cast<int64_t>(sizeof(float));
   Epoch* self = e.get();

@@ -1,5 +1,6 @@
 #include "pipeline/checkpoint_control.h"
 
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -28,6 +29,52 @@ PassMetrics ParseTotals(const std::string& text) {
   return m;
 }
 
+// Every scalar or sequence of a YAML tree under its dotted key.
+void Flatten(const YAML::Node& node, const std::string& key,
+             std::map<std::string, std::string>& out) {
+  if (node.IsMap()) {
+    for (const auto& kv : node) {
+      const std::string k = kv.first.as<std::string>();
+      Flatten(kv.second, key.empty() ? k : key + "." + k, out);
+    }
+    return;
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << node;
+  out[key] = e.c_str();
+}
+
+// "graph.logical_replicas is 8 there, 6 here" for the keys whose values
+// differ between two runs' identities (the first few).
+std::string DifferingKeys(const std::string& there, const std::string& here) {
+  std::map<std::string, std::string> a, b;
+  try {
+    Flatten(YAML::Load(there), "", a);
+    Flatten(YAML::Load(here), "", b);
+  } catch (const YAML::Exception&) {
+    return "";
+  }
+  std::vector<std::string> diffs;
+  auto value = [](const std::map<std::string, std::string>& m, const std::string& k) {
+    auto it = m.find(k);
+    return it == m.end() ? std::string("unset") : it->second;
+  };
+  std::map<std::string, std::string> keys = a;
+  keys.insert(b.begin(), b.end());
+  for (const auto& [k, unused] : keys) {
+    if (value(a, k) != value(b, k))
+      diffs.push_back(StrCat(k, " is ", value(a, k), " there, ", value(b, k), " here"));
+  }
+  if (diffs.size() > 4) {
+    const size_t more = diffs.size() - 3;
+    diffs.resize(3);
+    diffs.push_back(StrCat("and ", more, " more"));
+  }
+  std::string out;
+  for (const std::string& d : diffs) out += (out.empty() ? "" : "; ") + d;
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, Tensor>> TrainedTensors::Exported() const {
@@ -36,8 +83,11 @@ std::vector<std::pair<std::string, Tensor>> TrainedTensors::Exported() const {
   return out;
 }
 
-CheckpointControl::CheckpointControl(std::string config_hash, uint64_t seed, int keep)
-    : config_hash_(std::move(config_hash)), seed_(seed), keep_(keep) {}
+CheckpointControl::CheckpointControl(std::string identity, uint64_t seed, int keep)
+    : identity_(std::move(identity)),
+      config_hash_(ConfigHash(identity_)),
+      seed_(seed),
+      keep_(keep) {}
 
 TrainPosition CheckpointControl::Resume(const std::string& run_dir, const TrainedTensors& tensors,
                                         const std::function<void(const std::string&)>& say) {
@@ -50,10 +100,16 @@ TrainPosition CheckpointControl::Resume(const std::string& run_dir, const Traine
   }
   const CheckpointState& st = ck->state;
   if (st.config_hash != config_hash_) {
-    throw ConfigError(StrCat(ck->sidecar_path, ": was written by a different config (hash ",
-                             st.config_hash, ", this one is ", config_hash_,
-                             "); resume with the same config and --set options (see ", run_dir,
-                             "/config.yaml)"));
+    auto it = st.extra.find("identity");
+    const std::string changed =
+        it == st.extra.end() ? std::string() : DifferingKeys(it->second, identity_);
+    throw ConfigError(StrCat(
+        ck->sidecar_path, ": was written by a different run",
+        changed.empty() ? StrCat(" (hash ", st.config_hash, ", this one is ", config_hash_, ")")
+                        : StrCat(": ", changed),
+        "; resume with the same config and --set options (see ", run_dir,
+        "/config.yaml; the layout, graph.devices, threads and the number of processes, may "
+        "change)"));
   }
   for (Model* m : tensors.models) {
     CopyNamedTensors(ck->model_tensors, m->StateTensors(), ck->data_path);
@@ -97,6 +153,7 @@ void CheckpointControl::Save(const std::string& run_dir, const TrainPosition& at
   st.lr_step = at.global_step;
   st.seed = seed_;
   st.config_hash = config_hash_;
+  st.extra["identity"] = identity_;
   st.extra["batches_done"] = std::to_string(at.batches_done);
   st.extra["partial_train"] = TotalsText(at.partial_train);
   st.extra["log_window"] = at.log_window;

@@ -44,13 +44,15 @@ struct TrainedTensors {
 
 class CheckpointControl {
  public:
-  // `config_hash`: the resolved config's (a resume must match it); `keep`:
-  // the newest checkpoints kept (<= 0: all).
-  CheckpointControl(std::string config_hash, uint64_t seed, int keep);
+  // `identity`: the run's (Trainer::RunIdentityText, YAML: the resolved
+  // config less the layout), which a resume must match; `keep`: the newest
+  // checkpoints kept (<= 0: all).
+  CheckpointControl(std::string identity, uint64_t seed, int keep);
 
   // Loads the newest valid checkpoint of `run_dir` into `tensors` and returns
   // where it stands. Skipped newer checkpoints are told to `say`. Throws
-  // when there is none, or when it was written by another config.
+  // when there is none, or when it was written by another run (naming the
+  // keys that differ).
   TrainPosition Resume(const std::string& run_dir, const TrainedTensors& tensors,
                        const std::function<void(const std::string&)>& say);
   // Writes a checkpoint of `tensors` at `at` into `run_dir` (through Guard).
@@ -62,7 +64,8 @@ class CheckpointControl {
  private:
   std::string ResumeAdvice() const;
 
-  std::string config_hash_;
+  std::string identity_;
+  std::string config_hash_;  // ConfigHash(identity_)
   uint64_t seed_;
   int keep_;
   std::string run_dir_;             // of the newest checkpoint written or resumed from

@@ -224,9 +224,17 @@ std::optional<RankReport> RankTimes::Finish(const ReplicaSet& replicas, MpiWorld
     mine.push_back(std::bit_cast<uint64_t>(static_cast<double>(now.steps - start_[r].steps)));
     for (int p = 0; p < kStepPhases; ++p) mine.push_back(std::bit_cast<uint64_t>(s1[p] - s0[p]));
   }
+  // Processes may carry different numbers of replicas (logical replicas
+  // 3 + 3 + 2); AllGather takes as many from each: pad with rank -1.
+  const int most = (replicas.global_size() + world.size() - 1) / world.size();
+  for (int r = replicas.size(); r < most; ++r) {
+    mine.push_back(std::bit_cast<uint64_t>(-1.0));
+    mine.resize(mine.size() + kFields - 1, 0);
+  }
   const std::vector<uint64_t> all = world.AllGather(mine, "per-rank step times", timeout_s);
   RankReport report;
   for (size_t k = 0; k + kFields <= all.size(); k += kFields) {
+    if (std::bit_cast<double>(all[k]) < 0) continue;  // padding
     const double steps = std::bit_cast<double>(all[k + 1]);
     if (steps <= 0) return std::nullopt;  // a rank without steps this epoch: no per-step figure
     RankPhases r;

@@ -5,6 +5,8 @@
 #include <thread>
 
 #include "loaders/source_registry.h"
+#include "ops/collectives/mpi_world.h"
+#include "ops/collectives/reduction_tree.h"
 #include "ops/device_ops.h"
 #include "ops/layer.h"
 #include "ops/train/lr_schedule.h"
@@ -129,6 +131,11 @@ const Schema& GraphSectionSchema() {
                     "graph template file")
           .Optional("devices", ParamType::kStringList, std::vector<std::string>{"cpu:0"},
                     "devices: cpu:K or cuda:K")
+          .Optional("logical_replicas", ParamType::kInt, int64_t{0},
+                    "the run's data-parallel replicas G over all processes, fixed for its life: "
+                    "the global batch, the shards and the reduction order; any number of "
+                    "processes carries them (8 over 3: 3 + 3 + 2, the same bits), so a "
+                    "checkpoint resumes on any layout; 0: graph.devices x processes")
           .Optional("prefetch", ParamType::kInt, int64_t{4}, "batches prefetched at most")
           .Optional("prefetch_mb", ParamType::kFloat, 0.0,
                     "memory budget of the prefetched batches in MB (0: none); caps prefetch")
@@ -560,6 +567,34 @@ void ReadModelParallel(const YamlDoc& doc, const YAML::Node& graph, RunConfig& c
   }
 }
 
+// graph.logical_replicas: this process's share of the run's G replicas
+// (ProcessLeaves: contiguous, 3 + 3 + 2), one replica per device of
+// graph.devices in turn, and a thread each at least.
+void ReadLogicalReplicas(const YamlDoc& doc, const YAML::Node& graph, const Args& g, RunConfig& c) {
+  const int64_t G = g.Int("logical_replicas");
+  if (G == 0) return;
+  const YAML::Node at = graph["logical_replicas"];
+  if (G < 0) doc.Fail(at, "graph.logical_replicas", "must be >= 1 (0: devices x processes)");
+  const char* why = c.devices[0].is_cuda()  ? "runs on CPU devices only so far"
+                    : c.pipeline            ? "does not combine with graph.pipeline yet"
+                    : c.tensor_parallel > 1 ? "does not combine with graph.tensor_parallel yet"
+                                            : nullptr;
+  if (why != nullptr) doc.Fail(at, "graph.logical_replicas", why);
+  const MpiWorld& world = MpiWorld::Get();
+  if (G < world.size()) {
+    doc.Fail(at, "graph.logical_replicas",
+             StrCat(G, " replicas for ", world.size(), " processes: each needs one at least"));
+  }
+  const LeafRange mine = ProcessLeaves(world.rank(), world.size(), static_cast<int>(G));
+  const std::vector<Device> listed = c.devices;
+  c.devices.clear();
+  for (int i = 0; i < mine.size(); ++i) c.devices.push_back(listed[i % listed.size()]);
+  c.logical_replicas = static_cast<int>(G);
+  c.logical_first = mine.begin;
+  // Replicas wait for each other inside a step: each needs a thread.
+  c.threads = std::max(c.threads, mine.size());
+}
+
 // graph.precision: fp32, mixed precision on GPUs, or bf16 products on CPUs
 // with native bf16.
 void ReadPrecision(const YamlDoc& doc, const YAML::Node& graph, const Args& g, RunConfig& c) {
@@ -624,6 +659,7 @@ Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   c.stall_warn_s = g.Float("stall_warn_s");
   if (c.stall_warn_s < 0) doc.Fail(graph["stall_warn_s"], "graph.stall_warn_s", "must be >= 0");
   ReadModelParallel(doc, graph, c);
+  ReadLogicalReplicas(doc, graph, g, c);
   ReadPrecision(doc, graph, g, c);
   ReadMemoryFormat(doc, graph, g, c);
   if (c.sync_bn && c.devices[0].is_cuda()) {

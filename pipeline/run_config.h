@@ -70,7 +70,17 @@ struct RunConfig {
   Args schedule_args;
 
   std::string graph_template;  // resolved path
+  // This process's data-parallel replicas, one device each (graph.devices,
+  // taken in turn when this process carries more logical replicas than
+  // it lists).
   std::vector<Device> devices;
+  // graph.logical_replicas: the run's data-parallel replicas over every
+  // process (G), and this process's share of them, leaves
+  // [logical_first, logical_first + devices.size()) of the one reduction
+  // tree (ops/collectives/reduction_tree.h). 0: unset, G is the devices x
+  // processes of the layout.
+  int logical_replicas = 0;
+  int logical_first = 0;
   GraphSpec train_graph;
   GraphSpec eval_graph;
   bool autotune = false;  // graph.autotune

@@ -19,6 +19,7 @@
 #include "pipeline/checkpoint.h"
 #include "pipeline/executor.h"
 #include "pipeline/init_from_data.h"
+#include "pipeline/kernel_picks.h"
 #include "pipeline/validate_report.h"
 #include "stages/pass_plan.h"
 
@@ -129,8 +130,6 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
     world.AgreeOnHash(std::stoull(config_hash, nullptr, 16), "the resolved config",
                       config_.collective_timeout_s);
   }
-  checkpoints_ = std::make_unique<CheckpointControl>(config_hash, config_.seed,
-                                                     static_cast<int>(config_.keep_checkpoints));
 
   // The model first: a shape error is reported before any data is read.
   BuildModel(world);
@@ -138,7 +137,10 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   const std::vector<std::string> group_notes =
       CheckParamGroups(config_.optimizer.groups, model_->NamedParameters());
   OpenData();
+  checkpoints_ = std::make_unique<CheckpointControl>(RunIdentityText(), config_.seed,
+                                                     static_cast<int>(config_.keep_checkpoints));
   PlanSchedule();
+  if (replicas_ && !replicas_->device(0).is_cuda()) ShareKernelPicks(world);
   TimeParamGroups();
   // `init: {weight: whiten}` and the like, once the training data is open.
   init_report_ =
@@ -177,6 +179,11 @@ void Trainer::OpenData() {
   const int group_processes = replicas_ ? replicas_->tensor_parallel_processes() : 1;
   state_.data_rank = state_.process_rank / group_processes;
   state_.data_ranks = state_.process_count / group_processes;
+  state_.replica_count = replicas_ ? replicas_->data_parallel() : 1;
+  state_.replica_first = config_.logical_replicas > 0 ? config_.logical_first
+                                                      : state_.data_rank * state_.replica_count;
+  state_.replicas_total = config_.logical_replicas > 0 ? config_.logical_replicas
+                                                       : state_.data_ranks * state_.replica_count;
   for (const auto& set : config_.data) {
     state_.datasets[set.first] = OpenDataSet(config_, set.first, nullptr);
   }
@@ -199,8 +206,9 @@ void Trainer::OpenData() {
 }
 
 // Optimizer steps per epoch: the training set in global batches (the
-// training graph's sampler's batches, x processes: a user template's sampler
-// may cut them otherwise than train.batch), accumulate batches a step; the
+// training graph's sampler's batch per replica, x the run's replicas: a user
+// template's sampler may cut them otherwise than train.batch), accumulate
+// batches a step; the
 // LR schedule counts by them.
 void Trainer::PlanSchedule() {
   const GraphPlan plan = config_.train_graph.Plan();
@@ -208,18 +216,18 @@ void Trainer::PlanSchedule() {
     throw ConfigError(StrCat(config_.train_graph.file, ": the train graph has no sampler"));
   }
   const Dataset& train = state_.dataset("train");
-  steps_per_epoch_ = PassPlan(PassBatches(train.size(), plan.batch_samples * state_.data_ranks,
-                                          plan.drop_last, config_.max_steps),
+  const int64_t batch = plan.replica_batch * state_.replicas_total;  // over all processes
+  steps_per_epoch_ = PassPlan(PassBatches(train.size(), batch, plan.drop_last, config_.max_steps),
                               config_.accumulate)
                          .steps();
   if (steps_per_epoch_ == 0 && plan.drop_last) {
     throw ConfigError(StrCat("data.train: its ", train.size(), " samples make no full batch of ",
-                             plan.batch_samples * state_.data_ranks,
+                             batch,
                              ", and the short one is dropped (train.drop_last, or graph.sync_bn): "
                              "an epoch would train nothing; lower train.batch"));
   }
   const Args& s = config_.schedule_args;
-  const int64_t global_batch = plan.batch_samples * state_.data_ranks * config_.accumulate;
+  const int64_t global_batch = batch * config_.accumulate;
   LrScheduleOptions lr;
   lr.base_lr = config_.optimizer.args.Float("lr");
   if (s.String("scale_lr") == "linear") {
@@ -438,6 +446,37 @@ std::string Trainer::ResolvedConfigText() const {
   e << config_.doc.root();
   os << e.c_str() << "\n";
   return os.str();
+}
+
+// The kernel picks of rank 0 for every process (pipeline/kernel_picks.h), at
+// the rows each training step and evaluation gives a replica.
+void Trainer::ShareKernelPicks(MpiWorld& world) {
+  const GraphPlan plan = config_.train_graph.Plan();
+  std::vector<int64_t> sizes = ReplicaBatchSizes(state_.dataset("train").size(), plan.replica_batch,
+                                                 state_.replicas_total, plan.drop_last);
+  if (state_.datasets.count("test")) {
+    const std::vector<int64_t> eval =
+        EvalBatchSizes(state_.dataset("test").size(), config_.eval_graph.Plan().batch_samples,
+                       config_.batch, state_.data_ranks);
+    sizes.insert(sizes.end(), eval.begin(), eval.end());
+  }
+  cnnflow::ShareKernelPicks(replicas_->model(0), sizes, world, config_.collective_timeout_s);
+}
+
+// What a checkpoint belongs to: the resolved config less what does not
+// change the result (the layout: graph.devices, threads, the number of
+// processes; the collectives' deadlines), with the run's replica count
+// (graph.logical_replicas) resolved. A resume must match it.
+std::string Trainer::RunIdentityText() const {
+  YAML::Node root = YAML::Clone(config_.doc.root());
+  root.remove("threads");
+  if (!root["graph"].IsMap()) root["graph"] = YAML::Node(YAML::NodeType::Map);
+  for (const char* key : {"devices", "collective_timeout_s", "startup_timeout_s", "stall_warn_s"})
+    root["graph"].remove(key);
+  root["graph"]["logical_replicas"] = state_.replicas_total;
+  YAML::Emitter e;
+  e << root;
+  return std::string(e.c_str()) + "\n";
 }
 
 std::pair<double, double> Trainer::StepCounters() const {

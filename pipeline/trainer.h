@@ -106,6 +106,8 @@ class Trainer {
   // negative): read between passes only.
   std::pair<double, double> StepCounters() const;
   std::string ResolvedConfigText() const;
+  std::string RunIdentityText() const;
+  void ShareKernelPicks(MpiWorld& world);
 
   RunConfig config_;
   std::shared_ptr<void> thread_limit_;      // a tbb::global_control: the run's thread budget

@@ -21,6 +21,7 @@ struct GraphPlan {
   // and whether the pass drops the last incomplete batch. batch_samples 0:
   // the graph has no sampler.
   int64_t batch_samples = 0;
+  int64_t replica_batch = 0;  // its batch per replica
   bool drop_last = false;
   // The prefetch stages: batches they hold at most, and the memory budget
   // that caps them (0: none).

@@ -22,8 +22,8 @@ struct BatchMessage {
   int64_t micro_step = 0;           // batches before this one, over all epochs
   std::vector<int64_t> sample_ids;  // the loader drops those of bad records
   // Training: the rows of this step's global batch over all processes, as
-  // sampled; this process holds its part ShardedSampler::Part(global_rows,
-  // data_rank, data_ranks). 0 (an evaluation, a padded sampler): each
+  // sampled; this process holds its part RunState::ProcessRows(global_rows).
+  // 0 (an evaluation, a padded sampler): each
   // process's rows x processes.
   int64_t global_rows = 0;
   // Set by the loader.

@@ -100,6 +100,16 @@ struct RunState {
   // shards are the processes.
   int process_rank = 0, process_count = 1;
   int data_rank = 0, data_ranks = 1;
+  // This process's data-parallel replicas among the run's
+  // (graph.logical_replicas): [replica_first, replica_first +
+  // replica_count) of replicas_total, in the order of a global batch's
+  // rows (without logical replicas: data_rank x R of data_ranks x R).
+  int replica_first = 0, replica_count = 1, replicas_total = 1;
+  // This process's part [b, e) of a global batch of `rows`: its replicas'.
+  std::pair<int64_t, int64_t> ProcessRows(int64_t rows) const {
+    return {rows * replica_first / replicas_total,
+            rows * (replica_first + replica_count) / replicas_total};
+  }
   bool counts_metrics() const { return process_rank % (process_count / data_ranks) == 0; }
   double collective_timeout_s = 300;
   int64_t max_steps = 0;       // stop a training pass after this many batches (0: whole epoch)
@@ -151,7 +161,7 @@ inline std::pair<int64_t, int64_t> ShardRows(int64_t rows, int r, int n) {
 }
 
 // Replica r's rows [b, e) of this process's training batch m: the rows its
-// global data-parallel replica (data_rank x R + its replica of R) takes of
+// global data-parallel replica (replica_first + its replica) takes of
 // the global batch, as one process with every replica would cut it
 // (ShardRows), so uneven parts of a short last batch split alike whatever
 // the layout. The members of a tensor-parallel group share theirs. Where
@@ -161,10 +171,10 @@ inline std::pair<int64_t, int64_t> ReplicaRows(const RunState& s, const BatchMes
   const ReplicaSet& set = *s.replicas;
   const auto rows = static_cast<int64_t>(m.labels.size());
   const int n = set.data_parallel();
-  const auto [pb, pe] = ShardRows(m.global_rows, s.data_rank, s.data_ranks);
+  const auto [pb, pe] = s.ProcessRows(m.global_rows);
   if (pe - pb != rows) return ShardRows(rows, set.data_replica(r), n);
   const auto [b, e] =
-      ShardRows(m.global_rows, s.data_rank * n + set.data_replica(r), s.data_ranks * n);
+      ShardRows(m.global_rows, s.replica_first + set.data_replica(r), s.replicas_total);
   return {b - pb, e - pb};
 }
 
@@ -174,7 +184,7 @@ inline std::pair<int64_t, int64_t> ReplicaRows(const RunState& s, const BatchMes
 inline int64_t GlobalRows(const RunState& s, const BatchMessage& m) {
   const auto rows = static_cast<int64_t>(m.labels.size());
   if (m.global_rows <= 0) return rows * s.data_ranks;
-  const auto [pb, pe] = ShardRows(m.global_rows, s.data_rank, s.data_ranks);
+  const auto [pb, pe] = s.ProcessRows(m.global_rows);
   return m.global_rows - (pe - pb - rows);
 }
 

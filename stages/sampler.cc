@@ -16,7 +16,9 @@ class SamplerStage final : public Stage {
   SamplerStage(const StageInfo& info, const Args& args)
       : Stage(info),
         data_(args.String("data")),
-        batch_(args.Int("batch") * std::max<int64_t>(1, args.Int("replicas"))),
+        replica_batch_(args.Int("batch")),
+        replicas_(std::max<int64_t>(1, args.Int("replicas"))),
+        batch_(replica_batch_ * replicas_),
         shuffle_(args.Bool("shuffle")),
         drop_last_(args.Bool("drop_last")),
         pad_(args.Bool("pad")) {
@@ -34,17 +36,27 @@ class SamplerStage final : public Stage {
     // sample once) its shard; the trainer sums the metrics.
     opt.rank = state.data_rank;
     opt.world_size = state.data_ranks;
-    opt.uneven = state.pass != "train";
+    const bool train = state.pass == "train";
+    opt.uneven = !train;
     // The global batch does not depend on the process count (unless padded
-    // round-robin shards were asked for).
-    if (!pad_) opt.block = batch_;
+    // round-robin shards were asked for): one replica's batch for each of
+    // the run's replicas, this process taking its replicas' blocks.
+    if (!pad_) {
+      if (train && replicas_ != state.replica_count) {
+        throw ConfigError(StrCat("sampler: replicas is ", replicas_, " but this process trains ",
+                                 state.replica_count, " data-parallel replicas ($graph.replicas)"));
+      }
+      opt.block = replica_batch_;
+      opt.blocks = state.replicas_total;
+      opt.first_block = state.replica_first;
+      opt.rank_blocks = state.replica_count;
+    }
     ShardedSampler sampler(opt);
     order_ = sampler.EpochIndices(state.epoch);
     // Training in blocks counts the global batches, so every process runs
     // each step, an empty part included; otherwise each process counts its
     // own shard's (equal when padded).
-    const bool train = state.pass == "train";
-    global_batch_ = train && !pad_ ? batch_ * state.data_ranks : 0;
+    global_batch_ = train && !pad_ ? replica_batch_ * state.replicas_total : 0;
     batches_ = global_batch_ > 0
                    ? PassBatches(data.size(), global_batch_, drop_last_, state.max_steps)
                    : PassBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_,
@@ -90,7 +102,8 @@ class SamplerStage final : public Stage {
 
  private:
   std::string data_;
-  int64_t batch_;
+  int64_t replica_batch_, replicas_;
+  int64_t batch_;  // this process's: replica_batch_ x replicas_
   // Training in blocks: the global batch and the set (0: each process counts its own).
   int64_t global_batch_ = 0, global_samples_ = 0;
   bool shuffle_, drop_last_, pad_;
@@ -124,6 +137,7 @@ CNNFLOW_STAGE_PLAN(sampler, [](const Args& a, const PlanNode& node, GraphPlan& p
     throw ConfigError(StrCat(node.where, ": a second sampler in one pass"));
   }
   plan.batch_samples = a.Int("batch") * a.Int("replicas");
+  plan.replica_batch = a.Int("batch");
   plan.drop_last = a.Bool("drop_last");
 });
 

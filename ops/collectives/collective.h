@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/collectives/reduction_tree.h"
 #include "ops/error.h"
 
 namespace cnnflow {
@@ -112,13 +113,13 @@ class Collective {
 // aligned chunks and participant p reduces chunk p of every buffer (a
 // reduce-scatter fused with the copy-back: each element is read once from
 // each buffer and written once to each, no temporary of the full size). The
-// sum is taken in tree order: the left operand of n summands is the first
-// largest power of two below n of them, ((x0 + x1) + (x2 + x3)) + x4, then
+// sum is taken in the order of the run's one reduction tree
+// (ops/collectives/reduction_tree.h): ((x0 + x1) + (x2 + x3)) + x4, then
 // multiplied by `scale`. So the result is bitwise independent of arrival
-// order and thread timing, identical on every rank, and a power-of-two
-// block of replicas in one process is a subtree of the same tree over every
-// replica of every process (MpiWorld::StartAllReduceSum continues it), so
-// the sum does not depend on how replicas are spread over processes.
+// order and thread timing, identical on every rank; where the group is part
+// of the replicas of many processes (PlaceInTree), it sums its maximal
+// complete subtrees and the root step adds them across processes, so the
+// sum does not depend on how replicas are spread over processes.
 //
 // Waiting spins for a few microseconds, then blocks on a condition variable:
 // replicas may share cores with other work.
@@ -141,19 +142,32 @@ class LocalGroup final : public Collective {
   int global_offset() const override { return 0; }
   double timeout_s() const override { return timeout_s_; }
 
+  // This group's ranks are leaves [first_leaf, first_leaf + size()) of the
+  // tree over `leaves` (the run's logical replicas, over every process;
+  // by default [0, size()) of size()). Call before the first collective.
+  void PlaceInTree(int first_leaf, int leaves);
+  // The maximal complete subtrees of that tree inside this group's leaves.
+  const std::vector<LeafRange>& segments() const { return segments_; }
+
+  // An all-reduce's step across processes: given the partial sums of
+  // segments() (in the buffers of their first ranks, rank 0's first), it
+  // leaves the sum over every leaf in partials[0].
+  using PartialsStep = std::function<void(const std::vector<float*>& partials)>;
+
   // data[0..count) of every rank becomes (sum over ranks in tree order) *
   // scale. `tag` names the collective in errors, e.g. "bucket 3
   // (fc1.weight..conv2.bias)", and must be the same on every rank (it is
   // part of the mismatch check).
   //
   // root_step (optional; only rank 0's is used, the others pass none): run
-  // on rank 0's thread once the in-process sum is in rank 0's buffer and
-  // before the scale and the copy to every rank; the other ranks wait for it
-  // without a timeout, so it must bound its own time. This is the hook for
-  // the cross-process all-reduce (HierarchicalAllReduce). If it throws, every
-  // rank throws the same message and the group is broken.
+  // on rank 0's thread once the in-process partial sums are in place, and
+  // before the scale and the copy of rank 0's buffer to every rank; the
+  // other ranks wait for it without a timeout, so it must bound its own
+  // time. This is the hook for the cross-process all-reduce
+  // (HierarchicalAllReduce). If it throws, every rank throws the same
+  // message and the group is broken.
   void AllReduceSum(int rank, float* data, int64_t count, const std::string& tag, float scale,
-                    const std::function<void()>& root_step);
+                    const PartialsStep& root_step);
   void AllReduceSum(int rank, float* data, int64_t count, const std::string& tag,
                     float scale = 1.0f) override {
     AllReduceSum(rank, data, count, tag, scale, nullptr);
@@ -207,7 +221,8 @@ class LocalGroup final : public Collective {
     int64_t count;  // elements (floats) for reductions, bytes for broadcasts
     float scale;
     const std::string* tag;
-    const std::function<void()>* root_step;
+    const std::function<void()>* root_step;  // a broadcast's
+    const PartialsStep* reduce_step;         // an all-reduce's
   };
 
   using Deadline = std::chrono::steady_clock::time_point;
@@ -244,6 +259,8 @@ class LocalGroup final : public Collective {
   const int size_;
   const double timeout_s_;
   const std::string name_;
+  int first_leaf_ = 0;
+  std::vector<LeafRange> segments_{{0, size_}};
   std::unique_ptr<Slot[]> slots_;
   std::unique_ptr<std::atomic<uint64_t>[]> next_seq_;  // per rank
 

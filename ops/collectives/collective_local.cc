@@ -54,18 +54,10 @@ void ChunkOf(int64_t count, int64_t esize, int p, int n, int64_t* begin, int64_t
   *end = cut(p + 1);
 }
 
-// The left operand's share of n > 1 summands in the reduction tree: the
-// largest power of two below n. So the tree over replicas 0..n-1 is
-// ((0 + 1) + (2 + 3)) + ..., and a process's power-of-two block of
-// replicas is a subtree of the tree over every replica of every process
-// (MpiWorld's ordered all-reduce continues it across processes): the sum
-// has the same bits however the replicas are spread over processes.
-int LeftShare(int n) {
-  int left = 1;
-  while (left * 2 < n) left *= 2;
-  return left;
-}
-
+// The tree order of a sum (ops/collectives/reduction_tree.h): a process's
+// maximal complete subtrees of the run's tree are summed here, the rest
+// across processes, so the sum has the same bits however the replicas are
+// spread over processes.
 // out[0, m) = the tree sum of p[lo..hi)[i0, i0 + m); m <= kBlock.
 void TreeSum(float* __restrict out, float* const* p, int lo, int hi, int64_t i0, int64_t m) {
   if (hi - lo == 1) {
@@ -149,7 +141,9 @@ struct alignas(64) LocalGroup::Slot {
   std::string tag;
   std::vector<void*> ptrs;
   std::vector<char> present;
-  const std::function<void()>* root_step = nullptr;
+  const std::function<void()>* root_step = nullptr;       // a broadcast's
+  const LocalGroup::PartialsStep* reduce_step = nullptr;  // an all-reduce's
+  bool two_phase() const { return root_step != nullptr || reduce_step != nullptr; }
   // Written by the root before step_done.
   bool step_failed = false;
   bool step_timeout = false;
@@ -172,9 +166,15 @@ LocalGroup::LocalGroup(int size, double timeout_s, std::string name)
 
 LocalGroup::~LocalGroup() = default;
 
+void LocalGroup::PlaceInTree(int first_leaf, int leaves) {
+  segments_ = TreeSegments({first_leaf, first_leaf + size_}, leaves);
+  first_leaf_ = first_leaf;
+}
+
 void LocalGroup::AllReduceSum(int rank, float* data, int64_t count, const std::string& tag,
-                              float scale, const std::function<void()>& root_step) {
-  Run({Op::kAllReduce, rank, 0, data, count, scale, &tag, root_step ? &root_step : nullptr});
+                              float scale, const PartialsStep& root_step) {
+  Run({Op::kAllReduce, rank, 0, data, count, scale, &tag, nullptr,
+       root_step ? &root_step : nullptr});
 }
 
 void LocalGroup::AllReduceMean(int rank, float* data, int64_t count, const std::string& tag) {
@@ -182,7 +182,7 @@ void LocalGroup::AllReduceMean(int rank, float* data, int64_t count, const std::
 }
 
 void LocalGroup::ReduceSum(int rank, int root, float* data, int64_t count, const std::string& tag) {
-  Run({Op::kReduce, rank, root, data, count, 1.0f, &tag, nullptr});
+  Run({Op::kReduce, rank, root, data, count, 1.0f, &tag, nullptr, nullptr});
 }
 
 void LocalGroup::Broadcast(int rank, int root, float* data, int64_t count, const std::string& tag,
@@ -193,11 +193,12 @@ void LocalGroup::Broadcast(int rank, int root, float* data, int64_t count, const
 
 void LocalGroup::BroadcastBytes(int rank, int root, void* data, int64_t bytes,
                                 const std::string& tag, const std::function<void()>& root_step) {
-  Run({Op::kBroadcast, rank, root, data, bytes, 1.0f, &tag, root_step ? &root_step : nullptr});
+  Run({Op::kBroadcast, rank, root, data, bytes, 1.0f, &tag, root_step ? &root_step : nullptr,
+       nullptr});
 }
 
 void LocalGroup::Barrier(int rank, const std::string& tag) {
-  Run({Op::kBarrier, rank, 0, nullptr, 0, 1.0f, &tag, nullptr});
+  Run({Op::kBarrier, rank, 0, nullptr, 0, 1.0f, &tag, nullptr, nullptr});
 }
 
 void LocalGroup::Abort(const std::string& reason) { Break(false, reason); }
@@ -355,7 +356,10 @@ void LocalGroup::Register(const Call& call, uint64_t seq, Slot& slot) {
   }
   slot.ptrs[call.rank] = call.data;
   slot.present[call.rank] = 1;
-  if (call.rank == call.root) slot.root_step = call.root_step;
+  if (call.rank == call.root) {
+    slot.root_step = call.root_step;
+    slot.reduce_step = call.reduce_step;
+  }
   if (before + 1 == size_) {
     // Overlapping buffers would make the threads race; refuse them before
     // anyone starts.
@@ -440,13 +444,21 @@ void LocalGroup::AwaitAll(const Call& call, uint64_t seq, Slot& slot, const Dead
 // 4. The work: phase 0, then (two-phase) the root's step and phase 1.
 LocalGroup::StepOutcome LocalGroup::Work(const Call& call, Slot& slot) {
   Compute(slot, call.rank, 0);
-  if (slot.root_step == nullptr) return {};
+  if (!slot.two_phase()) return {};
   if (slot.reduced.fetch_add(1) + 1 == size_) Notify(slot);
   if (call.rank == slot.root) {
     WaitFor(
         slot, [&] { return slot.reduced.load() == size_; }, nullptr);
     try {
-      (*slot.root_step)();
+      if (slot.reduce_step != nullptr) {
+        std::vector<float*> partials;
+        for (const LeafRange& seg : segments_) {
+          partials.push_back(static_cast<float*>(slot.ptrs[seg.begin - first_leaf_]));
+        }
+        (*slot.reduce_step)(partials);
+      } else {
+        (*slot.root_step)();
+      }
     } catch (const CollectiveTimeout& e) {
       slot.step_failed = slot.step_timeout = true;
       slot.step_error = e.what();
@@ -481,6 +493,7 @@ void LocalGroup::Leave(const Call& call, uint64_t seq, Slot& slot) {
       std::fill(slot.present.begin(), slot.present.end(), 0);
       slot.tag.clear();
       slot.root_step = nullptr;
+      slot.reduce_step = nullptr;
       slot.step_failed = slot.step_timeout = false;
       slot.step_error.clear();
       slot.seq.store(seq + kMaxInFlight);
@@ -499,7 +512,7 @@ void LocalGroup::Leave(const Call& call, uint64_t seq, Slot& slot) {
 void LocalGroup::Compute(Slot& slot, int rank, int phase) {
   if (slot.op == Op::kBarrier || slot.count == 0) return;
   const int n = size_;
-  const bool two_phase = slot.root_step != nullptr;
+  const bool two_phase = slot.two_phase();
   if (slot.op == Op::kBroadcast) {
     if (two_phase && phase == 0) return;  // the root's step comes first
     int64_t b, e;
@@ -527,7 +540,10 @@ void LocalGroup::Compute(Slot& slot, int rank, int phase) {
   } else if (!two_phase) {
     SumToAll(ptrs, n, b, e, slot.scale);
   } else if (phase == 0) {
-    SumInto(ptrs[slot.root], ptrs, n, b, e);
+    for (const LeafRange& seg : segments_) {
+      float* const* p = ptrs + (seg.begin - first_leaf_);
+      SumInto(p[0], p, seg.size(), b, e);
+    }
   } else {
     float* src = ptrs[slot.root];
     if (slot.scale != 1.0f) {

@@ -27,8 +27,13 @@ void HierarchicalAllReduce::GatherSizes() {
     global_size_ = 0;
     for (int r = 0; r < world_.size(); ++r) {
       if (r < world_.rank()) global_offset_ += static_cast<int>(sizes[r]);
+      layout_.push_back({global_size_, global_size_ + static_cast<int>(sizes[r])});
       global_size_ += static_cast<int>(sizes[r]);
+      if (sizes[r] == 0) {
+        throw Error(StrCat(world_.Where(), ": process ", r, " has no replica"));
+      }
     }
+    local_.PlaceInTree(global_offset_, global_size_);
   }
 }
 
@@ -78,12 +83,12 @@ void HierarchicalAllReduce::AllReduceSum(int local_rank, float* data, int64_t co
     local_.AllReduceSum(local_rank, data, count, tag, scale);
     return;
   }
-  std::function<void()> step;
+  LocalGroup::PartialsStep step;
   if (local_rank == 0) {
     const uint64_t ticket = next_ticket_.fetch_add(1);
-    step = [this, ticket, data, count, &tag] {
-      MpiRequest r =
-          StartInOrder(ticket, tag, [&] { return world_.StartAllReduceSum(data, count, tag); });
+    step = [this, ticket, count, &tag](const std::vector<float*>& partials) {
+      MpiRequest r = StartInOrder(
+          ticket, tag, [&] { return world_.StartAllReduceSum(partials, count, layout_, tag); });
       world_.Wait(r, timeout_s_);
     };
   }

@@ -20,8 +20,11 @@
 namespace cnnflow {
 
 // Averages (or sums) gradient buckets over every replica of every process:
-// the LocalGroup's replicas reduce into local rank 0's buffer, local rank 0
-// all-reduces it across processes, and the result is scaled and copied back
+// the replicas of all processes are the leaves of one reduction tree
+// (ops/collectives/reduction_tree.h), each process's a contiguous range in
+// rank order (of any size: 3 + 3 + 2); the LocalGroup sums the process's
+// maximal complete subtrees, local rank 0 adds those partial sums across
+// processes along the same tree, and the result is scaled and copied back
 // to every local replica. Every replica of every process ends with the same
 // bits. Collectives are matched by call order (see ops/collectives/collective.h); local
 // rank 0's calls fix the order of the MPI collectives, which are started in
@@ -70,6 +73,7 @@ class HierarchicalAllReduce final : public Collective {
   const double timeout_s_;
   int global_size_ = 1;
   int global_offset_ = 0;
+  std::vector<LeafRange> layout_;  // every process's replicas, as leaves of the one tree
   std::atomic<uint64_t> next_ticket_{0};
   uint64_t turn_ = 0;  // guarded by turn_mu_
   std::mutex turn_mu_;

@@ -9,10 +9,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <thread>
 
 #include "ops/collectives/collective.h"
+#include "ops/collectives/reduction_tree.h"
 
 namespace cnnflow {
 namespace {
@@ -215,6 +217,82 @@ class TreeAllReduce {
   int64_t add_count_ = 0;
 };
 
+// The all-reduce of a split of the run's logical replicas that is not one
+// block of equal size per process (3 + 3 + 2 of 8): this process's partial
+// sums (TreeSegments of its leaves) go up the tree, level by level, by the
+// schedule of PlanTreeAllReduce to process 0, whose total comes back down a
+// binomial broadcast into partial 0 of every process.
+class PartialTreeAllReduce {
+ public:
+  PartialTreeAllReduce(std::vector<float*> partials, int64_t count, TreeSchedule schedule,
+                       int mpi_tag, MPI_Comm comm)
+      : partials_(std::move(partials)),
+        count_(count),
+        schedule_(std::move(schedule)),
+        tag_(mpi_tag),
+        comm_(comm) {}
+
+  // As TreeAllReduce::Next.
+  bool Next(std::vector<MPI_Request>& rq) {
+    rq.clear();
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      float* __restrict dst = partials_[pending_[i]];
+      const float* __restrict src = scratch_[i].data();
+      for (int64_t k = 0; k < count_; ++k) dst[k] += src[k];
+    }
+    pending_.clear();
+    while (rq.empty()) {
+      if (round_ < schedule_.reduce.size()) {
+        StartReduceRound(schedule_.reduce[round_++], rq);
+      } else if (down_ < schedule_.broadcast_to.size()) {
+        const int to = schedule_.broadcast_to[down_], from = schedule_.broadcast_from[down_];
+        ++down_;
+        if (to >= 0) Post(rq, MPI_Isend, partials_[0], to);
+        if (from >= 0) Post(rq, MPI_Irecv, partials_[0], from);
+      } else {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  int peer() const { return peer_; }
+
+ private:
+  template <typename Fn, typename Ptr>
+  void Post(std::vector<MPI_Request>& rq, Fn fn, Ptr p, int peer) {
+    peer_ = peer;
+    rq.emplace_back();
+    const int rc = fn(p, static_cast<int>(count_), MPI_FLOAT, peer, tag_, comm_, &rq.back());
+    if (rc != MPI_SUCCESS) throw Error(StrCat("MPI point-to-point failed: ", MpiErrorText(rc)));
+  }
+
+  void StartReduceRound(const TreeRound& round, std::vector<MPI_Request>& rq) {
+    for (const TreeRound::Add& a : round.local_adds) {
+      float* __restrict dst = partials_[a.into];
+      const float* __restrict src = partials_[a.from];
+      for (int64_t k = 0; k < count_; ++k) dst[k] += src[k];
+    }
+    for (const TreeRound::Send& s : round.sends) Post(rq, MPI_Isend, partials_[s.partial], s.to);
+    if (scratch_.size() < round.recvs.size()) scratch_.resize(round.recvs.size());
+    for (size_t i = 0; i < round.recvs.size(); ++i) {
+      scratch_[i].resize(count_);
+      Post(rq, MPI_Irecv, scratch_[i].data(), round.recvs[i].from);
+      pending_.push_back(round.recvs[i].partial);
+    }
+  }
+
+  std::vector<float*> partials_;
+  int64_t count_;
+  TreeSchedule schedule_;
+  int tag_;
+  MPI_Comm comm_;
+  size_t round_ = 0, down_ = 0;
+  std::vector<std::vector<float>> scratch_;  // one per receive of a round
+  std::vector<int> pending_;                 // the partial each scratch is added to
+  int peer_ = -1;
+};
+
 MpiRequest::MpiRequest() = default;
 MpiRequest::MpiRequest(MpiRequest&&) noexcept = default;
 MpiRequest& MpiRequest::operator=(MpiRequest&&) noexcept = default;
@@ -372,10 +450,27 @@ void MpiWorld::CheckUsable(const std::string& op, const std::string& tag) const 
 }
 
 MpiRequest MpiWorld::StartAllReduceSum(float* data, int64_t count, const std::string& tag) {
+  return StartTreeAllReduce({data}, count, nullptr, tag);
+}
+
+MpiRequest MpiWorld::StartAllReduceSum(const std::vector<float*>& partials, int64_t count,
+                                       const std::vector<LeafRange>& processes,
+                                       const std::string& tag) {
+  return StartTreeAllReduce(partials, count, &processes, tag);
+}
+
+MpiRequest MpiWorld::StartTreeAllReduce(const std::vector<float*>& partials, int64_t count,
+                                        const std::vector<LeafRange>* processes,
+                                        const std::string& tag) {
   CheckUsable("AllReduceSum", tag);
-  if (count < 0 || (count > 0 && data == nullptr)) {
+  if (count < 0 || partials.empty() ||
+      (count > 0 && std::count(partials.begin(), partials.end(), nullptr) > 0)) {
     throw Error(StrCat(Where(), ": MPI AllReduceSum '", tag, "': bad buffer (", count,
-                       " floats at ", static_cast<void*>(data), ")"));
+                       " floats in ", partials.size(), " partial sums)"));
+  }
+  if (processes != nullptr && static_cast<int>(processes->size()) != size_) {
+    throw Error(StrCat(Where(), ": MPI AllReduceSum '", tag, "': a layout of ", processes->size(),
+                       " processes in a world of ", size_));
   }
   if (count > std::numeric_limits<int>::max()) {
     throw Error(StrCat(Where(), ": MPI AllReduceSum '", tag, "': ", count,
@@ -390,13 +485,45 @@ MpiRequest MpiWorld::StartAllReduceSum(float* data, int64_t count, const std::st
   // Every process starts its all-reduces in the same order, so the n-th
   // one's messages carry the same tag everywhere and never match another's.
   const int mpi_tag = static_cast<int>(next_reduce_tag_++ % 32768);  // MPI_TAG_UB >= 32767
-  auto reduce = std::make_shared<TreeAllReduce>(data, count, rank_, size_, mpi_tag, comm_->comm);
+  // One block of leaves of the same size per process: the tree over the
+  // processes is the leaves' (and a power-of-two world halves and doubles).
+  bool equal_blocks = processes == nullptr;
+  if (!equal_blocks) {
+    const int leaves = processes->back().end;
+    equal_blocks = leaves % size_ == 0 &&
+                   std::all_of(processes->begin(), processes->end(), [&](const LeafRange& p) {
+                     return p.size() == leaves / size_ && TreeSegments(p, leaves).size() == 1;
+                   });
+  }
+  // Each round: complete the last one's arithmetic, start the next's messages.
+  std::function<bool(std::vector<MPI_Request>&, int&)> next;
+  auto rounds_of = [&next](auto reduce) {
+    next = [reduce](std::vector<MPI_Request>& rq, int& peer) {
+      const bool more = reduce->Next(rq);
+      peer = reduce->peer();
+      return more;
+    };
+  };
+  if (equal_blocks) {
+    if (partials.size() != 1) {
+      throw Error(StrCat(Where(), ": MPI AllReduceSum '", tag, "': ", partials.size(),
+                         " partial sums for one block of leaves"));
+    }
+    rounds_of(
+        std::make_shared<TreeAllReduce>(partials[0], count, rank_, size_, mpi_tag, comm_->comm));
+  } else {
+    const LeafRange mine = (*processes)[rank_];
+    if (TreeSegments(mine, processes->back().end).size() != partials.size()) {
+      throw Error(StrCat(Where(), ": MPI AllReduceSum '", tag, "': ", partials.size(),
+                         " partial sums for leaves [", mine.begin, ", ", mine.end, ")"));
+    }
+    rounds_of(std::make_shared<PartialTreeAllReduce>(
+        partials, count, PlanTreeAllReduce(*processes, rank_), mpi_tag, comm_->comm));
+  }
   MpiRequest::Impl* impl = r.impl_.get();
-  impl->next_round = [this, reduce, impl] {
+  impl->next_round = [this, next, impl] {
     auto lock = Lock();
-    const bool more = reduce->Next(impl->requests);
-    impl->peer = reduce->peer();
-    return more;
+    return next(impl->requests, impl->peer);
   };
   try {
     if (!impl->next_round()) impl->done = true;

@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/collectives/reduction_tree.h"
+
 namespace cnnflow {
 
 // A started MPI collective; complete it with MpiWorld::Wait.
@@ -79,6 +81,13 @@ class MpiWorld {
   // The split form, so several collectives can be started in a fixed order
   // and completed later (from any thread).
   MpiRequest StartAllReduceSum(float* data, int64_t count, const std::string& tag);
+  // The all-reduce of a run's logical replicas split over the processes
+  // (ops/collectives/reduction_tree.h): processes[p] are process p's leaves
+  // and `partials` this process's partial sums, one per TreeSegments of its
+  // leaves, in leaf order. partials[0] becomes the sum over every leaf, in
+  // the one tree's order, on every process; the other partials are scratch.
+  MpiRequest StartAllReduceSum(const std::vector<float*>& partials, int64_t count,
+                               const std::vector<LeafRange>& processes, const std::string& tag);
   void Wait(MpiRequest& request, double timeout_s);
 
   // root's data[0..bytes) is copied to every process.
@@ -153,6 +162,8 @@ class MpiWorld {
  private:
   MpiWorld();
   MpiWorld(MpiWorld& parent, int color, std::string name);  // Split's
+  MpiRequest StartTreeAllReduce(const std::vector<float*>& partials, int64_t count,
+                                const std::vector<LeafRange>* processes, const std::string& tag);
   void MarkBroken(const std::string& reason);
   void CheckUsable(const std::string& op, const std::string& tag) const;
   std::unique_lock<std::mutex> Lock();

@@ -151,4 +151,21 @@ std::string FindOrMeasure(const std::string& key, const std::function<std::strin
   return pick;
 }
 
+std::string ExportPicks() {
+  std::lock_guard<std::mutex> lock(Mutex());
+  std::string text;
+  for (const auto& [key, pick] : Memory()) text += StrCat(key, "\t", pick, "\n");
+  return text;
+}
+
+void AdoptPicks(const std::string& text) {
+  std::lock_guard<std::mutex> lock(Mutex());
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t tab = line.find('\t');
+    CNNFLOW_ENFORCE(tab != std::string::npos, "kernel picks: bad line '", line, "'");
+    Memory()[line.substr(0, tab)] = line.substr(tab + 1);
+  }
+}
+
 }  // namespace cnnflow::cpu

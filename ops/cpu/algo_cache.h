@@ -23,6 +23,14 @@ namespace cnnflow::cpu {
 // key per process; concurrent callers of the same key wait for it.
 std::string FindOrMeasure(const std::string& key, const std::function<std::string()>& measure);
 
+// This process's picks, as text ("key<TAB>pick" lines), for another process
+// to adopt.
+std::string ExportPicks();
+// Takes `text` (another process's ExportPicks) as this process's picks:
+// they win over the file and over measuring, so the processes of a job
+// compute with one process's picks whatever their own pick files hold.
+void AdoptPicks(const std::string& text);
+
 // This machine's line prefix: CPU model, ISA, oneDNN version, kernel generation.
 const std::string& MachineId();
 

@@ -276,6 +276,28 @@ TEST(SetYamlScalar, RefusesToReplaceACollection) {
   }
 }
 
+// graph.logical_replicas in one process: every replica here, on the listed
+// devices in turn, a thread each at least; refused where it is not built.
+TEST_F(ConfigTest, LogicalReplicasAreThisProcessesShareOnItsDevicesInTurn) {
+  RunConfig c = LoadRunConfig(
+      Write(kGood), {"graph.logical_replicas=3", "graph.devices=[cpu:0, cpu:1]", "threads=2"});
+  EXPECT_EQ(c.logical_replicas, 3);
+  EXPECT_EQ(c.logical_first, 0);
+  ASSERT_EQ(c.devices.size(), 3u);
+  EXPECT_EQ(c.devices[2].ToString(), "cpu:0");
+  EXPECT_EQ(c.threads, 3);
+  EXPECT_EQ(LoadRunConfig(Write(kGood)).logical_replicas, 0);
+  EXPECT_NE(ErrorOf(kGood, {"graph.logical_replicas=-1"}).find("graph.logical_replicas"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(kGood, {"graph.logical_replicas=2", "graph.devices=[cuda:0]"})
+                .find("CPU devices only"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(kGood, {"graph.logical_replicas=2", "graph.devices=[cpu:0, cpu:1]",
+                            "graph.tensor_parallel={size: 2, layers: {fc1: column}}"})
+                .find("graph.tensor_parallel"),
+            std::string::npos);
+}
+
 // GPU runs: no CPU/GPU mixes, no GPU twice, and the modes not built
 // for GPUs yet refused up front with the key that asks for them.
 TEST_F(ConfigTest, GpuDeviceListsAreCheckedBeforeTheRun) {

@@ -108,10 +108,11 @@ TEST(Collective, RootStepRunsOnceOnTheSumBeforeScaleAndCopy) {
     std::atomic<int> steps{0};
     LocalGroup group(n, 10.0);
     ExpectNoErrors(RunRanks(n, [&](int r) {
-      std::function<void()> step;
+      LocalGroup::PartialsStep step;
       if (r == 0) {
-        step = [&] {
+        step = [&](const std::vector<float*>& partials) {
           ++steps;
+          EXPECT_EQ(partials, std::vector<float*>{data[0].data()});
           for (int64_t i = 0; i < count; ++i) data[0][i] += remote[i];
         };
       }
@@ -326,8 +327,8 @@ TEST(Collective, FailingRootStepFailsEveryRank) {
   LocalGroup group(n, 10.0);
   std::vector<std::vector<float>> data(n, std::vector<float>(64, 1.0f));
   const auto errors = RunRanks(n, [&](int r) {
-    std::function<void()> step;
-    if (r == 0) step = [] { throw Error("MPI_Iallreduce failed: peer gone"); };
+    LocalGroup::PartialsStep step;
+    if (r == 0) step = [](const auto&) { throw Error("MPI_Iallreduce failed: peer gone"); };
     group.AllReduceSum(r, data[r].data(), 64, "bucket 2", 1.0f, step);
   });
   for (int r = 0; r < n; ++r) {
