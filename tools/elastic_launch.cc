@@ -108,8 +108,8 @@ class Elastic {
   }
 
   void ProbeLater() {
-    next_probe_ = Clock::now() + std::chrono::milliseconds(
-                                     static_cast<int64_t>(o_.probe_every_s * 1000));
+    next_probe_ =
+        Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.probe_every_s * 1000));
   }
 
   // Probes every host until at least --min-hosts answer; nullopt when
@@ -121,8 +121,7 @@ class Elastic {
   bool WantGrow();
 
   // After a failed attempt: the hosts that answer now; false to give up.
-  bool Shrink(int64_t attempt, const std::string& what, const std::string& from,
-              int64_t restarts);
+  bool Shrink(int64_t attempt, const std::string& what, const std::string& from, int64_t restarts);
 
   // After the job stopped for a grow: the hosts in use with those joining.
   void Grow(int64_t attempt, const std::string& what, const std::string& from);
@@ -197,11 +196,11 @@ bool Elastic::Shrink(int64_t attempt, const std::string& what, const std::string
   const std::optional<std::vector<std::string>> usable = GatherHosts(results);
   if (!usable) {
     if (StopSignal() == 0) {
-      LaunchLog(StrCat("giving up: attempt ", attempt, " failed (", what,
-                       ") and fewer than --min-hosts ", o_.min_hosts, " hosts answered within ",
-                       o_.join_timeout_s, " s (--join-timeout: ",
-                       DescribeHosts(Silent(results), "not answering", results),
-                       "); the newest checkpoint stays in ", job_.run_dir, " for --resume"));
+      LaunchLog(
+          StrCat("giving up: attempt ", attempt, " failed (", what, ") and fewer than --min-hosts ",
+                 o_.min_hosts, " hosts answered within ", o_.join_timeout_s,
+                 " s (--join-timeout: ", DescribeHosts(Silent(results), "not answering", results),
+                 "); the newest checkpoint stays in ", job_.run_dir, " for --resume"));
     }
     return false;
   }
@@ -234,8 +233,8 @@ void Elastic::Grow(int64_t attempt, const std::string& what, const std::string& 
 
 bool Elastic::Start() {
   LaunchLog(StrCat(names_.size(), names_.size() == 1 ? " host (" : " hosts (", Join(names_, ","),
-                   "), ", o_.min_hosts, " to ",
-                   max_hosts_, " in use; probing each with `", Join(agent_), " HOST true`"));
+                   "), ", o_.min_hosts, " to ", max_hosts_, " in use; probing each with `",
+                   Join(agent_), " HOST true`"));
   Results results;
   const std::optional<std::vector<std::string>> first = GatherHosts(results);
   const std::vector<std::string> silent = Silent(results);
@@ -261,8 +260,8 @@ int Elastic::Run() {
   int64_t restarts = 0;
   for (int64_t attempt = 1;; ++attempt) {
     if (StopSignal() != 0) {
-      LaunchLog(StrCat("got signal ", StopSignal(), " before attempt ", attempt,
-                       ": not restarting"));
+      LaunchLog(
+          StrCat("got signal ", StopSignal(), " before attempt ", attempt, ": not restarting"));
       return kStoppedExit;
     }
     const Layout layout = LayoutOf(in_use_);

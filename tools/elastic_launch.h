@@ -14,13 +14,13 @@
 namespace cnnflow {
 
 struct ElasticOptions {
-  std::vector<Host> hosts;     // in order: the first ones are used first
+  std::vector<Host> hosts;  // in order: the first ones are used first
   int64_t min_hosts = 1;
-  int64_t max_hosts = 0;       // 0: all
-  int64_t procs_per_host = 0;  // 0: each host's slots, or 1
-  double probe_every_s = 30;   // the hosts not in use are probed this often
+  int64_t max_hosts = 0;        // 0: all
+  int64_t procs_per_host = 0;   // 0: each host's slots, or 1
+  double probe_every_s = 30;    // the hosts not in use are probed this often
   double join_timeout_s = 600;  // how long to wait for --min-hosts to answer
-  std::string agent;           // --agent; "" for mpirun's own (RemoteAgent)
+  std::string agent;            // --agent; "" for mpirun's own (RemoteAgent)
   std::string mpirun = "mpirun";
   int64_t max_restarts = 3;  // failures; a grow is not one
 };

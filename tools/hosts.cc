@@ -73,9 +73,8 @@ class NodeListParser {
 
  private:
   [[noreturn]] void Fail(size_t at, const std::string& what) const {
-    throw ConfigError(
-        StrCat(origin_, "=\"", list_, "\": ", what, " at character ", at + 1,
-               " (expected names with bracketed ranges, e.g. node[01-04,07],gpu5)"));
+    throw ConfigError(StrCat(origin_, "=\"", list_, "\": ", what, " at character ", at + 1,
+                             " (expected names with bracketed ranges, e.g. node[01-04,07],gpu5)"));
   }
 
   // The names of list_[begin, end): one item, brackets balanced.
@@ -161,7 +160,8 @@ std::vector<Host> ParseHostFile(const std::string& text, const std::string& orig
     if (!(words >> host.name)) continue;  // blank or a comment
     for (std::string word; words >> word;) {
       const size_t eq = word.find('=');
-      const std::string key = word.substr(0, eq), value = eq == word.npos ? "" : word.substr(eq + 1);
+      const std::string key = word.substr(0, eq),
+                        value = eq == word.npos ? "" : word.substr(eq + 1);
       const long n = ParseSlots(value);
       if ((key != "slots" && key != "max_slots") || n < 1) {
         throw ConfigError(StrCat(at, ": '", word, "' is not slots=N or max_slots=N (N >= 1)",

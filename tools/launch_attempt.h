@@ -48,8 +48,8 @@ class FailureChannel {
 };
 
 struct AttemptResult {
-  int status = 0;                  // waitpid's
-  bool ended_by_launcher = false;  // a rank here failed and the launcher ended mpirun
+  int status = 0;                    // waitpid's
+  bool ended_by_launcher = false;    // a rank here failed and the launcher ended mpirun
   bool stopped_by_launcher = false;  // want_stop said so and the job was asked to stop
 };
 

@@ -30,8 +30,8 @@ Names NamesOf(const std::vector<Host>& hosts) {
 
 TEST(SlurmNodeList, ExpandsRangesKeepingTheirPadding) {
   EXPECT_EQ(ParseSlurmNodeList("node[01-04,07],gpu5,rack[1-2]-n[3-4]"),
-            (Names{"node01", "node02", "node03", "node04", "node07", "gpu5", "rack1-n3",
-                   "rack1-n4", "rack2-n3", "rack2-n4"}));
+            (Names{"node01", "node02", "node03", "node04", "node07", "gpu5", "rack1-n3", "rack1-n4",
+                   "rack2-n3", "rack2-n4"}));
   EXPECT_EQ(ParseSlurmNodeList("n[8-10]"), (Names{"n8", "n9", "n10"}));
   EXPECT_EQ(ParseSlurmNodeList("n[098-101]"), (Names{"n098", "n099", "n100", "n101"}));
   EXPECT_EQ(ParseSlurmNodeList("c[3]"), (Names{"c3"}));
@@ -76,8 +76,7 @@ TEST(HostFile, ErrorsNameFileAndLine) {
   const auto err = [](const std::string& text) {
     return ErrorOf([&] { ParseHostFile(text, "hosts.txt"); });
   };
-  EXPECT_NE(err("a\nb slots=x\n").find("hosts.txt:2: 'slots=x' is not slots=N"),
-            std::string::npos);
+  EXPECT_NE(err("a\nb slots=x\n").find("hosts.txt:2: 'slots=x' is not slots=N"), std::string::npos);
   EXPECT_NE(err("a slots=0\n").find("hosts.txt:1: 'slots=0'"), std::string::npos);
   EXPECT_NE(err("a cpus=2\n").find("hosts.txt:1: 'cpus=2'"), std::string::npos);
   EXPECT_NE(err("a\n# b\na\n").find("hosts.txt:3: host 'a' is listed twice (also hosts.txt:1)"),
