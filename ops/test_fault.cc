@@ -17,13 +17,14 @@
 namespace cnnflow {
 namespace {
 
-enum class FaultMode { kNone, kExit0, kExit1, kAbort, kStop };
+enum class FaultMode { kNone, kExit0, kExit1, kAbort, kStop, kRun };
 
 struct Fault {
   FaultMode mode = FaultMode::kNone;
   int rank = 0;
   int64_t step = 0;
-  std::string text;  // the mode's name, for the line printed before dying
+  std::string text;     // the mode's name, for the line printed before dying
+  std::string command;  // mode=run's
 };
 
 // A test hook's value, "key=value,key=value": its parts, and the Error
@@ -55,12 +56,23 @@ struct HookValue {
   }
 };
 
-// Parses "rank=1,step=5,mode=exit1"; throws Error naming the bad part.
+// Parses "rank=1,step=5,mode=exit1" or "rank=3,step=25,mode=run,cmd=A, B";
+// throws Error naming the bad part. cmd= comes last and takes the rest of
+// the value, commas and all.
 Fault ParseFault(const std::string& value) {
-  const HookValue h{"CNNFLOW_TEST_FAULT", "rank=R,step=S|start,mode=exit0|exit1|abort|stop", value};
   Fault f;
+  std::string keys = value;
+  size_t cmd = value.rfind("cmd=", 0) == 0 ? 0 : value.find(",cmd=");
+  if (cmd != std::string::npos) {
+    if (cmd > 0) ++cmd;  // past the comma
+    f.command = value.substr(cmd + 4);
+    keys = value.substr(0, cmd > 0 ? cmd - 1 : 0);
+  }
+  const HookValue h{"CNNFLOW_TEST_FAULT",
+                    "rank=R,step=S|start,mode=exit0|exit1|abort|stop, or mode=run,cmd=COMMAND",
+                    value};
   bool has_step = false;
-  for (const auto& [key, v] : h.Pairs()) {
+  for (const auto& [key, v] : HookValue{h.name, h.form, keys}.Pairs()) {
     if (key == "step" && v == "start") {
       f.step = kTestFaultAtStart, has_step = true;
     } else if (key == "rank") {
@@ -73,6 +85,7 @@ Fault ParseFault(const std::string& value) {
                : v == "exit1" ? FaultMode::kExit1
                : v == "abort" ? FaultMode::kAbort
                : v == "stop"  ? FaultMode::kStop
+               : v == "run"   ? FaultMode::kRun
                               : FaultMode::kNone;
       if (f.mode == FaultMode::kNone) throw h.Bad(StrCat("unknown mode '", v, "'"));
     } else {
@@ -80,6 +93,9 @@ Fault ParseFault(const std::string& value) {
     }
   }
   if (f.mode == FaultMode::kNone || !has_step) throw h.Bad("needs step= and mode=");
+  if ((f.mode == FaultMode::kRun) != !f.command.empty()) {
+    throw h.Bad("mode=run, and only it, needs cmd=COMMAND (the last key)");
+  }
   return f;
 }
 
@@ -166,12 +182,13 @@ void MaybeInjectTestFault(int64_t global_step) {
   if (f.mode == FaultMode::kNone || f.step != global_step || MpiWorld::Get().rank() != f.rank) {
     return;
   }
+  const std::string what = f.mode == FaultMode::kRun ? StrCat("runs `", f.command, "`") : f.text;
   if (global_step == kTestFaultAtStart) {
     std::fprintf(stderr, "cnnflow: CNNFLOW_TEST_FAULT: rank %d %s at start-up\n", f.rank,
-                 f.text.c_str());
+                 what.c_str());
   } else {
     std::fprintf(stderr, "cnnflow: CNNFLOW_TEST_FAULT: rank %d %s at step %lld\n", f.rank,
-                 f.text.c_str(), static_cast<long long>(global_step));
+                 what.c_str(), static_cast<long long>(global_step));
   }
   std::fflush(nullptr);
   switch (f.mode) {
@@ -183,6 +200,11 @@ void MaybeInjectTestFault(int64_t global_step) {
       std::abort();
     case FaultMode::kStop:
       std::raise(SIGSTOP);  // until a SIGCONT; then it goes on
+      break;
+    case FaultMode::kRun:  // /bin/sh -c, its $PPID this process; then it goes on, if alive
+      if (std::system(f.command.c_str()) != 0) {
+        std::fprintf(stderr, "cnnflow: CNNFLOW_TEST_FAULT: the command failed\n");
+      }
       break;
     case FaultMode::kNone:
       break;

@@ -3,6 +3,7 @@
 // (tests/cli/mpi_fault_test.sh, mpi_tensor_parallel_test.sh):
 //
 //   CNNFLOW_TEST_FAULT="rank=1,step=5|start,mode=exit0|exit1|abort|stop"
+//   CNNFLOW_TEST_FAULT="rank=3,step=25,mode=run,cmd=COMMAND"
 //
 // The process whose MPI rank is `rank` (0 in a plain process) ends when its
 // first replica starts the forward pass of global step `step` (0-based), so
@@ -13,7 +14,12 @@
 //                 MPI_Finalize, as a process that leaves mid-step does;
 //   abort         std::abort() (SIGABRT, as a failed assertion);
 //   stop          raise(SIGSTOP): the process hangs, alive, until a SIGCONT,
-//                 at a known point (a SIGSTOP from outside lands anywhere).
+//                 at a known point (a SIGSTOP from outside lands anywhere);
+//   run           runs COMMAND (`/bin/sh -c`, its $PPID this process) and
+//                 goes on if still alive: what a test needs of a whole host
+//                 dying from inside (its link down, its processes killed:
+//                 tests/cli/netns_elastic_test.sh). cmd= comes last and
+//                 takes the rest of the value, commas included.
 // It prints one line to stderr first ("cnnflow: CNNFLOW_TEST_FAULT: rank 1
 // exit1 at step 5", "... at start-up"), which the tests time the survivors
 // from. SIGKILL and SIGTERM come from outside (kill), as they do in real

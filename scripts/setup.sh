@@ -27,7 +27,7 @@ if [[ "${1:-all}" != run ]]; then
     lmdb-utils
     clang-format-14  # scripts/format.sh --check (ctest cli.format)
     graphviz  # cnnflow graph -o FILE.svg
-    iproute2 nftables  # the multi-host tests: namespaces, shaping, packet loss (tests/cli/netns_*.sh)
+    iproute2 nftables iputils-ping  # the multi-host tests: namespaces, shaping, packet loss, reachability (tests/cli/netns_*.sh)
     curl ca-certificates python3  # scripts/prepare_*.sh downloads; tests/cli/prepare_test.sh
     # scripts/fuzz.sh: libFuzzer and the sanitizer runtimes, OpenMP for clang,
     # llvm-symbolizer for readable stacks.

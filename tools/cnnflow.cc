@@ -281,7 +281,12 @@ int Stages() {
   return 0;
 }
 
-// Ctrl-C / SIGTERM: finish the step, checkpoint, exit 130. The signals are
+// Ctrl-C / SIGTERM / SIGUSR1: finish the step, checkpoint, exit 130.
+// SIGUSR1 is the stop of a launcher outside mpirun (`cnnflow launch`
+// growing the job, or a scheduler's `--signal=USR1`): Open MPI's mpirun
+// passes SIGUSR1 on to every rank and waits for them, where a SIGTERM to it
+// is followed by a SIGKILL to the ranks 1 s later (odls_base_sigkill_timeout),
+// too soon for a step and a checkpoint of any size. The signals are
 // blocked in every thread the run creates (the mask is set before any of
 // them starts), so a signal handler never interrupts a kernel, an
 // allocator or a collective. One watcher thread keeps them unblocked: the
@@ -315,10 +320,12 @@ void BlockStopSignals() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
@@ -351,6 +358,7 @@ void WatchSignals() {
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
     pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
     while (sem_wait(&g_signal_sem) != 0) {
     }

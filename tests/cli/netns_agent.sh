@@ -9,10 +9,23 @@
 # launcher's host, the one mpirun runs on: a rank of another host cannot
 # reach it (ssh does not pass the variable, and a FIFO is host-local), so
 # the variable goes to mpirun's own namespace only.
+# Like ssh, it fails (exit 255, ssh's message) for a host that the caller's
+# namespace cannot reach: one ping of the host's eth0 address. `ip netns
+# exec` alone would reach a host whose link is down, or whose cable is cut.
 host=$1
 shift
-mkdir -p "$NETNS_TMP/$host"
+if [ ! -e "/run/netns/$host" ]; then
+  echo "ssh: Could not resolve hostname $host: Name or service not known" >&2
+  exit 255
+fi
 if [ "$(stat -L -c %i "/run/netns/$host")" != "$(stat -L -c %i /proc/self/ns/net)" ]; then
   unset CNNFLOW_LAUNCH_NOTIFY
+  addr=$(ip -n "$host" -4 -o addr show dev eth0 2> /dev/null | awk '{ sub(/\/.*/, "", $4); print $4 }')
+  if [ -z "$addr" ] || ! ping -c1 -W1 "$addr" > /dev/null 2>&1; then
+    echo "ssh: connect to host $host port 22: No route to host" >&2
+    exit 255
+  fi
 fi
+: "${NETNS_TMP:=/tmp/netns-agent}"
+mkdir -p "$NETNS_TMP/$host"
 exec ip netns exec "$host" env TMPDIR="$NETNS_TMP/$host" sh -c "$*"

@@ -23,6 +23,10 @@ netns_require() {
     echo "SKIP: no ip (iproute2): the multi-host tests need network namespaces"
     exit 77
   fi
+  if ! command -v ping > /dev/null; then
+    echo "SKIP: no ping (iputils-ping): netns_agent.sh pings a host before reaching it, as ssh would"
+    exit 77
+  fi
   if ! ip netns add "$probe" 2> /dev/null; then
     echo "SKIP: cannot make a network namespace here (ip netns add needs root, or CAP_SYS_ADMIN)"
     exit 77
