@@ -47,9 +47,15 @@ constexpr double kStopGraceS = 60;
 volatile sig_atomic_t g_child = 0;  // the running attempt's pid (0 between attempts)
 volatile sig_atomic_t g_stop = 0;   // the signal that asked the launcher to stop
 
+// The first Ctrl-C or SIGTERM goes on as SIGUSR1: Open MPI's mpirun passes
+// it to every rank and waits (a SIGTERM it passes on, then SIGKILLs the
+// ranks a second later, before a step and its checkpoint are done), and
+// `cnnflow train` stops after the step on it as on SIGTERM. A second one
+// goes on as itself: end the job now.
 extern "C" void ForwardStop(int sig) {
+  const bool again = g_stop != 0;
   g_stop = sig;
-  if (g_child > 0) kill(static_cast<pid_t>(g_child), sig);
+  if (g_child > 0) kill(static_cast<pid_t>(g_child), again ? sig : SIGUSR1);
 }
 
 using Clock = std::chrono::steady_clock;
