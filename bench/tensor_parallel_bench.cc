@@ -131,18 +131,19 @@ void TimeSettings(const std::string& what, int64_t n, int reps,
 int RunModel(const std::string& path, int reps, const std::vector<int64_t>& batches,
              int64_t train_batch, bool trace) {
   const RunConfig c = LoadRunConfig(path);
-  CNNFLOW_ENFORCE(c.tensor_parallel == 2, path, ": needs graph.tensor_parallel.size 2");
+  CNNFLOW_ENFORCE(c.data_parallel.tensor_parallel == 2, path,
+                  ": needs graph.tensor_parallel.size 2");
   std::printf(
       "# tensor_parallel_bench --config %s: %zu layers, %zu split; cpu %s, ISA %s, %u "
       "hardware threads\n",
-      path.c_str(), c.layers.size(), c.split_layers.size(), CpuModel().c_str(),
+      path.c_str(), c.layers.size(), c.data_parallel.split_layers.size(), CpuModel().c_str(),
       cpu::IsaName(cpu::MaxIsa()), std::thread::hardware_concurrency());
   auto make = [&](int replicas, int tp) {
     DataParallelOptions o;
     o.replicas = replicas;
     o.threads_per_replica = 1;
     o.tensor_parallel = tp;
-    if (tp > 1) o.split_layers = c.split_layers;
+    if (tp > 1) o.split_layers = c.data_parallel.split_layers;
     o.timeout_s = 600;
     return std::make_unique<ReplicaSet>(c.layers, c.input_shape, c.seed, c.init, c.optimizer, o,
                                         MpiWorld::Get());

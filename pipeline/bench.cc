@@ -91,8 +91,8 @@ PipelineBench RunPipelineBench(const BenchOptions& o) {
   b.bubble = pipe.pipeline()->bubble();
   b.theoretical_bubble = pipe.pipeline()->theoretical_bubble();
   b.stages = pipe.pipeline()->num_stages();
-  b.microbatches = static_cast<int>(pipe.config().microbatches);
-  b.schedule = pipe.config().pipeline_schedule;
+  b.microbatches = pipe.config().pipeline_options.microbatches;
+  b.schedule = PipelineScheduleName(pipe.config().pipeline_options.schedule);
   return b;
 }
 

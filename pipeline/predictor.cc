@@ -29,21 +29,15 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 Predictor::Predictor(const RunConfig& config, const std::string& weights) : config_(config) {
   if (config_.pipeline)
     throw ConfigError("predict runs data-parallel configs; this one is a pipeline");
-  arena_ = cpu::MakeComputeArena(config_.threads, config_.flush_denormals);
+  arena_ = cpu::MakeComputeArena(config_.threads, config_.data_parallel.flush_denormals);
   // One group: its members in this process (all of them, unless it spans
   // processes).
-  const int group = config_.tensor_parallel;
+  const int group = config_.data_parallel.tensor_parallel;
   const int local = std::min(group, static_cast<int>(config_.devices.size()));
-  DataParallelOptions o;
+  DataParallelOptions o = config_.data_parallel;
   o.replicas = local;
   o.devices.assign(config_.devices.begin(), config_.devices.begin() + local);
   o.threads_per_replica = std::max(1, config_.threads / local);
-  o.flush_denormals = config_.flush_denormals;
-  o.timeout_s = config_.collective_timeout_s;
-  o.tensor_parallel = group;
-  o.split_layers = config_.split_layers;
-  o.compute = config_.compute;
-  o.memory_format = config_.memory_format;
   replicas_ = std::make_unique<ReplicaSet>(config_.layers, config_.input_shape, config_.seed,
                                            config_.init, config_.optimizer, o, MpiWorld::Get());
   std::vector<Model*> models;

@@ -329,26 +329,27 @@ void ParsePipeline(const YamlDoc& doc, const YAML::Node& pipe, RunConfig& c) {
     doc.Fail(pipe, "graph.pipeline", "expected a mapping {stages: ..., microbatches: M}");
   const Args a = doc.CheckArgs(pipe, schema, "graph.pipeline");
   c.pipeline = true;
-  c.microbatches = a.Int("microbatches");
-  c.pipeline_schedule = a.String("schedule");
-  if (c.microbatches < 1)
+  const int64_t microbatches = a.Int("microbatches");
+  if (microbatches < 1)
     doc.Fail(pipe["microbatches"], "graph.pipeline.microbatches", "must be >= 1");
+  c.pipeline_options.microbatches = static_cast<int>(microbatches);
+  c.pipeline_options.schedule = ParsePipelineSchedule(a.String("schedule"));
   const YAML::Node st = pipe["stages"];
   if (st.IsScalar() && st.as<std::string>() == "auto") {
-    c.pipeline_stages.clear();  // cut by the trainer, one stage per device
+    c.pipeline_options.stages.clear();  // cut by the trainer, one stage per device
   } else if (st.IsSequence()) {
     for (const auto& stage : st) {
       if (!stage.IsSequence() || stage.size() == 0) {
         doc.Fail(stage, "graph.pipeline.stages", "each stage is a non-empty list of layer names");
       }
-      c.pipeline_stages.emplace_back();
+      c.pipeline_options.stages.emplace_back();
       for (const auto& name : stage) {
-        c.pipeline_stages.back().push_back(doc.Name(name, "graph.pipeline.stages"));
+        c.pipeline_options.stages.back().push_back(doc.Name(name, "graph.pipeline.stages"));
       }
     }
-    if (c.pipeline_stages.size() != c.devices.size()) {
+    if (c.pipeline_options.stages.size() != c.devices.size()) {
       doc.Fail(st, "graph.pipeline.stages",
-               StrCat(c.pipeline_stages.size(), " stages but ", c.devices.size(),
+               StrCat(c.pipeline_options.stages.size(), " stages but ", c.devices.size(),
                       " devices in graph.devices: one stage per device"));
     }
   } else {
@@ -374,7 +375,7 @@ void ParseTensorParallel(const YamlDoc& doc, const YAML::Node& tp, RunConfig& c)
                     " devices of graph.devices, or be a multiple of them (a group across ",
                     "processes)"));
   }
-  c.tensor_parallel = static_cast<int>(size);
+  c.data_parallel.tensor_parallel = static_cast<int>(size);
   const YAML::Node layers = tp["layers"];
   if (!layers.IsMap() || layers.size() == 0) {
     doc.Fail(layers, "graph.tensor_parallel.layers", "expected {layer: column | row, ...}");
@@ -394,9 +395,9 @@ void ParseTensorParallel(const YamlDoc& doc, const YAML::Node& tp, RunConfig& c)
       doc.Fail(kv.first, "graph.tensor_parallel.layers",
                StrCat("'", name, "' is not a layer of the model"));
     }
-    c.split_layers[name] = split == "column" ? TensorSplit::kColumn
-                           : split == "row"  ? TensorSplit::kRow
-                                             : TensorSplit::kSpatial;
+    c.data_parallel.split_layers[name] = split == "column" ? TensorSplit::kColumn
+                                         : split == "row"  ? TensorSplit::kRow
+                                                           : TensorSplit::kSpatial;
   }
 }
 
@@ -575,10 +576,11 @@ void ReadLogicalReplicas(const YamlDoc& doc, const YAML::Node& graph, const Args
   if (G == 0) return;
   const YAML::Node at = graph["logical_replicas"];
   if (G < 0) doc.Fail(at, "graph.logical_replicas", "must be >= 1 (0: devices x processes)");
-  const char* why = c.devices[0].is_cuda()  ? "runs on CPU devices only so far"
-                    : c.pipeline            ? "does not combine with graph.pipeline yet"
-                    : c.tensor_parallel > 1 ? "does not combine with graph.tensor_parallel yet"
-                                            : nullptr;
+  const char* why = c.devices[0].is_cuda() ? "runs on CPU devices only so far"
+                    : c.pipeline           ? "does not combine with graph.pipeline yet"
+                    : c.data_parallel.tensor_parallel > 1
+                        ? "does not combine with graph.tensor_parallel yet"
+                        : nullptr;
   if (why != nullptr) doc.Fail(at, "graph.logical_replicas", why);
   const MpiWorld& world = MpiWorld::Get();
   if (G < world.size()) {
@@ -600,7 +602,7 @@ void ReadLogicalReplicas(const YamlDoc& doc, const YAML::Node& graph, const Args
 void ReadPrecision(const YamlDoc& doc, const YAML::Node& graph, const Args& g, RunConfig& c) {
   const std::string precision = g.String("precision");
   if (precision == "bf16" || precision == "fp16") {
-    c.compute = precision == "bf16" ? DType::kBF16 : DType::kF16;
+    c.data_parallel.compute = precision == "bf16" ? DType::kBF16 : DType::kF16;
     if (c.devices[0].is_cuda()) return;
     if (precision == "fp16") {
       doc.Fail(graph["precision"], "graph.precision",
@@ -622,14 +624,15 @@ void ReadPrecision(const YamlDoc& doc, const YAML::Node& graph, const Args& g, R
 // graph.channels_last: the activations' layout on CPU data-parallel replicas.
 void ReadMemoryFormat(const YamlDoc& doc, const YAML::Node& graph, const Args& g, RunConfig& c) {
   const std::string layout = g.String("channels_last");
-  c.memory_format = layout == "true"    ? MemoryFormat::kChannelsLast
-                    : layout == "false" ? MemoryFormat::kNchw
-                                        : MemoryFormat::kAuto;
-  if (c.memory_format != MemoryFormat::kChannelsLast) return;
-  const char* why = c.devices[0].is_cuda()  ? "CPU devices only so far"
-                    : c.pipeline            ? "does not combine with graph.pipeline yet"
-                    : c.tensor_parallel > 1 ? "does not combine with graph.tensor_parallel yet"
-                                            : nullptr;
+  c.data_parallel.memory_format = layout == "true"    ? MemoryFormat::kChannelsLast
+                                  : layout == "false" ? MemoryFormat::kNchw
+                                                      : MemoryFormat::kAuto;
+  if (c.data_parallel.memory_format != MemoryFormat::kChannelsLast) return;
+  const char* why = c.devices[0].is_cuda() ? "CPU devices only so far"
+                    : c.pipeline           ? "does not combine with graph.pipeline yet"
+                    : c.data_parallel.tensor_parallel > 1
+                        ? "does not combine with graph.tensor_parallel yet"
+                        : nullptr;
   if (why != nullptr)
     doc.Fail(graph["channels_last"], "graph.channels_last", StrCat("true: ", why));
 }
@@ -640,19 +643,21 @@ Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   const YAML::Node graph = Section(doc.root(), "graph");
   Args g = doc.CheckArgs(graph, GraphSectionSchema(), "graph");
   ReadDevices(doc, graph, g, c);
-  c.bucket_mb = g.Float("bucket_mb");
-  c.broadcast_buffers = g.Bool("broadcast_buffers");
-  c.sync_bn = g.Bool("sync_bn");
-  c.flush_denormals = g.Bool("flush_denormals");
-  c.collective_timeout_s = g.Float("collective_timeout_s");
-  if (c.bucket_mb <= 0) doc.Fail(graph["bucket_mb"], "graph.bucket_mb", "must be > 0");
-  if (c.collective_timeout_s <= 0) {
+  c.data_parallel.bucket_mb = g.Float("bucket_mb");
+  c.data_parallel.broadcast_buffers = g.Bool("broadcast_buffers");
+  c.data_parallel.sync_bn = g.Bool("sync_bn");
+  c.data_parallel.flush_denormals = g.Bool("flush_denormals");
+  c.pipeline_options.flush_denormals = c.data_parallel.flush_denormals;
+  c.data_parallel.timeout_s = g.Float("collective_timeout_s");
+  if (c.data_parallel.bucket_mb <= 0)
+    doc.Fail(graph["bucket_mb"], "graph.bucket_mb", "must be > 0");
+  if (c.data_parallel.timeout_s <= 0) {
     doc.Fail(graph["collective_timeout_s"], "graph.collective_timeout_s", "must be > 0");
   }
   // Unset, never shorter than the collectives' own deadline.
   c.startup_timeout_s = graph["startup_timeout_s"].IsDefined()
                             ? g.Float("startup_timeout_s")
-                            : std::max(kMinStartupTimeoutS, c.collective_timeout_s);
+                            : std::max(kMinStartupTimeoutS, c.data_parallel.timeout_s);
   if (c.startup_timeout_s <= 0) {
     doc.Fail(graph["startup_timeout_s"], "graph.startup_timeout_s", "must be > 0");
   }
@@ -662,7 +667,7 @@ Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   ReadLogicalReplicas(doc, graph, g, c);
   ReadPrecision(doc, graph, g, c);
   ReadMemoryFormat(doc, graph, g, c);
-  if (c.sync_bn && c.devices[0].is_cuda()) {
+  if (c.data_parallel.sync_bn && c.devices[0].is_cuda()) {
     doc.Fail(graph["sync_bn"], "graph.sync_bn", "not implemented for GPU replicas yet");
   }
   // A pipeline runs on its own template unless the config names one.
@@ -685,8 +690,8 @@ void BuildGraphs(const YamlDoc& doc, const Args& data, const Args& train, const 
     if (!run["graph"].IsMap()) run["graph"] = YAML::Node(YAML::NodeType::Map);
     if (!run["graph"][k].IsDefined()) run["graph"][k] = YAML::Load(ParamValueToString(v));
   }
-  run["graph"]["replicas"] =
-      std::max<int64_t>(1, static_cast<int64_t>(c.devices.size()) / c.tensor_parallel);
+  run["graph"]["replicas"] = std::max<int64_t>(
+      1, static_cast<int64_t>(c.devices.size()) / c.data_parallel.tensor_parallel);
   if (!run["data"]["on_bad_record"].IsDefined()) {
     run["data"]["on_bad_record"] = data.String("on_bad_record");
   }
@@ -696,7 +701,7 @@ void BuildGraphs(const YamlDoc& doc, const Args& data, const Args& train, const 
     }
   }
   // SyncBN's statistics take every replica's part of a batch: no short last one.
-  run["train"]["drop_last"] = train.Bool("drop_last") || c.sync_bn;
+  run["train"]["drop_last"] = train.Bool("drop_last") || c.data_parallel.sync_bn;
   const YamlDoc tmpl = YamlDoc::Load(c.graph_template);
   c.train_graph = ParseGraph(tmpl, "train", run, doc);
   c.eval_graph = ParseGraph(tmpl, "eval", run, doc);

@@ -11,6 +11,8 @@
 
 #include "ops/device.h"
 #include "ops/model.h"
+#include "ops/parallel/data_parallel.h"
+#include "ops/parallel/pipeline_model.h"
 #include "ops/parallel/tensor_parallel.h"
 #include "ops/train/optimizer.h"
 #include "pipeline/graph_spec.h"
@@ -84,29 +86,22 @@ struct RunConfig {
   GraphSpec train_graph;
   GraphSpec eval_graph;
   bool autotune = false;  // graph.autotune
-  // Data parallelism (graph.*).
-  double bucket_mb = 25;
-  bool broadcast_buffers = true;
-  bool sync_bn = false;
-  DType compute = DType::kF32;                       // graph.precision: the activations' type
-  MemoryFormat memory_format = MemoryFormat::kAuto;  // graph.channels_last
-  bool flush_denormals = true;                       // graph.flush_denormals (CPU kernels)
-  double collective_timeout_s = 300;
+  // Data parallelism (graph.*): what the section's parser fills of the
+  // replicas' options (ops/parallel/data_parallel.h: bucket_mb,
+  // broadcast_buffers, sync_bn, precision as `compute`, channels_last as
+  // `memory_format`, flush_denormals, collective_timeout_s as `timeout_s`,
+  // tensor_parallel's size and split layers); the trainer adds the layout
+  // (replicas, their devices and threads).
+  DataParallelOptions data_parallel;
   // graph.startup_timeout_s: the deadline of the start-up's collectives,
   // up to the end of the first training step (MpiWorld::BeginStartup).
   double startup_timeout_s = kMinStartupTimeoutS;
   double stall_warn_s = 10;  // graph.stall_warn_s: warn of a collective waiting this long
   // Pipeline model parallelism (graph.pipeline): one stage per device;
-  // empty stages with pipeline on: cut automatically by FLOPs.
+  // empty stages with pipeline on: cut automatically by FLOPs. The
+  // trainer adds the threads per stage.
   bool pipeline = false;
-  std::vector<std::vector<std::string>> pipeline_stages;
-  int64_t microbatches = 4;
-  std::string pipeline_schedule = "1f1b";
-  // Tensor parallelism (graph.tensor_parallel): groups of this many
-  // devices split these layers (column: output channels, row: input
-  // channels); 1: none.
-  int tensor_parallel = 1;
-  std::map<std::string, TensorSplit> split_layers;
+  PipelineOptions pipeline_options;
 
   std::string output_dir;
 };

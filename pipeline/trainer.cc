@@ -53,34 +53,21 @@ std::string MakeRunDir(const std::string& parent, const std::string& name) {
 void Trainer::BuildModel(MpiWorld& world) {
   const int replicas = static_cast<int>(config_.devices.size());
   if (config_.pipeline) {
-    PipelineOptions po;
-    po.stages = config_.pipeline_stages;
+    PipelineOptions po = config_.pipeline_options;
     if (po.stages.empty()) {  // stages: auto
       auto whole = Model::Build(config_.layers, config_.input_shape,
                                 {.seed = config_.seed, .init = config_.init});
       po.stages = BalancedCut(*whole, replicas);
     }
-    po.microbatches = static_cast<int>(config_.microbatches);
-    po.schedule = ParsePipelineSchedule(config_.pipeline_schedule);
     po.threads_per_stage = config_.threads / replicas;
-    po.flush_denormals = config_.flush_denormals;
     pipeline_ = std::make_unique<PipelineModel>(config_.layers, config_.input_shape, config_.seed,
                                                 config_.init, config_.optimizer, po);
     model_ = &pipeline_->full();
   } else {
-    DataParallelOptions dp;
+    DataParallelOptions dp = config_.data_parallel;
     dp.replicas = replicas;
     dp.threads_per_replica = config_.threads / replicas;
-    dp.flush_denormals = config_.flush_denormals;
-    dp.bucket_mb = config_.bucket_mb;
-    dp.broadcast_buffers = config_.broadcast_buffers;
-    dp.sync_bn = config_.sync_bn;
-    dp.timeout_s = config_.collective_timeout_s;
     dp.devices = config_.devices;
-    dp.compute = config_.compute;
-    dp.memory_format = config_.memory_format;
-    dp.tensor_parallel = config_.tensor_parallel;
-    dp.split_layers = config_.split_layers;
     if (dp.devices[0].is_cuda()) {
       // Under mpirun the processes of a node take the next GPUs in turn:
       // process k of a node with devices [cuda:0, cuda:1] takes cuda:2k, cuda:2k+1.
@@ -103,12 +90,12 @@ void Trainer::BuildModel(MpiWorld& world) {
 Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   thread_limit_ = std::make_shared<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, static_cast<size_t>(config_.threads));
-  arena_ = cpu::MakeComputeArena(config_.threads, config_.flush_denormals);
+  arena_ = cpu::MakeComputeArena(config_.threads, config_.data_parallel.flush_denormals);
 
   MpiWorld& world = MpiWorld::Get();
   state_.process_rank = world.rank();
   state_.process_count = world.size();
-  state_.collective_timeout_s = config_.collective_timeout_s;
+  state_.collective_timeout_s = config_.data_parallel.timeout_s;
   world.SetStallWarning(config_.stall_warn_s);
   // The start-up's collectives wait graph.startup_timeout_s, not
   // collective_timeout_s: the config check below, the local replica counts
@@ -128,7 +115,7 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   const std::string config_hash = ConfigHash(ResolvedConfigText());
   if (world.active()) {
     world.AgreeOnHash(std::stoull(config_hash, nullptr, 16), "the resolved config",
-                      config_.collective_timeout_s);
+                      config_.data_parallel.timeout_s);
   }
 
   // The model first: a shape error is reported before any data is read.
@@ -349,9 +336,10 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
     std::string measured;
     for (double b : pipeline_->bubble())
       measured += StrCat(measured.empty() ? "" : ", ", static_cast<int>(100 * b + 0.5), "%");
-    Say(StrCat("pipeline: ", pipeline_->num_stages(), " stages, ", config_.microbatches,
-               " micro-batches (", config_.pipeline_schedule, "): idle share per stage ", measured,
-               "; theoretical bubble ",
+    Say(StrCat("pipeline: ", pipeline_->num_stages(), " stages, ",
+               config_.pipeline_options.microbatches, " micro-batches (",
+               PipelineScheduleName(config_.pipeline_options.schedule), "): idle share per stage ",
+               measured, "; theoretical bubble ",
                static_cast<int>(100 * pipeline_->theoretical_bubble() + 0.5), "%"));
     std::vector<double> busy_ms;
     std::vector<std::vector<std::string>> layers;
@@ -377,7 +365,7 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, in
     std::memcpy(&loss_bits, &loss_sum, sizeof loss_bits);
     auto gather = [&](uint64_t v, const char* what) {
       return world.AllGather(v, StrCat(pass, " metrics (", what, ")"),
-                             config_.collective_timeout_s);
+                             config_.data_parallel.timeout_s);
     };
     const auto losses = gather(loss_bits, "loss");
     const auto correct = gather(counts ? m.correct : 0, "correct");
@@ -460,7 +448,7 @@ void Trainer::ShareKernelPicks(MpiWorld& world) {
                        config_.batch, state_.data_ranks);
     sizes.insert(sizes.end(), eval.begin(), eval.end());
   }
-  cnnflow::ShareKernelPicks(replicas_->model(0), sizes, world, config_.collective_timeout_s);
+  cnnflow::ShareKernelPicks(replicas_->model(0), sizes, world, config_.data_parallel.timeout_s);
 }
 
 // What a checkpoint belongs to: the resolved config less what does not
@@ -583,7 +571,7 @@ void Trainer::FinishEpoch(int64_t epoch, EpochReport& report, double busy0, doub
                           double gpu_idle0) {
   // Every process gathers, before the evaluation's gathers.
   const std::optional<RankReport> ranks =
-      replicas_ ? rank_times_.Finish(*replicas_, MpiWorld::Get(), config_.collective_timeout_s)
+      replicas_ ? rank_times_.Finish(*replicas_, MpiWorld::Get(), config_.data_parallel.timeout_s)
                 : std::nullopt;
   if (ranks) MpiWorld::Get().SetStallWarning(StallWarnSeconds(config_.stall_warn_s, ranks->ranks));
   const bool has_test = state_.datasets.count("test") != 0;

@@ -209,8 +209,9 @@ std::string ValidateReport(const RunConfig& config, Model& m, ReplicaSet* replic
   if (replicas != nullptr && replicas->tensor_parallel() > 1)
     os << DescribeTensorParallel(config, *replicas);
   if (pipeline) {
-    os << "pipeline: " << pipeline->num_stages() << " stages, " << config.microbatches
-       << " micro-batches, schedule " << config.pipeline_schedule << "\n";
+    os << "pipeline: " << pipeline->num_stages() << " stages, "
+       << config.pipeline_options.microbatches << " micro-batches, schedule "
+       << PipelineScheduleName(config.pipeline_options.schedule) << "\n";
     std::map<std::string, int> index;
     for (int i = 0; i < m.num_layers(); ++i) index[m.layer(i).name()] = i;
     double lo = 1e300, hi = 0;
@@ -236,7 +237,7 @@ std::string ValidateReport(const RunConfig& config, Model& m, ReplicaSet* replic
       os << "  warning: unbalanced cut: stage " << hi_s << " has "
          << static_cast<int>(hi / lo * 10) / 10.0 << "x the forward FLOPs of stage " << lo_s
          << "; the pipeline runs at the pace of its slowest stage"
-         << (config.pipeline_stages.empty()
+         << (config.pipeline_options.stages.empty()
                  ? " (this is already the most even cut of these layers)\n"
                  : " (graph.pipeline.stages: auto finds the most even cut)\n");
     }

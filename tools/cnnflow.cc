@@ -531,7 +531,7 @@ int Validate(const Options& o) {
     note = StrCat("note: ", config.devices[0].ToString(), " is not here (", CudaDeviceCount(),
                   " GPUs found): checked on the CPU in fp32\n");
     config.devices = {Device::Cpu()};
-    config.compute = DType::kF32;
+    config.data_parallel.compute = DType::kF32;
   }
   Trainer trainer(std::move(config));
   std::printf("%s: ok\n%s%s", o.config.c_str(), note.c_str(), trainer.Describe().c_str());

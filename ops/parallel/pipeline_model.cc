@@ -18,6 +18,10 @@ PipelineSchedule ParsePipelineSchedule(const std::string& name) {
   throw ConfigError(StrCat("unknown pipeline schedule '", name, "'; known: gpipe, 1f1b"));
 }
 
+const char* PipelineScheduleName(PipelineSchedule schedule) {
+  return schedule == PipelineSchedule::kGpipe ? "gpipe" : "1f1b";
+}
+
 std::vector<PipelineAction> StageSchedule(PipelineSchedule schedule, int stage, int stages,
                                           int microbatches) {
   std::vector<PipelineAction> a;

@@ -43,6 +43,7 @@ class MpiWorld;
 
 enum class PipelineSchedule { kGpipe, kOneFOneB };
 PipelineSchedule ParsePipelineSchedule(const std::string& name);  // "gpipe", "1f1b"
+const char* PipelineScheduleName(PipelineSchedule schedule);
 
 struct PipelineAction {
   bool forward = true;

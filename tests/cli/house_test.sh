@@ -11,6 +11,7 @@
 #    (ops/parallel/ has no header whose only implementation is in ops/cuda/).
 #  - one registry: Registry<T> (ops/registry.h) is the only class with a
 #    static Get() and a Register();
+#  - options are filled by the config's parser, not copied field by field;
 #  - every registered layer type has an ONNX export or a declaration that it
 #    has none (read from `cnnflow stages`, when the binary is given).
 #   usage: house_test.sh [CNNFLOW_BINARY]   (from the repository root)
@@ -51,6 +52,17 @@ hits=$(grep -rlE "void Register\(" ops loaders stages pipeline onnx tools python
        xargs -r grep -lE "static [A-Za-z_:<>]+ ?& ?Get\(\)")
 if [[ -n "$hits" ]]; then
   echo "a registry defined outside ops/registry.h (use Registry<T>):"
+  echo "$hits" | sed 's/^/  /'
+  fail=1
+fi
+# Options are filled once, by the config's parser: nobody else copies a
+# RunConfig option field by field into an options struct (start from
+# config.data_parallel or config.pipeline_options whole, add the layout).
+hits=$(grep -rnE "^\s*\w+\.\w+ = (config_|config|rc|c)\.(data_parallel|pipeline_options)\.\w+;" \
+         pipeline stages onnx tools python bench --include='*.cc' --include='*.h' |
+       grep -v '^pipeline/run_config.cc:' | grep -vE ':\s*state_?\.')  # RunState: not an options struct
+if [[ -n "$hits" ]]; then
+  echo "a RunConfig option copied field by field outside pipeline/run_config.cc:"
   echo "$hits" | sed 's/^/  /'
   fail=1
 fi

@@ -311,14 +311,16 @@ TEST_F(ConfigTest, GpuDeviceListsAreCheckedBeforeTheRun) {
             std::string::npos);
   EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:0]", "graph.sync_bn=true"}).find("graph.sync_bn"),
             std::string::npos);
-  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0]", "graph.precision=bf16"}).compute,
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0]", "graph.precision=bf16"})
+                .data_parallel.compute,
             DType::kBF16);
   EXPECT_NE(ErrorOf(kGood, {"graph.precision=fp16"}).find("CPU devices take fp32 or bf16"),
             std::string::npos);
   // bf16 on CPU devices: taken where the CPU has native bf16, else refused
   // naming what is missing (ops/cpu/onednn.h).
   if (cpu::NoNativeBf16Reason().empty()) {
-    EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.precision=bf16"}).compute, DType::kBF16);
+    EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.precision=bf16"}).data_parallel.compute,
+              DType::kBF16);
   } else {
     testing::ExpectContains(ErrorOf(kGood, {"graph.precision=bf16"}),
                             {"graph.precision", "bf16 on CPU devices", "avx512_bf16", "emulated"});
@@ -331,8 +333,9 @@ TEST_F(ConfigTest, GpuDeviceListsAreCheckedBeforeTheRun) {
 // graph.flush_denormals: on unless told (Training.FlushDenormalsZeroesWhatUnderflows
 // checks what it does); a non-boolean is an error naming it.
 TEST_F(ConfigTest, FlushDenormalsIsOnByDefault) {
-  EXPECT_TRUE(LoadRunConfig(Write(kGood)).flush_denormals);
-  EXPECT_FALSE(LoadRunConfig(Write(kGood), {"graph.flush_denormals=false"}).flush_denormals);
+  EXPECT_TRUE(LoadRunConfig(Write(kGood)).data_parallel.flush_denormals);
+  EXPECT_FALSE(
+      LoadRunConfig(Write(kGood), {"graph.flush_denormals=false"}).data_parallel.flush_denormals);
   testing::ExpectContains(ErrorOf(kGood, {"graph.flush_denormals=sometimes"}),
                           {"flush_denormals", "sometimes"});
 }
@@ -340,10 +343,10 @@ TEST_F(ConfigTest, FlushDenormalsIsOnByDefault) {
 // graph.channels_last: auto (the default), true or false; true only where
 // the model is one data-parallel replica per CPU device.
 TEST_F(ConfigTest, ChannelsLastIsAutoTrueOrFalse) {
-  EXPECT_EQ(LoadRunConfig(Write(kGood)).memory_format, MemoryFormat::kAuto);
-  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.channels_last=true"}).memory_format,
+  EXPECT_EQ(LoadRunConfig(Write(kGood)).data_parallel.memory_format, MemoryFormat::kAuto);
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.channels_last=true"}).data_parallel.memory_format,
             MemoryFormat::kChannelsLast);
-  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.channels_last=false"}).memory_format,
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.channels_last=false"}).data_parallel.memory_format,
             MemoryFormat::kNchw);
   testing::ExpectContains(ErrorOf(kGood, {"graph.channels_last=nhwc"}),
                           {"channels_last", "'nhwc'", "auto, true, false"});
@@ -405,7 +408,7 @@ TEST_F(ConfigTest, StartupTimeoutDefaultsToTenMinutesOrTheCollectiveTimeout) {
   EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.collective_timeout_s=900"}).startup_timeout_s, 900);
   const RunConfig c =
       LoadRunConfig(Write(kGood), {"graph.collective_timeout_s=10", "graph.startup_timeout_s=30"});
-  EXPECT_EQ(c.collective_timeout_s, 10);
+  EXPECT_EQ(c.data_parallel.timeout_s, 10);
   EXPECT_EQ(c.startup_timeout_s, 30);
   EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.startup_timeout_s=4"}).startup_timeout_s, 4);
   for (const char* bad : {"graph.startup_timeout_s=0", "graph.startup_timeout_s=-5"}) {
