@@ -72,7 +72,7 @@ struct ModelOptions {
   uint64_t seed = 0;          // the parameters' initialisation
   InitScheme init = InitScheme::kPytorchDefault;
   Device device = Device::Cpu();
-  std::optional<DType> compute;  // the activations' type; unset: dtype
+  std::optional<DType> compute = std::nullopt;  // the activations' type; unset: dtype
   bool fuse_activations = true;
   MemoryFormat memory_format = MemoryFormat::kAuto;
   bool bf16_activations = true;

@@ -34,6 +34,7 @@
 #include "pipeline/tuner.h"
 #include "pipeline/yaml_util.h"
 #include "stages/stage.h"
+#include "tools/command_line.h"
 #include "tools/convert.h"
 #include "tools/export_onnx.h"
 #include "tools/import_onnx.h"
@@ -158,71 +159,50 @@ struct Options {
   std::vector<std::string> sets;
 };
 
-int64_t ParseCount(const char* flag, const std::string& v) {
-  char* end = nullptr;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n <= 0)
-    throw ConfigError(StrCat(flag, " needs a positive count, got '", v, "'"));
-  return n;
-}
-
 Options Parse(int argc, char** argv) {
   Options o;
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) throw ConfigError("no command given");
   o.command = args[0];
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const char* flag) -> std::string {
-      if (i + 1 >= args.size()) throw ConfigError(StrCat(flag, " needs a value"));
-      return args[++i];
-    };
-    if (a == "--set") {
-      o.sets.push_back(value("--set"));
-    } else if (a.rfind("--set=", 0) == 0) {
-      o.sets.push_back(a.substr(6));
-    } else if (a == "--weights") {
-      o.weights = value("--weights");
-    } else if (a == "--rounds") {
-      o.rounds = ParseCount("--rounds", value("--rounds"));
-    } else if (a == "--steps") {
-      o.steps = ParseCount("--steps", value("--steps"));
-    } else if (a == "--max-steps") {
-      o.steps = ParseCount("--max-steps", value("--max-steps"));
-    } else if (a == "--warmup") {
-      o.warmup = ParseCount("--warmup", value("--warmup"));
-    } else if (a == "--csv") {
-      o.csv = value("--csv");
-    } else if (a == "--plot") {
-      o.plot = value("--plot");
-    } else if (a == "--devices") {
+  CommandLine cmd(std::vector<std::string>(args.begin() + 1, args.end()));
+  while (cmd.Next()) {
+    if (cmd.Is("--set")) {
+      o.sets.push_back(cmd.Value());
+    } else if (cmd.Is("--weights")) {
+      o.weights = cmd.Value();
+    } else if (cmd.Is("--rounds")) {
+      o.rounds = cmd.Count();
+    } else if (cmd.Is("--steps", "--max-steps")) {
+      o.steps = cmd.Count();
+    } else if (cmd.Is("--warmup")) {
+      o.warmup = cmd.Count();
+    } else if (cmd.Is("--csv")) {
+      o.csv = cmd.Value();
+    } else if (cmd.Is("--plot")) {
+      o.plot = cmd.Value();
+    } else if (cmd.Is("--devices")) {
       o.devices.clear();
-      std::stringstream list(value("--devices"));
-      for (std::string item; std::getline(list, item, ',');) {
-        o.devices.push_back(static_cast<int>(ParseCount("--devices", item)));
-      }
-    } else if (a == "--trace") {
-      o.trace = value("--trace");
-    } else if (a == "--dump-batches") {
-      o.dump_batches = value("--dump-batches");
-    } else if (a == "--trace-steps") {
-      o.trace_steps = ParseCount("--trace-steps", value("--trace-steps"));
-    } else if (a == "--write") {
+      for (int64_t d : cmd.CountList()) o.devices.push_back(static_cast<int>(d));
+    } else if (cmd.Is("--trace")) {
+      o.trace = cmd.Value();
+    } else if (cmd.Is("--dump-batches")) {
+      o.dump_batches = cmd.Value();
+    } else if (cmd.Is("--trace-steps")) {
+      o.trace_steps = cmd.Count();
+    } else if (cmd.Is("--write")) {
       o.write = true;
-    } else if (a == "--ema") {
+    } else if (cmd.Is("--ema")) {
       o.ema = true;
-    } else if (a == "--out" || a == "-o") {
-      o.out = value("--out");
-    } else if (a == "--resume") {
-      o.resume = value("--resume");
-    } else if (a == "-h" || a == "--help") {
+    } else if (cmd.Is("--out", "-o")) {
+      o.out = cmd.Value();
+    } else if (cmd.Is("--resume")) {
+      o.resume = cmd.Value();
+    } else if (cmd.Is("-h", "--help")) {
       continue;  // Main answers it (here only after an unknown command)
-    } else if (!a.empty() && a[0] == '-') {
-      throw ConfigError(StrCat("unknown option '", a, "'"));
-    } else if (o.config.empty()) {
-      o.config = a;
+    } else if (!cmd.IsOption() && o.config.empty()) {
+      o.config = cmd.arg();
     } else {
-      throw ConfigError(StrCat("unexpected argument '", a, "'"));
+      cmd.Reject();
     }
   }
   if (!o.dump_batches.empty() && o.command != "train") {

@@ -12,6 +12,7 @@
 #include "loaders/converter.h"
 #include "ops/error.h"
 #include "pipeline/progress.h"
+#include "tools/command_line.h"
 
 namespace cnnflow {
 namespace {
@@ -51,87 +52,50 @@ constexpr const char* kConvertUsage =
                       convert_imageset)
 )";
 
-// A usage mistake: exit code 2 with the usage text.
-struct UsageError : Error {
-  using Error::Error;
-};
-
-int64_t ParseInt(const std::string& flag, const std::string& s) {
-  size_t pos = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(s, &pos);
-  } catch (const std::exception&) {
-    pos = 0;
-  }
-  if (pos != s.size() || s.empty() || v < 0) {
-    throw UsageError(StrCat(flag, " expects a non-negative integer, got '", s, "'"));
-  }
-  return v;
-}
-
 ConvertOptions ParseArgs(const std::vector<std::string>& args) {
   ConvertOptions o;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i], inline_value;
-    bool has_inline = false;
-    if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
-      inline_value = a.substr(a.find('=') + 1);
-      a = a.substr(0, a.find('='));
-      has_inline = true;
-    }
-    auto value = [&]() -> std::string {
-      if (has_inline) return inline_value;
-      if (i + 1 >= args.size()) throw UsageError(StrCat(a, " needs a value"));
-      return args[++i];
-    };
-    if (a == "--from") {
-      o.from = value();
-    } else if (a == "--to") {
-      o.to = value();
-    } else if (a == "--labels") {
-      o.labels = value();
-    } else if (a == "--label-regex") {
-      o.label_regex = value();
-    } else if (a == "--select") {
-      o.select = value();
-    } else if (a == "--format") {
-      o.format = value();
-    } else if (a == "--seed") {
-      o.seed = static_cast<uint64_t>(ParseInt(a, value()));
-    } else if (a == "--limit") {
-      o.limit = ParseInt(a, value());
-    } else if (a == "--resize") {
-      const std::string v = value();
-      const size_t comma = v.find(',');
-      if (comma == std::string::npos)
-        throw UsageError(StrCat("--resize expects H,W, got '", v, "'"));
-      o.resize_h = static_cast<int>(std::min<int64_t>(ParseInt(a, v.substr(0, comma)), 1 << 30));
-      o.resize_w = static_cast<int>(std::min<int64_t>(ParseInt(a, v.substr(comma + 1)), 1 << 30));
-      if (o.resize_h == 0 || o.resize_w == 0) {
-        throw UsageError(StrCat("--resize expects positive H,W, got '", v, "'"));
-      }
-    } else if (a == "--on-bad") {
-      const std::string v = value();
+  CommandLine cmd(args);
+  while (cmd.Next()) {
+    if (cmd.Is("--from")) {
+      o.from = cmd.Value();
+    } else if (cmd.Is("--to")) {
+      o.to = cmd.Value();
+    } else if (cmd.Is("--labels")) {
+      o.labels = cmd.Value();
+    } else if (cmd.Is("--label-regex")) {
+      o.label_regex = cmd.Value();
+    } else if (cmd.Is("--select")) {
+      o.select = cmd.Value();
+    } else if (cmd.Is("--format")) {
+      o.format = cmd.Value();
+    } else if (cmd.Is("--seed")) {
+      o.seed = static_cast<uint64_t>(cmd.Count(0));
+    } else if (cmd.Is("--limit")) {
+      o.limit = cmd.Count(0);
+    } else if (cmd.Is("--resize")) {
+      const std::vector<int64_t> hw = cmd.CountList(1);
+      if (hw.size() != 2) throw UsageError("--resize expects H,W");
+      o.resize_h = static_cast<int>(std::min<int64_t>(hw[0], 1 << 30));
+      o.resize_w = static_cast<int>(std::min<int64_t>(hw[1], 1 << 30));
+    } else if (cmd.Is("--on-bad")) {
+      const std::string v = cmd.Value();
       if (v != "fail" && v != "skip")
         throw UsageError(StrCat("--on-bad expects fail or skip, got '", v, "'"));
       o.skip_bad = v == "skip";
-    } else if (a == "--encoded" && !has_inline) {
+    } else if (cmd.Is("--encoded")) {
       o.encoded = 1;
-    } else if (a == "--raw" && !has_inline) {
+    } else if (cmd.Is("--raw")) {
       o.encoded = 0;
-    } else if (a == "--shuffle" && !has_inline) {
+    } else if (cmd.Is("--shuffle")) {
       o.shuffle = true;
-    } else if (a == "--overwrite" && !has_inline) {
+    } else if (cmd.Is("--overwrite")) {
       o.overwrite = true;
-    } else if (a == "-h" || a == "--help") {
+    } else if (cmd.Is("-h", "--help")) {
       throw UsageError("");  // RunConvert prints the usage and returns 0
-    } else if (!a.empty() && a[0] == '-') {
-      throw UsageError(StrCat("unknown option '", args[i], "'"));
-    } else if (o.src.empty()) {
-      o.src = a;
+    } else if (!cmd.IsOption() && o.src.empty()) {
+      o.src = cmd.arg();
     } else {
-      throw UsageError(StrCat("unexpected argument '", a, "'"));
+      cmd.Reject();
     }
   }
   try {

@@ -14,6 +14,7 @@
 #include "ops/train/weight_average.h"
 #include "pipeline/run_config.h"
 #include "pipeline/trainer.h"
+#include "tools/command_line.h"
 
 namespace cnnflow {
 namespace {
@@ -33,10 +34,6 @@ constexpr const char* kExportUsage =
                       normalised) and cnnflow's logits for them to FILE (safetensors:
                       "input", "logits"), to compare with an ONNX runtime
 )";
-
-struct UsageError : Error {
-  using Error::Error;
-};
 
 // The first n test samples (train without a test set) as the model reads
 // them, and the logits of `model` for them.
@@ -67,33 +64,23 @@ int Export(const std::vector<std::string>& args) {
   int64_t check_n = 0;
   bool ema = false;
   std::vector<std::string> sets;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw UsageError(StrCat(a, " needs a value"));
-      return args[++i];
-    };
-    if (a == "--weights") {
-      weights = value();
-    } else if (a == "-o" || a == "--out") {
-      out = value();
-    } else if (a == "--set") {
-      sets.push_back(value());
-    } else if (a == "--ema") {
+  CommandLine cmd(args);
+  while (cmd.Next()) {
+    if (cmd.Is("--weights")) {
+      weights = cmd.Value();
+    } else if (cmd.Is("-o", "--out")) {
+      out = cmd.Value();
+    } else if (cmd.Is("--set")) {
+      sets.push_back(cmd.Value());
+    } else if (cmd.Is("--ema")) {
       ema = true;
-    } else if (a == "--check") {
-      const std::string n = value();
-      char* end = nullptr;
-      check_n = std::strtoll(n.c_str(), &end, 10);
-      if (n.empty() || *end != '\0' || check_n <= 0)
-        throw UsageError("--check needs a count N > 0");
-      check_path = value();
-    } else if (!a.empty() && a[0] == '-') {
-      throw UsageError(StrCat("unknown option '", a, "'"));
-    } else if (source.empty()) {
-      source = a;
+    } else if (cmd.Is("--check")) {
+      check_n = cmd.Count();
+      check_path = cmd.Value();
+    } else if (!cmd.IsOption() && source.empty()) {
+      source = cmd.arg();
     } else {
-      throw UsageError(StrCat("unexpected argument '", a, "'"));
+      cmd.Reject();
     }
   }
   if (source.empty()) throw UsageError("needs a RUN_DIR or a CONFIG");

@@ -13,6 +13,7 @@
 #include "onnx/importer.h"
 #include "ops/error.h"
 #include "ops/io/file_write.h"
+#include "tools/command_line.h"
 
 namespace cnnflow {
 namespace {
@@ -36,10 +37,6 @@ constexpr const char* kImportUsage =
                   transform in model.yaml (default: none)
 )";
 
-struct UsageError : Error {
-  using Error::Error;
-};
-
 std::vector<double> ParseFloats(const std::string& s, const char* flag) {
   std::vector<double> v;
   std::stringstream ss(s);
@@ -59,21 +56,21 @@ int RunImport(const std::vector<std::string>& args) {
   std::string in, out, name;
   std::vector<double> mean, std;
   try {
-    for (size_t i = 0; i < args.size(); ++i) {
-      const std::string& a = args[i];
-      if (a == "-h" || a == "--help") return std::printf("%s", kImportUsage), 0;
-      if (a == "-o" && i + 1 < args.size()) {
-        out = args[++i];
-      } else if (a == "--name" && i + 1 < args.size()) {
-        name = args[++i];
-      } else if (a == "--mean" && i + 1 < args.size()) {
-        mean = ParseFloats(args[++i], "--mean");
-      } else if (a == "--std" && i + 1 < args.size()) {
-        std = ParseFloats(args[++i], "--std");
-      } else if (in.empty() && !a.empty() && a[0] != '-') {
-        in = a;
+    CommandLine cmd(args);
+    while (cmd.Next()) {
+      if (cmd.Is("-h", "--help")) return std::printf("%s", kImportUsage), 0;
+      if (cmd.Is("-o")) {
+        out = cmd.Value();
+      } else if (cmd.Is("--name")) {
+        name = cmd.Value();
+      } else if (cmd.Is("--mean")) {
+        mean = ParseFloats(cmd.Value(), "--mean");
+      } else if (cmd.Is("--std")) {
+        std = ParseFloats(cmd.Value(), "--std");
+      } else if (!cmd.IsOption() && in.empty()) {
+        in = cmd.arg();
       } else {
-        throw UsageError(StrCat("unexpected argument '", a, "'"));
+        cmd.Reject();
       }
     }
     if (in.empty() || out.empty()) throw UsageError("needs MODEL.onnx and -o DIR");

@@ -38,6 +38,7 @@
 
 #include "ops/error.h"
 #include "pipeline/checkpoint.h"
+#include "tools/command_line.h"
 #include "tools/elastic_launch.h"
 #include "tools/hosts.h"
 #include "tools/launch_attempt.h"
@@ -50,24 +51,6 @@ constexpr int64_t kDefaultMaxRestarts = 3;
 // Before restarting a job the launcher had to end: a host did not answer,
 // and a restart at once would fail to start its daemon there.
 constexpr double kUnansweredRestartDelayS = 10;
-
-int64_t ParseCount(const std::string& flag, const std::string& v, int64_t min) {
-  char* end = nullptr;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n < min) {
-    throw ConfigError(StrCat(flag, " needs a count >= ", min, ", got '", v, "'"));
-  }
-  return n;
-}
-
-double ParseSeconds(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const double s = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || !(s > 0)) {
-    throw ConfigError(StrCat(flag, " needs seconds > 0, got '", v, "'"));
-  }
-  return s;
-}
 
 // The fixed layout: COMMAND as given, every restart on the same hosts.
 int Launch(int64_t max_restarts, const Job& job) {
@@ -168,49 +151,49 @@ int RunLaunchArgs(const std::vector<std::string>& args, bool from_slurm) {
   std::string hosts, hostfile;
   std::vector<std::string> elastic_flags;  // given, for the error without hosts
   try {
-    size_t i = 0;
-    for (; i < args.size(); ++i) {
-      const std::string& a = args[i];
-      auto value = [&]() -> const std::string& {
-        if (i + 1 >= args.size()) throw ConfigError(StrCat(a, " needs a value"));
-        return args[++i];
-      };
-      if (a == "-h" || a == "--help") {
+    CommandLine cmd(args);
+    std::vector<std::string> command;
+    while (cmd.Next()) {
+      if (cmd.Is("-h", "--help")) {
         std::printf("%s", kLaunchUsage);
         return 0;
-      } else if (a == "--max-restarts") {
-        elastic.max_restarts = ParseCount(a, value(), 0);
-      } else if (a == "-n" || a == "-np") {
-        ranks = ParseCount(a, value(), 1);
-      } else if (a == "--mpirun") {
-        elastic.mpirun = value();
-      } else if (a == "--hosts") {
-        hosts = value();
-      } else if (a == "--hostfile") {
-        hostfile = value();
-      } else if (a == "--min-hosts" || a == "--max-hosts" || a == "--procs-per-host") {
-        const int64_t n = ParseCount(a, value(), 1);
-        (a == "--min-hosts"   ? elastic.min_hosts
-         : a == "--max-hosts" ? elastic.max_hosts
-                              : elastic.procs_per_host) = n;
-        elastic_flags.push_back(a);
-      } else if (a == "--probe-every" || a == "--join-timeout") {
-        (a == "--probe-every" ? elastic.probe_every_s : elastic.join_timeout_s) =
-            ParseSeconds(a, value());
-        elastic_flags.push_back(a);
-      } else if (a == "--agent") {
-        elastic.agent = value();
-        elastic_flags.push_back(a);
-      } else if (a == "--") {
-        ++i;
+      } else if (cmd.Is("--max-restarts")) {
+        elastic.max_restarts = cmd.Count(0);
+      } else if (cmd.Is("-n", "-np")) {
+        ranks = cmd.Count(1);
+      } else if (cmd.Is("--mpirun")) {
+        elastic.mpirun = cmd.Value();
+      } else if (cmd.Is("--hosts")) {
+        hosts = cmd.Value();
+      } else if (cmd.Is("--hostfile")) {
+        hostfile = cmd.Value();
+      } else if (cmd.Is("--min-hosts")) {
+        elastic.min_hosts = cmd.Count(1);
+      } else if (cmd.Is("--max-hosts")) {
+        elastic.max_hosts = cmd.Count(1);
+      } else if (cmd.Is("--procs-per-host")) {
+        elastic.procs_per_host = cmd.Count(1);
+      } else if (cmd.Is("--probe-every")) {
+        elastic.probe_every_s = cmd.Seconds();
+      } else if (cmd.Is("--join-timeout")) {
+        elastic.join_timeout_s = cmd.Seconds();
+      } else if (cmd.Is("--agent")) {
+        elastic.agent = cmd.Value();
+      } else if (cmd.Is("--")) {
+        command = cmd.Rest();
         break;
-      } else if (a.rfind("-", 0) == 0) {
-        throw ConfigError(StrCat("unknown option '", a, "'"));
-      } else {
-        break;  // the command, without `--`
+      } else if (cmd.IsOption()) {
+        cmd.Reject();
+      } else {  // the command, without `--`
+        command = cmd.Rest();
+        command.insert(command.begin(), cmd.arg());
+        break;
+      }
+      for (const char* flag : {"--min-hosts", "--max-hosts", "--procs-per-host", "--probe-every",
+                               "--join-timeout", "--agent"}) {
+        if (cmd.Is(flag)) elastic_flags.push_back(flag);
       }
     }
-    std::vector<std::string> command(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
     if (command.empty())
       throw ConfigError("no command given (cnnflow launch ... -- cnnflow train ...)");
     if (ranks > 0 && (!hosts.empty() || !hostfile.empty())) {

@@ -10,6 +10,7 @@
 #include "ops/model.h"
 #include "pipeline/model_blocks.h"
 #include "pipeline/run_config.h"
+#include "tools/command_line.h"
 
 namespace cnnflow {
 namespace {
@@ -67,27 +68,29 @@ int RunModels(const std::vector<std::string>& args) {
   std::string name, weights, check, out;
   DType dtype = DType::kF32;
   std::vector<std::string> overrides;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "-h" || args[i] == "--help") return std::printf("%s", kModelsUsage), 0;
-    if (args[i] == "--weights" && i + 1 < args.size()) {
-      weights = args[++i];
-    } else if (args[i] == "--check" && i + 1 < args.size()) {
-      check = args[++i];
-    } else if (args[i] == "--f64") {
-      dtype = DType::kF64;
-    } else if (args[i] == "-o" && i + 1 < args.size()) {
-      out = args[++i];
-    } else if (args[i] == "--set" && i + 1 < args.size()) {
-      overrides.push_back(args[++i]);
-    } else if (args[i].rfind("--set=", 0) == 0) {
-      overrides.push_back(args[i].substr(6));
-    } else if (name.empty() && args[i][0] != '-') {
-      name = args[i];
-    } else {
-      std::fprintf(stderr, "cnnflow models: unexpected argument '%s'\n\n%s", args[i].c_str(),
-                   kModelsUsage);
-      return 2;
+  try {
+    CommandLine cmd(args);
+    while (cmd.Next()) {
+      if (cmd.Is("-h", "--help")) return std::printf("%s", kModelsUsage), 0;
+      if (cmd.Is("--weights")) {
+        weights = cmd.Value();
+      } else if (cmd.Is("--check")) {
+        check = cmd.Value();
+      } else if (cmd.Is("--f64")) {
+        dtype = DType::kF64;
+      } else if (cmd.Is("-o")) {
+        out = cmd.Value();
+      } else if (cmd.Is("--set")) {
+        overrides.push_back(cmd.Value());
+      } else if (!cmd.IsOption() && name.empty()) {
+        name = cmd.arg();
+      } else {
+        cmd.Reject();
+      }
     }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "cnnflow models: %s\n\n%s", e.what(), kModelsUsage);
+    return 2;
   }
   if (!check.empty() && (name.empty() || weights.empty() || out.empty())) {
     std::fprintf(stderr, "cnnflow models: --check needs NAME, --weights FILE and -o OUT\n\n%s",

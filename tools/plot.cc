@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "ops/error.h"
+#include "tools/command_line.h"
 
 namespace cnnflow {
 namespace {
@@ -359,19 +360,23 @@ constexpr const char* kPlotUsage =
 int RunPlot(const std::vector<std::string>& args) {
   std::vector<std::string> runs;
   std::string out, title = "training curves";
-  for (size_t i = 0; i < args.size(); ++i) {
-    if ((args[i] == "-o" || args[i] == "--out" || args[i] == "--title") && i + 1 < args.size()) {
-      (args[i] == "--title" ? title : out) = args[i + 1];
-      ++i;
-    } else if (args[i] == "-h" || args[i] == "--help") {
-      std::printf("%s", kPlotUsage);
-      return 0;
-    } else if (!args[i].empty() && args[i][0] == '-') {
-      std::fprintf(stderr, "cnnflow plot: unknown option '%s'\n\n%s", args[i].c_str(), kPlotUsage);
-      return 2;
-    } else {
-      runs.push_back(args[i]);
+  try {
+    CommandLine cmd(args);
+    while (cmd.Next()) {
+      if (cmd.Is("-h", "--help")) return std::printf("%s", kPlotUsage), 0;
+      if (cmd.Is("-o", "--out")) {
+        out = cmd.Value();
+      } else if (cmd.Is("--title")) {
+        title = cmd.Value();
+      } else if (cmd.IsOption()) {
+        cmd.Reject();
+      } else {
+        runs.push_back(cmd.arg());
+      }
     }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "cnnflow plot: %s\n\n%s", e.what(), kPlotUsage);
+    return 2;
   }
   if (runs.empty() || out.empty()) {
     std::fprintf(stderr, "cnnflow plot: needs RUN_DIR... and -o FILE\n\n%s", kPlotUsage);

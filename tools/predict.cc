@@ -6,6 +6,7 @@
 
 #include "pipeline/predictor.h"
 #include "pipeline/run_config.h"
+#include "tools/command_line.h"
 
 namespace cnnflow {
 
@@ -14,29 +15,20 @@ int RunPredict(const std::vector<std::string>& args) {
   std::vector<std::string> sets, files;
   int top = 5;
   try {
-    for (size_t i = 0; i < args.size(); ++i) {
-      const std::string& a = args[i];
-      auto value = [&]() -> const std::string& {
-        if (i + 1 >= args.size()) throw ConfigError(StrCat(a, " needs a value"));
-        return args[++i];
-      };
-      if (a == "--weights") {
-        weights = value();
-      } else if (a == "--set") {
-        sets.push_back(value());
-      } else if (a == "--top") {
-        const std::string& v = value();
-        char* end = nullptr;
-        top = static_cast<int>(std::strtol(v.c_str(), &end, 10));
-        if (v.empty() || *end != '\0' || top < 1) {
-          throw ConfigError(StrCat("--top needs a positive count, got '", v, "'"));
-        }
-      } else if (a.rfind("--", 0) == 0) {
-        throw ConfigError(StrCat("unknown option '", a, "'"));
+    CommandLine cmd(args);
+    while (cmd.Next()) {
+      if (cmd.Is("--weights")) {
+        weights = cmd.Value();
+      } else if (cmd.Is("--set")) {
+        sets.push_back(cmd.Value());
+      } else if (cmd.Is("--top")) {
+        top = static_cast<int>(cmd.Count());
+      } else if (cmd.IsOption()) {
+        cmd.Reject();
       } else if (config.empty()) {
-        config = a;
+        config = cmd.arg();
       } else {
-        files.push_back(a);
+        files.push_back(cmd.arg());
       }
     }
     if (config.empty() || weights.empty() || files.empty()) {

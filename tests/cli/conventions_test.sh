@@ -52,12 +52,12 @@ usage_error "unknown command 'frobnicate'" "usage: cnnflow COMMAND" help frobnic
 usage_error "no command given" "usage: cnnflow COMMAND"
 usage_error "unknown option '--bogus'" "usage: cnnflow train" train configs/fashion_mnist.yaml --bogus
 usage_error "--weights needs a value" "usage: cnnflow eval" eval configs/fashion_mnist.yaml --weights
-usage_error "--steps needs a positive count, got 'x'" "usage: cnnflow tune" tune configs/fashion_mnist.yaml --steps x
+usage_error "--steps needs a whole number >= 1, got 'x'" "usage: cnnflow tune" tune configs/fashion_mnist.yaml --steps x
 usage_error "needs a CONFIG file" "usage: cnnflow validate" validate
 usage_error "unknown option '--bogus'" "usage: cnnflow convert" convert --bogus
 usage_error "--to needs a value" "usage: cnnflow convert" convert --from folder x --to
 usage_error "--on-bad expects fail or skip, got 'maybe'" "usage: cnnflow convert" convert --from folder x --to y --on-bad maybe
-usage_error "--max-restarts needs a count >= 0, got 'x'" "usage: cnnflow launch" launch --max-restarts x -- "$cnnflow" train c.yaml --out d
+usage_error "--max-restarts needs a whole number >= 0, got 'x'" "usage: cnnflow launch" launch --max-restarts x -- "$cnnflow" train c.yaml --out d
 usage_error "the train command needs --out RUN_DIR" "usage: cnnflow launch" launch -- "$cnnflow" train configs/fashion_mnist.yaml
 usage_error "the command must run \`cnnflow train\`" "usage: cnnflow launch" launch -- sleep 1
 # Inside mpirun one rank cannot relaunch the others: --max-restarts is refused there.
