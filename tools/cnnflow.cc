@@ -42,6 +42,7 @@
 #include "tools/models.h"
 #include "tools/plot.h"
 #include "tools/predict.h"
+#include "tools/signals.h"
 
 namespace cnnflow {
 namespace {
@@ -294,13 +295,7 @@ extern "C" void OnSignal(int sig) {
 
 void BlockStopSignals() {
   sem_init(&g_signal_sem, 0, 0);
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);
+  HandleSignals(OnSignal, {SIGINT, SIGTERM, SIGUSR1});
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);

@@ -29,6 +29,7 @@
 #include <optional>
 
 #include "ops/error.h"
+#include "tools/signals.h"
 
 extern char** environ;
 
@@ -136,14 +137,7 @@ int ExitCode(int status) {
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
 }
 
-void ForwardStopSignals() {
-  struct sigaction sa {};
-  sa.sa_handler = ForwardStop;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
+void ForwardStopSignals() { HandleSignals(ForwardStop, {SIGINT, SIGTERM}); }
 
 int StopSignal() { return g_stop; }
 
