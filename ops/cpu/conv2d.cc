@@ -23,7 +23,7 @@
 // run per chunk on one thread each, like the GEMMs. `algo: auto` picks,
 // separately for forward, backward-data and backward-weights, whichever runs
 // a chunk of this shape faster, measured once per shape on this machine and
-// remembered (ops/cpu/algo_cache.h). Measured on one AVX2 Zen3 core
+// remembered (ops/cpu/conv/pick_cache.h). Measured on one AVX2 Zen3 core
 // (GFLOP/s, GEMM / oneDNN, ResNet-18's 3x3 convs at chunks of 4): forward
 // 36-94 / 59-89, backward-data 69-88 / 78-100, backward-weights 60-85 /
 // 56-69; so oneDNN takes most backward-data passes and the GEMMs most
@@ -44,7 +44,7 @@
 #include <utility>
 #include <vector>
 
-#include "ops/cpu/algo_cache.h"
+#include "ops/cpu/conv/pick_cache.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/onednn.h"

@@ -138,7 +138,7 @@ class Conv2d : public Layer {
   // first call for an n with `algo: auto`, then cached).
   Conv2dPlan PlanFor(int64_t n, DType dtype);
   // The key of this layer's shape at batch n in the kernel pick cache
-  // (ops/cpu/algo_cache.h).
+  // (ops/cpu/conv/pick_cache.h).
   std::string KernelPickKey(int64_t n) const;
 
  private:

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "ops/cpu/algo_cache.h"
 #include "ops/cpu/bf16_layout.h"
+#include "ops/cpu/conv/pick_cache.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/onednn.h"
