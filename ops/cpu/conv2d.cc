@@ -19,7 +19,7 @@
 // row), col buffers that stay zeroed where the padding is, and col2im that
 // starts from the centre tap instead of a zeroed dx.
 //
-// f32 layers also have oneDNN's convolution primitives (ops/cpu/onednn_conv.h),
+// f32 layers also have oneDNN's convolution primitives (ops/cpu/conv/onednn_conv.h),
 // run per chunk on one thread each, like the GEMMs. `algo: auto` picks,
 // separately for forward, backward-data and backward-weights, whichever runs
 // a chunk of this shape faster, measured once per shape on this machine and
@@ -44,11 +44,11 @@
 #include <utility>
 #include <vector>
 
+#include "ops/cpu/conv/onednn_conv.h"
 #include "ops/cpu/conv/pick_cache.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/onednn.h"
-#include "ops/cpu/onednn_conv.h"
 #include "ops/cpu/parallel.h"
 #include "ops/random.h"
 

@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "ops/cpu/bf16_layout.h"
+#include "ops/cpu/conv/onednn_conv.h"
 #include "ops/cpu/conv/pick_cache.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/onednn.h"
-#include "ops/cpu/onednn_conv.h"
 #include "ops/layers/conv2d.h"
 #include "ops/loss.h"
 #include "ops/model.h"

@@ -1,4 +1,4 @@
-#include "ops/cpu/onednn_conv.h"
+#include "ops/cpu/conv/onednn_conv.h"
 
 #include <tbb/enumerable_thread_specific.h>
 
