@@ -1,0 +1,55 @@
+// The GEMM lowering of conv2d (im2col + GEMM, col2im): one chunk of the
+// batch per call, on the calling thread. Per sample and group g (Kg =
+// K/groups output channels, R = C/groups*kh*kw rows of the im2col matrix,
+// P = H'*W' columns):
+//   forward   Y_g[Kg, P]   = W_g[Kg, R] * col(X_g)[R, P]  (+ bias: Y starts as it)
+//   backward  dW_g[Kg, R] += dY_g[Kg, P] * col(X_g)^T[P, R]
+//             dX_g          = col2im(W_g^T[R, Kg] * dY_g[Kg, P])
+// Pointwise convs (1x1, stride 1, no padding) skip im2col: the input is the
+// col matrix. Each GEMM is per sample, except where a sample has few output
+// positions (LowersChunk: the whole chunk is one GEMM over mb * P columns).
+//
+// Measured (batch 64, 32->64 3x3 on 14x14, one core): lowering several
+// samples into one wider GEMM was no faster with OpenBLAS at these sizes
+// and costs a scatter of Y and a gather of dY, so each GEMM is per sample.
+// What did pay: for stride 1 with W' == W (every "same" conv) a col row is
+// one contiguous span of the input (one copy instead of a copy per output
+// row), col buffers that stay zeroed where the padding is, and col2im that
+// starts from the centre tap instead of a zeroed dx.
+//
+// Internal to ops/cpu/conv/.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/layers/conv2d.h"
+
+namespace cnnflow::cpu {
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// For stride 1 with W' == W ("same" width), output position p = oh * W + ow
+// of tap (i, j) reads input p + shift, shift = ih0 * W + iw0: a col row is
+// one contiguous span of the input plane, except for the border columns
+// (ow + iw0 outside [0, W)), where the span holds wrapped values of the
+// neighbouring input row that must be zeroed (Conv2dScratch's taps).
+bool IsShiftable(const Conv2dGeometry& g);
+
+// Whether the GEMM path's partial dW is transposed, dW^T[R, Kg] per group
+// (few col rows), which the chunk sum transposes back.
+bool GemmDwTransposed(const Conv2dGeometry& g);
+
+// GEMM path, samples [begin, end): x [n, C, H, W], w [K, C/groups, kh, kw],
+// bias [K] or null -> y [n, K, H', W'] (relu: max(y, 0)).
+template <typename T>
+void GemmForwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* x, const T* w,
+                      const T* bias, bool relu, T* y, int64_t begin, int64_t end);
+
+// GEMM path, samples [begin, end) of x, w, dy: adds into pdw (dW of the
+// chunk, transposed per group when GemmDwTransposed; null: skipped) and pdb
+// (null: skipped); writes dx [n, C, H, W] (null: skipped).
+template <typename T>
+void GemmBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* x, const T* w,
+                       const T* dy, T* dx, T* pdw, T* pdb, int64_t begin, int64_t end);
+
+}  // namespace cnnflow::cpu
