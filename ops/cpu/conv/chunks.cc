@@ -23,8 +23,13 @@ cpu::OnednnConv& OnednnFor(const Conv2dGeometry& g, bool bias, bool relu, bool f
   std::lock_guard<std::mutex> lock(scratch.mu);
   auto& conv = scratch.onednn[{mb, f32_kernels}];
   if (conv == nullptr) {
-    conv = std::make_unique<cpu::OnednnConv>(g, mb, bias, relu, scratch.bf16, scratch.nhwc_in,
-                                             scratch.nhwc_out, f32_kernels);
+    conv = std::make_unique<cpu::OnednnConv>(g, mb,
+                                             cpu::OnednnConv::Options{.bias = bias,
+                                                                      .relu = relu,
+                                                                      .bf16 = scratch.bf16,
+                                                                      .nhwc_in = scratch.nhwc_in,
+                                                                      .nhwc_out = scratch.nhwc_out,
+                                                                      .f32_kernels = f32_kernels});
   }
   return *conv;
 }

@@ -312,4 +312,82 @@ template void GemmBackwardChunk<double>(const Conv2dGeometry&, Conv2dScratch&, c
                                         const double*, const double*, double*, double*, double*,
                                         int64_t, int64_t);
 
+void Im2ColTransposed(const Conv2dGeometry& g, int64_t mb, const uint16_t* xb, uint16_t* col) {
+  const int64_t plane = g.out_plane(), q_total = mb * plane;
+  // Stride 1 and W' == W: a tap's plane is the input plane shifted by one
+  // offset, its out-of-range columns zeroed (one copy per sample).
+  const bool shift = g.stride_h == 1 && g.stride_w == 1 && g.out_w == g.in_w;
+  for (int64_t c = 0; c < g.in_channels; ++c) {
+    for (int64_t i = 0; i < g.kernel_h; ++i) {
+      const int64_t ih0 = i * g.dilation_h - g.pad_h;
+      for (int64_t j = 0; j < g.kernel_w; ++j) {
+        uint16_t* out = col + ((c * g.kernel_h + i) * g.kernel_w + j) * q_total;
+        const int64_t iw0 = j * g.dilation_w - g.pad_w;
+        // Output columns [lo, hi) whose input column lies inside [0, W).
+        int64_t lo = iw0 >= 0 ? 0 : (-iw0 + g.stride_w - 1) / g.stride_w;
+        int64_t hi = g.in_w - iw0 <= 0 ? 0 : (g.in_w - iw0 + g.stride_w - 1) / g.stride_w;
+        lo = std::min(lo, g.out_w);
+        hi = std::clamp(hi, lo, g.out_w);
+        for (int64_t s = 0; s < mb; ++s, out += plane) {
+          const uint16_t* xc = xb + (s * g.in_channels + c) * g.in_plane();
+          if (shift) {
+            // Rows [oh_lo, oh_hi) read input rows inside [0, H).
+            const int64_t oh_lo = std::clamp<int64_t>(-ih0, 0, g.out_h);
+            const int64_t oh_hi = std::clamp<int64_t>(g.in_h - ih0, oh_lo, g.out_h);
+            const int64_t t0 = oh_lo * g.out_w + lo, t1 = (oh_hi - 1) * g.out_w + hi;
+            if (oh_lo == oh_hi || lo == hi) {
+              std::fill_n(out, plane, uint16_t{0});
+              continue;
+            }
+            std::fill_n(out, t0, uint16_t{0});
+            std::copy_n(xc + t0 + ih0 * g.in_w + iw0, t1 - t0, out + t0);
+            std::fill_n(out + t1, plane - t1, uint16_t{0});
+            for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {  // the wrapped columns
+              uint16_t* r = out + oh * g.out_w;
+              if (oh > oh_lo) std::fill_n(r, lo, uint16_t{0});
+              if (oh + 1 < oh_hi) std::fill_n(r + hi, g.out_w - hi, uint16_t{0});
+            }
+            continue;
+          }
+          for (int64_t oh = 0; oh < g.out_h; ++oh) {
+            uint16_t* r = out + oh * g.out_w;
+            const int64_t ih = oh * g.stride_h + ih0;
+            if (ih < 0 || ih >= g.in_h) {
+              std::fill_n(r, g.out_w, uint16_t{0});
+              continue;
+            }
+            std::fill_n(r, lo, uint16_t{0});
+            std::fill_n(r + hi, g.out_w - hi, uint16_t{0});
+            const uint16_t* xr = xc + ih * g.in_w + iw0;
+            for (int64_t ow = lo; ow < hi; ++ow) r[ow] = xr[ow * g.stride_w];
+          }
+        }
+      }
+    }
+  }
+}
+
+void Im2ColNhwc(const Conv2dGeometry& g, int64_t mb, const uint16_t* xb, uint16_t* col) {
+  const int64_t c_n = g.in_channels, ncol = g.col_rows();
+  for (int64_t s = 0; s < mb; ++s) {
+    const uint16_t* xs = xb + s * g.in_plane() * c_n;
+    for (int64_t oh = 0; oh < g.out_h; ++oh) {
+      for (int64_t ow = 0; ow < g.out_w; ++ow) {
+        uint16_t* row = col + ((s * g.out_h + oh) * g.out_w + ow) * ncol;
+        for (int64_t i = 0; i < g.kernel_h; ++i) {
+          const int64_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
+          for (int64_t j = 0; j < g.kernel_w; ++j, row += c_n) {
+            const int64_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
+            if (ih < 0 || ih >= g.in_h || iw < 0 || iw >= g.in_w) {
+              std::fill_n(row, c_n, uint16_t{0});
+            } else {
+              std::copy_n(xs + (ih * g.in_w + iw) * c_n, c_n, row);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace cnnflow::cpu

@@ -6,8 +6,9 @@
 //   backward  dW_g[Kg, R] += dY_g[Kg, P] * col(X_g)^T[P, R]
 //             dX_g          = col2im(W_g^T[R, Kg] * dY_g[Kg, P])
 // Pointwise convs (1x1, stride 1, no padding) skip im2col: the input is the
-// col matrix. Each GEMM is per sample, except where a sample has few output
-// positions (LowersChunk: the whole chunk is one GEMM over mb * P columns).
+// col matrix. Also the bf16 im2col of oneDNN's matmul backward-weights. Each GEMM is per sample,
+// except where a sample has few output positions (LowersChunk: the whole chunk is one GEMM over mb
+// * P columns).
 //
 // Measured (batch 64, 32->64 3x3 on 14x14, one core): lowering several
 // samples into one wider GEMM was no faster with OpenBLAS at these sizes
@@ -51,5 +52,16 @@ void GemmForwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* 
 template <typename T>
 void GemmBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* x, const T* w,
                        const T* dy, T* dx, T* pdw, T* pdb, int64_t begin, int64_t end);
+
+// The bf16 im2col of oneDNN's matmul backward-weights (MatmulWeightsPass,
+// onednn_passes.h), on a whole chunk of mb samples:
+// xb [mb, C, H, W] bf16 -> col^T [C * kh * kw, mb * H' * W'] (row r =
+// (c, i, j), column q = (s, oh, ow)): bf16 words copied, zero outside x.
+void Im2ColTransposed(const Conv2dGeometry& g, int64_t mb, const uint16_t* xb, uint16_t* col);
+
+// xb [mb, H, W, C] bf16 -> col [mb * H' * W', kh * kw * C] (row q = (s, oh,
+// ow), column (i, j, c)): each tap a copy of C contiguous words, zero
+// outside x.
+void Im2ColNhwc(const Conv2dGeometry& g, int64_t mb, const uint16_t* xb, uint16_t* col);
 
 }  // namespace cnnflow::cpu

@@ -51,8 +51,9 @@ std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& 
                          int64_t fwd_mb, int64_t bwd_mb) {
   std::unique_ptr<cpu::OnednnConv> fwd_conv, bwd_conv;
   try {
-    fwd_conv = std::make_unique<cpu::OnednnConv>(g, fwd_mb, has_bias);
-    bwd_conv = fwd_mb == bwd_mb ? nullptr : std::make_unique<cpu::OnednnConv>(g, bwd_mb, has_bias);
+    const cpu::OnednnConv::Options options{.bias = has_bias};
+    fwd_conv = std::make_unique<cpu::OnednnConv>(g, fwd_mb, options);
+    bwd_conv = fwd_mb == bwd_mb ? nullptr : std::make_unique<cpu::OnednnConv>(g, bwd_mb, options);
   } catch (const Error&) {
     return "gemm,gemm,gemm";  // oneDNN has no primitive for this geometry
   }
@@ -171,13 +172,19 @@ OnednnPassTimes TimeOnednnPasses(cpu::OnednnConv& conv, const Conv2dGeometry& g,
 // Then the rates of each.
 std::string MeasureOnednnPicks(const Conv2dGeometry& g, bool has_bias, int64_t bwd_mb, bool bf16,
                                bool nhwc_in, bool nhwc_out) {
-  cpu::OnednnConv conv(g, bwd_mb, has_bias, false, bf16, nhwc_in, nhwc_out);
+  cpu::OnednnConv conv(g, bwd_mb,
+                       {.bias = has_bias, .bf16 = bf16, .nhwc_in = nhwc_in, .nhwc_out = nhwc_out});
   const OnednnPassTimes own = TimeOnednnPasses(conv, g, has_bias, bwd_mb);
   std::string picks = StrCat("onednn,", own.data, ",", own.weights);
   std::string rates = StrCat(bf16 ? "bf16" : "f32", " kernels: ", own.rates);
   if (bf16) {
     try {
-      cpu::OnednnConv f32(g, bwd_mb, has_bias, false, true, nhwc_in, nhwc_out, true);
+      cpu::OnednnConv f32(g, bwd_mb,
+                          {.bias = has_bias,
+                           .bf16 = true,
+                           .nhwc_in = nhwc_in,
+                           .nhwc_out = nhwc_out,
+                           .f32_kernels = true});
       const OnednnPassTimes t = TimeOnednnPasses(f32, g, has_bias, bwd_mb);
       if (own.seconds > kMargin * t.seconds)
         picks = StrCat("onednn,", t.data, ",", t.weights, ",f32");
