@@ -139,8 +139,8 @@ void AddChunkSums(const Conv2dGeometry& g, const BackwardRoute& route, const T* 
     return;
   }
   // The same sums over contiguous blocks, a chunk at a time: loops that
-  // vectorise and stream each partial buffer (the per-element loop above
-  // was ~5% of a bf16 ResNet-18 step).
+  // vectorise and stream each partial buffer, which the per-element loop
+  // above does not (bench/results/2026-12-07-conv-notes.md).
   cpu::ParallelFor(total, 4096, [&](int64_t b, int64_t e) {
     constexpr int64_t kBlock = 512;
     T s[kBlock];

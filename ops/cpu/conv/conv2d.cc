@@ -18,12 +18,11 @@
 // run per chunk on one thread each, like the GEMMs. `algo: auto` picks,
 // separately for forward, backward-data and backward-weights, whichever runs
 // a chunk of this shape faster, measured once per shape on this machine and
-// remembered (ops/cpu/conv/pick_cache.h). Measured on one AVX2 Zen3 core
-// (GFLOP/s, GEMM / oneDNN, ResNet-18's 3x3 convs at chunks of 4): forward
-// 36-94 / 59-89, backward-data 69-88 / 78-100, backward-weights 60-85 /
-// 56-69; so oneDNN takes most backward-data passes and the GEMMs most
-// backward-weights passes; where C is tiny (Fashion-MNIST's conv1) the GEMMs
-// run backward 4-6x faster and forward is even.
+// remembered (ops/cpu/conv/pick_cache.h): neither wins every pass of every
+// shape (oneDNN most backward-data passes, the GEMMs most backward-weights
+// passes and every backward where C is tiny, as Fashion-MNIST's conv1).
+// The measurements behind these choices:
+// bench/results/2026-12-07-conv-notes.md.
 #include "ops/layers/conv2d.h"
 
 #include <cmath>

@@ -133,11 +133,9 @@ void Col2Im(const Conv2dGeometry& g, const Conv2dScratch& plan, T* col, T* dx, i
 // With few output positions per sample (ResNet-18's 4x4 stage: P = 16)
 // per-sample GEMMs are rank-16 updates of dW [K, R] (9.4 MB at 512 -> 512
 // channels) and re-read W per sample. There the whole chunk is lowered into
-// one GEMM over mb * P columns, at the cost of gathering dY and scattering Y.
-// Measured with oneDNN's sgemm on one Zen3 core (GFLOP/s, per sample / one
-// GEMM for 32 samples): P = 16, 512 -> 512: backward-weights 65 / 87,
-// backward-data 68 / 86, forward 82 / 83; at P = 64 (256 -> 256, 16
-// samples) one GEMM is no faster (78 / 73 backward-weights), hence P < 64.
+// one GEMM over mb * P columns, at the cost of gathering dY and scattering Y:
+// faster in every pass at P = 16, no faster at P = 64, hence P < 64
+// (bench/results/2026-12-07-conv-notes.md).
 constexpr int64_t kLowerChunkBelow = 64;
 bool LowersChunk(const Conv2dGeometry& g) {
   return g.groups == 1 && g.out_plane() < kLowerChunkBelow && !GemmDwTransposed(g);
@@ -241,8 +239,8 @@ void GemmForwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* 
 }
 
 // With few col rows (conv1: R = 9, Kg = 32) the GEMM is faster producing
-// dW^T[R, Kg] (measured 2x with oneDNN's sgemm); the chunk sum transposes
-// it back.
+// dW^T[R, Kg] (bench/results/2026-12-07-conv-notes.md); the chunk sum
+// transposes it back.
 bool GemmDwTransposed(const Conv2dGeometry& g) { return g.col_rows() < g.out_per_group(); }
 
 template <typename T>

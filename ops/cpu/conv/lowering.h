@@ -6,19 +6,15 @@
 //   backward  dW_g[Kg, R] += dY_g[Kg, P] * col(X_g)^T[P, R]
 //             dX_g          = col2im(W_g^T[R, Kg] * dY_g[Kg, P])
 // Pointwise convs (1x1, stride 1, no padding) skip im2col: the input is the
-// col matrix. Also the bf16 im2col of oneDNN's matmul backward-weights. Each GEMM is per sample,
-// except where a sample has few output positions (LowersChunk: the whole chunk is one GEMM over mb
-// * P columns).
-//
-// Measured (batch 64, 32->64 3x3 on 14x14, one core): lowering several
-// samples into one wider GEMM was no faster with OpenBLAS at these sizes
-// and costs a scatter of Y and a gather of dY, so each GEMM is per sample.
-// What did pay: for stride 1 with W' == W (every "same" conv) a col row is
-// one contiguous span of the input (one copy instead of a copy per output
-// row), col buffers that stay zeroed where the padding is, and col2im that
-// starts from the centre tap instead of a zeroed dx.
-//
-// Internal to ops/cpu/conv/.
+// col matrix. Each GEMM is per sample: lowering several samples into one
+// wider GEMM costs a scatter of Y and a gather of dY, and pays only where a
+// sample has few output positions (LowersChunk: the whole chunk is one GEMM
+// over mb * P columns). For stride 1 with W' == W (every "same" conv) a col
+// row is one contiguous span of the input (one copy instead of a copy per
+// output row); col buffers stay zeroed where the padding is; col2im starts
+// from the centre tap instead of a zeroed dx. The measurements behind these
+// choices: bench/results/2026-12-07-conv-notes.md. Also here: the bf16
+// im2col of oneDNN's matmul backward-weights. Internal to ops/cpu/conv/.
 #pragma once
 
 #include <cstdint>

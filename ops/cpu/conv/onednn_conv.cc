@@ -187,8 +187,9 @@ OnednnConv::OnednnConv(const Conv2dGeometry& g, int64_t mb, const Options& o)
   const memory::data_type op = bf16_kernels ? memory::data_type::bf16 : memory::data_type::f32;
   // f32 channels-last tensors are read and written as they are where
   // oneDNN has kernels for that (its brgemm forward and jit backward ones on
-  // AVX-512, when x and y are both channels-last): a reorder to its blocked
-  // layout and back costs ~20% of a pass. Elsewhere (its reference kernels
+  // AVX-512, when x and y are both channels-last), saving each pass a
+  // reorder to its blocked layout and back
+  // (bench/results/2026-12-07-conv-notes.md). Elsewhere (its reference kernels
   // would be picked) and for bf16 kernels, whose operands are converted on
   // the way in anyway, oneDNN picks the layouts (format_tag::any).
   const bool direct = !bf16_kernels && o.nhwc_in && o.nhwc_out;
