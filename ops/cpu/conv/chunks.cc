@@ -18,18 +18,18 @@ namespace {
 constexpr int64_t kMinChunkPositions = 400;  // BackwardChunks
 
 // The oneDNN convolution for chunks of mb samples (made on first use).
-cpu::OnednnConv& OnednnFor(const Conv2dGeometry& g, bool bias, bool relu, bool f32_kernels,
-                           Conv2dScratch& scratch, int64_t mb) {
+OnednnConv& OnednnFor(const Conv2dGeometry& g, bool bias, bool relu, bool f32_kernels,
+                      Conv2dScratch& scratch, int64_t mb) {
   std::lock_guard<std::mutex> lock(scratch.mu);
   auto& conv = scratch.onednn[{mb, f32_kernels}];
   if (conv == nullptr) {
-    conv = std::make_unique<cpu::OnednnConv>(g, mb,
-                                             cpu::OnednnConv::Options{.bias = bias,
-                                                                      .relu = relu,
-                                                                      .bf16 = scratch.bf16,
-                                                                      .nhwc_in = scratch.nhwc_in,
-                                                                      .nhwc_out = scratch.nhwc_out,
-                                                                      .f32_kernels = f32_kernels});
+    const OnednnConv::Options options{.bias = bias,
+                                      .relu = relu,
+                                      .bf16 = scratch.bf16,
+                                      .nhwc_in = scratch.nhwc_in,
+                                      .nhwc_out = scratch.nhwc_out,
+                                      .f32_kernels = f32_kernels};
+    conv = std::make_unique<OnednnConv>(g, mb, options);
   }
   return *conv;
 }
@@ -38,12 +38,12 @@ cpu::OnednnConv& OnednnFor(const Conv2dGeometry& g, bool bias, bool relu, bool f
 // ForChunks' chunks hold n / chunks samples, or one more.
 struct ChunkConvs {
   int64_t small = 0;
-  cpu::OnednnConv* conv[2] = {nullptr, nullptr};  // small, small + 1 samples
+  OnednnConv* conv[2] = {nullptr, nullptr};  // small, small + 1 samples
 
-  cpu::OnednnConv& For(int64_t mb) const { return *conv[mb - small]; }
+  OnednnConv& For(int64_t mb) const { return *conv[mb - small]; }
   template <typename Fn>
   void ForEach(Fn&& fn) const {
-    for (cpu::OnednnConv* c : conv)
+    for (OnednnConv* c : conv)
       if (c != nullptr) fn(*c);
   }
 };
@@ -97,7 +97,7 @@ ChunkConvs PrepareOnednnBackward(const Conv2dGeometry& g, const Conv2dPlan& plan
     if (r.onednn_data || r.onednn_weights) {
       convs = OnednnChunks(g, plan, bias, relu, scratch, n, r.chunks);
       if (r.onednn_data && want_dx) {
-        convs.ForEach([&](cpu::OnednnConv& c) {
+        convs.ForEach([&](OnednnConv& c) {
           if (r.flipped_data) {
             c.PrepareFlippedWeights(w);
           } else {
@@ -120,7 +120,7 @@ void AddChunkSums(const Conv2dGeometry& g, const BackwardRoute& route, const T* 
   const int64_t total = db != nullptr ? part_size : dw_size;
   const int64_t rows = g.col_rows(), kg = g.out_per_group();
   if (route.dw_transposed) {
-    cpu::ParallelFor(total, 4096, [&](int64_t b, int64_t e) {
+    ParallelFor(total, 4096, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         int64_t j = i;  // where element i of dW (or dbias) sits in a partial buffer
         if (i < dw_size) {
@@ -141,7 +141,7 @@ void AddChunkSums(const Conv2dGeometry& g, const BackwardRoute& route, const T* 
   // The same sums over contiguous blocks, a chunk at a time: loops that
   // vectorise and stream each partial buffer, which the per-element loop
   // above does not (bench/results/2026-12-07-conv-notes.md).
-  cpu::ParallelFor(total, 4096, [&](int64_t b, int64_t e) {
+  ParallelFor(total, 4096, [&](int64_t b, int64_t e) {
     constexpr int64_t kBlock = 512;
     T s[kBlock];
     for (int64_t i0 = b, len = 0; i0 < e; i0 += len) {
@@ -160,10 +160,10 @@ void AddChunkSums(const Conv2dGeometry& g, const BackwardRoute& route, const T* 
 
 }  // namespace
 
-int64_t BatchChunks(int64_t n) { return cpu::NumChunks(n, 1); }
+int64_t BatchChunks(int64_t n) { return NumChunks(n, 1); }
 
 int64_t BackwardChunks(const Conv2dGeometry& g, int64_t n) {
-  return cpu::NumChunks(n, CeilDiv(kMinChunkPositions, g.out_plane()));
+  return NumChunks(n, CeilDiv(kMinChunkPositions, g.out_plane()));
 }
 
 template <typename T>
@@ -182,14 +182,14 @@ void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, co
       bool keeps = keep && x_bf16 == nullptr &&
                    (plan.backward_weights == ConvAlgo::kOnednn ||
                     (scratch.nhwc_in && plan.backward_weights == ConvAlgo::kMatmul));
-      convs.ForEach([&](cpu::OnednnConv& c) {
+      convs.ForEach([&](OnednnConv& c) {
         c.PrepareForwardWeights(w);
         keeps = keeps && c.KeepsInput(plan.backward_weights);
       });
       const int64_t in_sample = g.in_channels * g.in_plane();
       const int64_t out_sample = g.out_channels * g.out_plane();
       uint16_t* kept = keeps ? scratch.Keep(x, n * in_sample) : nullptr;
-      cpu::ForChunks(n, chunks, [&](int64_t, int64_t begin, int64_t end) {
+      ForChunks(n, chunks, [&](int64_t, int64_t begin, int64_t end) {
         convs.For(end - begin)
             .Forward(x_bf16 != nullptr ? nullptr : x + begin * in_sample, bias,
                      y + begin * out_sample, kept != nullptr ? kept + begin * in_sample : nullptr,
@@ -198,7 +198,7 @@ void ConvForward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, co
       return;
     }
   }
-  cpu::ForChunks(n, chunks, [&](int64_t, int64_t begin, int64_t end) {
+  ForChunks(n, chunks, [&](int64_t, int64_t begin, int64_t end) {
     GemmForwardChunk(g, scratch, x, w, bias, relu, y, begin, end);
   });
 }
@@ -237,7 +237,7 @@ void ConvBackward(const Conv2dGeometry& g, const Conv2dPlan& plan, const T* x, c
 
   // Each chunk runs both passes: oneDNN's, converting dy once for the two,
   // then the GEMMs' (a lowered chunk gathers dy once for the two).
-  cpu::ForChunks(n, r.chunks, [&](int64_t chunk, int64_t begin, int64_t end) {
+  ForChunks(n, r.chunks, [&](int64_t chunk, int64_t begin, int64_t end) {
     T* pdw = want_dw ? partial + chunk * part_size : nullptr;
     T* pdb = db != nullptr ? pdw + dw_size : nullptr;
     const int64_t count = end - begin;

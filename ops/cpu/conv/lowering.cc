@@ -163,7 +163,7 @@ void LoweredForwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const 
   T* col = GrowBuffer<T>(scratch.wide_col, rows * ld);
   T* yw = GrowBuffer<T>(scratch.wide_y, k_n * ld);
   Im2ColChunk(g, scratch, x, mb, col);
-  cpu::Gemm<T>(false, false, k_n, ld, rows, T(1), w, rows, col, ld, T(0), yw, ld);
+  Gemm<T>(false, false, k_n, ld, rows, T(1), w, rows, col, ld, T(0), yw, ld);
   for (int64_t i = 0; i < mb; ++i) {
     for (int64_t k = 0; k < k_n; ++k) {
       const T* src = yw + k * ld + i * cols;
@@ -193,14 +193,14 @@ void LoweredBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const
   if (pdw != nullptr) {
     T* col = GrowBuffer<T>(scratch.wide_col, rows * ld);
     Im2ColChunk(g, scratch, x, mb, col);
-    cpu::Gemm<T>(false, true, k_n, rows, ld, T(1), dyw, ld, col, ld, T(1), pdw, rows);
+    Gemm<T>(false, true, k_n, rows, ld, T(1), dyw, ld, col, ld, T(1), pdw, rows);
   }
   if (pdb != nullptr) {
     for (int64_t k = 0; k < k_n; ++k) pdb[k] += RowSum(dyw + k * ld, ld);
   }
   if (dx == nullptr) return;
   T* dcol = GrowBuffer<T>(scratch.wide_dcol, rows * ld);
-  cpu::Gemm<T>(true, false, rows, ld, k_n, T(1), w, rows, dyw, ld, T(0), dcol, ld);
+  Gemm<T>(true, false, rows, ld, k_n, T(1), w, rows, dyw, ld, T(0), dcol, ld);
   for (int64_t i = 0; i < mb; ++i) Col2Im(g, scratch, dcol + i * cols, dx + i * in_sample, ld);
 }
 
@@ -231,8 +231,8 @@ void GemmForwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T* 
       if (bias != nullptr) {
         for (int64_t k = 0; k < kg; ++k) std::fill_n(yg + k * cols, cols, bias[grp * kg + k]);
       }
-      cpu::Gemm<T>(false, false, kg, cols, rows, T(1), w + grp * kg * rows, rows, src, cols,
-                   bias != nullptr ? T(1) : T(0), yg, cols);
+      Gemm<T>(false, false, kg, cols, rows, T(1), w + grp * kg * rows, rows, src, cols,
+              bias != nullptr ? T(1) : T(0), yg, cols);
       if (relu) ReluInPlace(yg, kg * cols);  // while it is in cache
     }
   }
@@ -274,21 +274,21 @@ void GemmBackwardChunk(const Conv2dGeometry& g, Conv2dScratch& scratch, const T*
           src = col;
         }
         if (dw_transposed) {
-          cpu::Gemm<T>(false, true, rows, kg, cols, T(1), src, cols, dyg, cols, T(1),
-                       pdw + grp * kg * rows, kg);
+          Gemm<T>(false, true, rows, kg, cols, T(1), src, cols, dyg, cols, T(1),
+                  pdw + grp * kg * rows, kg);
         } else {
-          cpu::Gemm<T>(false, true, kg, rows, cols, T(1), dyg, cols, src, cols, T(1),
-                       pdw + grp * kg * rows, rows);
+          Gemm<T>(false, true, kg, rows, cols, T(1), dyg, cols, src, cols, T(1),
+                  pdw + grp * kg * rows, rows);
         }
       }
       if (dx == nullptr) continue;
       const T* wg = w + grp * kg * rows;
       T* dxg = dx + (s * g.groups + grp) * in_group;
       if (pointwise) {
-        cpu::Gemm<T>(true, false, rows, cols, kg, T(1), wg, rows, dyg, cols, T(0), dxg, cols);
+        Gemm<T>(true, false, rows, cols, kg, T(1), wg, rows, dyg, cols, T(0), dxg, cols);
         continue;
       }
-      cpu::Gemm<T>(true, false, rows, cols, kg, T(1), wg, rows, dyg, cols, T(0), dcol, cols);
+      Gemm<T>(true, false, rows, cols, kg, T(1), wg, rows, dyg, cols, T(0), dcol, cols);
       Col2Im(g, scratch, dcol, dxg, cols);
     }
     if (pdb != nullptr) {

@@ -49,15 +49,15 @@ Tensor RandomF32(Rng& rng, int64_t size) {
 constexpr double kMargin = 1.03;
 std::string MeasurePicks(const Conv2dGeometry& g, bool has_bias, Conv2dScratch& scratch,
                          int64_t fwd_mb, int64_t bwd_mb) {
-  std::unique_ptr<cpu::OnednnConv> fwd_conv, bwd_conv;
+  std::unique_ptr<OnednnConv> fwd_conv, bwd_conv;
   try {
-    const cpu::OnednnConv::Options options{.bias = has_bias};
-    fwd_conv = std::make_unique<cpu::OnednnConv>(g, fwd_mb, options);
-    bwd_conv = fwd_mb == bwd_mb ? nullptr : std::make_unique<cpu::OnednnConv>(g, bwd_mb, options);
+    const OnednnConv::Options options{.bias = has_bias};
+    fwd_conv = std::make_unique<OnednnConv>(g, fwd_mb, options);
+    bwd_conv = fwd_mb == bwd_mb ? nullptr : std::make_unique<OnednnConv>(g, bwd_mb, options);
   } catch (const Error&) {
     return "gemm,gemm,gemm";  // oneDNN has no primitive for this geometry
   }
-  cpu::OnednnConv& bconv = bwd_conv != nullptr ? *bwd_conv : *fwd_conv;
+  OnednnConv& bconv = bwd_conv != nullptr ? *bwd_conv : *fwd_conv;
   const int64_t mb = std::max(fwd_mb, bwd_mb);
   Rng rng(1);
   auto random = [&](int64_t size) { return RandomF32(rng, size); };
@@ -111,7 +111,7 @@ struct OnednnPassTimes {
   std::string data = "onednn", weights = "onednn", rates;
   double seconds = 0;  // the three passes as picked
 };
-OnednnPassTimes TimeOnednnPasses(cpu::OnednnConv& conv, const Conv2dGeometry& g, bool has_bias,
+OnednnPassTimes TimeOnednnPasses(OnednnConv& conv, const Conv2dGeometry& g, bool has_bias,
                                  int64_t mb) {
   Rng rng(1);
   auto random = [&](int64_t size) { return RandomF32(rng, size); };
@@ -172,19 +172,19 @@ OnednnPassTimes TimeOnednnPasses(cpu::OnednnConv& conv, const Conv2dGeometry& g,
 // Then the rates of each.
 std::string MeasureOnednnPicks(const Conv2dGeometry& g, bool has_bias, int64_t bwd_mb, bool bf16,
                                bool nhwc_in, bool nhwc_out) {
-  cpu::OnednnConv conv(g, bwd_mb,
-                       {.bias = has_bias, .bf16 = bf16, .nhwc_in = nhwc_in, .nhwc_out = nhwc_out});
+  OnednnConv conv(g, bwd_mb,
+                  {.bias = has_bias, .bf16 = bf16, .nhwc_in = nhwc_in, .nhwc_out = nhwc_out});
   const OnednnPassTimes own = TimeOnednnPasses(conv, g, has_bias, bwd_mb);
   std::string picks = StrCat("onednn,", own.data, ",", own.weights);
   std::string rates = StrCat(bf16 ? "bf16" : "f32", " kernels: ", own.rates);
   if (bf16) {
     try {
-      cpu::OnednnConv f32(g, bwd_mb,
-                          {.bias = has_bias,
-                           .bf16 = true,
-                           .nhwc_in = nhwc_in,
-                           .nhwc_out = nhwc_out,
-                           .f32_kernels = true});
+      OnednnConv f32(g, bwd_mb,
+                     {.bias = has_bias,
+                      .bf16 = true,
+                      .nhwc_in = nhwc_in,
+                      .nhwc_out = nhwc_out,
+                      .f32_kernels = true});
       const OnednnPassTimes t = TimeOnednnPasses(f32, g, has_bias, bwd_mb);
       if (own.seconds > kMargin * t.seconds)
         picks = StrCat("onednn,", t.data, ",", t.weights, ",f32");
@@ -233,7 +233,7 @@ Conv2dPlan PlanConv(const Conv2dGeometry& g, bool has_bias, ConvAlgo algo, Conv2
              scratch.nhwc_in || scratch.nhwc_out
                  ? StrCat(" nhwc=", scratch.nhwc_in ? "in" : "", scratch.nhwc_out ? "out" : "")
                  : "");
-  const std::string picks = cpu::FindOrMeasure(key, [&] {
+  const std::string picks = FindOrMeasure(key, [&] {
     return scratch.bf16 || f32_nhwc ? MeasureOnednnPicks(g, has_bias, bwd_mb, scratch.bf16,
                                                          scratch.nhwc_in, scratch.nhwc_out)
                                     : MeasurePicks(g, has_bias, scratch, fwd_mb, bwd_mb);
@@ -244,7 +244,7 @@ Conv2dPlan PlanConv(const Conv2dGeometry& g, bool has_bias, ConvAlgo algo, Conv2
   for (std::string w; std::getline(list, w, ',');) words.push_back(w);
   CNNFLOW_ENFORCE(words.size() == 3 || (words.size() == 4 && words[3] == "f32" && scratch.bf16 &&
                                         words[2] != "matmul"),
-                  "conv2d: bad kernel pick '", picks, "' for ", key, " in ", cpu::KernelPickFile());
+                  "conv2d: bad kernel pick '", picks, "' for ", key, " in ", KernelPickFile());
   Conv2dPlan plan;
   plan.forward = ParsePick(words[0]);
   plan.backward_data = ParsePick(words[1]);
