@@ -4,7 +4,7 @@
 #include <string>
 
 #include "loaders/sampler.h"
-#include "ops/cpu/algo_cache.h"
+#include "ops/cpu/conv/pick_cache.h"
 #include "ops/layers/conv2d.h"
 
 namespace cnnflow {

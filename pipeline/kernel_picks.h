@@ -1,6 +1,6 @@
 // One set of CPU convolution kernel picks for every process of a job: the
 // algorithm a pass runs changes the last bits of its result, and each host
-// keeps a pick file of its own (ops/cpu/algo_cache.h), which another history
+// keeps a pick file of its own (ops/cpu/conv/pick_cache.h), which another history
 // or a deleted file makes differ. So rank 0 picks, for the batch sizes the
 // replicas will see, and the others take its picks.
 #pragma once

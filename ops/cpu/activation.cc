@@ -7,7 +7,7 @@
 // 120 ms for a scalar std::erf loop (11x), silu 10.2 ms against 78 ms for
 // std::exp (7.6x); the vectorised hardswish loop takes 3.6 ms (medians of
 // bench/kernels_bench.cc BM_Gelu, BM_GeluScalarLoop, ... on a shared machine).
-// As in ops/cpu/onednn_conv.cc, TBB owns the threads: the
+// As in ops/cpu/conv/onednn_conv.cc, TBB owns the threads: the
 // tensor is cut into chunks of a fixed length, each run by one primitive
 // call on one OpenMP thread, so the result is the same for any thread count.
 // The piecewise-linear ones are plain loops gcc vectorises; f64 (gradient

@@ -5,8 +5,9 @@
 //             dW[K, C]  += dY_n[K, P] X_n^T[P, C];  db[K] += row sums of dY_n
 // The batch is cut into ForChunks chunks (a count that depends on the shape
 // only); each chunk sums its own dW and db, then the chunks are added in
-// order, so results are bitwise the same for any thread count (conv2d.cc's
-// rule, whose pointwise path this is without the [K, C, 1, 1] layout).
+// order, so results are bitwise the same for any thread count (conv2d's
+// rule, ops/cpu/conv/chunks.h, whose pointwise path this is without the
+// [K, C, 1, 1] layout).
 #include "ops/layers/channel_linear.h"
 
 #include <algorithm>
@@ -20,7 +21,8 @@ namespace cnnflow {
 
 namespace {
 // A backward chunk covers at least this many positions, so that adding the
-// chunks' partial dW stays small next to the GEMMs (conv2d.cc's figure).
+// chunks' partial dW stays small next to the GEMMs (conv2d's figure,
+// BackwardChunks in ops/cpu/conv/chunks.h).
 constexpr int64_t kMinChunkPositions = 400;
 }  // namespace
 

@@ -18,7 +18,7 @@
 // dW and dbias are summed per ForChunks chunk of the batch and then over
 // chunks in order, as in conv2d: bitwise the same for any thread count.
 //
-// A pass that conv2d's plan (`algo`, ops/cpu/conv2d.cc) gives to oneDNN
+// A pass that conv2d's plan (`algo`, ops/cpu/conv/picks.h) gives to oneDNN
 // runs as conv2d on [N, C, 1, L]; so does backward when either of its passes
 // is oneDNN's. (auto measures oneDNN against im2col + GEMM, not against the
 // shifted GEMMs, which are 20-25% faster than im2col: it leans to oneDNN.)

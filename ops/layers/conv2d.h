@@ -2,7 +2,7 @@
 // stride, zero padding, dilation and groups, PyTorch's parameter layout
 // (weight [K, C/groups, kh, kw], bias [K]) and output size rule
 //   H' = (H + 2 * pad_h - dilation_h * (kh - 1) - 1) / stride_h + 1.
-// The CPU kernels (ops/cpu/conv2d.cc) are im2col + GEMM or oneDNN's
+// The CPU kernels (ops/cpu/conv/) are im2col + GEMM or oneDNN's
 // convolution primitives, chosen per pass by measurement (`algo`), parallel
 // over the batch.
 #pragma once
@@ -49,11 +49,11 @@ inline int64_t ConvOutputSize(int64_t in, int64_t kernel, int64_t stride, int64_
   return span < 0 ? 0 : span / stride + 1;
 }
 
-// Per-thread scratch buffers of the CPU kernels (defined in ops/cpu/conv2d.cc).
+// Per-thread scratch buffers of the CPU kernels (defined in ops/cpu/conv/scratch.h).
 struct Conv2dScratch;
 
 // The CPU algorithms of a convolution pass. kAuto: measured (see
-// ops/cpu/conv2d.cc); f64 always runs kGemm (oneDNN has no f64 convolution).
+// ops/cpu/conv/picks.h); f64 always runs kGemm (oneDNN has no f64 convolution).
 // bf16 only: kMatmul, backward-weights as im2col and oneDNN's matmul
 // (OnednnConv::BackwardWeightsByMatmul); kFlipped, backward-data as a
 // forward convolution (OnednnConv::BackwardDataByFlippedForward).
@@ -138,7 +138,7 @@ class Conv2d : public Layer {
   // first call for an n with `algo: auto`, then cached).
   Conv2dPlan PlanFor(int64_t n, DType dtype);
   // The key of this layer's shape at batch n in the kernel pick cache
-  // (ops/cpu/algo_cache.h).
+  // (ops/cpu/conv/pick_cache.h).
   std::string KernelPickKey(int64_t n) const;
 
  private:

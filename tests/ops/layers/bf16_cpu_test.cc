@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "ops/cpu/algo_cache.h"
 #include "ops/cpu/bf16_layout.h"
+#include "ops/cpu/conv/onednn_conv.h"
+#include "ops/cpu/conv/pick_cache.h"
 #include "ops/cpu/elementwise.h"
 #include "ops/cpu/gemm.h"
 #include "ops/cpu/onednn.h"
-#include "ops/cpu/onednn_conv.h"
 #include "ops/layers/conv2d.h"
 #include "ops/loss.h"
 #include "ops/model.h"
@@ -444,7 +444,7 @@ TEST(Bf16Cpu, MatmulBackwardWeightsMatchesRoundedReference) {
     SCOPED_TRACE(::testing::Message() << "case c " << t.c << " " << t.h << "x" << t.w << " kernel "
                                       << t.kh << "x" << t.kw << " stride " << t.stride);
     const Conv2dGeometry g = GeometryOf(t);
-    cpu::OnednnConv conv(g, t.mb, t.bias, false, true);
+    cpu::OnednnConv conv(g, t.mb, {.bias = t.bias, .bf16 = true});
     ASSERT_TRUE(conv.HasMatmulWeights());
     const Tensor x = RandomTensor(Shape({t.mb, t.c, t.h, t.w}), 7).Cast(DType::kF32);
     const Tensor dy = RandomTensor(Shape({t.mb, t.k, g.out_h, g.out_w}), 8).Cast(DType::kF32);
@@ -477,7 +477,7 @@ TEST(Bf16Cpu, FlippedBackwardDataMatchesRoundedReference) {
     SCOPED_TRACE(::testing::Message() << "case c " << t.c << " " << t.h << "x" << t.w << " kernel "
                                       << t.kh << "x" << t.kw << " stride " << t.stride);
     const Conv2dGeometry g = GeometryOf(t);
-    cpu::OnednnConv conv(g, t.mb, t.bias, false, true);
+    cpu::OnednnConv conv(g, t.mb, {.bias = t.bias, .bf16 = true});
     ASSERT_EQ(conv.HasFlippedData(), t.stride == 1);
     if (t.stride != 1) continue;
     const Tensor w = RandomTensor(Shape({t.k, t.c, t.kh, t.kw}), 6).Cast(DType::kF32);
@@ -537,8 +537,8 @@ TEST(Bf16Cpu, ChannelsLastConvPassesMatchNchw) {
       const bool in = (layout & 1) != 0, out = (layout & 2) != 0;
       SCOPED_TRACE(LayoutCaseName(t, in, out));
       const Conv2dGeometry g = GeometryOf(t);
-      cpu::OnednnConv ref(g, t.mb, t.bias, false, true),
-          conv(g, t.mb, t.bias, false, true, in, out);
+      cpu::OnednnConv ref(g, t.mb, {.bias = t.bias, .bf16 = true}),
+          conv(g, t.mb, {.bias = t.bias, .bf16 = true, .nhwc_in = in, .nhwc_out = out});
       const ConvOperands ops(t, g, in, out);
       const Shape &xs = ops.xs, &ys = ops.ys;
       const Tensor &x = ops.x, &dy = ops.dy, &w = ops.w, &xl = ops.xl, &dyl = ops.dyl;
@@ -603,8 +603,10 @@ TEST(Bf16Cpu, F32KernelsMatchBf16Kernels) {
       const bool in = (layout & 1) != 0, out = (layout & 2) != 0;
       SCOPED_TRACE(LayoutCaseName(t, in, out));
       const Conv2dGeometry g = GeometryOf(t);
-      cpu::OnednnConv ref(g, t.mb, t.bias, false, true), exact(g, t.mb, t.bias),
-          conv(g, t.mb, t.bias, false, true, in, out, true);
+      cpu::OnednnConv ref(g, t.mb, {.bias = t.bias, .bf16 = true}),
+          exact(g, t.mb, {.bias = t.bias}),
+          conv(g, t.mb,
+               {.bias = t.bias, .bf16 = true, .nhwc_in = in, .nhwc_out = out, .f32_kernels = true});
       const ConvOperands ops(t, g, in, out);
       const Shape &xs = ops.xs, &ys = ops.ys;
       const Tensor &x = ops.x, &dy = ops.dy, &w = ops.w, &xl = ops.xl, &dyl = ops.dyl;

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "ops/cpu/algo_cache.h"
+#include "ops/cpu/conv/pick_cache.h"
 #include "ops/cpu/onednn.h"
 #include "ops/cpu/parallel.h"
 #include "tests/ops/gradient_check.h"

@@ -14,6 +14,7 @@
 // format_tag::any, so oneDNN picks its blocked layouts (nChw8c on AVX2,
 // nChw16c on AVX-512) and each call reorders its chunk in and out through
 // per-thread scratch. Weights are reordered once per pass (Prepare*).
+// Each pass has a builder of its own (onednn_passes.h), fed by one Options.
 //
 // bf16 (as PyTorch's CPU autocast, but with f32 between layers): x, w and dy
 // are rounded to bf16 in those same reorders, the primitives multiply in
@@ -35,15 +36,21 @@ namespace cnnflow::cpu {
 
 class OnednnConv {
  public:
-  // mb: the samples of every call; relu: Forward writes max(y, 0) (a
-  // post-op inside the kernel); bf16: the products in bf16; nhwc_in: x and
-  // dx are [mb, H, W, C], nhwc_out: y and dy [mb, H', W', K] (channels-last
-  // activations, Layer::ChannelsLast), which bf16's kernels read and write
-  // without a transpose; f32_kernels (bf16 only): the bf16-rounded
-  // operands multiplied by the f32 kernels. Throws Error when oneDNN has no
+  // What the convolution computes and on which layouts (all false: f32,
+  // NCHW, no bias, no ReLU).
+  struct Options {
+    bool bias = false;  // Forward adds a bias [K]; BackwardWeights* write db
+    bool relu = false;  // Forward writes max(y, 0) (a post-op inside the kernel)
+    bool bf16 = false;  // the products in bf16 (x, w, dy rounded to it), summed in f32
+    // x and dx are [mb, H, W, C]; y and dy [mb, H', W', K] (channels-last
+    // activations, Layer::ChannelsLast), which bf16's kernels read and
+    // write without a transpose.
+    bool nhwc_in = false, nhwc_out = false;
+    bool f32_kernels = false;  // bf16 only: the bf16-rounded operands on the f32 kernels
+  };
+  // mb: the samples of every call. Throws Error when oneDNN has no
   // primitive for the geometry.
-  OnednnConv(const Conv2dGeometry& g, int64_t mb, bool bias, bool relu = false, bool bf16 = false,
-             bool nhwc_in = false, bool nhwc_out = false, bool f32_kernels = false);
+  OnednnConv(const Conv2dGeometry& g, int64_t mb, const Options& options);
   ~OnednnConv();
   OnednnConv(const OnednnConv&) = delete;
   OnednnConv& operator=(const OnednnConv&) = delete;

@@ -1,4 +1,4 @@
-#include "ops/cpu/algo_cache.h"
+#include "ops/cpu/conv/pick_cache.h"
 
 #include <dnnl.h>
 #include <fcntl.h>
