@@ -143,109 +143,50 @@ Error OutOfMemoryIn() {
                       "; use a smaller batch (train.batch) or fewer replicas per process"));
 }
 
+// bf16 on the CPU: the activations stay f32, the layers that can multiply
+// in bf16 do (Layer::ComputeInBf16).
+bool CpuBf16(const ModelOptions& o) {
+  return o.device.is_cpu() && o.dtype == DType::kF32 && o.compute == DType::kBF16;
+}
+
+// The options' activation type (the compute type on a GPU; the parameters'
+// with bf16 on a CPU, whose layers multiply in bf16 instead), checked.
+DType ActivationType(const ModelOptions& o) {
+  if (o.device.is_cuda() && o.device.index >= CudaDeviceCount()) {
+    throw Error(
+        StrCat("cannot build the model on ", o.device.ToString(), ": ", CudaDeviceCount(),
+               " usable GPUs found",
+               CudaAvailable() ? "" : " (no GPU, no CUDA driver, or a build without CUDA)"));
+  }
+  if (CpuBf16(o)) {
+    if (const std::string why = NoNativeBf16OnHost(); !why.empty()) {
+      throw ConfigError(StrCat("bf16 on ", o.device.ToString(), ": ", why));
+    }
+    return o.dtype;
+  }
+  const DType act = o.compute.value_or(o.dtype);
+  if (act != o.dtype && (o.device.is_cpu() || o.dtype != DType::kF32 ||
+                         (act != DType::kF16 && act != DType::kBF16))) {
+    throw ConfigError(
+        StrCat("mixed precision computes in f16 or bf16 over f32 parameters on a GPU (or bf16 on a "
+               "CPU with native bf16); got ",
+               DTypeName(act), " over ", DTypeName(o.dtype), " on ", o.device.ToString()));
+  }
+  return act;
+}
+
 }  // namespace
 
 std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                     const ModelOptions& options) {
-  const auto& [dtype, seed, init, device, compute, fuse_activations, memory_format,
-               bf16_activations, splitter] = options;
-  if (device.is_cuda() && device.index >= CudaDeviceCount()) {
-    throw Error(
-        StrCat("cannot build the model on ", device.ToString(), ": ", CudaDeviceCount(),
-               " usable GPUs found",
-               CudaAvailable() ? "" : " (no GPU, no CUDA driver, or a build without CUDA)"));
-  }
-  // bf16 on the CPU: the activations stay f32, the layers that can multiply
-  // in bf16 do (Layer::ComputeInBf16).
-  const bool cpu_bf16 = device.is_cpu() && dtype == DType::kF32 && compute == DType::kBF16;
-  if (cpu_bf16) {
-    if (const std::string why = NoNativeBf16OnHost(); !why.empty()) {
-      throw ConfigError(StrCat("bf16 on ", device.ToString(), ": ", why));
-    }
-  }
-  const DType act = cpu_bf16 ? dtype : compute.value_or(dtype);
-  if (act != dtype &&
-      (device.is_cpu() || dtype != DType::kF32 || (act != DType::kF16 && act != DType::kBF16))) {
-    throw ConfigError(StrCat(
-        "mixed precision computes in f16 or bf16 over f32 parameters on a GPU (or bf16 on a "
-        "CPU with native bf16); got ",
-        DTypeName(compute.value_or(dtype)), " over ", DTypeName(dtype), " on ", device.ToString()));
-  }
+  const DType act = ActivationType(options);
   std::unique_ptr<Model> m(new Model());
   m->input_shape_ = input_shape;
-  m->dtype_ = dtype;
+  m->dtype_ = options.dtype;
   m->compute_ = act;
-  m->device_ = device;
+  m->device_ = options.device;
   std::map<std::string, int> index;  // layer name -> position
-  const LayerRegistry& registry = LayerRegistry::Get();
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const LayerSpec& s = specs[i];
-    if (s.name == kModelInput || index.count(s.name)) {
-      throw ConfigError(StrCat("layer name '", s.name, "' is used twice (or is the reserved name '",
-                               kModelInput, "')"));
-    }
-    const LayerType* type = registry.Find(s.type);
-    if (type == nullptr)
-      throw ConfigError(StrCat("layer '", s.name, "': ", registry.Unknown(s.type)));
-    Args args = s.args;
-    args.FillDefaults(type->schema);
-    const LayerType* impl = device.is_cuda() ? registry.Find(s.type, kCudaVariant) : type;
-    if (impl == nullptr) {
-      throw ConfigError(StrCat("layer '", s.name, "': layer type '", s.type,
-                               "' has no CUDA kernels yet, so the model cannot run on ",
-                               device.ToString()));
-    }
-    std::unique_ptr<Layer> layer = splitter != nullptr ? splitter->Split(s, args, device) : nullptr;
-    if (layer == nullptr) {
-      layer = impl->create(s.name, args);
-    }
-
-    std::vector<std::string> in_names = s.inputs;
-    if (in_names.empty()) in_names.push_back(i == 0 ? kModelInput : specs[i - 1].name);
-    const int wanted = layer->num_inputs();
-    if (wanted == kVariadicInputs ? in_names.size() < 2
-                                  : static_cast<int>(in_names.size()) != wanted) {
-      throw ConfigError(
-          StrCat("layer '", s.name, "' (", s.type, ") takes ",
-                 wanted == kVariadicInputs ? std::string("2 or more") : std::to_string(wanted),
-                 " input(s), got ", in_names.size(), " (name them with `inputs:`)"));
-    }
-    std::vector<int> in_index;
-    std::vector<Shape> in_shapes;
-    for (const auto& n : in_names) {
-      if (n == kModelInput) {
-        in_index.push_back(-1);
-        in_shapes.push_back(input_shape);
-      } else if (auto it = index.find(n); it != index.end()) {
-        in_index.push_back(it->second);
-        in_shapes.push_back(m->out_shapes_[it->second]);
-      } else {
-        throw ConfigError(
-            StrCat("layer '", s.name, "' reads '", n, "', which is not an earlier layer"));
-      }
-    }
-    Shape out;
-    try {
-      out = layer->Build(in_shapes, dtype);
-    } catch (const ShapeError& e) {
-      std::string from;
-      for (size_t k = 0; k < in_names.size(); ++k) {
-        const std::string src =
-            in_names[k] == kModelInput
-                ? std::string("the model input")
-                : StrCat("'", in_names[k], "' (", specs[index[in_names[k]]].type, ")");
-        from += StrCat(k ? " and " : "", src, " produces ", in_shapes[k]);
-      }
-      throw ShapeError(StrCat("shape mismatch at layer '", s.name, "' (", s.type, "): ", from,
-                              ", but ", e.what()));
-    }
-    if (cpu_bf16 && layer->ComputeInBf16()) ++m->bf16_layers_;
-    index[s.name] = static_cast<int>(i);
-    m->layers_.push_back(std::move(layer));
-    m->input_names_.push_back(in_names);
-    m->input_index_.push_back(in_index);
-    m->out_shapes_.push_back(out);
-  }
+  for (size_t i = 0; i < specs.size(); ++i) m->AddLayer(specs, i, options, index);
   CNNFLOW_ENFORCE(!m->layers_.empty(), "the model has no layers");
   m->last_reader_.assign(m->layers_.size(), -1);
   for (size_t i = 0; i < m->layers_.size(); ++i) {
@@ -253,47 +194,131 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
       (j < 0 ? m->input_last_reader_ : m->last_reader_[j]) = static_cast<int>(i);
     }
   }
-
-  for (size_t i = 0; i < m->layers_.size(); ++i) {
-    Rng rng(seed, StreamKey(0x1a7e5, i));
-    m->layers_[i]->ResetParameters(rng);
-    if (init != InitScheme::kPytorchDefault) {
-      for (auto& p : m->layers_[i]->parameters())
-        if (p.name == "weight" && p.value.rank() >= 2) InitWeight(p.value, init, rng);
-    }
-    const int first_input = m->input_index_[i][0];
-    const Shape& in = first_input < 0 ? input_shape : m->out_shapes_[first_input];
-    ApplyTensorSpecs(specs[i], *m->layers_[i], in[0], rng);
-    if (device.is_cuda()) m->layers_[i]->MoveTo(device);
-  }
+  m->InitParameters(specs, options);
   m->fused_into_.assign(m->layers_.size(), -1);
-  if (fuse_activations && !device.is_cuda()) {
-    std::vector<int> readers(m->layers_.size(), 0);
-    for (const auto& ins : m->input_index_)
-      for (int j : ins)
-        if (j >= 0) ++readers[j];
-    // Whether `layer` takes activation `act` (a relu, or the erf form of gelu).
-    auto fuse = [](const Layer& act, Layer& layer) {
-      if (std::string(act.type()) == "relu") return layer.FuseRelu();
-      const auto* a = dynamic_cast<const ActivationLayer*>(&act);
-      return a != nullptr && a->kind() == Activation::kGeluErf && layer.FuseGelu();
-    };
-    for (size_t i = 0; i < m->layers_.size(); ++i) {
-      if (m->input_index_[i].size() != 1) continue;
-      const int j = m->input_index_[i][0];
-      if (j >= 0 && readers[j] == 1 && fuse(*m->layers_[i], *m->layers_[j])) m->fused_into_[i] = j;
-    }
-  }
+  if (options.fuse_activations && !options.device.is_cuda()) m->FuseActivations();
   m->act_dtypes_.assign(m->layers_.size(), m->compute_);
   m->grad_dtypes_ = m->act_dtypes_;
-  const bool channels_last = memory_format == MemoryFormat::kChannelsLast ||
-                             (memory_format == MemoryFormat::kAuto && cpu_bf16);
-  if (device.is_cpu() && act == DType::kF32 && channels_last && splitter == nullptr) {
+  const bool channels_last = options.memory_format == MemoryFormat::kChannelsLast ||
+                             (options.memory_format == MemoryFormat::kAuto && CpuBf16(options));
+  if (options.device.is_cpu() && act == DType::kF32 && channels_last &&
+      options.splitter == nullptr) {
     m->ChooseChannelsLast();
-    if (cpu_bf16 && bf16_activations) m->ChooseBf16Activations();
+    if (CpuBf16(options) && options.bf16_activations) m->ChooseBf16Activations();
   }
-  if (splitter != nullptr) splitter->Pair(*m);
+  if (options.splitter != nullptr) options.splitter->Pair(*m);
   return m;
+}
+
+// Layer i of `specs`: made (or split), wired to its inputs by name, and
+// built on their shapes; a shape error names both layers.
+void Model::AddLayer(const std::vector<LayerSpec>& specs, size_t i, const ModelOptions& options,
+                     std::map<std::string, int>& index) {
+  const Device& device = options.device;
+  const LayerSplitter* splitter = options.splitter;
+  const LayerRegistry& registry = LayerRegistry::Get();
+  const LayerSpec& s = specs[i];
+  if (s.name == kModelInput || index.count(s.name)) {
+    throw ConfigError(StrCat("layer name '", s.name, "' is used twice (or is the reserved name '",
+                             kModelInput, "')"));
+  }
+  const LayerType* type = registry.Find(s.type);
+  if (type == nullptr)
+    throw ConfigError(StrCat("layer '", s.name, "': ", registry.Unknown(s.type)));
+  Args args = s.args;
+  args.FillDefaults(type->schema);
+  const LayerType* impl = device.is_cuda() ? registry.Find(s.type, kCudaVariant) : type;
+  if (impl == nullptr) {
+    throw ConfigError(StrCat("layer '", s.name, "': layer type '", s.type,
+                             "' has no CUDA kernels yet, so the model cannot run on ",
+                             device.ToString()));
+  }
+  std::unique_ptr<Layer> layer = splitter != nullptr ? splitter->Split(s, args, device) : nullptr;
+  if (layer == nullptr) {
+    layer = impl->create(s.name, args);
+  }
+
+  std::vector<std::string> in_names = s.inputs;
+  if (in_names.empty()) in_names.push_back(i == 0 ? kModelInput : specs[i - 1].name);
+  const int wanted = layer->num_inputs();
+  if (wanted == kVariadicInputs ? in_names.size() < 2
+                                : static_cast<int>(in_names.size()) != wanted) {
+    throw ConfigError(
+        StrCat("layer '", s.name, "' (", s.type, ") takes ",
+               wanted == kVariadicInputs ? std::string("2 or more") : std::to_string(wanted),
+               " input(s), got ", in_names.size(), " (name them with `inputs:`)"));
+  }
+  std::vector<int> in_index;
+  std::vector<Shape> in_shapes;
+  for (const auto& n : in_names) {
+    if (n == kModelInput) {
+      in_index.push_back(-1);
+      in_shapes.push_back(input_shape_);
+    } else if (auto it = index.find(n); it != index.end()) {
+      in_index.push_back(it->second);
+      in_shapes.push_back(out_shapes_[it->second]);
+    } else {
+      throw ConfigError(
+          StrCat("layer '", s.name, "' reads '", n, "', which is not an earlier layer"));
+    }
+  }
+  Shape out;
+  try {
+    out = layer->Build(in_shapes, options.dtype);
+  } catch (const ShapeError& e) {
+    std::string from;
+    for (size_t k = 0; k < in_names.size(); ++k) {
+      const std::string src =
+          in_names[k] == kModelInput
+              ? std::string("the model input")
+              : StrCat("'", in_names[k], "' (", specs[index[in_names[k]]].type, ")");
+      from += StrCat(k ? " and " : "", src, " produces ", in_shapes[k]);
+    }
+    throw ShapeError(StrCat("shape mismatch at layer '", s.name, "' (", s.type, "): ", from,
+                            ", but ", e.what()));
+  }
+  if (CpuBf16(options) && layer->ComputeInBf16()) ++bf16_layers_;
+  index[s.name] = static_cast<int>(i);
+  layers_.push_back(std::move(layer));
+  input_names_.push_back(in_names);
+  input_index_.push_back(in_index);
+  out_shapes_.push_back(out);
+}
+
+// Parameters from (seed, layer): PyTorch's defaults or the options' scheme,
+// then the specs' own tensors; moved to the device.
+void Model::InitParameters(const std::vector<LayerSpec>& specs, const ModelOptions& options) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Rng rng(options.seed, StreamKey(0x1a7e5, i));
+    layers_[i]->ResetParameters(rng);
+    if (options.init != InitScheme::kPytorchDefault) {
+      for (auto& p : layers_[i]->parameters())
+        if (p.name == "weight" && p.value.rank() >= 2) InitWeight(p.value, options.init, rng);
+    }
+    const int first_input = input_index_[i][0];
+    const Shape& in = first_input < 0 ? input_shape_ : out_shapes_[first_input];
+    ApplyTensorSpecs(specs[i], *layers_[i], in[0], rng);
+    if (options.device.is_cuda()) layers_[i]->MoveTo(options.device);
+  }
+}
+
+// A relu (or the erf form of gelu) that is the only reader of a layer that
+// can take it runs inside that layer.
+void Model::FuseActivations() {
+  std::vector<int> readers(layers_.size(), 0);
+  for (const auto& ins : input_index_)
+    for (int j : ins)
+      if (j >= 0) ++readers[j];
+  auto fuse = [](const Layer& act, Layer& layer) {
+    if (std::string(act.type()) == "relu") return layer.FuseRelu();
+    const auto* a = dynamic_cast<const ActivationLayer*>(&act);
+    return a != nullptr && a->kind() == Activation::kGeluErf && layer.FuseGelu();
+  };
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (input_index_[i].size() != 1) continue;
+    const int j = input_index_[i][0];
+    if (j >= 0 && readers[j] == 1 && fuse(*layers_[i], *layers_[j])) fused_into_[i] = j;
+  }
 }
 
 void Model::ChooseChannelsLast() {

@@ -187,6 +187,11 @@ class Model {
   // model input's: when Forward without keep_activations frees them.
   std::vector<int> last_reader_;
   int input_last_reader_ = -1;
+  // Model::Build's steps.
+  void AddLayer(const std::vector<LayerSpec>& specs, size_t i, const ModelOptions& options,
+                std::map<std::string, int>& index);
+  void InitParameters(const std::vector<LayerSpec>& specs, const ModelOptions& options);
+  void FuseActivations();
   // Model::Build: which activations are channels-last, and which of those
   // are bf16 (see Build).
   void ChooseChannelsLast();
