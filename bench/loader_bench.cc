@@ -257,7 +257,7 @@ double RawPass(const std::vector<std::string>& jpegs, int threads, Passes* passe
 // cnnflow's per-sample path without the graph, one pass on this thread:
 // Dataset::Read (decode + augment) and the normalisation, into one buffer.
 void ReadPass(Trainer& trainer, int64_t records, int64_t epoch, Passes* passes) {
-  const Dataset& data = trainer.state().dataset("train");
+  const Dataset& data = trainer.context().dataset("train");
   const Shape shape = data.sample_shape();
   const int64_t n = std::min(records, data.size());
   std::vector<float> sample(static_cast<size_t>(shape.numel()));
@@ -267,7 +267,7 @@ void ReadPass(Trainer& trainer, int64_t records, int64_t epoch, Passes* passes) 
   for (int64_t i = 0; i < n; ++i) {
     const ReadResult r = data.Read(i, ctx, sample.data());
     if (!r.ok()) throw Error(StrCat("record ", data.Key(i), ": ", r.error));
-    if (!data.normalizes()) trainer.state().transform.Apply(sample.data(), shape);
+    if (!data.normalizes()) trainer.context().transform.Apply(sample.data(), shape);
   }
   if (passes != nullptr) passes->Add(static_cast<double>(n), SecondsSince(t0), CpuSeconds() - cpu0);
 }
@@ -281,7 +281,7 @@ void SinglePasses(const std::vector<std::string>& jpegs, Trainer* trainer, const
   for (const auto& j : jpegs) bytes += static_cast<double>(j.size());
   // The float rows write the config's sample shape (known with a trainer).
   const Shape sample =
-      trainer != nullptr ? trainer->state().dataset("train").sample_shape() : Shape{};
+      trainer != nullptr ? trainer->context().dataset("train").sample_shape() : Shape{};
   const bool floats = o.raw && trainer != nullptr && sample.rank() == 3;
   for (int rep = 0; rep < o.reps + 1; ++rep) {
     const bool timed = rep > 0;
@@ -318,7 +318,7 @@ void SinglePasses(const std::vector<std::string>& jpegs, Trainer* trainer, const
     std::printf("cnnflow_read images_per_s=%.0f best=%.0f cpu_cores=%.2f records=%lld runs=%s\n",
                 read.median(), read.best(), Median(read.cores),
                 static_cast<long long>(
-                    std::min<int64_t>(o.records, trainer->state().dataset("train").size())),
+                    std::min<int64_t>(o.records, trainer->context().dataset("train").size())),
                 Join(read.rates).c_str());
   }
   std::fflush(stdout);

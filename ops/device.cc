@@ -53,7 +53,7 @@ size_t RoundToSizeClass(size_t bytes) {
 // kernel gives them only on request (transparent_hugepage=madvise, a common
 // default): the bf16 convolutions' NCHW <-> NHWC conversions stride across
 // a page per channel, where 4 KiB pages miss the TLB on almost every access
-// (the CIFAR speed run's step: 936 -> 904 ms).
+// (the speed run's step time: bench/results/2026-12-07-cpu-kernel-measurements.md).
 class HostPool final : public CachingPool {
  protected:
   void* RawAllocate(size_t bytes) override {

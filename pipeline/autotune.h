@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
 
 namespace cnnflow {
 

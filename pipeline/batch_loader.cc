@@ -9,7 +9,8 @@
 #include "loaders/source_registry.h"
 #include "pipeline/executor.h"
 #include "stages/pass_plan.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 
 namespace cnnflow {
 
@@ -91,31 +92,34 @@ BatchLoader::~BatchLoader() = default;
 std::unique_ptr<BatchLoader::Epoch> BatchLoader::Start(int64_t epoch) const {
   std::unique_ptr<Epoch> e(new Epoch());
   e->capacity_ = static_cast<size_t>(options_.prefetch);
-  e->state_ = std::make_unique<RunState>();
-  RunState& state = *e->state_;
-  state.datasets["data"] = data_;
-  state.transform = transform_;
-  state.seed = options_.seed;
-  state.threads = options_.threads;
-  state.epoch = epoch;
-  state.pass = options_.train ? "train" : "eval";
-  state.data_rank = options_.rank;
-  state.data_ranks = options_.world;
-  state.replica_first = options_.rank;  // a process is one replica
-  state.replicas_total = options_.world;
-  state.batch_bytes =
-      options_.batch * data_->sample_shape().numel() * static_cast<int64_t>(sizeof(float));
+  e->control_ = std::make_unique<RunControl>();
+  e->run_.reset(new RunContext{.datasets = {{"data", data_}},
+                               .transform = transform_,
+                               .seed = options_.seed,
+                               .threads = options_.threads,
+                               .control = e->control_.get(),
+                               .data_rank = options_.rank,
+                               .data_ranks = options_.world,
+                               .replica_first = options_.rank,  // a process is one replica
+                               .replicas_total = options_.world});
   Epoch* self = e.get();
-  state.on_batch = [self](const BatchMessage& m, const PassMetrics&) {
-    self->Put(LoadedBatch{m.inputs, m.labels, m.index});
-  };
+  e->pass_.reset(new PassState{
+      .pass = options_.train ? "train" : "eval",
+      .epoch = epoch,
+      .batch_bytes =
+          options_.batch * data_->sample_shape().numel() * static_cast<int64_t>(sizeof(float)),
+      .on_batch =
+          [self](const BatchMessage& m, PassState&) {
+            self->Put(LoadedBatch{m.inputs, m.labels, m.index});
+          },
+  });
   auto arena = std::static_pointer_cast<tbb::task_arena>(arena_);
   GraphSpec graph = LoaderGraph(options_);
   e->thread_ = std::thread([self, arena, graph = std::move(graph)] {
     std::exception_ptr error;
     try {
-      self->state_->pass_start = std::chrono::steady_clock::now();
-      arena->execute([&] { RunGraph(graph, *self->state_); });
+      self->pass_->start = std::chrono::steady_clock::now();
+      arena->execute([&] { RunGraph(graph, *self->run_, *self->pass_); });
     } catch (...) {
       error = std::current_exception();
     }
@@ -155,13 +159,13 @@ void BatchLoader::Epoch::Close() {
     ready_.clear();
     cv_.notify_all();
   }
-  state_->stop_requested = true;  // the sampler stops at its next batch
+  control_->stop_requested = true;  // the sampler stops at its next batch
   if (thread_.joinable()) thread_.join();
 }
 
 std::vector<std::string> BatchLoader::Epoch::bad_records() const {
-  std::lock_guard<std::mutex> lock(state_->bad_records_mu);
-  return state_->bad_records;
+  std::lock_guard<std::mutex> lock(pass_->bad_records_mu);
+  return pass_->bad_records;
 }
 
 BatchLoader::Epoch::~Epoch() { Close(); }

@@ -24,7 +24,9 @@
 
 namespace cnnflow {
 
-struct RunState;
+struct RunContext;
+struct PassState;
+struct RunControl;
 
 // Data set `name` of a config ("train", "test"), opened as the trainer
 // opens it: normalising as it writes each sample when it can (else
@@ -84,7 +86,9 @@ class BatchLoader {
     Epoch() = default;
     void Put(LoadedBatch b);  // from the graph's sink: waits while `prefetch` are ready
 
-    std::unique_ptr<RunState> state_;
+    std::unique_ptr<RunControl> control_;
+    std::unique_ptr<RunContext> run_;
+    std::unique_ptr<PassState> pass_;
     size_t capacity_ = 1;
     mutable std::mutex mu_;
     std::condition_variable cv_;

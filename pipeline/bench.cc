@@ -23,23 +23,22 @@ std::vector<BenchRow> RunScalingBench(const BenchOptions& o) {
     sets.push_back("graph.devices=[" + list + "]");
     sets.push_back("train.accumulate=1");
     Trainer trainer(LoadRunConfig(o.config, sets));
-    RunState& state = trainer.state();
     const GraphSpec& graph = trainer.config().train_graph;
+    const int processes = trainer.context().process_count;
     // Warm-up: pools, caches, thread start-up, first-touch of the buffers.
-    state.max_steps = o.warmup;
-    trainer.RunPass(graph, "train", 0);
+    trainer.RunPass(graph, {.pass = "train", .epoch = 0, .max_batches = o.warmup});
     trainer.replicas().ResetCounters();
-    state.max_steps = o.steps;
     const auto begin = std::chrono::steady_clock::now();
-    const PassMetrics m = trainer.RunPass(graph, "train", 1);
+    const PassMetrics m =
+        trainer.RunPass(graph, {.pass = "train", .epoch = 1, .max_batches = o.steps});
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     const ReplicaSet::Counters& c = trainer.replicas().counters(0);
     BenchRow r;
     r.devices = d;
-    r.processes = state.process_count;
+    r.processes = processes;
     r.steps = m.batches;
-    r.batch = trainer.config().batch * d * state.process_count;
+    r.batch = trainer.config().batch * d * processes;
     r.images_per_s = static_cast<double>(m.samples) / wall;
     r.allreduce_share = c.reduce_wait_seconds / wall;
     // A GPU runs ahead of its host: what counts is the GPU idle between steps.
@@ -61,13 +60,10 @@ namespace {
 
 // Images/s of `steps` training steps after `warmup`.
 double TimeSteps(Trainer& trainer, int64_t warmup, int64_t steps) {
-  RunState& state = trainer.state();
   const GraphSpec& graph = trainer.config().train_graph;
-  state.max_steps = warmup;
-  trainer.RunPass(graph, "train", 0);
-  state.max_steps = steps;
+  trainer.RunPass(graph, {.pass = "train", .epoch = 0, .max_batches = warmup});
   const auto begin = std::chrono::steady_clock::now();
-  const PassMetrics m = trainer.RunPass(graph, "train", 1);
+  const PassMetrics m = trainer.RunPass(graph, {.pass = "train", .epoch = 1, .max_batches = steps});
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   return static_cast<double>(m.samples) / wall;

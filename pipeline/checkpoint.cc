@@ -329,98 +329,122 @@ std::string WriteCheckpoint(const std::string& run_dir, const CheckpointState& s
   return data.string();
 }
 
+namespace {
+
+// What a sidecar says of its data file, and the run's state it records.
+struct Sidecar {
+  std::string data_file;
+  uint64_t data_bytes = 0;
+  std::string crc;
+  size_t model_count = 0, optimizer_count = 0;
+  std::string optimizer_prefix;
+  CheckpointState state;
+};
+
+// The metrics.csv rows a sidecar carries, each as long as its columns.
+void ReadMetrics(const Json& metrics, CheckpointState& s) {
+  for (const Json& c : Field(metrics, "columns", [](const Json& x) { return x.items(); })) {
+    s.metrics_columns.push_back(c.AsString());
+  }
+  const auto rows = Field(metrics, "rows", [](const Json& x) { return x.items(); });
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::vector<double> row;
+    for (const Json& v : rows[r].items()) row.push_back(MetricFromJson(v));
+    if (row.size() != s.metrics_columns.size()) {
+      throw Error(StrCat("metrics row ", r, " has ", row.size(), " values for ",
+                         s.metrics_columns.size(), " columns"));
+    }
+    s.metrics_rows.push_back(std::move(row));
+  }
+}
+
+// Every key of a sidecar, checked (an Error names the key).
+Sidecar ParseSidecar(const Json& j) {
+  if (!j.is_object()) throw Error(StrCat("expected an object, got ", JsonKindName(j.kind())));
+  const std::string format = Field(j, "format", [](const Json& x) { return x.AsString(); });
+  if (format != kFormat) {
+    throw Error(StrCat("key \"format\" is \"", format, "\", expected \"", kFormat, "\""));
+  }
+  const int64_t version = Field(j, "version", [](const Json& x) { return x.AsInt64(); });
+  if (version != kVersion) {
+    throw Error(StrCat("version ", version, " (this cnnflow reads version ", kVersion, ")"));
+  }
+  Sidecar out;
+  out.data_file = Field(j, "data_file", [](const Json& x) { return x.AsString(); });
+  if (out.data_file.empty() || out.data_file.find('/') != std::string::npos) {
+    throw Error(StrCat("key \"data_file\": \"", out.data_file, "\" is not a file name"));
+  }
+  out.data_bytes = Field(j, "data_bytes", [](const Json& x) { return x.AsUint64(); });
+  out.crc = Field(j, "data_crc32", [](const Json& x) { return x.AsString(); });
+  out.model_count = Field(j, "model_tensors", [](const Json& x) { return x.AsUint64(); });
+  out.optimizer_count = Field(j, "optimizer_tensors", [](const Json& x) { return x.AsUint64(); });
+  out.optimizer_prefix = Field(j, "optimizer_prefix", [](const Json& x) { return x.AsString(); });
+
+  CheckpointState& s = out.state;
+  s.epoch = NonNegative(j, "epoch");
+  s.batch_in_epoch = NonNegative(j, "batch_in_epoch");
+  s.global_step = NonNegative(j, "global_step");
+  s.optimizer_step = NonNegative(j, "optimizer_step");
+  s.lr_step = NonNegative(j, "lr_step");
+  s.seed = Field(j, "seed", [](const Json& x) { return x.AsUint64(); });
+  s.config_hash = Field(j, "config_hash", [](const Json& x) { return x.AsString(); });
+  for (const auto& [k, v] : j.At("extra").members()) {
+    try {
+      s.extra[k] = v.AsString();
+    } catch (const Error& e) {
+      throw Error(StrCat("key \"extra\".\"", k, "\": ", e.what()));
+    }
+  }
+  ReadMetrics(j.At("metrics"), s);
+  return out;
+}
+
+}  // namespace
+
 LoadedCheckpoint LoadCheckpoint(const std::string& sidecar_path) {
-  LoadedCheckpoint out;
-  out.sidecar_path = sidecar_path;
-  const fs::path dir = fs::path(sidecar_path).parent_path();
   Json j;
   try {
     j = ParseJson(ReadSmallFile(sidecar_path));
   } catch (const JsonError& e) {
     throw Error(StrCat("sidecar '", sidecar_path, "' is not valid JSON: ", e.what()));
   }
-  std::string data_file;
-  uint64_t data_bytes = 0;
-  std::string crc;
-  size_t model_count = 0, optimizer_count = 0;
-  std::string prefix;
+  Sidecar sidecar;
   try {
-    if (!j.is_object()) throw Error(StrCat("expected an object, got ", JsonKindName(j.kind())));
-    const std::string format = Field(j, "format", [](const Json& x) { return x.AsString(); });
-    if (format != kFormat) {
-      throw Error(StrCat("key \"format\" is \"", format, "\", expected \"", kFormat, "\""));
-    }
-    const int64_t version = Field(j, "version", [](const Json& x) { return x.AsInt64(); });
-    if (version != kVersion) {
-      throw Error(StrCat("version ", version, " (this cnnflow reads version ", kVersion, ")"));
-    }
-    data_file = Field(j, "data_file", [](const Json& x) { return x.AsString(); });
-    if (data_file.empty() || data_file.find('/') != std::string::npos) {
-      throw Error(StrCat("key \"data_file\": \"", data_file, "\" is not a file name"));
-    }
-    data_bytes = Field(j, "data_bytes", [](const Json& x) { return x.AsUint64(); });
-    crc = Field(j, "data_crc32", [](const Json& x) { return x.AsString(); });
-    model_count = Field(j, "model_tensors", [](const Json& x) { return x.AsUint64(); });
-    optimizer_count = Field(j, "optimizer_tensors", [](const Json& x) { return x.AsUint64(); });
-    prefix = Field(j, "optimizer_prefix", [](const Json& x) { return x.AsString(); });
-
-    CheckpointState& s = out.state;
-    s.epoch = NonNegative(j, "epoch");
-    s.batch_in_epoch = NonNegative(j, "batch_in_epoch");
-    s.global_step = NonNegative(j, "global_step");
-    s.optimizer_step = NonNegative(j, "optimizer_step");
-    s.lr_step = NonNegative(j, "lr_step");
-    s.seed = Field(j, "seed", [](const Json& x) { return x.AsUint64(); });
-    s.config_hash = Field(j, "config_hash", [](const Json& x) { return x.AsString(); });
-    for (const auto& [k, v] : j.At("extra").members()) {
-      try {
-        s.extra[k] = v.AsString();
-      } catch (const Error& e) {
-        throw Error(StrCat("key \"extra\".\"", k, "\": ", e.what()));
-      }
-    }
-    const Json& metrics = j.At("metrics");
-    for (const Json& c : Field(metrics, "columns", [](const Json& x) { return x.items(); })) {
-      s.metrics_columns.push_back(c.AsString());
-    }
-    const auto rows = Field(metrics, "rows", [](const Json& x) { return x.items(); });
-    for (size_t r = 0; r < rows.size(); ++r) {
-      std::vector<double> row;
-      for (const Json& v : rows[r].items()) row.push_back(MetricFromJson(v));
-      if (row.size() != s.metrics_columns.size()) {
-        throw Error(StrCat("metrics row ", r, " has ", row.size(), " values for ",
-                           s.metrics_columns.size(), " columns"));
-      }
-      s.metrics_rows.push_back(std::move(row));
-    }
+    sidecar = ParseSidecar(j);
   } catch (const Error& e) {
     throw Error(StrCat("sidecar '", sidecar_path, "': ", e.what()));
   }
+  LoadedCheckpoint out;
+  out.sidecar_path = sidecar_path;
+  out.state = std::move(sidecar.state);
+  out.data_path = (fs::path(sidecar_path).parent_path() / sidecar.data_file).string();
 
-  out.data_path = (dir / data_file).string();
+  // The data file: its size and CRC as the sidecar says, then its tensors.
   const std::string where = StrCat("data file '", out.data_path, "': ");
   std::error_code ec;
   const uintmax_t size = fs::file_size(out.data_path, ec);
   if (ec) throw Error(StrCat(where, "missing (", ec.message(), ")"));
-  if (size != data_bytes) {
-    throw Error(StrCat("data file is ", size, " bytes, sidecar says ", data_bytes, " (",
+  if (size != sidecar.data_bytes) {
+    throw Error(StrCat("data file is ", size, " bytes, sidecar says ", sidecar.data_bytes, " (",
                        out.data_path, ")"));
   }
   const SafetensorsWritten actual = FileSizeAndCrc32(out.data_path);
-  if (actual.bytes != data_bytes || Hex32(actual.crc32) != crc) {
-    throw Error(StrCat("data file's CRC-32 is ", Hex32(actual.crc32), ", sidecar says ", crc, " (",
-                       out.data_path, ")"));
+  if (actual.bytes != sidecar.data_bytes || Hex32(actual.crc32) != sidecar.crc) {
+    throw Error(StrCat("data file's CRC-32 is ", Hex32(actual.crc32), ", sidecar says ",
+                       sidecar.crc, " (", out.data_path, ")"));
   }
   SafetensorsFile file = LoadSafetensors(out.data_path);
-  if (file.tensors.size() != model_count + optimizer_count) {
-    throw Error(StrCat(where, "holds ", file.tensors.size(), " tensors, sidecar says ", model_count,
-                       " model + ", optimizer_count, " optimizer"));
+  const size_t models = sidecar.model_count;
+  if (file.tensors.size() != models + sidecar.optimizer_count) {
+    throw Error(StrCat(where, "holds ", file.tensors.size(), " tensors, sidecar says ", models,
+                       " model + ", sidecar.optimizer_count, " optimizer"));
   }
   // Written model tensors first, then the optimizer's; the loader returns
   // them in data order, which is the written order.
+  const std::string& prefix = sidecar.optimizer_prefix;
   for (size_t i = 0; i < file.tensors.size(); ++i) {
     auto& [n, t] = file.tensors[i];
-    if (i < model_count) {
+    if (i < models) {
       out.model_tensors.emplace_back(std::move(n), std::move(t));
       continue;
     }

@@ -12,7 +12,7 @@
 #include "ops/model.h"
 #include "ops/train/optimizer.h"
 #include "ops/train/weight_average.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
 
 namespace cnnflow {
 

@@ -22,7 +22,7 @@
 
 #include "pipeline/autotune.h"
 #include "pipeline/rank_times.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
 
 namespace cnnflow {
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include "ops/cpu/parallel.h"
@@ -88,14 +89,15 @@ void Trainer::BuildModel(MpiWorld& world) {
 }
 
 Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
+  run_.control = &control_;
   thread_limit_ = std::make_shared<tbb::global_control>(
       tbb::global_control::max_allowed_parallelism, static_cast<size_t>(config_.threads));
   arena_ = cpu::MakeComputeArena(config_.threads, config_.data_parallel.flush_denormals);
 
   MpiWorld& world = MpiWorld::Get();
-  state_.process_rank = world.rank();
-  state_.process_count = world.size();
-  state_.collective_timeout_s = config_.data_parallel.timeout_s;
+  run_.process_rank = world.rank();
+  run_.process_count = world.size();
+  run_.collective_timeout_s = config_.data_parallel.timeout_s;
   world.SetStallWarning(config_.stall_warn_s);
   // The start-up's collectives wait graph.startup_timeout_s, not
   // collective_timeout_s: the config check below, the local replica counts
@@ -131,7 +133,7 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   TimeParamGroups();
   // `init: {weight: whiten}` and the like, once the training data is open.
   init_report_ =
-      InitFromData(config_, state_.dataset("train"), state_.transform, *model_, Tensors().models);
+      InitFromData(config_, run_.dataset("train"), run_.transform, *model_, Tensors().models);
   for (const std::string& note : group_notes)
     init_report_ += StrCat(init_report_.empty() ? "" : "\n", "note: ", note);
   // Before the ema node's average starts from the model (a resume then
@@ -142,17 +144,15 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
                            InitFromWeights(init.weights, init.strict, init.skip, Tensors().models));
   }
 
-  state_.replicas = replicas_.get();
-  state_.pipeline = pipeline_.get();
-  state_.model = model_;
-  state_.accumulate = config_.accumulate;
-  state_.schedule = schedule_.get();
-  state_.seed = config_.seed;
-  state_.threads = config_.threads;
+  run_.replicas = replicas_.get();
+  run_.pipeline = pipeline_.get();
+  run_.model = model_;
+  run_.accumulate = config_.accumulate;
+  run_.schedule = schedule_.get();
+  run_.seed = config_.seed;
+  run_.threads = config_.threads;
   if (config_.autotune) autotuner_ = std::make_unique<Autotuner>();
-  state_.label_smoothing = config_.label_smoothing;
-  state_.max_steps = config_.max_steps;
-  state_.eval_max_steps = config_.eval_max_steps;
+  run_.label_smoothing = config_.label_smoothing;
   BuildWeightAverage();
 }
 
@@ -164,24 +164,24 @@ void Trainer::OpenData() {
   // The processes of a tensor-parallel group that spans processes share
   // one data shard.
   const int group_processes = replicas_ ? replicas_->tensor_parallel_processes() : 1;
-  state_.data_rank = state_.process_rank / group_processes;
-  state_.data_ranks = state_.process_count / group_processes;
-  state_.replica_count = replicas_ ? replicas_->data_parallel() : 1;
-  state_.replica_first = config_.logical_replicas > 0 ? config_.logical_first
-                                                      : state_.data_rank * state_.replica_count;
-  state_.replicas_total = config_.logical_replicas > 0 ? config_.logical_replicas
-                                                       : state_.data_ranks * state_.replica_count;
+  run_.data_rank = run_.process_rank / group_processes;
+  run_.data_ranks = run_.process_count / group_processes;
+  run_.replica_count = replicas_ ? replicas_->data_parallel() : 1;
+  run_.replica_first =
+      config_.logical_replicas > 0 ? config_.logical_first : run_.data_rank * run_.replica_count;
+  run_.replicas_total = config_.logical_replicas > 0 ? config_.logical_replicas
+                                                     : run_.data_ranks * run_.replica_count;
   for (const auto& set : config_.data) {
-    state_.datasets[set.first] = OpenDataSet(config_, set.first, nullptr);
+    run_.datasets[set.first] = OpenDataSet(config_, set.first, nullptr);
   }
-  const Dataset& train = state_.dataset("train");
+  const Dataset& train = run_.dataset("train");
   if (train.sample_shape() != config_.input_shape) {
     throw ShapeError(StrCat(config_.doc.path(), ": model.input is ", config_.input_shape,
                             " but data.train (", train.description(), ") has samples of ",
                             train.sample_shape()));
   }
   if (!config_.normalize_mean.empty()) {
-    state_.transform.AddNormalize(config_.normalize_mean, config_.normalize_std);
+    run_.transform.AddNormalize(config_.normalize_mean, config_.normalize_std);
   }
   const Shape out = model_->output_shape();
   if (out.rank() != 1 || out[0] < train.num_classes()) {
@@ -202,8 +202,8 @@ void Trainer::PlanSchedule() {
   if (plan.batch_samples <= 0) {
     throw ConfigError(StrCat(config_.train_graph.file, ": the train graph has no sampler"));
   }
-  const Dataset& train = state_.dataset("train");
-  const int64_t batch = plan.replica_batch * state_.replicas_total;  // over all processes
+  const Dataset& train = run_.dataset("train");
+  const int64_t batch = plan.replica_batch * run_.replicas_total;  // over all processes
   steps_per_epoch_ = PassPlan(PassBatches(train.size(), batch, plan.drop_last, config_.max_steps),
                               config_.accumulate)
                          .steps();
@@ -286,119 +286,134 @@ void Trainer::BuildWeightAverage() {
     ema_eval_ = plan->eval;
     ema_lookahead_ = plan->lookahead;
   }
-  state_.ema = ema_.get();
+  run_.ema = ema_.get();
 }
 
-PassMetrics Trainer::RunPass(const GraphSpec& graph, const std::string& pass, int64_t epoch,
-                             const BatchObserver& observe) {
-  state_.epoch = epoch;
-  state_.pass = pass;
-  state_.metrics = PassMetrics();
-  state_.bad_records.clear();
-  state_.knobs.clear();
-  state_.lanes = DeviceLanes();  // set by this graph's forward_backward, if it has one
-  state_.batch_bytes = graph.Plan().batch_samples *
-                       state_.dataset(pass == "train" ? "train" : "test").sample_shape().numel() *
-                       static_cast<int64_t>(sizeof(float));
-  Autotuner* tuner = pass == "train" ? autotuner_.get() : nullptr;
-  state_.tuned.clear();  // evaluation runs as configured
+PassMetrics Trainer::RunPass(const GraphSpec& graph, const PassRequest& request) {
+  const bool train = request.pass == "train";
+  Autotuner* tuner = train ? autotuner_.get() : nullptr;
+  std::map<std::string, int64_t> tuned;  // evaluation runs as configured
   if (tuner) {
-    state_.tuned = tuner->values();
+    tuned = tuner->values();
     tuner->StartPass();
   }
-  state_.pass_start = std::chrono::steady_clock::now();
-  state_.on_batch = [this, pass, epoch, tuner, &observe](const BatchMessage& m,
-                                                         const PassMetrics& p) {
-    if (observe) observe(m, p);
-    OnBatch(pass, epoch, tuner, m, p);
-  };
-  state_.sampled = 0;
-  const bool logged = files_ && pass == "train";
+  const Dataset& data = run_.dataset(train ? "train" : "test");
+  pass_.reset(new PassState{
+      .pass = request.pass,
+      .epoch = request.epoch,
+      .max_batches = request.max_batches >= 0 ? request.max_batches
+                     : train                  ? config_.max_steps
+                                              : config_.eval_max_steps,
+      .start_batch = request.start_batch,
+      .stop_batch = request.stop_batch,
+      .global_step = at_.global_step,
+      .batches_done = at_.batches_done,
+      .batch_bytes = graph.Plan().batch_samples * data.sample_shape().numel() *
+                     static_cast<int64_t>(sizeof(float)),
+      .tuned = std::move(tuned),
+      .on_batch =
+          [this, tuner, observe = request.observe](const BatchMessage& m, PassState& pass) {
+            if (observe) observe(m, pass.metrics);
+            OnBatch(tuner, m, pass);
+          },
+  });
+  PassState& pass = *pass_;
+  const bool logged = files_ && train;
   if (logged) files_->StartSegment();
   if (pipeline_) pipeline_->ResetStats();
-  if (replicas_ && pass == "train") replicas_->StartPass();
+  if (replicas_ && train) replicas_->StartPass();
   // In an arena of exactly the run's threads: replicas block while they wait
   // for each other, so each needs a thread of its own, even where `threads`
   // exceeds the cores (the default arena has one slot per core).
-  arena_->execute([&] { RunGraph(graph, state_); });
+  arena_->execute([&] { RunGraph(graph, run_, pass); });
   MpiWorld::EndStartup();  // after a pass that had no training step (evaluation alone)
   if (progress_) progress_->EndPass();
   // Every batch must come out: one that does not is held by a node (a bug),
   // and would silently be missing from training.
-  if (state_.metrics.batches != state_.sampled) {
+  if (pass.metrics.batches != pass.sampled) {
     throw Error(StrCat("graph '", graph.name, "' of ", graph.file, " ended with ",
-                       state_.sampled - state_.metrics.batches, " of ", state_.sampled,
+                       pass.sampled - pass.metrics.batches, " of ", pass.sampled,
                        " batches not delivered to its end"));
   }
-  state_.metrics.skipped = static_cast<int64_t>(state_.bad_records.size());
-  if (logged) files_->EndSegment(state_.metrics.seconds);
-  if (pass == "train" && pipeline_ && state_.metrics.batches > 0) {
-    std::string measured;
-    for (double b : pipeline_->bubble())
-      measured += StrCat(measured.empty() ? "" : ", ", static_cast<int>(100 * b + 0.5), "%");
-    Say(StrCat("pipeline: ", pipeline_->num_stages(), " stages, ",
-               config_.pipeline_options.microbatches, " micro-batches (",
-               PipelineScheduleName(config_.pipeline_options.schedule), "): idle share per stage ",
-               measured, "; theoretical bubble ",
-               static_cast<int>(100 * pipeline_->theoretical_bubble() + 0.5), "%"));
-    std::vector<double> busy_ms;
-    std::vector<std::vector<std::string>> layers;
-    for (int s = 0; s < pipeline_->num_stages(); ++s) {
-      busy_ms.push_back(1e3 * pipeline_->busy_seconds()[s] /
-                        static_cast<double>(state_.metrics.batches));
-      layers.push_back(pipeline_->stage_layers(s));
-    }
-    if (const auto slow = FindSlowStage(busy_ms, layers)) Say(StrCat("pipeline: ", slow->Line()));
-  }
-  // In an MPI job each process trained or evaluated its shard: report the
-  // whole (a shard that processes share counted once). Every process's
-  // totals are gathered and summed in rank order, so the counts stay exact
-  // integers and the loss is one f64 sum in a fixed order, the same on
-  // every rank (an f32 MPI_SUM rounded the loss to 24 bits, and would have
-  // rounded counts above 2^24).
-  MpiWorld& world = MpiWorld::Get();
-  if (world.active()) {
-    PassMetrics& m = state_.metrics;
-    const bool counts = state_.counts_metrics();
-    const double loss_sum = counts ? m.loss_sum : 0.0;
-    uint64_t loss_bits;
-    std::memcpy(&loss_bits, &loss_sum, sizeof loss_bits);
-    auto gather = [&](uint64_t v, const char* what) {
-      return world.AllGather(v, StrCat(pass, " metrics (", what, ")"),
-                             config_.data_parallel.timeout_s);
-    };
-    const auto losses = gather(loss_bits, "loss");
-    const auto correct = gather(counts ? m.correct : 0, "correct");
-    const auto samples = gather(counts ? m.samples : 0, "samples");
-    const auto skipped = gather(counts ? m.skipped : 0, "skipped");
-    m.loss_sum = 0;
-    m.correct = m.samples = m.skipped = 0;
-    for (int r = 0; r < world.size(); ++r) {
-      double l;
-      std::memcpy(&l, &losses[r], sizeof l);
-      m.loss_sum += l;
-      m.correct += static_cast<int64_t>(correct[r]);
-      m.samples += static_cast<int64_t>(samples[r]);
-      m.skipped += static_cast<int64_t>(skipped[r]);
-    }
-  }
-  if (!state_.bad_records.empty()) {
-    std::string list;
-    for (size_t i = 0; i < state_.bad_records.size() && i < 10; ++i)
-      list += "\n  " + state_.bad_records[i];
-    Say(StrCat("skipped ", state_.bad_records.size(), " bad record(s) in the ", pass,
-               " pass of epoch ", epoch + 1, ":", list,
-               state_.bad_records.size() > 10 ? "\n  ..." : ""));
-  }
-  return state_.metrics;
+  at_.global_step = pass.global_step;
+  at_.batches_done = pass.batches_done;
+  pass.metrics.skipped = static_cast<int64_t>(pass.bad_records.size());
+  if (logged) files_->EndSegment(pass.metrics.seconds);
+  if (train && pipeline_ && pass.metrics.batches > 0) ReportPipeline(pass);
+  GatherMetrics(pass);
+  ReportBadRecords(pass);
+  return pass.metrics;
 }
 
-void Trainer::OnBatch(const std::string& pass, int64_t epoch, Autotuner* tuner,
-                      const BatchMessage& m, const PassMetrics& p) {
-  if (batch_observer_ && pass == "train") batch_observer_(m, p);
-  if (files_ && pass == "train") {  // as the metrics stage adds to p
+void Trainer::ReportPipeline(const PassState& pass) {
+  std::string measured;
+  for (double b : pipeline_->bubble())
+    measured += StrCat(measured.empty() ? "" : ", ", static_cast<int>(100 * b + 0.5), "%");
+  Say(StrCat("pipeline: ", pipeline_->num_stages(), " stages, ",
+             config_.pipeline_options.microbatches, " micro-batches (",
+             PipelineScheduleName(config_.pipeline_options.schedule), "): idle share per stage ",
+             measured, "; theoretical bubble ",
+             static_cast<int>(100 * pipeline_->theoretical_bubble() + 0.5), "%"));
+  std::vector<double> busy_ms;
+  std::vector<std::vector<std::string>> layers;
+  for (int s = 0; s < pipeline_->num_stages(); ++s) {
+    busy_ms.push_back(1e3 * pipeline_->busy_seconds()[s] /
+                      static_cast<double>(pass.metrics.batches));
+    layers.push_back(pipeline_->stage_layers(s));
+  }
+  if (const auto slow = FindSlowStage(busy_ms, layers)) Say(StrCat("pipeline: ", slow->Line()));
+}
+
+// In an MPI job each process trained or evaluated its shard: the pass's
+// totals become the whole's (a shard that processes share counted once).
+// Every process's totals are gathered and summed in rank order, so the
+// counts stay exact integers and the loss is one f64 sum in a fixed order,
+// the same on every rank (an f32 MPI_SUM rounded the loss to 24 bits, and
+// would have rounded counts above 2^24).
+void Trainer::GatherMetrics(PassState& pass) {
+  MpiWorld& world = MpiWorld::Get();
+  if (!world.active()) return;
+  PassMetrics& m = pass.metrics;
+  const bool counts = run_.counts_metrics();
+  const double loss_sum = counts ? m.loss_sum : 0.0;
+  uint64_t loss_bits;
+  std::memcpy(&loss_bits, &loss_sum, sizeof loss_bits);
+  auto gather = [&](uint64_t v, const char* what) {
+    return world.AllGather(v, StrCat(pass.pass, " metrics (", what, ")"),
+                           config_.data_parallel.timeout_s);
+  };
+  const auto losses = gather(loss_bits, "loss");
+  const auto correct = gather(counts ? m.correct : 0, "correct");
+  const auto samples = gather(counts ? m.samples : 0, "samples");
+  const auto skipped = gather(counts ? m.skipped : 0, "skipped");
+  m.loss_sum = 0;
+  m.correct = m.samples = m.skipped = 0;
+  for (int r = 0; r < world.size(); ++r) {
+    double l;
+    std::memcpy(&l, &losses[r], sizeof l);
+    m.loss_sum += l;
+    m.correct += static_cast<int64_t>(correct[r]);
+    m.samples += static_cast<int64_t>(samples[r]);
+    m.skipped += static_cast<int64_t>(skipped[r]);
+  }
+}
+
+void Trainer::ReportBadRecords(const PassState& pass) {
+  const std::vector<std::string>& bad = pass.bad_records;
+  if (bad.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < bad.size() && i < 10; ++i) list += "\n  " + bad[i];
+  Say(StrCat("skipped ", bad.size(), " bad record(s) in the ", pass.pass, " pass of epoch ",
+             pass.epoch + 1, ":", list, bad.size() > 10 ? "\n  ..." : ""));
+}
+
+void Trainer::OnBatch(Autotuner* tuner, const BatchMessage& m, PassState& pass) {
+  const PassMetrics& p = pass.metrics;
+  const bool train = pass.training();
+  if (batch_observer_ && train) batch_observer_(m, p);
+  if (files_ && train) {  // as the metrics stage adds to p
     files_->AddBatch(m.loss, m.correct, static_cast<int64_t>(m.labels.size()));
-    if (config_.log_every > 0 && !m.dropped && state_.plan.EndsWindow(m.index) &&
+    if (config_.log_every > 0 && !m.dropped && pass.plan.EndsWindow(m.index) &&
         (m.global_step + 1) % config_.log_every == 0) {
       checkpoints_->Guard([&] {
         files_->StepScalars(m.global_step + 1, m.epoch + 1, m.lr, m.step_busy_seconds,
@@ -408,23 +423,21 @@ void Trainer::OnBatch(const std::string& pass, int64_t epoch, Autotuner* tuner,
   }
   if (tuner) {
     for (const AutotuneDecision& d :
-         tuner->Observe(state_.knobs, p.samples, p.seconds, m.step_busy_seconds)) {
+         tuner->Observe(pass.knobs, p.samples, p.seconds, m.step_busy_seconds)) {
       Say(d.ToString());
       if (files_) checkpoints_->Guard([&] { files_->Autotune(d); });
     }
   }
   if (progress_ == nullptr) return;
-  progress_->Batch(pass, epoch + 1, passes_, m.index + 1, state_.plan.batches(), p.mean_loss(),
-                   p.accuracy(), p.samples_per_second(), p.seconds);
+  progress_->Batch(pass.pass, pass.epoch + 1, passes_, m.index + 1, pass.plan.batches(),
+                   p.mean_loss(), p.accuracy(), p.samples_per_second(), p.seconds);
 }
 
 PassMetrics Trainer::Evaluate() {
-  if (state_.datasets.count("test") == 0) throw ConfigError("no data.test set to evaluate on");
-  const int64_t saved = state_.eval_max_steps;
-  state_.eval_max_steps = 0;  // `cnnflow eval` covers the whole test set
-  PassMetrics m = RunPass(config_.eval_graph, "eval", state_.epoch);
-  state_.eval_max_steps = saved;
-  return m;
+  if (run_.datasets.count("test") == 0) throw ConfigError("no data.test set to evaluate on");
+  // `cnnflow eval` covers the whole test set.
+  return RunPass(config_.eval_graph,
+                 {.pass = "eval", .epoch = pass_ ? pass_->epoch : 0, .max_batches = 0});
 }
 
 std::string Trainer::ResolvedConfigText() const {
@@ -440,12 +453,12 @@ std::string Trainer::ResolvedConfigText() const {
 // the rows each training step and evaluation gives a replica.
 void Trainer::ShareKernelPicks(MpiWorld& world) {
   const GraphPlan plan = config_.train_graph.Plan();
-  std::vector<int64_t> sizes = ReplicaBatchSizes(state_.dataset("train").size(), plan.replica_batch,
-                                                 state_.replicas_total, plan.drop_last);
-  if (state_.datasets.count("test")) {
+  std::vector<int64_t> sizes = ReplicaBatchSizes(run_.dataset("train").size(), plan.replica_batch,
+                                                 run_.replicas_total, plan.drop_last);
+  if (run_.datasets.count("test")) {
     const std::vector<int64_t> eval =
-        EvalBatchSizes(state_.dataset("test").size(), config_.eval_graph.Plan().batch_samples,
-                       config_.batch, state_.data_ranks);
+        EvalBatchSizes(run_.dataset("test").size(), config_.eval_graph.Plan().batch_samples,
+                       config_.batch, run_.data_ranks);
     sizes.insert(sizes.end(), eval.begin(), eval.end());
   }
   cnnflow::ShareKernelPicks(replicas_->model(0), sizes, world, config_.data_parallel.timeout_s);
@@ -461,7 +474,7 @@ std::string Trainer::RunIdentityText() const {
   if (!root["graph"].IsMap()) root["graph"] = YAML::Node(YAML::NodeType::Map);
   for (const char* key : {"devices", "collective_timeout_s", "startup_timeout_s", "stall_warn_s"})
     root["graph"].remove(key);
-  root["graph"]["logical_replicas"] = state_.replicas_total;
+  root["graph"]["logical_replicas"] = run_.replicas_total;
   YAML::Emitter e;
   e << root;
   return std::string(e.c_str()) + "\n";
@@ -475,17 +488,13 @@ std::pair<double, double> Trainer::StepCounters() const {
 
 void Trainer::Resume(const std::string& run_dir) {
   at_ = checkpoints_->Resume(run_dir, Tensors(), [this](const std::string& l) { Say(l); });
-  state_.global_step = at_.global_step;
-  state_.batches_done = at_.batches_done;
   run_dir_ = run_dir;
   resumed_ = true;
 }
 
 void Trainer::SaveCheckpoint(int64_t epoch, const PassMetrics& partial) {
-  if (state_.process_rank != 0) return;
+  if (run_.process_rank != 0) return;
   at_.epoch = epoch;
-  at_.global_step = state_.global_step;
-  at_.batches_done = state_.batches_done;
   at_.partial_train = partial;
   at_.metrics_rows = files_->metrics_rows();
   at_.log_window = files_->WindowState();
@@ -497,15 +506,14 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     run_dir_ = run_dir.empty() ? MakeRunDir(config_.output_dir, config_.name) : run_dir;
     if (!init_report_.empty()) Say(init_report_);
   }
-  if (state_.process_rank == 0) {  // only process 0 writes files
+  if (run_.process_rank == 0) {  // only process 0 writes files
     checkpoints_->Guard([&] {
       files_ = std::make_unique<RunFiles>(
           run_dir_,
           StrCat("# resolved config of run ", config_.name, " (from ", config_.doc.path(), ")\n",
                  ResolvedConfigText()),
-          autotuner_ != nullptr,
-          resumed_ ? std::optional<int64_t>(state_.global_step) : std::nullopt, at_.metrics_rows,
-          at_.batch_in_epoch > 0 ? at_.log_window : "");
+          autotuner_ != nullptr, resumed_ ? std::optional<int64_t>(at_.global_step) : std::nullopt,
+          at_.metrics_rows, at_.batch_in_epoch > 0 ? at_.log_window : "");
     });
   }
   MemoryPool& pool = PoolFor(Device::Cpu());
@@ -513,7 +521,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
   if (model_->device().is_cuda()) PoolFor(model_->device()).ResetPeak();
   double train_seconds = 0;  // this run's training passes
   EpochReport report;
-  for (int64_t epoch = at_.epoch; epoch < passes_ && !state_.stop_requested; ++epoch) {
+  for (int64_t epoch = at_.epoch; epoch < passes_ && !control_.stop_requested; ++epoch) {
     report.epoch = epoch + 1;
     const auto [busy0, reduce0] = StepCounters();
     if (files_) files_->StartEpoch(busy0, reduce0);
@@ -521,15 +529,15 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     if (replicas_) rank_times_.Start(*replicas_);
     report.train = TrainEpoch(epoch);
     train_seconds += report.train.seconds;
-    report.lr = schedule_->At(std::max<int64_t>(state_.global_step - 1, 0));
-    if (state_.stop_requested) break;
+    report.lr = schedule_->At(std::max<int64_t>(at_.global_step - 1, 0));
+    if (control_.stop_requested) break;
     at_.batch_in_epoch = 0;
     FinishEpoch(epoch, report, busy0, reduce0, gpu_idle0);
   }
   ReportMemory(train_seconds);
   // Lookahead ends on the average (the last steps since its last update
   // are folded away), as the speed runs' final update does.
-  if (ema_ && ema_lookahead_ && !state_.stop_requested) {
+  if (ema_ && ema_lookahead_ && !control_.stop_requested) {
     for (int r = 0; r < replicas_->size(); ++r) ema_->CopyTo(replicas_->model(r));
   }
   if (files_) {
@@ -542,27 +550,30 @@ EpochReport Trainer::Train(const std::string& run_dir) {
 }
 
 PassMetrics Trainer::TrainEpoch(int64_t epoch) {
-  state_.max_steps = config_.max_steps;
+  int64_t cut = config_.max_steps;
   if (epoch + 1 == passes_ && last_pass_batches_ > 0) {
-    state_.max_steps = config_.max_steps > 0 ? std::min(config_.max_steps, last_pass_batches_)
-                                             : last_pass_batches_;
+    cut = config_.max_steps > 0 ? std::min(config_.max_steps, last_pass_batches_)
+                                : last_pass_batches_;
   }
   PassMetrics train = at_.partial_train;
   at_.partial_train = PassMetrics();
   // Optimizer steps between checkpoints, in batches (whole accumulation windows).
   const int64_t every = config_.checkpoint_every * config_.accumulate;
   for (;;) {
-    state_.start_batch = at_.batch_in_epoch;
-    state_.stop_batch = every > 0 ? (at_.batch_in_epoch / every + 1) * every : 0;
-    const int64_t before = state_.batches_done;
-    const PassMetrics part = RunPass(config_.train_graph, "train", epoch);
+    const int64_t before = at_.batches_done;
+    const PassMetrics part =
+        RunPass(config_.train_graph,
+                {.pass = "train",
+                 .epoch = epoch,
+                 .max_batches = cut,
+                 .start_batch = at_.batch_in_epoch,
+                 .stop_batch = every > 0 ? (at_.batch_in_epoch / every + 1) * every : 0});
     train.Merge(part);
     train.seconds += part.seconds;
-    at_.batch_in_epoch += state_.batches_done - before;
-    state_.start_batch = state_.stop_batch = 0;
-    if (at_.batch_in_epoch >= state_.plan.batches()) break;
+    at_.batch_in_epoch += at_.batches_done - before;
+    if (at_.batch_in_epoch >= pass_->plan.batches()) break;
     SaveCheckpoint(epoch, train);  // mid-epoch: every N steps, or stopped by a signal
-    if (state_.stop_requested) break;
+    if (control_.stop_requested) break;
   }
   return train;
 }
@@ -574,19 +585,19 @@ void Trainer::FinishEpoch(int64_t epoch, EpochReport& report, double busy0, doub
       replicas_ ? rank_times_.Finish(*replicas_, MpiWorld::Get(), config_.data_parallel.timeout_s)
                 : std::nullopt;
   if (ranks) MpiWorld::Get().SetStallWarning(StallWarnSeconds(config_.stall_warn_s, ranks->ranks));
-  const bool has_test = state_.datasets.count("test") != 0;
+  const bool has_test = run_.datasets.count("test") != 0;
   const bool tested = has_test && (epoch + 1 == passes_ || (epoch + 1) % config_.eval_every == 0);
   if (tested) {
     // On the averaged weights, with an ema node that says so.
     const bool averaged = ema_ && ema_eval_;
     if (averaged) ema_->Swap(*model_);
-    report.test = RunPass(config_.eval_graph, "eval", epoch);
+    report.test = RunPass(config_.eval_graph, {.pass = "eval", .epoch = epoch});
     if (averaged) ema_->Swap(*model_);
   }
   if (files_) {
     EpochRecord r;
     r.epoch = report.epoch;
-    r.global_step = state_.global_step;
+    r.global_step = at_.global_step;
     r.train = report.train;
     if (tested) r.test = report.test;
     r.lr = report.lr;

@@ -18,7 +18,8 @@
 #include "pipeline/rank_times.h"
 #include "pipeline/run_config.h"
 #include "pipeline/run_files.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 
 namespace cnnflow {
 
@@ -26,6 +27,21 @@ struct EpochReport {
   int64_t epoch = 0;
   PassMetrics train, test;
   double lr = 0;
+};
+
+// Sees each batch at the end of a graph, with its pass's totals so far.
+using BatchObserver = std::function<void(const BatchMessage&, const PassMetrics&)>;
+
+// One pass for Trainer::RunPass: "train" or "eval" of `epoch`, from batch
+// start_batch (a resumed epoch) to before stop_batch (0: the end; where a
+// checkpoint is due), cut after max_batches (-1: the config's
+// train.max_steps or eval_max_steps; 0: the whole set).
+struct PassRequest {
+  std::string pass = "train";
+  int64_t epoch = 0;
+  int64_t max_batches = -1;
+  int64_t start_batch = 0, stop_batch = 0;
+  BatchObserver observe;
 };
 
 class Trainer {
@@ -45,12 +61,10 @@ class Trainer {
   void Resume(const std::string& run_dir);
   // One evaluation pass over the test set.
   PassMetrics Evaluate();
-  // Runs `graph` once as pass "train" or "eval" of `epoch` (the tuner runs
-  // its own graphs through this too); `observe`, when given, sees each batch
-  // at the end of the graph with the pass's totals so far.
-  using BatchObserver = std::function<void(const BatchMessage&, const PassMetrics&)>;
-  PassMetrics RunPass(const GraphSpec& graph, const std::string& pass, int64_t epoch,
-                      const BatchObserver& observe = {});
+  // Runs `graph` once as the pass `request` names (the tuner and the
+  // benchmarks run their own graphs through this too). A training pass
+  // moves the run's step count.
+  PassMetrics RunPass(const GraphSpec& graph, const PassRequest& request);
   // Loads weights (and BN buffers) by name from a safetensors file; with a
   // prefix, the tensors named prefix + name ("ema.": the weight average).
   void LoadWeights(const std::string& path, const std::string& prefix = "");
@@ -58,7 +72,9 @@ class Trainer {
   Model& model() { return *model_; }
   ReplicaSet& replicas() { return *replicas_; }          // data parallel (no graph.pipeline)
   PipelineModel* pipeline() { return pipeline_.get(); }  // graph.pipeline, else null
-  RunState& state() { return state_; }
+  const RunContext& context() const { return run_; }
+  RunControl& control() { return control_; }
+  int64_t global_step() const { return at_.global_step; }  // optimizer steps done
   const RunConfig& config() const { return config_; }
   const std::string& run_dir() const { return run_dir_; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
@@ -74,7 +90,7 @@ class Trainer {
   // checkpoints, model.safetensors and a state_dict hold.
   TrainedTensors Tensors();
   // Asks a running Train to stop after the current step (signal handlers).
-  void RequestStop() { state_.stop_requested = true; }
+  void RequestStop() { control_.stop_requested = true; }
 
   // A summary for `cnnflow validate` (pipeline/validate_report.h).
   std::string Describe() const;
@@ -89,9 +105,13 @@ class Trainer {
   void TimeParamGroups();
   void BuildWeightAverage();
   // What each batch at the end of a pass is told to (the run's logs, the
-  // autotuner, the progress line).
-  void OnBatch(const std::string& pass, int64_t epoch, Autotuner* tuner, const BatchMessage& m,
-               const PassMetrics& p);
+  // autotuner, which may move the pass's knobs, the progress line).
+  void OnBatch(Autotuner* tuner, const BatchMessage& m, PassState& pass);
+  // A pass's ends: the pipeline's bubble and slowest stage, the totals of
+  // every process, the bad records it skipped.
+  void ReportPipeline(const PassState& pass);
+  void GatherMetrics(PassState& pass);
+  void ReportBadRecords(const PassState& pass);
   // The train pass of `epoch`, in segments that end at checkpoints.
   PassMetrics TrainEpoch(int64_t epoch);
   // Its evaluation and logs: the epoch's row, scalars and line.
@@ -117,7 +137,9 @@ class Trainer {
   std::unique_ptr<PipelineModel> pipeline_;  // instead, with graph.pipeline
   Model* model_ = nullptr;                   // replica 0's
   std::unique_ptr<LrSchedule> schedule_;
-  RunState state_;
+  RunControl control_;
+  RunContext run_;                   // set by the constructor
+  std::unique_ptr<PassState> pass_;  // the pass running, or the last one
   int64_t steps_per_epoch_ = 0;
   // train.epochs in passes: the last is cut to last_pass_batches_ when
   // epochs has a fraction (0: whole).
@@ -126,8 +148,7 @@ class Trainer {
   int64_t last_pass_batches_ = 0;
   std::string run_dir_;
   bool resumed_ = false;
-  // Where training stands (moved by Resume and Train; steps and batches
-  // done are state_'s).
+  // Where training stands (moved by Resume and each training pass).
   TrainPosition at_;
   Progress* progress_ = nullptr;
   std::string init_report_;

@@ -116,13 +116,13 @@ TuneReport TuneLoader(Trainer& trainer, const std::vector<int64_t>& load_threads
                       int64_t warmup) {
   CNNFLOW_ENFORCE(!load_threads.empty() && !prefetch.empty() && steps > 0 && rounds > 0,
                   "tune needs settings, steps and rounds");
-  RunState& state = trainer.state();
+  const RunControl& control = trainer.control();
   const RunConfig& config = trainer.config();
   if (warmup < 0) warmup = std::max<int64_t>(5, steps / 5);
-  const int64_t saved_steps = state.max_steps;
-  state.max_steps = warmup + steps;
   const double batch_mb =
-      static_cast<double>(config.batch * state.dataset("train").sample_shape().numel() * 4) / 1e6;
+      static_cast<double>(config.batch * trainer.context().dataset("train").sample_shape().numel() *
+                          4) /
+      1e6;
 
   struct Timing {
     double images_per_s = 0, loader_cores = 0;
@@ -132,16 +132,17 @@ TuneReport TuneLoader(Trainer& trainer, const std::vector<int64_t>& load_threads
   auto run = [&](const GraphSpec& g) {
     double t0 = -1, t1 = 0;
     int64_t n0 = 0, n1 = 0, cpu0 = 0, cpu1 = 0;
-    trainer.RunPass(g, "train", 0, [&](const BatchMessage& m, const PassMetrics& p) {
+    auto observe = [&](const BatchMessage& m, const PassMetrics& p) {
       if (m.sequence + 1 == warmup) {
         t0 = p.seconds;
         n0 = p.samples;
-        cpu0 = state.loader_cpu_ns.load();
+        cpu0 = control.loader_cpu_ns.load();
       }
       t1 = p.seconds;
       n1 = p.samples;
-      cpu1 = state.loader_cpu_ns.load();
-    });
+      cpu1 = control.loader_cpu_ns.load();
+    };
+    trainer.RunPass(g, {.pass = "train", .max_batches = warmup + steps, .observe = observe});
     CNNFLOW_ENFORCE(t0 >= 0 && t1 > t0, "tune: the data set has fewer than ", warmup + 1,
                     " batches; lower --steps");
     return Timing{static_cast<double>(n1 - n0) / (t1 - t0),
@@ -175,7 +176,6 @@ TuneReport TuneLoader(Trainer& trainer, const std::vector<int64_t>& load_threads
       alone_cores[i].push_back(alone.loader_cores);
     }
   }
-  state.max_steps = saved_steps;
 
   for (size_t i = 0; i < n; ++i) {
     TuneSetting& s = report.settings[i];

@@ -243,7 +243,7 @@ class PyRun {
     }
     every_steps_ = every_steps;
     window_ = {};
-    trainer_->state().stop_requested = false;
+    trainer_->control().stop_requested = false;
     thread_ = std::thread([this, run_dir] {
       std::exception_ptr error;
       try {
@@ -299,7 +299,7 @@ class PyRun {
     if (!thread_.joinable()) return;
     trainer_->RequestStop();
     Join();
-    trainer_->state().stop_requested = false;  // evaluate() and a next fit() run whole
+    trainer_->control().stop_requested = false;  // evaluate() and a next fit() run whole
   }
 
   void Join() {
@@ -351,13 +351,13 @@ class PyRun {
     ExportOptions options;
     options.name = trainer_->config().name;
     options.doc = StrCat("cnnflow config ", trainer_->config().name, " (", path_,
-                         "), weights of cnnflow.Run at step ", trainer_->state().global_step);
+                         "), weights of cnnflow.Run at step ", trainer_->global_step());
     WriteOnnx(ExportModel(trainer_->model(), options), out);
   }
 
   const std::string& run_dir() const { return trainer_->run_dir(); }
   int64_t steps_per_epoch() const { return trainer_->steps_per_epoch(); }
-  int64_t global_step() const { return trainer_->state().global_step; }
+  int64_t global_step() const { return trainer_->global_step(); }
 
  private:
   void Idle(const char* what) {

@@ -16,7 +16,8 @@
 #include "ops/collectives/collective_mpi.h"
 #include "ops/trace.h"
 #include "stages/lanes.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
@@ -26,27 +27,27 @@ class AllReduceStage final : public Stage {
  public:
   AllReduceStage(const StageInfo& info, const Args&) : Stage(info) {}
 
-  StagePorts Build(FlowGraph& g, RunState& state) override {
+  StagePorts Build(FlowGraph& g, const RunContext& run, PassState& pass) override {
     StagePorts ports;
-    if (state.pipeline != nullptr) {
+    if (run.pipeline != nullptr) {
       lanes_ = std::make_unique<LaneNodes>(
-          g, state.pipeline->num_stages(),
-          [this, &state](int s, BatchMessage& m) {
+          g, run.pipeline->num_stages(),
+          [this, &run](int s, BatchMessage& m) {
             Guarded([&] {
-              if (m.dropped || state.process_count == 1) return;
+              if (m.dropped || run.process_count == 1) return;
               const TraceSpan span("allreduce-wait", "wait for gradient sums");
-              state.pipeline->FinishGradientSum(s, MpiWorld::Get(), state.collective_timeout_s);
+              run.pipeline->FinishGradientSum(s, MpiWorld::Get(), run.collective_timeout_s);
             });
           },
           ports);
       return ports;
     }
-    CNNFLOW_ENFORCE(state.replicas != nullptr, "allreduce needs replicas or a pipeline");
+    CNNFLOW_ENFORCE(run.replicas != nullptr, "allreduce needs replicas or a pipeline");
     lanes_ = std::make_unique<LaneNodes>(
-        g, state.replicas->size(),
-        [this, &state](int r, BatchMessage& m) {
+        g, run.replicas->size(),
+        [this, &run, &pass](int r, BatchMessage& m) {
           Guarded([&] {
-            if (!m.dropped && state.plan.EndsWindow(m.index)) state.replicas->WaitForReductions(r);
+            if (!m.dropped && pass.plan.EndsWindow(m.index)) run.replicas->WaitForReductions(r);
           });
         },
         ports);

@@ -3,7 +3,7 @@
 // exponential moving average (ops/train/weight_average.h; the replicas hold the
 // same weights). In the lane, before the gather lets the replica's next
 // batch in, so no step can change the weights under it. The average is the
-// trainer's (RunState::ema): it lives across epochs, goes into every
+// trainer's (RunContext::ema): it lives across epochs, goes into every
 // checkpoint (a resumed run continues it bitwise) and into model.safetensors
 // as "ema.<layer>.<tensor>", and with `eval: true` each evaluation runs on it.
 //
@@ -19,7 +19,8 @@
 
 #include "ops/train/weight_average.h"
 #include "stages/lanes.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
@@ -30,23 +31,23 @@ class EmaStage final : public Stage {
   EmaStage(const StageInfo& info, const Args& args)
       : Stage(info), lookahead_(args.Bool("lookahead")) {}
 
-  StagePorts Build(FlowGraph& g, RunState& state) override {
-    CNNFLOW_ENFORCE(state.replicas != nullptr && state.ema != nullptr,
+  StagePorts Build(FlowGraph& g, const RunContext& run, PassState& pass) override {
+    CNNFLOW_ENFORCE(run.replicas != nullptr && run.ema != nullptr,
                     "ema needs data-parallel replicas (not a pipeline)");
-    const int n = state.replicas->size();
+    const int n = run.replicas->size();
     copies_.clear();
     copies_.resize(n);
     if (lookahead_) {
-      for (int r = 1; r < n; ++r) copies_[r] = state.ema->CopyFor(state.replicas->model(r));
+      for (int r = 1; r < n; ++r) copies_[r] = run.ema->CopyFor(run.replicas->model(r));
     }
     StagePorts ports;
     lanes_ = std::make_unique<LaneNodes>(
-        g, state, n,
-        [this, &state](int r, BatchMessage& m) {
+        g, run, pass, n,
+        [this, &run, &pass](int r, BatchMessage& m) {
           Guarded([&] {
-            if (m.dropped || !state.plan.EndsWindow(m.index) || (r != 0 && !lookahead_)) return;
-            Model& model = state.replicas->model(r);
-            WeightAverage& average = r == 0 ? *state.ema : *copies_[r];
+            if (m.dropped || !pass.plan.EndsWindow(m.index) || (r != 0 && !lookahead_)) return;
+            Model& model = run.replicas->model(r);
+            WeightAverage& average = r == 0 ? *run.ema : *copies_[r];
             if (average.UpdateAfter(model, m.global_step + 1) && lookahead_) {
               average.CopyTo(model);
             }

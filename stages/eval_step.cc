@@ -20,7 +20,8 @@
 #include "ops/device_ops.h"
 #include "ops/loss.h"
 #include "ops/trace.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
@@ -77,13 +78,13 @@ class EvalStepStage final : public Stage {
     }
   }
 
-  StagePorts Build(FlowGraph& g, RunState& state) override {
+  StagePorts Build(FlowGraph& g, const RunContext& run, PassState&) override {
     node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
-        g, tbb::flow::serial, [this, &state](const Message& m) {
+        g, tbb::flow::serial, [this, &run](const Message& m) {
           return Guarded([&] {
             if (m->labels.empty()) return m;  // every record was bad and skipped
             const TraceSpan span("eval", "eval batch");
-            Evaluate(state, *m);
+            Evaluate(run, *m);
             return m;
           });
         });
@@ -96,9 +97,9 @@ class EvalStepStage final : public Stage {
   // activations as each forward goes: the memory of a forward of
   // micro_batch_ rows, not of the whole batch.
   // With tensor parallelism every member of group 0 runs the forward.
-  void Evaluate(RunState& state, BatchMessage& m) const {
-    Model& model = *state.model;
-    const uint64_t seed = state.seed;
+  void Evaluate(const RunContext& run, BatchMessage& m) const {
+    Model& model = *run.model;
+    const uint64_t seed = run.seed;
     const Device device = model.device();
     const int64_t n = m.inputs.dim(0);
     const int64_t chunk = micro_batch_ > 0 ? std::min(micro_batch_, n) : n;
@@ -116,11 +117,11 @@ class EvalStepStage final : public Stage {
       label_data = labels.data<int64_t>();
     }
     auto forward = [&](const Tensor& x) -> const Tensor& {
-      return state.replicas != nullptr && state.replicas->tensor_parallel() > 1
-                 ? state.replicas->Infer(x, ctx)
+      return run.replicas != nullptr && run.replicas->tensor_parallel() > 1
+                 ? run.replicas->Infer(x, ctx)
                  : model.Forward(x, ctx);
     };
-    auto run = [&](int64_t b, int64_t e) {
+    auto rows_loss = [&](int64_t b, int64_t e) {
       if (views_.size() == 1) {
         const Tensor& x = e - b == n ? inputs : inputs.Slice(b, e);
         return SoftmaxCrossEntropyAsync(forward(x), label_data + b, nullptr)->Get();
@@ -147,7 +148,7 @@ class EvalStepStage final : public Stage {
       return SoftmaxCrossEntropyAsync(mean, label_data + b, nullptr)->Get();
     };
     if (chunk == n) {  // one forward: its mean loss as it is
-      const LossResult r = run(0, n);
+      const LossResult r = rows_loss(0, n);
       m.loss = r.loss;
       m.correct = r.correct;
       return;
@@ -155,7 +156,7 @@ class EvalStepStage final : public Stage {
     PassMetrics sum;  // of the chunks
     for (int64_t b = 0; b < n; b += chunk) {
       const int64_t e = std::min(n, b + chunk);
-      const LossResult r = run(b, e);
+      const LossResult r = rows_loss(b, e);
       sum.Add(r.loss, r.correct, e - b);
     }
     m.loss = sum.mean_loss();

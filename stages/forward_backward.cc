@@ -7,18 +7,21 @@
 //          each replica's rows to its GPU (ops/cuda/batch_stager.h), so that copy
 //          runs while the replica is still computing the previous batch;
 // gate r:  admits replica r's next batch once the optimizer stage is done
-//          with its previous one (RunState::lanes): until then its
+//          with its previous one (PassState::lanes): until then its
 //          parameters are being reduced and updated;
 // replica: forward, loss and backward of its shard in its own task arena.
 //          At the last micro-batch of an accumulation window, each gradient
 //          bucket is all-reduced as soon as backward has filled it, and the
 //          BN buffers are broadcast after (the allreduce stage waits for
-//          them). Emits the batch on lane r.
+//          them). Leaves its loss in PassState::lanes and emits the batch on
+//          lane r.
 #include <tbb/flow_graph.h>
 
+#include "ops/cuda/batch_stager.h"
 #include "ops/test_fault.h"
 #include "ops/trace.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
@@ -28,26 +31,23 @@ class ForwardBackwardStage final : public Stage {
  public:
   ForwardBackwardStage(const StageInfo& info, const Args&) : Stage(info) {}
 
-  StagePorts Build(FlowGraph& g, RunState& state) override {
+  StagePorts Build(FlowGraph& g, const RunContext& run, PassState& pass) override {
     using namespace tbb::flow;
-    CNNFLOW_ENFORCE(state.replicas != nullptr, "forward_backward needs replicas");
-    const int n = state.replicas->size();
+    CNNFLOW_ENFORCE(run.replicas != nullptr, "forward_backward needs replicas");
+    const int n = run.replicas->size();
     stagers_.clear();
     for (int r = 0; r < n; ++r) {
-      const Device d = state.replicas->device(r);
+      const Device d = run.replicas->device(r);
       stagers_.push_back(d.is_cuda() ? std::make_unique<BatchStager>(d) : nullptr);
     }
     split_ = std::make_unique<function_node<Message, Message>>(
-        g, serial, [this, n, &state](const Message& m) {
+        g, serial, [this, n, &run](const Message& m) {
           return Guarded([&] {
-            m->replica_loss.assign(n, 0.0);
-            m->replica_correct.assign(n, 0);
-            m->staged.assign(n, nullptr);
-            m->replica_pending.assign(n, nullptr);
             for (int r = 0; r < n; ++r) {
-              const auto [b, e] = ReplicaRows(state, *m, r);
+              const auto [b, e] = ReplicaRows(run, *m, r);
               if (stagers_[r] && e > b) {
-                m->staged[r] = stagers_[r]->Stage(m->inputs.Slice(b, e), m->labels.data() + b);
+                staged_.Put(m->index, r, n,
+                            stagers_[r]->Stage(m->inputs.Slice(b, e), m->labels.data() + b));
               }
             }
             return m;
@@ -55,23 +55,23 @@ class ForwardBackwardStage final : public Stage {
         });
     StagePorts ports;
     ports.input = split_.get();
-    state.lanes.release.assign(n, nullptr);
+    pass.lanes.release.assign(n, nullptr);
     for (int r = 0; r < n; ++r) {
       queues_.push_back(std::make_unique<queue_node<Message>>(g));
       gates_.push_back(std::make_unique<limiter_node<Message>>(g, 1));
       replicas_.push_back(std::make_unique<function_node<Message, Message>>(
-          g, serial, [this, r, &state](const Message& m) {
+          g, serial, [this, r, n, &run, &pass](const Message& m) {
             return Guarded([&] {
               if (r == 0) Tracer::AtStep(m->global_step);  // cnnflow train --trace: its window
               const TraceSpan span("step", [r] { return StrCat("replica ", r); });
-              Run(state, r, *m);
+              Run(run, pass, r, n, *m);
               return m;
             });
           }));
       make_edge(*split_, *queues_.back());
       make_edge(*queues_.back(), *gates_.back());
       make_edge(*gates_.back(), *replicas_.back());
-      state.lanes.release[r] = [gate = gates_.back().get()] {
+      pass.lanes.release[r] = [gate = gates_.back().get()] {
         gate->decrementer().try_put(continue_msg());
       };
       ports.lane_outputs.push_back(replicas_.back().get());
@@ -80,9 +80,11 @@ class ForwardBackwardStage final : public Stage {
   }
 
  private:
-  static void Run(RunState& s, int r, BatchMessage& m) {
-    ReplicaSet& set = *s.replicas;
-    const int64_t stop_after = s.stop_after_step.load();
+  void Run(const RunContext& run, PassState& pass, int r, int n, BatchMessage& m) {
+    ReplicaSet& set = *run.replicas;
+    // Rows staged to replica r's GPU, if any (a dropped batch's, freed).
+    std::shared_ptr<BatchStager::Staged> staged = staged_.Take(m.index, r);
+    const int64_t stop_after = run.control->stop_after_step.load();
     if (stop_after >= 0 && m.global_step > stop_after) {
       m.dropped = true;
       return;
@@ -91,19 +93,19 @@ class ForwardBackwardStage final : public Stage {
       MaybeInjectTestFault(m.global_step);
       MaybeSlowTestStart(m.global_step);
     }
-    const auto [b, e] = ReplicaRows(s, m, r);
+    const auto [b, e] = ReplicaRows(run, m, r);
     // The gradient of the mean loss over the window's batches of all
     // replicas of all processes (the global batch's rows, however they fall
     // on the processes); buckets are summed. The members of a
     // tensor-parallel group train on the same rows: each takes 1/T (its
     // split layers scale their own parts back, ops/parallel/tensor_parallel.h).
-    const int64_t global = GlobalRows(s, m);
+    const int64_t global = GlobalRows(run, m);
     const double scale = global > 0 ? 1.0 / (static_cast<double>(global) * set.tensor_parallel() *
-                                             static_cast<double>(s.plan.WindowBatches(m.index)))
+                                             static_cast<double>(pass.plan.WindowBatches(m.index)))
                                     : 0.0;
     ForwardContext ctx;
     ctx.training = true;
-    ctx.seed = s.seed;
+    ctx.seed = run.seed;
     ctx.step = m.micro_step;
     ctx.sample_ids = m.sample_ids.data() + b;
     LabelMix mix;
@@ -111,21 +113,21 @@ class ForwardBackwardStage final : public Stage {
       mix.other = m.mix_labels.data() + b;
       mix.weight = m.mix_weights.data() + b;
     }
-    std::shared_ptr<BatchStager::Staged> staged = std::move(m.staged[r]);
     if (staged) staged->WaitForCopy();
     const ReplicaSet::Result res = set.ForwardBackward(
         r, staged ? staged->inputs() : m.inputs.Slice(b, e), m.labels.data() + b, ctx, scale,
-        s.label_smoothing, s.plan.EndsWindow(m.index), staged ? staged->labels() : nullptr,
+        run.label_smoothing, pass.plan.EndsWindow(m.index), staged ? staged->labels() : nullptr,
         m.mix_labels.empty() ? nullptr : &mix);
     if (staged) staged->Release();  // every kernel that reads the rows is issued
     // A group's rows count once, from its member 0.
     const bool counts = set.tensor_parallel_member(r) == 0;
-    m.replica_loss[r] = counts ? res.loss_sum : 0;
-    m.replica_correct[r] = counts ? res.correct : 0;
-    m.replica_pending[r] = res.pending;
+    pass.lanes.results.Put(m.index, r, n,
+                           {counts ? res.loss_sum : 0, counts ? res.correct : 0, res.pending});
   }
 
   std::vector<std::unique_ptr<BatchStager>> stagers_;  // per replica; null on a CPU
+  // Each GPU replica's rows, on their way to its GPU, by batch.
+  LaneSlots<std::shared_ptr<BatchStager::Staged>> staged_;
   std::unique_ptr<tbb::flow::function_node<Message, Message>> split_;
   std::vector<std::unique_ptr<tbb::flow::queue_node<Message>>> queues_;
   std::vector<std::unique_ptr<tbb::flow::limiter_node<Message>>> gates_;

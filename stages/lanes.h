@@ -2,9 +2,9 @@
 // their end.
 //
 // LaneGather: once every replica is done with a batch, sums the loss and
-// the correct count over the replicas, advances the run's position, and
-// passes the batch on. Each lane's message also lets that replica's next
-// batch into forward_backward (RunState::lanes): nothing after this point
+// the correct count the lanes left (PassState::lanes), advances the run's
+// position, and passes the batch on. Each lane's message also lets that
+// replica's next batch into forward_backward: nothing after this point
 // touches its parameters. A per-device stage that may end the lanes
 // (optimizer, ema) offers one as StagePorts::gather_inputs and ::output;
 // the executor wires the stage's lanes into it unless they go on to another
@@ -18,28 +18,29 @@
 #include <vector>
 
 #include "ops/parallel/data_parallel.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
 
 class LaneGather {
  public:
-  LaneGather(tbb::flow::graph& g, RunState& state, int lanes)
-      : node_(g, tbb::flow::serial, [this, &state, lanes](const LaneMessage& m, auto& out) {
+  LaneGather(tbb::flow::graph& g, const RunContext& run, PassState& pass, int lanes)
+      : node_(g, tbb::flow::serial, [this, &run, &pass, lanes](const LaneMessage& m, auto& out) {
           // The replica is done with the batch: its next one may start.
-          CNNFLOW_ENFORCE(m.lane < static_cast<int>(state.lanes.release.size()),
+          CNNFLOW_ENFORCE(m.lane < static_cast<int>(pass.lanes.release.size()),
                           "no forward_backward or pipeline_stage node feeds these lanes");
-          if (m.lane == 0 && state.replicas != nullptr && !state.replicas->device(0).is_cuda()) {
+          if (m.lane == 0 && run.replicas != nullptr && !run.replicas->device(0).is_cuda()) {
             // Read before the release: then replica 0 is between batches.
-            const ReplicaSet::Counters& c = state.replicas->counters(0);
+            const ReplicaSet::Counters& c = run.replicas->counters(0);
             m.batch->step_busy_seconds = c.compute_seconds() + c.reduce_wait_seconds;
             m.batch->step_reduce_wait_seconds = c.reduce_wait_seconds;
           }
-          state.lanes.release[m.lane]();
+          pass.lanes.release[m.lane]();
           if (++arrived_[m.batch->index] < lanes) return;
           arrived_.erase(m.batch->index);
-          Gather(state, lanes, *m.batch);
+          Gather(run, pass, lanes, *m.batch);
           std::get<0>(out).try_put(m.batch);
         }) {
     for (int r = 0; r < lanes; ++r) {
@@ -64,32 +65,32 @@ class LaneGather {
     Message batch;
   };
 
-  static void Gather(RunState& state, int n, BatchMessage& m) {
+  static void Gather(const RunContext& run, PassState& pass, int n, BatchMessage& m) {
     const int64_t rows = static_cast<int64_t>(m.labels.size());
-    // GPU losses are read here, off the replicas' threads, so the replicas
-    // go on issuing the next batch meanwhile.
-    for (int r = 0; r < n; ++r) {
-      if (!m.replica_pending[r]) continue;
-      const LossResult lr = m.replica_pending[r]->Get();
-      m.replica_pending[r].reset();
-      CheckLossFinite(lr.loss, m.global_step);
-      const auto [b, e] = ReplicaRows(state, m, r);
-      m.replica_loss[r] = lr.loss * static_cast<double>(e - b);
-      m.replica_correct[r] = lr.correct;
-    }
     double loss = 0;
     m.correct = 0;
+    std::vector<LaneResult> results = pass.lanes.results.TakeAll(m.index, n);
     for (int r = 0; r < n; ++r) {
-      loss += m.replica_loss[r];
-      m.correct += m.replica_correct[r];
+      LaneResult& lane = results[r];
+      // GPU losses are read here, off the replicas' threads, so the
+      // replicas go on issuing the next batch meanwhile.
+      if (lane.pending) {
+        const LossResult lr = lane.pending->Get();
+        CheckLossFinite(lr.loss, m.global_step);
+        const auto [b, e] = ReplicaRows(run, m, r);
+        lane.loss_sum = lr.loss * static_cast<double>(e - b);
+        lane.correct = lr.correct;
+      }
+      loss += lane.loss_sum;
+      m.correct += lane.correct;
     }
     m.loss = rows == 0 ? 0 : loss / static_cast<double>(rows);
     if (m.dropped) {  // counts nowhere: the run stopped before it
       m.labels.clear();
       m.correct = 0;
     } else {
-      state.batches_done = state.plan.MicroStep(m.index) + 1;
-      if (state.plan.EndsWindow(m.index)) state.global_step = state.plan.GlobalStep(m.index) + 1;
+      pass.batches_done = pass.plan.MicroStep(m.index) + 1;
+      if (pass.plan.EndsWindow(m.index)) pass.global_step = pass.plan.GlobalStep(m.index) + 1;
     }
   }
 
@@ -99,8 +100,8 @@ class LaneGather {
 };
 
 // One serial node per lane, lane r running body(r, message) on each batch,
-// as lanes in and out of `ports` (the per-device stages' shape); with
-// `state`, their LaneGather too, for a stage that may end the lanes.
+// as lanes in and out of `ports` (the per-device stages' shape); given the
+// run and the pass, their LaneGather too, for a stage that may end the lanes.
 class LaneNodes {
  public:
   template <typename Body>
@@ -116,9 +117,10 @@ class LaneNodes {
     }
   }
   template <typename Body>
-  LaneNodes(tbb::flow::graph& g, RunState& state, int lanes, Body body, StagePorts& ports)
+  LaneNodes(tbb::flow::graph& g, const RunContext& run, PassState& pass, int lanes, Body body,
+            StagePorts& ports)
       : LaneNodes(g, lanes, std::move(body), ports) {
-    gather_ = std::make_unique<LaneGather>(g, state, lanes);
+    gather_ = std::make_unique<LaneGather>(g, run, pass, lanes);
     gather_->AddTo(ports);
   }
 

@@ -20,7 +20,8 @@
 
 #include "ops/trace.h"
 #include "stages/adjustable_limiter.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
@@ -58,13 +59,13 @@ class LoadBatchStage final : public Stage {
     if (slice_ <= 0) throw ConfigError(StrCat("slice must be > 0, got ", slice_));
   }
 
-  StagePorts Build(FlowGraph& g, RunState& state) override {
+  StagePorts Build(FlowGraph& g, const RunContext& run, PassState& pass) override {
     using namespace tbb::flow;
-    const Dataset* data = &state.dataset(data_);
+    const Dataset* data = &run.dataset(data_);
     const std::string knob = info().node + ".threads";
     int64_t threads = threads_;
-    if (auto it = state.tuned.find(knob); it != state.tuned.end()) threads = it->second;
-    const int64_t max_threads = std::max(threads_, state.threads);
+    if (auto it = pass.tuned.find(knob); it != pass.tuned.end()) threads = it->second;
+    const int64_t max_threads = std::max(threads_, run.threads);
     threads = std::clamp<int64_t>(threads, 1, max_threads);
 
     split_ = std::make_unique<multifunction_node<Message, std::tuple<Slice>>>(
@@ -74,25 +75,25 @@ class LoadBatchStage final : public Stage {
     queue_ = std::make_unique<queue_node<Slice>>(g);
     limiter_ = std::make_unique<AdjustableLimiter<Slice>>(g, threads, max_threads);
     decode_ = std::make_unique<multifunction_node<Slice, std::tuple<Message>>>(
-        g, unlimited, [this, data, &state](const Slice& s, auto& out) {
+        g, unlimited, [this, data, &run, &pass](const Slice& s, auto& out) {
           Guarded([&] {
             const int64_t cpu0 = ThreadCpuNs();
             {
               const TraceSpan span("load", "decode slice");
-              Decode(*data, state, s);
+              Decode(*data, run, pass, s);
             }
             limiter_->Release();
             const bool last = s.work->slices_left.fetch_sub(1) == 1;
-            if (last) Assemble(*data, state, *s.work);
-            state.loader_cpu_ns += ThreadCpuNs() - cpu0;
+            if (last) Assemble(*data, pass, *s.work);
+            run.control->loader_cpu_ns += ThreadCpuNs() - cpu0;
             if (last) std::get<0>(out).try_put(s.work->batch);
           });
         });
     make_edge(output_port<0>(*split_), *queue_);
     make_edge(*queue_, limiter_->node());
     make_edge(limiter_->node(), *decode_);
-    state.knobs.push_back({knob, threads, 1, max_threads, /*doubling=*/false,
-                           [this](int64_t v) { return limiter_->SetLimit(v); }});
+    pass.knobs.push_back({knob, threads, 1, max_threads, /*doubling=*/false,
+                          [this](int64_t v) { return limiter_->SetLimit(v); }});
 
     StagePorts ports;
     ports.input = split_.get();
@@ -121,22 +122,23 @@ class LoadBatchStage final : public Stage {
     }
   }
 
-  void Decode(const Dataset& data, const RunState& state, const Slice& s) const {
+  void Decode(const Dataset& data, const RunContext& run, const PassState& pass,
+              const Slice& s) const {
     BatchMessage& m = *s.work->batch;
     const Shape sample = data.sample_shape();
     const int64_t per = sample.numel();
-    const ReadContext ctx{state.seed, m.epoch, state.pass == "train"};
+    const ReadContext ctx{run.seed, m.epoch, pass.training()};
     float* dst = m.inputs.data<float>();
     const bool normalize = !data.normalizes();  // else the source did
     for (int64_t i = s.begin; i < s.end; ++i) {
       ReadResult& r = s.work->results[static_cast<size_t>(i)];
       r = data.Read(m.sample_ids[i], ctx, dst + i * per);
-      if (r.ok() && normalize) state.transform.Apply(dst + i * per, sample);
+      if (r.ok() && normalize) run.transform.Apply(dst + i * per, sample);
     }
   }
 
   // Keeps the good samples, in order.
-  void Assemble(const Dataset& data, RunState& state, BatchWork& work) const {
+  void Assemble(const Dataset& data, PassState& pass, BatchWork& work) const {
     BatchMessage& m = *work.batch;
     const int64_t n = static_cast<int64_t>(m.sample_ids.size());
     const int64_t per = data.sample_shape().numel();
@@ -149,8 +151,8 @@ class LoadBatchStage final : public Stage {
         const std::string what =
             StrCat(data.Key(m.sample_ids[i]), " (sample ", m.sample_ids[i], "): ", r.error);
         if (!skip_bad_) throw Error(StrCat("bad record ", what, " (on_bad_record: fail)"));
-        std::lock_guard<std::mutex> lock(state.bad_records_mu);
-        state.bad_records.push_back(what);
+        std::lock_guard<std::mutex> lock(pass.bad_records_mu);
+        pass.bad_records.push_back(what);
         continue;
       }
       if (kept != i) std::copy_n(dst + i * per, per, dst + kept * per);

@@ -7,8 +7,6 @@
 #include <memory>
 #include <vector>
 
-#include "ops/cuda/batch_stager.h"
-#include "ops/loss.h"
 #include "ops/tensor.h"
 
 namespace cnnflow {
@@ -22,7 +20,7 @@ struct BatchMessage {
   int64_t micro_step = 0;           // batches before this one, over all epochs
   std::vector<int64_t> sample_ids;  // the loader drops those of bad records
   // Training: the rows of this step's global batch over all processes, as
-  // sampled; this process holds its part RunState::ProcessRows(global_rows).
+  // sampled; this process holds its part RunContext::ProcessRows(global_rows).
   // 0 (an evaluation, a padded sampler): each
   // process's rows x processes.
   int64_t global_rows = 0;
@@ -33,18 +31,11 @@ struct BatchMessage {
   // of mix_labels[i] (empty: the labels alone).
   std::vector<int64_t> mix_labels;
   std::vector<float> mix_weights;
-  // Set by the step's split for GPU replicas: each replica's rows, on their
-  // way to its GPU (null for a CPU replica or an empty shard).
-  std::vector<std::shared_ptr<BatchStager::Staged>> staged;
   // Set by the step.
   double loss = 0;  // mean over the batch
   int64_t correct = 0;
   double lr = 0;
-  bool dropped = false;              // not trained: every process agreed to stop before it
-  std::vector<double> replica_loss;  // loss sums of the replicas' shards
-  // GPU replicas' losses on their way back (read by the step's gather).
-  std::vector<std::shared_ptr<PendingLoss>> replica_pending;
-  std::vector<int64_t> replica_correct;
+  bool dropped = false;  // not trained: every process agreed to stop before it
   // Set by the lanes' gather for CPU replicas: replica 0's busy seconds
   // (compute and waiting for reductions) over the run so far, as it
   // finished this batch; what is left of the wall time the step waited for

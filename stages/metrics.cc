@@ -2,7 +2,7 @@
 // the pass totals and reports progress.
 #include <tbb/flow_graph.h>
 
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
@@ -12,18 +12,17 @@ class MetricsStage final : public Stage {
  public:
   MetricsStage(const StageInfo& info, const Args&) : Stage(info) {}
 
-  StagePorts Build(FlowGraph& g, RunState& state) override {
+  StagePorts Build(FlowGraph& g, const RunContext&, PassState& pass) override {
     node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
-        g, tbb::flow::serial, [this, &state](const Message& m) {
+        g, tbb::flow::serial, [this, &pass](const Message& m) {
           return Guarded([&] {
-            PassMetrics& p = state.metrics;
+            PassMetrics& p = pass.metrics;
             const auto n = static_cast<int64_t>(m->labels.size());
             p.Add(m->loss, m->correct, n);
             p.batches += 1;
-            p.seconds =
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - state.pass_start)
-                    .count();
-            if (state.on_batch) state.on_batch(*m, p);
+            p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - pass.start)
+                            .count();
+            if (pass.on_batch) pass.on_batch(*m, pass);
             return m;
           });
         });

@@ -15,7 +15,7 @@
 #include <cmath>
 
 #include "ops/random.h"
-#include "stages/run_state.h"
+#include "stages/run_context.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
@@ -52,11 +52,11 @@ class MixStage final : public Stage {
     }
   }
 
-  StagePorts Build(FlowGraph& g, RunState& state) override {
+  StagePorts Build(FlowGraph& g, const RunContext& run, PassState&) override {
     node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
-        g, tbb::flow::serial, [this, &state](const Message& m) {
+        g, tbb::flow::serial, [this, seed = run.seed](const Message& m) {
           return Guarded([&] {
-            Mix(state.seed, *m);
+            Mix(seed, *m);
             return m;
           });
         });

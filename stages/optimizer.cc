@@ -13,7 +13,8 @@
 #include "ops/parallel/data_parallel.h"
 #include "ops/trace.h"
 #include "stages/lanes.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
@@ -23,21 +24,20 @@ class OptimizerStage final : public Stage {
  public:
   OptimizerStage(const StageInfo& info, const Args&) : Stage(info) {}
 
-  StagePorts Build(FlowGraph& g, RunState& state) override {
-    CNNFLOW_ENFORCE(
-        (state.replicas != nullptr || state.pipeline != nullptr) && state.schedule != nullptr,
-        "optimizer needs replicas or a pipeline, and a schedule");
-    const int n = state.pipeline ? state.pipeline->num_stages() : state.replicas->size();
+  StagePorts Build(FlowGraph& g, const RunContext& run, PassState& pass) override {
+    CNNFLOW_ENFORCE((run.replicas != nullptr || run.pipeline != nullptr) && run.schedule != nullptr,
+                    "optimizer needs replicas or a pipeline, and a schedule");
+    const int n = run.pipeline ? run.pipeline->num_stages() : run.replicas->size();
     StagePorts ports;
     lanes_ = std::make_unique<LaneNodes>(
-        g, state, n,
-        [this, &state](int r, BatchMessage& m) {
+        g, run, pass, n,
+        [this, &run, &pass](int r, BatchMessage& m) {
           Guarded([&] {
-            if (m.dropped || !state.plan.EndsWindow(m.index)) return;
-            if (state.pipeline) {
-              StepPipeline(state, r, m);
+            if (m.dropped || !pass.plan.EndsWindow(m.index)) return;
+            if (run.pipeline) {
+              StepPipeline(run, r, m);
             } else {
-              Step(state, r, m);
+              Step(run, r, m);
             }
           });
         },
@@ -46,7 +46,7 @@ class OptimizerStage final : public Stage {
   }
 
  private:
-  static void Step(RunState& s, int r, BatchMessage& m) {
+  static void Step(const RunContext& s, int r, BatchMessage& m) {
     ReplicaSet& set = *s.replicas;
     const double lr = s.schedule->At(m.global_step);
     if (r == 0) m.lr = lr;  // the lanes run at once
@@ -58,7 +58,7 @@ class OptimizerStage final : public Stage {
     // steps: they agree after each step, so that all stop after the same
     // one (else their collectives would no longer match); a process's
     // replicas agree the same way (no collective for one replica).
-    if (set.AgreeStop(r, s.stop_requested.load())) StopAfter(s, m);
+    if (set.AgreeStop(r, s.control->stop_requested.load())) StopAfter(*s.control, m);
     StartupDone();
   }
 
@@ -69,12 +69,12 @@ class OptimizerStage final : public Stage {
   static void StartupDone() { MpiWorld::EndStartup(); }
 
   // Every process agreed to stop: after this step.
-  static void StopAfter(RunState& s, const BatchMessage& m) {
-    s.stop_after_step = m.global_step;
-    s.stop_requested = true;
+  static void StopAfter(RunControl& control, const BatchMessage& m) {
+    control.stop_after_step = m.global_step;
+    control.stop_requested = true;
   }
 
-  static void StepPipeline(RunState& s, int stage, BatchMessage& m) {
+  static void StepPipeline(const RunContext& s, int stage, BatchMessage& m) {
     // A process with no rows (a short last batch's empty part) steps with
     // the others' summed gradients all the same.
     if (m.labels.empty() && s.process_count == 1) return;
@@ -89,9 +89,9 @@ class OptimizerStage final : public Stage {
     // The stop agreement, as above, once per step: after stage 0's gradient
     // sum, the last collective of the step on every process.
     if (s.process_count > 1) {
-      float stop = s.stop_requested.load() ? 1.0f : 0.0f;
+      float stop = s.control->stop_requested.load() ? 1.0f : 0.0f;
       MpiWorld::Get().AllReduceSum(&stop, 1, "stop request", s.collective_timeout_s);
-      if (stop > 0) StopAfter(s, m);
+      if (stop > 0) StopAfter(*s.control, m);
     }
     StartupDone();
   }

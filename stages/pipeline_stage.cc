@@ -5,7 +5,7 @@
 //
 // gate:    one batch at a time in the pipeline: the next enters once every
 //          stage's lane has left the graph's lanes (its optimizer step is
-//          done, RunState::lanes);
+//          done, PassState::lanes);
 // split:   cuts the batch into micro-batches and tells every stage;
 // stage s: runs its actions in the schedule's order (gpipe | 1f1b), each as
 //          soon as its input has come: forward of micro-batch i after the
@@ -23,7 +23,8 @@
 #include "ops/collectives/collective_mpi.h"
 #include "ops/parallel/pipeline_model.h"
 #include "ops/trace.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
@@ -51,16 +52,16 @@ class PipelineStageStage final : public Stage {
  public:
   PipelineStageStage(const StageInfo& info, const Args&) : Stage(info) {}
 
-  StagePorts Build(FlowGraph& g, RunState& state) override {
+  StagePorts Build(FlowGraph& g, const RunContext& run, PassState& pass) override {
     using namespace tbb::flow;
-    CNNFLOW_ENFORCE(state.pipeline != nullptr,
+    CNNFLOW_ENFORCE(run.pipeline != nullptr,
                     "pipeline_stage needs graph.pipeline in the config (the model's stages)");
-    PipelineModel& p = *state.pipeline;
+    PipelineModel& p = *run.pipeline;
     const int n = p.num_stages();
     queue_ = std::make_unique<queue_node<Message>>(g);
     gate_ = std::make_unique<limiter_node<Message>>(g, 1);
-    split_ = std::make_unique<SplitNode>(g, serial, [this, &state](const Message& m, auto& out) {
-      Guarded([&] { Begin(state, *m); });
+    split_ = std::make_unique<SplitNode>(g, serial, [this, &run](const Message& m, auto& out) {
+      Guarded([&] { Begin(run, *m); });
       // One message for all stages (port 0 goes to each).
       std::get<0>(out).try_put(StageMessage{StageMessage::kBegin, ++serial_, 0, m});
     });
@@ -68,7 +69,7 @@ class PipelineStageStage final : public Stage {
     make_edge(*gate_, *split_);
     cursors_.assign(n, StageCursor());
     released_ = 0;
-    state.lanes.release.assign(n, [this, n] {
+    pass.lanes.release.assign(n, [this, n] {
       if (++released_ < n) return;
       released_ = 0;
       gate_->decrementer().try_put(continue_msg());
@@ -77,8 +78,8 @@ class PipelineStageStage final : public Stage {
     ports.input = queue_.get();
     for (int s = 0; s < n; ++s) {
       stages_.push_back(std::make_unique<StageNode>(
-          g, serial, [this, s, &state](const StageMessage& msg, auto& out) {
-            Guarded([&] { Run(state, s, msg, out); });
+          g, serial, [this, s, &run, &pass](const StageMessage& msg, auto& out) {
+            Guarded([&] { Run(run, pass, s, msg, out); });
           }));
       ports.lane_outputs.push_back(&output_port<2>(*stages_.back()));
     }
@@ -97,12 +98,9 @@ class PipelineStageStage final : public Stage {
   using StageNode =
       tbb::flow::multifunction_node<StageMessage, std::tuple<StageMessage, StageMessage, Message>>;
 
-  void Begin(RunState& s, BatchMessage& m) {
-    const int64_t stop_after = s.stop_after_step.load();
+  void Begin(const RunContext& s, BatchMessage& m) {
+    const int64_t stop_after = s.control->stop_after_step.load();
     const int n = s.pipeline->num_stages();
-    m.replica_loss.assign(n, 0.0);
-    m.replica_correct.assign(n, 0);
-    m.replica_pending.assign(n, nullptr);
     if (stop_after >= 0 && m.global_step > stop_after) {  // every process stopped before it
       m.dropped = true;
       return;
@@ -126,8 +124,8 @@ class PipelineStageStage final : public Stage {
   }
 
   template <typename Out>
-  void Run(RunState& state, int s, const StageMessage& msg, Out& out) {
-    PipelineModel& p = *state.pipeline;
+  void Run(const RunContext& run, PassState& pass, int s, const StageMessage& msg, Out& out) {
+    PipelineModel& p = *run.pipeline;
     const int n = p.num_stages();
     StageCursor& c = cursors_[s];
     BatchMessage& m = *msg.batch;
@@ -168,11 +166,10 @@ class PipelineStageStage final : public Stage {
       if (last) {
         // Started before the previous stage can finish, so every process
         // starts them in the same order (stage S-1 first).
-        if (state.process_count > 1) p.StartGradientSum(s, MpiWorld::Get());
-        if (s + 1 == n) {
+        if (run.process_count > 1) p.StartGradientSum(s, MpiWorld::Get());
+        if (s + 1 == n) {  // the batch's loss, for the lanes' gather
           const PipelineModel::Result r = p.StepResult();
-          m.replica_loss[s] = r.loss_sum;
-          m.replica_correct[s] = r.correct;
+          pass.lanes.results.Put(m.index, s, n, {r.loss_sum, r.correct, nullptr});
         }
       }
       if (s > 0) {
@@ -184,9 +181,8 @@ class PipelineStageStage final : public Stage {
     std::get<2>(out).try_put(msg.batch);
   }
 
-  int64_t serial_ = 0;    // batches that entered the pipeline
-  int microbatches_ = 0;  // of the batch in the pipeline (0: nothing to do)  // of the batch in the
-                          // pipeline (0: nothing to do)
+  int64_t serial_ = 0;                // batches that entered the pipeline
+  int microbatches_ = 0;              // of the batch in the pipeline (0: nothing to do)
   std::vector<StageCursor> cursors_;  // by stage; each touched by its node only
   std::atomic<int> released_{0};      // lanes done with the batch in the pipeline
   std::unique_ptr<tbb::flow::queue_node<Message>> queue_;

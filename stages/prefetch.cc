@@ -8,7 +8,8 @@
 #include <cmath>
 
 #include "stages/adjustable_limiter.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
@@ -22,31 +23,31 @@ class PrefetchStage final : public Stage {
     if (memory_mb_ < 0) throw ConfigError(StrCat("memory_mb must be >= 0, got ", memory_mb_));
   }
 
-  StagePorts Build(FlowGraph& g, RunState& state) override {
-    state_ = &state;
+  StagePorts Build(FlowGraph& g, const RunContext& run, PassState& pass) override {
+    control_ = run.control;
     // Without a budget, autotuning may go up to 4x the configured depth.
     int64_t max_depth = std::max<int64_t>(depth_, std::min<int64_t>(4 * depth_, 32));
-    if (memory_mb_ > 0 && state.batch_bytes > 0) {
-      const auto fit = static_cast<int64_t>(std::floor(memory_mb_ * 1e6 / state.batch_bytes));
+    if (memory_mb_ > 0 && pass.batch_bytes > 0) {
+      const auto fit = static_cast<int64_t>(std::floor(memory_mb_ * 1e6 / pass.batch_bytes));
       if (fit < 1) {
         throw ConfigError(StrCat("memory_mb ", memory_mb_, " holds no batch: one batch is ",
-                                 state.batch_bytes / 1e6, " MB"));
+                                 pass.batch_bytes / 1e6, " MB"));
       }
       max_depth = fit;
     }
     const std::string knob = info().node + ".depth";
     int64_t depth = std::min(depth_, max_depth);
-    if (auto it = state.tuned.find(knob); it != state.tuned.end()) depth = it->second;
+    if (auto it = pass.tuned.find(knob); it != pass.tuned.end()) depth = it->second;
     depth = std::clamp<int64_t>(depth, 1, max_depth);
     limiter_ = std::make_unique<AdjustableLimiter<Message>>(g, depth, max_depth);
-    state.knobs.push_back({knob, depth, 1, max_depth, /*doubling=*/true,
-                           [this](int64_t v) { return limiter_->SetLimit(v); }});
+    pass.knobs.push_back({knob, depth, 1, max_depth, /*doubling=*/true,
+                          [this](int64_t v) { return limiter_->SetLimit(v); }});
     // Counts what passed the limiter (for reports and the bound's test).
     count_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
-        g, tbb::flow::unlimited, [&state](const Message& m) {
-          const int64_t now = ++state.in_flight;
-          int64_t seen = state.max_in_flight.load();
-          while (now > seen && !state.max_in_flight.compare_exchange_weak(seen, now)) {
+        g, tbb::flow::unlimited, [control = control_](const Message& m) {
+          const int64_t now = ++control->in_flight;
+          int64_t seen = control->max_in_flight.load();
+          while (now > seen && !control->max_in_flight.compare_exchange_weak(seen, now)) {
           }
           return m;
         });
@@ -59,14 +60,14 @@ class PrefetchStage final : public Stage {
   }
 
   void Release() override {
-    --state_->in_flight;
+    --control_->in_flight;
     limiter_->Release();
   }
 
  private:
   int64_t depth_;
   double memory_mb_;
-  RunState* state_ = nullptr;
+  RunControl* control_ = nullptr;
   std::unique_ptr<AdjustableLimiter<Message>> limiter_;
   std::unique_ptr<tbb::flow::function_node<Message, Message>> count_;
 };

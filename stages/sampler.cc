@@ -5,7 +5,8 @@
 
 #include <tbb/flow_graph.h>
 
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 #include "stages/stage.h"
 
 namespace cnnflow {
@@ -25,64 +26,64 @@ class SamplerStage final : public Stage {
     if (batch_ <= 0) throw ConfigError(StrCat("batch must be > 0, got ", batch_));
   }
 
-  StagePorts Build(FlowGraph& g, RunState& state) override {
-    const Dataset& data = state.dataset(data_);
+  StagePorts Build(FlowGraph& g, const RunContext& run, PassState& pass) override {
+    const Dataset& data = run.dataset(data_);
     SamplerOptions opt;
     opt.dataset_size = data.size();
     opt.shuffle = shuffle_;
-    opt.seed = state.seed;
+    opt.seed = run.seed;
     // Each process trains its part of every global batch (the last, short
     // one cut as in-process replicas would cut it) and evaluates (every
     // sample once) its shard; the trainer sums the metrics.
-    opt.rank = state.data_rank;
-    opt.world_size = state.data_ranks;
-    const bool train = state.pass == "train";
+    opt.rank = run.data_rank;
+    opt.world_size = run.data_ranks;
+    const bool train = pass.training();
     opt.uneven = !train;
     // The global batch does not depend on the process count (unless padded
     // round-robin shards were asked for): one replica's batch for each of
     // the run's replicas, this process taking its replicas' blocks.
     if (!pad_) {
-      if (train && replicas_ != state.replica_count) {
+      if (train && replicas_ != run.replica_count) {
         throw ConfigError(StrCat("sampler: replicas is ", replicas_, " but this process trains ",
-                                 state.replica_count, " data-parallel replicas ($graph.replicas)"));
+                                 run.replica_count, " data-parallel replicas ($graph.replicas)"));
       }
       opt.block = replica_batch_;
-      opt.blocks = state.replicas_total;
-      opt.first_block = state.replica_first;
-      opt.rank_blocks = state.replica_count;
+      opt.blocks = run.replicas_total;
+      opt.first_block = run.replica_first;
+      opt.rank_blocks = run.replica_count;
     }
     ShardedSampler sampler(opt);
-    order_ = sampler.EpochIndices(state.epoch);
+    order_ = sampler.EpochIndices(pass.epoch);
     // Training in blocks counts the global batches, so every process runs
     // each step, an empty part included; otherwise each process counts its
     // own shard's (equal when padded).
-    global_batch_ = train && !pad_ ? replica_batch_ * state.replicas_total : 0;
+    global_batch_ = train && !pad_ ? replica_batch_ * run.replicas_total : 0;
     batches_ = global_batch_ > 0
-                   ? PassBatches(data.size(), global_batch_, drop_last_, state.max_steps)
+                   ? PassBatches(data.size(), global_batch_, drop_last_, pass.max_batches)
                    : PassBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_,
-                                 train ? state.max_steps : state.eval_max_steps);
+                                 pass.max_batches);
     global_samples_ = data.size();
     // A resumed epoch starts after what was trained.
-    state.plan = PassPlan(batches_, state.accumulate, state.start_batch, state.global_step,
-                          state.batches_done);
-    next_ = state.plan.first();
+    pass.plan =
+        PassPlan(batches_, run.accumulate, pass.start_batch, pass.global_step, pass.batches_done);
+    next_ = pass.plan.first();
     const int64_t start = next_;
     node_ = std::make_unique<tbb::flow::input_node<Message>>(
-        g, [this, &state, start](tbb::flow_control& fc) -> Message {
+        g, [this, &run, &pass, start](tbb::flow_control& fc) -> Message {
           return Guarded([&]() -> Message {
             // A stop request ends the pass at an optimizer step's boundary.
-            if (next_ >= batches_ || (state.stop_batch > 0 && next_ >= state.stop_batch) ||
-                (state.stop_requested.load() && state.plan.StartsWindow(next_))) {
+            if (next_ >= batches_ || (pass.stop_batch > 0 && next_ >= pass.stop_batch) ||
+                (run.control->stop_requested.load() && pass.plan.StartsWindow(next_))) {
               fc.stop();
               return nullptr;
             }
             auto m = std::make_shared<BatchMessage>();
-            m->epoch = state.epoch;
+            m->epoch = pass.epoch;
             m->index = next_;
             m->sequence = next_ - start;
-            ++state.sampled;
-            m->global_step = state.plan.GlobalStep(next_);
-            m->micro_step = state.plan.MicroStep(next_);
+            ++pass.sampled;
+            m->global_step = pass.plan.GlobalStep(next_);
+            m->micro_step = pass.plan.MicroStep(next_);
             const int64_t begin = next_ * batch_;
             const int64_t end =
                 std::min<int64_t>(begin + batch_, static_cast<int64_t>(order_.size()));

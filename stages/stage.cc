@@ -1,10 +1,10 @@
 #include "stages/stage.h"
 
-#include "stages/run_state.h"
+#include "stages/run_context.h"
 
 namespace cnnflow {
 
-const Dataset& RunState::dataset(const std::string& name) const {
+const Dataset& RunContext::dataset(const std::string& name) const {
   auto it = datasets.find(name);
   if (it == datasets.end() || !it->second) {
     std::string known;

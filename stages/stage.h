@@ -8,7 +8,7 @@
 //      (`cnnflow stages` prints it). Class's constructor takes
 //      (const StageInfo&, const Args&).
 // A stage never includes another stage; what they share is in this folder's
-// message.h and run_state.h.
+// message.h, run_context.h and pass_state.h.
 #pragma once
 
 #include <tbb/flow_graph.h>  // costly to compile: include this header only where nodes are built
@@ -24,7 +24,8 @@
 
 namespace cnnflow {
 
-struct RunState;
+struct RunContext;
+struct PassState;
 using FlowGraph = tbb::flow::graph;
 using MessageReceiver = tbb::flow::receiver<Message>;
 using MessageSender = tbb::flow::sender<Message>;
@@ -77,8 +78,9 @@ class Stage {
   explicit Stage(StageInfo info) : info_(std::move(info)) {}
   virtual ~Stage() = default;
   const StageInfo& info() const { return info_; }
-  // Adds the stage's node(s) to `graph`; `state` outlives the graph.
-  virtual StagePorts Build(FlowGraph& graph, RunState& state) = 0;
+  // Adds the stage's node(s) to `graph`, for the pass `pass` of the run
+  // `run`; both outlive the graph.
+  virtual StagePorts Build(FlowGraph& graph, const RunContext& run, PassState& pass) = 0;
   // For limiters: gives back one token (called when a message leaves the graph).
   virtual void Release() {}
 

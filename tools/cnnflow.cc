@@ -358,7 +358,7 @@ int Train(const Options& o) {
   BlockStopSignals();
   MpiWorld::Get();
   Trainer trainer(LoadRunConfig(o.config, o.sets));
-  const bool rank0 = trainer.state().process_rank == 0;
+  const bool rank0 = trainer.context().process_rank == 0;
   Progress progress = Progress::ForStderr();
   if (rank0) trainer.set_progress(&progress);
   if (!o.resume.empty()) trainer.Resume(o.resume);
@@ -387,12 +387,12 @@ int Train(const Options& o) {
                   Tracer::Summary().c_str());
     }
   }
-  if (trainer.state().stop_requested.load()) {
+  if (trainer.control().stop_requested.load()) {
     if (rank0) {
       std::printf(
           "stopped by a signal in epoch %lld after %lld steps; checkpoint in %s "
           "(continue with --resume %s)\n",
-          static_cast<long long>(r.epoch), static_cast<long long>(trainer.state().global_step),
+          static_cast<long long>(r.epoch), static_cast<long long>(trainer.global_step()),
           trainer.run_dir().c_str(), trainer.run_dir().c_str());
     }
     return 130;

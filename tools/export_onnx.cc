@@ -38,17 +38,17 @@ constexpr const char* kExportUsage =
 // The first n test samples (train without a test set) as the model reads
 // them, and the logits of `model` for them.
 void WriteCheck(Trainer& trainer, int64_t n, const std::string& path) {
-  RunState& state = trainer.state();
-  const Dataset& data = state.dataset(state.datasets.count("test") ? "test" : "train");
+  const RunContext& run = trainer.context();
+  const Dataset& data = run.dataset(run.datasets.count("test") ? "test" : "train");
   n = std::min(n, data.size());
   const Shape sample = data.sample_shape();
   Tensor x = Tensor::Empty(sample.WithBatch(n), DType::kF32);
   float* dst = x.data<float>();
-  const ReadContext ctx{state.seed, 0, false};
+  const ReadContext ctx{run.seed, 0, false};
   for (int64_t i = 0; i < n; ++i) {
     const ReadResult r = data.Read(i, ctx, dst + i * sample.numel());
     if (!r.ok()) throw Error(StrCat("sample ", data.Key(i), ": ", r.error));
-    if (!data.normalizes()) state.transform.Apply(dst + i * sample.numel(), sample);
+    if (!data.normalizes()) run.transform.Apply(dst + i * sample.numel(), sample);
   }
   ForwardContext fc;
   fc.training = false;

@@ -15,11 +15,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Busy-wait (pause, then yield) before blocking. Waking a blocked thread
-// costs ~20-40 us here (a VM); with a shorter spin than that two replicas
-// fell into a wake-up ping-pong (a 4 KB all-reduce: 45 us with a 20 us
-// spin, 3 us with 50 us; with one core busy elsewhere, 106 us pausing vs
-// 7 us yielding).
+// Busy-wait (pause, then yield) before blocking, for longer than waking a
+// blocked thread takes: a shorter spin lets two replicas fall into a
+// wake-up ping-pong, and yielding (not pausing) leaves a core busy
+// elsewhere to its owner (figures: bench/results/2026-12-07-cpu-kernel-measurements.md).
 constexpr auto kSpinTime = std::chrono::microseconds(50);
 constexpr int64_t kCacheLine = 64;
 // Elements summed at a time for N > 2 (stays in L1).

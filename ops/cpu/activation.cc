@@ -2,11 +2,9 @@
 // registration of every activation type.
 //
 // f32 gelu, silu, sigmoid and tanh run as oneDNN eltwise primitives (its JIT
-// polynomial exp/erf/tanh, AVX2 or AVX-512), not as libm calls: forward +
-// backward on [16, 64, 56, 56], 1 thread, AVX2, gelu (erf) 11.0 ms against
-// 120 ms for a scalar std::erf loop (11x), silu 10.2 ms against 78 ms for
-// std::exp (7.6x); the vectorised hardswish loop takes 3.6 ms (medians of
-// bench/kernels_bench.cc BM_Gelu, BM_GeluScalarLoop, ... on a shared machine).
+// polynomial exp/erf/tanh, AVX2 or AVX-512), not as libm calls, which are
+// several times slower (bench/kernels_bench.cc BM_Gelu, BM_GeluScalarLoop;
+// figures: bench/results/2026-12-07-cpu-kernel-measurements.md).
 // As in ops/cpu/conv/onednn_conv.cc, TBB owns the threads: the
 // tensor is cut into chunks of a fixed length, each run by one primitive
 // call on one OpenMP thread, so the result is the same for any thread count.

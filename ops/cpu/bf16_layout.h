@@ -1,7 +1,7 @@
 // Our own conversions between the layers' f32 NCHW tensors and the bf16 /
-// NHWC operands of oneDNN's bf16 kernels: vectorised transposes that run
-// 1.1-1.4x faster than oneDNN 2.6.3's reorders for these pairs (its
-// `jit:uni` for f32 -> bf16), and the plain rounding. bf16 values are
+// NHWC operands of oneDNN's bf16 kernels: vectorised transposes, faster
+// than oneDNN 2.6.3's generic reorders (`jit:uni`) for these pairs, and the
+// plain rounding. bf16 values are
 // rounded to nearest even by vcvtneps2bf16, as oneDNN's own conversions:
 // call them only where cpu::CpuHasAvx512Bf16().
 #pragma once

@@ -8,9 +8,9 @@
 //             dX_g[:, lo+shift:..] += W_gj^T[Cg, Kg] * dY_g[:, lo:hi]
 // where W_gj is the weight of tap j repacked to a [Kg, Cg] matrix. A
 // column range of a row-major [Cg, L] matrix is itself a matrix (leading
-// dimension L), so no im2col / col2im copies are needed. Measured against
-// im2col + one GEMM on [32, 2000] maps, k = 3 (one core): 20-25% faster
-// forward; more in backward, which skips both im2col and col2im. With few
+// dimension L), so no im2col / col2im copies are needed: faster than
+// im2col + one GEMM, backward most (it skips both im2col and col2im;
+// figures: bench/results/2026-12-07-cpu-kernel-measurements.md). With few
 // input channels the per-tap GEMMs get too thin (inner dimension Cg), so
 // Cg < 8 or stride > 1 take conv2d's im2col lowering instead, where H = 1
 // reduces it to exactly the 1D lowering (one col row per channel and tap).
@@ -21,7 +21,7 @@
 // A pass that conv2d's plan (`algo`, ops/cpu/conv/picks.h) gives to oneDNN
 // runs as conv2d on [N, C, 1, L]; so does backward when either of its passes
 // is oneDNN's. (auto measures oneDNN against im2col + GEMM, not against the
-// shifted GEMMs, which are 20-25% faster than im2col: it leans to oneDNN.)
+// shifted GEMMs, which are faster than im2col: it leans to oneDNN.)
 #include "ops/layers/conv1d.h"
 
 #include <algorithm>

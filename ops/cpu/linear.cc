@@ -11,9 +11,9 @@ namespace cnnflow {
 
 namespace {
 
-// Work per parallel chunk of a GEMM, in multiply-adds (~200 us for
-// OpenBLAS's AVX-512 sgemm): every chunk repacks the operand the chunks
-// share, so small chunks cost more than the parallelism gains.
+// Work per parallel chunk of a GEMM, in multiply-adds (a few hundred
+// microseconds of sgemm): every chunk repacks the operand the chunks share,
+// so small chunks cost more than the parallelism gains.
 constexpr int64_t kMinMacsPerChunk = int64_t{8} << 20;
 // Chunk boundaries fall on multiples of this many rows/columns (a SIMD
 // register of floats: the kernels' tiles stay whole).

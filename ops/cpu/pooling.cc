@@ -49,8 +49,8 @@ bool IsPlain2x2(const Pool2dGeometry& g) {
 // The 2x2 stride-2 window on f32 rows with AVX-512: 16 outputs per step,
 // even/odd columns split by permutes, the same scan order and NaN rule as
 // the scalar code (a later cell wins if strictly greater or NaN). Rows of
-// 7-14 outputs are too short for the compiler to vectorise the scalar loop;
-// this made max pooling 3-4x faster on the Fashion-MNIST shapes.
+// 7-14 outputs are too short for the compiler to vectorise the scalar loop
+// (the Fashion-MNIST shapes).
 __attribute__((target("avx512f"))) void MaxPool2x2RowAvx512(const float* r0, const float* r1,
                                                             int64_t out_w, int32_t base,
                                                             int32_t w_in, float* yo, int32_t* io) {

@@ -104,44 +104,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     throw ConfigError("sync_bn is not implemented for GPU replicas yet");
   }
   const int tp = options.tensor_parallel;
-  if (tp > 1) {
-    if (gpu) throw ConfigError("tensor parallelism runs on CPU devices only so far");
-    if (options.split_layers.empty()) {
-      throw ConfigError("graph.tensor_parallel names no layers to split");
-    }
-    if (options.replicas % tp == 0) {
-      tp_local_ = tp;
-      for (int g = 0; g < options.replicas / tp; ++g) {
-        tp_groups_.push_back(
-            std::make_unique<LocalGroup>(tp, options.timeout_s,
-                                         StrCat("tensor-parallel group ", g, " (replicas ", g * tp,
-                                                "..", g * tp + tp - 1, ")")));
-      }
-    } else if (tp % options.replicas == 0) {
-      // Spans processes. Every process runs the same config (the trainer
-      // checks its hash), so every one has `replicas` devices.
-      const int processes = tp / options.replicas;
-      const int world_size = world.active() ? world.size() : 1;
-      if (world_size % processes != 0) {
-        throw ConfigError(StrCat("graph.tensor_parallel.size ", tp, " over ", options.replicas,
-                                 " device(s) a process makes groups of ", processes,
-                                 " processes, but this job has ", world_size,
-                                 " process(es): launch a multiple of ", processes, " (mpirun -n ",
-                                 processes, "), or list ", tp, " devices in graph.devices"));
-      }
-      tp_local_ = options.replicas;
-      const int group = world.rank() / processes;
-      tp_world_ = world.Split(group, StrCat("tensor-parallel group ", group));
-      tp_groups_.push_back(
-          std::make_unique<HierarchicalAllReduce>(options.replicas, *tp_world_, options.timeout_s));
-      tp_first_member_ = tp_groups_[0]->global_offset();
-    } else {
-      throw ConfigError(StrCat("graph.tensor_parallel.size ", tp,
-                               " neither divides nor is a multiple of the ", options.replicas,
-                               " devices of graph.devices"));
-    }
-    if (tp_local_ > 1) tp_threads_ = std::make_unique<MemberThreads>(tp_local_);
-  }
+  if (tp > 1) MakeTensorParallelGroups(world);
   collective_ = MakeReplicaCollective(options_.devices, world, options.timeout_s);
   for (int r = 0; r < options.replicas; ++r) {
     auto rep = std::make_unique<Replica>();
@@ -170,24 +133,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
   }
   buckets_ = LayoutBuckets(*replicas_[0]->model, options.bucket_mb);
   for (auto& rep : replicas_) {
-    // Each gradient becomes a view into its bucket's flat buffer.
-    auto params = rep->model->NamedParameters();
-    rep->layer_buckets.assign(rep->model->num_layers(), {});
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      Tensor flat = Tensor::Zeros(Shape({buckets_[b].numel}), DType::kF32, rep->device);
-      int64_t offset = 0;
-      for (int i : buckets_[b].params) {
-        Parameter& p = *params[i].param;
-        const int64_t n = p.value.numel();
-        p.grad = flat.Slice(offset, offset + n).Reshape(p.value.shape());
-        offset += n;
-      }
-      for (int l : buckets_[b].layers) rep->layer_buckets[l].push_back(static_cast<int>(b));
-      rep->bucket_grads.push_back(flat);
-    }
-    rep->layers_left.assign(buckets_.size(), 0);
-    rep->timeline.reduce_begin.assign(buckets_.size(), 0);
-    rep->timeline.reduce_end.assign(buckets_.size(), 0);
+    BindGradientBuckets(*rep);
     rep->optimizer = MakeOptimizer(optimizer, rep->model->NamedParameters());
     if (collective_ != nullptr && !collective_->enqueues()) {
       rep->comm = std::thread([this, r = rep.get()] { CommLoop(*r); });
@@ -198,32 +144,100 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     };
   }
   MaybeInjectTestFault(kTestFaultAtStart);  // CNNFLOW_TEST_FAULT step=start
-  // The same seed built the same parameters; the broadcast makes sure, and
-  // covers processes started with different seeds. Each replica from a
-  // thread of its own, as in training (a collective may wait on the host
-  // for its peers).
-  if (collective_ != nullptr) {
-    std::vector<std::thread> threads;
-    std::vector<std::exception_ptr> errors(replicas_.size());
-    for (auto& rep : replicas_) {
-      threads.emplace_back([this, &errors, r = rep->rank] {
-        try {
-          for (auto& [name, t] : replicas_[r]->model->StateTensors()) {
-            Issue(r, [this, r, name = name, t = t]() mutable {
-              collective_->Broadcast(r, t.data<float>(), t.numel(), "initial " + name);
-            });
-          }
-          Complete(r);
-        } catch (...) {
-          errors[r] = std::current_exception();
-          collective_->Abort("a replica failed its initial broadcast");
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (auto& e : errors)
-      if (e) std::rethrow_exception(e);
+  if (collective_ != nullptr) BroadcastInitialState();
+}
+
+// A group of T members inside this process (T divides the replicas), or
+// one that spans T / replicas processes.
+void ReplicaSet::MakeTensorParallelGroups(MpiWorld& world) {
+  const DataParallelOptions& options = options_;
+  const int tp = options.tensor_parallel;
+  if (options_.devices[0].is_cuda()) {
+    throw ConfigError("tensor parallelism runs on CPU devices only so far");
   }
+  if (options.split_layers.empty()) {
+    throw ConfigError("graph.tensor_parallel names no layers to split");
+  }
+  if (options.replicas % tp == 0) {
+    tp_local_ = tp;
+    for (int g = 0; g < options.replicas / tp; ++g) {
+      tp_groups_.push_back(std::make_unique<LocalGroup>(
+          tp, options.timeout_s,
+          StrCat("tensor-parallel group ", g, " (replicas ", g * tp, "..", g * tp + tp - 1, ")")));
+    }
+  } else if (tp % options.replicas == 0) {
+    // Spans processes. Every process runs the same config (the trainer
+    // checks its hash), so every one has `replicas` devices.
+    const int processes = tp / options.replicas;
+    const int world_size = world.active() ? world.size() : 1;
+    if (world_size % processes != 0) {
+      throw ConfigError(StrCat("graph.tensor_parallel.size ", tp, " over ", options.replicas,
+                               " device(s) a process makes groups of ", processes,
+                               " processes, but this job has ", world_size,
+                               " process(es): launch a multiple of ", processes, " (mpirun -n ",
+                               processes, "), or list ", tp, " devices in graph.devices"));
+    }
+    tp_local_ = options.replicas;
+    const int group = world.rank() / processes;
+    tp_world_ = world.Split(group, StrCat("tensor-parallel group ", group));
+    tp_groups_.push_back(
+        std::make_unique<HierarchicalAllReduce>(options.replicas, *tp_world_, options.timeout_s));
+    tp_first_member_ = tp_groups_[0]->global_offset();
+  } else {
+    throw ConfigError(StrCat("graph.tensor_parallel.size ", tp,
+                             " neither divides nor is a multiple of the ", options.replicas,
+                             " devices of graph.devices"));
+  }
+  if (tp_local_ > 1) tp_threads_ = std::make_unique<MemberThreads>(tp_local_);
+}
+
+// Each gradient becomes a view into its bucket's flat buffer, which the
+// bucket's reduction sums in place.
+void ReplicaSet::BindGradientBuckets(Replica& rep) {
+  auto params = rep.model->NamedParameters();
+  rep.layer_buckets.assign(rep.model->num_layers(), {});
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Tensor flat = Tensor::Zeros(Shape({buckets_[b].numel}), DType::kF32, rep.device);
+    int64_t offset = 0;
+    for (int i : buckets_[b].params) {
+      Parameter& p = *params[i].param;
+      const int64_t n = p.value.numel();
+      p.grad = flat.Slice(offset, offset + n).Reshape(p.value.shape());
+      offset += n;
+    }
+    for (int l : buckets_[b].layers) rep.layer_buckets[l].push_back(static_cast<int>(b));
+    rep.bucket_grads.push_back(flat);
+  }
+  rep.layers_left.assign(buckets_.size(), 0);
+  rep.timeline.reduce_begin.assign(buckets_.size(), 0);
+  rep.timeline.reduce_end.assign(buckets_.size(), 0);
+}
+
+// The same seed built the same parameters; the broadcast makes sure, and
+// covers processes started with different seeds. Each replica from a
+// thread of its own, as in training (a collective may wait on the host for
+// its peers).
+void ReplicaSet::BroadcastInitialState() {
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(replicas_.size());
+  for (auto& rep : replicas_) {
+    threads.emplace_back([this, &errors, r = rep->rank] {
+      try {
+        for (auto& [name, t] : replicas_[r]->model->StateTensors()) {
+          Issue(r, [this, r, name = name, t = t]() mutable {
+            collective_->Broadcast(r, t.data<float>(), t.numel(), "initial " + name);
+          });
+        }
+        Complete(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+        collective_->Abort("a replica failed its initial broadcast");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 ReplicaSet::~ReplicaSet() {

@@ -210,6 +210,12 @@ class ReplicaSet {
 
  private:
   struct Replica;
+  // The constructor's steps: the tensor-parallel groups (graph.tensor_parallel),
+  // each replica's gradients as views into its buckets' flat buffers, and
+  // the broadcast of replica 0's initial state.
+  void MakeTensorParallelGroups(MpiWorld& world);
+  void BindGradientBuckets(Replica& rep);
+  void BroadcastInitialState();
   // Issues replica r's collective fn: where collectives block, on r's
   // communication thread (after what is queued there), so that the caller
   // goes on; where they only enqueue (NCCL), at once.

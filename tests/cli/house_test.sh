@@ -60,7 +60,7 @@ fi
 # config.data_parallel or config.pipeline_options whole, add the layout).
 hits=$(grep -rnE "^\s*\w+\.\w+ = (config_|config|rc|c)\.(data_parallel|pipeline_options)\.\w+;" \
          pipeline stages onnx tools python bench --include='*.cc' --include='*.h' |
-       grep -v '^pipeline/run_config.cc:' | grep -vE ':\s*state_?\.')  # RunState: not an options struct
+       grep -v '^pipeline/run_config.cc:' | grep -vE ':\s*run_\.')  # RunContext: not an options struct
 if [[ -n "$hits" ]]; then
   echo "a RunConfig option copied field by field outside pipeline/run_config.cc:"
   echo "$hits" | sed 's/^/  /'

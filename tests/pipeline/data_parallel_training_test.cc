@@ -53,7 +53,7 @@ TEST(DataParallelTraining, TwoReplicasAndAccumulationMatchOneBigBatch) {
   const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=12", "threads=2"};
   auto train = [&](const std::vector<std::string>& more) {
     auto t = std::make_unique<Trainer>(LoadRunConfig(kConfig, With(common, more)));
-    const PassMetrics m = t->RunPass(t->config().train_graph, "train", 0);
+    const PassMetrics m = t->RunPass(t->config().train_graph, {.pass = "train", .epoch = 0});
     EXPECT_EQ(m.samples, 12 * 64);
     return t;
   };
@@ -63,8 +63,8 @@ TEST(DataParallelTraining, TwoReplicasAndAccumulationMatchOneBigBatch) {
   auto fresh = std::make_unique<Trainer>(LoadRunConfig(kConfig, With(common, {"train.batch=64"})));
   EXPECT_EQ(two->replicas().size(), 2);
   EXPECT_GT(two->replicas().buckets().size(), 1u);
-  EXPECT_EQ(big->state().global_step, 12);
-  EXPECT_EQ(acc->state().global_step, 12);
+  EXPECT_EQ(big->global_step(), 12);
+  EXPECT_EQ(acc->global_step(), 12);
   EXPECT_GT(MaxRelDiff(big->model(), fresh->model()), 1e-2) << "the steps moved the weights";
   // 12 SGD steps with momentum, sums in different orders: float noise only.
   EXPECT_LT(MaxRelDiff(big->model(), two->model()), 1e-4);
@@ -119,7 +119,7 @@ void ExpectResumeIsExact(const char* config_file, const std::vector<std::string>
   {
     Trainer t(LoadRunConfig(config_file, config));
     t.Train(straight.string());
-    steps = t.state().global_step;
+    steps = t.global_step();
   }
   const SafetensorsFile a = LoadSafetensors((straight / "model.safetensors").string());
   for (const int64_t at : breaks) {
@@ -137,9 +137,9 @@ void ExpectResumeIsExact(const char* config_file, const std::vector<std::string>
     {
       Trainer t(LoadRunConfig(config_file, config));
       t.Resume(resumed.string());
-      EXPECT_EQ(t.state().global_step, at);
+      EXPECT_EQ(t.global_step(), at);
       t.Train();
-      EXPECT_EQ(t.state().global_step, steps);
+      EXPECT_EQ(t.global_step(), steps);
     }
     const SafetensorsFile b = LoadSafetensors((resumed / "model.safetensors").string());
     ASSERT_EQ(a.tensors.size(), b.tensors.size());
@@ -201,12 +201,13 @@ TEST(DataParallelTraining, AUserTemplateOfTheTrainingStagesTrainsAsTheShippedOne
   Trainer shipped(LoadRunConfig(kConfig, common));
   Trainer user(LoadRunConfig(kConfig, With(common, {"graph.template=" + dir + "/user.yaml"})));
   EXPECT_EQ(user.config().train_graph.Find("devices")->stage, "forward_backward");
-  const PassMetrics a = shipped.RunPass(shipped.config().train_graph, "train", 0);
-  const PassMetrics b = user.RunPass(user.config().train_graph, "train", 0);
+  const PassMetrics a =
+      shipped.RunPass(shipped.config().train_graph, {.pass = "train", .epoch = 0});
+  const PassMetrics b = user.RunPass(user.config().train_graph, {.pass = "train", .epoch = 0});
   EXPECT_EQ(a.samples, 6 * 32);
   EXPECT_EQ(b.samples, a.samples);
   EXPECT_EQ(b.loss_sum, a.loss_sum);
-  EXPECT_EQ(user.state().global_step, 6);
+  EXPECT_EQ(user.global_step(), 6);
   EXPECT_EQ(MaxRelDiff(shipped.replicas().model(0), user.replicas().model(0)), 0.0);
   EXPECT_EQ(MaxRelDiff(user.replicas().model(0), user.replicas().model(1)), 0.0);
 }
@@ -226,7 +227,7 @@ TEST(DataParallelTraining, BrokenLanesAreRefusedNotRun) {
                                            "graph.devices=[cpu:0, cpu:1]"};
   Trainer t(LoadRunConfig(kConfig, With(common, {"graph.template=" + dir + "/plain.yaml"})));
   try {
-    t.RunPass(t.config().train_graph, "train", 0);
+    t.RunPass(t.config().train_graph, {.pass = "train", .epoch = 0});
     ADD_FAILURE() << "a plain node between per-device stages ran";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("edge devices -> metrics2: 'devices' (forward_backward) "
@@ -275,14 +276,15 @@ TEST(DataParallelTraining, EmaAveragesWithoutChangingTrainingAndResumesExactly) 
   Trainer plain(LoadRunConfig(kConfig, common));
   Trainer zero(LoadRunConfig(kConfig, With(common, {"graph.template=" + EmaTemplate(dir, 0)})));
   Trainer half(LoadRunConfig(kConfig, With(common, {"graph.template=" + EmaTemplate(dir, 0.5)})));
-  for (Trainer* t : {&plain, &zero, &half}) t->RunPass(t->config().train_graph, "train", 0);
+  for (Trainer* t : {&plain, &zero, &half})
+    t->RunPass(t->config().train_graph, {.pass = "train", .epoch = 0});
   EXPECT_EQ(MaxRelDiff(plain.replicas().model(0), half.replicas().model(0)), 0.0);
   EXPECT_EQ(MaxRelDiff(plain.replicas().model(1), half.replicas().model(1)), 0.0);
-  ASSERT_NE(half.state().ema, nullptr);
-  EXPECT_EQ(half.state().ema->updates(), 6);
+  ASSERT_NE(half.context().ema, nullptr);
+  EXPECT_EQ(half.context().ema->updates(), 6);
   auto weights = zero.model().StateTensors();
-  const auto& avg0 = zero.state().ema->tensors();
-  const auto& avg5 = half.state().ema->tensors();
+  const auto& avg0 = zero.context().ema->tensors();
+  const auto& avg5 = half.context().ema->tensors();
   bool moved = false;
   for (size_t i = 0; i < weights.size(); ++i) {
     EXPECT_EQ(avg0[i].first, "ema." + weights[i].first);
@@ -325,11 +327,11 @@ TEST(DataParallelTraining, LookaheadCopiesTheAverageIntoEveryReplicaAndResumesEx
       LoadRunConfig(kConfig, With(common, {"graph.template=" + EmaTemplate(dir, 0.5, lookahead)})));
   plain.Train((dir / "plain").string());
   look.Train((dir / "look").string());
-  EXPECT_EQ(look.state().ema->updates(), 4);  // after steps 3, 6, 9, 12
+  EXPECT_EQ(look.context().ema->updates(), 4);  // after steps 3, 6, 9, 12
   EXPECT_EQ(MaxRelDiff(look.replicas().model(0), look.replicas().model(1)), 0.0);
   EXPECT_GT(MaxRelDiff(plain.replicas().model(0), look.replicas().model(0)), 1e-4);
   const auto weights = look.model().StateTensors();
-  const auto& avg = look.state().ema->tensors();
+  const auto& avg = look.context().ema->tensors();
   for (size_t i = 0; i < weights.size(); ++i) {
     EXPECT_EQ(std::memcmp(avg[i].second.raw_data(), weights[i].second.raw_data(),
                           weights[i].second.nbytes()),
@@ -564,7 +566,7 @@ TEST(TensorParallelTraining, SplitLayersTrainAsOneDeviceAndResumeExactly) {
   };
   auto train = [&](const std::vector<std::string>& more, int data_parallel) {
     Trainer t(LoadRunConfig(kConfig, With(common, more)));
-    const PassMetrics m = t.RunPass(t.config().train_graph, "train", 0);
+    const PassMetrics m = t.RunPass(t.config().train_graph, {.pass = "train", .epoch = 0});
     EXPECT_EQ(m.samples, 12 * 64);
     EXPECT_EQ(t.replicas().data_parallel(), data_parallel);
     Trained out{Model::Build(t.config().layers, t.config().input_shape), t.Evaluate()};
@@ -596,13 +598,13 @@ TEST(TensorParallelTraining, SplitLayersTrainAsOneDeviceAndResumeExactly) {
 TEST(PipelineTraining, PipelineMatchesOneDeviceForBothSchedules) {
   const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=12", "threads=2"};
   Trainer one(LoadRunConfig(kConfig, common));
-  one.RunPass(one.config().train_graph, "train", 0);
+  one.RunPass(one.config().train_graph, {.pass = "train", .epoch = 0});
   for (const std::string schedule : {"1f1b", "gpipe"}) {
     Trainer pipe(LoadRunConfig("configs/fashion_mnist_pipeline.yaml",
                                With(common, {"graph.pipeline.schedule=" + schedule})));
     ASSERT_NE(pipe.pipeline(), nullptr);
-    pipe.RunPass(pipe.config().train_graph, "train", 0);
-    EXPECT_EQ(pipe.state().global_step, 12);
+    pipe.RunPass(pipe.config().train_graph, {.pass = "train", .epoch = 0});
+    EXPECT_EQ(pipe.global_step(), 12);
     EXPECT_LT(MaxRelDiff(one.model(), pipe.model()), 1e-4) << schedule;
     const std::vector<int> held = pipe.pipeline()->max_held();
     if (schedule == "1f1b") {
@@ -634,9 +636,9 @@ train: {epochs: 1, batch: 32, optimizer: {sgd: {lr: 0.1}}}
 )";
   for (const bool drop : {false, true}) {
     Trainer t(LoadRunConfig(config, {StrCat("train.drop_last=", drop ? "true" : "false")}));
-    const PassMetrics m = t.RunPass(t.config().train_graph, "train", 0);
+    const PassMetrics m = t.RunPass(t.config().train_graph, {.pass = "train", .epoch = 0});
     EXPECT_EQ(m.samples, drop ? 96 : 100) << "drop_last " << drop;
-    EXPECT_EQ(t.state().global_step, drop ? 3 : 4) << "drop_last " << drop;
+    EXPECT_EQ(t.global_step(), drop ? 3 : 4) << "drop_last " << drop;
   }
   // A set smaller than one batch would train nothing: refused, saying why.
   try {
@@ -674,9 +676,9 @@ train: {epochs: 1, batch: 10, max_steps: 4, optimizer: {sgd: {lr: 0.1}}}
 graph: {devices: [cpu:0, cpu:1, cpu:2], sync_bn: true, collective_timeout_s: 30}
 )";
   Trainer t(LoadRunConfig(config));
-  const PassMetrics m = t.RunPass(t.config().train_graph, "train", 0);
+  const PassMetrics m = t.RunPass(t.config().train_graph, {.pass = "train", .epoch = 0});
   EXPECT_EQ(m.samples, 4 * 30);
-  EXPECT_EQ(t.state().global_step, 4);
+  EXPECT_EQ(t.global_step(), 4);
   fs::remove_all(dir);
 }
 
@@ -691,7 +693,7 @@ TEST(DataParallelTrainingGPU, TheSameConfigTrainsOnAGpuAsOnTheCpu) {
   auto train = [&](const std::string& devices, const std::string& precision) {
     auto t = std::make_unique<Trainer>(LoadRunConfig(
         config, With(common, {"graph.devices=[" + devices + "]", "graph.precision=" + precision})));
-    const PassMetrics m = t->RunPass(t->config().train_graph, "train", 0);
+    const PassMetrics m = t->RunPass(t->config().train_graph, {.pass = "train", .epoch = 0});
     EXPECT_EQ(m.samples, 20 * 64) << devices << " " << precision;
     return std::make_pair(std::move(t), m);
   };

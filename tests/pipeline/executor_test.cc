@@ -24,7 +24,7 @@ using ExecutorTest = testing::StageGraphTest;
 class ThrowStage final : public Stage {
  public:
   ThrowStage(const StageInfo& info, const Args& args) : Stage(info), at_(args.Int("at")) {}
-  StagePorts Build(FlowGraph& g, RunState&) override {
+  StagePorts Build(FlowGraph& g, const RunContext&, PassState&) override {
     node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
         g, tbb::flow::unlimited, [this](const Message& m) {
           return Guarded([&] {
@@ -55,7 +55,7 @@ train:
   edges: [sample -> prefetch -> load -> boom -> record]
 )");
   try {
-    RunGraph(spec, state);
+    RunGraph(spec, run, *pass);
     FAIL() << "expected an exception";
   } catch (const StageError& e) {
     EXPECT_NE(std::string(e.what()).find("node 'boom' (test_throw): bad batch 7"),
@@ -66,7 +66,7 @@ train:
 }
 
 TEST_F(ExecutorTest, ExceptionInDataNamesTheLoadNode) {
-  state.datasets.erase("train");
+  run.datasets.erase("train");
   const GraphSpec spec = Graph(R"(
 train:
   nodes:
@@ -75,7 +75,7 @@ train:
   edges: [sample -> record]
 )");
   try {
-    RunGraph(spec, state);
+    RunGraph(spec, run, *pass);
     FAIL() << "expected an exception";
   } catch (const StageError& e) {
     EXPECT_NE(std::string(e.what()).find("node 'sample' (sampler): no data set 'train'"),

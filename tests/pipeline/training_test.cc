@@ -160,7 +160,7 @@ TEST(Training, PiecewiseScheduleMilestonesAreEpochs) {
        "train.schedule={decay: piecewise, milestones: [0, 0.5, 2], factors: [0, 1, 0]}"}));
   ASSERT_EQ(t.steps_per_epoch(), 10);
   const double lr = t.config().optimizer.args.Float("lr");
-  const LrSchedule& s = *t.state().schedule;
+  const LrSchedule& s = *t.context().schedule;
   EXPECT_DOUBLE_EQ(s.At(0), 0.0);
   EXPECT_DOUBLE_EQ(s.At(5), lr);  // epoch 0.5
   EXPECT_DOUBLE_EQ(s.At(10), lr * (1.0 - 5.0 / 15.0));
@@ -291,9 +291,9 @@ TEST(Training, AFractionalEpochCountEndsTheLastPassEarly) {
   const EpochReport r = t.Train(dir.string());
   EXPECT_EQ(r.epoch, 2);
   EXPECT_EQ(r.train.batches, 5);
-  EXPECT_EQ(t.state().global_step, 15);
-  EXPECT_EQ(t.state().schedule->At(15), 0.0);  // the schedule's end is the run's
-  EXPECT_GT(t.state().schedule->At(14), 0.0);
+  EXPECT_EQ(t.global_step(), 15);
+  EXPECT_EQ(t.context().schedule->At(15), 0.0);  // the schedule's end is the run's
+  EXPECT_GT(t.context().schedule->At(14), 0.0);
   fs::remove_all(dir);
 }
 
@@ -414,9 +414,9 @@ TEST(Training, AParamGroupUntilAnEpochHoldsItsTensorsAfterIt) {
     return s;
   };
   auto start = snapshot();
-  t.RunPass(t.config().train_graph, "train", 0);
+  t.RunPass(t.config().train_graph, {.pass = "train", .epoch = 0});
   auto after_one = snapshot();
-  t.RunPass(t.config().train_graph, "train", 1);
+  t.RunPass(t.config().train_graph, {.pass = "train", .epoch = 1});
   auto after_two = snapshot();
   auto moved = [](const Tensor& a, const Tensor& b) {
     for (int64_t i = 0; i < a.numel(); ++i)

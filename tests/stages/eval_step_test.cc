@@ -86,13 +86,13 @@ double ReferenceLoss(const BatchMessage& m, const Tensor& weight,
 
 struct EvalStepTest : testing::StageGraphTest {
   void SetUp() override {
-    state.datasets["train"] = std::make_shared<VaryingImages>();
+    run.datasets["train"] = std::make_shared<VaryingImages>();
     model =
         Model::Build({testing::Spec("flatten", "flatten"),
                       testing::Spec("fc", "linear", {{"out", int64_t{kClasses}}, {"bias", false}})},
                      Shape{kC, kH, kW}, {.seed = 3});
-    state.model = model.get();
-    state.pass = "eval";
+    run.model = model.get();
+    pass->pass = "eval";
   }
   // The captured batches of an evaluation with `tta`, 4 rows each, two at a time.
   std::vector<BatchMessage> Run(const std::string& tta) {
@@ -103,7 +103,7 @@ struct EvalStepTest : testing::StageGraphTest {
                      "    step: {stage: eval_step, micro_batch: 2, tta: ",
                      tta, "}\n    keep: {stage: test_capture}\n",
                      "  edges: [sample -> load -> step -> keep]\n")),
-        state);
+        run, *pass);
     return g_captured;
   }
   std::unique_ptr<Model> model;

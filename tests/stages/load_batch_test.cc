@@ -32,7 +32,7 @@ train:
     record: {stage: test_record}
   edges: [sample -> prefetch -> load -> record]
 )"),
-           state);
+           run, *pass);
   ASSERT_EQ(g_seen.size(), 40u);
   for (int64_t i = 0; i < 40; ++i) EXPECT_EQ(g_seen[i], i);
 }
@@ -47,7 +47,7 @@ train:
     record: {stage: test_record}
   edges: [sample -> prefetch -> load -> record]
 )"),
-           state);
+           run, *pass);
   std::vector<int64_t> sorted = g_seen;
   std::sort(sorted.begin(), sorted.end());
   ASSERT_EQ(sorted.size(), 40u);
@@ -56,7 +56,7 @@ train:
 
 TEST_F(LoadBatchTest, DecodeConcurrencyIsBoundedByLoadThreads) {
   auto data = std::make_shared<JitterDataset>(200);
-  state.datasets["train"] = data;
+  run.datasets["train"] = data;
   RunGraph(Graph(R"(
 train:
   nodes:
@@ -66,7 +66,7 @@ train:
     record: {stage: test_record}
   edges: [sample -> prefetch -> load -> record]
 )"),
-           state);
+           run, *pass);
   EXPECT_EQ(g_seen.size(), 25u);
   EXPECT_EQ(data->max_reading_.load(), 2) << "4 TBB threads, 2 decode tasks at most";
 }
@@ -77,17 +77,16 @@ TEST_F(LoadBatchTest, KnobsMoveDecodeConcurrencyWhileRunning) {
   for (const auto& [from, to] : {std::pair<int64_t, int64_t>{4, 1}, {1, 4}}) {
     auto data = std::make_shared<JitterDataset>(400);
     data->watch_from_ = 200;  // batch 20 on: long after the move
-    state.datasets["train"] = data;
-    state.knobs.clear();
-    state.metrics = PassMetrics();
-    state.on_batch = [&, to = to](const BatchMessage& m, const PassMetrics&) {
+    run.datasets["train"] = data;
+    pass = std::make_unique<PassState>();
+    pass->on_batch = [&, to = to](const BatchMessage& m, PassState&) {
       if (m.index != 10) return;
-      for (TunableKnob& k : state.knobs)
+      for (TunableKnob& k : pass->knobs)
         if (k.name == "load.threads") {
           EXPECT_EQ(k.set(to), to);
         }
     };
-    state.threads = 4;
+    run.threads = 4;
     RunGraph(Graph(StrCat(R"(
 train:
   nodes:
@@ -98,8 +97,8 @@ train:
     metrics: {stage: metrics}
   edges: [sample -> prefetch -> load -> metrics]
 )")),
-             state);
-    EXPECT_EQ(state.metrics.samples, 400);
+             run, *pass);
+    EXPECT_EQ(pass->metrics.samples, 400);
     if (to == 1) {
       EXPECT_EQ(data->max_reading_.load(), 1);
     } else {
@@ -111,7 +110,7 @@ train:
 TEST_F(LoadBatchTest, BadRecordFailsTheRunNamingItsKey) {
   auto data = std::make_shared<JitterDataset>(200);
   data->bad_every_ = 50;  // records 3, 53, 103, 153
-  state.datasets["train"] = data;
+  run.datasets["train"] = data;
   const GraphSpec spec = Graph(R"(
 train:
   nodes:
@@ -120,7 +119,7 @@ train:
     record: {stage: test_record}
   edges: [sample -> load -> record]
 )");
-  testing::ExpectContains(testing::ErrorOf<StageError>([&] { RunGraph(spec, state); }),
+  testing::ExpectContains(testing::ErrorOf<StageError>([&] { RunGraph(spec, run, *pass); }),
                           {"node 'load' (load_batch): bad record k3 (sample 3): corrupt record "
                            "(on_bad_record: fail)"});
 }
@@ -128,9 +127,9 @@ train:
 TEST_F(LoadBatchTest, BadRecordsAreSkippedCountedAndNamed) {
   auto data = std::make_shared<JitterDataset>(200);
   data->bad_every_ = 50;
-  state.datasets["train"] = data;
+  run.datasets["train"] = data;
   int64_t samples = 0;
-  state.on_batch = [&](const BatchMessage& m, const PassMetrics&) {
+  pass->on_batch = [&](const BatchMessage& m, PassState&) {
     samples += static_cast<int64_t>(m.labels.size());
     // The kept samples moved up with their labels: a sample's pixels hold
     // its index, its label is index % 10, and no bad index is left.
@@ -150,10 +149,10 @@ train:
     metrics: {stage: metrics}
   edges: [sample -> prefetch -> load -> metrics]
 )"),
-           state);
+           run, *pass);
   EXPECT_EQ(samples, 196);
-  EXPECT_EQ(state.metrics.samples, 196);
-  std::vector<std::string> bad = state.bad_records;
+  EXPECT_EQ(pass->metrics.samples, 196);
+  std::vector<std::string> bad = pass->bad_records;
   std::sort(bad.begin(), bad.end());
   EXPECT_EQ(bad, (std::vector<std::string>{
                      "k103 (sample 103): corrupt record", "k153 (sample 153): corrupt record",

@@ -23,15 +23,15 @@ TEST_F(MixupTest, MixupAndCutmixMixRowsWithTheirMirrorAndSayHowMuch) {
   for (const char* type : {"mixup", "cutmix"}) {
     SCOPED_TRACE(type);
     std::vector<std::vector<BatchMessage>> runs;
-    for (int run = 0; run < 2; ++run) {
+    for (int again = 0; again < 2; ++again) {
       g_captured.clear();
-      state.seed = 5;
+      run.seed = 5;
       RunGraph(Graph(StrCat("train:\n  nodes:\n    sample: {stage: sampler, batch: 5}\n"
                             "    load: {stage: load_batch}\n    mix: {stage: ",
                             type,
                             ", alpha: 1.0}\n    keep: {stage: test_capture}\n"
                             "  edges: [sample -> load -> mix -> keep]\n")),
-               state);
+               run, *pass);
       runs.push_back(g_captured);
     }
     ASSERT_EQ(runs[0].size(), 40u);

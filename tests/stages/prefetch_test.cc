@@ -28,15 +28,15 @@ train:
     record: {stage: test_record, sleep_us: 3000}
   edges: [sample -> prefetch -> load -> record]
 )"),
-           state);
+           run, *pass);
   EXPECT_EQ(g_seen.size(), 50u);
-  EXPECT_LE(state.max_in_flight.load(), 3);
-  EXPECT_EQ(state.max_in_flight.load(), 3) << "the consumer is slow: the bound should be reached";
-  EXPECT_EQ(state.in_flight.load(), 0);
+  EXPECT_LE(control.max_in_flight.load(), 3);
+  EXPECT_EQ(control.max_in_flight.load(), 3) << "the consumer is slow: the bound should be reached";
+  EXPECT_EQ(control.in_flight.load(), 0);
 }
 
 TEST_F(PrefetchTest, PrefetchMemoryBudgetCapsBatchesInFlight) {
-  state.batch_bytes = 4 * 4 * 4;  // batch 4 x [1, 2, 2] floats = 64 bytes
+  pass->batch_bytes = 4 * 4 * 4;  // batch 4 x [1, 2, 2] floats = 64 bytes
   RunGraph(Graph(R"(
 train:
   nodes:
@@ -46,19 +46,19 @@ train:
     record: {stage: test_record, sleep_us: 3000}
   edges: [sample -> prefetch -> load -> record]
 )"),
-           state);
+           run, *pass);
   EXPECT_EQ(g_seen.size(), 50u);
   // 200 bytes hold 3 batches of 64, though depth allows 8.
-  EXPECT_EQ(state.max_in_flight.load(), 3);
+  EXPECT_EQ(control.max_in_flight.load(), 3);
 }
 
 TEST_F(PrefetchTest, PrefetchBudgetSmallerThanABatchIsAnError) {
-  state.batch_bytes = 3'000'000;
+  pass->batch_bytes = 3'000'000;
   const GraphSpec spec = Graph(
       "train:\n  nodes:\n    sample: {stage: sampler, batch: 4}\n"
       "    prefetch: {stage: prefetch, memory_mb: 2}\n    record: {stage: test_record}\n"
       "  edges: [sample -> prefetch -> record]\n");
-  testing::ExpectContains(testing::ErrorOf<StageError>([&] { RunGraph(spec, state); }),
+  testing::ExpectContains(testing::ErrorOf<StageError>([&] { RunGraph(spec, run, *pass); }),
                           {"node 'prefetch' (prefetch): memory_mb 2 holds no batch: one batch is "
                            "3 MB"});
 }

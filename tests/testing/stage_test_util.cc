@@ -43,7 +43,7 @@ class RecordStage final : public Stage {
  public:
   RecordStage(const StageInfo& info, const Args& args)
       : Stage(info), sleep_us_(args.Int("sleep_us")) {}
-  StagePorts Build(FlowGraph& g, RunState&) override {
+  StagePorts Build(FlowGraph& g, const RunContext&, PassState&) override {
     node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
         g, tbb::flow::serial, [this](const Message& m) {
           std::this_thread::sleep_for(std::chrono::microseconds(sleep_us_));
@@ -66,7 +66,7 @@ CNNFLOW_REGISTER_STAGE(test_record, RecordStage,
 class CaptureStage final : public Stage {
  public:
   CaptureStage(const StageInfo& info, const Args&) : Stage(info) {}
-  StagePorts Build(FlowGraph& g, RunState&) override {
+  StagePorts Build(FlowGraph& g, const RunContext&, PassState&) override {
     node_ = std::make_unique<tbb::flow::function_node<Message, Message>>(
         g, tbb::flow::serial, [](const Message& m) {
           std::lock_guard<std::mutex> lock(g_mu);

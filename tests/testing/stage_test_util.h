@@ -2,7 +2,7 @@
 // reads take a random time (so concurrent loads finish out of order), two
 // test-only stages (test_record keeps the batch indices it sees,
 // test_capture every batch), a graph from YAML text and a fixture with a
-// run state over the jittery data set.
+// run over the jittery data set.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "loaders/dataset.h"
+#include "pipeline/executor.h"
 #include "pipeline/graph_spec.h"
 #include "stages/message.h"
-#include "stages/run_state.h"
+#include "stages/pass_state.h"
+#include "stages/run_context.h"
 
 namespace cnnflow::testing {
 
@@ -51,13 +53,16 @@ extern std::vector<BatchMessage> g_captured;
 // The graph 'train' of a graph file's text (named test_graph.yaml in errors).
 GraphSpec Graph(const std::string& text);
 
-// A run state over JitterDataset(200) as "train", four TBB threads.
+// A run over JitterDataset(200) as "train", four TBB threads, and a
+// training pass to run graphs as.
 struct StageGraphTest : ::testing::Test {
   void SetUp() override {
-    state.datasets["train"] = std::make_shared<JitterDataset>(200);
+    run.datasets["train"] = std::make_shared<JitterDataset>(200);
     g_seen.clear();
   }
-  RunState state;
+  RunControl control;
+  RunContext run{.control = &control};
+  std::unique_ptr<PassState> pass = std::make_unique<PassState>();
   tbb::global_control threads{tbb::global_control::max_allowed_parallelism, 4};
 };
 
