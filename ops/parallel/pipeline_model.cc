@@ -41,9 +41,29 @@ std::vector<PipelineAction> StageSchedule(PipelineSchedule schedule, int stage, 
   return a;
 }
 
+std::vector<bool> CutPoints(const Model& model) {
+  const int n = model.num_layers();
+  std::vector<bool> ok(n, false);
+  int reach = n;  // the lowest layer (-1: the input) that layer p or a later one reads
+  for (int p = n - 1; p >= 1; --p) {
+    for (int in : model.input_indices(p)) reach = std::min(reach, in);
+    ok[p] = reach >= p - 1;
+  }
+  return ok;
+}
+
 std::vector<std::vector<std::string>> BalancedCut(const Model& model, int stages) {
   const int n = model.num_layers();
   CNNFLOW_ENFORCE(stages >= 1 && stages <= n, "cannot cut ", n, " layers into ", stages, " stages");
+  const std::vector<bool> cuttable = CutPoints(model);
+  const int points = static_cast<int>(std::count(cuttable.begin(), cuttable.end(), true));
+  if (points < stages - 1) {
+    throw ConfigError(StrCat("graph.pipeline.stages: auto cannot cut this model into ", stages,
+                             " stages: it has ", points,
+                             " place(s) where one tensor crosses a cut (between residual "
+                             "blocks); use at most ",
+                             points + 1, " stages, or list them"));
+  }
   std::vector<double> prefix(n + 1, 0);
   for (int i = 0; i < n; ++i)
     prefix[i + 1] = prefix[i] + static_cast<double>(model.layer(i).ForwardFlops(1));
@@ -55,6 +75,7 @@ std::vector<std::vector<std::string>> BalancedCut(const Model& model, int stages
   for (int s = 1; s <= stages; ++s) {
     for (int i = s; i <= n; ++i) {
       for (int j = s - 1; j < i; ++j) {
+        if (j > 0 && !cuttable[j]) continue;
         const double c = std::max(best[s - 1][j], prefix[i] - prefix[j]);
         if (c < best[s][i]) {
           best[s][i] = c;
@@ -126,11 +147,15 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
     const int count = static_cast<int>(options_.stages[s].size());
     std::vector<LayerSpec> specs(layers.begin() + first, layers.begin() + first + count);
     for (size_t k = 0; k < specs.size(); ++k) {
-      for (const std::string& in : specs[k].inputs) {
-        // The stage's input: the previous stage's last output, read by the
-        // stage's first layer, or the model input in the first stage.
-        const bool previous_output = k == 0 && s > 0 && in == layers[first - 1].name;
-        if (previous_output || (s == 0 && in == kModelInput)) continue;
+      for (std::string& in : specs[k].inputs) {
+        // The stage's input: the previous stage's last output (read by any
+        // of its layers: a residual block's first conv and its add), or
+        // the model input in the first stage.
+        if (s > 0 && in == layers[first - 1].name) {
+          in = kModelInput;
+          continue;
+        }
+        if (s == 0 && in == kModelInput) continue;
         if (stage_of.count(in) == 0 || stage_of[in] != s) {
           throw ConfigError(StrCat("pipeline stage ", s, ": layer '", specs[k].name, "' reads '",
                                    in,

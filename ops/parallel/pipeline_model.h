@@ -53,8 +53,14 @@ struct PipelineAction {
 std::vector<PipelineAction> StageSchedule(PipelineSchedule schedule, int stage, int stages,
                                           int microbatches);
 
-// Cuts the model's layers into `stages` contiguous runs of about equal
-// forward FLOPs (the most expensive stage as cheap as possible).
+// Where a pipeline may cut the model: CutPoints()[p] is true when one
+// tensor crosses a cut before layer p, layer p-1's output (between residual
+// blocks, not inside one: there the skip connection crosses too). p in
+// [1, n).
+std::vector<bool> CutPoints(const Model& model);
+// Cuts the model's layers at cut points into `stages` contiguous runs of
+// about equal forward FLOPs (the most expensive stage as cheap as
+// possible); ConfigError when the model has too few cut points.
 std::vector<std::vector<std::string>> BalancedCut(const Model& model, int stages);
 
 struct PipelineOptions {

@@ -34,6 +34,30 @@ std::vector<LayerSpec> Net(bool bn) {
 }
 const Shape kInput{2, 8, 8};
 
+// conv, then two residual blocks (conv, relu, conv, add with the block's
+// input, relu), then the head: the only cuts with one tensor crossing are
+// before each block, before its last relu, and before the head's layers.
+std::vector<LayerSpec> ResidualNet() {
+  auto conv = [](const std::string& name) {
+    return Spec(name, "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}});
+  };
+  std::vector<LayerSpec> v = {conv("stem")};
+  std::string in = "stem";
+  for (const char* b : {"b1", "b2"}) {
+    const std::string n = b;
+    v.push_back(conv(n + "_conv1"));
+    v.push_back(Spec(n + "_relu1", "relu"));
+    v.push_back(conv(n + "_conv2"));
+    v.push_back(Spec(n + "_add", "add"));
+    v.back().inputs = {n + "_conv2", in};
+    v.push_back(Spec(n + "_relu2", "relu"));
+    in = n + "_relu2";
+  }
+  for (auto& l : {Spec("flatten", "flatten"), Spec("fc", "linear", {{"out", int64_t{5}}})})
+    v.push_back(l);
+  return v;
+}
+
 std::vector<std::vector<std::string>> Cut(const std::vector<LayerSpec>& net,
                                           std::vector<int> sizes) {
   std::vector<std::vector<std::string>> out;
@@ -134,9 +158,9 @@ double MaxRelDiff(Model& a, Model& b) {
   return worst;
 }
 
-void ExpectPipelineMatches(bool bn, std::vector<int> sizes, int m, PipelineSchedule schedule,
-                           int64_t batch) {
-  const auto net = Net(bn);
+// With BN, the unsplit model accumulates over the micro-batches.
+void ExpectPipelineMatches(const std::vector<LayerSpec>& net, bool bn, std::vector<int> sizes,
+                           int m, PipelineSchedule schedule, int64_t batch) {
   PipelineOptions o;
   o.stages = Cut(net, sizes);
   o.microbatches = m;
@@ -171,8 +195,8 @@ TEST(PipelineModel, TwoAndThreeStagesMatchTheUnsplitModel) {
   for (auto schedule : {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB}) {
     for (int m : {1, 4, 5}) {
       SCOPED_TRACE(StrCat(schedule == PipelineSchedule::kGpipe ? "gpipe" : "1f1b", " m=", m));
-      ExpectPipelineMatches(false, {4, layers - 4}, m, schedule, 12);
-      ExpectPipelineMatches(false, {2, 5, layers - 7}, m, schedule, 13);
+      ExpectPipelineMatches(Net(false), false, {4, layers - 4}, m, schedule, 12);
+      ExpectPipelineMatches(Net(false), false, {2, 5, layers - 7}, m, schedule, 13);
     }
   }
 }
@@ -180,8 +204,18 @@ TEST(PipelineModel, TwoAndThreeStagesMatchTheUnsplitModel) {
 TEST(PipelineModel, WithBatchNormMatchesAccumulationOverTheMicroBatches) {
   const int layers = static_cast<int>(Net(true).size());
   for (auto schedule : {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB}) {
-    ExpectPipelineMatches(true, {3, layers - 3}, 4, schedule, 16);
-    ExpectPipelineMatches(true, {1, 4, layers - 5}, 3, schedule, 12);
+    ExpectPipelineMatches(Net(true), true, {3, layers - 3}, 4, schedule, 16);
+    ExpectPipelineMatches(Net(true), true, {1, 4, layers - 5}, 3, schedule, 12);
+  }
+}
+
+// Cut between residual blocks, the block input crosses to the conv and the
+// add of the next stage: its gradient there is the sum of both.
+TEST(PipelineModel, CutsBetweenResidualBlocksMatchTheUnsplitModel) {
+  const std::vector<LayerSpec> net = ResidualNet();  // stem | b1 (5) | b2 (5) | flatten, fc
+  for (auto schedule : {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB}) {
+    ExpectPipelineMatches(net, false, {1, 10, 2}, 3, schedule, 12);
+    ExpectPipelineMatches(net, false, {6, 7}, 4, schedule, 12);
   }
 }
 
@@ -213,14 +247,16 @@ TEST(PipelineModel, BadCutsAreClearErrors) {
   expect({{"conv1", "relu1", "pool1"}}, "pipeline stages leave out layer 'conv2'");
   expect({{"conv1", "relu1", "nope"}}, "no layer 'nope'");
   auto res = Net(false);
-  res[5].inputs = {"pool1"};  // relu2 reads pool1 (stage 0) from stage 1
+  // relu2 reads relu1, inside stage 0, from stage 1 (only stage 0's last
+  // output, pool1, crosses the cut).
+  res[5].inputs = {"relu1"};
   PipelineOptions o;
   o.stages = {{"conv1", "relu1", "pool1"}, {"conv2", "relu2", "flatten", "fc1", "relu3", "fc2"}};
   try {
     PipelineModel p(res, kInput, 3, InitScheme::kPytorchDefault, {"sgd", Sgd()}, o);
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("reads 'pool1' from another stage"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("reads 'relu1' from another stage"), std::string::npos)
         << e.what();
   }
 }
@@ -266,6 +302,31 @@ TEST(PipelineModel, BalancedCutMinimisesTheLargestStage) {
     search(start, s);
     EXPECT_DOUBLE_EQ(worst(bounds), best) << s << " stages";
   }
+}
+
+// stages: auto on a residual net cuts only between blocks (a cut inside
+// one is refused by the pipeline), still as evenly as those allow.
+TEST(PipelineModel, BalancedCutCutsOnlyBetweenResidualBlocks) {
+  const std::vector<LayerSpec> net = ResidualNet();
+  auto model = Model::Build(net, kInput, {.seed = 3});
+  const std::vector<bool> points = CutPoints(*model);
+  std::vector<std::string> at;
+  for (int p = 1; p < model->num_layers(); ++p)
+    if (points[p]) at.push_back(model->layer(p).name());
+  EXPECT_EQ(at, (std::vector<std::string>{"b1_conv1", "b1_relu2", "b2_conv1", "b2_relu2", "flatten",
+                                          "fc"}));
+  for (int s = 2; s <= 7; ++s) {
+    PipelineOptions o;
+    o.stages = BalancedCut(*model, s);
+    ASSERT_EQ(static_cast<int>(o.stages.size()), s);
+    for (size_t k = 1; k < o.stages.size(); ++k) {
+      EXPECT_NE(std::find(at.begin(), at.end(), o.stages[k][0]), at.end())
+          << s << " stages: stage " << k << " starts at " << o.stages[k][0];
+    }
+    EXPECT_NO_THROW(PipelineModel(net, kInput, 3, InitScheme::kPytorchDefault, {"sgd", Sgd()}, o));
+  }
+  testing::ExpectContains(testing::ErrorOf<ConfigError>([&] { BalancedCut(*model, 8); }),
+                          {"6 place(s) where one tensor crosses", "at most 7 stages"});
 }
 
 }  // namespace
