@@ -342,6 +342,77 @@ void CheckRange(const char* key, const std::array<double, 2>& v, bool fraction) 
   }
 }
 
+// The image the crop reads, after resize_min_side and a random resized
+// crop (which cuts and resizes its region to the output: read at (0, 0),
+// unpadded). It owns its buffers: per-call, not thread_locals, since
+// OpenCV's resize runs TBB tasks and a waiting thread may pick up another
+// sample's augmentation.
+struct CropSource {
+  const uint8_t* px = nullptr;
+  ImageSize size;
+  AugmentParams at;  // the crop's top, left and flip
+  int pad = 0;
+  std::unique_ptr<uint8_t[]> resized, cropped;
+};
+
+CropSource ResizeForCrop(const uint8_t* hwc, int h, int w, int c, const AugmentParams& params,
+                         const AugmentOptions& o) {
+  CropSource s;
+  s.px = hwc;
+  s.size = ResizedSize(h, w, o.resize_min_side);
+  s.at = params;
+  s.pad = o.pad;
+  if (s.size.h != h || s.size.w != w) {
+    s.resized.reset(new uint8_t[static_cast<size_t>(s.size.h) * s.size.w * c]);
+    Resize(hwc, h, w, c, cv::Rect(0, 0, w, h), s.size, s.resized.get());
+    s.px = s.resized.get();
+  }
+  if (params.crop_h > 0 && params.crop_w > 0) {
+    CNNFLOW_ENFORCE(params.top >= 0 && params.left >= 0 && params.top + params.crop_h <= s.size.h &&
+                        params.left + params.crop_w <= s.size.w,
+                    "augment: the resized crop leaves the ", s.size.h, "x", s.size.w, " image");
+    const ImageSize out{o.out_h, o.out_w};
+    s.cropped.reset(new uint8_t[static_cast<size_t>(out.h) * out.w * c]);
+    Resize(s.px, s.size.h, s.size.w, c,
+           cv::Rect(params.left, params.top, params.crop_w, params.crop_h), out, s.cropped.get());
+    s.px = s.cropped.get();
+    s.size = out;
+    s.at.top = s.at.left = 0;
+    s.pad = 0;
+  }
+  return s;
+}
+
+// ColorJitter's op (0 brightness, 1 contrast, 2 saturation, 3 hue) by factor.
+void Jitter(const ChwF& f, int op, double factor) {
+  switch (op) {
+    case 0:
+      AdjustBrightness(f, factor);
+      break;
+    case 1:
+      AdjustContrast(f, factor);
+      break;
+    case 2:
+      AdjustSaturation(f, factor);
+      break;
+    default:
+      AdjustHue(f, factor);
+  }
+}
+
+// Random erasing: zeros the drawn rectangle of every channel of chw [c, out_h, out_w].
+void Erase(const AugmentParams& p, int out_h, int out_w, int c, float* chw) {
+  CNNFLOW_ENFORCE(p.erase_top >= 0 && p.erase_left >= 0 && p.erase_top + p.erase_h <= out_h &&
+                      p.erase_left + p.erase_w <= out_w,
+                  "augment: the erased rectangle leaves the ", out_h, "x", out_w, " output");
+  for (int ch = 0; ch < c; ++ch) {
+    for (int y = p.erase_top; y < p.erase_top + p.erase_h; ++y) {
+      float* row = chw + (int64_t{ch} * out_h + y) * out_w + p.erase_left;
+      std::fill(row, row + p.erase_w, 0.f);
+    }
+  }
+}
+
 }  // namespace
 
 void UseSerialOpenCv() {
@@ -436,115 +507,74 @@ void Augmenter::RunWithParams(const uint8_t* hwc, int h, int w, int c, const Aug
   CNNFLOW_ENFORCE(norm_channels_ == 1 || norm_channels_ == c, "augment: mean/std have ",
                   norm_channels_, " values but the image has ", c, " channels");
   const AugmentOptions& o = options_;
-  const uint8_t* src = hwc;
-  ImageSize size = ResizedSize(h, w, o.resize_min_side);
-  // Per-call buffers, not thread_locals: OpenCV's resize runs TBB tasks,
-  // and a waiting thread may pick up another sample's augmentation.
-  std::unique_ptr<uint8_t[]> resized, cropped;
-  if (size.h != h || size.w != w) {
-    resized.reset(new uint8_t[static_cast<size_t>(size.h) * size.w * c]);
-    Resize(hwc, h, w, c, cv::Rect(0, 0, w, h), size, resized.get());
-    src = resized.get();
-  }
-  // The gather crops at (top, left) from src with pad; a random resized
-  // crop has already cut and resized its region to the output.
-  AugmentParams at = params;
-  int pad = o.pad;
-  if (params.crop_h > 0 && params.crop_w > 0) {
-    CNNFLOW_ENFORCE(params.top >= 0 && params.left >= 0 && params.top + params.crop_h <= size.h &&
-                        params.left + params.crop_w <= size.w,
-                    "augment: the resized crop leaves the ", size.h, "x", size.w, " image");
-    const ImageSize out{o.out_h, o.out_w};
-    cropped.reset(new uint8_t[static_cast<size_t>(out.h) * out.w * c]);
-    Resize(src, size.h, size.w, c, cv::Rect(params.left, params.top, params.crop_w, params.crop_h),
-           out, cropped.get());
-    src = cropped.get();
-    size = out;
-    at.top = at.left = 0;
-    pad = 0;
-  }
-  const bool reflect = o.pad_mode == PadMode::kReflect && pad > 0;
-  if (reflect && (pad >= size.h || pad >= size.w)) {
+  const CropSource src = ResizeForCrop(hwc, h, w, c, params, o);
+  const ImageSize size = src.size;
+  const bool reflect = o.pad_mode == PadMode::kReflect && src.pad > 0;
+  if (reflect && (src.pad >= size.h || src.pad >= size.w)) {
     throw ConfigError(StrCat("augment: pad_mode: reflect needs pad < the image's sides, but pad ",
-                             pad, " on a ", size.h, "x", size.w, " image",
+                             src.pad, " on a ", size.h, "x", size.w, " image",
                              size.h != h || size.w != w ? " (after resize_min_side)" : ""));
   }
-  const int lut_stride = norm_channels_ == 1 ? 0 : 256;
-  auto gather = [&](const uint8_t* from, ImageSize sz, int gpad, bool greflect,
-                    const AugmentParams& gp) {
-    switch (c) {
-      case 1:
-        Gather<1>(from, sz.h, sz.w, c, gpad, greflect, gp, o.out_h, o.out_w, lut_.data(),
-                  lut_stride, mean_.data(), std_.data(), chw_out);
-        break;
-      case 3:
-        Gather<3>(from, sz.h, sz.w, c, gpad, greflect, gp, o.out_h, o.out_w, lut_.data(),
-                  lut_stride, mean_.data(), std_.data(), chw_out);
-        break;
-      default:
-        Gather<0>(from, sz.h, sz.w, c, gpad, greflect, gp, o.out_h, o.out_w, lut_.data(),
-                  lut_stride, mean_.data(), std_.data(), chw_out);
-    }
-  };
   const bool trivial = params.trivial_op != TrivialOp::kIdentity;
   const bool jitter = Jitters(o);
   // Checked whatever the draw, so a 4-channel source fails at once.
   CNNFLOW_ENFORCE(!(o.trivial_augment || jitter) || c == 1 || c == 3,
                   "augment: trivial_augment and color_jitter need 1 or 3 channels, got ", c);
   if (!trivial && !jitter) {
-    gather(src, size, pad, reflect, at);
+    GatherNormalised(src.px, size, c, src.pad, reflect, src.at, chw_out);
   } else {
     // The crop and flip as uint8, TrivialAugmentWide on it (uint8, as
     // torchvision on a uint8 tensor), then ColorJitter on v / 255 and the
     // normalisation, or without ColorJitter the table's normalisation.
-    const int64_t plane = int64_t{o.out_h} * o.out_w;
-    std::vector<uint8_t> crop(plane * c);
-    CropU8(src, size.h, size.w, c, pad, reflect, at, o.out_h, o.out_w, crop.data());
+    std::vector<uint8_t> crop(int64_t{o.out_h} * o.out_w * c);
+    CropU8(src.px, size.h, size.w, c, src.pad, reflect, src.at, o.out_h, o.out_w, crop.data());
     const HwcU8 img{crop.data(), o.out_h, o.out_w, c};
     if (trivial) ApplyTrivialOp(params.trivial_op, params.trivial_magnitude, img);
     if (!jitter) {
-      gather(crop.data(), ImageSize{o.out_h, o.out_w}, 0, false, AugmentParams{});
+      GatherNormalised(crop.data(), ImageSize{o.out_h, o.out_w}, c, 0, false, AugmentParams{},
+                       chw_out);
     } else {
-      for (int ch = 0; ch < c; ++ch) {
-        for (int64_t i = 0; i < plane; ++i) {
-          chw_out[ch * plane + i] = static_cast<float>(crop[i * c + ch]) / 255.f;
-        }
-      }
-      const ChwF f{chw_out, o.out_h, o.out_w, c};
-      for (const int op : params.jitter_order) {
-        if (!(o.color_jitter[op] > 0)) continue;
-        const double factor = params.jitter[op];
-        switch (op) {
-          case 0:
-            AdjustBrightness(f, factor);
-            break;
-          case 1:
-            AdjustContrast(f, factor);
-            break;
-          case 2:
-            AdjustSaturation(f, factor);
-            break;
-          default:
-            AdjustHue(f, factor);
-        }
-      }
-      for (int ch = 0; ch < c; ++ch) {
-        float* p = chw_out + ch * plane;
-        for (int64_t i = 0; i < plane; ++i) p[i] = (p[i] - mean_[ch]) / std_[ch];
-      }
+      JitterAndNormalise(crop.data(), c, params, chw_out);
     }
   }
-  if (params.erase_h > 0 && params.erase_w > 0) {
-    CNNFLOW_ENFORCE(params.erase_top >= 0 && params.erase_left >= 0 &&
-                        params.erase_top + params.erase_h <= o.out_h &&
-                        params.erase_left + params.erase_w <= o.out_w,
-                    "augment: the erased rectangle leaves the ", o.out_h, "x", o.out_w, " output");
-    for (int ch = 0; ch < c; ++ch) {
-      for (int y = params.erase_top; y < params.erase_top + params.erase_h; ++y) {
-        float* row = chw_out + (int64_t{ch} * o.out_h + y) * o.out_w + params.erase_left;
-        std::fill(row, row + params.erase_w, 0.f);
-      }
+  if (params.erase_h > 0 && params.erase_w > 0) Erase(params, o.out_h, o.out_w, c, chw_out);
+}
+
+void Augmenter::GatherNormalised(const uint8_t* from, ImageSize size, int c, int pad, bool reflect,
+                                 const AugmentParams& p, float* chw_out) const {
+  const AugmentOptions& o = options_;
+  const int lut_stride = norm_channels_ == 1 ? 0 : 256;
+  switch (c) {
+    case 1:
+      Gather<1>(from, size.h, size.w, c, pad, reflect, p, o.out_h, o.out_w, lut_.data(), lut_stride,
+                mean_.data(), std_.data(), chw_out);
+      break;
+    case 3:
+      Gather<3>(from, size.h, size.w, c, pad, reflect, p, o.out_h, o.out_w, lut_.data(), lut_stride,
+                mean_.data(), std_.data(), chw_out);
+      break;
+    default:
+      Gather<0>(from, size.h, size.w, c, pad, reflect, p, o.out_h, o.out_w, lut_.data(), lut_stride,
+                mean_.data(), std_.data(), chw_out);
+  }
+}
+
+void Augmenter::JitterAndNormalise(const uint8_t* crop, int c, const AugmentParams& params,
+                                   float* chw_out) const {
+  const AugmentOptions& o = options_;
+  const int64_t plane = int64_t{o.out_h} * o.out_w;
+  for (int ch = 0; ch < c; ++ch) {
+    for (int64_t i = 0; i < plane; ++i) {
+      chw_out[ch * plane + i] = static_cast<float>(crop[i * c + ch]) / 255.f;
     }
+  }
+  const ChwF f{chw_out, o.out_h, o.out_w, c};
+  for (const int op : params.jitter_order) {
+    if (o.color_jitter[op] > 0) Jitter(f, op, params.jitter[op]);
+  }
+  for (int ch = 0; ch < c; ++ch) {
+    float* p = chw_out + ch * plane;
+    for (int64_t i = 0; i < plane; ++i) p[i] = (p[i] - mean_[ch]) / std_[ch];
   }
 }
 

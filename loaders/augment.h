@@ -158,6 +158,15 @@ class Augmenter {
 
  private:
   static constexpr int kMaxChannels = 4;
+  // [c, out_h, out_w] normalised (the table) from a crop at (p.top, p.left)
+  // of `from` [size.h, size.w, c] with pad, flipped where p.flip.
+  void GatherNormalised(const uint8_t* from, ImageSize size, int c, int pad, bool reflect,
+                        const AugmentParams& p, float* chw_out) const;
+  // ColorJitter on crop [out_h, out_w, c] / 255 in the drawn order, then the
+  // normalisation, into chw_out [c, out_h, out_w].
+  void JitterAndNormalise(const uint8_t* crop, int c, const AugmentParams& params,
+                          float* chw_out) const;
+
   AugmentOptions options_;
   int norm_channels_ = 1;  // how many distinct mean/std entries (1 or c)
   // lut_[c * 256 + v] = (v / 255 - mean[c]) / std[c], computed in float;

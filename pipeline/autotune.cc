@@ -101,6 +101,23 @@ std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs
   ++batches_;
   if (phase_ == Phase::kSettled || knobs.empty()) return out;
   for (const TunableKnob& k : knobs) values_.emplace(k.name, k.value);
+  // Moves come only after a window.
+  const std::optional<Window> window = CountBatch(samples, seconds, step_busy_seconds);
+  if (!window) return out;
+  if (phase_ == Phase::kTrial) {  // B: back to A for the control window
+    EndTrial(knobs, window->rate);
+    return out;
+  }
+  // A': judge B against A and A'; a kept move starts a fresh A.
+  if (phase_ == Phase::kReturn && JudgeTrial(knobs, window->rate, out)) return out;
+  baseline_ = window->rate;  // A, or A' as the next trial's A
+  baseline_wait_ = window->wait;
+  if (!NextMove(knobs, out)) out.push_back(Settle(knobs));
+  return out;
+}
+
+std::optional<Autotuner::Window> Autotuner::CountBatch(int64_t samples, double seconds,
+                                                       double step_busy_seconds) {
   // This batch's samples and seconds (the pass's totals are cumulative).
   const bool first = !have_last_;
   const int64_t batch_samples = samples - last_samples_;
@@ -111,90 +128,82 @@ std::vector<AutotuneDecision> Autotuner::Observe(std::vector<TunableKnob>& knobs
   last_samples_ = samples;
   last_seconds_ = seconds;
   last_busy_ = step_busy_seconds;
-  if (first) return out;  // its time includes the pass's start
+  if (first) return {};  // its time includes the pass's start
   if (skip_ > 0) {
     --skip_;
-    return out;
+    return {};
   }
   ++window_batches_;
   window_samples_ += batch_samples;
   window_seconds_ += batch_seconds;
   window_busy_ += batch_busy;
   window_busy_known_ &= busy_known;
-  const std::optional<Window> window = EndWindow();  // moves come only after a window
-  if (!window) return out;
-  const double rate = window->rate;
+  return EndWindow();
+}
 
-  if (phase_ == Phase::kTrial) {  // B: back to A for the control window
-    trial_rate_ = rate;
-    TunableKnob& k = knobs[trial_->knob];
-    trial_to_ = k.value;
-    k.value = k.set(trial_from_);
-    values_[k.name] = k.value;
-    phase_ = Phase::kReturn;
-    skip_ = opt_.settle_batches;
-    return out;
-  }
-  if (phase_ == Phase::kReturn) {  // A': judge B against A and A'
-    TunableKnob& k = knobs[trial_->knob];
-    const double a2 = rate;
-    const double ref = (baseline_ + a2) / 2;
-    const double change = ref > 0 ? trial_rate_ / ref - 1 : 0;
-    const double noise = ref > 0 ? std::abs(baseline_ - a2) / ref : 0;
-    const double need = std::max(opt_.gain, 2 * noise);
-    // A move down must lose under `tolerance` even counting the noise.
-    const bool keep = trial_->up ? change >= need : change >= noise - opt_.tolerance;
-    AutotuneDecision d;
-    d.batch = batches_;
-    d.knob = k.name;
-    d.from = trial_from_;
-    d.to = trial_to_;
-    d.rate_before = ref;
-    d.rate_after = trial_rate_;
-    char why[240];
-    std::snprintf(why, sizeof why,
-                  "A %.0f, B %.0f, A' %.0f images/s: %+.1f%% against A and A' "
-                  "(which differ by %.1f%%)%s",
-                  baseline_, trial_rate_, a2, 100 * change, 100 * noise,
-                  keep ? ""
-                       : (trial_->up ? StrCat(", under the +", static_cast<int>(100 * need + 0.5),
-                                              "% a move up must gain")
-                                           .c_str()
-                                     : ", more than the 3% (less the noise) a move down may lose"));
-    d.reason = why;
-    d.action = keep ? "keep" : "revert";
-    out.push_back(d);
-    const Move tried = *trial_;
-    trial_.reset();
-    if (keep) {
-      k.value = k.set(trial_to_);
-      values_[k.name] = k.value;
-      last_kept_ = tried;
-      tried_in_round_ = 0;
-      phase_ = Phase::kBaseline;  // a fresh A at the new setting
-      skip_ = opt_.settle_batches;
-      return out;
-    }
-    baseline_ = a2;  // A' is the next trial's A
-  } else {
-    baseline_ = rate;
-  }
-  baseline_wait_ = window->wait;
-  if (!NextMove(knobs, out)) {
-    phase_ = Phase::kSettled;
-    AutotuneDecision d;
-    d.batch = batches_;
-    d.action = "settled";
-    d.rate_before = d.rate_after = baseline_;
-    std::string v;
-    for (const TunableKnob& k : knobs) v += StrCat(v.empty() ? "" : ", ", k.name, " = ", k.value);
-    char rate_text[64];
-    std::snprintf(rate_text, sizeof rate_text, " at %.0f images/s", baseline_);
-    d.reason =
-        v + rate_text + WaitText() + (moves_ >= opt_.max_moves ? " (move limit reached)" : "");
-    out.push_back(d);
-  }
-  return out;
+void Autotuner::EndTrial(std::vector<TunableKnob>& knobs, double rate) {
+  trial_rate_ = rate;
+  TunableKnob& k = knobs[trial_->knob];
+  trial_to_ = k.value;
+  k.value = k.set(trial_from_);
+  values_[k.name] = k.value;
+  phase_ = Phase::kReturn;
+  skip_ = opt_.settle_batches;
+}
+
+bool Autotuner::JudgeTrial(std::vector<TunableKnob>& knobs, double a2,
+                           std::vector<AutotuneDecision>& out) {
+  TunableKnob& k = knobs[trial_->knob];
+  const double ref = (baseline_ + a2) / 2;
+  const double change = ref > 0 ? trial_rate_ / ref - 1 : 0;
+  const double noise = ref > 0 ? std::abs(baseline_ - a2) / ref : 0;
+  const double need = std::max(opt_.gain, 2 * noise);
+  // A move down must lose under `tolerance` even counting the noise.
+  const bool keep = trial_->up ? change >= need : change >= noise - opt_.tolerance;
+  AutotuneDecision d;
+  d.batch = batches_;
+  d.knob = k.name;
+  d.from = trial_from_;
+  d.to = trial_to_;
+  d.rate_before = ref;
+  d.rate_after = trial_rate_;
+  char why[240];
+  std::snprintf(why, sizeof why,
+                "A %.0f, B %.0f, A' %.0f images/s: %+.1f%% against A and A' "
+                "(which differ by %.1f%%)%s",
+                baseline_, trial_rate_, a2, 100 * change, 100 * noise,
+                keep ? ""
+                     : (trial_->up ? StrCat(", under the +", static_cast<int>(100 * need + 0.5),
+                                            "% a move up must gain")
+                                         .c_str()
+                                   : ", more than the 3% (less the noise) a move down may lose"));
+  d.reason = why;
+  d.action = keep ? "keep" : "revert";
+  out.push_back(d);
+  const Move tried = *trial_;
+  trial_.reset();
+  if (!keep) return false;
+  k.value = k.set(trial_to_);
+  values_[k.name] = k.value;
+  last_kept_ = tried;
+  tried_in_round_ = 0;
+  phase_ = Phase::kBaseline;  // a fresh A at the new setting
+  skip_ = opt_.settle_batches;
+  return true;
+}
+
+AutotuneDecision Autotuner::Settle(const std::vector<TunableKnob>& knobs) {
+  phase_ = Phase::kSettled;
+  AutotuneDecision d;
+  d.batch = batches_;
+  d.action = "settled";
+  d.rate_before = d.rate_after = baseline_;
+  std::string v;
+  for (const TunableKnob& k : knobs) v += StrCat(v.empty() ? "" : ", ", k.name, " = ", k.value);
+  char rate_text[64];
+  std::snprintf(rate_text, sizeof rate_text, " at %.0f images/s", baseline_);
+  d.reason = v + rate_text + WaitText() + (moves_ >= opt_.max_moves ? " (move limit reached)" : "");
+  return d;
 }
 
 }  // namespace cnnflow

@@ -79,6 +79,13 @@ class Autotuner {
     double rate;  // images/s
     double wait;  // share of the window the step waited for data; < 0: unknown
   };
+  // Observe's steps: this batch counted into the window (the window when
+  // it is complete); B ended, back to A's setting for A'; B judged against
+  // A and A' (true: kept); no move left.
+  std::optional<Window> CountBatch(int64_t samples, double seconds, double step_busy_seconds);
+  void EndTrial(std::vector<TunableKnob>& knobs, double rate);
+  bool JudgeTrial(std::vector<TunableKnob>& knobs, double a2, std::vector<AutotuneDecision>& out);
+  AutotuneDecision Settle(const std::vector<TunableKnob>& knobs);
   std::optional<Window> EndWindow();  // when the window is complete; then a new one starts
   bool NextMove(std::vector<TunableKnob>& knobs, std::vector<AutotuneDecision>& out);
   int64_t Target(const TunableKnob& k, bool up) const;

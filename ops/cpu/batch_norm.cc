@@ -82,14 +82,174 @@ double BatchNormLayer::SyncCountAndShift(int64_t local_count, const Shape& in_sh
   return count;
 }
 
-void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
-                             const ForwardContext& ctx) {
-  const Tensor& in = *x[0];
+namespace {
+
+// One call's [n, c_n, s_n] input x as T, the affine parameters (null
+// without affine) and the statistics it normalises with (the layer's mean_
+// and inv_std_, set per channel as the forward goes).
+template <typename T>
+struct NchwInput {
+  int64_t n, c_n, s_n;
+  const T* xs;
+  const T* gamma;
+  const T* beta;
+  const std::vector<double>& mean;
+  const std::vector<double>& inv_std;
+
+  // Channels are independent: each task owns a range of whole channels, so
+  // every statistic is one serial-order sum (deterministic for any split).
+  template <typename Fn>
+  void ForRows(int64_t c0, int64_t c1, Fn&& fn) const {
+    cpu::batch_norm::ForRows(n, c_n, s_n, c0, c1, fn);
+  }
+
+  // sum(x - shift) and sum((x - shift)^2) per channel of [c0, c1), shift ~
+  // the mean: the second pass that avoids the cancellation of E[x^2] -
+  // E[x]^2; the first sum corrects the mean for the rounding of shift.
+  void CentredSums(int64_t c0, int64_t c1, const double* shift, double* s1, double* s2) const {
+    std::fill_n(s1, c1 - c0, 0.0);
+    std::fill_n(s2, c1 - c0, 0.0);
+    ForRows(c0, c1, [&](int64_t c, int64_t at) {
+      SumCentred(xs + at, s_n, shift[c - c0], &s1[c - c0], &s2[c - c0]);
+    });
+  }
+
+  // y = (x - mean) * a + beta with a = gamma / std (subtracting first
+  // keeps f32 precise when |mean| >> std), over channels [c0, c1) whose
+  // statistics are set; a fused GELU then runs over each sample's span of
+  // them (contiguous).
+  void Normalise(int64_t c0, int64_t c1, bool relu, bool gelu, T* ys) const {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t at = (i * c_n + c) * s_n;
+        const auto [tm, a, b] = AffineOf(c, mean, inv_std, gamma, beta);
+        const T* row = xs + at;
+        T* out = ys + at;
+        if (relu) {
+          for (int64_t k = 0; k < s_n; ++k) out[k] = std::max((row[k] - tm) * a + b, T(0));
+        } else {
+          for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
+        }
+      }
+      if (gelu) GeluSpan(ys + (i * c_n + c0) * s_n, (c1 - c0) * s_n);
+    }
+  }
+};
+
+// A backward call's gradients over an NchwInput: dy, y (with a fused ReLU,
+// whose mask it is, else null), dx (null when not wanted) and the
+// parameters' gradients (null without affine).
+template <typename T>
+struct NchwGrads {
+  const NchwInput<T>& x;
+  const T* g;
+  const T* ys;
+  T* d;
+  T* dgamma;
+  T* dbeta;
+  bool gelu;
+  double inv_count;  // 1 / the (global) values per channel
+  // With a fused GELU, dy is the gradient of gelu(bn): LocalSums takes it
+  // through the GELU at bn(x), recomputed from x a sample's span at a time,
+  // and leaves that gradient in dx (when wanted), where the dx passes read
+  // it and overwrite it in place.
+  bool du_in_dx() const { return gelu && d != nullptr; }
+  const T* GradAt(int64_t at) const { return du_in_dx() ? d + at : g + at; }
+
+  // This replica's sum(dy) and sum(dy * xhat) per channel of [c0, c1),
+  // xhat = (x - mean) * inv_std; the parameter gradients are these LOCAL sums.
+  void LocalSums(int64_t c0, int64_t c1, double* sum_dy, double* sum_dy_xhat) const {
+    const int64_t n = x.n, c_n = x.c_n, s_n = x.s_n;
+    const T* xs = x.xs;
+    std::fill_n(sum_dy, c1 - c0, 0.0);
+    std::fill_n(sum_dy_xhat, c1 - c0, 0.0);
+    const int64_t span = (c1 - c0) * s_n;
+    std::vector<T> u(gelu ? span : 0);  // bn(x) over a sample's span
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t at0 = (i * c_n + c0) * s_n;
+      const T* grad = g + at0;
+      if (gelu) {
+        for (int64_t c = c0; c < c1; ++c) {
+          const auto [tm, a, b] = AffineOf(c, x.mean, x.inv_std, x.gamma, x.beta);
+          const T* row = xs + at0 + (c - c0) * s_n;
+          T* out = u.data() + (c - c0) * s_n;
+          for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
+        }
+        T* du = du_in_dx() ? d + at0 : u.data();
+        GeluGradSpan(u.data(), g + at0, du, span);
+        grad = du;
+      }
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t at = at0 + (c - c0) * s_n;
+        SumGradAndGradCentred(grad + (c - c0) * s_n, ys != nullptr ? ys + at : nullptr, xs + at,
+                              s_n, x.mean[c], &sum_dy[c - c0], &sum_dy_xhat[c - c0]);
+      }
+    }
+    for (int64_t c = c0; c < c1; ++c) {
+      sum_dy_xhat[c - c0] *= x.inv_std[c];
+      if (dgamma != nullptr) {
+        dgamma[c] += static_cast<T>(sum_dy_xhat[c - c0]);
+        dbeta[c] += static_cast<T>(sum_dy[c - c0]);
+      }
+    }
+  }
+
+  // dx = gamma * inv_std * (dy - mean(dy) - xhat * mean(dy * xhat)) with the
+  // means over the (global) batch, written as dx = dy * k + (x - mean) * u + v:
+  // per-channel constants, a short inner loop. dy is masked where y <= 0
+  // (both loads unconditional, so the loops vectorise).
+  void InputGrad(int64_t c0, int64_t c1, const double* sum_dy, const double* sum_dy_xhat) const {
+    const int64_t s_n = x.s_n;
+    x.ForRows(c0, c1, [&](int64_t c, int64_t at) {
+      const double inv_std = x.inv_std[c];
+      const double scale = (x.gamma != nullptr ? static_cast<double>(x.gamma[c]) : 1.0) * inv_std;
+      const T tk = static_cast<T>(scale);
+      const T tu = static_cast<T>(-scale * inv_std * sum_dy_xhat[c - c0] * inv_count);
+      const T tv = static_cast<T>(-scale * sum_dy[c - c0] * inv_count);
+      const T tm = static_cast<T>(x.mean[c]);
+      const T* grow = GradAt(at);
+      const T* row = x.xs + at;
+      T* out = d + at;
+      if (ys == nullptr) {
+        for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk + (row[k] - tm) * tu + tv;
+        return;
+      }
+      const T* yrow = ys + at;
+      for (int64_t k = 0; k < s_n; ++k) {
+        const T gk = grow[k];
+        out[k] = (yrow[k] > T(0) ? gk : T(0)) * tk + (row[k] - tm) * tu + tv;
+      }
+    });
+  }
+
+  // Evaluation: the running statistics are constants, only the affine map remains.
+  void AffineGrad(int64_t c0, int64_t c1) const {
+    const int64_t s_n = x.s_n;
+    x.ForRows(c0, c1, [&](int64_t c, int64_t at) {
+      const T tk = static_cast<T>((x.gamma != nullptr ? static_cast<double>(x.gamma[c]) : 1.0) *
+                                  x.inv_std[c]);
+      const T* grow = GradAt(at);
+      T* out = d + at;
+      if (ys == nullptr) {
+        for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk;
+        return;
+      }
+      const T* yrow = ys + at;
+      for (int64_t k = 0; k < s_n; ++k) {
+        const T gk = grow[k];
+        out[k] = (yrow[k] > T(0) ? gk : T(0)) * tk;
+      }
+    });
+  }
+};
+
+}  // namespace
+
+bool BatchNormLayer::StartForward(const Tensor& in, const Tensor& y, const ForwardContext& ctx) {
   const int64_t n = in.dim(0);
-  const int64_t c_n = channels_, s_n = spatial_;
-  const int64_t m = n * s_n;  // values per channel (this replica's shard)
-  CNNFLOW_ENFORCE(in.numel() == n * c_n * s_n && y.numel() == in.numel(), "batchnorm ", name(),
-                  ": input ", in.shape(), " output ", y.shape());
+  const int64_t m = n * spatial_;  // values per channel (this replica's shard)
+  CNNFLOW_ENFORCE(in.numel() == n * channels_ * spatial_ && y.numel() == in.numel(), "batchnorm ",
+                  name(), ": input ", in.shape(), " output ", y.shape());
   // Held running statistics (a frozen BN) normalise as in evaluation.
   const bool training = ctx.training && !hold_running_stats_;
   last_training_ = training;
@@ -106,266 +266,163 @@ void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   }
   local_count_ = m;
   count_ = static_cast<double>(m);
-  mean_.resize(c_n);
-  inv_std_.resize(c_n);
+  mean_.resize(channels_);
+  inv_std_.resize(channels_);
+  return training;
+}
+
+void BatchNormLayer::Forward(const std::vector<const Tensor*>& x, Tensor& y,
+                             const ForwardContext& ctx) {
+  const Tensor& in = *x[0];
+  const bool training = StartForward(in, y, ctx);
   if (nhwc_input()) {
     ForwardNhwc(in, y, training);
     return;
   }
   DispatchFloat(in.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const T* xs = in.data<T>();
-    T* ys = y.data<T>();
-    const T* gamma = affine_ ? parameters()[0].value.data<T>() : nullptr;
-    const T* beta = affine_ ? parameters()[1].value.data<T>() : nullptr;
-    T* rmean = buffers()[0].value.data<T>();
-    T* rvar = buffers()[1].value.data<T>();
-    const double momentum = momentum_;
-    // Channels are independent: each task owns a range of whole channels, so
-    // every statistic is one serial-order sum (deterministic for any split).
-    auto for_rows = [&](int64_t c0, int64_t c1, auto&& fn) { ForRows(n, c_n, s_n, c0, c1, fn); };
-    // sum(x - shift) and sum((x - shift)^2) per channel of [c0, c1), shift ~
-    // the mean: the second pass that avoids the cancellation of E[x^2] -
-    // E[x]^2; the first sum corrects the mean for the rounding of shift.
-    auto centred_sums = [&](int64_t c0, int64_t c1, const double* shift, double* s1, double* s2) {
-      std::fill_n(s1, c1 - c0, 0.0);
-      std::fill_n(s2, c1 - c0, 0.0);
-      for_rows(c0, c1, [&](int64_t c, int64_t at) {
-        SumCentred(xs + at, s_n, shift[c - c0], &s1[c - c0], &s2[c - c0]);
-      });
-    };
-    // y = (x - mean) * a + beta with a = gamma / std (subtracting first
-    // keeps f32 precise when |mean| >> std), over channels [c0, c1) whose
-    // statistics are set; a fused GELU then runs over each sample's span of
-    // them (contiguous).
-    auto normalise = [&](int64_t c0, int64_t c1) {
-      for (int64_t i = 0; i < n; ++i) {
-        for (int64_t c = c0; c < c1; ++c) {
-          const int64_t at = (i * c_n + c) * s_n;
-          const auto [tm, a, b] = AffineOf(c, mean_, inv_std_, gamma, beta);
-          const T* row = xs + at;
-          T* out = ys + at;
-          if (relu_) {
-            for (int64_t k = 0; k < s_n; ++k) out[k] = std::max((row[k] - tm) * a + b, T(0));
-          } else {
-            for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
-          }
-        }
-        if (gelu_) GeluSpan(ys + (i * c_n + c0) * s_n, (c1 - c0) * s_n);
-      }
-    };
-    // Batch statistics from the (global) count and centred sums; updates
-    // the running statistics.
-    auto finish = [&](int64_t c, double count, double shift, double s1, double s2) {
-      const auto [mean, var] = BatchStats(count, shift, s1, s2, momentum, &rmean[c], &rvar[c]);
-      SetStats(c, mean, var);
-    };
+    ForwardNchw<std::remove_pointer_t<decltype(tag)>>(in, y, training);
+  });
+}
 
-    if (!training) {
-      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-          SetStats(c, static_cast<double>(rmean[c]), static_cast<double>(rvar[c]));
-        }
-        normalise(c0, c1);
-      });
-    } else if (sync_sum_ == nullptr) {
-      // One pass of sums centred on the first sample's mean: within a few
-      // standard deviations of the batch mean, so the double sums lose
-      // nothing f32 would keep (a pass fewer over x than centring on the
-      // batch mean, as the synced path must).
-      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
-        std::vector<double> shift(c1 - c0), s1(c1 - c0), s2(c1 - c0);
-        for (int64_t c = c0; c < c1; ++c) {
-          shift[c - c0] = SumLanes(xs + c * s_n, s_n) / static_cast<double>(s_n);
-        }
-        centred_sums(c0, c1, shift.data(), s1.data(), s2.data());
-        for (int64_t c = c0; c < c1; ++c) {
-          finish(c, static_cast<double>(m), shift[c - c0], s1[c - c0], s2[c - c0]);
-        }
-        normalise(c0, c1);
-      });
-    } else {
-      // Pass 1: [sum x (hi C, lo C), count (2)] -> the global count and a
-      // per-channel shift (the mean up to the float rounding of the sum).
-      sync_buf_.assign(2 * c_n + 2, 0.0f);
-      float* buf = sync_buf_.data();
-      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
-        std::vector<double> sum(c1 - c0, 0.0);
-        for_rows(c0, c1, [&](int64_t c, int64_t at) { sum[c - c0] += SumLanes(xs + at, s_n); });
-        for (int64_t c = c0; c < c1; ++c) PutSplit(sum[c - c0], &buf[c], &buf[c_n + c]);
-      });
-      const double count = SyncCountAndShift(m, in.shape());
-      // Pass 2: [sum(x - shift) (hi, lo), sum((x - shift)^2) (hi, lo)].
-      sync_buf_.assign(4 * c_n, 0.0f);
-      buf = sync_buf_.data();
-      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
-        std::vector<double> s1(c1 - c0), s2(c1 - c0);
-        centred_sums(c0, c1, shift_.data() + c0, s1.data(), s2.data());
-        for (int64_t c = c0; c < c1; ++c) {
-          PutSplit(s1[c - c0], &buf[c], &buf[c_n + c]);
-          PutSplit(s2[c - c0], &buf[2 * c_n + c], &buf[3 * c_n + c]);
-        }
-      });
-      (*sync_sum_)(buf, 4 * c_n);
-      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-          finish(c, count, shift_[c], GetSplit(buf[c], buf[c_n + c]),
-                 GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]));
-        }
-        normalise(c0, c1);
-      });
+template <typename T>
+void BatchNormLayer::ForwardNchw(const Tensor& in, Tensor& y, bool training) {
+  const int64_t n = in.dim(0), c_n = channels_, s_n = spatial_, m = n * s_n;
+  const NchwInput<T> p{n, c_n, s_n, in.data<T>(), Param<T>(0), Param<T>(1), mean_, inv_std_};
+  T* ys = y.data<T>();
+  T* rmean = buffers()[0].value.data<T>();
+  T* rvar = buffers()[1].value.data<T>();
+  // Batch statistics from the (global) count and centred sums; updates the
+  // running statistics.
+  auto finish = [&](int64_t c, double count, double shift, double s1, double s2) {
+    const auto [mean, var] = BatchStats(count, shift, s1, s2, momentum_, &rmean[c], &rvar[c]);
+    SetStats(c, mean, var);
+  };
+  if (!training) {
+    cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        SetStats(c, static_cast<double>(rmean[c]), static_cast<double>(rvar[c]));
+      }
+      p.Normalise(c0, c1, relu_, gelu_, ys);
+    });
+  } else if (sync_sum_ == nullptr) {
+    // One pass of sums centred on the first sample's mean: within a few
+    // standard deviations of the batch mean, so the double sums lose
+    // nothing f32 would keep (a pass fewer over x than centring on the
+    // batch mean, as the synced path must).
+    cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
+      std::vector<double> shift(c1 - c0), s1(c1 - c0), s2(c1 - c0);
+      for (int64_t c = c0; c < c1; ++c) {
+        shift[c - c0] = SumLanes(p.xs + c * s_n, s_n) / static_cast<double>(s_n);
+      }
+      p.CentredSums(c0, c1, shift.data(), s1.data(), s2.data());
+      for (int64_t c = c0; c < c1; ++c) {
+        finish(c, static_cast<double>(m), shift[c - c0], s1[c - c0], s2[c - c0]);
+      }
+      p.Normalise(c0, c1, relu_, gelu_, ys);
+    });
+  } else {
+    const double count = SyncCentredSums(p, in.shape());
+    const float* buf = sync_buf_.data();
+    cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        finish(c, count, shift_[c], GetSplit(buf[c], buf[c_n + c]),
+               GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]));
+      }
+      p.Normalise(c0, c1, relu_, gelu_, ys);
+    });
+  }
+}
+
+template <typename Input>
+double BatchNormLayer::SyncCentredSums(const Input& p, const Shape& in_shape) {
+  const int64_t c_n = p.c_n, grain = ChannelGrain(p.s_n, p.n * p.s_n);
+  // Pass 1: [sum x (hi C, lo C), count (2)] -> the global count and a
+  // per-channel shift (the mean up to the float rounding of the sum).
+  sync_buf_.assign(2 * c_n + 2, 0.0f);
+  float* buf = sync_buf_.data();
+  cpu::ParallelFor(c_n, grain, [&](int64_t c0, int64_t c1) {
+    std::vector<double> sum(c1 - c0, 0.0);
+    p.ForRows(c0, c1, [&](int64_t c, int64_t at) { sum[c - c0] += SumLanes(p.xs + at, p.s_n); });
+    for (int64_t c = c0; c < c1; ++c) PutSplit(sum[c - c0], &buf[c], &buf[c_n + c]);
+  });
+  const double count = SyncCountAndShift(p.n * p.s_n, in_shape);
+  // Pass 2: [sum(x - shift) (hi, lo), sum((x - shift)^2) (hi, lo)].
+  sync_buf_.assign(4 * c_n, 0.0f);
+  buf = sync_buf_.data();
+  cpu::ParallelFor(c_n, grain, [&](int64_t c0, int64_t c1) {
+    std::vector<double> s1(c1 - c0), s2(c1 - c0);
+    p.CentredSums(c0, c1, shift_.data() + c0, s1.data(), s2.data());
+    for (int64_t c = c0; c < c1; ++c) {
+      PutSplit(s1[c - c0], &buf[c], &buf[c_n + c]);
+      PutSplit(s2[c - c0], &buf[2 * c_n + c], &buf[3 * c_n + c]);
     }
   });
+  (*sync_sum_)(buf, 4 * c_n);
+  return count;
 }
 
 void BatchNormLayer::Backward(const std::vector<const Tensor*>& x, const Tensor& y,
                               const Tensor& dy, const std::vector<Tensor*>& dx) {
   const Tensor& in = *x[0];
-  const int64_t n = in.dim(0);
-  const int64_t c_n = channels_, s_n = spatial_;
-  const int64_t m = n * s_n;
-  CNNFLOW_ENFORCE(
-      dy.numel() == in.numel() && static_cast<int64_t>(mean_.size()) == c_n && m == local_count_,
-      "batchnorm ", name(), ": backward without a matching forward, x ", in.shape(), " dy ",
-      dy.shape());
+  CNNFLOW_ENFORCE(dy.numel() == in.numel() && static_cast<int64_t>(mean_.size()) == channels_ &&
+                      in.dim(0) * spatial_ == local_count_,
+                  "batchnorm ", name(), ": backward without a matching forward, x ", in.shape(),
+                  " dy ", dy.shape());
   if (nhwc_input()) {
     BackwardNhwc(in, dy, dx[0]);
     return;
   }
   DispatchFloat(in.dtype(), [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const T* xs = in.data<T>();
-    const T* g = dy.data<T>();
-    T* d = dx[0] != nullptr ? dx[0]->data<T>() : nullptr;
-    // With a fused ReLU, dy is the gradient of max(bn, 0): each row of it
-    // counts only where y > 0, masked where it is read.
-    const T* ys = relu_ ? y.data<T>() : nullptr;
-    auto for_rows = [&](int64_t c0, int64_t c1, auto&& fn) { ForRows(n, c_n, s_n, c0, c1, fn); };
-    const T* gamma = affine_ ? parameters()[0].value.data<T>() : nullptr;
-    const T* beta = affine_ ? parameters()[1].value.data<T>() : nullptr;
-    T* dgamma = affine_ ? parameters()[0].grad.data<T>() : nullptr;
-    T* dbeta = affine_ ? parameters()[1].grad.data<T>() : nullptr;
-    const bool training = last_training_;
-    const double inv_count = 1.0 / count_;
-    // With a fused GELU, dy is the gradient of gelu(bn): local_sums takes it
-    // through the GELU at bn(x), recomputed from x a sample's span at a time,
-    // and leaves that gradient in dx (when wanted), where the dx passes
-    // read it and overwrite it in place.
-    const bool du_in_dx = gelu_ && d != nullptr;
-    auto grad_at = [&](int64_t at) -> const T* { return du_in_dx ? d + at : g + at; };
-    // This replica's sum(dy) and sum(dy * xhat) per channel of [c0, c1),
-    // xhat = (x - mean) * inv_std; the parameter gradients are these LOCAL sums.
-    auto local_sums = [&](int64_t c0, int64_t c1, double* sum_dy, double* sum_dy_xhat) {
-      std::fill_n(sum_dy, c1 - c0, 0.0);
-      std::fill_n(sum_dy_xhat, c1 - c0, 0.0);
-      const int64_t span = (c1 - c0) * s_n;
-      std::vector<T> u(gelu_ ? span : 0);  // bn(x) over a sample's span
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t at0 = (i * c_n + c0) * s_n;
-        const T* grad = g + at0;
-        if (gelu_) {
-          for (int64_t c = c0; c < c1; ++c) {
-            const auto [tm, a, b] = AffineOf(c, mean_, inv_std_, gamma, beta);
-            const T* row = xs + at0 + (c - c0) * s_n;
-            T* out = u.data() + (c - c0) * s_n;
-            for (int64_t k = 0; k < s_n; ++k) out[k] = (row[k] - tm) * a + b;
-          }
-          T* du = du_in_dx ? d + at0 : u.data();
-          GeluGradSpan(u.data(), g + at0, du, span);
-          grad = du;
-        }
-        for (int64_t c = c0; c < c1; ++c) {
-          const int64_t at = at0 + (c - c0) * s_n;
-          SumGradAndGradCentred(grad + (c - c0) * s_n, ys != nullptr ? ys + at : nullptr, xs + at,
-                                s_n, mean_[c], &sum_dy[c - c0], &sum_dy_xhat[c - c0]);
-        }
-      }
-      for (int64_t c = c0; c < c1; ++c) {
-        sum_dy_xhat[c - c0] *= inv_std_[c];
-        if (dgamma != nullptr) {
-          dgamma[c] += static_cast<T>(sum_dy_xhat[c - c0]);
-          dbeta[c] += static_cast<T>(sum_dy[c - c0]);
-        }
-      }
-    };
-    // dx = gamma * inv_std * (dy - mean(dy) - xhat * mean(dy * xhat)) with the
-    // means over the (global) batch, written as dx = dy * k + (x - mean) * u + v:
-    // per-channel constants, a short inner loop. dy is masked where y <= 0
-    // (both loads unconditional, so the loops vectorise).
-    auto input_grad = [&](int64_t c0, int64_t c1, const double* sum_dy, const double* sum_dy_xhat) {
-      for_rows(c0, c1, [&](int64_t c, int64_t at) {
-        const double inv_std = inv_std_[c];
-        const double scale = (gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std;
-        const T tk = static_cast<T>(scale);
-        const T tu = static_cast<T>(-scale * inv_std * sum_dy_xhat[c - c0] * inv_count);
-        const T tv = static_cast<T>(-scale * sum_dy[c - c0] * inv_count);
-        const T tm = static_cast<T>(mean_[c]);
-        const T* grow = grad_at(at);
-        const T* row = xs + at;
-        T* out = d + at;
-        if (ys == nullptr) {
-          for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk + (row[k] - tm) * tu + tv;
-          return;
-        }
-        const T* yrow = ys + at;
-        for (int64_t k = 0; k < s_n; ++k) {
-          const T gk = grow[k];
-          out[k] = (yrow[k] > T(0) ? gk : T(0)) * tk + (row[k] - tm) * tu + tv;
-        }
-      });
-    };
-    // Evaluation: the running statistics are constants, only the affine map remains.
-    auto affine_grad = [&](int64_t c0, int64_t c1) {
-      for_rows(c0, c1, [&](int64_t c, int64_t at) {
-        const T tk =
-            static_cast<T>((gamma != nullptr ? static_cast<double>(gamma[c]) : 1.0) * inv_std_[c]);
-        const T* grow = grad_at(at);
-        T* out = d + at;
-        if (ys == nullptr) {
-          for (int64_t k = 0; k < s_n; ++k) out[k] = grow[k] * tk;
-          return;
-        }
-        const T* yrow = ys + at;
-        for (int64_t k = 0; k < s_n; ++k) {
-          const T gk = grow[k];
-          out[k] = (yrow[k] > T(0) ? gk : T(0)) * tk;
-        }
-      });
-    };
+    BackwardNchw<std::remove_pointer_t<decltype(tag)>>(in, y, dy, dx[0]);
+  });
+}
 
-    if (training && sync_sum_ != nullptr && d != nullptr) {
-      // One call: [sum dy (hi C, lo C), sum dy * xhat (hi C, lo C)].
-      sync_buf_.assign(4 * c_n, 0.0f);
-      float* buf = sync_buf_.data();
-      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
-        std::vector<double> sum_dy(c1 - c0), sum_dy_xhat(c1 - c0);
-        local_sums(c0, c1, sum_dy.data(), sum_dy_xhat.data());
-        for (int64_t c = c0; c < c1; ++c) {
-          PutSplit(sum_dy[c - c0], &buf[c], &buf[c_n + c]);
-          PutSplit(sum_dy_xhat[c - c0], &buf[2 * c_n + c], &buf[3 * c_n + c]);
-        }
-      });
-      (*sync_sum_)(buf, 4 * c_n);
-      cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
-        std::vector<double> sum_dy(c1 - c0), sum_dy_xhat(c1 - c0);
-        for (int64_t c = c0; c < c1; ++c) {
-          sum_dy[c - c0] = GetSplit(buf[c], buf[c_n + c]);
-          sum_dy_xhat[c - c0] = GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]);
-        }
-        input_grad(c0, c1, sum_dy.data(), sum_dy_xhat.data());
-      });
-      return;
-    }
+template <typename T>
+void BatchNormLayer::BackwardNchw(const Tensor& in, const Tensor& y, const Tensor& dy, Tensor* dx) {
+  const int64_t n = in.dim(0), c_n = channels_, s_n = spatial_, m = n * s_n;
+  const NchwInput<T> p{n, c_n, s_n, in.data<T>(), Param<T>(0), Param<T>(1), mean_, inv_std_};
+  // With a fused ReLU, dy is the gradient of max(bn, 0): each row of it
+  // counts only where y > 0, masked where it is read.
+  const NchwGrads<T> q{p,
+                       dy.data<T>(),
+                       relu_ ? y.data<T>() : nullptr,
+                       dx != nullptr ? dx->data<T>() : nullptr,
+                       ParamGrad<T>(0),
+                       ParamGrad<T>(1),
+                       gelu_,
+                       1.0 / count_};
+  if (last_training_ && sync_sum_ != nullptr && q.d != nullptr) {
+    // One call: [sum dy (hi C, lo C), sum dy * xhat (hi C, lo C)].
+    sync_buf_.assign(4 * c_n, 0.0f);
+    float* buf = sync_buf_.data();
     cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
       std::vector<double> sum_dy(c1 - c0), sum_dy_xhat(c1 - c0);
-      local_sums(c0, c1, sum_dy.data(), sum_dy_xhat.data());
-      if (d == nullptr) return;
-      if (training) {
-        input_grad(c0, c1, sum_dy.data(), sum_dy_xhat.data());
-      } else {
-        affine_grad(c0, c1);
+      q.LocalSums(c0, c1, sum_dy.data(), sum_dy_xhat.data());
+      for (int64_t c = c0; c < c1; ++c) {
+        PutSplit(sum_dy[c - c0], &buf[c], &buf[c_n + c]);
+        PutSplit(sum_dy_xhat[c - c0], &buf[2 * c_n + c], &buf[3 * c_n + c]);
       }
     });
+    (*sync_sum_)(buf, 4 * c_n);
+    cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
+      std::vector<double> sum_dy(c1 - c0), sum_dy_xhat(c1 - c0);
+      for (int64_t c = c0; c < c1; ++c) {
+        sum_dy[c - c0] = GetSplit(buf[c], buf[c_n + c]);
+        sum_dy_xhat[c - c0] = GetSplit(buf[2 * c_n + c], buf[3 * c_n + c]);
+      }
+      q.InputGrad(c0, c1, sum_dy.data(), sum_dy_xhat.data());
+    });
+    return;
+  }
+  cpu::ParallelFor(c_n, ChannelGrain(s_n, m), [&](int64_t c0, int64_t c1) {
+    std::vector<double> sum_dy(c1 - c0), sum_dy_xhat(c1 - c0);
+    q.LocalSums(c0, c1, sum_dy.data(), sum_dy_xhat.data());
+    if (q.d == nullptr) return;
+    if (last_training_) {
+      q.InputGrad(c0, c1, sum_dy.data(), sum_dy_xhat.data());
+    } else {
+      q.AffineGrad(c0, c1);
+    }
   });
 }
 

@@ -15,6 +15,66 @@ namespace cnnflow {
 
 using namespace cpu::batch_norm;  // the shared sums and maps (batch_norm_sums.h)
 
+namespace {
+
+// Rows [r0, r1) of y = bn(x) into out, f32 or f64 as x: per channel c,
+// (x - tm[c]) * a[c] + b[c] (ChannelAffines), then the fused activation.
+template <typename T>
+inline void NormaliseRows(const T* xs, int64_t r0, int64_t r1, int64_t c_n,
+                          const ChannelAffines<T>& f, bool relu, bool gelu, T* out) {
+  const T *tm = f.shift.data(), *a = f.scale.data(), *b = f.bias.data();
+  for (int64_t r = r0; r < r1; ++r, out += c_n) {
+    const T* row = xs + r * c_n;
+    if (relu) {
+      for (int64_t c = 0; c < c_n; ++c) out[c] = std::max((row[c] - tm[c]) * a[c] + b[c], T(0));
+    } else {
+      for (int64_t c = 0; c < c_n; ++c) out[c] = (row[c] - tm[c]) * a[c] + b[c];
+    }
+  }
+  if (gelu) GeluSpan(out - (r1 - r0) * c_n, (r1 - r0) * c_n);
+}
+
+// y = bn(x) over all rows, in parallel; a bf16 y (from f32 x) is written a
+// block of rows at a time in f32, then rounded (as a bf16 convolution rounds
+// an f32 input: the same bits).
+template <typename T>
+inline void NormaliseNhwc(const T* xs, int64_t rows, int64_t c_n, const ChannelAffines<T>& f,
+                          bool relu, bool gelu, Tensor& y) {
+  const bool bf16_out = y.dtype() == DType::kBF16;
+  cpu::ParallelFor(rows, RowGrain(c_n), [&](int64_t r0, int64_t r1) {
+    if (!bf16_out) {
+      NormaliseRows(xs, r0, r1, c_n, f, relu, gelu, y.data<T>() + r0 * c_n);
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      const int64_t block = std::max<int64_t>(1, 2048 / c_n);
+      std::vector<float> buf(std::min(block, r1 - r0) * c_n);
+      auto* y16 = static_cast<uint16_t*>(y.raw_data());
+      for (int64_t rb = r0; rb < r1; rb += block) {
+        const int64_t re = std::min(r1, rb + block);
+        NormaliseRows(xs, rb, re, c_n, f, relu, gelu, buf.data());
+        cpu::ToBf16(buf.data(), y16 + rb * c_n, (re - rb) * c_n);
+      }
+    }
+  });
+}
+
+// s[0, C): sum(x - shift), s[C, 2C): sum((x - shift)^2), per channel.
+template <typename T>
+inline void CentredSumsNhwc(const T* xs, int64_t rows, int64_t c_n, const double* shift,
+                            double* s) {
+  SumRowChunks(rows, c_n, 2 * c_n, s, [&](int64_t r0, int64_t r1, double* acc) {
+    SumChannelTiles(r0, r1, c_n, acc, acc + c_n, [&](int64_t r, int64_t c, auto& a, auto& b) {
+      using V = std::remove_reference_t<decltype(a)>;
+      const V v = LoadLanes<V>(xs + r * c_n + c) - LoadLanes<V>(shift + c);
+      a += v;
+      b += v * v;
+    });
+  });
+}
+
+}  // namespace
+
 // Channels-last: x [N, H, W, C] as rows of C values. The same statistics,
 // passes and fusions as the NCHW code (batch_norm.cc); the sums go over row chunks
 // (SumRowChunks) and each pass runs along rows, a channel per lane.
@@ -23,59 +83,17 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
   DispatchFloat(in.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xs = in.data<T>();
-    const bool bf16_out = y.dtype() == DType::kBF16;
-    CNNFLOW_ENFORCE(y.dtype() == in.dtype() || (bf16_out && std::is_same_v<T, float>), "batchnorm ",
-                    name(), ": a ", DTypeName(y.dtype()), " output for a ", DTypeName(in.dtype()),
-                    " input");
-    const T* gamma = affine_ ? parameters()[0].value.data<T>() : nullptr;
-    const T* beta = affine_ ? parameters()[1].value.data<T>() : nullptr;
+    CNNFLOW_ENFORCE(
+        y.dtype() == in.dtype() || (y.dtype() == DType::kBF16 && std::is_same_v<T, float>),
+        "batchnorm ", name(), ": a ", DTypeName(y.dtype()), " output for a ", DTypeName(in.dtype()),
+        " input");
+    const T* gamma = Param<T>(0);
+    const T* beta = Param<T>(1);
     T* rmean = buffers()[0].value.data<T>();
     T* rvar = buffers()[1].value.data<T>();
     auto normalise = [&] {
       const ChannelAffines<T> f(c_n, mean_, inv_std_, gamma, beta);
-      const T *tm = f.shift.data(), *a = f.scale.data(), *b = f.bias.data();
-      // Rows [r0, r1) of y into out, f32 or f64 as x.
-      auto rows_out = [&](int64_t r0, int64_t r1, T* out) {
-        for (int64_t r = r0; r < r1; ++r, out += c_n) {
-          const T* row = xs + r * c_n;
-          if (relu_) {
-            for (int64_t c = 0; c < c_n; ++c)
-              out[c] = std::max((row[c] - tm[c]) * a[c] + b[c], T(0));
-          } else {
-            for (int64_t c = 0; c < c_n; ++c) out[c] = (row[c] - tm[c]) * a[c] + b[c];
-          }
-        }
-        if (gelu_) GeluSpan(out - (r1 - r0) * c_n, (r1 - r0) * c_n);
-      };
-      cpu::ParallelFor(rows, RowGrain(c_n), [&](int64_t r0, int64_t r1) {
-        if (!bf16_out) {
-          rows_out(r0, r1, y.data<T>() + r0 * c_n);
-          return;
-        }
-        if constexpr (std::is_same_v<T, float>) {
-          // A block of rows at a time in f32, then rounded (as a bf16
-          // convolution rounds an f32 input: the same bits).
-          const int64_t block = std::max<int64_t>(1, 2048 / c_n);
-          std::vector<float> buf(std::min(block, r1 - r0) * c_n);
-          auto* y16 = static_cast<uint16_t*>(y.raw_data());
-          for (int64_t rb = r0; rb < r1; rb += block) {
-            const int64_t re = std::min(r1, rb + block);
-            rows_out(rb, re, buf.data());
-            cpu::ToBf16(buf.data(), y16 + rb * c_n, (re - rb) * c_n);
-          }
-        }
-      });
-    };
-    // s[0, C): sum(x - shift), s[C, 2C): sum((x - shift)^2), per channel.
-    auto centred_sums = [&](const double* shift, double* s) {
-      SumRowChunks(rows, c_n, 2 * c_n, s, [&](int64_t r0, int64_t r1, double* acc) {
-        SumChannelTiles(r0, r1, c_n, acc, acc + c_n, [&](int64_t r, int64_t c, auto& a, auto& b) {
-          using V = std::remove_reference_t<decltype(a)>;
-          const V v = LoadLanes<V>(xs + r * c_n + c) - LoadLanes<V>(shift + c);
-          a += v;
-          b += v * v;
-        });
-      });
+      NormaliseNhwc(xs, rows, c_n, f, relu_, gelu_, y);
     };
     if (!training) {
       for (int64_t c = 0; c < c_n; ++c) {
@@ -91,7 +109,7 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
       for (int64_t r = 0; r < s_n; ++r)
         for (int64_t c = 0; c < c_n; ++c) shift[c] += static_cast<double>(xs[r * c_n + c]);
       for (double& v : shift) v /= static_cast<double>(s_n);
-      centred_sums(shift.data(), sums.data());
+      CentredSumsNhwc(xs, rows, c_n, shift.data(), sums.data());
       for (int64_t c = 0; c < c_n; ++c) {
         const auto [mean, var] = BatchStats(static_cast<double>(rows), shift[c], sums[c],
                                             sums[c_n + c], momentum_, &rmean[c], &rvar[c]);
@@ -111,7 +129,7 @@ void BatchNormLayer::ForwardNhwc(const Tensor& in, Tensor& y, bool training) {
     float* buf = sync_buf_.data();
     for (int64_t c = 0; c < c_n; ++c) PutSplit(sums[c], &buf[c], &buf[c_n + c]);
     const double count = SyncCountAndShift(rows, in.shape());
-    centred_sums(shift_.data(), sums.data());
+    CentredSumsNhwc(xs, rows, c_n, shift_.data(), sums.data());
     sync_buf_.assign(4 * c_n, 0.0f);
     buf = sync_buf_.data();
     for (int64_t c = 0; c < c_n; ++c) {

@@ -148,6 +148,16 @@ NcclGroup::NcclGroup(const std::vector<int>& devices, int global_size, int globa
 }
 
 void NcclGroup::Init(const UniqueId* id) {
+  MakeReplicas();
+  if (!use_nccl_) return;
+  const std::string what = StrCat(world_where_, "NCCL start-up of ",
+                                  DescribeNcclDevices(devices_, layout_.global_offset),
+                                  " in a group of ", layout_.global_size, " GPU replicas");
+  StartCommunicators(*id, what);
+  AwaitCommunicators(what);
+}
+
+void NcclGroup::MakeReplicas() {
   const int count = CudaDeviceCount();
   for (size_t r = 0; r < devices_.size(); ++r) {
     if (devices_[r] >= count) {
@@ -168,27 +178,26 @@ void NcclGroup::Init(const UniqueId* id) {
     CNNFLOW_CUDA_CHECK(cudaEventCreateWithFlags(&rep->ready, cudaEventDisableTiming));
     replicas_.push_back(std::move(rep));
   }
-  if (!use_nccl_) return;
+}
 
+void NcclGroup::AbortCommunicators() {
+  for (auto& rep : replicas_) {
+    std::lock_guard<std::mutex> lock(rep->mu);
+    if (rep->comm != nullptr) {
+      cudaSetDevice(rep->device);
+      ncclCommAbort(rep->comm);
+      rep->comm = nullptr;
+    }
+  }
+}
+
+void NcclGroup::StartCommunicators(const UniqueId& id, const std::string& what) {
   ncclUniqueId uid;
-  std::memcpy(&uid, id->data(), sizeof(uid));
+  std::memcpy(&uid, id.data(), sizeof(uid));
   // Non-blocking: no NCCL call waits for peers on the host, so a process that
   // never comes turns into a timeout here instead of a hang.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  const std::string what = StrCat(world_where_, "NCCL start-up of ",
-                                  DescribeNcclDevices(devices_, layout_.global_offset),
-                                  " in a group of ", layout_.global_size, " GPU replicas");
-  auto abort_all = [this] {
-    for (auto& rep : replicas_) {
-      if (rep->comm != nullptr) {
-        cudaSetDevice(rep->device);
-        ncclCommAbort(rep->comm);
-        rep->comm = nullptr;
-      }
-    }
-  };
-
   std::string failure;
   ncclResult_t res = ncclGroupStart();
   if (res != ncclSuccess)
@@ -206,17 +215,20 @@ void NcclGroup::Init(const UniqueId* id) {
     failure = StrCat("ncclGroupEnd failed: ", NcclMessage(res, nullptr));
   }
   if (!failure.empty()) {
-    abort_all();
+    AbortCommunicators();
     throw Error(StrCat(what, " failed: ", failure,
                        " (a GPU used twice, also by two processes on one node, or a bad "
                        "NCCL setting)"));
   }
+}
 
-  // Wait for every communicator, bounded (at start-up: graph.startup_timeout_s).
+void NcclGroup::AwaitCommunicators(const std::string& what) {
+  // Bounded (at start-up: graph.startup_timeout_s).
   const auto start = Clock::now();
   const MpiWorld::WaitLimit limit = MpiWorld::LimitFor(timeout_s_);
   const auto deadline = DeadlineIn(limit.seconds);
   for (;;) {
+    std::string failure;
     bool in_progress = false;
     for (auto& rep : replicas_) {
       ncclResult_t state = ncclInProgress;
@@ -224,7 +236,7 @@ void NcclGroup::Init(const UniqueId* id) {
         failure = StrCat("no communicator was made for cuda:", rep->device);
         break;
       }
-      res = ncclCommGetAsyncError(rep->comm, &state);
+      const ncclResult_t res = ncclCommGetAsyncError(rep->comm, &state);
       if (res != ncclSuccess) state = res;
       if (state == ncclInProgress) {
         in_progress = true;
@@ -235,12 +247,12 @@ void NcclGroup::Init(const UniqueId* id) {
       }
     }
     if (!failure.empty()) {
-      abort_all();
+      AbortCommunicators();
       throw CollectiveAborted(StrCat(what, " failed: ", failure));
     }
     if (!in_progress) break;
     if (Clock::now() >= deadline) {
-      abort_all();
+      AbortCommunicators();
       throw CollectiveTimeout(
           StrCat(what, " did not complete within ", limit.Text(),
                  ": a process of the job did not start or died, or the processes disagree on the "
@@ -345,18 +357,20 @@ void NcclGroup::Break(bool timeout, const std::string& reason) {
   // replica's) keeps its current device.
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess) current = -1;
-  for (auto& rep : replicas_) {
-    std::lock_guard<std::mutex> lock(rep->mu);
-    if (rep->comm != nullptr) {
-      cudaSetDevice(rep->device);
-      ncclCommAbort(rep->comm);
-      rep->comm = nullptr;
-    }
-  }
+  AbortCommunicators();
   if (current >= 0) cudaSetDevice(current);
 }
 
 void NcclGroup::Abort(const std::string& reason) { Break(false, reason); }
+
+void NcclGroup::BreakOn(bool timeout, int r, const char* op, const std::string& tag, int64_t count,
+                        const std::string& what) {
+  const std::string msg = StrCat(Where(r), "NCCL ", op, " '", tag, "' (", count, " floats", what,
+                                 "; every communicator of the group was aborted");
+  Break(timeout, msg);
+  if (timeout) throw CollectiveTimeout(msg);
+  throw CollectiveAborted(msg);
+}
 
 void NcclGroup::AllReduceSum(int r, float* data, int64_t count, const std::string& tag,
                              float scale) {
@@ -380,6 +394,14 @@ void NcclGroup::Barrier(int r, const std::string& tag) {
   Wait(r);  // before `one` goes back to the pool
 }
 
+// A collective handed to NCCL and not yet launched: when, and the
+// pre-multiplied sum operator made for it (destroyed once launched).
+struct NcclGroup::Issued {
+  Clock::time_point at;
+  ncclRedOp_t premul = ncclSum;
+  bool has_premul = false;
+};
+
 void NcclGroup::Enqueue(int r, const char* op, float* data, int64_t count, int root, float scale,
                         const std::string& tag) {
   CheckReplica(r, op);
@@ -396,18 +418,7 @@ void NcclGroup::Enqueue(int r, const char* op, float* data, int64_t count, int r
   Replica& rep = *replicas_[r];
   CudaContext& ctx = CudaContext::Get(rep.device);
   ctx.Activate();
-  // A host pointer or another GPU's buffer would crash or corrupt inside NCCL.
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, data) != cudaSuccess ||
-      (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) ||
-      (attr.type == cudaMemoryTypeDevice && attr.device != rep.device)) {
-    cudaGetLastError();  // a failed query leaves its error behind: clear it
-    throw Error(StrCat(Where(r), "NCCL ", op, " '", tag, "': the buffer (", count, " floats at ",
-                       static_cast<void*>(data), ") is not GPU memory of cuda:", rep.device,
-                       attr.type == cudaMemoryTypeDevice
-                           ? StrCat(" (it is on cuda:", attr.device, ")")
-                           : std::string(" (host memory?)")));
-  }
+  CheckDeviceBuffer(r, op, data, count, tag);
   // What the compute stream has been given so far comes first.
   CNNFLOW_CUDA_CHECK(cudaEventRecord(rep.ready, ctx.stream()));
   CNNFLOW_CUDA_CHECK(cudaStreamWaitEvent(rep.stream, rep.ready, 0));
@@ -418,83 +429,102 @@ void NcclGroup::Enqueue(int r, const char* op, float* data, int64_t count, int r
       CNNFLOW_CUDA_CHECK_LAUNCH();
     }
   } else {
-    const auto issued = Clock::now();
-    std::string failure;
-    ncclRedOp_t premul = ncclSum;
-    bool has_premul = false;
+    Issued issued;
+    issued.at = Clock::now();
+    std::string failure = Launch(r, op, data, count, root, scale, tag, &issued);
+    if (failure.empty()) failure = AwaitLaunch(r, op, count, tag, issued);
+    if (!failure.empty()) {
+      BreakOn(
+          false, r, op, tag, count,
+          StrCat(broadcast ? StrCat(" from global rank ", root) : std::string(), "): ", failure));
+    }
+  }
+  PushPending(r, op, count, tag);
+}
+
+void NcclGroup::CheckDeviceBuffer(int r, const char* op, float* data, int64_t count,
+                                  const std::string& tag) const {
+  const int device = replicas_[r]->device;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, data) != cudaSuccess ||
+      (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) ||
+      (attr.type == cudaMemoryTypeDevice && attr.device != device)) {
+    cudaGetLastError();  // a failed query leaves its error behind: clear it
+    throw Error(StrCat(Where(r), "NCCL ", op, " '", tag, "': the buffer (", count, " floats at ",
+                       static_cast<void*>(data), ") is not GPU memory of cuda:", device,
+                       attr.type == cudaMemoryTypeDevice
+                           ? StrCat(" (it is on cuda:", attr.device, ")")
+                           : std::string(" (host memory?)")));
+  }
+}
+
+std::string NcclGroup::Launch(int r, const char* op, float* data, int64_t count, int root,
+                              float scale, const std::string& tag, Issued* issued) {
+  Replica& rep = *replicas_[r];
+  std::lock_guard<std::mutex> lock(rep.mu);
+  if (rep.comm == nullptr) ThrowBroken(r, op, tag);
+  ncclResult_t res = ncclSuccess;
+  if (root >= 0) {
+    res = ncclBroadcast(data, data, static_cast<size_t>(count), ncclFloat32, root, rep.comm,
+                        rep.stream);
+  } else if (scale == 1.0f) {
+    res = ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, rep.comm,
+                        rep.stream);
+  } else {
+    // sum(scale * x_i): one pass, no extra kernel. The scalar is read
+    // when the operator is made (host-immediate).
+    res = ncclRedOpCreatePreMulSum(&issued->premul, &scale, ncclFloat32, ncclScalarHostImmediate,
+                                   rep.comm);
+    if (res != ncclSuccess) {
+      return StrCat("ncclRedOpCreatePreMulSum(", scale, ") failed: ", NcclMessage(res, rep.comm));
+    }
+    issued->has_premul = true;
+    res = ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, issued->premul,
+                        rep.comm, rep.stream);
+  }
+  if (res != ncclSuccess && res != ncclInProgress) {
+    return StrCat("the NCCL call failed: ", NcclMessage(res, rep.comm));
+  }
+  return "";
+}
+
+std::string NcclGroup::AwaitLaunch(int r, const char* op, int64_t count, const std::string& tag,
+                                   const Issued& issued) {
+  Replica& rep = *replicas_[r];
+  // A non-blocking communicator may still be launching (e.g. connecting to
+  // its peers on first use); the kernels are on the stream only once its
+  // state is ncclSuccess, and no other call may be made on it before.
+  const MpiWorld::WaitLimit limit = MpiWorld::LimitFor(timeout_s_);
+  for (const auto start = Clock::now();;) {
+    ncclResult_t state = ncclInProgress;
     {
       std::lock_guard<std::mutex> lock(rep.mu);
       if (rep.comm == nullptr) ThrowBroken(r, op, tag);
-      ncclResult_t res = ncclSuccess;
-      if (broadcast) {
-        res = ncclBroadcast(data, data, static_cast<size_t>(count), ncclFloat32, root, rep.comm,
-                            rep.stream);
-      } else if (scale == 1.0f) {
-        res = ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, rep.comm,
-                            rep.stream);
-      } else {
-        // sum(scale * x_i): one pass, no extra kernel. The scalar is read
-        // when the operator is made (host-immediate).
-        res = ncclRedOpCreatePreMulSum(&premul, &scale, ncclFloat32, ncclScalarHostImmediate,
-                                       rep.comm);
-        if (res != ncclSuccess) {
-          failure =
-              StrCat("ncclRedOpCreatePreMulSum(", scale, ") failed: ", NcclMessage(res, rep.comm));
-        } else {
-          has_premul = true;
-          res = ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, premul, rep.comm,
-                              rep.stream);
-        }
-      }
-      if (failure.empty() && res != ncclSuccess && res != ncclInProgress) {
-        failure = StrCat("the NCCL call failed: ", NcclMessage(res, rep.comm));
+      const ncclResult_t res = ncclCommGetAsyncError(rep.comm, &state);
+      if (res != ncclSuccess) state = res;
+      if (state != ncclSuccess && state != ncclInProgress) {
+        return StrCat("NCCL reported: ", NcclMessage(state, rep.comm));
       }
     }
-    // A non-blocking communicator may still be launching (e.g. connecting to
-    // its peers on first use); the kernels are on the stream only once its
-    // state is ncclSuccess, and no other call may be made on it before.
-    const MpiWorld::WaitLimit limit = MpiWorld::LimitFor(timeout_s_);
-    for (const auto start = Clock::now(); failure.empty();) {
-      ncclResult_t state = ncclInProgress;
-      {
-        std::lock_guard<std::mutex> lock(rep.mu);
-        if (rep.comm == nullptr) ThrowBroken(r, op, tag);
-        const ncclResult_t res = ncclCommGetAsyncError(rep.comm, &state);
-        if (res != ncclSuccess) state = res;
-        if (state != ncclSuccess && state != ncclInProgress) {
-          failure = StrCat("NCCL reported: ", NcclMessage(state, rep.comm));
-        }
-      }
-      if (state == ncclSuccess) {
-        // The operator may go once the call that used it has returned and
-        // the communicator is ready for the next call. (If it fails, the
-        // abort below frees it with the communicator.)
-        std::lock_guard<std::mutex> lock(rep.mu);
-        if (has_premul && rep.comm != nullptr) ncclRedOpDestroy(premul, rep.comm);
-        break;
-      }
-      if (!failure.empty()) break;
-      if (Clock::now() - issued >= std::chrono::duration<double>(limit.seconds)) {
-        const std::string msg =
-            StrCat(Where(r), "NCCL ", op, " '", tag, "' (", count,
-                   " floats) could not be started within ", limit.Text(),
-                   ": a peer replica or process never joined it; every communicator of the "
-                   "group was aborted");
-        Break(true, msg);
-        throw CollectiveTimeout(msg);
-      }
-      PollPause(start);
+    if (state == ncclSuccess) {
+      // The operator may go once the call that used it has returned and
+      // the communicator is ready for the next call. (If it fails, the
+      // abort frees it with the communicator.)
+      std::lock_guard<std::mutex> lock(rep.mu);
+      if (issued.has_premul && rep.comm != nullptr) ncclRedOpDestroy(issued.premul, rep.comm);
+      return "";
     }
-    if (!failure.empty()) {
-      const std::string msg =
-          StrCat(Where(r), "NCCL ", op, " '", tag, "' (", count, " floats",
-                 broadcast ? StrCat(" from global rank ", root) : std::string(), "): ", failure,
-                 "; every communicator of the group was aborted");
-      Break(false, msg);
-      throw CollectiveAborted(msg);
+    if (Clock::now() - issued.at >= std::chrono::duration<double>(limit.seconds)) {
+      BreakOn(true, r, op, tag, count,
+              StrCat(") could not be started within ", limit.Text(),
+                     ": a peer replica or process never joined it"));
     }
+    PollPause(start);
   }
+}
 
+void NcclGroup::PushPending(int r, const char* op, int64_t count, const std::string& tag) {
+  Replica& rep = *replicas_[r];
   Pending p;
   p.done = rep.TakeEvent();
   p.op = op;
@@ -549,23 +579,14 @@ void NcclGroup::Wait(int r) {
           failure = NcclMessage(state, rep.comm);
         }
       }
-      if (!failure.empty()) {
-        const std::string msg =
-            StrCat(Where(r), "NCCL ", p.op, " '", p.tag, "' (", p.count,
-                   " floats) failed: ", failure, "; every communicator of the group was aborted");
-        Break(false, msg);
-        throw CollectiveAborted(msg);
-      }
+      if (!failure.empty()) BreakOn(false, r, p.op, p.tag, p.count, StrCat(") failed: ", failure));
     }
     const double waited = std::chrono::duration<double>(Clock::now() - p.issued).count();
     if (waited >= limit.seconds) {
-      const std::string msg =
-          StrCat(Where(r), "NCCL ", p.op, " '", p.tag, "' (", p.count,
-                 " floats) did not complete within ", limit.Text(),
-                 " of being issued: a peer replica or process died, stalled or issued a "
-                 "different collective; every communicator of the group was aborted");
-      Break(true, msg);
-      throw CollectiveTimeout(msg);
+      BreakOn(true, r, p.op, p.tag, p.count,
+              StrCat(") did not complete within ", limit.Text(),
+                     " of being issued: a peer replica or process died, stalled or issued a "
+                     "different collective"));
     }
     PollPause(start);
   }

@@ -184,13 +184,38 @@ class NcclGroup final : public Collective {
   struct Replica;  // per-replica CUDA/NCCL state (ops/cuda/nccl_comm.cc)
   struct Pending;
 
+  struct Issued;  // a collective handed to NCCL, not yet launched
+
+  // Start-up: the replicas' streams, then (with NCCL) their communicators,
+  // waited for within timeout_s; `what` names the start-up in errors.
   void Init(const UniqueId* id);
+  void MakeReplicas();
+  void StartCommunicators(const UniqueId& id, const std::string& what);
+  void AwaitCommunicators(const std::string& what);
+  // Aborts every replica's communicator (Break, a failed start-up).
+  void AbortCommunicators();
   void CheckReplica(int r, const char* op) const;
   [[noreturn]] void ThrowBroken(int r, const char* op, const std::string& tag) const;
   // Marks the group broken (first reason wins) and aborts every communicator.
   void Break(bool timeout, const std::string& reason);
+  // Breaks the group over collective `op` and throws CollectiveTimeout or
+  // CollectiveAborted: "NCCL <op> '<tag>' (<count> floats<what>; every
+  // communicator of the group was aborted".
+  [[noreturn]] void BreakOn(bool timeout, int r, const char* op, const std::string& tag,
+                            int64_t count, const std::string& what);
   void Enqueue(int r, const char* op, float* data, int64_t count, int root, float scale,
                const std::string& tag);
+  // Enqueue's steps: the buffer is GPU memory of r's device; the NCCL call
+  // (a broadcast from root >= 0, else the scaled sum) and the wait until
+  // it is launched, each returning what failed ("" when it did); the event
+  // that Wait() polls.
+  void CheckDeviceBuffer(int r, const char* op, float* data, int64_t count,
+                         const std::string& tag) const;
+  std::string Launch(int r, const char* op, float* data, int64_t count, int root, float scale,
+                     const std::string& tag, Issued* issued);
+  std::string AwaitLaunch(int r, const char* op, int64_t count, const std::string& tag,
+                          const Issued& issued);
+  void PushPending(int r, const char* op, int64_t count, const std::string& tag);
   std::string Where(int r) const;
 
   std::vector<int> devices_;

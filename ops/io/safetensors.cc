@@ -199,20 +199,28 @@ const Tensor* SafetensorsFile::Find(const std::string& name) const {
   return nullptr;
 }
 
-SafetensorsFile LoadSafetensors(const std::string& path) {
-  const std::string pre = Prefix(path);
-  FilePtr f(std::fopen(path.c_str(), "rb"));
-  if (!f) throw Error(StrCat(pre, "cannot open: ", ErrnoText(errno)));
+namespace {
+
+// One tensor's header entry: bytes [begin, end) of the data section.
+struct Entry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  int64_t begin, end;
+};
+
+// The 8-byte length and the JSON header after it, checked against the file
+// size; *data_size gets the bytes that follow the header.
+std::string ReadHeader(std::FILE* f, const std::string& pre, uint64_t* data_size) {
   struct stat st;
-  if (::fstat(::fileno(f.get()), &st) != 0)
-    throw Error(StrCat(pre, "cannot stat: ", ErrnoText(errno)));
+  if (::fstat(::fileno(f), &st) != 0) throw Error(StrCat(pre, "cannot stat: ", ErrnoText(errno)));
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
     throw Error(StrCat(pre, "file is ", file_size,
                        " bytes, too short for the 8-byte header length (truncated?)"));
   }
   uint64_t header_len = 0;
-  if (std::fread(&header_len, 1, 8, f.get()) != 8) {
+  if (std::fread(&header_len, 1, 8, f) != 8) {
     throw Error(StrCat(pre, "cannot read the header length: ", ErrnoText(errno)));
   }
   if (header_len > file_size - 8) {
@@ -225,100 +233,96 @@ SafetensorsFile LoadSafetensors(const std::string& path) {
   }
   if (header_len < 2) throw Error(StrCat(pre, "header length ", header_len, " is too short"));
   std::string header(header_len, '\0');
-  if (std::fread(header.data(), 1, header_len, f.get()) != header_len) {
+  if (std::fread(header.data(), 1, header_len, f) != header_len) {
     throw Error(StrCat(pre, "cannot read the ", header_len, "-byte header"));
   }
-  const uint64_t data_size = file_size - 8 - header_len;
+  *data_size = file_size - 8 - header_len;
+  return header;
+}
 
-  Json root;
-  try {
-    root = ParseJson(header);
-  } catch (const JsonError& e) {
-    throw Error(StrCat(pre, "bad JSON header: ", e.what()));
+// "__metadata__": string values only.
+void ReadMetadata(const Json& info, const std::string& pre,
+                  std::map<std::string, std::string>* out) {
+  if (info.kind() != Json::Kind::kObject) {
+    throw Error(StrCat(pre, "__metadata__ is ", JsonKindName(info.kind()), ", expected an object"));
   }
-  if (root.kind() != Json::Kind::kObject) {
-    throw Error(StrCat(pre, "the header is ", JsonKindName(root.kind()), ", expected an object"));
+  for (const auto& [k, v] : info.members()) {
+    if (v.kind() != Json::Kind::kString) {
+      throw Error(StrCat(pre, "__metadata__ value of \"", k, "\" is ", JsonKindName(v.kind()),
+                         ", expected a string"));
+    }
+    (*out)[k] = v.AsString();
   }
+}
 
-  struct Entry {
-    std::string name;
-    DType dtype;
-    std::vector<int64_t> shape;
-    int64_t begin, end;
-  };
-  SafetensorsFile out;
-  std::vector<Entry> entries;
-  for (const auto& [name, info] : root.members()) {
-    if (name == "__metadata__") {
-      if (info.kind() != Json::Kind::kObject) {
-        throw Error(
-            StrCat(pre, "__metadata__ is ", JsonKindName(info.kind()), ", expected an object"));
-      }
-      for (const auto& [k, v] : info.members()) {
-        if (v.kind() != Json::Kind::kString) {
-          throw Error(StrCat(pre, "__metadata__ value of \"", k, "\" is ", JsonKindName(v.kind()),
-                             ", expected a string"));
-        }
-        out.metadata[k] = v.AsString();
-      }
-      continue;
-    }
-    const std::string what = StrCat(pre, "tensor '", name, "': ");
-    if (info.kind() != Json::Kind::kObject) {
-      throw Error(StrCat(what, "entry is ", JsonKindName(info.kind()), ", expected an object"));
-    }
-    Entry e;
-    e.name = name;
-    const Json* dtype = info.Find("dtype");
-    const Json* shape = info.Find("shape");
-    const Json* offsets = info.Find("data_offsets");
-    if (!dtype || !shape || !offsets) {
-      throw Error(StrCat(what, "needs \"dtype\", \"shape\" and \"data_offsets\""));
-    }
-    if (dtype->kind() != Json::Kind::kString) throw Error(StrCat(what, "dtype is not a string"));
-    if (!ParseDType(dtype->AsString(), &e.dtype)) {
-      static const std::set<std::string> kOther = {"BOOL",    "U8",      "I8",  "I16", "U16",
-                                                   "I32",     "U32",     "I64", "U64", "F8_E4M3",
-                                                   "F8_E5M2", "F8_E8M0", "C64"};
-      if (kOther.count(dtype->AsString())) {
-        throw Error(StrCat(what, "dtype ", dtype->AsString(),
-                           " is not supported by cnnflow (supported: F32, F64, F16, BF16)"));
-      }
-      throw Error(StrCat(what, "unknown dtype \"", dtype->AsString(), "\""));
-    }
-    if (shape->kind() != Json::Kind::kArray) throw Error(StrCat(what, "shape is not an array"));
-    int64_t numel = 1;
-    bool overflow = false;
-    for (const Json& d : shape->items()) {
-      int64_t x;
-      if (!JsonToIndex(d, &x)) {
-        throw Error(StrCat(what, "shape has an entry that is not a non-negative integer"));
-      }
-      e.shape.push_back(x);
-      overflow |= __builtin_mul_overflow(numel, x, &numel);
-    }
-    if (offsets->kind() != Json::Kind::kArray || offsets->items().size() != 2 ||
-        !JsonToIndex(offsets->items()[0], &e.begin) || !JsonToIndex(offsets->items()[1], &e.end)) {
-      throw Error(StrCat(what, "data_offsets must be two non-negative integers [begin, end]"));
-    }
-    if (e.end < e.begin) {
-      throw Error(StrCat(what, "data_offsets [", e.begin, ", ", e.end, "] end before they begin"));
-    }
-    if (static_cast<uint64_t>(e.end) > data_size) {
-      throw Error(StrCat(what, "data_offsets [", e.begin, ", ", e.end,
-                         "] out of range: the data section has ", data_size,
-                         " bytes (truncated file?)"));
-    }
-    int64_t bytes = 0;
-    overflow |= __builtin_mul_overflow(numel, static_cast<int64_t>(DTypeSize(e.dtype)), &bytes);
-    if (overflow || bytes != e.end - e.begin) {
-      throw Error(StrCat(what, "shape ", Shape(e.shape), " of ", dtype->AsString(), " needs ",
-                         overflow ? std::string("too many") : StrCat(bytes),
-                         " bytes but data_offsets [", e.begin, ", ", e.end, "] hold ",
-                         e.end - e.begin));
-    }
-    entries.push_back(std::move(e));
+// An entry's "dtype": one cnnflow holds, or an error naming it.
+DType EntryDType(const Json& dtype, const std::string& what) {
+  if (dtype.kind() != Json::Kind::kString) throw Error(StrCat(what, "dtype is not a string"));
+  DType t;
+  if (ParseDType(dtype.AsString(), &t)) return t;
+  static const std::set<std::string> kOther = {"BOOL",    "U8",      "I8",  "I16", "U16",
+                                               "I32",     "U32",     "I64", "U64", "F8_E4M3",
+                                               "F8_E5M2", "F8_E8M0", "C64"};
+  if (kOther.count(dtype.AsString())) {
+    throw Error(StrCat(what, "dtype ", dtype.AsString(),
+                       " is not supported by cnnflow (supported: F32, F64, F16, BF16)"));
   }
+  throw Error(StrCat(what, "unknown dtype \"", dtype.AsString(), "\""));
+}
+
+// A tensor's entry {"dtype", "shape", "data_offsets"}: its offsets within
+// the data_size bytes of data, and as many bytes as its shape and dtype need.
+Entry ParseEntry(const std::string& name, const Json& info, uint64_t data_size,
+                 const std::string& pre) {
+  const std::string what = StrCat(pre, "tensor '", name, "': ");
+  if (info.kind() != Json::Kind::kObject) {
+    throw Error(StrCat(what, "entry is ", JsonKindName(info.kind()), ", expected an object"));
+  }
+  Entry e;
+  e.name = name;
+  const Json* dtype = info.Find("dtype");
+  const Json* shape = info.Find("shape");
+  const Json* offsets = info.Find("data_offsets");
+  if (!dtype || !shape || !offsets) {
+    throw Error(StrCat(what, "needs \"dtype\", \"shape\" and \"data_offsets\""));
+  }
+  e.dtype = EntryDType(*dtype, what);
+  if (shape->kind() != Json::Kind::kArray) throw Error(StrCat(what, "shape is not an array"));
+  int64_t numel = 1;
+  bool overflow = false;
+  for (const Json& d : shape->items()) {
+    int64_t x;
+    if (!JsonToIndex(d, &x)) {
+      throw Error(StrCat(what, "shape has an entry that is not a non-negative integer"));
+    }
+    e.shape.push_back(x);
+    overflow |= __builtin_mul_overflow(numel, x, &numel);
+  }
+  if (offsets->kind() != Json::Kind::kArray || offsets->items().size() != 2 ||
+      !JsonToIndex(offsets->items()[0], &e.begin) || !JsonToIndex(offsets->items()[1], &e.end)) {
+    throw Error(StrCat(what, "data_offsets must be two non-negative integers [begin, end]"));
+  }
+  if (e.end < e.begin) {
+    throw Error(StrCat(what, "data_offsets [", e.begin, ", ", e.end, "] end before they begin"));
+  }
+  if (static_cast<uint64_t>(e.end) > data_size) {
+    throw Error(StrCat(what, "data_offsets [", e.begin, ", ", e.end,
+                       "] out of range: the data section has ", data_size,
+                       " bytes (truncated file?)"));
+  }
+  int64_t bytes = 0;
+  overflow |= __builtin_mul_overflow(numel, static_cast<int64_t>(DTypeSize(e.dtype)), &bytes);
+  if (overflow || bytes != e.end - e.begin) {
+    throw Error(StrCat(what, "shape ", Shape(e.shape), " of ", dtype->AsString(), " needs ",
+                       overflow ? std::string("too many") : StrCat(bytes),
+                       " bytes but data_offsets [", e.begin, ", ", e.end, "] hold ",
+                       e.end - e.begin));
+  }
+  return e;
+}
+
+// Sorts the entries by offset; two that share bytes are an error.
+void SortDisjoint(std::vector<Entry>& entries, const std::string& pre) {
   std::stable_sort(entries.begin(), entries.end(),
                    [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < entries.size(); ++i) {
@@ -329,7 +333,36 @@ SafetensorsFile LoadSafetensors(const std::string& path) {
                          "' [", b.begin, ", ", b.end, ") overlap"));
     }
   }
-  const int64_t data_start = 8 + static_cast<int64_t>(header_len);
+}
+
+}  // namespace
+
+SafetensorsFile LoadSafetensors(const std::string& path) {
+  const std::string pre = Prefix(path);
+  FilePtr f(std::fopen(path.c_str(), "rb"));
+  if (!f) throw Error(StrCat(pre, "cannot open: ", ErrnoText(errno)));
+  uint64_t data_size = 0;
+  const std::string header = ReadHeader(f.get(), pre, &data_size);
+  Json root;
+  try {
+    root = ParseJson(header);
+  } catch (const JsonError& e) {
+    throw Error(StrCat(pre, "bad JSON header: ", e.what()));
+  }
+  if (root.kind() != Json::Kind::kObject) {
+    throw Error(StrCat(pre, "the header is ", JsonKindName(root.kind()), ", expected an object"));
+  }
+  SafetensorsFile out;
+  std::vector<Entry> entries;
+  for (const auto& [name, info] : root.members()) {
+    if (name == "__metadata__") {
+      ReadMetadata(info, pre, &out.metadata);
+    } else {
+      entries.push_back(ParseEntry(name, info, data_size, pre));
+    }
+  }
+  SortDisjoint(entries, pre);
+  const int64_t data_start = 8 + static_cast<int64_t>(header.size());
   for (const Entry& e : entries) {
     Tensor t = Tensor::Empty(Shape(e.shape), e.dtype);
     const size_t n = t.nbytes();

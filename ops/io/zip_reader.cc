@@ -47,6 +47,58 @@ struct InflateStream {
   }
 };
 
+// The ZIP64 extra field holds, in order, each size or offset whose 32-bit
+// field is saturated: sets those of e from the extra fields x[0, len).
+void ApplyZip64Extra(const unsigned char* x, uint64_t len, ZipEntry* e, const std::string& where) {
+  for (uint64_t k = 0; k + 4 <= len;) {
+    const uint16_t id = U16(x + k), field_len = U16(x + k + 2);
+    if (k + 4 + field_len > len) throw Error(StrCat(where, "an extra field runs past its end"));
+    if (id == 0x0001) {
+      const unsigned char* p = x + k + 4;
+      uint64_t left = field_len;
+      for (uint64_t* field : {&e->size, &e->compressed_size, &e->local_header_offset}) {
+        if (*field != 0xffffffff) continue;
+        if (left < 8) throw Error(StrCat(where, "ZIP64 extra field too short"));
+        *field = U64(p);
+        p += 8;
+        left -= 8;
+      }
+    }
+    k += 4 + field_len;
+  }
+}
+
+// The central directory header at cd[*at]; moves *at past it (its name,
+// extra fields and comment). Refuses encrypted entries and methods other
+// than stored and deflated.
+ZipEntry ParseCentralHeader(const std::vector<unsigned char>& cd, uint64_t* at,
+                            const std::string& where) {
+  if (!Within(*at, kCentralSize, cd.size()) || U32(&cd[*at]) != kCentralSig) {
+    throw Error(StrCat(where, "no central directory header"));
+  }
+  const unsigned char* h = &cd[*at];
+  const uint16_t flags = U16(h + 8);
+  const uint64_t name_len = U16(h + 28), extra_len = U16(h + 30), comment_len = U16(h + 32);
+  if (!Within(*at + kCentralSize, name_len + extra_len + comment_len, cd.size())) {
+    throw Error(StrCat(where, "its name and fields run past the central directory"));
+  }
+  ZipEntry e;
+  e.name.assign(reinterpret_cast<const char*>(h + kCentralSize), name_len);
+  e.method = U16(h + 10);
+  e.crc32 = U32(h + 16);
+  e.compressed_size = U32(h + 20);
+  e.size = U32(h + 24);
+  e.local_header_offset = U32(h + 42);
+  ApplyZip64Extra(h + kCentralSize + name_len, extra_len, &e, where);
+  if (flags & 0x41) throw Error(StrCat(where, "'", e.name, "' is encrypted"));
+  if (e.method != 0 && e.method != 8) {
+    throw Error(StrCat(where, "'", e.name, "' uses compression method ", e.method,
+                       " (read: 0 stored, 8 deflated)"));
+  }
+  *at += kCentralSize + name_len + extra_len + comment_len;
+  return e;
+}
+
 }  // namespace
 
 ZipReader::ZipReader(const std::string& path) : path_(path) {
@@ -93,7 +145,15 @@ void ZipReader::ReadAt(uint64_t offset, uint64_t n, void* dst, const std::string
   }
 }
 
-void ZipReader::ReadCentralDirectory() {
+// An end of central directory record's fields (32-bit or ZIP64), and where
+// the directory must end: before the record that describes it.
+struct ZipReader::EndRecord {
+  uint64_t disk = 0, cd_disk = 0, on_disk = 0;  // multi-disk fields: 0, 0, count
+  uint64_t count = 0, cd_size = 0, cd_offset = 0;
+  uint64_t cd_limit = 0;
+};
+
+ZipReader::EndRecord ZipReader::ReadEndRecord() const {
   if (file_size_ < kEndSize) {
     throw Error(StrCat(path_, ": the file is ", file_size_,
                        " bytes, too short for a zip archive (truncated?)"));
@@ -117,96 +177,70 @@ void ZipReader::ReadCentralDirectory() {
                        "truncated"));
   }
   const unsigned char* end = &tail[end_at];
-  uint64_t disk = U16(end + 4), cd_disk = U16(end + 6), on_disk = U16(end + 8);
-  uint64_t count = U16(end + 10), cd_size = U32(end + 12), cd_offset = U32(end + 16);
-  uint64_t cd_limit = tail_start + end_at;  // the directory ends before its end record
-  if (count == 0xffff || cd_size == 0xffffffff || cd_offset == 0xffffffff) {
-    if (cd_limit < kZip64LocatorSize) throw Error(StrCat(path_, ": ZIP64 locator missing"));
-    unsigned char loc[kZip64LocatorSize];
-    ReadAt(cd_limit - kZip64LocatorSize, kZip64LocatorSize, loc, "the ZIP64 locator");
-    if (U32(loc) != kZip64LocatorSig) {
-      throw Error(StrCat(path_, ": the end record says ZIP64 but there is no ZIP64 locator"));
-    }
-    const uint64_t z64_at = U64(loc + 8);
-    if (!Within(z64_at, kZip64EndSize, cd_limit - kZip64LocatorSize)) {
-      throw Error(StrCat(path_, ": the ZIP64 end record offset ", z64_at, " is out of range"));
-    }
-    unsigned char z64[kZip64EndSize];
-    ReadAt(z64_at, kZip64EndSize, z64, "the ZIP64 end record");
-    if (U32(z64) != kZip64EndSig) {
-      throw Error(StrCat(path_, ": no ZIP64 end record at byte ", z64_at));
-    }
-    disk = U32(z64 + 16);
-    cd_disk = U32(z64 + 20);
-    on_disk = U64(z64 + 24);
-    count = U64(z64 + 32);
-    cd_size = U64(z64 + 40);
-    cd_offset = U64(z64 + 48);
-    cd_limit = z64_at;
+  EndRecord r;
+  r.disk = U16(end + 4);
+  r.cd_disk = U16(end + 6);
+  r.on_disk = U16(end + 8);
+  r.count = U16(end + 10);
+  r.cd_size = U32(end + 12);
+  r.cd_offset = U32(end + 16);
+  r.cd_limit = tail_start + end_at;
+  if (r.count == 0xffff || r.cd_size == 0xffffffff || r.cd_offset == 0xffffffff) {
+    ReadZip64EndRecord(&r);
   }
-  if (disk != 0 || cd_disk != 0 || on_disk != count) {
+  return r;
+}
+
+void ZipReader::ReadZip64EndRecord(EndRecord* r) const {
+  if (r->cd_limit < kZip64LocatorSize) throw Error(StrCat(path_, ": ZIP64 locator missing"));
+  unsigned char loc[kZip64LocatorSize];
+  ReadAt(r->cd_limit - kZip64LocatorSize, kZip64LocatorSize, loc, "the ZIP64 locator");
+  if (U32(loc) != kZip64LocatorSig) {
+    throw Error(StrCat(path_, ": the end record says ZIP64 but there is no ZIP64 locator"));
+  }
+  const uint64_t z64_at = U64(loc + 8);
+  if (!Within(z64_at, kZip64EndSize, r->cd_limit - kZip64LocatorSize)) {
+    throw Error(StrCat(path_, ": the ZIP64 end record offset ", z64_at, " is out of range"));
+  }
+  unsigned char z64[kZip64EndSize];
+  ReadAt(z64_at, kZip64EndSize, z64, "the ZIP64 end record");
+  if (U32(z64) != kZip64EndSig) {
+    throw Error(StrCat(path_, ": no ZIP64 end record at byte ", z64_at));
+  }
+  r->disk = U32(z64 + 16);
+  r->cd_disk = U32(z64 + 20);
+  r->on_disk = U64(z64 + 24);
+  r->count = U64(z64 + 32);
+  r->cd_size = U64(z64 + 40);
+  r->cd_offset = U64(z64 + 48);
+  r->cd_limit = z64_at;
+}
+
+void ZipReader::ReadCentralDirectory() {
+  const EndRecord r = ReadEndRecord();
+  if (r.disk != 0 || r.cd_disk != 0 || r.on_disk != r.count) {
     throw Error(StrCat(path_, ": a multi-disk (split) zip archive is not read"));
   }
-  if (!Within(cd_offset, cd_size, cd_limit)) {
-    throw Error(StrCat(path_, ": the central directory [", cd_offset, ", +", cd_size,
-                       ") lies outside the archive's ", cd_limit, " bytes (truncated?)"));
+  if (!Within(r.cd_offset, r.cd_size, r.cd_limit)) {
+    throw Error(StrCat(path_, ": the central directory [", r.cd_offset, ", +", r.cd_size,
+                       ") lies outside the archive's ", r.cd_limit, " bytes (truncated?)"));
   }
-  if (count > cd_size / kCentralSize) {
-    throw Error(StrCat(path_, ": ", count, " entries cannot fit a central directory of ", cd_size,
-                       " bytes"));
+  if (r.count > r.cd_size / kCentralSize) {
+    throw Error(StrCat(path_, ": ", r.count, " entries cannot fit a central directory of ",
+                       r.cd_size, " bytes"));
   }
-  std::vector<unsigned char> cd(cd_size);
-  ReadAt(cd_offset, cd_size, cd.data(), "the central directory");
-  entries_.reserve(count);
+  std::vector<unsigned char> cd(r.cd_size);
+  ReadAt(r.cd_offset, r.cd_size, cd.data(), "the central directory");
+  entries_.reserve(r.count);
   uint64_t at = 0;
-  for (uint64_t i = 0; i < count; ++i) {
+  for (uint64_t i = 0; i < r.count; ++i) {
     const std::string where =
-        StrCat(path_, ": central directory entry ", i, " (byte ", cd_offset + at, "): ");
-    if (!Within(at, kCentralSize, cd_size) || U32(&cd[at]) != kCentralSig) {
-      throw Error(StrCat(where, "no central directory header"));
-    }
-    const unsigned char* h = &cd[at];
-    const uint16_t flags = U16(h + 8);
-    const uint64_t name_len = U16(h + 28), extra_len = U16(h + 30), comment_len = U16(h + 32);
-    if (!Within(at + kCentralSize, name_len + extra_len + comment_len, cd_size)) {
-      throw Error(StrCat(where, "its name and fields run past the central directory"));
-    }
-    ZipEntry e;
-    e.name.assign(reinterpret_cast<const char*>(h + kCentralSize), name_len);
-    e.method = U16(h + 10);
-    e.crc32 = U32(h + 16);
-    e.compressed_size = U32(h + 20);
-    e.size = U32(h + 24);
-    e.local_header_offset = U32(h + 42);
-    // The ZIP64 extra field holds, in order, each size or offset whose
-    // 32-bit field is saturated.
-    const unsigned char* x = h + kCentralSize + name_len;
-    for (uint64_t k = 0; k + 4 <= extra_len;) {
-      const uint16_t id = U16(x + k), len = U16(x + k + 2);
-      if (k + 4 + len > extra_len) throw Error(StrCat(where, "an extra field runs past its end"));
-      if (id == 0x0001) {
-        const unsigned char* p = x + k + 4;
-        uint64_t left = len;
-        for (uint64_t* field : {&e.size, &e.compressed_size, &e.local_header_offset}) {
-          if (*field != 0xffffffff) continue;
-          if (left < 8) throw Error(StrCat(where, "ZIP64 extra field too short"));
-          *field = U64(p);
-          p += 8;
-          left -= 8;
-        }
-      }
-      k += 4 + len;
-    }
-    if (flags & 0x41) throw Error(StrCat(where, "'", e.name, "' is encrypted"));
-    if (e.method != 0 && e.method != 8) {
-      throw Error(StrCat(where, "'", e.name, "' uses compression method ", e.method,
-                         " (read: 0 stored, 8 deflated)"));
-    }
+        StrCat(path_, ": central directory entry ", i, " (byte ", r.cd_offset + at, "): ");
+    ZipEntry e = ParseCentralHeader(cd, &at, where);
     if (!by_name_.emplace(e.name, entries_.size()).second) {
       throw Error(StrCat(where, "the name '", e.name, "' appears twice"));
     }
     entries_.push_back(std::move(e));
-    at += kCentralSize + name_len + extra_len + comment_len;
   }
 }
 

@@ -47,7 +47,11 @@ class ZipReader {
 
  private:
   void ReadAt(uint64_t offset, uint64_t n, void* dst, const std::string& what) const;
+  struct EndRecord;  // where the central directory lies (zip_reader.cc)
   void ReadCentralDirectory();
+  // The end of central directory record, in its ZIP64 form where it says so.
+  EndRecord ReadEndRecord() const;
+  void ReadZip64EndRecord(EndRecord* r) const;
   // Where the entry's data begins, from its local header.
   uint64_t DataOffset(const ZipEntry& e) const;
   std::string Inflate(const ZipEntry& e, uint64_t offset) const;

@@ -89,9 +89,31 @@ class BatchNormLayer : public Layer {
   // (hi C, lo C); adds the count, syncs, and sets count_ and shift_ (the
   // global mean up to the float rounding). Returns the global count.
   double SyncCountAndShift(int64_t local_count, const Shape& in_shape);
+  // Forward's checks and per-forward state (count_, the sizes of mean_ and
+  // inv_std_); returns whether it normalises with the batch statistics.
+  bool StartForward(const Tensor& in, const Tensor& y, const ForwardContext& ctx);
+  // The passes over [N, C, ...] tensors of one dtype T (batch_norm.cc).
+  template <typename T>
+  void ForwardNchw(const Tensor& in, Tensor& y, bool training);
+  template <typename T>
+  void BackwardNchw(const Tensor& in, const Tensor& y, const Tensor& dy, Tensor* dx);
+  // Synced forward: the global count (returned), shift_, and in sync_buf_
+  // the global sums centred on shift_, [s1 (hi C, lo C), s2 (hi C, lo C)].
+  // Input: batch_norm.cc's view of x.
+  template <typename Input>
+  double SyncCentredSums(const Input& x, const Shape& in_shape);
   // The passes over channels-last tensors (nhwc_input()).
   void ForwardNhwc(const Tensor& in, Tensor& y, bool training);
   void BackwardNhwc(const Tensor& in, const Tensor& dy, Tensor* dx);
+  // Parameter i's value (weight 0, bias 1) or gradient as T; null without affine.
+  template <typename T>
+  const T* Param(int i) const {
+    return affine_ ? parameters()[i].value.data<T>() : nullptr;
+  }
+  template <typename T>
+  T* ParamGrad(int i) {
+    return affine_ ? parameters()[i].grad.data<T>() : nullptr;
+  }
 
   double momentum_;
   double eps_;
