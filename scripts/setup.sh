@@ -26,6 +26,7 @@ if [[ "${1:-all}" != run ]]; then
     libgtest-dev libgmock-dev libbenchmark-dev  # the tests and bench/
     lmdb-utils
     clang-format-14  # scripts/format.sh --check (ctest cli.format)
+    universal-ctags  # ctest cli.house: function lengths
     graphviz  # cnnflow graph -o FILE.svg
     iproute2 nftables iputils-ping  # the multi-host tests: namespaces, shaping, packet loss, reachability (tests/cli/netns_*.sh)
     curl ca-certificates python3  # scripts/prepare_*.sh downloads; tests/cli/prepare_test.sh

@@ -12,6 +12,9 @@
 #  - one registry: Registry<T> (ops/registry.h) is the only class with a
 #    static Get() and a Register();
 #  - options are filled by the config's parser, not copied field by field;
+#  - source files stay within 800 lines, functions within 100 (universal-
+#    ctags' spans, lambdas included) but for at most 3, each named with its
+#    reason in CONTRIBUTING.md ("Long functions");
 #  - every registered layer type has an ONNX export or a declaration that it
 #    has none (read from `cnnflow stages`, when the binary is given).
 #   usage: house_test.sh [CNNFLOW_BINARY]   (from the repository root)
@@ -65,6 +68,37 @@ if [[ -n "$hits" ]]; then
   echo "a RunConfig option copied field by field outside pipeline/run_config.cc:"
   echo "$hits" | sed 's/^/  /'
   fail=1
+fi
+# Source files within 800 lines.
+big=$(find ops loaders stages pipeline onnx tools python \( -name '*.cc' -o -name '*.h' -o -name '*.cu' \
+        -o -name '*.cuh' \) -exec awk 'END {if (NR > 800) print FILENAME ": " NR " lines"}' {} \;)
+if [[ -n "$big" ]]; then
+  echo "source files over 800 lines (cut them into rooms):"
+  echo "$big" | sed 's/^/  /'
+  fail=1
+fi
+# Functions within 100 lines; the few longer ones named in CONTRIBUTING.md.
+if ctags --version 2>/dev/null | grep -q "Universal Ctags"; then
+  long=$(ctags -R --languages=C++ --kinds-C++=f --fields=+ne -x \
+           --_xformat='%{end} %{line} %N %F' ops loaders stages pipeline onnx tools python |
+         awk '$1 - $2 + 1 > 100 {print $4, $3, $1 - $2 + 1}')
+  allowed=$(sed -n '/^## Long functions/,/^## [^L]/p' CONTRIBUTING.md)
+  n=0
+  while read -r file name lines; do
+    [[ -z "$file" ]] && continue
+    n=$((n + 1))
+    if ! grep -F "\`$file\`" <<<"$allowed" | grep -qF "$name"; then
+      echo "$file: $name is $lines lines (over 100, and not among CONTRIBUTING.md's long functions)"
+      fail=1
+    fi
+  done <<<"$long"
+  if ((n > 3)); then
+    echo "$n functions are over 100 lines (at most 3 may be):"
+    echo "$long" | sed 's/^/  /'
+    fail=1
+  fi
+else
+  echo "note: universal-ctags not found; function lengths not checked (scripts/setup.sh installs it)"
 fi
 # Every layer type has an ONNX export or a declaration that it has none.
 if [[ -n "${1:-}" ]]; then
