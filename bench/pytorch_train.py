@@ -154,6 +154,11 @@ def parse_args():
                         "alternating, and print the median of each and the best")
     p.add_argument("--search-all", action="store_true", help="--search, with SEARCH_MORE too")
     p.add_argument("--reps", type=int, default=3, help="repetitions per candidate in --search")
+    p.add_argument("--profile", default=None, metavar="FILE",
+                   help="after the timed steps, profile --profile-steps more with "
+                        "torch.profiler and write its Chrome trace to FILE "
+                        "(bench/gpu_profile_table.py reads it)")
+    p.add_argument("--profile-steps", type=int, default=20)
     a = p.parse_args()
     # The configs' settings (configs/fashion_mnist.yaml, fashion_mnist_cnn3.yaml,
     # resnet18_cifar.yaml, spoken_digits.yaml): batch, optimizer, lr, weight decay.
@@ -589,6 +594,22 @@ def main():
           f"first_loss={first if first is not None else float('nan'):.4f} loss={loss.item():.4f} "
           f"source={args.source} {feed} optimizer={args.optimizer} params={params} "
           f"torch={torch.__version__} {setting}", flush=True)
+    if args.profile:
+        profile(args, lambda: step(*next(it)), cuda)
+
+
+def profile(args, run_step, cuda):
+    """--profile: the kernels of --profile-steps steps, one ProfilerStep# each."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        for _ in range(args.profile_steps):
+            run_step()
+            prof.step()
+        if cuda:
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(args.profile)
+    print(f"pytorch profile of {args.profile_steps} steps: {args.profile}", flush=True)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,7 @@
 #include "ops/cuda/kernels.h"
 #include "ops/layers/conv1d.h"
 #include "ops/layers/conv2d.h"
+#include "ops/trace.h"
 
 namespace cnnflow {
 
@@ -439,6 +441,8 @@ void CudnnConv::Backward(const std::string& layer, const Conv2dGeometry& g, cons
     if (!a.bwd_data.found) a.bwd_data = FindBackwardData(ctx, layer, wc, dy, *dx);
     CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_[kBwdData], a.bwd_data.math));
     void* ws = ctx.Workspace(a.bwd_data.workspace);
+    std::optional<cuda::GpuSpan> span;  // --trace: the two passes apart
+    if (Tracer::on()) span.emplace(x.device(), "gpu backward-data", layer);
     CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardData(
         h, &kCudnnOne, w_desc_, wc.raw_data(), y_desc_, dy.raw_data(), conv_desc_[kBwdData],
         static_cast<cudnnConvolutionBwdDataAlgo_t>(a.bwd_data.algo), ws, a.bwd_data.workspace,
@@ -455,11 +459,14 @@ void CudnnConv::Backward(const std::string& layer, const Conv2dGeometry& g, cons
   // precision cuDNN writes a half scratch that is added in f32.
   Tensor dw_half;
   if (mixed) dw_half = Tensor::Empty(w.shape(), x.dtype(), x.device());
+  std::optional<cuda::GpuSpan> span;
+  if (Tracer::on()) span.emplace(x.device(), "gpu backward-weights", layer);
   CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
       h, &kCudnnOne, x_desc_, x.raw_data(), y_desc_, dy.raw_data(), conv_desc_[kBwdFilter],
       static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.bwd_filter.algo), ws, a.bwd_filter.workspace,
       mixed ? &kCudnnZero : &kCudnnOne, w_desc_, mixed ? dw_half.raw_data() : dw.raw_data()));
   if (mixed) cuda::AddCast(dw_half, dw);
+  span.reset();
   if (db != nullptr) {
     CNNFLOW_ENFORCE(db->is_contiguous() && db->numel() == g.out_channels &&
                         db->dtype() == DType::kF32 && db->device() == x.device(),
