@@ -37,9 +37,10 @@ std::string NoNativeBf16OnHost();
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale);
 
 // Softmax cross-entropy (ops/loss.h) on logits wherever they are, the labels
-// in the same device's memory. On a GPU it returns at once and the loss
-// follows (PendingLoss::ready() false until then), so the host goes on
-// issuing backward; on the CPU it is computed now.
+// (and a mix's other labels and weights) in the same device's memory. On a
+// GPU it returns at once and the loss follows (PendingLoss::ready() false
+// until then), so the host goes on issuing backward; on the CPU it is
+// computed now.
 std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, const int64_t* labels,
                                                       Tensor* dlogits, double grad_scale = -1,
                                                       double label_smoothing = 0.0,

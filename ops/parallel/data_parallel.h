@@ -159,10 +159,13 @@ class ReplicaSet {
   // global replica 0 after the buckets. Runs in the replica's task arena.
   // Throws (after aborting the other replicas' collectives) on a non-finite
   // loss (a GPU replica: when the pending loss is read).
-  // mix: mixed targets of the shard (mixup, cutmix; CPU replicas only).
+  // mix: mixed targets of the shard (mixup, cutmix), in host memory; a GPU
+  // replica takes `device_mix` (the same in its GPU's memory, staged with the
+  // labels) when given, else copies `mix` to its GPU.
   Result ForwardBackward(int r, const Tensor& x, const int64_t* labels, const ForwardContext& ctx,
                          double grad_scale, double label_smoothing, bool reduce,
-                         const int64_t* device_labels = nullptr, const LabelMix* mix = nullptr);
+                         const int64_t* device_labels = nullptr, const LabelMix* mix = nullptr,
+                         const LabelMix* device_mix = nullptr);
   // Replica r: waits until the collectives its ForwardBackward issued are
   // done (where a stalled peer becomes an error).
   void WaitForReductions(int r);

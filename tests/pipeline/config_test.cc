@@ -340,6 +340,22 @@ TEST_F(ConfigTest, FlushDenormalsIsOnByDefault) {
                           {"flush_denormals", "sometimes"});
 }
 
+// Mixed labels (mixup, cutmix) train on GPUs: their graphs validate on
+// cuda:0 by changing graph.devices alone (issue 55).
+TEST_F(ConfigTest, MixupAndCutmixValidateOnAGpu) {
+  for (const char* stage : {"mixup", "cutmix"}) {
+    SCOPED_TRACE(stage);
+    std::string t = testing::ReadBytes("graphs/data_parallel_mixup_ema.yaml");
+    t = Replace(t, "{stage: mixup, alpha: 0.2}", StrCat("{stage: ", stage, ", alpha: 0.5}"));
+    const std::string tmpl = Write(t, StrCat(stage, ".yaml"));
+    const RunConfig c =
+        LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0]", "graph.template=" + tmpl});
+    ASSERT_NE(c.train_graph.Find("mix"), nullptr);
+    EXPECT_EQ(c.train_graph.Find("mix")->stage, stage);
+    EXPECT_TRUE(c.devices[0].is_cuda());
+  }
+}
+
 // graph.channels_last: auto (the default), true or false; true only where
 // the model is one data-parallel replica per CPU device.
 TEST_F(ConfigTest, ChannelsLastIsAutoTrueOrFalse) {
