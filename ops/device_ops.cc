@@ -77,6 +77,10 @@ void FusedAdamStep(Device device, const std::vector<ParamSlot>& slots, double lr
   cuda::AdamStep(device, slots, lr, beta1, beta2, eps, weight_decay, decoupled, step);
 }
 
+void SetGpuMath(Device device, const GpuMathOptions& math) {
+  if (device.is_cuda()) cuda::SetMath(device, math);
+}
+
 std::unique_ptr<IdleMeter> MakeIdleMeter(Device device) {
   if (!device.is_cuda()) return nullptr;
   return std::make_unique<cuda::IdleMeter>(device);

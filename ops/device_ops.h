@@ -66,6 +66,23 @@ void FusedSgdStep(Device device, const std::vector<ParamSlot>& slots, double lr,
 void FusedAdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
                    double beta2, double eps, double weight_decay, bool decoupled, int64_t step);
 
+// How a GPU's kernels may compute, as PyTorch's switches (graph.tf32,
+// graph.deterministic; docs/gpus.md):
+//  - tf32: f32 convolutions may multiply in TF32 on tensor cores
+//    (torch.backends.cudnn.allow_tf32, default true); false: full f32 (FMA)
+//    math. f32 matmuls (cuBLAS) never use TF32 either way, as PyTorch's
+//    default torch.backends.cuda.matmul.allow_tf32 = False;
+//  - deterministic: cuDNN algorithms that give the same bits every run only
+//    (torch.backends.cudnn.deterministic, torch.use_deterministic_algorithms).
+// A setting of the device's process-wide CUDA context: set it before the
+// models on that GPU run their first step (ReplicaSet does). Nothing on a
+// CPU device, whose kernels are deterministic and never TF32.
+struct GpuMathOptions {
+  bool tf32 = true;
+  bool deterministic = false;
+};
+void SetGpuMath(Device device, const GpuMathOptions& math);
+
 // How long a device sat idle between the end of one step's work and the
 // start of the next (waiting for the host or the next batch): the data-wait
 // share of a GPU run, measured on the GPU with events. Null for a CPU (its

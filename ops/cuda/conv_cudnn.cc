@@ -13,8 +13,12 @@
 //
 // Precision: f32 convolutions run with CUDNN_DEFAULT_MATH, which lets cuDNN
 // use TF32 tensor cores on Ampere and later (PyTorch's default,
-// torch.backends.cudnn.allow_tf32 = True); algorithms that would convert
-// f32 data down to f16 are never chosen.
+// torch.backends.cudnn.allow_tf32 = True); with graph.tf32: false
+// (CudaContext::math()) they run with CUDNN_FMA_MATH and no tensor-op
+// algorithm is picked: full f32. Algorithms that would convert f32 data
+// down to f16 are never chosen.
+// graph.deterministic (torch.backends.cudnn.deterministic): the search
+// takes CUDNN_DETERMINISTIC algorithms only.
 // Mixed precision (x, y, dy, dx in f16 or bf16; parameters and their
 // gradients f32, ops/model.h): cuDNN computes on half copies of the weight
 // and bias, refreshed every forward, with CUDNN_TENSOR_OP_MATH and an f32
@@ -42,13 +46,19 @@ namespace cnnflow {
 
 namespace detail {
 
-int PickCudnnAlgo(const int* status, const int* math_type, const size_t* memory, int count,
-                  size_t workspace_limit, bool allow_down_conversion) {
+int PickCudnnAlgo(const int* status, const int* math_type, const int* determinism,
+                  const size_t* memory, int count, size_t workspace_limit,
+                  const CudnnPickRules& rules) {
+  const int converting = static_cast<int>(CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
   for (int i = 0; i < count; ++i) {
     if (status[i] != static_cast<int>(CUDNN_STATUS_SUCCESS)) continue;
     if (memory[i] > workspace_limit) continue;
-    if (!allow_down_conversion &&
-        math_type[i] == static_cast<int>(CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) {
+    if (!rules.allow_down_conversion && math_type[i] == converting) continue;
+    if (!rules.allow_tensor_ops &&
+        (math_type[i] == static_cast<int>(CUDNN_TENSOR_OP_MATH) || math_type[i] == converting)) {
+      continue;
+    }
+    if (rules.deterministic_only && determinism[i] != static_cast<int>(CUDNN_DETERMINISTIC)) {
       continue;
     }
     return i;
@@ -68,23 +78,36 @@ using detail::kCudnnZero;
 // Winograd) ask for a lot, but the block stays with the context for good.
 constexpr size_t kMaxSearchWorkspace = size_t{1} << 30;
 
+// What `math` (graph.tf32, graph.deterministic) lets a convolution on
+// `type` data take.
+detail::CudnnPickRules PickRules(cudnnDataType_t type, const GpuMathOptions& math) {
+  detail::CudnnPickRules r;
+  r.allow_down_conversion = detail::CudnnMayDownConvert(type);
+  r.allow_tensor_ops = type != CUDNN_DATA_FLOAT || math.tf32;
+  r.deterministic_only = math.deterministic;
+  return r;
+}
+
 // Picks among `count` search results; throws naming the layer when none
 // fits.
 template <typename Perf>
-const Perf& Pick(const std::vector<Perf>& perf, int count, size_t limit, cudnnDataType_t type,
-                 const std::string& layer, const char* pass) {
-  std::vector<int> status(count), math(count);
+const Perf& Pick(const std::vector<Perf>& perf, int count, size_t limit,
+                 const detail::CudnnPickRules& rules, const std::string& layer, const char* pass) {
+  std::vector<int> status(count), math(count), determinism(count);
   std::vector<size_t> memory(count);
   for (int i = 0; i < count; ++i) {
     status[i] = static_cast<int>(perf[i].status);
     math[i] = static_cast<int>(perf[i].mathType);
+    determinism[i] = static_cast<int>(perf[i].determinism);
     memory[i] = perf[i].memory;
   }
-  const int i = detail::PickCudnnAlgo(status.data(), math.data(), memory.data(), count, limit,
-                                      detail::CudnnMayDownConvert(type));
+  const int i = detail::PickCudnnAlgo(status.data(), math.data(), determinism.data(), memory.data(),
+                                      count, limit, rules);
   if (i < 0) {
     throw Error(StrCat(layer, ": cuDNN found no usable ", pass, " algorithm (", count,
-                       " tried, workspace limit ", limit, " bytes)"));
+                       " tried, workspace limit ", limit, " bytes",
+                       rules.deterministic_only ? ", deterministic ones only" : "",
+                       rules.allow_tensor_ops ? "" : ", no TF32", ")"));
   }
   return perf[i];
 }
@@ -168,15 +191,22 @@ class CudnnConv {
   template <typename Perf, typename SizeFn, typename FindFn>
   AlgoChoice Search(CudaContext& ctx, const std::string& layer, const char* pass, Pass p,
                     int algo_count, int max_count, SizeFn workspace_size, FindFn find);
+  // The chosen algorithm's math set on the pass's descriptor and its
+  // workspace sized.
+  template <typename SizeFn>
+  AlgoChoice Choose(const std::string& layer, const char* pass, Pass p, int algo,
+                    cudnnMathType_t math, size_t reported, SizeFn workspace_size);
   AlgoChoice FindForward(CudaContext& ctx, const std::string& layer, const Tensor& x,
                          const Tensor& w, Tensor& y);
   AlgoChoice FindBackwardData(CudaContext& ctx, const std::string& layer, const Tensor& w,
                               const Tensor& dy, Tensor& dx);
   AlgoChoice FindBackwardFilter(CudaContext& ctx, const std::string& layer, const Tensor& x,
                                 const Tensor& dy, const Tensor& w);
-  // The math type the search starts from.
-  cudnnMathType_t SearchMath() const {
-    return type_ == CUDNN_DATA_FLOAT ? CUDNN_DEFAULT_MATH : CUDNN_TENSOR_OP_MATH;
+  // The math type the search starts from: f32 data with TF32 allowed
+  // (graph.tf32) the default (TF32 where the GPU has it), without it FMA.
+  cudnnMathType_t SearchMath(const GpuMathOptions& math) const {
+    if (type_ != CUDNN_DATA_FLOAT) return CUDNN_TENSOR_OP_MATH;
+    return math.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   }
 
   // x, y, filter and bias in the compute dtype; y32 and bias32 in f32 for
@@ -250,7 +280,7 @@ CudnnConv::Algos& CudnnConv::Prepare(CudaContext& ctx, const std::string& layer,
           CudnnInt(g.dilation_h, layer, "dilation"), CudnnInt(g.dilation_w, layer, "dilation"),
           CUDNN_CROSS_CORRELATION, compute));
       CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, CudnnInt(g.groups, layer, "groups")));
-      CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(d, SearchMath()));
+      CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(d, SearchMath(ctx.math())));
     }
     CNNFLOW_CUDNN_CHECK(
         cudnnSetTensor4dDescriptor(bias_desc_, CUDNN_TENSOR_NCHW, type, 1, k, 1, 1));
@@ -283,11 +313,31 @@ CudnnConv::Algos& CudnnConv::Prepare(CudaContext& ctx, const std::string& layer,
   return algos_[n];
 }
 
+template <typename SizeFn>
+AlgoChoice CudnnConv::Choose(const std::string& layer, const char* pass, Pass p, int algo,
+                             cudnnMathType_t math, size_t reported, SizeFn workspace_size) {
+  AlgoChoice c;
+  c.algo = algo;
+  c.math = math;
+  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_[p], c.math));
+  size_t need = 0;
+  const cudnnStatus_t sized = workspace_size(c.algo, &need);
+  if (sized != CUDNN_STATUS_SUCCESS) {
+    throw Error(StrCat(layer, ": cuDNN cannot size the workspace of its chosen ", pass,
+                       " algorithm ", c.algo, ": ", cudnnGetErrorString(sized)));
+  }
+  c.workspace = std::max(need, reported);
+  c.found = true;
+  return c;
+}
+
 template <typename Perf, typename SizeFn, typename FindFn>
 AlgoChoice CudnnConv::Search(CudaContext& ctx, const std::string& layer, const char* pass, Pass p,
                              int algo_count, int max_count, SizeFn workspace_size, FindFn find) {
   cudnnConvolutionDescriptor_t conv = conv_desc_[p];
-  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, SearchMath()));
+  const GpuMathOptions math = ctx.math();
+  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, SearchMath(math)));
+  const detail::CudnnPickRules rules = PickRules(type_, math);
   size_t wanted = 0;
   for (int a = 0; a < algo_count; ++a) {
     size_t b = 0;
@@ -302,20 +352,12 @@ AlgoChoice CudnnConv::Search(CudaContext& ctx, const std::string& layer, const c
     throw Error(StrCat(layer, ": cuDNN's ", pass, " algorithm search failed: ",
                        cudnnGetErrorString(found), " (", DTypeName(dtype_), " data)"));
   }
-  const Perf& best = Pick(perf, count, budget, type_, layer, pass);
-  AlgoChoice c;
-  c.algo = static_cast<int>(best.algo);
-  c.math = best.mathType;
-  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, c.math));
-  size_t need = 0;
-  const cudnnStatus_t sized = workspace_size(c.algo, &need);
-  if (sized != CUDNN_STATUS_SUCCESS) {
-    throw Error(StrCat(layer, ": cuDNN cannot size the workspace of its chosen ", pass,
-                       " algorithm ", c.algo, ": ", cudnnGetErrorString(sized)));
-  }
-  c.workspace = std::max(need, best.memory);
-  c.found = true;
-  return c;
+  const Perf& best = Pick(perf, count, budget, rules, layer, pass);
+  // Without TF32 the algorithm runs FMA math whatever the search reported
+  // for it (PyTorch does the same).
+  return Choose(layer, pass, p, static_cast<int>(best.algo),
+                rules.allow_tensor_ops ? best.mathType : CUDNN_FMA_MATH, best.memory,
+                workspace_size);
 }
 
 AlgoChoice CudnnConv::FindForward(CudaContext& ctx, const std::string& layer, const Tensor& x,

@@ -23,6 +23,10 @@ void Axpy(float alpha, const Tensor& x, Tensor& y);
 // y *= alpha (f32).
 void Scale(Tensor& y, float alpha);
 
+// The math GPU `device`'s kernels may use from now on (ops/device_ops.h's
+// SetGpuMath; held by its CudaContext).
+void SetMath(Device device, const GpuMathOptions& math);
+
 // Mixed precision (graph.precision: bf16 | fp16; see ops/model.h).
 // dst = src converted (f32, f16, bf16 in any direction; same element count,
 // same GPU; round to nearest even).

@@ -116,6 +116,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
       placement.group = tp_groups_[r / tp_local_].get();
       placement.rank = r % tp_local_;
     }
+    SetGpuMath(rep->device, options.gpu_math);  // before the model's first step
     rep->model = Model::Build(layers, input_shape,
                               {.seed = seed,
                                .init = init,

@@ -43,6 +43,7 @@
 
 #include "ops/collectives/collective.h"
 #include "ops/collectives/collective_mpi.h"
+#include "ops/device_ops.h"
 #include "ops/loss.h"
 #include "ops/model.h"
 #include "ops/parallel/member_threads.h"
@@ -71,6 +72,9 @@ struct DataParallelOptions {
   // a step whose reduced gradients hold an inf or NaN is skipped.
   DType compute = DType::kF32;
   LossScalerOptions loss_scaler;  // f16 only
+  // GPU replicas: TF32 and deterministic algorithms (graph.tf32,
+  // graph.deterministic; ops/device_ops.h), set on each replica's GPU.
+  GpuMathOptions gpu_math;
   // The activations' layout on CPUs (ops/model.h).
   MemoryFormat memory_format = MemoryFormat::kAuto;
   // Tensor parallelism (ops/parallel/tensor_parallel.h), CPU replicas: the

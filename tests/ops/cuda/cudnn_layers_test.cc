@@ -11,15 +11,20 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cstring>
+#include <filesystem>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "ops/device_ops.h"
 #include "ops/layer.h"
 #include "ops/model.h"
 #include "tests/ops/gpu_check.h"
+#include "tests/testing/test_dir.h"
 
 #if defined(CNNFLOW_WITH_CUDA)
 #include <cudnn.h>
@@ -706,20 +711,106 @@ TEST(CudnnLayers, AlgorithmPickSkipsFailedOversizedAndDownConverting) {
   const int ok = CUDNN_STATUS_SUCCESS, bad = CUDNN_STATUS_NOT_SUPPORTED;
   const int def = CUDNN_DEFAULT_MATH, tc = CUDNN_TENSOR_OP_MATH,
             conv = CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  const int det = CUDNN_DETERMINISTIC;
   // Sorted fastest first, as cuDNN returns them.
   const int status[] = {bad, ok, ok, ok, ok};
   const int math[] = {def, conv, def, tc, def};
+  const int determinism[] = {det, det, det, det, det};
   const size_t memory[] = {0, 0, 1000, 10, 0};
+  const detail::CudnnPickRules f32, f16{.allow_down_conversion = true};
   // f32: the down-converting one and the one over the limit are skipped.
-  EXPECT_EQ(detail::PickCudnnAlgo(status, math, memory, 5, 100, false), 3);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 100, f32), 3);
   // f16 data may use the converting algorithm.
-  EXPECT_EQ(detail::PickCudnnAlgo(status, math, memory, 5, 100, true), 1);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 100, f16), 1);
   // A bigger workspace admits the faster algorithm 2.
-  EXPECT_EQ(detail::PickCudnnAlgo(status, math, memory, 5, 1000, false), 2);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 1000, f32), 2);
   // Only failures: none.
-  EXPECT_EQ(detail::PickCudnnAlgo(status, math, memory, 1, 1000, true), -1);
-  EXPECT_EQ(detail::PickCudnnAlgo(status, math, memory, 0, 1000, true), -1);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 1, 1000, f16), -1);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 0, 1000, f16), -1);
 #endif
+}
+
+// graph.tf32: false skips tensor-op algorithms; graph.deterministic skips
+// the non-deterministic ones (issue 55).
+TEST(CudnnLayers, AlgorithmPickKeepsTf32AndDeterminismRules) {
+#if !defined(CNNFLOW_WITH_CUDA)
+  GTEST_SKIP() << "built without CUDA";
+#else
+  const int ok = CUDNN_STATUS_SUCCESS;
+  const int def = CUDNN_DEFAULT_MATH, tc = CUDNN_TENSOR_OP_MATH, fma = CUDNN_FMA_MATH,
+            conv = CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  const int det = CUDNN_DETERMINISTIC, nondet = CUDNN_NON_DETERMINISTIC;
+  const int status[] = {ok, ok, ok, ok, ok};
+  const int math[] = {tc, conv, def, fma, fma};
+  const int determinism[] = {det, det, nondet, nondet, det};
+  const size_t memory[] = {0, 0, 0, 0, 0};
+  const detail::CudnnPickRules tf32;
+  const detail::CudnnPickRules no_tf32{.allow_tensor_ops = false};
+  const detail::CudnnPickRules deterministic{.deterministic_only = true};
+  const detail::CudnnPickRules both{.allow_tensor_ops = false, .deterministic_only = true};
+  const detail::CudnnPickRules f16_both{
+      .allow_down_conversion = true, .allow_tensor_ops = false, .deterministic_only = true};
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 0, tf32), 0);
+  // No tensor-op math: the default-math one (run as FMA) is the first left.
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 0, no_tf32), 2);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 0, deterministic), 0);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 0, both), 4);
+  // Converting math is tensor-op math too.
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 0, f16_both), 4);
+  // Nothing deterministic among the first four: none.
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 4, 0, both), -1);
+#endif
+}
+
+// Sets graph.tf32 / graph.deterministic on cuda:0 for a test, and back.
+struct GpuMathFor {
+  explicit GpuMathFor(const GpuMathOptions& math) { SetGpuMath(Device::Cuda(0), math); }
+  ~GpuMathFor() { SetGpuMath(Device::Cuda(0), GpuMathOptions()); }
+};
+
+// A conv2d on cuda:0 against the CPU's f64 on the same f32 values (input,
+// weight, bias): the output's and the weight gradient's normalised errors.
+std::pair<double, double> ConvErrorAgainstF64(const GpuMathOptions& math) {
+  const GpuMathFor set(math);
+  const std::vector<LayerSpec> specs = {
+      Spec("c", "conv2d", {{"out", int64_t{64}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})};
+  const Shape sample{64, 16, 16};
+  auto gpu = Model::Build(specs, sample, {.seed = 7, .device = Device::Cuda(0)});
+  auto ref = Model::Build(specs, sample, {.dtype = DType::kF64, .seed = 7});
+  auto pg = gpu->NamedParameters(), pr = ref->NamedParameters();
+  for (size_t i = 0; i < pg.size(); ++i) {  // the GPU's f32 values, exactly
+    const Tensor v = pg[i].param->value.To(Device::Cpu());
+    for (int64_t j = 0; j < v.numel(); ++j) pr[i].param->value.Set(j, v.At(j));
+  }
+  const Tensor x = RandomTensor(sample.WithBatch(8), 8, -1, 1, DType::kF32);
+  Tensor x64 = Tensor::Empty(x.shape(), DType::kF64);
+  for (int64_t j = 0; j < x.numel(); ++j) x64.Set(j, x.At(j));
+  ForwardContext ctx;
+  ctx.training = true;
+  const Tensor y_ref = ref->Forward(x64, ctx).Clone();
+  const Tensor y_gpu = gpu->Forward(x.To(Device::Cuda(0)), ctx).To(Device::Cpu());
+  const Tensor dy = RandomTensor(y_ref.shape(), 9, -1, 1, DType::kF32);
+  Tensor dy64 = Tensor::Empty(dy.shape(), DType::kF64);
+  for (int64_t j = 0; j < dy.numel(); ++j) dy64.Set(j, dy.At(j));
+  ref->Backward(dy64);
+  gpu->Backward(dy.To(Device::Cuda(0)));
+  return {NormalisedError(y_ref, y_gpu), NormalisedError(ref->NamedParameters()[0].param->grad,
+                                                         gpu->NamedParameters()[0].param->grad)};
+}
+
+// graph.tf32: false gives full f32 convolutions: far closer to f64 than
+// TF32's 10-bit products (on a GPU with TF32: Ampere and later).
+TEST(Conv2dGPU, Tf32OffIsCloserToF64ThanTf32On) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const auto [fma_y, fma_dw] = ConvErrorAgainstF64({.tf32 = false});
+  const auto [tf32_y, tf32_dw] = ConvErrorAgainstF64({.tf32 = true});
+  std::cout << "normalised error against f64: tf32 off " << fma_y << " (output), " << fma_dw
+            << " (weight grad); tf32 on " << tf32_y << ", " << tf32_dw << "\n";
+  EXPECT_LT(fma_y, 1e-5);
+  EXPECT_LT(fma_dw, 1e-5);
+  if (tf32_y < 1e-5) GTEST_SKIP() << "this GPU has no TF32: both runs are f32";
+  EXPECT_LT(fma_y * 10, tf32_y);
+  EXPECT_LT(fma_dw * 10, tf32_dw);
 }
 
 TEST(CudnnLayers, OnlyF16MayConvertDown) {
