@@ -81,6 +81,8 @@ void SetGpuMath(Device device, const GpuMathOptions& math) {
   if (device.is_cuda()) cuda::SetMath(device, math);
 }
 
+void SetGpuPicksFile(const std::string& path, bool write) { cuda::SetCudnnPicksFile(path, write); }
+
 std::unique_ptr<IdleMeter> MakeIdleMeter(Device device) {
   if (!device.is_cuda()) return nullptr;
   return std::make_unique<cuda::IdleMeter>(device);

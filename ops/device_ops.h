@@ -73,7 +73,9 @@ void FusedAdamStep(Device device, const std::vector<ParamSlot>& slots, double lr
 //    math. f32 matmuls (cuBLAS) never use TF32 either way, as PyTorch's
 //    default torch.backends.cuda.matmul.allow_tf32 = False;
 //  - deterministic: cuDNN algorithms that give the same bits every run only
-//    (torch.backends.cudnn.deterministic, torch.use_deterministic_algorithms).
+//    (torch.backends.cudnn.deterministic, torch.use_deterministic_algorithms),
+//    and each convolution's pick kept in a file (SetGpuPicksFile) so that a
+//    resume runs the same ones.
 // A setting of the device's process-wide CUDA context: set it before the
 // models on that GPU run their first step (ReplicaSet does). Nothing on a
 // CPU device, whose kernels are deterministic and never TF32.
@@ -82,6 +84,10 @@ struct GpuMathOptions {
   bool deterministic = false;
 };
 void SetGpuMath(Device device, const GpuMathOptions& math);
+// graph.deterministic: the file that keeps the cuDNN picks of this process's
+// GPUs (<run>/cudnn-picks.tsv; ops/cuda/cudnn_picks.h), loaded now when it
+// exists; `write`: this process writes it. Nothing without CUDA.
+void SetGpuPicksFile(const std::string& path, bool write);
 
 // How long a device sat idle between the end of one step's work and the
 // start of the next (waiting for the host or the next batch): the data-wait

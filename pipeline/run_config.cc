@@ -158,7 +158,8 @@ const Schema& GraphSectionSchema() {
                     "torch.backends.cudnn.allow_tf32; false: full f32 math (f32 matmuls never "
                     "use TF32, as PyTorch's default); CPUs never do")
           .Optional("deterministic", ParamType::kBool, false,
-                    "GPUs: deterministic cuDNN algorithms only, as "
+                    "GPUs: deterministic cuDNN algorithms only, each convolution's pick kept in "
+                    "the run folder (cudnn-picks.tsv) so that a resume runs the same ones, as "
                     "torch.use_deterministic_algorithms + cudnn.deterministic; CPU runs are "
                     "bitwise deterministic already")
           .Optional("flush_denormals", ParamType::kBool, true,

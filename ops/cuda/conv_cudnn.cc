@@ -17,8 +17,10 @@
 // (CudaContext::math()) they run with CUDNN_FMA_MATH and no tensor-op
 // algorithm is picked: full f32. Algorithms that would convert f32 data
 // down to f16 are never chosen.
-// graph.deterministic (torch.backends.cudnn.deterministic): the search
-// takes CUDNN_DETERMINISTIC algorithms only.
+// graph.deterministic (torch.backends.cudnn.deterministic): the algorithms
+// come from cuDNN's heuristics (cudnnGet*Algorithm_v7: no timing, the same
+// pick every run), CUDNN_DETERMINISTIC ones only, each recorded in the run's
+// picks file (ops/cuda/cudnn_picks.h) that a resume loads.
 // Mixed precision (x, y, dy, dx in f16 or bf16; parameters and their
 // gradients f32, ops/model.h): cuDNN computes on half copies of the weight
 // and bias, refreshed every forward, with CUDNN_TENSOR_OP_MATH and an f32
@@ -32,11 +34,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <map>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cudnn_picks.h"
 #include "ops/cuda/cudnn_util.h"
 #include "ops/cuda/kernels.h"
 #include "ops/layers/conv1d.h"
@@ -186,11 +191,19 @@ class CudnnConv {
                  const Tensor& x, const Tensor& w);
   // One algorithm search: sizes every algorithm's workspace to size the
   // search's, lets cuDNN time them on the real buffers and picks.
-  // workspace_size(algo, &bytes) and find(requested, &count, perf,
-  // workspace, bytes) call the pass's cuDNN functions.
-  template <typename Perf, typename SizeFn, typename FindFn>
+  // workspace_size(algo, &bytes), find(requested, &count, perf, workspace,
+  // bytes) and get(requested, &count, perf) call the pass's cuDNN functions.
+  // graph.deterministic (Deterministic) asks get, cuDNN's heuristics, instead.
+  template <typename Perf, typename SizeFn, typename FindFn, typename GetFn>
   AlgoChoice Search(CudaContext& ctx, const std::string& layer, const char* pass, Pass p,
-                    int algo_count, int max_count, SizeFn workspace_size, FindFn find);
+                    int algo_count, int max_count, SizeFn workspace_size, FindFn find, GetFn get);
+  // graph.deterministic: the pick recorded for this pass and shape
+  // (ops/cuda/cudnn_picks.h), else the first deterministic algorithm of
+  // cuDNN's heuristics (no timing, so every run picks the same), recorded.
+  template <typename Perf, typename SizeFn, typename GetFn>
+  AlgoChoice Deterministic(CudaContext& ctx, const std::string& layer, const char* pass, Pass p,
+                           int max_count, const detail::CudnnPickRules& rules,
+                           SizeFn workspace_size, GetFn get);
   // The chosen algorithm's math set on the pass's descriptor and its
   // workspace sized.
   template <typename SizeFn>
@@ -220,6 +233,7 @@ class CudnnConv {
   cudnnDataType_t type_ = CUDNN_DATA_FLOAT;
   DType dtype_ = DType::kF32;  // what type_ stands for
   int64_t desc_n_ = -1;
+  std::string shape_key_;  // the geometry, batch and dtype: a picks file's key
   int device_ = -1;
   std::map<int64_t, Algos> algos_;  // by batch size
   // Mixed precision: the weight and bias in the compute dtype, refreshed by
@@ -309,8 +323,27 @@ CudnnConv::Algos& CudnnConv::Prepare(CudaContext& ctx, const std::string& layer,
                          "] differs from the layer's [", n, ", ", k, ", ", oh, ", ", ow, "]"));
     }
     desc_n_ = n;
+    shape_key_ = StrCat(DTypeName(dtype_), " n", n, " c", g.in_channels, " ", g.in_h, "x", g.in_w,
+                        " k", g.out_channels, " ", g.kernel_h, "x", g.kernel_w, " pad", g.pad_h,
+                        ",", g.pad_w, " stride", g.stride_h, ",", g.stride_w, " dilation",
+                        g.dilation_h, ",", g.dilation_w, " groups", g.groups);
   }
   return algos_[n];
+}
+
+// The GPU model, its compute capability and the cuDNN version: the machine
+// of a picks file's line (ops/cuda/cudnn_picks.h).
+const std::string& GpuMachine(int device) {
+  static std::mutex mu;
+  static auto* names = new std::map<int, std::string>();
+  std::lock_guard<std::mutex> lock(mu);
+  std::string& name = (*names)[device];
+  if (name.empty()) {
+    cudaDeviceProp prop{};
+    CNNFLOW_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    name = StrCat(prop.name, " sm_", prop.major, prop.minor, " cudnn ", cudnnGetVersion());
+  }
+  return name;
 }
 
 template <typename SizeFn>
@@ -331,13 +364,48 @@ AlgoChoice CudnnConv::Choose(const std::string& layer, const char* pass, Pass p,
   return c;
 }
 
-template <typename Perf, typename SizeFn, typename FindFn>
+template <typename Perf, typename SizeFn, typename GetFn>
+AlgoChoice CudnnConv::Deterministic(CudaContext& ctx, const std::string& layer, const char* pass,
+                                    Pass p, int max_count, const detail::CudnnPickRules& rules,
+                                    SizeFn workspace_size, GetFn get) {
+  const std::string& machine = GpuMachine(ctx.device());
+  const std::string key = StrCat(pass, " ", shape_key_, rules.allow_tensor_ops ? "" : " fma");
+  std::string pick = cuda::FindCudnnPick(machine, key);
+  if (pick.empty()) {
+    std::vector<Perf> perf(std::max(max_count, 1));
+    int count = 0;
+    const cudnnStatus_t got = get(static_cast<int>(perf.size()), &count, perf.data());
+    if (got != CUDNN_STATUS_SUCCESS) {
+      throw Error(StrCat(layer, ": cuDNN's ", pass, " heuristics failed: ",
+                         cudnnGetErrorString(got), " (", DTypeName(dtype_), " data)"));
+    }
+    // A fixed limit, not the free memory of the moment: the same pick every run.
+    const Perf& best = Pick(perf, count, kMaxSearchWorkspace, rules, layer, pass);
+    pick = cuda::RecordCudnnPick(
+        machine, key,
+        StrCat(static_cast<int>(best.algo), " ",
+               static_cast<int>(rules.allow_tensor_ops ? best.mathType : CUDNN_FMA_MATH)));
+  }
+  int algo = -1, math = -1;
+  std::istringstream in(pick);
+  if (!(in >> algo >> math) || algo < 0 || math < 0) {
+    throw Error(StrCat(layer, ": the recorded cuDNN ", pass, " pick '", pick, "' for '", key,
+                       "' is not 'algo math'"));
+  }
+  return Choose(layer, pass, p, algo, static_cast<cudnnMathType_t>(math), 0, workspace_size);
+}
+
+template <typename Perf, typename SizeFn, typename FindFn, typename GetFn>
 AlgoChoice CudnnConv::Search(CudaContext& ctx, const std::string& layer, const char* pass, Pass p,
-                             int algo_count, int max_count, SizeFn workspace_size, FindFn find) {
+                             int algo_count, int max_count, SizeFn workspace_size, FindFn find,
+                             GetFn get) {
   cudnnConvolutionDescriptor_t conv = conv_desc_[p];
   const GpuMathOptions math = ctx.math();
   CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, SearchMath(math)));
   const detail::CudnnPickRules rules = PickRules(type_, math);
+  if (math.deterministic) {
+    return Deterministic<Perf>(ctx, layer, pass, p, max_count, rules, workspace_size, get);
+  }
   size_t wanted = 0;
   for (int a = 0; a < algo_count; ++a) {
     size_t b = 0;
@@ -377,6 +445,10 @@ AlgoChoice CudnnConv::FindForward(CudaContext& ctx, const std::string& layer, co
         return cudnnFindConvolutionForwardAlgorithmEx(h, x_desc_, x.raw_data(), w_desc_,
                                                       w.raw_data(), conv, y_desc_, y.raw_data(),
                                                       requested, count, perf, ws, bytes);
+      },
+      [&](int requested, int* count, cudnnConvolutionFwdAlgoPerf_t* perf) {
+        return cudnnGetConvolutionForwardAlgorithm_v7(h, x_desc_, w_desc_, conv, y_desc_, requested,
+                                                      count, perf);
       });
 }
 
@@ -399,6 +471,10 @@ AlgoChoice CudnnConv::FindBackwardData(CudaContext& ctx, const std::string& laye
         return cudnnFindConvolutionBackwardDataAlgorithmEx(
             h, w_desc_, w.raw_data(), y_desc_, dy.raw_data(), conv, x_desc_, dx.raw_data(),
             requested, count, perf, ws, bytes);
+      },
+      [&](int requested, int* count, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+        return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w_desc_, y_desc_, conv, x_desc_,
+                                                           requested, count, perf);
       });
 }
 
@@ -423,6 +499,10 @@ AlgoChoice CudnnConv::FindBackwardFilter(CudaContext& ctx, const std::string& la
         return cudnnFindConvolutionBackwardFilterAlgorithmEx(
             h, x_desc_, x.raw_data(), y_desc_, dy.raw_data(), conv, w_desc_, scratch.raw_data(),
             requested, count, perf, ws, bytes);
+      },
+      [&](int requested, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x_desc_, y_desc_, conv, w_desc_,
+                                                             requested, count, perf);
       });
 }
 

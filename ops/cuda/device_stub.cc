@@ -30,6 +30,7 @@ void Axpy(float, const Tensor&, Tensor&) { detail::NoCuda(); }
 void Scale(Tensor&, float) { detail::NoCuda(); }
 void Cast(const Tensor&, Tensor&) { detail::NoCuda(); }
 void SetMath(Device, const GpuMathOptions&) { detail::NoCuda(); }
+void SetCudnnPicksFile(const std::string&, bool) {}  // no GPU, no picks
 void AddCast(const Tensor&, Tensor&) { detail::NoCuda(); }
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>&, float) { detail::NoCuda(); }
 LossResult SoftmaxCrossEntropy(const Tensor&, const int64_t*, Tensor*, double, double,

@@ -27,6 +27,9 @@ void Scale(Tensor& y, float alpha);
 // SetGpuMath; held by its CudaContext).
 void SetMath(Device device, const GpuMathOptions& math);
 
+// graph.deterministic's file of cuDNN picks (ops/cuda/cudnn_picks.h).
+void SetCudnnPicksFile(const std::string& path, bool write);
+
 // Mixed precision (graph.precision: bf16 | fp16; see ops/model.h).
 // dst = src converted (f32, f16, bf16 in any direction; same element count,
 // same GPU; round to nearest even).

@@ -757,6 +757,38 @@ TEST(DataParallelTrainingGPU, MixupTrainsOnAGpuAsOnTheCpu) {
   fs::remove_all(dir);
 }
 
+// graph.deterministic on a GPU (issue 55): two identical runs end with the
+// same bytes, the run folder keeps each convolution's cuDNN picks
+// (cudnn-picks.tsv), and a resume from a checkpoint, which loads them, ends
+// bitwise as the uninterrupted run (without the key it is only close: the
+// test below). The picks of one process are kept in memory too, so the
+// second run here meets the first's; cuDNN's heuristics give it the same
+// ones anyway (no timing in this mode).
+TEST(DataParallelTrainingGPU, DeterministicRunsRepeatBitwiseAndResumeWithTheirPicks) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no GPU found: GPU test skipped";
+  const char* config_file = "bench/configs/mlp2_synthetic.yaml";
+  const std::vector<std::string> config = {
+      "train.epochs=2",          "train.max_steps=20",       "threads=2",
+      "graph.devices=[cuda:0]",  "train.checkpoint_every=7", "train.keep_checkpoints=0",
+      "graph.deterministic=true"};
+  const fs::path dir = testing::TestDir();
+  for (const char* run : {"a", "b"}) {
+    Trainer t(LoadRunConfig(config_file, config));
+    t.Train((dir / run).string());
+  }
+  EXPECT_EQ(testing::ReadBytes((dir / "a" / "model.safetensors").string()),
+            testing::ReadBytes((dir / "b" / "model.safetensors").string()))
+      << "two deterministic GPU runs differ";
+  const std::string picks = testing::ReadBytes((dir / "a" / "cudnn-picks.tsv").string());
+  // conv1 and conv2, forward, backward-data and backward-filter at batch 64.
+  for (const char* pass : {"\tforward ", "\tbackward-data ", "\tbackward-filter "})
+    EXPECT_NE(picks.find(pass), std::string::npos) << pass << " in\n" << picks;
+  ExpectResumeIsExact(config_file, config, dir / "resume");
+  EXPECT_EQ(testing::ReadBytes((dir / "resume" / "resumed-14" / "cudnn-picks.tsv").string()),
+            testing::ReadBytes((dir / "resume" / "straight" / "cudnn-picks.tsv").string()));
+  fs::remove_all(dir);
+}
+
 // A GPU run's checkpoints (weights, BN buffers, optimizer state copied off
 // the GPU) resume on the GPU: close to the uninterrupted run. Not bitwise:
 // cuDNN's fastest algorithms are not deterministic, and the resumed run

@@ -29,6 +29,7 @@
 #if defined(CNNFLOW_WITH_CUDA)
 #include <cudnn.h>
 
+#include "ops/cuda/cudnn_picks.h"
 #include "ops/cuda/cudnn_util.h"
 #endif
 
@@ -664,7 +665,7 @@ TEST(CudnnLayers, CudaClassesBuildLikeTheCpuOnes) {
   // class must give the CPU class's shapes and initial values (no GPU here).
   struct Case {
     const char* type;
-    std::vector<std::pair<std::string, ParamValue> > args;
+    std::vector<std::pair<std::string, ParamValue>> args;
     Shape input;
   };
   const std::vector<Case> cases = {
@@ -762,6 +763,51 @@ TEST(CudnnLayers, AlgorithmPickKeepsTf32AndDeterminismRules) {
 #endif
 }
 
+// graph.deterministic's picks file (ops/cuda/cudnn_picks.h), host side: a
+// pick is written at once, a file's picks win over this process's (a resume
+// runs the picks of the run it resumes), the first record of a key holds,
+// and a malformed line names the file and the line.
+TEST(CudnnLayers, PicksFileIsWrittenLoadedAndWinsOnResume) {
+#if !defined(CNNFLOW_WITH_CUDA)
+  GTEST_SKIP() << "built without CUDA";
+#else
+  const std::string dir = TestDir();
+  const std::string file = dir + "/cudnn-picks.tsv";
+  cuda::SetCudnnPicksFile(file, true);
+  EXPECT_EQ(cuda::FindCudnnPick("gpu A", "forward f32 n8 test-1"), "");
+  EXPECT_EQ(cuda::RecordCudnnPick("gpu A", "forward f32 n8 test-1", "1 2"), "1 2");
+  EXPECT_EQ(cuda::RecordCudnnPick("gpu A", "forward f32 n8 test-1", "7 0"), "1 2") << "first wins";
+  std::string text = ReadBytes(file);
+  EXPECT_NE(text.find("gpu A\tforward f32 n8 test-1\t1 2\n"), std::string::npos) << text;
+  // The run resumed: its file says otherwise for test-1, and has test-2.
+  const std::string resumed = dir + "/resumed.tsv";
+  WriteBytes(resumed,
+             "# a comment\ngpu A\tforward f32 n8 test-1\t0 1\ngpu B\tbackward-data x\t3 0\n");
+  cuda::SetCudnnPicksFile(resumed, true);
+  EXPECT_EQ(cuda::FindCudnnPick("gpu A", "forward f32 n8 test-1"), "0 1");
+  EXPECT_EQ(cuda::FindCudnnPick("gpu B", "backward-data x"), "3 0");
+  EXPECT_EQ(cuda::FindCudnnPick("gpu A", "backward-data x"), "") << "another machine's pick";
+  cuda::RecordCudnnPick("gpu A", "forward f32 n8 test-2", "5 1");
+  text = ReadBytes(resumed);
+  EXPECT_NE(text.find("gpu A\tforward f32 n8 test-1\t0 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpu A\tforward f32 n8 test-2\t5 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpu B\tbackward-data x\t3 0\n"), std::string::npos) << text;
+  // A process that does not write (rank k > 0) leaves the file alone.
+  const std::string other = dir + "/other.tsv";
+  cuda::SetCudnnPicksFile(other, false);
+  cuda::RecordCudnnPick("gpu A", "forward f32 n8 test-3", "2 1");
+  EXPECT_FALSE(std::filesystem::exists(other));
+  WriteBytes(other, "gpu A only two fields\n");
+  try {
+    cuda::SetCudnnPicksFile(other, false);
+    ADD_FAILURE() << "a malformed picks file was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(other + ":1:"), std::string::npos) << e.what();
+  }
+  cuda::SetCudnnPicksFile("", false);
+#endif
+}
+
 // Sets graph.tf32 / graph.deterministic on cuda:0 for a test, and back.
 struct GpuMathFor {
   explicit GpuMathFor(const GpuMathOptions& math) { SetGpuMath(Device::Cuda(0), math); }
@@ -811,6 +857,37 @@ TEST(Conv2dGPU, Tf32OffIsCloserToF64ThanTf32On) {
   if (tf32_y < 1e-5) GTEST_SKIP() << "this GPU has no TF32: both runs are f32";
   EXPECT_LT(fma_y * 10, tf32_y);
   EXPECT_LT(fma_dw * 10, tf32_dw);
+}
+
+// graph.deterministic: cuDNN's heuristics, deterministic algorithms only:
+// two models built alike give the same bits, and each pass's pick is
+// recorded for the shape.
+TEST(Conv2dGPU, DeterministicModeRepeatsBitwise) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const GpuMathFor set({.deterministic = true});
+  const std::vector<LayerSpec> specs = {
+      Spec("c", "conv2d", {{"out", int64_t{32}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("d", "conv2d", {{"out", int64_t{16}}, {"kernel", int64_t{5}}, {"stride", int64_t{2}}})};
+  const Shape sample{16, 20, 20};
+  const Tensor x = RandomTensor(sample.WithBatch(12), 3, -1, 1, DType::kF32).To(Device::Cuda(0));
+  std::vector<std::vector<Tensor>> runs;
+  for (int run = 0; run < 2; ++run) {
+    auto m = Model::Build(specs, sample, {.seed = 4, .device = Device::Cuda(0)});
+    ForwardContext ctx;
+    ctx.training = true;
+    const Tensor y = m->Forward(x, ctx).To(Device::Cpu());
+    const Tensor dy = RandomTensor(y.shape(), 5, -1, 1, DType::kF32);
+    Tensor dx;
+    m->Backward(dy.To(Device::Cuda(0)), {}, &dx);
+    std::vector<Tensor> out = {y, dx.To(Device::Cpu())};
+    for (auto& p : m->NamedParameters()) out.push_back(p.param->grad.To(Device::Cpu()));
+    runs.push_back(std::move(out));
+  }
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    ASSERT_EQ(runs[0][i].nbytes(), runs[1][i].nbytes());
+    EXPECT_EQ(std::memcmp(runs[0][i].raw_data(), runs[1][i].raw_data(), runs[0][i].nbytes()), 0)
+        << "tensor " << i << " differs between two deterministic runs";
+  }
 }
 
 TEST(CudnnLayers, OnlyF16MayConvertDown) {
