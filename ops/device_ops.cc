@@ -60,13 +60,7 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
     return std::make_unique<KnownLoss>(
         SoftmaxCrossEntropy(logits, labels, dlogits, grad_scale, label_smoothing, mix));
   }
-  if (mix != nullptr) {
-    throw ConfigError(
-        StrCat("mixed labels (mixup, cutmix) are not in the GPU loss yet: train with "
-               "them on cpu:K, not ",
-               logits.device().ToString()));
-  }
-  return cuda::SoftmaxCrossEntropyAsync(logits, labels, dlogits, grad_scale, label_smoothing);
+  return cuda::SoftmaxCrossEntropyAsync(logits, labels, dlogits, grad_scale, label_smoothing, mix);
 }
 
 void FusedSgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
@@ -82,6 +76,12 @@ void FusedAdamStep(Device device, const std::vector<ParamSlot>& slots, double lr
                   device.ToString());
   cuda::AdamStep(device, slots, lr, beta1, beta2, eps, weight_decay, decoupled, step);
 }
+
+void SetGpuMath(Device device, const GpuMathOptions& math) {
+  if (device.is_cuda()) cuda::SetMath(device, math);
+}
+
+void SetGpuPicksFile(const std::string& path, bool write) { cuda::SetCudnnPicksFile(path, write); }
 
 std::unique_ptr<IdleMeter> MakeIdleMeter(Device device) {
   if (!device.is_cuda()) return nullptr;

@@ -37,9 +37,10 @@ std::string NoNativeBf16OnHost();
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale);
 
 // Softmax cross-entropy (ops/loss.h) on logits wherever they are, the labels
-// in the same device's memory. On a GPU it returns at once and the loss
-// follows (PendingLoss::ready() false until then), so the host goes on
-// issuing backward; on the CPU it is computed now.
+// (and a mix's other labels and weights) in the same device's memory. On a
+// GPU it returns at once and the loss follows (PendingLoss::ready() false
+// until then), so the host goes on issuing backward; on the CPU it is
+// computed now.
 std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, const int64_t* labels,
                                                       Tensor* dlogits, double grad_scale = -1,
                                                       double label_smoothing = 0.0,
@@ -64,6 +65,29 @@ void FusedSgdStep(Device device, const std::vector<ParamSlot>& slots, double lr,
                   double dampening, bool nesterov, double weight_decay);
 void FusedAdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
                    double beta2, double eps, double weight_decay, bool decoupled, int64_t step);
+
+// How a GPU's kernels may compute, as PyTorch's switches (graph.tf32,
+// graph.deterministic; docs/gpus.md):
+//  - tf32: f32 convolutions may multiply in TF32 on tensor cores
+//    (torch.backends.cudnn.allow_tf32, default true); false: full f32 (FMA)
+//    math. f32 matmuls (cuBLAS) never use TF32 either way, as PyTorch's
+//    default torch.backends.cuda.matmul.allow_tf32 = False;
+//  - deterministic: cuDNN algorithms that give the same bits every run only
+//    (torch.backends.cudnn.deterministic, torch.use_deterministic_algorithms),
+//    and each convolution's pick kept in a file (SetGpuPicksFile) so that a
+//    resume runs the same ones.
+// A setting of the device's process-wide CUDA context: set it before the
+// models on that GPU run their first step (ReplicaSet does). Nothing on a
+// CPU device, whose kernels are deterministic and never TF32.
+struct GpuMathOptions {
+  bool tf32 = true;
+  bool deterministic = false;
+};
+void SetGpuMath(Device device, const GpuMathOptions& math);
+// graph.deterministic: the file that keeps the cuDNN picks of this process's
+// GPUs (<run>/cudnn-picks.tsv; ops/cuda/cudnn_picks.h), loaded now when it
+// exists; `write`: this process writes it. Nothing without CUDA.
+void SetGpuPicksFile(const std::string& path, bool write);
 
 // How long a device sat idle between the end of one step's work and the
 // start of the next (waiting for the host or the next batch): the data-wait

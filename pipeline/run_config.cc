@@ -153,6 +153,15 @@ const Schema& GraphSectionSchema() {
                     "master weights; fp16 with dynamic loss scaling); on CPUs with native bf16 "
                     "(avx512_bf16 or AMX): bf16 (convolutions and linear layers multiply in bf16, "
                     "all else f32)")
+          .Optional("tf32", ParamType::kBool, true,
+                    "GPUs: f32 convolutions may multiply in TF32 on tensor cores, as PyTorch's "
+                    "torch.backends.cudnn.allow_tf32; false: full f32 math (f32 matmuls never "
+                    "use TF32, as PyTorch's default); CPUs never do")
+          .Optional("deterministic", ParamType::kBool, false,
+                    "GPUs: deterministic cuDNN algorithms only, each convolution's pick kept in "
+                    "the run folder (cudnn-picks.tsv) so that a resume runs the same ones, as "
+                    "torch.use_deterministic_algorithms + cudnn.deterministic; CPU runs are "
+                    "bitwise deterministic already")
           .Optional("flush_denormals", ParamType::kBool, true,
                     "CPU kernels treat denormal floats (below 1.2e-38) as zero (x86's FTZ and "
                     "DAZ), as TensorFlow does: IEEE's gradual underflow costs ~100x per "
@@ -646,6 +655,8 @@ Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   c.data_parallel.bucket_mb = g.Float("bucket_mb");
   c.data_parallel.broadcast_buffers = g.Bool("broadcast_buffers");
   c.data_parallel.sync_bn = g.Bool("sync_bn");
+  c.data_parallel.gpu_math.tf32 = g.Bool("tf32");
+  c.data_parallel.gpu_math.deterministic = g.Bool("deterministic");
   c.data_parallel.flush_denormals = g.Bool("flush_denormals");
   c.pipeline_options.flush_denormals = c.data_parallel.flush_denormals;
   c.data_parallel.timeout_s = g.Float("collective_timeout_s");

@@ -88,7 +88,8 @@ struct RunConfig {
   bool autotune = false;  // graph.autotune
   // Data parallelism (graph.*): what the section's parser fills of the
   // replicas' options (ops/parallel/data_parallel.h: bucket_mb,
-  // broadcast_buffers, sync_bn, precision as `compute`, channels_last as
+  // broadcast_buffers, sync_bn, tf32 and deterministic as `gpu_math`,
+  // precision as `compute`, channels_last as
   // `memory_format`, flush_denormals, collective_timeout_s as `timeout_s`,
   // tensor_parallel's size and split layers); the trainer adds the layout
   // (replicas, their devices and threads).

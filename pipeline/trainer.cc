@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "ops/cpu/parallel.h"
+#include "ops/device_ops.h"
 #include "ops/io/safetensors.h"
 #include "ops/io/weights_file.h"
 #include "ops/test_fault.h"
@@ -505,6 +506,11 @@ EpochReport Trainer::Train(const std::string& run_dir) {
   if (!resumed_) {
     run_dir_ = run_dir.empty() ? MakeRunDir(config_.output_dir, config_.name) : run_dir;
     if (!init_report_.empty()) Say(init_report_);
+  }
+  // graph.deterministic on GPUs: the cuDNN picks in the run folder, those of
+  // the run resumed loaded first (ops/cuda/cudnn_picks.h); process 0 writes.
+  if (config_.data_parallel.gpu_math.deterministic && model_->device().is_cuda()) {
+    SetGpuPicksFile((fs::path(run_dir_) / "cudnn-picks.tsv").string(), run_.process_rank == 0);
   }
   if (run_.process_rank == 0) {  // only process 0 writes files
     checkpoints_->Guard([&] {

@@ -4,7 +4,8 @@
 //   split -> queue r -> gate r -> replica r     (r = 0 .. N-1)
 //
 // split:   hands the batch to every lane; for GPU replicas it starts copying
-//          each replica's rows to its GPU (ops/cuda/batch_stager.h), so that copy
+//          each replica's rows, labels and mixed targets to its GPU
+//          (ops/cuda/batch_stager.h), so that copy
 //          runs while the replica is still computing the previous batch;
 // gate r:  admits replica r's next batch once the optimizer stage is done
 //          with its previous one (PassState::lanes): until then its
@@ -46,8 +47,15 @@ class ForwardBackwardStage final : public Stage {
             for (int r = 0; r < n; ++r) {
               const auto [b, e] = ReplicaRows(run, *m, r);
               if (stagers_[r] && e > b) {
+                // Mixed targets (mixup, cutmix) travel in the same copy.
+                LabelMix mix;
+                if (!m->mix_labels.empty()) {
+                  mix.other = m->mix_labels.data() + b;
+                  mix.weight = m->mix_weights.data() + b;
+                }
                 staged_.Put(m->index, r, n,
-                            stagers_[r]->Stage(m->inputs.Slice(b, e), m->labels.data() + b));
+                            stagers_[r]->Stage(m->inputs.Slice(b, e), m->labels.data() + b,
+                                               m->mix_labels.empty() ? nullptr : &mix));
               }
             }
             return m;
@@ -117,7 +125,7 @@ class ForwardBackwardStage final : public Stage {
     const ReplicaSet::Result res = set.ForwardBackward(
         r, staged ? staged->inputs() : m.inputs.Slice(b, e), m.labels.data() + b, ctx, scale,
         run.label_smoothing, pass.plan.EndsWindow(m.index), staged ? staged->labels() : nullptr,
-        m.mix_labels.empty() ? nullptr : &mix);
+        m.mix_labels.empty() ? nullptr : &mix, staged ? staged->mix() : nullptr);
     if (staged) staged->Release();  // every kernel that reads the rows is issued
     // A group's rows count once, from its member 0.
     const bool counts = set.tensor_parallel_member(r) == 0;

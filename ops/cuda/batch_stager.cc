@@ -8,7 +8,7 @@
 namespace cnnflow {
 
 struct BatchStager::Slot {
-  size_t capacity = 0;  // bytes of inputs + labels
+  size_t capacity = 0;  // bytes of inputs + labels (+ a mix's other labels and weights)
   void* pinned = nullptr;
   std::shared_ptr<Storage> device;
   cudaEvent_t copied = nullptr;    // the copy into `device` is done
@@ -47,14 +47,17 @@ int BatchStager::slots() const {
   return static_cast<int>(slots_.size());
 }
 
-std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor& inputs,
-                                                        const int64_t* labels) {
+std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor& inputs, const int64_t* labels,
+                                                        const LabelMix* mix) {
   CNNFLOW_ENFORCE(inputs.device().is_cpu() && inputs.is_contiguous(),
                   "BatchStager stages contiguous host tensors, got one on ",
                   inputs.device().ToString());
   const int64_t n = inputs.dim(0);
+  // One buffer: rows | labels | (mix) other labels | (mix) weights.
   const size_t x_bytes = Align(inputs.nbytes());
-  const size_t need = x_bytes + Align(static_cast<size_t>(n) * sizeof(int64_t));
+  const size_t label_bytes = Align(static_cast<size_t>(n) * sizeof(int64_t));
+  const size_t weight_bytes = Align(static_cast<size_t>(n) * sizeof(float));
+  const size_t need = x_bytes + label_bytes + (mix != nullptr ? label_bytes + weight_bytes : 0);
   CudaContext& ctx = CudaContext::For(device_);
   const auto stream = static_cast<cudaStream_t>(copy_stream_);
 
@@ -95,6 +98,11 @@ std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor& inputs,
   auto* host = static_cast<char*>(slot->pinned);
   std::memcpy(host, inputs.raw_data(), inputs.nbytes());
   std::memcpy(host + x_bytes, labels, static_cast<size_t>(n) * sizeof(int64_t));
+  if (mix != nullptr) {
+    std::memcpy(host + x_bytes + label_bytes, mix->other, static_cast<size_t>(n) * sizeof(int64_t));
+    std::memcpy(host + x_bytes + 2 * label_bytes, mix->weight,
+                static_cast<size_t>(n) * sizeof(float));
+  }
   // The device buffer is free once the compute stream is past its readers.
   if (slot->release_recorded) CNNFLOW_CUDA_CHECK(cudaStreamWaitEvent(stream, slot->released, 0));
   auto* dev = static_cast<char*>(slot->device->data());
@@ -107,6 +115,11 @@ std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor& inputs,
   staged->slot_ = slot;
   staged->inputs_ = Tensor::FromStorage(slot->device, inputs.shape(), inputs.dtype());
   staged->labels_ = reinterpret_cast<const int64_t*>(dev + x_bytes);
+  if (mix != nullptr) {
+    staged->mix_.other = reinterpret_cast<const int64_t*>(dev + x_bytes + label_bytes);
+    staged->mix_.weight = reinterpret_cast<const float*>(dev + x_bytes + 2 * label_bytes);
+    staged->mixed_ = true;
+  }
   return staged;
 }
 

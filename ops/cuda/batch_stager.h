@@ -20,6 +20,7 @@
 #include <mutex>
 #include <vector>
 
+#include "ops/loss.h"
 #include "ops/tensor.h"
 
 namespace cnnflow {
@@ -38,6 +39,9 @@ class BatchStager {
    public:
     const Tensor& inputs() const { return inputs_; }
     const int64_t* labels() const { return labels_; }  // device memory
+    // The mixed targets (mixup, cutmix) in device memory; null when none
+    // were staged.
+    const LabelMix* mix() const { return mixed_ ? &mix_ : nullptr; }
     // Makes the device's compute stream wait for the copy.
     void WaitForCopy() const;
     void Release();
@@ -54,11 +58,15 @@ class BatchStager {
     Slot* slot_ = nullptr;
     Tensor inputs_;
     const int64_t* labels_ = nullptr;
+    LabelMix mix_;
+    bool mixed_ = false;
   };
 
   // Starts copying `inputs` (host, contiguous) and its `labels` (n =
-  // inputs.dim(0) values) to the GPU; returns at once.
-  std::unique_ptr<Staged> Stage(const Tensor& inputs, const int64_t* labels);
+  // inputs.dim(0) values) to the GPU, with `mix` (host: n other labels and
+  // n weights) in the same copy when not null; returns at once.
+  std::unique_ptr<Staged> Stage(const Tensor& inputs, const int64_t* labels,
+                                const LabelMix* mix = nullptr);
 
   Device device() const { return device_; }
   int slots() const;

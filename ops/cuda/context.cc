@@ -5,6 +5,7 @@
 
 #include "ops/cuda/cublas_api.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/kernels.h"
 
 namespace cnnflow {
 
@@ -80,7 +81,12 @@ cublasHandle_t CudaContext::cublas() {
     cublasHandle_t h = nullptr;
     CNNFLOW_CUBLAS_CHECK(detail::Cublas().Create(&h));
     CNNFLOW_CUBLAS_CHECK(detail::Cublas().SetStream(h, stream_));
-    // fp32 GEMMs stay fp32 (no TF32), as PyTorch's default for matmuls.
+    // fp32 GEMMs stay fp32 (no TF32), as PyTorch's default for matmuls
+    // (torch.backends.cuda.matmul.allow_tf32 = False), whatever graph.tf32
+    // says (it is cuDNN's switch, torch.backends.cudnn.allow_tf32). The
+    // handle is used on its one stream only, so its results are the same
+    // bits every run (cuBLAS's reproducibility rule): graph.deterministic
+    // asks nothing more of it.
     CNNFLOW_CUBLAS_CHECK(detail::Cublas().SetMathMode(h, CUBLAS_DEFAULT_MATH));
     cublas_ = h;
   }
@@ -97,6 +103,20 @@ void* CudaContext::Workspace(size_t bytes) {
   }
   return workspace_->data();
 }
+
+void CudaContext::SetMath(const GpuMathOptions& math) {
+  std::lock_guard<std::mutex> lock(math_mu_);
+  math_ = math;
+}
+
+GpuMathOptions CudaContext::math() const {
+  std::lock_guard<std::mutex> lock(math_mu_);
+  return math_;
+}
+
+namespace cuda {
+void SetMath(Device device, const GpuMathOptions& math) { CudaContext::For(device).SetMath(math); }
+}  // namespace cuda
 
 void CudaContext::Activate() const { CNNFLOW_CUDA_CHECK(cudaSetDevice(device_)); }
 

@@ -22,6 +22,7 @@
 #include <mutex>
 
 #include "ops/device.h"
+#include "ops/device_ops.h"
 
 namespace cnnflow {
 
@@ -42,6 +43,11 @@ class CudaContext {
   // compute stream (grows, never shrinks; valid until the next Workspace).
   void* Workspace(size_t bytes);
   size_t workspace_bytes() const { return workspace_ ? workspace_->bytes() : 0; }
+  // How f32 convolutions may compute (graph.tf32, graph.deterministic:
+  // ops/device_ops.h's GpuMathOptions); the cuDNN layers read it when they
+  // choose their algorithms, so set it before a model's first step.
+  void SetMath(const GpuMathOptions& math);
+  GpuMathOptions math() const;
   // Makes this the calling thread's current device.
   void Activate() const;
   // Blocks until the compute stream has done all that was issued.
@@ -59,6 +65,8 @@ class CudaContext {
   cublasHandle_t cublas_ = nullptr;
   std::mutex cublas_mu_;
   std::unique_ptr<Storage> workspace_;
+  mutable std::mutex math_mu_;
+  GpuMathOptions math_;
 };
 
 // Threads per block and the grid size for an elementwise kernel over n

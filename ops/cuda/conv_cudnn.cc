@@ -13,8 +13,14 @@
 //
 // Precision: f32 convolutions run with CUDNN_DEFAULT_MATH, which lets cuDNN
 // use TF32 tensor cores on Ampere and later (PyTorch's default,
-// torch.backends.cudnn.allow_tf32 = True); algorithms that would convert
-// f32 data down to f16 are never chosen.
+// torch.backends.cudnn.allow_tf32 = True); with graph.tf32: false
+// (CudaContext::math()) they run with CUDNN_FMA_MATH and no tensor-op
+// algorithm is picked: full f32. Algorithms that would convert f32 data
+// down to f16 are never chosen.
+// graph.deterministic (torch.backends.cudnn.deterministic): the algorithms
+// come from cuDNN's heuristics (cudnnGet*Algorithm_v7: no timing, the same
+// pick every run), CUDNN_DETERMINISTIC ones only, each recorded in the run's
+// picks file (ops/cuda/cudnn_picks.h) that a resume loads.
 // Mixed precision (x, y, dy, dx in f16 or bf16; parameters and their
 // gradients f32, ops/model.h): cuDNN computes on half copies of the weight
 // and bias, refreshed every forward, with CUDNN_TENSOR_OP_MATH and an f32
@@ -28,12 +34,15 @@
 #include <algorithm>
 #include <cstddef>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cudnn_picks.h"
 #include "ops/cuda/cudnn_util.h"
 #include "ops/cuda/kernels.h"
 #include "ops/layers/conv1d.h"
@@ -44,13 +53,19 @@ namespace cnnflow {
 
 namespace detail {
 
-int PickCudnnAlgo(const int* status, const int* math_type, const size_t* memory, int count,
-                  size_t workspace_limit, bool allow_down_conversion) {
+int PickCudnnAlgo(const int* status, const int* math_type, const int* determinism,
+                  const size_t* memory, int count, size_t workspace_limit,
+                  const CudnnPickRules& rules) {
+  const int converting = static_cast<int>(CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
   for (int i = 0; i < count; ++i) {
     if (status[i] != static_cast<int>(CUDNN_STATUS_SUCCESS)) continue;
     if (memory[i] > workspace_limit) continue;
-    if (!allow_down_conversion &&
-        math_type[i] == static_cast<int>(CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) {
+    if (!rules.allow_down_conversion && math_type[i] == converting) continue;
+    if (!rules.allow_tensor_ops &&
+        (math_type[i] == static_cast<int>(CUDNN_TENSOR_OP_MATH) || math_type[i] == converting)) {
+      continue;
+    }
+    if (rules.deterministic_only && determinism[i] != static_cast<int>(CUDNN_DETERMINISTIC)) {
       continue;
     }
     return i;
@@ -70,23 +85,36 @@ using detail::kCudnnZero;
 // Winograd) ask for a lot, but the block stays with the context for good.
 constexpr size_t kMaxSearchWorkspace = size_t{1} << 30;
 
+// What `math` (graph.tf32, graph.deterministic) lets a convolution on
+// `type` data take.
+detail::CudnnPickRules PickRules(cudnnDataType_t type, const GpuMathOptions& math) {
+  detail::CudnnPickRules r;
+  r.allow_down_conversion = detail::CudnnMayDownConvert(type);
+  r.allow_tensor_ops = type != CUDNN_DATA_FLOAT || math.tf32;
+  r.deterministic_only = math.deterministic;
+  return r;
+}
+
 // Picks among `count` search results; throws naming the layer when none
 // fits.
 template <typename Perf>
-const Perf& Pick(const std::vector<Perf>& perf, int count, size_t limit, cudnnDataType_t type,
-                 const std::string& layer, const char* pass) {
-  std::vector<int> status(count), math(count);
+const Perf& Pick(const std::vector<Perf>& perf, int count, size_t limit,
+                 const detail::CudnnPickRules& rules, const std::string& layer, const char* pass) {
+  std::vector<int> status(count), math(count), determinism(count);
   std::vector<size_t> memory(count);
   for (int i = 0; i < count; ++i) {
     status[i] = static_cast<int>(perf[i].status);
     math[i] = static_cast<int>(perf[i].mathType);
+    determinism[i] = static_cast<int>(perf[i].determinism);
     memory[i] = perf[i].memory;
   }
-  const int i = detail::PickCudnnAlgo(status.data(), math.data(), memory.data(), count, limit,
-                                      detail::CudnnMayDownConvert(type));
+  const int i = detail::PickCudnnAlgo(status.data(), math.data(), determinism.data(), memory.data(),
+                                      count, limit, rules);
   if (i < 0) {
     throw Error(StrCat(layer, ": cuDNN found no usable ", pass, " algorithm (", count,
-                       " tried, workspace limit ", limit, " bytes)"));
+                       " tried, workspace limit ", limit, " bytes",
+                       rules.deterministic_only ? ", deterministic ones only" : "",
+                       rules.allow_tensor_ops ? "" : ", no TF32", ")"));
   }
   return perf[i];
 }
@@ -165,20 +193,35 @@ class CudnnConv {
                  const Tensor& x, const Tensor& w);
   // One algorithm search: sizes every algorithm's workspace to size the
   // search's, lets cuDNN time them on the real buffers and picks.
-  // workspace_size(algo, &bytes) and find(requested, &count, perf,
-  // workspace, bytes) call the pass's cuDNN functions.
-  template <typename Perf, typename SizeFn, typename FindFn>
+  // workspace_size(algo, &bytes), find(requested, &count, perf, workspace,
+  // bytes) and get(requested, &count, perf) call the pass's cuDNN functions.
+  // graph.deterministic (Deterministic) asks get, cuDNN's heuristics, instead.
+  template <typename Perf, typename SizeFn, typename FindFn, typename GetFn>
   AlgoChoice Search(CudaContext& ctx, const std::string& layer, const char* pass, Pass p,
-                    int algo_count, int max_count, SizeFn workspace_size, FindFn find);
+                    int algo_count, int max_count, SizeFn workspace_size, FindFn find, GetFn get);
+  // graph.deterministic: the pick recorded for this pass and shape
+  // (ops/cuda/cudnn_picks.h), else the first deterministic algorithm of
+  // cuDNN's heuristics (no timing, so every run picks the same), recorded.
+  template <typename Perf, typename SizeFn, typename GetFn>
+  AlgoChoice Deterministic(CudaContext& ctx, const std::string& layer, const char* pass, Pass p,
+                           int max_count, const detail::CudnnPickRules& rules,
+                           SizeFn workspace_size, GetFn get);
+  // The chosen algorithm's math set on the pass's descriptor and its
+  // workspace sized.
+  template <typename SizeFn>
+  AlgoChoice Choose(const std::string& layer, const char* pass, Pass p, int algo,
+                    cudnnMathType_t math, size_t reported, SizeFn workspace_size);
   AlgoChoice FindForward(CudaContext& ctx, const std::string& layer, const Tensor& x,
                          const Tensor& w, Tensor& y);
   AlgoChoice FindBackwardData(CudaContext& ctx, const std::string& layer, const Tensor& w,
                               const Tensor& dy, Tensor& dx);
   AlgoChoice FindBackwardFilter(CudaContext& ctx, const std::string& layer, const Tensor& x,
                                 const Tensor& dy, const Tensor& w);
-  // The math type the search starts from.
-  cudnnMathType_t SearchMath() const {
-    return type_ == CUDNN_DATA_FLOAT ? CUDNN_DEFAULT_MATH : CUDNN_TENSOR_OP_MATH;
+  // The math type the search starts from: f32 data with TF32 allowed
+  // (graph.tf32) the default (TF32 where the GPU has it), without it FMA.
+  cudnnMathType_t SearchMath(const GpuMathOptions& math) const {
+    if (type_ != CUDNN_DATA_FLOAT) return CUDNN_TENSOR_OP_MATH;
+    return math.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   }
 
   // x, y, filter and bias in the compute dtype; y32 and bias32 in f32 for
@@ -192,6 +235,7 @@ class CudnnConv {
   cudnnDataType_t type_ = CUDNN_DATA_FLOAT;
   DType dtype_ = DType::kF32;  // what type_ stands for
   int64_t desc_n_ = -1;
+  std::string shape_key_;  // the geometry, batch and dtype: a picks file's key
   int device_ = -1;
   std::map<int64_t, Algos> algos_;  // by batch size
   // Mixed precision: the weight and bias in the compute dtype, refreshed by
@@ -252,7 +296,7 @@ CudnnConv::Algos& CudnnConv::Prepare(CudaContext& ctx, const std::string& layer,
           CudnnInt(g.dilation_h, layer, "dilation"), CudnnInt(g.dilation_w, layer, "dilation"),
           CUDNN_CROSS_CORRELATION, compute));
       CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, CudnnInt(g.groups, layer, "groups")));
-      CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(d, SearchMath()));
+      CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(d, SearchMath(ctx.math())));
     }
     CNNFLOW_CUDNN_CHECK(
         cudnnSetTensor4dDescriptor(bias_desc_, CUDNN_TENSOR_NCHW, type, 1, k, 1, 1));
@@ -281,15 +325,89 @@ CudnnConv::Algos& CudnnConv::Prepare(CudaContext& ctx, const std::string& layer,
                          "] differs from the layer's [", n, ", ", k, ", ", oh, ", ", ow, "]"));
     }
     desc_n_ = n;
+    shape_key_ = StrCat(DTypeName(dtype_), " n", n, " c", g.in_channels, " ", g.in_h, "x", g.in_w,
+                        " k", g.out_channels, " ", g.kernel_h, "x", g.kernel_w, " pad", g.pad_h,
+                        ",", g.pad_w, " stride", g.stride_h, ",", g.stride_w, " dilation",
+                        g.dilation_h, ",", g.dilation_w, " groups", g.groups);
   }
   return algos_[n];
 }
 
-template <typename Perf, typename SizeFn, typename FindFn>
+// The GPU model, its compute capability and the cuDNN version: the machine
+// of a picks file's line (ops/cuda/cudnn_picks.h).
+const std::string& GpuMachine(int device) {
+  static std::mutex mu;
+  static auto* names = new std::map<int, std::string>();
+  std::lock_guard<std::mutex> lock(mu);
+  std::string& name = (*names)[device];
+  if (name.empty()) {
+    cudaDeviceProp prop{};
+    CNNFLOW_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    name = StrCat(prop.name, " sm_", prop.major, prop.minor, " cudnn ", cudnnGetVersion());
+  }
+  return name;
+}
+
+template <typename SizeFn>
+AlgoChoice CudnnConv::Choose(const std::string& layer, const char* pass, Pass p, int algo,
+                             cudnnMathType_t math, size_t reported, SizeFn workspace_size) {
+  AlgoChoice c;
+  c.algo = algo;
+  c.math = math;
+  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_[p], c.math));
+  size_t need = 0;
+  const cudnnStatus_t sized = workspace_size(c.algo, &need);
+  if (sized != CUDNN_STATUS_SUCCESS) {
+    throw Error(StrCat(layer, ": cuDNN cannot size the workspace of its chosen ", pass,
+                       " algorithm ", c.algo, ": ", cudnnGetErrorString(sized)));
+  }
+  c.workspace = std::max(need, reported);
+  c.found = true;
+  return c;
+}
+
+template <typename Perf, typename SizeFn, typename GetFn>
+AlgoChoice CudnnConv::Deterministic(CudaContext& ctx, const std::string& layer, const char* pass,
+                                    Pass p, int max_count, const detail::CudnnPickRules& rules,
+                                    SizeFn workspace_size, GetFn get) {
+  const std::string& machine = GpuMachine(ctx.device());
+  const std::string key = StrCat(pass, " ", shape_key_, rules.allow_tensor_ops ? "" : " fma");
+  std::string pick = cuda::FindCudnnPick(machine, key);
+  if (pick.empty()) {
+    std::vector<Perf> perf(std::max(max_count, 1));
+    int count = 0;
+    const cudnnStatus_t got = get(static_cast<int>(perf.size()), &count, perf.data());
+    if (got != CUDNN_STATUS_SUCCESS) {
+      throw Error(StrCat(layer, ": cuDNN's ", pass, " heuristics failed: ",
+                         cudnnGetErrorString(got), " (", DTypeName(dtype_), " data)"));
+    }
+    // A fixed limit, not the free memory of the moment: the same pick every run.
+    const Perf& best = Pick(perf, count, kMaxSearchWorkspace, rules, layer, pass);
+    pick = cuda::RecordCudnnPick(
+        machine, key,
+        StrCat(static_cast<int>(best.algo), " ",
+               static_cast<int>(rules.allow_tensor_ops ? best.mathType : CUDNN_FMA_MATH)));
+  }
+  int algo = -1, math = -1;
+  std::istringstream in(pick);
+  if (!(in >> algo >> math) || algo < 0 || math < 0) {
+    throw Error(StrCat(layer, ": the recorded cuDNN ", pass, " pick '", pick, "' for '", key,
+                       "' is not 'algo math'"));
+  }
+  return Choose(layer, pass, p, algo, static_cast<cudnnMathType_t>(math), 0, workspace_size);
+}
+
+template <typename Perf, typename SizeFn, typename FindFn, typename GetFn>
 AlgoChoice CudnnConv::Search(CudaContext& ctx, const std::string& layer, const char* pass, Pass p,
-                             int algo_count, int max_count, SizeFn workspace_size, FindFn find) {
+                             int algo_count, int max_count, SizeFn workspace_size, FindFn find,
+                             GetFn get) {
   cudnnConvolutionDescriptor_t conv = conv_desc_[p];
-  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, SearchMath()));
+  const GpuMathOptions math = ctx.math();
+  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, SearchMath(math)));
+  const detail::CudnnPickRules rules = PickRules(type_, math);
+  if (math.deterministic) {
+    return Deterministic<Perf>(ctx, layer, pass, p, max_count, rules, workspace_size, get);
+  }
   size_t wanted = 0;
   for (int a = 0; a < algo_count; ++a) {
     size_t b = 0;
@@ -304,20 +422,12 @@ AlgoChoice CudnnConv::Search(CudaContext& ctx, const std::string& layer, const c
     throw Error(StrCat(layer, ": cuDNN's ", pass, " algorithm search failed: ",
                        cudnnGetErrorString(found), " (", DTypeName(dtype_), " data)"));
   }
-  const Perf& best = Pick(perf, count, budget, type_, layer, pass);
-  AlgoChoice c;
-  c.algo = static_cast<int>(best.algo);
-  c.math = best.mathType;
-  CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, c.math));
-  size_t need = 0;
-  const cudnnStatus_t sized = workspace_size(c.algo, &need);
-  if (sized != CUDNN_STATUS_SUCCESS) {
-    throw Error(StrCat(layer, ": cuDNN cannot size the workspace of its chosen ", pass,
-                       " algorithm ", c.algo, ": ", cudnnGetErrorString(sized)));
-  }
-  c.workspace = std::max(need, best.memory);
-  c.found = true;
-  return c;
+  const Perf& best = Pick(perf, count, budget, rules, layer, pass);
+  // Without TF32 the algorithm runs FMA math whatever the search reported
+  // for it (PyTorch does the same).
+  return Choose(layer, pass, p, static_cast<int>(best.algo),
+                rules.allow_tensor_ops ? best.mathType : CUDNN_FMA_MATH, best.memory,
+                workspace_size);
 }
 
 AlgoChoice CudnnConv::FindForward(CudaContext& ctx, const std::string& layer, const Tensor& x,
@@ -337,6 +447,10 @@ AlgoChoice CudnnConv::FindForward(CudaContext& ctx, const std::string& layer, co
         return cudnnFindConvolutionForwardAlgorithmEx(h, x_desc_, x.raw_data(), w_desc_,
                                                       w.raw_data(), conv, y_desc_, y.raw_data(),
                                                       requested, count, perf, ws, bytes);
+      },
+      [&](int requested, int* count, cudnnConvolutionFwdAlgoPerf_t* perf) {
+        return cudnnGetConvolutionForwardAlgorithm_v7(h, x_desc_, w_desc_, conv, y_desc_, requested,
+                                                      count, perf);
       });
 }
 
@@ -359,6 +473,10 @@ AlgoChoice CudnnConv::FindBackwardData(CudaContext& ctx, const std::string& laye
         return cudnnFindConvolutionBackwardDataAlgorithmEx(
             h, w_desc_, w.raw_data(), y_desc_, dy.raw_data(), conv, x_desc_, dx.raw_data(),
             requested, count, perf, ws, bytes);
+      },
+      [&](int requested, int* count, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+        return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w_desc_, y_desc_, conv, x_desc_,
+                                                           requested, count, perf);
       });
 }
 
@@ -383,6 +501,10 @@ AlgoChoice CudnnConv::FindBackwardFilter(CudaContext& ctx, const std::string& la
         return cudnnFindConvolutionBackwardFilterAlgorithmEx(
             h, x_desc_, x.raw_data(), y_desc_, dy.raw_data(), conv, w_desc_, scratch.raw_data(),
             requested, count, perf, ws, bytes);
+      },
+      [&](int requested, int* count, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x_desc_, y_desc_, conv, w_desc_,
+                                                             requested, count, perf);
       });
 }
 

@@ -67,13 +67,24 @@ class LayerLabel {
 // which loses nothing; f32 would lose precision, bf16 range.
 inline bool CudnnMayDownConvert(cudnnDataType_t data) { return data == CUDNN_DATA_HALF; }
 
+// Which of cuDNN's search results a convolution may take.
+struct CudnnPickRules {
+  // CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION (CudnnMayDownConvert: f16 data).
+  bool allow_down_conversion = false;
+  // Tensor-op math (CUDNN_TENSOR_OP_MATH and the converting one); false for
+  // f32 data without TF32 (graph.tf32: false), which then runs FMA math.
+  bool allow_tensor_ops = true;
+  // Only CUDNN_DETERMINISTIC algorithms (graph.deterministic).
+  bool deterministic_only = false;
+};
+
 // The index of the algorithm to use among cuDNN's search results (sorted
 // fastest first): the first that succeeded, fits in `workspace_limit`
-// bytes and, when `allow_down_conversion` is false, is not
-// CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION. -1 when none qualifies. Plain
-// ints so a test can call it with made-up results. (conv_cudnn.cc)
-int PickCudnnAlgo(const int* status, const int* math_type, const size_t* memory, int count,
-                  size_t workspace_limit, bool allow_down_conversion);
+// bytes and keeps `rules`. -1 when none qualifies. Plain ints so a test can
+// call it with made-up results. (conv_cudnn.cc)
+int PickCudnnAlgo(const int* status, const int* math_type, const int* determinism,
+                  const size_t* memory, int count, size_t workspace_limit,
+                  const CudnnPickRules& rules);
 
 // The 4D NCHW dims cuDNN sees for a batchnorm input [N, C], [N, C, L] or
 // [N, C, H, W]: [N, C, 1, 1], [N, C, 1, L], [N, C, H, W]. Empty for any

@@ -29,9 +29,12 @@ namespace cnnflow::cuda {
 void Axpy(float, const Tensor&, Tensor&) { detail::NoCuda(); }
 void Scale(Tensor&, float) { detail::NoCuda(); }
 void Cast(const Tensor&, Tensor&) { detail::NoCuda(); }
+void SetMath(Device, const GpuMathOptions&) { detail::NoCuda(); }
+void SetCudnnPicksFile(const std::string&, bool) {}  // no GPU, no picks
 void AddCast(const Tensor&, Tensor&) { detail::NoCuda(); }
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>&, float) { detail::NoCuda(); }
-LossResult SoftmaxCrossEntropy(const Tensor&, const int64_t*, Tensor*, double, double) {
+LossResult SoftmaxCrossEntropy(const Tensor&, const int64_t*, Tensor*, double, double,
+                               const LabelMix*) {
   detail::NoCuda();
 }
 struct PendingLoss::Impl {};
@@ -49,7 +52,7 @@ PendingLoss::PendingLoss(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PendingLoss::~PendingLoss() = default;
 LossResult PendingLoss::Get() { detail::NoCuda(); }
 std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor&, const int64_t*, Tensor*,
-                                                      double, double) {
+                                                      double, double, const LabelMix*) {
   detail::NoCuda();
 }
 void SgdStep(Device, const std::vector<ParamSlot>&, double, double, double, bool, double) {
@@ -67,7 +70,8 @@ namespace cnnflow {
 struct BatchStager::Slot {};
 BatchStager::BatchStager(Device device) : device_(device) { detail::NoCuda(); }
 BatchStager::~BatchStager() = default;
-std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor&, const int64_t*) {
+std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor&, const int64_t*,
+                                                        const LabelMix*) {
   detail::NoCuda();
 }
 int BatchStager::slots() const { return 0; }

@@ -23,6 +23,13 @@ void Axpy(float alpha, const Tensor& x, Tensor& y);
 // y *= alpha (f32).
 void Scale(Tensor& y, float alpha);
 
+// The math GPU `device`'s kernels may use from now on (ops/device_ops.h's
+// SetGpuMath; held by its CudaContext).
+void SetMath(Device device, const GpuMathOptions& math);
+
+// graph.deterministic's file of cuDNN picks (ops/cuda/cudnn_picks.h).
+void SetCudnnPicksFile(const std::string& path, bool write);
+
 // Mixed precision (graph.precision: bf16 | fp16; see ops/model.h).
 // dst = src converted (f32, f16, bf16 in any direction; same element count,
 // same GPU; round to nearest even).
@@ -37,11 +44,15 @@ bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale)
 
 // Softmax cross-entropy as ops/loss.h's, on GPU logits [N, K] (f32, f16 or
 // bf16; computed in f32/f64 whatever the type; dlogits in the logits' type) with
-// `labels` N int64 values in GPU memory. Waits for the result (the loss and
-// the count of correct rows come back to the host); a label outside [0, K)
-// is reported then, as the CPU's does.
+// `labels` N int64 values in GPU memory, and with `mix` (mixup, cutmix) its
+// N other labels and N weights in GPU memory too (the pointers of the
+// LabelMix are device pointers; the struct itself is read on the host).
+// Waits for the result (the loss and the count of correct rows come back to
+// the host); a label outside [0, K) (or a mixed-in label outside it, a
+// weight outside [0, 1]) is reported then, as the CPU's does.
 LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tensor* dlogits,
-                               double grad_scale = -1, double label_smoothing = 0.0);
+                               double grad_scale = -1, double label_smoothing = 0.0,
+                               const LabelMix* mix = nullptr);
 
 // The same without waiting: the loss and the correct count come back
 // through pinned memory while the host goes on issuing backward; Get()
@@ -64,7 +75,8 @@ class PendingLoss final : public ::cnnflow::PendingLoss {
 };
 std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, const int64_t* labels,
                                                       Tensor* dlogits, double grad_scale = -1,
-                                                      double label_smoothing = 0.0);
+                                                      double label_smoothing = 0.0,
+                                                      const LabelMix* mix = nullptr);
 
 // torch.optim.SGD's update (ops/train/optimizer.h) of every slot, in a few kernel
 // launches for all of them (multi-tensor apply).

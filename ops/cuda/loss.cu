@@ -1,6 +1,7 @@
 // Softmax cross-entropy on a GPU (ops/cuda/kernels.h): the math of
 // ops/cpu/softmax_cross_entropy.cc (double accumulation, label smoothing,
-// grad_scale < 0 = 1/N) with a warp per row, on f32, f16 or bf16 logits
+// mixed labels (LabelMix: mixup, cutmix), grad_scale < 0 = 1/N) with a warp
+// per row, on f32, f16 or bf16 logits
 // (read exactly into f32; dlogits rounded once into the logits' type). Deterministic: each row's
 // loss goes to a per-row buffer that one block then sums in a fixed order (no float atomics); the
 // sums and the first bad label come back in one small copy into pinned memory, which the host
@@ -29,12 +30,21 @@ constexpr int kRowsPerBlock = kCudaThreads / kWarp;
 constexpr int kReduceThreads = 256;
 
 // What comes back to the host. bad_row starts at all ones (memset) and
-// takes the smallest row with a label outside [0, K).
+// takes the smallest row with a label outside [0, K) (or, with a mix, a
+// mixed-in label outside it or a weight outside [0, 1]).
 struct LossOut {
   double loss_sum;
   long long correct;
   unsigned long long bad_row;
   long long bad_label;
+  long long bad_other;  // with a mix: the bad row's mixed-in label and weight
+  float bad_weight;
+};
+
+// Mixed targets in device memory (LabelMix); null: the labels alone.
+struct DeviceMix {
+  const int64_t* other = nullptr;
+  const float* weight = nullptr;
 };
 
 struct LossScalars {
@@ -58,9 +68,17 @@ __device__ __forceinline__ double WarpSum(double v) {
   return v;
 }
 
+// Whether row r's mixed-in label and weight are usable (as the CPU checks).
+__device__ __forceinline__ bool MixOk(const DeviceMix& mix, int64_t r, int64_t k) {
+  if (mix.other == nullptr) return true;
+  const int64_t y2 = mix.other[r];
+  const float w = mix.weight[r];
+  return y2 >= 0 && y2 < k && w >= 0 && w <= 1;  // false for a NaN weight
+}
+
 template <typename T>
-__global__ void SoftmaxCrossEntropyRows(const T* z, const int64_t* labels, T* dz, int64_t n,
-                                        int64_t k, LossScalars s, double* row_loss,
+__global__ void SoftmaxCrossEntropyRows(const T* z, const int64_t* labels, DeviceMix mix, T* dz,
+                                        int64_t n, int64_t k, LossScalars s, double* row_loss,
                                         int* row_correct, LossOut* out) {
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
@@ -70,7 +88,7 @@ __global__ void SoftmaxCrossEntropyRows(const T* z, const int64_t* labels, T* dz
     T* drow = dz != nullptr ? dz + r * k : nullptr;
     const int64_t y = labels[r];
     // A bad label: reported by the host after the wait; the row's dlogits stay unwritten.
-    if (y < 0 || y >= k) {  // warp-uniform
+    if (y < 0 || y >= k || !MixOk(mix, r, k)) {  // warp-uniform
       if (lane == 0) {
         atomicMin(&out->bad_row, static_cast<unsigned long long>(r));
         row_loss[r] = 0;
@@ -99,17 +117,33 @@ __global__ void SoftmaxCrossEntropyRows(const T* z, const int64_t* labels, T* dz
     sum_exp = WarpSum(sum_exp);
     sum_z = WarpSum(sum_z);
     const double lse = mx + log(sum_exp);
+    // The mixed-in label and its weight, as the CPU takes them.
+    int64_t y2 = y;
+    double w2 = 0;
+    if (mix.other != nullptr) {
+      y2 = mix.other[r];
+      w2 = 1.0 - static_cast<double>(mix.weight[r]);
+    }
     if (lane == 0) {
       // -sum_j target_j * log p_j with log p_j = z_j - lse.
-      const double nll = lse - static_cast<double>(ToFloat(row[y]));
+      double nll = lse - static_cast<double>(ToFloat(row[y]));
+      if (mix.other != nullptr) {
+        nll = (1.0 - w2) * nll + w2 * (lse - static_cast<double>(ToFloat(row[y2])));
+      }
       row_loss[r] =
           s.eps > 0 ? (1.0 - s.eps) * nll + s.off * (static_cast<double>(k) * lse - sum_z) : nll;
-      row_correct[r] = arg == y ? 1 : 0;
+      row_correct[r] = arg == (w2 > 0.5 ? y2 : y) ? 1 : 0;
     }
     if (drow != nullptr) {
       for (int64_t j = lane; j < k; j += kWarp) {
         const double p = exp(static_cast<double>(ToFloat(row[j])) - lse);
-        drow[j] = FromFloat<T>(static_cast<float>(s.scale * (p - (j == y ? s.on : s.off))));
+        double target = j == y ? s.on : s.off;
+        if (mix.other != nullptr) {
+          target = s.off;
+          if (j == y) target += (1.0 - s.eps) * (1.0 - w2);
+          if (j == y2) target += (1.0 - s.eps) * w2;
+        }
+        drow[j] = FromFloat<T>(static_cast<float>(s.scale * (p - target)));
       }
     }
   }
@@ -118,7 +152,7 @@ __global__ void SoftmaxCrossEntropyRows(const T* z, const int64_t* labels, T* dz
 // One block: thread t sums rows t, t + T, ... in order, then a tree over the
 // threads; the order depends on n alone, so the sum is the same every run.
 __global__ void SumRows(const double* row_loss, const int* row_correct, const int64_t* labels,
-                        int64_t n, LossOut* out) {
+                        DeviceMix mix, int64_t n, LossOut* out) {
   __shared__ double loss[kReduceThreads];
   __shared__ long long correct[kReduceThreads];
   const int t = threadIdx.x;
@@ -142,7 +176,10 @@ __global__ void SumRows(const double* row_loss, const int* row_correct, const in
     out->loss_sum = loss[0];
     out->correct = correct[0];
     const unsigned long long bad = out->bad_row;
-    out->bad_label = bad < static_cast<unsigned long long>(n) ? labels[bad] : 0;
+    const bool any = bad < static_cast<unsigned long long>(n);
+    out->bad_label = any ? labels[bad] : 0;
+    out->bad_other = any && mix.other != nullptr ? mix.other[bad] : 0;
+    out->bad_weight = any && mix.weight != nullptr ? mix.weight[bad] : 0.f;
   }
 }
 
@@ -184,17 +221,34 @@ void ReleaseSlot(ResultSlot* s) {
   (*free_slots)[s->device].push_back(s);
 }
 
+// Throws unless `p` (for logits on `device`) is memory a kernel on that
+// device reads: device memory of that GPU, managed or pinned memory.
+void CheckReadable(const void* p, const Tensor& logits, const char* what) {
+  cudaPointerAttributes attr{};
+  CNNFLOW_CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
+  if (attr.type == cudaMemoryTypeUnregistered) {
+    throw Error(StrCat("GPU softmax cross-entropy: the ", what, " of logits ", logits.shape(),
+                       " are in pageable host memory; they must be in GPU memory"));
+  }
+  // Another GPU's memory is not readable here (no peer access is enabled).
+  if (attr.type == cudaMemoryTypeDevice && attr.device != logits.device().index) {
+    throw Error(StrCat("GPU softmax cross-entropy: the ", what, " of logits ", logits.shape(),
+                       " on ", logits.device().ToString(), " are on cuda:", attr.device));
+  }
+}
+
 }  // namespace
 
 struct PendingLoss::Impl {
   int64_t rows = 0, classes = 0;
+  bool mixed = false;
   Shape shape;
   ResultSlot* slot = nullptr;
 };
 
 std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, const int64_t* labels,
                                                       Tensor* dlogits, double grad_scale,
-                                                      double label_smoothing) {
+                                                      double label_smoothing, const LabelMix* mix) {
   if (logits.rank() != 2) {
     throw ShapeError(StrCat("softmax cross-entropy expects logits [N, K], got ", logits.shape()));
   }
@@ -221,21 +275,19 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
   impl->rows = n;
   impl->classes = k;
   impl->shape = logits.shape();
+  impl->mixed = mix != nullptr;
   if (n == 0) return std::make_unique<PendingLoss>(std::move(impl));
   CNNFLOW_ENFORCE(labels != nullptr, "softmax cross-entropy: no labels for ", n, " rows");
-  {
-    cudaPointerAttributes attr{};
-    CNNFLOW_CUDA_CHECK(cudaPointerGetAttributes(&attr, labels));
-    // Device, managed or pinned (mapped) memory: the kernel reads it.
-    if (attr.type == cudaMemoryTypeUnregistered) {
-      throw Error(StrCat("GPU softmax cross-entropy: the labels of logits ", logits.shape(),
-                         " are in pageable host memory; they must be in GPU memory"));
-    }
-    // Another GPU's memory is not readable here (no peer access is enabled).
-    if (attr.type == cudaMemoryTypeDevice && attr.device != logits.device().index) {
-      throw Error(StrCat("GPU softmax cross-entropy: the labels of logits ", logits.shape(), " on ",
-                         logits.device().ToString(), " are on cuda:", attr.device));
-    }
+  CheckReadable(labels, logits, "labels");
+  DeviceMix dmix;
+  if (mix != nullptr) {
+    CNNFLOW_ENFORCE(mix->other != nullptr && mix->weight != nullptr,
+                    "softmax cross-entropy: a label mix without its labels or weights for ", n,
+                    " rows");
+    CheckReadable(mix->other, logits, "mixed-in labels");
+    CheckReadable(mix->weight, logits, "mix weights");
+    dmix.other = mix->other;
+    dmix.weight = mix->weight;
   }
   LossScalars s;
   s.scale = grad_scale < 0 ? 1.0 / static_cast<double>(n) : grad_scale;
@@ -259,7 +311,7 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
   auto launch = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     SoftmaxCrossEntropyRows<T><<<blocks, kCudaThreads, 0, c.stream()>>>(
-        static_cast<const T*>(logits.raw_data()), labels,
+        static_cast<const T*>(logits.raw_data()), labels, dmix,
         dlogits != nullptr ? static_cast<T*>(dlogits->raw_data()) : nullptr, n, k, s, row_loss,
         row_correct, out);
     CNNFLOW_CUDA_CHECK_LAUNCH();
@@ -275,7 +327,7 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
       launch(static_cast<float*>(nullptr));
       break;
   }
-  SumRows<<<1, kReduceThreads, 0, c.stream()>>>(row_loss, row_correct, labels, n, out);
+  SumRows<<<1, kReduceThreads, 0, c.stream()>>>(row_loss, row_correct, labels, dmix, n, out);
   CNNFLOW_CUDA_CHECK_LAUNCH();
   impl->slot = AcquireSlot(c.device());
   CNNFLOW_CUDA_CHECK(
@@ -302,6 +354,13 @@ LossResult PendingLoss::Get() {
   ReleaseSlot(impl_->slot);
   impl_->slot = nullptr;
   const int64_t n = impl_->rows;
+  const bool bad_label =
+      host.bad_label < 0 || host.bad_label >= static_cast<long long>(impl_->classes);
+  if (host.bad_row < static_cast<unsigned long long>(n) && impl_->mixed && !bad_label) {
+    throw Error(StrCat("mixed label ", host.bad_other, " with weight ", host.bad_weight,
+                       " at index ", host.bad_row, " is out of range ([0, ", impl_->classes,
+                       "), [0, 1])"));
+  }
   if (host.bad_row < static_cast<unsigned long long>(n)) {
     throw Error(StrCat("label ", host.bad_label, " at index ", host.bad_row,
                        " is out of range [0, ", impl_->classes, ") for logits ", impl_->shape));
@@ -312,8 +371,8 @@ LossResult PendingLoss::Get() {
 }
 
 LossResult SoftmaxCrossEntropy(const Tensor& logits, const int64_t* labels, Tensor* dlogits,
-                               double grad_scale, double label_smoothing) {
-  return cuda::SoftmaxCrossEntropyAsync(logits, labels, dlogits, grad_scale, label_smoothing)
+                               double grad_scale, double label_smoothing, const LabelMix* mix) {
+  return cuda::SoftmaxCrossEntropyAsync(logits, labels, dlogits, grad_scale, label_smoothing, mix)
       ->Get();
 }
 

@@ -116,6 +116,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
       placement.group = tp_groups_[r / tp_local_].get();
       placement.rank = r % tp_local_;
     }
+    SetGpuMath(rep->device, options.gpu_math);  // before the model's first step
     rep->model = Model::Build(layers, input_shape,
                               {.seed = seed,
                                .init = init,
@@ -393,7 +394,8 @@ const Tensor& ReplicaSet::Infer(const Tensor& x, const ForwardContext& ctx) {
 ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int64_t* labels,
                                                const ForwardContext& ctx, double grad_scale,
                                                double label_smoothing, bool reduce,
-                                               const int64_t* device_labels, const LabelMix* mix) {
+                                               const int64_t* device_labels, const LabelMix* mix,
+                                               const LabelMix* device_mix) {
   Replica& rep = *replicas_[r];
   const double begin = Now();
   if (rep.idle_since >= 0) rep.counters.data_wait_seconds += begin - rep.idle_since;
@@ -432,6 +434,23 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     }
     CNNFLOW_ENFORCE(labels_here != nullptr, "replica ", r, "'s shard has no labels on ",
                     rep.device.ToString());
+    // The mixed targets where the loss reads them: on a GPU, the staged copy
+    // or one made now.
+    const LabelMix* mix_here = mix;
+    Tensor mix_other, mix_weight;
+    LabelMix mix_copy;
+    if (rep.device.is_cuda() && mix != nullptr) {
+      mix_here = device_mix;
+      if (mix_here == nullptr) {
+        const int64_t n = x.dim(0);
+        mix_other = LabelTensor(mix->other, n, rep.device);
+        mix_weight = Tensor::Empty(Shape({n}), DType::kF32, rep.device);
+        CopyBytes(rep.device, mix_weight.raw_data(), Device::Cpu(), mix->weight,
+                  static_cast<size_t>(n) * sizeof(float));
+        mix_copy = {mix_other.data<int64_t>(), mix_weight.data<float>()};
+        mix_here = &mix_copy;
+      }
+    }
     if (rep.idle) rep.idle->StartOfWork();
     const Tensor& logits = m.Forward(xd, c);
     Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype(), rep.device);
@@ -439,7 +458,7 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     {
       const TraceSpan span("loss", "softmax cross-entropy");
       result.pending =
-          SoftmaxCrossEntropyAsync(logits, labels_here, &dlogits, scale, label_smoothing, mix);
+          SoftmaxCrossEntropyAsync(logits, labels_here, &dlogits, scale, label_smoothing, mix_here);
     }
     if (result.pending->ready()) {  // a host loss: checked before backward
       const LossResult loss = result.pending->Get();

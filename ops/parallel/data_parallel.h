@@ -43,6 +43,7 @@
 
 #include "ops/collectives/collective.h"
 #include "ops/collectives/collective_mpi.h"
+#include "ops/device_ops.h"
 #include "ops/loss.h"
 #include "ops/model.h"
 #include "ops/parallel/member_threads.h"
@@ -71,6 +72,9 @@ struct DataParallelOptions {
   // a step whose reduced gradients hold an inf or NaN is skipped.
   DType compute = DType::kF32;
   LossScalerOptions loss_scaler;  // f16 only
+  // GPU replicas: TF32 and deterministic algorithms (graph.tf32,
+  // graph.deterministic; ops/device_ops.h), set on each replica's GPU.
+  GpuMathOptions gpu_math;
   // The activations' layout on CPUs (ops/model.h).
   MemoryFormat memory_format = MemoryFormat::kAuto;
   // Tensor parallelism (ops/parallel/tensor_parallel.h), CPU replicas: the
@@ -159,10 +163,13 @@ class ReplicaSet {
   // global replica 0 after the buckets. Runs in the replica's task arena.
   // Throws (after aborting the other replicas' collectives) on a non-finite
   // loss (a GPU replica: when the pending loss is read).
-  // mix: mixed targets of the shard (mixup, cutmix; CPU replicas only).
+  // mix: mixed targets of the shard (mixup, cutmix), in host memory; a GPU
+  // replica takes `device_mix` (the same in its GPU's memory, staged with the
+  // labels) when given, else copies `mix` to its GPU.
   Result ForwardBackward(int r, const Tensor& x, const int64_t* labels, const ForwardContext& ctx,
                          double grad_scale, double label_smoothing, bool reduce,
-                         const int64_t* device_labels = nullptr, const LabelMix* mix = nullptr);
+                         const int64_t* device_labels = nullptr, const LabelMix* mix = nullptr,
+                         const LabelMix* device_mix = nullptr);
   // Replica r: waits until the collectives its ForwardBackward issued are
   // done (where a stalled peer becomes an error).
   void WaitForReductions(int r);

@@ -340,6 +340,44 @@ TEST_F(ConfigTest, FlushDenormalsIsOnByDefault) {
                           {"flush_denormals", "sometimes"});
 }
 
+// graph.tf32 (default true, as torch.backends.cudnn.allow_tf32) and
+// graph.deterministic (default false), on GPUs and CPUs alike (a CPU run is
+// deterministic and never TF32 already); a non-boolean is an error naming
+// the key and the value (issue 55).
+TEST_F(ConfigTest, Tf32AndDeterministicAreBooleans) {
+  const GpuMathOptions def = LoadRunConfig(Write(kGood)).data_parallel.gpu_math;
+  EXPECT_TRUE(def.tf32);
+  EXPECT_FALSE(def.deterministic);
+  for (const char* devices : {"graph.devices=[cpu:0]", "graph.devices=[cuda:0]"}) {
+    SCOPED_TRACE(devices);
+    const GpuMathOptions set =
+        LoadRunConfig(Write(kGood), {devices, "graph.tf32=false", "graph.deterministic=true"})
+            .data_parallel.gpu_math;
+    EXPECT_FALSE(set.tf32);
+    EXPECT_TRUE(set.deterministic);
+  }
+  testing::ExpectContains(ErrorOf(kGood, {"graph.tf32=maybe"}), {"tf32", "maybe"});
+  testing::ExpectContains(ErrorOf(kGood, {"graph.deterministic=[true]"}), {"deterministic"});
+  testing::ExpectContains(ErrorOf(kGood, {"graph.determinstic=true"}),
+                          {"determinstic", "did you mean 'deterministic'"});
+}
+
+// Mixed labels (mixup, cutmix) train on GPUs: their graphs validate on
+// cuda:0 by changing graph.devices alone (issue 55).
+TEST_F(ConfigTest, MixupAndCutmixValidateOnAGpu) {
+  for (const char* stage : {"mixup", "cutmix"}) {
+    SCOPED_TRACE(stage);
+    std::string t = testing::ReadBytes("graphs/data_parallel_mixup_ema.yaml");
+    t = Replace(t, "{stage: mixup, alpha: 0.2}", StrCat("{stage: ", stage, ", alpha: 0.5}"));
+    const std::string tmpl = Write(t, StrCat(stage, ".yaml"));
+    const RunConfig c =
+        LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0]", "graph.template=" + tmpl});
+    ASSERT_NE(c.train_graph.Find("mix"), nullptr);
+    EXPECT_EQ(c.train_graph.Find("mix")->stage, stage);
+    EXPECT_TRUE(c.devices[0].is_cuda());
+  }
+}
+
 // graph.channels_last: auto (the default), true or false; true only where
 // the model is one data-parallel replica per CPU device.
 TEST_F(ConfigTest, ChannelsLastIsAutoTrueOrFalse) {

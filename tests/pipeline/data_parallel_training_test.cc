@@ -49,6 +49,20 @@ double MaxRelDiff(Model& a, Model& b) {
   return worst;
 }
 
+// MaxRelDiff of a CPU model and a GPU one (its parameters copied off).
+double MaxRelDiffOfGpu(Model& cpu, Model& gpu) {
+  auto pc = cpu.NamedParameters(), pg = gpu.NamedParameters();
+  double worst = 0;
+  for (size_t i = 0; i < pc.size(); ++i) {
+    const Tensor a = pc[i].param->value, b = pg[i].param->value.To(Device::Cpu());
+    double scale = 1e-12;
+    for (int64_t j = 0; j < a.numel(); ++j) scale = std::max(scale, std::fabs(a.At(j)));
+    for (int64_t j = 0; j < a.numel(); ++j)
+      worst = std::max(worst, std::fabs(a.At(j) - b.At(j)) / scale);
+  }
+  return worst;
+}
+
 TEST(DataParallelTraining, TwoReplicasAndAccumulationMatchOneBigBatch) {
   const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=12", "threads=2"};
   auto train = [&](const std::vector<std::string>& more) {
@@ -356,14 +370,20 @@ TEST(DataParallelTraining, LookaheadCopiesTheAverageIntoEveryReplicaAndResumesEx
 // A batch stage in a user's template, between the loader and the devices:
 // cutmix trains two replicas on soft labels, and a resumed run mixes (and
 // so ends) exactly as the uninterrupted one.
-TEST(DataParallelTraining, CutmixBeforeTheDevicesTrainsAndResumesExactly) {
-  const fs::path dir = testing::TestDir();
+// graphs/data_parallel.yaml with `mix_node` ("{stage: cutmix, alpha: 1.0}")
+// between the loader and the devices, written to `file`.
+void WriteMixTemplate(const fs::path& file, const std::string& mix_node) {
   std::string t = testing::ReadBytes("graphs/data_parallel.yaml");
   const std::string edge = "load -> devices";
   t.replace(t.rfind(edge), edge.size(), "load -> mix -> devices");  // the edges, not the comment
   const std::string node = "    devices:   {stage: forward_backward}\n";
-  t.replace(t.find(node), 0, "    mix:       {stage: cutmix, alpha: 1.0}\n");
-  testing::WriteBytes((dir / "cutmix.yaml").string(), t);
+  t.replace(t.find(node), 0, "    mix:       " + mix_node + "\n");
+  testing::WriteBytes(file.string(), t);
+}
+
+TEST(DataParallelTraining, CutmixBeforeTheDevicesTrainsAndResumesExactly) {
+  const fs::path dir = testing::TestDir();
+  WriteMixTemplate(dir / "cutmix.yaml", "{stage: cutmix, alpha: 1.0}");
   const std::vector<std::string> config = {"train.epochs=2",
                                            "train.max_steps=20",
                                            "threads=2",
@@ -704,16 +724,69 @@ TEST(DataParallelTrainingGPU, TheSameConfigTrainsOnAGpuAsOnTheCpu) {
   EXPECT_NEAR(gpu_m.mean_loss(), cpu_m.mean_loss(), 1e-2 * cpu_m.mean_loss());
   EXPECT_NEAR(half_m.mean_loss(), cpu_m.mean_loss(), 5e-2 * cpu_m.mean_loss());
   // 20 SGD steps with momentum from the same start: TF32 noise only.
-  auto pc = cpu->model().NamedParameters(), pg = gpu->model().NamedParameters();
-  double worst = 0;
-  for (size_t i = 0; i < pc.size(); ++i) {
-    const Tensor a = pc[i].param->value, b = pg[i].param->value.To(Device::Cpu());
-    double scale = 1e-12;
-    for (int64_t j = 0; j < a.numel(); ++j) scale = std::max(scale, std::fabs(a.At(j)));
-    for (int64_t j = 0; j < a.numel(); ++j)
-      worst = std::max(worst, std::fabs(a.At(j) - b.At(j)) / scale);
+  EXPECT_LT(MaxRelDiffOfGpu(cpu->model(), gpu->model()), 1e-2);
+}
+
+// Mixed labels on a GPU (issue 55): a mixup config trains on cuda:0 by
+// changing graph.devices alone, the mix staged with the labels and taken by
+// the GPU loss: close to the same config on cpu:0 (full f32 convolutions,
+// graph.tf32: false, so only the order of f32 sums differs), and not to the
+// run without the mix (so the mix is not dropped on the way).
+TEST(DataParallelTrainingGPU, MixupTrainsOnAGpuAsOnTheCpu) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no GPU found: GPU test skipped";
+  const fs::path dir = testing::TestDir();
+  WriteMixTemplate(dir / "mixup.yaml", "{stage: mixup, alpha: 0.4}");
+  const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=20", "threads=2",
+                                           "graph.load_threads=1", "graph.tf32=false"};
+  auto train = [&](const std::string& devices, bool mix) {
+    std::vector<std::string> o = With(common, {"graph.devices=[" + devices + "]"});
+    if (mix) o.push_back("graph.template=" + (dir / "mixup.yaml").string());
+    auto t = std::make_unique<Trainer>(LoadRunConfig("bench/configs/mlp2_synthetic.yaml", o));
+    const PassMetrics m = t->RunPass(t->config().train_graph, {.pass = "train", .epoch = 0});
+    EXPECT_EQ(m.samples, 20 * 64) << devices;
+    return std::make_pair(std::move(t), m);
+  };
+  auto [cpu, cpu_m] = train("cpu:0", true);
+  auto [gpu, gpu_m] = train("cuda:0", true);
+  auto [hard, hard_m] = train("cuda:0", false);
+  EXPECT_NEAR(gpu_m.mean_loss(), cpu_m.mean_loss(), 1e-3 * cpu_m.mean_loss());
+  const double mixed = MaxRelDiffOfGpu(cpu->model(), gpu->model());
+  EXPECT_LT(mixed, 1e-3);
+  EXPECT_GT(MaxRelDiffOfGpu(cpu->model(), hard->model()), 2 * mixed)
+      << "the GPU run without the mix is as close to the CPU's mixed run as the GPU's mixed one";
+  fs::remove_all(dir);
+}
+
+// graph.deterministic on a GPU (issue 55): two identical runs end with the
+// same bytes, the run folder keeps each convolution's cuDNN picks
+// (cudnn-picks.tsv), and a resume from a checkpoint, which loads them, ends
+// bitwise as the uninterrupted run (without the key it is only close: the
+// test below). The picks of one process are kept in memory too, so the
+// second run here meets the first's; cuDNN's heuristics give it the same
+// ones anyway (no timing in this mode).
+TEST(DataParallelTrainingGPU, DeterministicRunsRepeatBitwiseAndResumeWithTheirPicks) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no GPU found: GPU test skipped";
+  const char* config_file = "bench/configs/mlp2_synthetic.yaml";
+  const std::vector<std::string> config = {
+      "train.epochs=2",          "train.max_steps=20",       "threads=2",
+      "graph.devices=[cuda:0]",  "train.checkpoint_every=7", "train.keep_checkpoints=0",
+      "graph.deterministic=true"};
+  const fs::path dir = testing::TestDir();
+  for (const char* run : {"a", "b"}) {
+    Trainer t(LoadRunConfig(config_file, config));
+    t.Train((dir / run).string());
   }
-  EXPECT_LT(worst, 1e-2);
+  EXPECT_EQ(testing::ReadBytes((dir / "a" / "model.safetensors").string()),
+            testing::ReadBytes((dir / "b" / "model.safetensors").string()))
+      << "two deterministic GPU runs differ";
+  const std::string picks = testing::ReadBytes((dir / "a" / "cudnn-picks.tsv").string());
+  // conv1 and conv2, forward, backward-data and backward-filter at batch 64.
+  for (const char* pass : {"\tforward ", "\tbackward-data ", "\tbackward-filter "})
+    EXPECT_NE(picks.find(pass), std::string::npos) << pass << " in\n" << picks;
+  ExpectResumeIsExact(config_file, config, dir / "resume");
+  EXPECT_EQ(testing::ReadBytes((dir / "resume" / "resumed-14" / "cudnn-picks.tsv").string()),
+            testing::ReadBytes((dir / "resume" / "straight" / "cudnn-picks.tsv").string()));
+  fs::remove_all(dir);
 }
 
 // A GPU run's checkpoints (weights, BN buffers, optimizer state copied off

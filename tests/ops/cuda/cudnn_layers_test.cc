@@ -11,19 +11,25 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cstring>
+#include <filesystem>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "ops/device_ops.h"
 #include "ops/layer.h"
 #include "ops/model.h"
 #include "tests/ops/gpu_check.h"
+#include "tests/testing/test_dir.h"
 
 #if defined(CNNFLOW_WITH_CUDA)
 #include <cudnn.h>
 
+#include "ops/cuda/cudnn_picks.h"
 #include "ops/cuda/cudnn_util.h"
 #endif
 
@@ -659,7 +665,7 @@ TEST(CudnnLayers, CudaClassesBuildLikeTheCpuOnes) {
   // class must give the CPU class's shapes and initial values (no GPU here).
   struct Case {
     const char* type;
-    std::vector<std::pair<std::string, ParamValue> > args;
+    std::vector<std::pair<std::string, ParamValue>> args;
     Shape input;
   };
   const std::vector<Case> cases = {
@@ -706,20 +712,182 @@ TEST(CudnnLayers, AlgorithmPickSkipsFailedOversizedAndDownConverting) {
   const int ok = CUDNN_STATUS_SUCCESS, bad = CUDNN_STATUS_NOT_SUPPORTED;
   const int def = CUDNN_DEFAULT_MATH, tc = CUDNN_TENSOR_OP_MATH,
             conv = CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  const int det = CUDNN_DETERMINISTIC;
   // Sorted fastest first, as cuDNN returns them.
   const int status[] = {bad, ok, ok, ok, ok};
   const int math[] = {def, conv, def, tc, def};
+  const int determinism[] = {det, det, det, det, det};
   const size_t memory[] = {0, 0, 1000, 10, 0};
+  const detail::CudnnPickRules f32, f16{.allow_down_conversion = true};
   // f32: the down-converting one and the one over the limit are skipped.
-  EXPECT_EQ(detail::PickCudnnAlgo(status, math, memory, 5, 100, false), 3);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 100, f32), 3);
   // f16 data may use the converting algorithm.
-  EXPECT_EQ(detail::PickCudnnAlgo(status, math, memory, 5, 100, true), 1);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 100, f16), 1);
   // A bigger workspace admits the faster algorithm 2.
-  EXPECT_EQ(detail::PickCudnnAlgo(status, math, memory, 5, 1000, false), 2);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 1000, f32), 2);
   // Only failures: none.
-  EXPECT_EQ(detail::PickCudnnAlgo(status, math, memory, 1, 1000, true), -1);
-  EXPECT_EQ(detail::PickCudnnAlgo(status, math, memory, 0, 1000, true), -1);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 1, 1000, f16), -1);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 0, 1000, f16), -1);
 #endif
+}
+
+// graph.tf32: false skips tensor-op algorithms; graph.deterministic skips
+// the non-deterministic ones (issue 55).
+TEST(CudnnLayers, AlgorithmPickKeepsTf32AndDeterminismRules) {
+#if !defined(CNNFLOW_WITH_CUDA)
+  GTEST_SKIP() << "built without CUDA";
+#else
+  const int ok = CUDNN_STATUS_SUCCESS;
+  const int def = CUDNN_DEFAULT_MATH, tc = CUDNN_TENSOR_OP_MATH, fma = CUDNN_FMA_MATH,
+            conv = CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  const int det = CUDNN_DETERMINISTIC, nondet = CUDNN_NON_DETERMINISTIC;
+  const int status[] = {ok, ok, ok, ok, ok};
+  const int math[] = {tc, conv, def, fma, fma};
+  const int determinism[] = {det, det, nondet, nondet, det};
+  const size_t memory[] = {0, 0, 0, 0, 0};
+  const detail::CudnnPickRules tf32;
+  const detail::CudnnPickRules no_tf32{.allow_tensor_ops = false};
+  const detail::CudnnPickRules deterministic{.deterministic_only = true};
+  const detail::CudnnPickRules both{.allow_tensor_ops = false, .deterministic_only = true};
+  const detail::CudnnPickRules f16_both{
+      .allow_down_conversion = true, .allow_tensor_ops = false, .deterministic_only = true};
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 0, tf32), 0);
+  // No tensor-op math: the default-math one (run as FMA) is the first left.
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 0, no_tf32), 2);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 0, deterministic), 0);
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 0, both), 4);
+  // Converting math is tensor-op math too.
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 5, 0, f16_both), 4);
+  // Nothing deterministic among the first four: none.
+  EXPECT_EQ(detail::PickCudnnAlgo(status, math, determinism, memory, 4, 0, both), -1);
+#endif
+}
+
+// graph.deterministic's picks file (ops/cuda/cudnn_picks.h), host side: a
+// pick is written at once, a file's picks win over this process's (a resume
+// runs the picks of the run it resumes), the first record of a key holds,
+// and a malformed line names the file and the line.
+TEST(CudnnLayers, PicksFileIsWrittenLoadedAndWinsOnResume) {
+#if !defined(CNNFLOW_WITH_CUDA)
+  GTEST_SKIP() << "built without CUDA";
+#else
+  const std::string dir = TestDir();
+  const std::string file = dir + "/cudnn-picks.tsv";
+  cuda::SetCudnnPicksFile(file, true);
+  EXPECT_EQ(cuda::FindCudnnPick("gpu A", "forward f32 n8 test-1"), "");
+  EXPECT_EQ(cuda::RecordCudnnPick("gpu A", "forward f32 n8 test-1", "1 2"), "1 2");
+  EXPECT_EQ(cuda::RecordCudnnPick("gpu A", "forward f32 n8 test-1", "7 0"), "1 2") << "first wins";
+  std::string text = ReadBytes(file);
+  EXPECT_NE(text.find("gpu A\tforward f32 n8 test-1\t1 2\n"), std::string::npos) << text;
+  // The run resumed: its file says otherwise for test-1, and has test-2.
+  const std::string resumed = dir + "/resumed.tsv";
+  WriteBytes(resumed,
+             "# a comment\ngpu A\tforward f32 n8 test-1\t0 1\ngpu B\tbackward-data x\t3 0\n");
+  cuda::SetCudnnPicksFile(resumed, true);
+  EXPECT_EQ(cuda::FindCudnnPick("gpu A", "forward f32 n8 test-1"), "0 1");
+  EXPECT_EQ(cuda::FindCudnnPick("gpu B", "backward-data x"), "3 0");
+  EXPECT_EQ(cuda::FindCudnnPick("gpu A", "backward-data x"), "") << "another machine's pick";
+  cuda::RecordCudnnPick("gpu A", "forward f32 n8 test-2", "5 1");
+  text = ReadBytes(resumed);
+  EXPECT_NE(text.find("gpu A\tforward f32 n8 test-1\t0 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpu A\tforward f32 n8 test-2\t5 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpu B\tbackward-data x\t3 0\n"), std::string::npos) << text;
+  // A process that does not write (rank k > 0) leaves the file alone.
+  const std::string other = dir + "/other.tsv";
+  cuda::SetCudnnPicksFile(other, false);
+  cuda::RecordCudnnPick("gpu A", "forward f32 n8 test-3", "2 1");
+  EXPECT_FALSE(std::filesystem::exists(other));
+  WriteBytes(other, "gpu A only two fields\n");
+  try {
+    cuda::SetCudnnPicksFile(other, false);
+    ADD_FAILURE() << "a malformed picks file was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(other + ":1:"), std::string::npos) << e.what();
+  }
+  cuda::SetCudnnPicksFile("", false);
+#endif
+}
+
+// Sets graph.tf32 / graph.deterministic on cuda:0 for a test, and back.
+struct GpuMathFor {
+  explicit GpuMathFor(const GpuMathOptions& math) { SetGpuMath(Device::Cuda(0), math); }
+  ~GpuMathFor() { SetGpuMath(Device::Cuda(0), GpuMathOptions()); }
+};
+
+// A conv2d on cuda:0 against the CPU's f64 on the same f32 values (input,
+// weight, bias): the output's and the weight gradient's normalised errors.
+std::pair<double, double> ConvErrorAgainstF64(const GpuMathOptions& math) {
+  const GpuMathFor set(math);
+  const std::vector<LayerSpec> specs = {
+      Spec("c", "conv2d", {{"out", int64_t{64}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}})};
+  const Shape sample{64, 16, 16};
+  auto gpu = Model::Build(specs, sample, {.seed = 7, .device = Device::Cuda(0)});
+  auto ref = Model::Build(specs, sample, {.dtype = DType::kF64, .seed = 7});
+  auto pg = gpu->NamedParameters(), pr = ref->NamedParameters();
+  for (size_t i = 0; i < pg.size(); ++i) {  // the GPU's f32 values, exactly
+    const Tensor v = pg[i].param->value.To(Device::Cpu());
+    for (int64_t j = 0; j < v.numel(); ++j) pr[i].param->value.Set(j, v.At(j));
+  }
+  const Tensor x = RandomTensor(sample.WithBatch(8), 8, -1, 1, DType::kF32);
+  Tensor x64 = Tensor::Empty(x.shape(), DType::kF64);
+  for (int64_t j = 0; j < x.numel(); ++j) x64.Set(j, x.At(j));
+  ForwardContext ctx;
+  ctx.training = true;
+  const Tensor y_ref = ref->Forward(x64, ctx).Clone();
+  const Tensor y_gpu = gpu->Forward(x.To(Device::Cuda(0)), ctx).To(Device::Cpu());
+  const Tensor dy = RandomTensor(y_ref.shape(), 9, -1, 1, DType::kF32);
+  Tensor dy64 = Tensor::Empty(dy.shape(), DType::kF64);
+  for (int64_t j = 0; j < dy.numel(); ++j) dy64.Set(j, dy.At(j));
+  ref->Backward(dy64);
+  gpu->Backward(dy.To(Device::Cuda(0)));
+  return {NormalisedError(y_ref, y_gpu), NormalisedError(ref->NamedParameters()[0].param->grad,
+                                                         gpu->NamedParameters()[0].param->grad)};
+}
+
+// graph.tf32: false gives full f32 convolutions: far closer to f64 than
+// TF32's 10-bit products (on a GPU with TF32: Ampere and later).
+TEST(Conv2dGPU, Tf32OffIsCloserToF64ThanTf32On) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const auto [fma_y, fma_dw] = ConvErrorAgainstF64({.tf32 = false});
+  const auto [tf32_y, tf32_dw] = ConvErrorAgainstF64({.tf32 = true});
+  std::cout << "normalised error against f64: tf32 off " << fma_y << " (output), " << fma_dw
+            << " (weight grad); tf32 on " << tf32_y << ", " << tf32_dw << "\n";
+  EXPECT_LT(fma_y, 1e-5);
+  EXPECT_LT(fma_dw, 1e-5);
+  if (tf32_y < 1e-5) GTEST_SKIP() << "this GPU has no TF32: both runs are f32";
+  EXPECT_LT(fma_y * 10, tf32_y);
+  EXPECT_LT(fma_dw * 10, tf32_dw);
+}
+
+// graph.deterministic: cuDNN's heuristics, deterministic algorithms only:
+// two models built alike give the same bits, and each pass's pick is
+// recorded for the shape.
+TEST(Conv2dGPU, DeterministicModeRepeatsBitwise) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const GpuMathFor set({.deterministic = true});
+  const std::vector<LayerSpec> specs = {
+      Spec("c", "conv2d", {{"out", int64_t{32}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+      Spec("d", "conv2d", {{"out", int64_t{16}}, {"kernel", int64_t{5}}, {"stride", int64_t{2}}})};
+  const Shape sample{16, 20, 20};
+  const Tensor x = RandomTensor(sample.WithBatch(12), 3, -1, 1, DType::kF32).To(Device::Cuda(0));
+  std::vector<std::vector<Tensor>> runs;
+  for (int run = 0; run < 2; ++run) {
+    auto m = Model::Build(specs, sample, {.seed = 4, .device = Device::Cuda(0)});
+    ForwardContext ctx;
+    ctx.training = true;
+    const Tensor y = m->Forward(x, ctx).To(Device::Cpu());
+    const Tensor dy = RandomTensor(y.shape(), 5, -1, 1, DType::kF32);
+    Tensor dx;
+    m->Backward(dy.To(Device::Cuda(0)), {}, &dx);
+    std::vector<Tensor> out = {y, dx.To(Device::Cpu())};
+    for (auto& p : m->NamedParameters()) out.push_back(p.param->grad.To(Device::Cpu()));
+    runs.push_back(std::move(out));
+  }
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    ASSERT_EQ(runs[0][i].nbytes(), runs[1][i].nbytes());
+    EXPECT_EQ(std::memcmp(runs[0][i].raw_data(), runs[1][i].raw_data(), runs[0][i].nbytes()), 0)
+        << "tensor " << i << " differs between two deterministic runs";
+  }
 }
 
 TEST(CudnnLayers, OnlyF16MayConvertDown) {

@@ -164,6 +164,135 @@ TEST(SoftmaxCrossEntropyGPU, HalfLogitsMatchCpuOnTheRoundedValues) {
   EXPECT_THROW(cuda::SoftmaxCrossEntropy(lg, dl.get(), &d), Error);
 }
 
+// ---------------------------------------------------------------- mixed labels (mixup, cutmix)
+
+// A batch's mixed targets as mixup makes them (row i with row N-1-i), with
+// the edge weights (1: the label alone, 0: the other alone, 0.5: a tie that
+// counts the label) and random ones between.
+struct HostMix {
+  HostMix(const std::vector<int64_t>& labels, uint64_t seed) {
+    const size_t n = labels.size();
+    const Tensor w = RandomTensor(Shape{static_cast<int64_t>(n)}, seed, 0, 1, DType::kF32);
+    for (size_t i = 0; i < n; ++i) {
+      other.push_back(labels[n - 1 - i]);
+      weight.push_back(static_cast<float>(w.At(static_cast<int64_t>(i))));
+    }
+    const float edges[] = {1.0f, 0.0f, 0.5f, 0.25f};
+    for (size_t i = 0; i < std::min<size_t>(n, 4); ++i) weight[i] = edges[i];
+  }
+  LabelMix host() const { return {other.data(), weight.data()}; }
+  std::vector<int64_t> other;
+  std::vector<float> weight;
+};
+
+// The same mix in GPU memory.
+struct DeviceMixOf {
+  explicit DeviceMixOf(const HostMix& m) : other(m.other), weight(UploadF32(m.weight)) {}
+  LabelMix get() const { return {other.get(), weight.data<float>()}; }
+  DeviceLabels other;
+  Tensor weight;
+};
+
+void ExpectMixedLossMatches(int64_t n, int64_t k, double grad_scale, double smoothing,
+                            uint64_t seed) {
+  SCOPED_TRACE(StrCat("N ", n, " K ", k, " grad_scale ", grad_scale, " smoothing ", smoothing));
+  const Tensor logits = RandomTensor(Shape{n, k}, seed, -4, 4, DType::kF32);
+  std::vector<int64_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) labels[i] = (i * 7 + 1) % k;
+  const HostMix mix(labels, seed + 100);
+  const LabelMix hm = mix.host();
+  Tensor d_cpu = Tensor::Empty(logits.shape());
+  const LossResult cpu =
+      SoftmaxCrossEntropy(logits, labels.data(), &d_cpu, grad_scale, smoothing, &hm);
+  // Without the mix the loss differs: the test would see the mix ignored.
+  const LossResult hard =
+      SoftmaxCrossEntropy(logits, labels.data(), nullptr, grad_scale, smoothing);
+  EXPECT_GT(std::abs(hard.loss - cpu.loss), 1e-3) << "the mix does not change the loss";
+  const Tensor lg = logits.To(kGpu);
+  Tensor d_gpu = Tensor::Empty(logits.shape(), DType::kF32, kGpu);
+  const DeviceLabels dl(labels);
+  const DeviceMixOf dm(mix);
+  const LabelMix gm = dm.get();
+  const LossResult gpu =
+      cuda::SoftmaxCrossEntropy(lg, dl.get(), &d_gpu, grad_scale, smoothing, &gm);
+  EXPECT_NEAR(gpu.loss, cpu.loss, 1e-5 * std::max(1.0, std::abs(cpu.loss))) << "loss";
+  EXPECT_EQ(gpu.correct, cpu.correct) << "correct count";
+  EXPECT_LE(NormalisedError(d_cpu, d_gpu), 1e-5) << "dlogits";
+  const Tensor got = d_gpu.To(Device::Cpu());
+  double worst = 0;
+  for (int64_t i = 0; i < got.numel(); ++i)
+    worst = std::max(worst, std::abs(got.At(i) - d_cpu.At(i)));
+  EXPECT_LE(worst, 1e-5) << "dlogits, the largest difference";
+}
+
+TEST(SoftmaxCrossEntropyGPU, MixedLabelsMatchCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  ExpectMixedLossMatches(37, 10, -1, 0.0, 21);
+  ExpectMixedLossMatches(37, 10, 0.5, 0.1, 22);  // label smoothing combined with the mix
+  ExpectMixedLossMatches(1000, 100, -1, 0.0, 23);
+  ExpectMixedLossMatches(257, 1001, 1.0 / 512, 0.3, 24);
+}
+
+// The error of the GPU loss on `mix` (uploaded), or "" when there is none.
+std::string MixError(const Tensor& logits, const DeviceLabels& labels, const HostMix& mix) {
+  const DeviceMixOf dm(mix);
+  const LabelMix gm = dm.get();
+  try {
+    cuda::SoftmaxCrossEntropy(logits, labels.get(), nullptr, -1, 0.0, &gm);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SoftmaxCrossEntropyGPU, BadMixNamesRowAndValues) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const Tensor logits = RandomTensor(Shape{12, 11}, 9, -1, 1, DType::kF32).To(kGpu);
+  std::vector<int64_t> labels(12, 1);
+  const DeviceLabels dl(labels);
+  HostMix mix(labels, 3);
+  mix.other[6] = 11;  // == K
+  std::string e = MixError(logits, dl, mix);
+  EXPECT_NE(e.find("mixed label 11 with weight"), std::string::npos) << "[" << e << "]";
+  EXPECT_NE(e.find("at index 6"), std::string::npos) << e;
+  mix.other[6] = 2;
+  mix.weight[4] = 1.5f;
+  e = MixError(logits, dl, mix);
+  EXPECT_NE(e.find("with weight 1.5 at index 4"), std::string::npos) << "[" << e << "]";
+  // A mix left in pageable host memory is refused, not read by the kernel.
+  mix.weight[4] = 0.5f;
+  const LabelMix host = mix.host();
+  EXPECT_THROW(cuda::SoftmaxCrossEntropy(logits, dl.get(), nullptr, -1, 0.0, &host), Error);
+}
+
+// The mix staged with the rows and labels (ops/cuda/batch_stager.h), as the
+// forward_backward stage stages it, reaches the loss intact.
+TEST(SoftmaxCrossEntropyGPU, StagedMixMatchesCpu) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  const int64_t n = 64, k = 10;
+  BatchStager stager(kGpu);
+  const Tensor logits = RandomTensor(Shape{n, k}, 31, -3, 3, DType::kF32);
+  std::vector<int64_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) labels[i] = (i * 3) % k;
+  const HostMix mix(labels, 32);
+  const LabelMix hm = mix.host();
+  auto staged = stager.Stage(logits, labels.data(), &hm);  // the logits as the staged rows
+  ASSERT_NE(staged->mix(), nullptr);
+  staged->WaitForCopy();
+  Tensor d_gpu = Tensor::Empty(logits.shape(), DType::kF32, kGpu);
+  const LossResult gpu =
+      cuda::SoftmaxCrossEntropy(staged->inputs(), staged->labels(), &d_gpu, -1, 0.1, staged->mix());
+  staged->Release();
+  Tensor d_cpu = Tensor::Empty(logits.shape());
+  const LossResult cpu = SoftmaxCrossEntropy(logits, labels.data(), &d_cpu, -1, 0.1, &hm);
+  EXPECT_NEAR(gpu.loss, cpu.loss, 1e-5 * std::max(1.0, std::abs(cpu.loss)));
+  EXPECT_EQ(gpu.correct, cpu.correct);
+  EXPECT_LE(NormalisedError(d_cpu, d_gpu), 1e-5);
+  // Without a mix nothing is staged for it.
+  auto plain = stager.Stage(logits, labels.data());
+  EXPECT_EQ(plain->mix(), nullptr);
+}
+
 // ---------------------------------------------------------------- async loss, staging, idle
 
 // Labels in the memory of GPU `device`.
