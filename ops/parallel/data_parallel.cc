@@ -391,6 +391,31 @@ const Tensor& ReplicaSet::Infer(const Tensor& x, const ForwardContext& ctx) {
   return *out;
 }
 
+namespace {
+
+// Mixed targets (mixup, cutmix) copied to a GPU, and where they are.
+struct DeviceMix {
+  Tensor other, weight;
+  LabelMix mix;
+};
+
+// The mixed targets where a replica's loss reads them: the host's on a
+// CPU; on a GPU the staged copy, or (rows that were not staged) a copy
+// made now into `held`.
+const LabelMix* MixOn(Device device, const LabelMix* mix, const LabelMix* device_mix, int64_t n,
+                      DeviceMix& held) {
+  if (!device.is_cuda() || mix == nullptr) return mix;
+  if (device_mix != nullptr) return device_mix;
+  held.other = LabelTensor(mix->other, n, device);
+  held.weight = Tensor::Empty(Shape({n}), DType::kF32, device);
+  CopyBytes(device, held.weight.raw_data(), Device::Cpu(), mix->weight,
+            static_cast<size_t>(n) * sizeof(float));
+  held.mix = {held.other.data<int64_t>(), held.weight.data<float>()};
+  return &held.mix;
+}
+
+}  // namespace
+
 ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int64_t* labels,
                                                const ForwardContext& ctx, double grad_scale,
                                                double label_smoothing, bool reduce,
@@ -434,23 +459,8 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     }
     CNNFLOW_ENFORCE(labels_here != nullptr, "replica ", r, "'s shard has no labels on ",
                     rep.device.ToString());
-    // The mixed targets where the loss reads them: on a GPU, the staged copy
-    // or one made now.
-    const LabelMix* mix_here = mix;
-    Tensor mix_other, mix_weight;
-    LabelMix mix_copy;
-    if (rep.device.is_cuda() && mix != nullptr) {
-      mix_here = device_mix;
-      if (mix_here == nullptr) {
-        const int64_t n = x.dim(0);
-        mix_other = LabelTensor(mix->other, n, rep.device);
-        mix_weight = Tensor::Empty(Shape({n}), DType::kF32, rep.device);
-        CopyBytes(rep.device, mix_weight.raw_data(), Device::Cpu(), mix->weight,
-                  static_cast<size_t>(n) * sizeof(float));
-        mix_copy = {mix_other.data<int64_t>(), mix_weight.data<float>()};
-        mix_here = &mix_copy;
-      }
-    }
+    DeviceMix held;
+    const LabelMix* mix_here = MixOn(rep.device, mix, device_mix, x.dim(0), held);
     if (rep.idle) rep.idle->StartOfWork();
     const Tensor& logits = m.Forward(xd, c);
     Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype(), rep.device);
