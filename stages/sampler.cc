@@ -58,10 +58,9 @@ class SamplerStage final : public Stage {
     // each step, an empty part included; otherwise each process counts its
     // own shard's (equal when padded).
     global_batch_ = train && !pad_ ? replica_batch_ * run.replicas_total : 0;
-    batches_ = global_batch_ > 0
-                   ? PassBatches(data.size(), global_batch_, drop_last_, pass.max_batches)
-                   : PassBatches(static_cast<int64_t>(order_.size()), batch_, drop_last_,
-                                 pass.max_batches);
+    const bool global = global_batch_ > 0;
+    batches_ = PassBatches(global ? data.size() : static_cast<int64_t>(order_.size()),
+                           global ? global_batch_ : batch_, drop_last_, pass.max_batches);
     global_samples_ = data.size();
     // A resumed epoch starts after what was trained.
     pass.plan =

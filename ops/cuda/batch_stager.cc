@@ -118,7 +118,6 @@ std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor& inputs, co
   if (mix != nullptr) {
     staged->mix_.other = reinterpret_cast<const int64_t*>(dev + x_bytes + label_bytes);
     staged->mix_.weight = reinterpret_cast<const float*>(dev + x_bytes + 2 * label_bytes);
-    staged->mixed_ = true;
   }
   return staged;
 }

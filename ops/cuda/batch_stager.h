@@ -41,7 +41,7 @@ class BatchStager {
     const int64_t* labels() const { return labels_; }  // device memory
     // The mixed targets (mixup, cutmix) in device memory; null when none
     // were staged.
-    const LabelMix* mix() const { return mixed_ ? &mix_ : nullptr; }
+    const LabelMix* mix() const { return mix_.other != nullptr ? &mix_ : nullptr; }
     // Makes the device's compute stream wait for the copy.
     void WaitForCopy() const;
     void Release();
@@ -59,7 +59,6 @@ class BatchStager {
     Tensor inputs_;
     const int64_t* labels_ = nullptr;
     LabelMix mix_;
-    bool mixed_ = false;
   };
 
   // Starts copying `inputs` (host, contiguous) and its `labels` (n =

@@ -41,12 +41,6 @@ struct LossOut {
   float bad_weight;
 };
 
-// Mixed targets in device memory (LabelMix); null: the labels alone.
-struct DeviceMix {
-  const int64_t* other = nullptr;
-  const float* weight = nullptr;
-};
-
 struct LossScalars {
   double scale;  // of the gradient
   double eps;    // label smoothing
@@ -69,7 +63,7 @@ __device__ __forceinline__ double WarpSum(double v) {
 }
 
 // Whether row r's mixed-in label and weight are usable (as the CPU checks).
-__device__ __forceinline__ bool MixOk(const DeviceMix& mix, int64_t r, int64_t k) {
+__device__ __forceinline__ bool MixOk(const LabelMix& mix, int64_t r, int64_t k) {
   if (mix.other == nullptr) return true;
   const int64_t y2 = mix.other[r];
   const float w = mix.weight[r];
@@ -77,7 +71,7 @@ __device__ __forceinline__ bool MixOk(const DeviceMix& mix, int64_t r, int64_t k
 }
 
 template <typename T>
-__global__ void SoftmaxCrossEntropyRows(const T* z, const int64_t* labels, DeviceMix mix, T* dz,
+__global__ void SoftmaxCrossEntropyRows(const T* z, const int64_t* labels, LabelMix mix, T* dz,
                                         int64_t n, int64_t k, LossScalars s, double* row_loss,
                                         int* row_correct, LossOut* out) {
   const int lane = threadIdx.x % kWarp;
@@ -152,7 +146,7 @@ __global__ void SoftmaxCrossEntropyRows(const T* z, const int64_t* labels, Devic
 // One block: thread t sums rows t, t + T, ... in order, then a tree over the
 // threads; the order depends on n alone, so the sum is the same every run.
 __global__ void SumRows(const double* row_loss, const int* row_correct, const int64_t* labels,
-                        DeviceMix mix, int64_t n, LossOut* out) {
+                        LabelMix mix, int64_t n, LossOut* out) {
   __shared__ double loss[kReduceThreads];
   __shared__ long long correct[kReduceThreads];
   const int t = threadIdx.x;
@@ -279,15 +273,15 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
   if (n == 0) return std::make_unique<PendingLoss>(std::move(impl));
   CNNFLOW_ENFORCE(labels != nullptr, "softmax cross-entropy: no labels for ", n, " rows");
   CheckReadable(labels, logits, "labels");
-  DeviceMix dmix;
+  // Mixed targets in device memory; none (nulls): the labels alone.
+  LabelMix dmix;
   if (mix != nullptr) {
     CNNFLOW_ENFORCE(mix->other != nullptr && mix->weight != nullptr,
                     "softmax cross-entropy: a label mix without its labels or weights for ", n,
                     " rows");
     CheckReadable(mix->other, logits, "mixed-in labels");
     CheckReadable(mix->weight, logits, "mix weights");
-    dmix.other = mix->other;
-    dmix.weight = mix->weight;
+    dmix = *mix;
   }
   LossScalars s;
   s.scale = grad_scale < 0 ? 1.0 / static_cast<double>(n) : grad_scale;

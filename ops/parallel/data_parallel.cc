@@ -394,7 +394,7 @@ const Tensor& ReplicaSet::Infer(const Tensor& x, const ForwardContext& ctx) {
 namespace {
 
 // Mixed targets (mixup, cutmix) copied to a GPU, and where they are.
-struct DeviceMix {
+struct MixCopy {
   Tensor other, weight;
   LabelMix mix;
 };
@@ -403,7 +403,7 @@ struct DeviceMix {
 // CPU; on a GPU the staged copy, or (rows that were not staged) a copy
 // made now into `held`.
 const LabelMix* MixOn(Device device, const LabelMix* mix, const LabelMix* device_mix, int64_t n,
-                      DeviceMix& held) {
+                      MixCopy& held) {
   if (!device.is_cuda() || mix == nullptr) return mix;
   if (device_mix != nullptr) return device_mix;
   held.other = LabelTensor(mix->other, n, device);
@@ -459,7 +459,7 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     }
     CNNFLOW_ENFORCE(labels_here != nullptr, "replica ", r, "'s shard has no labels on ",
                     rep.device.ToString());
-    DeviceMix held;
+    MixCopy held;
     const LabelMix* mix_here = MixOn(rep.device, mix, device_mix, x.dim(0), held);
     if (rep.idle) rep.idle->StartOfWork();
     const Tensor& logits = m.Forward(xd, c);
