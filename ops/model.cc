@@ -206,8 +206,33 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
     m->ChooseChannelsLast();
     if (CpuBf16(options) && options.bf16_activations) m->ChooseBf16Activations();
   }
+  if (options.device.is_cuda() && options.memory_format == MemoryFormat::kChannelsLast &&
+      options.splitter == nullptr) {
+    m->ChooseChannelsLast();
+  }
   if (options.splitter != nullptr) options.splitter->Pair(*m);
   return m;
+}
+
+std::string Model::GpuChannelsLastRefusal(const std::vector<LayerSpec>& specs,
+                                          const Shape& input_shape) {
+  if (LayerRegistry::Get().Find("conv2d", kCudaVariant) == nullptr) return "";  // no CUDA here
+  std::unique_ptr<Model> m(new Model());
+  m->input_shape_ = input_shape;
+  const ModelOptions options{.device = Device::Cuda(0)};
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < specs.size(); ++i) m->AddLayer(specs, i, options, index);
+  for (int i = 0; i < m->num_layers(); ++i) {
+    bool four_d = m->out_shapes_[i].rank() == 3;
+    for (int j : m->input_index_[i]) {
+      four_d = four_d || (j < 0 ? input_shape : m->out_shapes_[j]).rank() == 3;
+    }
+    if (four_d && m->layers_[i]->ChannelsLastSupport() == Layer::ChannelsLast::kNo) {
+      return StrCat("layer '", specs[i].name, "' (", specs[i].type,
+                    ") has no channels-last GPU kernel yet");
+    }
+  }
+  return "";
 }
 
 // Layer i of `specs`: made (or split), wired to its inputs by name, and

@@ -45,7 +45,8 @@ struct LayerSpec {
 enum class InitScheme { kPytorchDefault, kXavierUniform, kKaimingNormal };
 
 // Where activations between layers are stored (Model::Build):
-// kAuto: channels-last with bf16 on CPUs, NCHW otherwise (graph.channels_last: auto).
+// kAuto: channels-last with bf16 on CPUs, NCHW otherwise (graph.channels_last: auto);
+// kChannelsLast: on CPUs and GPUs.
 enum class MemoryFormat { kAuto, kChannelsLast, kNchw };
 
 class Model;
@@ -105,6 +106,9 @@ class Model {
   // convolution; in f32 with memory_format kChannelsLast too, where
   // oneDNN's f32 convolutions read and write them as they are (AVX-512).
   // kNchw: every activation stays NCHW (also under tensor parallelism).
+  // On a GPU, kChannelsLast stores activations NHWC wherever every writer
+  // and reader can (cuDNN's NHWC convolutions, BatchNorm and pooling, the
+  // elementwise kernels), in any compute dtype; see GpuChannelsLastRefusal.
   // The model's input and output stay NCHW.
   // Of those, an activation that only convolutions read, written by a layer
   // that can write it in bf16 (Layer::WritesBf16: batchnorm), is stored in
@@ -125,6 +129,13 @@ class Model {
   // of a group holding its part), then pairs them.
   static std::unique_ptr<Model> Build(const std::vector<LayerSpec>& specs, const Shape& input_shape,
                                       const ModelOptions& options = {});
+  // graph.channels_last on GPUs, checked where the config is read (no GPU
+  // needed: the layers' CUDA classes are built on the host, never moved):
+  // "" when every layer that reads or writes a 4-D activation has a
+  // channels-last GPU kernel, else why not, naming the first that has none.
+  // "" in a build without CUDA. ConfigError for a layer without CUDA kernels.
+  static std::string GpuChannelsLastRefusal(const std::vector<LayerSpec>& specs,
+                                            const Shape& input_shape);
 
   // x: [N, input...] -> the last layer's output [N, out...]. Keeps the
   // activations that Backward needs; with ctx.keep_activations false it

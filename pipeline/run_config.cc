@@ -168,9 +168,11 @@ const Schema& GraphSectionSchema() {
                     "operation, and early training is full of them; false: IEEE")
           .Choice("channels_last", {"auto", "true", "false"}, "auto",
                   "activations stored [N, H, W, C] between the layers that can take them "
-                  "(conv2d, batchnorm, max-pooling, elementwise) on CPUs: auto: with bf16; "
-                  "true: in fp32 too, where oneDNN's convolutions read and write them without "
-                  "a reorder (CPUs with AVX-512); false: NCHW everywhere")
+                  "(conv2d, batchnorm, max/avg-pooling, elementwise): auto: on CPUs with "
+                  "bf16; true: on CPUs in fp32 too (oneDNN's convolutions read and write "
+                  "them without a reorder on AVX-512), on GPUs in every precision (cuDNN's "
+                  "NHWC kernels; a layer on 4-D activations without one is an error); "
+                  "false: NCHW everywhere")
           .Optional("pipeline", ParamType::kTree, std::string("{}"),
                     "model parallelism: {stages: [[layer, ...], ...] or auto, microbatches: M, "
                     "schedule: 1f1b | gpipe}; one stage per device")
@@ -630,20 +632,26 @@ void ReadPrecision(const YamlDoc& doc, const YAML::Node& graph, const Args& g, R
   }
 }
 
-// graph.channels_last: the activations' layout on CPU data-parallel replicas.
+// graph.channels_last: the activations' layout on data-parallel replicas
+// (ReadModel first: on GPUs every layer on 4-D activations must have a
+// channels-last kernel).
 void ReadMemoryFormat(const YamlDoc& doc, const YAML::Node& graph, const Args& g, RunConfig& c) {
   const std::string layout = g.String("channels_last");
   c.data_parallel.memory_format = layout == "true"    ? MemoryFormat::kChannelsLast
                                   : layout == "false" ? MemoryFormat::kNchw
                                                       : MemoryFormat::kAuto;
   if (c.data_parallel.memory_format != MemoryFormat::kChannelsLast) return;
-  const char* why = c.devices[0].is_cuda() ? "CPU devices only so far"
-                    : c.pipeline           ? "does not combine with graph.pipeline yet"
+  std::string why = c.pipeline ? "does not combine with graph.pipeline yet"
                     : c.data_parallel.tensor_parallel > 1
                         ? "does not combine with graph.tensor_parallel yet"
-                        : nullptr;
-  if (why != nullptr)
-    doc.Fail(graph["channels_last"], "graph.channels_last", StrCat("true: ", why));
+                        : "";
+  if (why.empty() && c.devices[0].is_cuda()) {
+    why = Model::GpuChannelsLastRefusal(c.layers, c.input_shape);
+    if (!why.empty()) why += " (set graph.channels_last: false)";
+  }
+  if (!why.empty())
+    doc.Fail(graph["channels_last"], "graph.channels_last",
+             StrCat("true on ", c.devices[0].ToString(), ": ", why));
 }
 
 // graph: devices, the gradient reduction, model parallelism, precision, the

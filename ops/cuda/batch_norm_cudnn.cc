@@ -16,6 +16,8 @@
 //    parameter gradients;
 //  - SyncBN (ForwardContext::sync_sum) is not supported on a GPU: an Error.
 // Running buffers are updated in place on the device.
+// Channels-last (Layer::SetChannelsLast: [N, C, H, W] stored NHWC): the same
+// calls on NHWC descriptors; the statistics stay [C].
 // Mixed precision: x, y, dy, dx are f16 or bf16, while the weight, bias,
 // their gradients, the running and the saved statistics stay f32 (cuDNN's
 // bnScaleBiasMeanVarDesc is f32 for half data: cudnnDeriveBNTensorDescriptor
@@ -90,6 +92,7 @@ class BatchNormCudnn : public BatchNormLayer {
   cudnnOpTensorDescriptor_t mul_desc_ = nullptr;
   std::vector<int64_t> dims_;  // what x_desc_ describes
   DType dtype_ = DType::kF32;  // and in which type
+  bool nhwc_ = false;          // and layout
   // Device state, [C] f32 each: constants for affine: false and for the
   // evaluation backward, the forward's batch statistics, and a scratch for
   // parameter gradients nobody wants ([2C]).
@@ -122,13 +125,14 @@ void BatchNormCudnn::Prepare(const Tensor& x) {
     CNNFLOW_CUDNN_CHECK(cudnnSetOpTensorDescriptor(mul_desc_, CUDNN_OP_TENSOR_MUL, CUDNN_DATA_FLOAT,
                                                    CUDNN_PROPAGATE_NAN));
   }
-  if (dims != dims_ || x.dtype() != dtype_) {
+  const bool nhwc = nhwc_input() && x.rank() == 4;
+  if (dims != dims_ || x.dtype() != dtype_ || nhwc != nhwc_) {
     const int d[4] = {static_cast<int>(dims[0]), static_cast<int>(dims[1]),
                       static_cast<int>(dims[2]), static_cast<int>(dims[3])};
+    const cudnnTensorFormat_t format = nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc_, format, type, d[0], d[1], d[2], d[3]));
     CNNFLOW_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(x_desc_, CUDNN_TENSOR_NCHW, type, d[0], d[1], d[2], d[3]));
-    CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x32_desc_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
-                                                   d[0], d[1], d[2], d[3]));
+        cudnnSetTensor4dDescriptor(x32_desc_, format, CUDNN_DATA_FLOAT, d[0], d[1], d[2], d[3]));
     CNNFLOW_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bn_desc_, x_desc_, kMode));
     // The statistics and parameters are f32 whatever x is: cuDNN must agree.
     cudnnDataType_t bn_type = CUDNN_DATA_FLOAT;
@@ -140,6 +144,7 @@ void BatchNormCudnn::Prepare(const Tensor& x) {
                     static_cast<int>(bn_type), ", not f32 (which this layer keeps them in)");
     dims_ = dims;
     dtype_ = x.dtype();
+    nhwc_ = nhwc;
   }
   if (!ones_.defined() || ones_.device() != dev) {
     // Once per device (a blocking copy), never in the steady state.

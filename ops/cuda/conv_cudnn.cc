@@ -29,6 +29,13 @@
 // bias gradient is summed by cuDNN in f32 from an f32 copy of dy, straight
 // into the f32 gradient (f32 in and out is the combination cuDNN surely
 // supports; biased convolutions are rare in mixed-precision nets).
+// Channels-last (graph.channels_last, Layer::SetChannelsLast): a conv2d with
+// either side NHWC computes all in NHWC, as PyTorch does (x, y and the
+// filter, KRSC: cuDNN's tensor-core kernels want them so); the weight is
+// copied to KRSC (in the compute dtype) every forward and its gradient
+// comes back KRSC into a scratch that is added, transposed, into the f32
+// KCRS gradient (cuda::ChangeLayout). A side stored NCHW (the model's input,
+// or a layer without a channels-last kernel) is converted on the way.
 #include <cudnn.h>
 
 #include <algorithm>
@@ -38,6 +45,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cuda/context.h"
@@ -171,6 +179,13 @@ class CudnnConv {
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;
 
+  // The layouts of x and y (true: NHWC), before the first Forward.
+  void SetLayouts(bool nhwc_in, bool nhwc_out) {
+    nhwc_in_ = nhwc_in;
+    nhwc_out_ = nhwc_out;
+    static_set_ = false;
+  }
+
   // x: [N, C, H, W] (or [N, C, L] with H = 1), w: the weight, bias: [K] or
   // null (both f32) -> y: [N, K, H', W'] (overwritten), in x's dtype.
   void Forward(const std::string& layer, const Conv2dGeometry& g, const Tensor& x, const Tensor& w,
@@ -224,6 +239,15 @@ class CudnnConv {
     return math.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   }
 
+  // The layout cuDNN computes in: NHWC when either side is.
+  bool nhwc() const { return nhwc_in_ || nhwc_out_; }
+  cudnnTensorFormat_t Format() const { return nhwc() ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW; }
+  // The weight cuDNN computes with: w itself (f32, NCHW), else w_compute_
+  // refreshed from it (x's dtype, KRSC when nhwc()).
+  const Tensor& ComputeWeight(const Tensor& w, const Tensor& x);
+  // `t` in the computing layout: itself, or converted into `*copy` (to NHWC).
+  const Tensor& InComputeLayout(const Tensor& t, bool t_nhwc, Tensor* copy) const;
+
   // x, y, filter and bias in the compute dtype; y32 and bias32 in f32 for
   // the bias gradient.
   cudnnTensorDescriptor_t x_desc_ = nullptr, y_desc_ = nullptr, bias_desc_ = nullptr;
@@ -238,9 +262,13 @@ class CudnnConv {
   std::string shape_key_;  // the geometry, batch and dtype: a picks file's key
   int device_ = -1;
   std::map<int64_t, Algos> algos_;  // by batch size
-  // Mixed precision: the weight and bias in the compute dtype, refreshed by
-  // each Forward and used by the Backward after it.
-  Tensor w_half_, b_half_;
+  // The weight and bias as cuDNN computes with them (mixed precision: in
+  // the compute dtype; channels-last: the weight KRSC), refreshed by each
+  // Forward and used by the Backward after it.
+  Tensor w_compute_, b_half_;
+  bool nhwc_in_ = false, nhwc_out_ = false;
+  // An NCHW x converted to NHWC by Forward, for the Backward after it.
+  Tensor x_nhwc_;
 };
 
 CudnnConv::~CudnnConv() {
@@ -286,8 +314,7 @@ CudnnConv::Algos& CudnnConv::Prepare(CudaContext& ctx, const std::string& layer,
     // Half data accumulates in f32 (PyTorch's choice too).
     const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
     CNNFLOW_CUDNN_CHECK(cudnnSetFilter4dDescriptor(
-        w_desc_, type, CUDNN_TENSOR_NCHW, k,
-        CudnnInt(g.in_per_group(), layer, "input channels per group"),
+        w_desc_, type, Format(), k, CudnnInt(g.in_per_group(), layer, "input channels per group"),
         CudnnInt(g.kernel_h, layer, "kernel height"), CudnnInt(g.kernel_w, layer, "kernel width")));
     for (auto* d : conv_desc_) {
       CNNFLOW_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
@@ -311,12 +338,11 @@ CudnnConv::Algos& CudnnConv::Prepare(CudaContext& ctx, const std::string& layer,
     const int oh = CudnnInt(g.out_h, layer, "output height");
     const int ow = CudnnInt(g.out_w, layer, "output width");
     CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-        x_desc_, CUDNN_TENSOR_NCHW, type, ni, CudnnInt(g.in_channels, layer, "input channels"),
+        x_desc_, Format(), type, ni, CudnnInt(g.in_channels, layer, "input channels"),
         CudnnInt(g.in_h, layer, "input height"), CudnnInt(g.in_w, layer, "input width")));
+    CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc_, Format(), type, ni, k, oh, ow));
     CNNFLOW_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(y_desc_, CUDNN_TENSOR_NCHW, type, ni, k, oh, ow));
-    CNNFLOW_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(y32_desc_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, ni, k, oh, ow));
+        cudnnSetTensor4dDescriptor(y32_desc_, Format(), CUDNN_DATA_FLOAT, ni, k, oh, ow));
     int on = 0, oc = 0, ch = 0, cw = 0;
     CNNFLOW_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv_desc_[kFwd], x_desc_, w_desc_,
                                                               &on, &oc, &ch, &cw));
@@ -325,10 +351,11 @@ CudnnConv::Algos& CudnnConv::Prepare(CudaContext& ctx, const std::string& layer,
                          "] differs from the layer's [", n, ", ", k, ", ", oh, ", ", ow, "]"));
     }
     desc_n_ = n;
-    shape_key_ = StrCat(DTypeName(dtype_), " n", n, " c", g.in_channels, " ", g.in_h, "x", g.in_w,
-                        " k", g.out_channels, " ", g.kernel_h, "x", g.kernel_w, " pad", g.pad_h,
-                        ",", g.pad_w, " stride", g.stride_h, ",", g.stride_w, " dilation",
-                        g.dilation_h, ",", g.dilation_w, " groups", g.groups);
+    shape_key_ =
+        StrCat(DTypeName(dtype_), " n", n, " c", g.in_channels, " ", g.in_h, "x", g.in_w, " k",
+               g.out_channels, " ", g.kernel_h, "x", g.kernel_w, " pad", g.pad_h, ",", g.pad_w,
+               " stride", g.stride_h, ",", g.stride_w, " dilation", g.dilation_h, ",", g.dilation_w,
+               " groups", g.groups, nhwc() ? " nhwc" : "");
   }
   return algos_[n];
 }
@@ -508,86 +535,128 @@ AlgoChoice CudnnConv::FindBackwardFilter(CudaContext& ctx, const std::string& la
       });
 }
 
+const Tensor& CudnnConv::ComputeWeight(const Tensor& w, const Tensor& x) {
+  if (!nhwc()) return ComputeCopy(w, x, &w_compute_);
+  if (!w_compute_.defined() || w_compute_.dtype() != x.dtype() ||
+      w_compute_.device() != x.device() || w_compute_.shape() != w.shape()) {
+    w_compute_ = Tensor::Empty(w.shape(), x.dtype(), x.device());
+  }
+  cuda::ChangeLayout(w, w_compute_, /*to_nhwc=*/true);
+  return w_compute_;
+}
+
+const Tensor& CudnnConv::InComputeLayout(const Tensor& t, bool t_nhwc, Tensor* copy) const {
+  if (!nhwc() || t_nhwc) return t;
+  *copy = Tensor::Empty(t.shape(), t.dtype(), t.device());
+  cuda::ChangeLayout(t, *copy, /*to_nhwc=*/true);
+  return *copy;
+}
+
 void CudnnConv::Forward(const std::string& layer, const Conv2dGeometry& g, const Tensor& x,
                         const Tensor& w, const Tensor* bias, Tensor& y) {
   CudaContext& ctx = CudaContext::For(x.device());
   detail::CudnnDataTypeOf(x.dtype(), layer);  // a clear error before any cast
   // Mixed precision: cuDNN computes with half copies of the f32 master
   // parameters, refreshed here (the optimizer has changed them).
-  const Tensor& wc = ComputeCopy(w, x, &w_half_);
+  const Tensor& wc = ComputeWeight(w, x);
   const Tensor* bc = bias == nullptr ? nullptr : &ComputeCopy(*bias, x, &b_half_);
-  Algos& a = Prepare(ctx, layer, g, x, wc);
+  const Tensor& xc = InComputeLayout(x, nhwc_in_, &x_nhwc_);
+  Algos& a = Prepare(ctx, layer, g, xc, wc);
   CNNFLOW_ENFORCE(y.is_contiguous() && y.dtype() == x.dtype() &&
                       y.numel() == x.dim(0) * g.out_channels * g.out_plane(),
                   layer, ": output ", y.shape(), " (", DTypeName(y.dtype()),
                   ") does not match [N, ", g.out_channels, ", ", g.out_h, ", ", g.out_w, "] in ",
                   DTypeName(x.dtype()));
-  if (!a.fwd.found) a.fwd = FindForward(ctx, layer, x, wc, y);
+  // An NCHW y of an NHWC convolution: computed NHWC, then converted.
+  Tensor y_nhwc;
+  if (nhwc() && !nhwc_out_) y_nhwc = Tensor::Empty(y.shape(), y.dtype(), y.device());
+  Tensor& yc = y_nhwc.defined() ? y_nhwc : y;
+  if (!a.fwd.found) a.fwd = FindForward(ctx, layer, xc, wc, yc);
   cudnnHandle_t h = ctx.cudnn();
   // Each batch size may have chosen another math type: set it every call
   // (a host-side field of the descriptor).
   CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_[kFwd], a.fwd.math));
   void* ws = ctx.Workspace(a.fwd.workspace);
   CNNFLOW_CUDNN_CHECK(
-      cudnnConvolutionForward(h, &kCudnnOne, x_desc_, x.raw_data(), w_desc_, wc.raw_data(),
+      cudnnConvolutionForward(h, &kCudnnOne, x_desc_, xc.raw_data(), w_desc_, wc.raw_data(),
                               conv_desc_[kFwd], static_cast<cudnnConvolutionFwdAlgo_t>(a.fwd.algo),
-                              ws, a.fwd.workspace, &kCudnnZero, y_desc_, y.raw_data()));
+                              ws, a.fwd.workspace, &kCudnnZero, y_desc_, yc.raw_data()));
   if (bc != nullptr) {
     CNNFLOW_CUDNN_CHECK(cudnnAddTensor(h, &kCudnnOne, bias_desc_, bc->raw_data(), &kCudnnOne,
-                                       y_desc_, y.raw_data()));
+                                       y_desc_, yc.raw_data()));
   }
+  if (y_nhwc.defined()) cuda::ChangeLayout(y_nhwc, y, /*to_nhwc=*/false);
 }
 
 void CudnnConv::Backward(const std::string& layer, const Conv2dGeometry& g, const Tensor& x,
                          const Tensor& w, const Tensor& dy, Tensor* dx, Tensor& dw, Tensor* db) {
   CudaContext& ctx = CudaContext::For(x.device());
   const bool mixed = x.dtype() != w.dtype();
-  if (mixed) {
-    CNNFLOW_ENFORCE(
-        w_half_.defined() && w_half_.dtype() == x.dtype() && w_half_.device() == x.device(), layer,
-        ": backward in ", DTypeName(x.dtype()),
-        " without a forward in it (no half copy of the weight)");
+  // cuDNN's weight gradient goes through a scratch: half, or KRSC.
+  const bool dw_scratch = mixed || nhwc();
+  if (dw_scratch) {
+    CNNFLOW_ENFORCE(w_compute_.defined() && w_compute_.dtype() == x.dtype() &&
+                        w_compute_.device() == x.device(),
+                    layer, ": backward in ", DTypeName(x.dtype()), nhwc() ? " channels-last" : "",
+                    " without a forward in it (no compute copy of the weight)");
   }
-  const Tensor& wc = mixed ? w_half_ : w;
-  Algos& a = Prepare(ctx, layer, g, x, wc);
+  const Tensor& wc = dw_scratch ? w_compute_ : w;
+  const bool convert_x = nhwc() && !nhwc_in_;
+  if (convert_x) {
+    CNNFLOW_ENFORCE(x_nhwc_.defined() && x_nhwc_.shape() == x.shape(), layer,
+                    ": backward without a matching forward (no NHWC copy of x ", x.shape(), ")");
+  }
+  const Tensor& xc = convert_x ? x_nhwc_ : x;
+  Algos& a = Prepare(ctx, layer, g, xc, wc);
   CNNFLOW_ENFORCE(dy.is_contiguous() && dy.dtype() == x.dtype() &&
                       dy.numel() == x.dim(0) * g.out_channels * g.out_plane(),
                   layer, ": output gradient ", dy.shape(), " (", DTypeName(dy.dtype()),
                   ") does not match [N, ", g.out_channels, ", ", g.out_h, ", ", g.out_w, "] in ",
                   DTypeName(x.dtype()));
+  Tensor dy_nhwc;
+  const Tensor& dyc = InComputeLayout(dy, nhwc_out_, &dy_nhwc);
   cudnnHandle_t h = ctx.cudnn();
   if (dx != nullptr) {
     CNNFLOW_ENFORCE(dx->is_contiguous() && dx->numel() == x.numel() && dx->dtype() == x.dtype(),
                     layer, ": input gradient ", dx->shape(), " (", DTypeName(dx->dtype()),
                     ") does not match the input ", x.shape(), " (", DTypeName(x.dtype()), ")");
-    if (!a.bwd_data.found) a.bwd_data = FindBackwardData(ctx, layer, wc, dy, *dx);
+    Tensor dx_nhwc;  // an NCHW dx: computed NHWC, then converted
+    if (convert_x) dx_nhwc = Tensor::Empty(x.shape(), x.dtype(), x.device());
+    Tensor& dxc = convert_x ? dx_nhwc : *dx;
+    if (!a.bwd_data.found) a.bwd_data = FindBackwardData(ctx, layer, wc, dyc, dxc);
     CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_[kBwdData], a.bwd_data.math));
     void* ws = ctx.Workspace(a.bwd_data.workspace);
     std::optional<cuda::GpuSpan> span;  // --trace: the two passes apart
     if (Tracer::on()) span.emplace(x.device(), "gpu backward-data", layer);
     CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardData(
-        h, &kCudnnOne, w_desc_, wc.raw_data(), y_desc_, dy.raw_data(), conv_desc_[kBwdData],
+        h, &kCudnnOne, w_desc_, wc.raw_data(), y_desc_, dyc.raw_data(), conv_desc_[kBwdData],
         static_cast<cudnnConvolutionBwdDataAlgo_t>(a.bwd_data.algo), ws, a.bwd_data.workspace,
-        &kCudnnZero, x_desc_, dx->raw_data()));
+        &kCudnnZero, x_desc_, dxc.raw_data()));
+    if (convert_x) cuda::ChangeLayout(dx_nhwc, *dx, /*to_nhwc=*/false);
   }
   CNNFLOW_ENFORCE(dw.is_contiguous() && dw.numel() == w.numel() && dw.device() == x.device() &&
                       dw.dtype() == w.dtype(),
                   layer, ": weight gradient ", dw.shape(), " (", DTypeName(dw.dtype()),
                   ") does not match the weight ", w.shape(), " (", DTypeName(w.dtype()), ")");
-  if (!a.bwd_filter.found) a.bwd_filter = FindBackwardFilter(ctx, layer, x, dy, wc);
+  if (!a.bwd_filter.found) a.bwd_filter = FindBackwardFilter(ctx, layer, xc, dyc, wc);
   CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_[kBwdFilter], a.bwd_filter.math));
   void* ws = ctx.Workspace(a.bwd_filter.workspace);
-  // Parameter gradients accumulate (ops/layer.h): beta = 1 in f32; in mixed
-  // precision cuDNN writes a half scratch that is added in f32.
-  Tensor dw_half;
-  if (mixed) dw_half = Tensor::Empty(w.shape(), x.dtype(), x.device());
+  // Parameter gradients accumulate (ops/layer.h): beta = 1 in f32 NCHW;
+  // else cuDNN writes a scratch that is added in f32 (transposed from KRSC).
+  Tensor dw_c;
+  if (dw_scratch) dw_c = Tensor::Empty(w.shape(), x.dtype(), x.device());
   std::optional<cuda::GpuSpan> span;
   if (Tracer::on()) span.emplace(x.device(), "gpu backward-weights", layer);
   CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-      h, &kCudnnOne, x_desc_, x.raw_data(), y_desc_, dy.raw_data(), conv_desc_[kBwdFilter],
+      h, &kCudnnOne, x_desc_, xc.raw_data(), y_desc_, dyc.raw_data(), conv_desc_[kBwdFilter],
       static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.bwd_filter.algo), ws, a.bwd_filter.workspace,
-      mixed ? &kCudnnZero : &kCudnnOne, w_desc_, mixed ? dw_half.raw_data() : dw.raw_data()));
-  if (mixed) cuda::AddCast(dw_half, dw);
+      dw_scratch ? &kCudnnZero : &kCudnnOne, w_desc_,
+      dw_scratch ? dw_c.raw_data() : dw.raw_data()));
+  if (nhwc()) {
+    cuda::ChangeLayout(dw_c, dw, /*to_nhwc=*/false, /*accumulate=*/true);
+  } else if (mixed) {
+    cuda::AddCast(dw_c, dw);
+  }
   span.reset();
   if (db != nullptr) {
     CNNFLOW_ENFORCE(db->is_contiguous() && db->numel() == g.out_channels &&
@@ -595,10 +664,10 @@ void CudnnConv::Backward(const std::string& layer, const Conv2dGeometry& g, cons
                     layer, ": bias gradient ", db->shape(), " (", DTypeName(db->dtype()),
                     ") is not ", g.out_channels, " f32 values on ", x.device().ToString());
     // Summed in f32 into the f32 gradient (see the top of the file).
-    Tensor dy32 = dy;
+    Tensor dy32 = dyc;
     if (mixed) {
-      dy32 = Tensor::Empty(dy.shape(), DType::kF32, dy.device());
-      cuda::Cast(dy, dy32);
+      dy32 = Tensor::Empty(dyc.shape(), DType::kF32, dyc.device());
+      cuda::Cast(dyc, dy32);
     }
     CNNFLOW_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kCudnnOne, y32_desc_, dy32.raw_data(),
                                                      &kCudnnOne, bias32_desc_, db->raw_data()));
@@ -614,6 +683,16 @@ class ConvCudnn : public Base {
   // The cuDNN kernels run no ReLU epilogue: the relu stays a layer.
   bool FuseRelu() override { return false; }
   using Base::Base;
+
+  // conv2d: cuDNN takes either side NHWC (conv1d's samples are not 4-D).
+  Layer::ChannelsLast ChannelsLastSupport() const override {
+    return std::is_same_v<Base, Conv2d> ? Layer::ChannelsLast::kConverts : Layer::ChannelsLast::kNo;
+  }
+  // Not Conv2d's: its oneDNN state is the CPU's.
+  void SetChannelsLast(const std::vector<bool>& inputs, bool output) override {
+    Layer::SetChannelsLast(inputs, output);
+    conv_.SetLayouts(this->nhwc_input(), output);
+  }
 
   void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) override {
     CNNFLOW_ENFORCE(x.size() == 1 && x[0] != nullptr, Label(), " takes one input");

@@ -32,6 +32,7 @@ void Cast(const Tensor&, Tensor&) { detail::NoCuda(); }
 void SetMath(Device, const GpuMathOptions&) { detail::NoCuda(); }
 void SetCudnnPicksFile(const std::string&, bool) {}  // no GPU, no picks
 void AddCast(const Tensor&, Tensor&) { detail::NoCuda(); }
+void ChangeLayout(const Tensor&, Tensor&, bool, bool) { detail::NoCuda(); }
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>&, float) { detail::NoCuda(); }
 LossResult SoftmaxCrossEntropy(const Tensor&, const int64_t*, Tensor*, double, double,
                                const LabelMix*) {

@@ -37,6 +37,11 @@ void Cast(const Tensor& src, Tensor& dst);
 // dst += src, src in f16/bf16/f32, dst f32 (a half-precision parameter
 // gradient added into the f32 one).
 void AddCast(const Tensor& src, Tensor& dst);
+// Channels-last (graph.channels_last on GPUs): src and dst hold the same
+// [N, C, H, W] tensor, one stored NCHW and the other NHWC; to_nhwc: src is
+// the NCHW one. dst = src in dst's storage and dtype (f32, f16, bf16, as
+// Cast), or with accumulate dst += src (dst f32: a weight gradient).
+void ChangeLayout(const Tensor& src, Tensor& dst, bool to_nhwc, bool accumulate = false);
 // Multiplies every f32 tensor by inv_scale in place and returns whether any
 // element (before scaling) is inf or NaN; waits for the answer (as
 // torch._amp_foreach_non_finite_check_and_unscale_). The tensors are on one GPU.

@@ -1,11 +1,14 @@
-// mul on a GPU (ops/layers/mul.h), f32: the broadcast product of two inputs
-// or a constant scale; ds sums dy x over the broadcast dimensions, one
-// block per element of s (ops/cuda/broadcast_mul.cuh).
+// mul on a GPU (ops/layers/mul.h): the broadcast product of two inputs (f32)
+// or a constant scale (f32, or f16/bf16 under mixed precision: computed in
+// f32, rounded once); ds sums dy x over the broadcast dimensions, one block
+// per element of s (ops/cuda/broadcast_mul.cuh).
 #include <cuda_runtime.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "ops/cuda/broadcast_mul.cuh"
+#include "ops/cuda/elementwise.h"
 #include "ops/cuda/map.cuh"
 #include "ops/layers/mul.h"
 
@@ -25,6 +28,32 @@ struct ScaleOp {
   }
 };
 
+template <typename T>
+struct ScaleT {
+  const T* x;
+  T* y;
+  float a;
+  __device__ void Scalar(int64_t i) const { y[i] = FromFloat<T>(a * ToFloat(x[i])); }
+  CNNFLOW_VECTOR_BY_SCALARS
+};
+
+// y = a * x, any float type (the same for both).
+void ScaleInto(const Tensor& x, Tensor& y, double a, cudaStream_t stream) {
+  if (x.dtype() == DType::kF32) {
+    const float* xs = x.data<float>();
+    float* ys = y.data<float>();
+    LaunchMap(ScaleOp{xs, ys, static_cast<float>(a)}, x.numel(), Aligned16(xs) && Aligned16(ys),
+              stream);
+    return;
+  }
+  DispatchGpuFloat(x.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    LaunchMap(ScaleT<T>{static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()),
+                        static_cast<float>(a)},
+              x.numel(), true, stream);
+  });
+}
+
 class CudaMulLayer : public MulLayer {
  public:
   using MulLayer::MulLayer;
@@ -33,18 +62,17 @@ class CudaMulLayer : public MulLayer {
                const ForwardContext& /*ctx*/) override {
     const Tensor& in = *x[0];
     const int64_t n = in.dim(0);
-    CheckGpuF32(in, StrCat("mul '", name(), "' x"));
-    CheckGpuF32(y, StrCat("mul '", name(), "' output"));
     CNNFLOW_ENFORCE(in.numel() == n * factor_size() * repeat() && y.numel() == in.numel(), "mul ",
                     name(), ": ", in.shape(), " -> ", y.shape());
     CudaContext& c = CudaContext::For(in.device());
     if (has_scale()) {
-      const float* xs = in.data<float>();
-      float* ys = y.data<float>();
-      LaunchMap(ScaleOp{xs, ys, static_cast<float>(scale())}, in.numel(),
-                Aligned16(xs) && Aligned16(ys), c.stream());
+      CheckGpuFloat(in, StrCat("mul '", name(), "' x"));
+      CheckSameType(in, y, StrCat("mul '", name(), "' x and output"));
+      ScaleInto(in, y, scale(), c.stream());
       return;
     }
+    CheckGpuF32(in, StrCat("mul '", name(), "' x"));
+    CheckGpuF32(y, StrCat("mul '", name(), "' output"));
     const Tensor& s = *x[1];
     CheckGpuF32(s, StrCat("mul '", name(), "' s"));
     CNNFLOW_ENFORCE(s.numel() == n * factor_size(), "mul ", name(), ": s ", s.shape());
@@ -54,19 +82,18 @@ class CudaMulLayer : public MulLayer {
 
   void Backward(const std::vector<const Tensor*>& x, const Tensor& /*y*/, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override {
-    CheckGpuF32(dy, StrCat("mul '", name(), "' dy"));
     const int64_t n = dy.dim(0);
     CudaContext& c = CudaContext::For(dy.device());
-    for (Tensor* d : dx) {
-      if (d != nullptr) CheckGpuF32(*d, StrCat("mul '", name(), "' dx"));
-    }
     if (has_scale()) {
       if (dx[0] == nullptr) return;
-      const float* g = dy.data<float>();
-      float* d = dx[0]->data<float>();
-      LaunchMap(ScaleOp{g, d, static_cast<float>(scale())}, dy.numel(),
-                Aligned16(g) && Aligned16(d), c.stream());
+      CheckGpuFloat(dy, StrCat("mul '", name(), "' dy"));
+      CheckSameType(dy, *dx[0], StrCat("mul '", name(), "' dy and dx"));
+      ScaleInto(dy, *dx[0], scale(), c.stream());
       return;
+    }
+    CheckGpuF32(dy, StrCat("mul '", name(), "' dy"));
+    for (Tensor* d : dx) {
+      if (d != nullptr) CheckGpuF32(*d, StrCat("mul '", name(), "' dx"));
     }
     if (dx[1] != nullptr) {
       RowDots(dy.data<float>(), x[0]->data<float>(), dx[1]->data<float>(), n * factor_size(),

@@ -17,6 +17,10 @@
 // data as it is: a max is exact, an average is summed in f32 and rounded
 // once). Descriptors are made once and re-set only when the shape or dtype
 // changes. One class template serves the five layer types (PoolCudnn).
+// Channels-last (Layer::SetChannelsLast): maxpool2d and avgpool2d pool NHWC
+// tensors on NHWC descriptors (not a ceil_mode size that rounded up: those
+// kernels are NCHW only); global_avgpool reads either layout (its output
+// [N, C, 1, 1] is the same memory in both).
 #include <cudnn.h>
 
 #include <string>
@@ -44,6 +48,7 @@ struct PoolSpec {
   int64_t kernel_h = 1, kernel_w = 1, pad_h = 0, pad_w = 0, stride_h = 1, stride_w = 1;
   int64_t n = 0, c = 0, h = 0, w = 0, out_h = 0, out_w = 0;
   DType dtype = DType::kF32;
+  bool nhwc = false;  // x and y stored [n, h, w, c]
 
   bool SameWindow(const PoolSpec& o) const {
     return mode == o.mode && kernel_h == o.kernel_h && kernel_w == o.kernel_w && pad_h == o.pad_h &&
@@ -51,7 +56,7 @@ struct PoolSpec {
   }
   bool SameShape(const PoolSpec& o) const {
     return n == o.n && c == o.c && h == o.h && w == o.w && out_h == o.out_h && out_w == o.out_w &&
-           dtype == o.dtype;
+           dtype == o.dtype && nhwc == o.nhwc;
   }
 };
 
@@ -118,12 +123,13 @@ class CudnnPool {
     }
     if (!shape_set_ || !spec.SameShape(spec_)) {
       const cudnnDataType_t type = detail::CudnnDataTypeOf(spec.dtype, layer);
-      CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc_, CUDNN_TENSOR_NCHW, type,
-                                                     ToInt(spec.n, layer), ToInt(spec.c, layer),
-                                                     ToInt(spec.h, layer), ToInt(spec.w, layer)));
-      CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-          y_desc_, CUDNN_TENSOR_NCHW, type, ToInt(spec.n, layer), ToInt(spec.c, layer),
-          ToInt(spec.out_h, layer), ToInt(spec.out_w, layer)));
+      const cudnnTensorFormat_t format = spec.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+      CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc_, format, type, ToInt(spec.n, layer),
+                                                     ToInt(spec.c, layer), ToInt(spec.h, layer),
+                                                     ToInt(spec.w, layer)));
+      CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc_, format, type, ToInt(spec.n, layer),
+                                                     ToInt(spec.c, layer), ToInt(spec.out_h, layer),
+                                                     ToInt(spec.out_w, layer)));
       shape_set_ = true;
       changed = true;
     }
@@ -148,8 +154,9 @@ class CudnnPool {
   PoolSpec spec_;
 };
 
-PoolSpec Spec2d(cudnnPoolingMode_t mode, const Pool2dGeometry& g, const Tensor& x) {
+PoolSpec Spec2d(cudnnPoolingMode_t mode, const Pool2dGeometry& g, const Tensor& x, bool nhwc) {
   PoolSpec s;
+  s.nhwc = nhwc;
   s.mode = mode;
   s.kernel_h = g.kernel_h;
   s.kernel_w = g.kernel_w;
@@ -196,10 +203,10 @@ const Tensor& OneInput(const std::vector<const Tensor*>& x, const std::string& l
 
 // Spec makers: the window and shapes of each layer type for input x.
 PoolSpec MaxPool2dSpec(const MaxPool2d& l, const Tensor& x) {
-  return Spec2d(CUDNN_POOLING_MAX_DETERMINISTIC, l.geometry(), x);
+  return Spec2d(CUDNN_POOLING_MAX_DETERMINISTIC, l.geometry(), x, l.nhwc_input());
 }
 PoolSpec AvgPool2dSpec(const AvgPool2d& l, const Tensor& x) {
-  return Spec2d(AvgMode(l.count_include_pad()), l.geometry(), x);
+  return Spec2d(AvgMode(l.count_include_pad()), l.geometry(), x, l.nhwc_input());
 }
 PoolSpec MaxPool1dSpec(const MaxPool1d& l, const Tensor& x) {
   return Spec1d(CUDNN_POOLING_MAX_DETERMINISTIC, l.geometry(), x);
@@ -222,6 +229,7 @@ PoolSpec GlobalAvgPoolSpec(const GlobalAvgPool& l, const Tensor& x) {
   s.kernel_w = s.stride_w = s.w;
   s.out_h = s.out_w = 1;
   s.dtype = x.dtype();
+  s.nhwc = l.nhwc_input() && x.rank() == 4;
   return s;
 }
 
@@ -231,6 +239,16 @@ template <typename Base, PoolSpec (*MakeSpec)(const Base&, const Tensor&)>
 class PoolCudnn : public Base {
  public:
   using Base::Base;
+
+  Layer::ChannelsLast ChannelsLastSupport() const override {
+    if constexpr (std::is_same_v<Base, GlobalAvgPool>) {
+      return Layer::ChannelsLast::kConverts;  // [N, C, 1, 1] out: either layout
+    } else if constexpr (std::is_base_of_v<Pool2dBase, Base>) {
+      return HangsOver() ? Layer::ChannelsLast::kNo : Layer::ChannelsLast::kFollows;
+    } else {
+      return Layer::ChannelsLast::kNo;
+    }
+  }
 
   void Forward(const std::vector<const Tensor*>& x, Tensor& y, const ForwardContext&) override {
     const Tensor& in = OneInput(x, Label());

@@ -59,13 +59,17 @@ struct GpuCpuComparison {
 
 // Forward (training or eval) and backward of `specs` on a batch of n samples
 // of `sample_shape`, on the CPU in f32 and on cuda:0 computing in `compute`
-// (f32, or f16/bf16 with f32 parameters: mixed precision).
+// (f32, or f16/bf16 with f32 parameters: mixed precision), its activations
+// stored as `layout` says (the CPU's stay NCHW).
 inline GpuCpuComparison CompareWithCpu(const std::vector<LayerSpec>& specs,
                                        const Shape& sample_shape, int64_t n, bool training = true,
-                                       uint64_t seed = 5, DType compute = DType::kF32) {
-  auto cpu = Model::Build(specs, sample_shape, {.seed = seed});
-  auto gpu = Model::Build(specs, sample_shape,
-                          {.seed = seed, .device = Device::Cuda(0), .compute = compute});
+                                       uint64_t seed = 5, DType compute = DType::kF32,
+                                       MemoryFormat layout = MemoryFormat::kNchw) {
+  auto cpu =
+      Model::Build(specs, sample_shape, {.seed = seed, .memory_format = MemoryFormat::kNchw});
+  auto gpu = Model::Build(
+      specs, sample_shape,
+      {.seed = seed, .device = Device::Cuda(0), .compute = compute, .memory_format = layout});
   const Tensor x = RandomTensor(sample_shape.WithBatch(n), seed + 1, -1, 1, DType::kF32);
   ForwardContext ctx;
   ctx.training = training;

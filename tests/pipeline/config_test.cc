@@ -379,7 +379,9 @@ TEST_F(ConfigTest, MixupAndCutmixValidateOnAGpu) {
 }
 
 // graph.channels_last: auto (the default), true or false; true only where
-// the model is one data-parallel replica per CPU device.
+// the model is data-parallel replicas (not a pipeline), and on GPUs where
+// every layer on 4-D activations has a channels-last kernel (checked on the
+// host: no GPU needed).
 TEST_F(ConfigTest, ChannelsLastIsAutoTrueOrFalse) {
   EXPECT_EQ(LoadRunConfig(Write(kGood)).data_parallel.memory_format, MemoryFormat::kAuto);
   EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.channels_last=true"}).data_parallel.memory_format,
@@ -388,8 +390,20 @@ TEST_F(ConfigTest, ChannelsLastIsAutoTrueOrFalse) {
             MemoryFormat::kNchw);
   testing::ExpectContains(ErrorOf(kGood, {"graph.channels_last=nhwc"}),
                           {"channels_last", "'nhwc'", "auto, true, false"});
-  testing::ExpectContains(ErrorOf(kGood, {"graph.channels_last=true", "graph.devices=[cuda:0]"}),
-                          {"graph.channels_last", "CPU devices only"});
+#if defined(CNNFLOW_WITH_CUDA)
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.channels_last=true", "graph.devices=[cuda:0]"})
+                .data_parallel.memory_format,
+            MemoryFormat::kChannelsLast);
+  const std::string upsampled = Replace(kGood, "    - {name: pool1, maxpool2d: {kernel: 2}}\n",
+                                        "    - {name: up, upsample: {scale: 2}}\n"
+                                        "    - {name: pool1, maxpool2d: {kernel: 4}}\n");
+  testing::ExpectContains(
+      ErrorOf(upsampled, {"graph.channels_last=true", "graph.devices=[cuda:0]"}),
+      {"graph.channels_last", "cuda:0", "'up' (upsample)", "channels-last GPU kernel",
+       "graph.channels_last: false"});
+  EXPECT_EQ(LoadRunConfig(Write(upsampled), {"graph.devices=[cuda:0]"}).data_parallel.memory_format,
+            MemoryFormat::kAuto);
+#endif
   testing::ExpectContains(
       ErrorOf(kGood, {"graph.channels_last=true", "graph.devices=[cpu:0, cpu:1]",
                       "graph.pipeline={stages: auto}"}),
