@@ -114,7 +114,7 @@ void CheckCase(const Case& k) {
   }
   EXPECT_EQ(off_by_one_caught, off_by_one_tries);
   EXPECT_GT(off_by_one_tries, 2 * draws);  // nearly every moved draw reads other pixels
-  EXPECT_GT(flips, draws / 4);  // both flips are exercised
+  EXPECT_GT(flips, draws / 4);             // both flips are exercised
   EXPECT_LT(flips, 3 * draws / 4);
 }
 
