@@ -9,6 +9,7 @@
 #include <memory>
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -330,6 +331,43 @@ AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uin
   if (options.trivial_augment) DrawTrivial(key, &p);
   if (Jitters(options)) DrawJitter(options, key, &p);
   return p;
+}
+
+std::string CropFlipUnsupported(const AugmentOptions& o) {
+  if (o.resize_min_side > 0) return "resize_min_side";
+  if (o.random_resized_crop) return "random_resized_crop";
+  if (o.erase_p > 0) return "erase";
+  if (o.trivial_augment) return "trivial_augment";
+  if (Jitters(o)) return "color_jitter";
+  return "";
+}
+
+CropFlipGeometry CropFlipGeometryOf(const AugmentOptions& o, int c, int h, int w) {
+  CropFlipGeometry g;
+  g.channels = c;
+  g.h = h;
+  g.w = w;
+  g.out_h = o.out_h;
+  g.out_w = o.out_w;
+  g.pad = o.pad;
+  g.reflect = o.pad_mode == PadMode::kReflect && o.pad > 0;
+  return g;
+}
+
+CropFlipDraw DrawCropFlip(const AugmentOptions& o, int h, int w, uint64_t seed, int64_t epoch,
+                          int64_t sample_index, int32_t image) {
+  const AugmentParams p = DrawAugmentParams(h, w, o, seed, epoch, sample_index);
+  return {image, p.top, p.left, p.flip ? 1 : 0};
+}
+
+void CropFlipNormalisation(const AugmentOptions& o, int c, std::vector<float>* mean,
+                           std::vector<float>* std) {
+  mean->assign(c, 0.f);
+  std->assign(c, 1.f);
+  for (int ch = 0; ch < c; ++ch) {
+    if (!o.mean.empty()) (*mean)[ch] = o.mean[o.mean.size() == 1 ? 0 : ch];
+    if (!o.std.empty()) (*std)[ch] = o.std[o.std.size() == 1 ? 0 : ch];
+  }
 }
 
 namespace {

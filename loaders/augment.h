@@ -13,9 +13,11 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "loaders/image_ops.h"
+#include "ops/crop_flip.h"
 
 namespace cnnflow {
 
@@ -137,6 +139,24 @@ ImageSize ResizedSize(int h, int w, int resize_min_side);
 // random flip does.
 AugmentParams DrawAugmentParams(int h, int w, const AugmentOptions& options, uint64_t seed,
                                 int64_t epoch, int64_t sample_index);
+
+// The device-resident data set's view of these options (ops/crop_flip.h):
+// the GPU applies pad, pad_mode, random_crop, hflip (true or alternate) and
+// the normalisation, with the CPU loader's own draws. Returns "" when that
+// covers `options`, else the first key it does not ("resize_min_side",
+// "random_resized_crop", "erase", "trivial_augment", "color_jitter").
+std::string CropFlipUnsupported(const AugmentOptions& options);
+// The geometry of [c, h, w] source images under `options` (reflect only
+// where pad > 0, as the loader).
+CropFlipGeometry CropFlipGeometryOf(const AugmentOptions& options, int c, int h, int w);
+// Sample sample_index's draw for epoch `epoch`: DrawAugmentParams itself (the
+// loader's draw), as the GPU takes it; `image` is its row in the resident set.
+CropFlipDraw DrawCropFlip(const AugmentOptions& options, int h, int w, uint64_t seed, int64_t epoch,
+                          int64_t sample_index, int32_t image);
+// The normalisation's per-channel mean and std for c channels (empty: 0 and
+// 1; one value: every channel), as the loader's table takes them.
+void CropFlipNormalisation(const AugmentOptions& options, int c, std::vector<float>* mean,
+                           std::vector<float>* std);
 
 // Options checked once, normalisation tables built once: use one per loader
 // stage. Run() is const and thread-safe.

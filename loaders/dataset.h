@@ -12,12 +12,25 @@
 
 namespace cnnflow {
 
+struct AugmentOptions;  // loaders/augment.h
+
+// A decoded image before augmentation, HWC uint8 [h, w, c], as the
+// augmenter reads it.
+struct DecodedImage {
+  std::vector<uint8_t> hwc;
+  int h = 0, w = 0, c = 0;
+};
+
 // What a read may depend on: augmentation is seeded by (seed, epoch,
 // sample index) and happens only in training passes.
 struct ReadContext {
   uint64_t seed = 0;
   int64_t epoch = 0;
   bool train = true;
+  // Set by the one decode of a device-resident copy (data.device_resident):
+  // the image sources leave the decoded image here instead of augmenting
+  // it (dst is not written); other sources ignore it.
+  DecodedImage* decoded = nullptr;
 };
 
 // The outcome of reading one sample. A bad record (corrupt JPEG, short
@@ -51,6 +64,9 @@ class Dataset {
   }
   // Whether a FuseNormalize took it.
   virtual bool normalizes() const { return false; }
+  // The training passes' augmentation of an image source (whose Read
+  // honours ReadContext::decoded); null for the others.
+  virtual const AugmentOptions* train_augment() const { return nullptr; }
   // The record's name in the source (an LMDB key, a file), for reports.
   virtual std::string Key(int64_t index) const { return StrCat("#", index); }
   // Where the data comes from, for messages.

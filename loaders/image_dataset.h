@@ -17,6 +17,7 @@ class ImageDataset : public Dataset {
     return decoder_->FuseNormalize(mean, std);
   }
   bool normalizes() const override { return decoder_->normalizes(); }
+  const AugmentOptions* train_augment() const override { return &decoder_->train_options(); }
 
  protected:
   std::unique_ptr<ImageSampleDecoder> decoder_;  // made by the source's constructor

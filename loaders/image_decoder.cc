@@ -514,6 +514,13 @@ std::string ImageSampleDecoder::DecodeEncoded(const uint8_t* data, size_t size,
 
 void ImageSampleDecoder::AugmentPixels(const uint8_t* hwc, int h, int w, const ReadContext& ctx,
                                        int64_t index, float* dst) const {
+  if (ctx.decoded != nullptr) {
+    ctx.decoded->hwc.assign(hwc, hwc + static_cast<size_t>(h) * w * channels_);
+    ctx.decoded->h = h;
+    ctx.decoded->w = w;
+    ctx.decoded->c = channels_;
+    return;
+  }
   (ctx.train ? *train_ : *eval_).Run(hwc, h, w, channels_, ctx.seed, ctx.epoch, index, dst);
 }
 

@@ -96,11 +96,13 @@ class ImageSampleDecoder {
   // normalisation). Returns the decoder's error ("" when ok).
   std::string DecodeEncoded(const uint8_t* data, size_t size, const ReadContext& ctx, int64_t index,
                             float* dst) const;
-  // HWC uint8 [h, w, C] -> dst.
+  // HWC uint8 [h, w, C] -> dst; with ctx.decoded, the pixels go there
+  // instead (dst is not written).
   void AugmentPixels(const uint8_t* hwc, int h, int w, const ReadContext& ctx, int64_t index,
                      float* dst) const;
 
   int channels() const { return channels_; }
+  const AugmentOptions& train_options() const { return train_options_; }
   // Dataset::FuseNormalize for the image sources: the augmenters write
   // (v / 255 - mean) / std. False (nothing changed) when mean/std do not fit
   // the channels, so the transform reports it.

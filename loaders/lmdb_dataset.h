@@ -37,6 +37,9 @@ class LmdbDataset : public Dataset {
     return decoder_ != nullptr && !series_ && decoder_->FuseNormalize(mean, std);
   }
   bool normalizes() const override { return decoder_ != nullptr && decoder_->normalizes(); }
+  const AugmentOptions* train_augment() const override {
+    return decoder_ != nullptr && !series_ ? &decoder_->train_options() : nullptr;
+  }
   std::string Key(int64_t index) const override;
   std::string description() const override;
 

@@ -205,7 +205,11 @@ const Schema& DataSchema() {
                     "list of transforms: [{normalize: {mean: [...], std: [...]}}]")
           .Choice("on_bad_record", {"fail", "skip"}, "fail",
                   "a record that cannot be read (corrupt JPEG, short value, "
-                  "label out of range): fail the run, or skip and report it");
+                  "label out of range): fail the run, or skip and report it")
+          .Optional("device_resident", ParamType::kBool, false,
+                    "cuda devices: decode the training set once, hold it on each GPU as uint8 "
+                    "and make every batch there (crop, pad, flip, normalize), where it fits; "
+                    "CPU devices: no effect");
   return s;
 }
 
@@ -654,6 +658,14 @@ void ReadMemoryFormat(const YamlDoc& doc, const YAML::Node& graph, const Args& g
              StrCat("true on ", c.devices[0].ToString(), ": ", why));
 }
 
+// data.device_resident: the training set held on the GPUs (stages/
+// resident_data.h). On CPU devices the data is in host memory already: the
+// key is accepted and does nothing, so one config runs on either by changing
+// graph.devices alone (as graph.tf32 does); the trainer says so in a line.
+void ReadDeviceResident(const Args& data, RunConfig& c) {
+  c.device_resident = data.Bool("device_resident");
+}
+
 // graph: devices, the gradient reduction, model parallelism, precision, the
 // activations' layout and the template. Returns the section's arguments.
 Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
@@ -749,6 +761,7 @@ RunConfig LoadRunConfig(const std::string& path, const std::vector<std::string>&
   ReadModel(doc, c);
   const Args train = ReadTrain(doc, path, c);
   const Args graph = ReadGraph(doc, path, c);
+  ReadDeviceResident(data, c);
   BuildGraphs(doc, data, train, graph, c);
 
   Args out = doc.CheckArgs(Section(root, "output"), OutputSchema(), "output");

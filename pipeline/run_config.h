@@ -41,6 +41,9 @@ struct RunConfig {
 
   std::map<std::string, DataSpec> data;  // "train", "test"
   std::vector<double> normalize_mean, normalize_std;
+  // data.device_resident: on GPUs, the training set decoded once, held on
+  // each GPU and its batches made there (where it fits); a no-op on CPUs.
+  bool device_resident = false;
 
   Shape input_shape;
   std::vector<LayerSpec> layers;

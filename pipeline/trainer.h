@@ -82,7 +82,10 @@ class Trainer {
   // Observers of Train: each training batch at the end of the train graph
   // (`cnnflow train --dump-batches`), and each epoch's report once it is
   // logged and checkpointed (cnnflow.Run.fit in python/).
-  void set_batch_observer(BatchObserver o) { batch_observer_ = std::move(o); }
+  void set_batch_observer(BatchObserver o) {
+    run_.resident_rows_to_host = static_cast<bool>(o);  // device-resident rows come back for it
+    batch_observer_ = std::move(o);
+  }
   void set_epoch_observer(std::function<void(const EpochReport&)> o) {
     epoch_observer_ = std::move(o);
   }
@@ -101,6 +104,8 @@ class Trainer {
   // the weight average of an ema node.
   void BuildModel(MpiWorld& world);
   void OpenData();
+  // data.device_resident: the training set onto the GPUs, or a line why not.
+  void HoldDataOnGpus();
   void PlanSchedule();
   void TimeParamGroups();
   void BuildWeightAverage();

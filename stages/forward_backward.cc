@@ -10,6 +10,8 @@
 // gate r:  admits replica r's next batch once the optimizer stage is done
 //          with its previous one (PassState::lanes): until then its
 //          parameters are being reduced and updated;
+//          With data.device_resident the rows are made on the GPU from the
+//          sample ids instead (stages/resident_data.h): nothing is staged.
 // replica: forward, loss and backward of its shard in its own task arena.
 //          At the last micro-batch of an accumulation window, each gradient
 //          bucket is all-reduced as soon as backward has filled it, and the
@@ -44,6 +46,16 @@ class ForwardBackwardStage final : public Stage {
     split_ = std::make_unique<function_node<Message, Message>>(
         g, serial, [this, n, &run](const Message& m) {
           return Guarded([&] {
+            if (m->rows_on_device) {
+              // --dump-batches: the replicas copy their rows back into it.
+              if (run.resident_rows_to_host) {
+                m->inputs = Tensor::Empty(run.dataset(run.resident->name())
+                                              .sample_shape()
+                                              .WithBatch(static_cast<int64_t>(m->labels.size())),
+                                          DType::kF32);
+              }
+              return m;
+            }
             for (int r = 0; r < n; ++r) {
               const auto [b, e] = ReplicaRows(run, *m, r);
               if (stagers_[r] && e > b) {
@@ -122,10 +134,25 @@ class ForwardBackwardStage final : public Stage {
       mix.weight = m.mix_weights.data() + b;
     }
     if (staged) staged->WaitForCopy();
+    // data.device_resident: the rows made on this replica's GPU, and its labels there.
+    Tensor rows, device_labels;
+    if (m.rows_on_device) {
+      const Device device = set.device(r);
+      rows = run.resident->MakeBatch(device, m.sample_ids.data() + b, e - b, run.seed, m.epoch);
+      if (e > b) device_labels = LabelTensor(m.labels.data() + b, e - b, device);
+      if (run.resident_rows_to_host && e > b) {
+        CopyBytes(Device::Cpu(), m.inputs.Slice(b, e).raw_data(), device, rows.raw_data(),
+                  rows.nbytes());
+      }
+    }
+    const Tensor x = m.rows_on_device ? rows : staged ? staged->inputs() : m.inputs.Slice(b, e);
+    const int64_t* labels_on_gpu = m.rows_on_device
+                                       ? (e > b ? device_labels.data<int64_t>() : nullptr)
+                                   : staged ? staged->labels()
+                                            : nullptr;
     const ReplicaSet::Result res = set.ForwardBackward(
-        r, staged ? staged->inputs() : m.inputs.Slice(b, e), m.labels.data() + b, ctx, scale,
-        run.label_smoothing, pass.plan.EndsWindow(m.index), staged ? staged->labels() : nullptr,
-        m.mix_labels.empty() ? nullptr : &mix, staged ? staged->mix() : nullptr);
+        r, x, m.labels.data() + b, ctx, scale, run.label_smoothing, pass.plan.EndsWindow(m.index),
+        labels_on_gpu, m.mix_labels.empty() ? nullptr : &mix, staged ? staged->mix() : nullptr);
     if (staged) staged->Release();  // every kernel that reads the rows is issued
     // A group's rows count once, from its member 0.
     const bool counts = set.tensor_parallel_member(r) == 0;

@@ -69,8 +69,8 @@ class LoadBatchStage final : public Stage {
     threads = std::clamp<int64_t>(threads, 1, max_threads);
 
     split_ = std::make_unique<multifunction_node<Message, std::tuple<Slice>>>(
-        g, serial, [this, data](const Message& m, auto& out) {
-          Guarded([&] { Split(*data, m, std::get<0>(out)); });
+        g, serial, [this, data, &run, &pass](const Message& m, auto& out) {
+          Guarded([&] { Split(*data, Resident(run, pass), m, std::get<0>(out)); });
         });
     queue_ = std::make_unique<queue_node<Slice>>(g);
     limiter_ = std::make_unique<AdjustableLimiter<Slice>>(g, threads, max_threads);
@@ -80,7 +80,7 @@ class LoadBatchStage final : public Stage {
             const int64_t cpu0 = ThreadCpuNs();
             {
               const TraceSpan span("load", "decode slice");
-              Decode(*data, run, pass, s);
+              Decode(*data, run, pass, s);  // (labels only, where the GPUs make the rows)
             }
             limiter_->Release();
             const bool last = s.work->slices_left.fetch_sub(1) == 1;
@@ -108,12 +108,26 @@ class LoadBatchStage final : public Stage {
   }
 
  private:
+  // The device-resident set this stage's batches come from, or null: only
+  // for its own data set, in training passes.
+  const ResidentData* Resident(const RunContext& run, const PassState& pass) const {
+    return run.resident && run.resident->name() == data_ && pass.training() ? run.resident.get()
+                                                                            : nullptr;
+  }
+
   template <typename Port>
-  void Split(const Dataset& data, const Message& m, Port& out) const {
+  void Split(const Dataset& data, const ResidentData* resident, const Message& m, Port& out) const {
     const auto n = static_cast<int64_t>(m->sample_ids.size());
     auto work = std::make_shared<BatchWork>();
     work->batch = m;
     work->results.resize(static_cast<size_t>(n));
+    m->rows_on_device = resident != nullptr;
+    if (resident != nullptr) {  // labels only: one slice
+      m->inputs = Tensor();
+      work->slices_left = 1;
+      out.try_put(Slice{work, 0, n});
+      return;
+    }
     m->inputs = Tensor::Empty(data.sample_shape().WithBatch(n), DType::kF32);
     const int64_t slices = std::max<int64_t>(1, (n + slice_ - 1) / slice_);
     work->slices_left = slices;
@@ -125,6 +139,12 @@ class LoadBatchStage final : public Stage {
   void Decode(const Dataset& data, const RunContext& run, const PassState& pass,
               const Slice& s) const {
     BatchMessage& m = *s.work->batch;
+    if (m.rows_on_device) {  // every record was read once already
+      for (int64_t i = s.begin; i < s.end; ++i) {
+        s.work->results[static_cast<size_t>(i)] = {run.resident->label(m.sample_ids[i]), ""};
+      }
+      return;
+    }
     const Shape sample = data.sample_shape();
     const int64_t per = sample.numel();
     const ReadContext ctx{run.seed, m.epoch, pass.training()};
@@ -142,7 +162,7 @@ class LoadBatchStage final : public Stage {
     BatchMessage& m = *work.batch;
     const int64_t n = static_cast<int64_t>(m.sample_ids.size());
     const int64_t per = data.sample_shape().numel();
-    float* dst = m.inputs.data<float>();
+    float* dst = m.rows_on_device ? nullptr : m.inputs.data<float>();
     int64_t kept = 0;
     m.labels.clear();
     for (int64_t i = 0; i < n; ++i) {
@@ -161,6 +181,7 @@ class LoadBatchStage final : public Stage {
       ++kept;
     }
     if (kept != n) {
+      CNNFLOW_ENFORCE(!m.rows_on_device, "data.device_resident: a record went bad");
       m.inputs = m.inputs.Slice(0, kept);
       m.sample_ids.resize(kept);
     }

@@ -26,6 +26,10 @@ struct BatchMessage {
   int64_t global_rows = 0;
   // Set by the loader.
   Tensor inputs;  // [N, C, H, W] or [N, C, L]
+  // data.device_resident: the loader read only the labels; each GPU
+  // replica makes its rows on its GPU (RunContext::resident), and `inputs`
+  // is empty.
+  bool rows_on_device = false;
   std::vector<int64_t> labels;
   // Set by mixup: row i's target is mix_weights[i] of labels[i] and the rest
   // of mix_labels[i] (empty: the labels alone).

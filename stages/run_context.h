@@ -20,6 +20,7 @@
 #include "ops/train/lr_schedule.h"
 #include "ops/train/weight_average.h"
 #include "stages/message.h"
+#include "stages/resident_data.h"
 
 namespace cnnflow {
 
@@ -55,6 +56,10 @@ struct RunContext {
   uint64_t seed = 0;
   int64_t threads = 1;  // the run's CPU budget
   RunControl* control = nullptr;
+  // data.device_resident: the training set on the GPU replicas' devices
+  // (null: every batch is loaded on the host).
+  std::shared_ptr<const ResidentData> resident;
+  bool resident_rows_to_host = false;  // also copy the rows back (--dump-batches)
 
   // This process in an MPI job, and its data shard: the processes of a
   // tensor-parallel group that spans processes read the same one (its

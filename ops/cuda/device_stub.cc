@@ -4,6 +4,7 @@
 #include "ops/cuda/batch_stager.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/nccl_comm.h"
+#include "ops/cuda/resident_set.h"
 #include "ops/device_backend.h"
 #include "ops/error.h"
 
@@ -79,6 +80,16 @@ int BatchStager::slots() const { return 0; }
 void BatchStager::Free(Slot*) {}
 void BatchStager::Staged::WaitForCopy() const { detail::NoCuda(); }
 void BatchStager::Staged::Release() { slot_ = nullptr; }
+
+ResidentImages::ResidentImages(Device device, const uint8_t*, int64_t, int, int, int)
+    : device_(device) {
+  detail::NoCuda();
+}
+ResidentImages::~ResidentImages() = default;
+size_t ResidentImages::FreeBytes(Device) { detail::NoCuda(); }
+Tensor ResidentImages::MakeBatch(const CropFlipDraw*, int64_t, const BatchFormat&) const {
+  detail::NoCuda();
+}
 
 }  // namespace cnnflow
 

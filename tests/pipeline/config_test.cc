@@ -362,6 +362,27 @@ TEST_F(ConfigTest, Tf32AndDeterministicAreBooleans) {
                           {"determinstic", "did you mean 'deterministic'"});
 }
 
+// data.device_resident (issue 59): off unless told; validates on cuda
+// devices, and on CPU devices too, where it does nothing (the same config
+// runs on either by changing graph.devices); a non-boolean is an error
+// naming the key and the value.
+TEST_F(ConfigTest, DeviceResidentIsABooleanOnGpusAndCpus) {
+  EXPECT_FALSE(LoadRunConfig(Write(kGood)).device_resident);
+  for (const char* devices :
+       {"graph.devices=[cuda:0]", "graph.devices=[cuda:0, cuda:1]", "graph.devices=[cpu:0]"}) {
+    SCOPED_TRACE(devices);
+    EXPECT_TRUE(
+        LoadRunConfig(Write(kGood), {devices, "data.device_resident=true"}).device_resident);
+    EXPECT_FALSE(
+        LoadRunConfig(Write(kGood), {devices, "data.device_resident=false"}).device_resident);
+  }
+  testing::ExpectContains(ErrorOf(kGood, {"graph.devices=[cuda:0]", "data.device_resident=gpu"}),
+                          {"device_resident", "gpu"});
+  testing::ExpectContains(ErrorOf(kGood, {"data.device_resident=[true]"}), {"device_resident"});
+  testing::ExpectContains(ErrorOf(kGood, {"data.device_resdent=true"}),
+                          {"device_resdent", "did you mean 'device_resident'"});
+}
+
 // Mixed labels (mixup, cutmix) train on GPUs: their graphs validate on
 // cuda:0 by changing graph.devices alone (issue 55).
 TEST_F(ConfigTest, MixupAndCutmixValidateOnAGpu) {
