@@ -62,6 +62,8 @@ Run it with Debian's interpreter on the build machine (it has torch 1.13, CPU):
     .venv-torch/bin/python bench/pytorch_train.py --model resnet50 --channels-last --steps 10 --warmup 2
 and on the GPU machine with its python3 (torch 2.x, CUDA):
     python3 bench/pytorch_train.py --model resnet18 --device cuda --precision bf16
+    python3 bench/pytorch_train.py --model resnet50 --device cuda --precision bf16 \
+        --channels-last --compile max-autotune    # PyTorch at its best
 
 Throughput mode (default): --warmup W untimed steps, then --steps S timed
 steps (on a GPU: synchronised before and after); prints one line
@@ -126,6 +128,12 @@ def parse_args():
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--steps", type=int, default=300, help="timed steps")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="timed segments of --steps each (one compile for all): each printed "
+                        "as round_images_per_s=, the main line's images_per_s their median")
+    p.add_argument("--tf32", action="store_true",
+                   help="TF32 for f32 matmuls too (torch.backends.cuda.matmul.allow_tf32; "
+                        "cuDNN's convolutions allow it by default): PyTorch's best fp32")
     p.add_argument("--warmup", type=int, default=30, help="untimed steps first")
     p.add_argument("--epochs", type=int, default=0,
                    help="> 0: accuracy run of E full epochs instead of timing")
@@ -146,6 +154,9 @@ def parse_args():
                    help="set OPENBLAS_NUM_THREADS (before torch loads OpenBLAS)")
     p.add_argument("--mkldnn", choices=["on", "off"], default="on")
     p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--compile", choices=["none", "default", "max-autotune"], default="none",
+                   help="torch.compile the model in this mode (torch 2.x); the first warm-up "
+                        "step, which compiles, is timed apart as compile_s")
     p.add_argument("--foreach", action="store_true")
     p.add_argument("--flush-denormal", action="store_true",
                    help="torch.set_flush_denormal(True): denormals as zero")
@@ -458,12 +469,19 @@ def main():
         if not torch.cuda.is_available():
             sys.exit("pytorch_train.py: --device cuda but torch.cuda.is_available() is False")
         torch.backends.cudnn.benchmark = True
+        if args.tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
     dev = torch.device(args.device)
     # channels_last exists for 4D tensors only: the 1D model stays contiguous.
     four_d = len(SHAPES[args.model]) == 3
     fmt = torch.channels_last if args.channels_last and four_d else torch.contiguous_format
     model = make_model(args.model).to(dev, memory_format=fmt)
     params = sum(p.numel() for p in model.parameters())
+    if args.compile != "none":
+        if not hasattr(torch, "compile"):
+            sys.exit(f"pytorch_train.py: --compile needs torch 2.x, this is {torch.__version__}")
+        model = torch.compile(model, mode=None if args.compile == "default" else args.compile)
     opt_kw = {"foreach": True} if args.foreach else {}
     if args.optimizer == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
@@ -530,7 +548,7 @@ def main():
         return loss
 
     cl = int(args.channels_last) if four_d else "n/a"
-    setting = (f"mkldnn={args.mkldnn} channels_last={cl} "
+    setting = (f"mkldnn={args.mkldnn} channels_last={cl} compile={args.compile} "
                f"foreach={int(args.foreach)} flush_denormal={int(args.flush_denormal)} "
                + " ".join(f"{k}={os.environ.get(k, 'unset')}" for k in
                           ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_WAIT_POLICY",
@@ -569,20 +587,32 @@ def main():
     it = batches()
     model.train()
     first = None
+    compile_s = 0.0  # the first step's time with --compile: tracing, compiling, autotuning
     for i in range(args.warmup):
+        t_first = time.perf_counter()
         loss = step(*next(it))
         if i == 0:
             first = loss.item()
+            if args.compile != "none":
+                compile_s = time.perf_counter() - t_first
     if cuda:
         torch.cuda.synchronize()
     # Batches are sliced (idx) or copied to the device (--feed host) inside
     # the timed loop: feeding is part of training.
-    t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(args.steps):
-        loss = step(*next(it))
-    if cuda:
-        torch.cuda.synchronize()
-    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    seconds = []
+    c0 = time.process_time()
+    for r in range(args.rounds):
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            loss = step(*next(it))
+        if cuda:
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - t0)
+        if args.rounds > 1:
+            print(f"pytorch round={r} round_images_per_s={args.steps * b / seconds[-1]:.1f}",
+                  flush=True)
+    dt = sorted(seconds)[len(seconds) // 2]  # the median round (the middle one of an odd count)
+    cpu = (time.process_time() - c0) / args.rounds
     # cpu_s: CPU seconds of all this process's threads; on a shared machine
     # cpu_s/seconds well under `threads` means it was kept waiting.
     # max_rss_mb: the process's peak resident set so far (Linux: KiB).
@@ -591,6 +621,7 @@ def main():
     print(f"pytorch model={args.model} precision={args.precision} device={args.device} batch={b} "
           f"images_per_s={args.steps * b / dt:.1f} threads={args.threads} steps={args.steps} "
           f"warmup={args.warmup} seconds={dt:.3f} cpu_s={cpu:.3f} max_rss_mb={rss_mb:.1f} "
+          f"compile_s={compile_s:.1f} "
           f"first_loss={first if first is not None else float('nan'):.4f} loss={loss.item():.4f} "
           f"source={args.source} {feed} optimizer={args.optimizer} params={params} "
           f"torch={torch.__version__} {setting}", flush=True)

@@ -2,19 +2,29 @@
 # Runs on the lent GPU machine (../shared/DEVICE.md), from the repository
 # root, with build-device/bundle.tar.xz carried over (scripts/device_bundle.sh);
 # the rest (bench/configs/, graphs/, bench/*.py) travels with the working tree.
-# Unpacks the bundle, shows the GPU, runs the GPU tests, then bf16 on the
-# host CPU (bench/cpu_bf16_vs_pytorch.sh), then cnnflow vs PyTorch on the
-# GPU side by side (bench/gpu_vs_pytorch.sh: the two-layer Fashion-MNIST
-# model and ResNet-18 on synthetic data, fp32 and bf16), and writes every log
-# and the comparisons' CSVs to $OUT (the device tool's output folder).
-# Every part has a timeout: GPU tests <= 210 s (one process per suite), CPU
-# bf16 <= 490 s, the GPU comparison <= 190 s. Measured on the H200
-# (2026-12-04): GPU tests ~40 s, CPU bf16 ~250 s, the comparison ~130 s, so
-# one 10-minute device call holds all three; DEVICE_CHECK_CPU_BENCH=0 and
-# DEVICE_CHECK_GPU_BENCH=0 skip the two comparisons when a slow run would
-# not fit.
-#   bash scripts/device_check.sh
-# Exit status: the GPU tests' (the comparison's rows say how each run went).
+# Unpacks the bundle, shows the GPU, then runs the phases asked for, in
+# order, and writes every log and CSV to $OUT (the device tool's output
+# folder). Each phase has its own timeout, stays under 10 minutes and reruns
+# its own baseline, so one phase can be repeated without the others:
+#   tests           the GPU test suites, one process each (<= 210 s; ~40 s
+#                   on the H200, 2026-12-04)
+#   compare         bench/gpu_vs_pytorch.sh: the Fashion-MNIST model and
+#                   ResNet-18, fp32 and bf16, against PyTorch eager (<= 190 s)
+#   cpu-bf16        bf16 on the host CPU: its tests, oneDNN's kernels, a
+#                   profile, bench/cpu_bf16_vs_pytorch.sh (<= 490 s)
+#   resnet18-fp32, resnet18-bf16, resnet50-fp32, resnet50-bf16
+#                   bench/gpu_resnet_best.sh: cnnflow NCHW and channels_last
+#                   against PyTorch's best eager and torch.compile, medians
+#                   of 3 alternating rounds, then a --trace profile of
+#                   cnnflow's best layout reduced by bench/gpu_profile_table.py
+#                   and PyTorch's profiler (<= 540 s each; issue 54)
+#   speedrun        the CIFAR speed run on cuda:0 with data.device_resident
+#                   and channels_last, 2 epochs, on data/cifar10-*.lmdb when
+#                   carried (scripts/prepare_cifar10.sh), else on the JPEG
+#                   sample of tests/data (<= 300 s; issue 59)
+#   bash scripts/device_check.sh [PHASE ...]      (default: tests compare)
+# DEVICE_CHECK_CPU_BENCH=0 skips cpu-bf16's PyTorch comparison.
+# Exit status: the GPU tests' when they ran, else the last failing phase's.
 set -uo pipefail
 t0=$SECONDS
 out="${OUT:-/tmp/device-check}"
@@ -61,6 +71,7 @@ explain() {  # status what
   esac
 }
 
+phase_tests() {
 # One process per test suite: a kernel fault is sticky in its CUDA context
 # and would fail every later test of the process, so each suite starts
 # clean and a crash costs one suite. 210 s for all of them (ops + graph);
@@ -102,7 +113,9 @@ done
 grep -E '^\[  FAILED  \] [A-Za-z]' "$out/gpu-tests.txt" | sort -u | tee -a "$out/gpu-summary.txt"
 echo "gpu tests exit status: $status" | tee -a "$out/gpu-summary.txt"
 phase "GPU tests done (exit $status)"
+}
 
+phase_cpu_bf16() {
 # bf16 on the host CPU (issue 32: graph.precision bf16 on cpu:K needs
 # avx512_bf16 or AMX, which the build machine may lack): its tests, the
 # oneDNN implementations a bf16 step runs (ONEDNN_VERBOSE), where the time
@@ -140,20 +153,87 @@ if [ "${DEVICE_CHECK_CPU_BENCH:-1}" != 0 ]; then
     tee "$out/cpu-bf16-vs-pytorch.txt"
 fi
 phase "CPU bf16 done (tests exit $cpu_bf16_status)"
-[ "$cpu_bf16_status" -ne 0 ] && status=$cpu_bf16_status
+[ "$cpu_bf16_status" -ne 0 ] && other_status=$cpu_bf16_status
+}
 
 # cnnflow vs PyTorch on the GPU: its own budget of 170 s (runs that no
 # longer fit are skipped), and a hard stop at 190 s; rows already done stay
-# in the CSV. DEVICE_CHECK_GPU_BENCH=0 skips it (a run that changed no GPU
-# code, to save device time).
-bench_status=skipped
-if [ "${DEVICE_CHECK_GPU_BENCH:-1}" != 0 ]; then
+# in the CSV.
+phase_compare() {
   timeout -k 10 190 bash bench/gpu_vs_pytorch.sh --cnnflow "$dir/cnnflow" --python python3 \
     --out "$out/bench" --budget 170 2>&1 | tee "$out/gpu-vs-pytorch.txt"
-  bench_status=${PIPESTATUS[0]}
-  explain "$bench_status" "gpu_vs_pytorch.sh" | tee -a "$out/gpu-vs-pytorch.txt"
-  phase "comparison done (exit $bench_status)"
+  local s=${PIPESTATUS[0]}
+  explain "$s" "gpu_vs_pytorch.sh" | tee -a "$out/gpu-vs-pytorch.txt"
+  phase "comparison done (exit $s)"
   cp "$out/bench/gpu_vs_pytorch.csv" "$out/gpu_vs_pytorch.csv" 2>/dev/null || true
-fi
-echo "gpu tests exit status: $status; comparison exit status: $bench_status; total $(( SECONDS - t0 )) s"
-exit "$status"
+  [ "$s" -ne 0 ] && other_status=$s
+}
+
+# One ResNet table (issue 54): the comparison (<= 420 s), then where a step's
+# GPU time goes in cnnflow's channels_last run and PyTorch's best eager one
+# (<= 60 s each), side by side by kernel class.
+phase_resnet() {  # model precision
+  local model=$1 precision=$2 name="$1-$2"
+  timeout -k 10 420 bash bench/gpu_resnet_best.sh --model "$model" --precision "$precision" \
+    --cnnflow "$dir/cnnflow" --python python3 --compile-timeout 150 --out "$out/$name" 2>&1 |
+    tee "$out/$name.txt"
+  local s=${PIPESTATUS[0]}
+  explain "$s" "gpu_resnet_best.sh $name" | tee -a "$out/$name.txt"
+  local config=bench/configs/${model}_synthetic.yaml batch=256
+  [ "$model" = resnet50 ] && batch=128
+  timeout -k 5 60 "$dir/cnnflow" train "$config" --set 'graph.devices=[cuda:0]' \
+    --set graph.precision="$precision" --set graph.channels_last=true --set train.batch=$batch \
+    --set data.train.size=$(( batch * 40 )) --set train.epochs=1 --set data.test=null \
+    --trace "$out/$name-trace.json" --trace-steps 10 > "$out/$name-trace.log" 2>&1
+  timeout -k 5 60 python3 bench/pytorch_train.py --model "$model" --device cuda \
+    --precision "$precision" --channels-last --tf32 --source synthetic --feed host \
+    --batch $batch --steps 10 --warmup 5 --profile "$out/$name-torch.json" --profile-steps 10 \
+    > "$out/$name-torch-profile.log" 2>&1
+  python3 bench/gpu_profile_table.py --cnnflow "$out/$name-trace.json" \
+    --torch "$out/$name-torch.json" > "$out/$name-profile.txt" 2>&1
+  phase "$name done (exit $s)"
+  [ "$s" -ne 0 ] && other_status=$s
+}
+
+# The CIFAR speed run on the GPU (issue 59): 2 epochs of the recipe with the
+# training set held on the GPU, on the carried LMDBs or the JPEG sample.
+phase_speedrun() {
+  local data=() tmp
+  if [ -d data/cifar10-train.lmdb ] && [ -d data/cifar10-test.lmdb ]; then
+    data=(--set data.train.path=data/cifar10-train.lmdb --set data.test.path=data/cifar10-test.lmdb)
+  else
+    tmp=$(mktemp -d)
+    "$dir/cnnflow" convert --from folder tests/data/cifar10-jpeg-sample --to "$tmp/sample.lmdb" \
+      > "$out/speedrun-convert.log" 2>&1
+    data=(--set data.train.path="$tmp/sample.lmdb" --set data.test.path="$tmp/sample.lmdb"
+          --set train.batch=8 --set train.eval_batch=8)  # 20 images
+  fi
+  for resident in true false; do
+    timeout -k 5 140 "$dir/cnnflow" train configs/cifar10_speedrun.yaml \
+      --set 'graph.devices=[cuda:0]' --set data.device_resident=$resident --set train.epochs=2 \
+      --set 'train.schedule={decay: piecewise, milestones: [0, 0.5, 2], factors: [0.2, 1, 0.07]}' \
+      "${data[@]}" --out "$out/speedrun-resident-$resident" > "$out/speedrun-resident-$resident.log" 2>&1
+    local s=$?
+    echo "speedrun, device_resident $resident: exit $s$(explain "$s" "") $(grep -E 'timed span|accuracy' "$out/speedrun-resident-$resident.log" | tail -2 | tr '\n' ' ')" | tee -a "$out/speedrun.txt"
+    [ "$s" -ne 0 ] && other_status=$s
+  done
+  phase "speedrun done"
+}
+
+status=0
+other_status=0
+ran_tests=0
+[ $# -eq 0 ] && set -- tests compare
+for p in "$@"; do
+  case "$p" in
+    tests) phase_tests; ran_tests=1 ;;
+    compare) phase_compare ;;
+    cpu-bf16) phase_cpu_bf16 ;;
+    resnet18-fp32|resnet18-bf16|resnet50-fp32|resnet50-bf16) phase_resnet "${p%-*}" "${p#*-}" ;;
+    speedrun) phase_speedrun ;;
+    *) echo "unknown phase '$p' (tests compare cpu-bf16 resnet18-fp32 resnet18-bf16 resnet50-fp32 resnet50-bf16 speedrun)" | tee -a "$out/error.txt"; other_status=2 ;;
+  esac
+done
+echo "phases: $*; gpu tests exit status: $status; other phases: $other_status; total $(( SECONDS - t0 )) s"
+[ "$ran_tests" = 1 ] && exit "$status"
+exit "$other_status"
