@@ -187,9 +187,22 @@ bool CudaAvailable() { return detail::CudaBuilt() && detail::CudaDeviceCountImpl
 int CudaDeviceCount() { return detail::CudaBuilt() ? detail::CudaDeviceCountImpl() : 0; }
 std::string DescribeCuda() { return detail::CudaDescription(); }
 
-Storage::Storage(Device device, size_t bytes)
-    : device_(device), bytes_(bytes), data_(PoolFor(device).Allocate(bytes)) {}
+namespace {
+thread_local int current_gpu_lane = 0;
+}  // namespace
 
-Storage::~Storage() { PoolFor(device_).Release(data_, bytes_); }
+int CurrentGpuLane() { return current_gpu_lane; }
+
+GpuLaneScope::GpuLaneScope(int lane) : previous_(current_gpu_lane) {
+  CNNFLOW_ENFORCE(lane >= 0, "GPU lane ", lane, " is negative");
+  current_gpu_lane = lane;
+}
+
+GpuLaneScope::~GpuLaneScope() { current_gpu_lane = previous_; }
+
+Storage::Storage(Device device, size_t bytes)
+    : device_(device), bytes_(bytes), pool_(&PoolFor(device)), data_(pool_->Allocate(bytes)) {}
+
+Storage::~Storage() { pool_->Release(data_, bytes_); }
 
 }  // namespace cnnflow

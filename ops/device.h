@@ -97,8 +97,26 @@ class CachingPool : public MemoryPool {
   size_t in_use_ = 0, peak_ = 0, reserved_ = 0, limit_ = 0;
 };
 
-// The pool of a device (created on first use). Host memory for every cpu:K.
+// The pool of a device (created on first use). Host memory for every cpu:K;
+// a GPU's pool of the calling thread's lane (CurrentGpuLane).
 MemoryPool& PoolFor(Device device);
+
+// GPU lanes: a GPU listed k times in graph.devices runs k replicas, each
+// with its own compute stream, handles and memory pool: lanes 0..k-1 of
+// that GPU. A thread works in lane 0 unless a GpuLaneScope says otherwise;
+// the GPU's context (ops/cuda/context.h) and pool are the calling thread's
+// lane's. A GPU listed once has lane 0 only.
+int CurrentGpuLane();
+class GpuLaneScope {
+ public:
+  explicit GpuLaneScope(int lane);
+  ~GpuLaneScope();
+  GpuLaneScope(const GpuLaneScope&) = delete;
+  GpuLaneScope& operator=(const GpuLaneScope&) = delete;
+
+ private:
+  int previous_;
+};
 
 // Copies `bytes` between any two devices (host<->GPU, GPU<->GPU, host<->host).
 void CopyBytes(Device dst_device, void* dst, Device src_device, const void* src, size_t bytes);
@@ -114,7 +132,8 @@ int CudaDeviceCount();
 // (name, memory, compute capability); or why there is none.
 std::string DescribeCuda();
 
-// A block of device memory returned to its pool when the last handle goes.
+// A block of device memory returned to the pool it came from (its lane's)
+// when the last handle goes.
 class Storage {
  public:
   Storage(Device device, size_t bytes);
@@ -129,6 +148,7 @@ class Storage {
  private:
   Device device_;
   size_t bytes_;
+  MemoryPool* pool_;
   void* data_;
 };
 

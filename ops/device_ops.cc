@@ -83,6 +83,10 @@ void SetGpuMath(Device device, const GpuMathOptions& math) {
 
 void SetGpuPicksFile(const std::string& path, bool write) { cuda::SetCudnnPicksFile(path, write); }
 
+void SynchronizeDevice(Device device) {
+  if (device.is_cuda()) cuda::Synchronize(device);
+}
+
 std::unique_ptr<IdleMeter> MakeIdleMeter(Device device) {
   if (!device.is_cuda()) return nullptr;
   return std::make_unique<cuda::IdleMeter>(device);

@@ -88,6 +88,9 @@ void SetGpuMath(Device device, const GpuMathOptions& math);
 // GPUs (<run>/cudnn-picks.tsv; ops/cuda/cudnn_picks.h), loaded now when it
 // exists; `write`: this process writes it. Nothing without CUDA.
 void SetGpuPicksFile(const std::string& path, bool write);
+// Blocks until the calling thread's lane of GPU `device` (ops/device.h) has
+// done all that was issued on it; nothing for a CPU device.
+void SynchronizeDevice(Device device);
 
 // How long a device sat idle between the end of one step's work and the
 // start of the next (waiting for the host or the next batch): the data-wait

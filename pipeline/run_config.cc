@@ -536,7 +536,8 @@ Args ReadTrain(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   return t;
 }
 
-// graph.devices: CPUs or GPUs, each once.
+// graph.devices: CPUs, each once, or GPUs, each once or one GPU several
+// times (a replica per listing, each in its own lane: ops/device.h).
 void ReadDevices(const YamlDoc& doc, const YAML::Node& graph, const Args& g, RunConfig& c) {
   for (const auto& d : g.Strings("devices")) {
     try {
@@ -545,14 +546,20 @@ void ReadDevices(const YamlDoc& doc, const YAML::Node& graph, const Args& g, Run
       doc.Fail(graph["devices"], "graph.devices", e.what());
     }
   }
+  const bool one_gpu = std::all_of(c.devices.begin(), c.devices.end(), [&](const Device& d) {
+    return d.is_cuda() && d == c.devices[0];
+  });
   for (size_t i = 0; i < c.devices.size(); ++i) {
     if (c.devices[i].is_cuda() != c.devices[0].is_cuda()) {
       doc.Fail(graph["devices"], "graph.devices", "list either CPUs or GPUs, not both");
     }
     for (size_t j = 0; j < i; ++j) {
-      if (c.devices[j] == c.devices[i]) {
+      if (c.devices[j] == c.devices[i] && !one_gpu) {
         doc.Fail(graph["devices"], "graph.devices",
-                 StrCat(c.devices[i].ToString(), " is listed twice"));
+                 StrCat(c.devices[i].ToString(), " is listed twice",
+                        c.devices[i].is_cuda()
+                            ? " (a GPU listed more than once must be the only GPU listed)"
+                            : ""));
       }
     }
   }
@@ -698,9 +705,6 @@ Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   ReadLogicalReplicas(doc, graph, g, c);
   ReadPrecision(doc, graph, g, c);
   ReadMemoryFormat(doc, graph, g, c);
-  if (c.data_parallel.sync_bn && c.devices[0].is_cuda()) {
-    doc.Fail(graph["sync_bn"], "graph.sync_bn", "not implemented for GPU replicas yet");
-  }
   // A pipeline runs on its own template unless the config names one.
   const std::string tmpl_name = graph["template"].IsDefined() || !c.pipeline
                                     ? g.String("template")

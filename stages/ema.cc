@@ -17,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "ops/device.h"
 #include "ops/train/weight_average.h"
 #include "stages/lanes.h"
 #include "stages/pass_state.h"
@@ -38,7 +39,10 @@ class EmaStage final : public Stage {
     copies_.clear();
     copies_.resize(n);
     if (lookahead_) {
-      for (int r = 1; r < n; ++r) copies_[r] = run.ema->CopyFor(run.replicas->model(r));
+      for (int r = 1; r < n; ++r) {
+        const GpuLaneScope lane(run.replicas->lane(r));  // replica r's GPU lane (ops/device.h)
+        copies_[r] = run.ema->CopyFor(run.replicas->model(r));
+      }
     }
     StagePorts ports;
     lanes_ = std::make_unique<LaneNodes>(
@@ -46,6 +50,7 @@ class EmaStage final : public Stage {
         [this, &run, &pass](int r, BatchMessage& m) {
           Guarded([&] {
             if (m.dropped || !pass.plan.EndsWindow(m.index) || (r != 0 && !lookahead_)) return;
+            const GpuLaneScope lane(run.replicas->lane(r));
             Model& model = run.replicas->model(r);
             WeightAverage& average = r == 0 ? *run.ema : *copies_[r];
             if (average.UpdateAfter(model, m.global_step + 1) && lookahead_) {

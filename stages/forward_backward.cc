@@ -21,6 +21,7 @@
 #include <tbb/flow_graph.h>
 
 #include "ops/cuda/batch_stager.h"
+#include "ops/device.h"
 #include "ops/test_fault.h"
 #include "ops/trace.h"
 #include "stages/pass_state.h"
@@ -41,6 +42,7 @@ class ForwardBackwardStage final : public Stage {
     stagers_.clear();
     for (int r = 0; r < n; ++r) {
       const Device d = run.replicas->device(r);
+      const GpuLaneScope lane(run.replicas->lane(r));  // the stager keeps its replica's lane
       stagers_.push_back(d.is_cuda() ? std::make_unique<BatchStager>(d) : nullptr);
     }
     split_ = std::make_unique<function_node<Message, Message>>(
@@ -102,6 +104,7 @@ class ForwardBackwardStage final : public Stage {
  private:
   void Run(const RunContext& run, PassState& pass, int r, int n, BatchMessage& m) {
     ReplicaSet& set = *run.replicas;
+    const GpuLaneScope lane(set.lane(r));
     // Rows staged to replica r's GPU, if any (a dropped batch's, freed).
     std::shared_ptr<BatchStager::Staged> staged = staged_.Take(m.index, r);
     const int64_t stop_after = run.control->stop_after_step.load();

@@ -88,7 +88,9 @@ class HierarchicalAllReduce final : public Collective {
 std::unique_ptr<Collective> MakeReplicaCollective(const std::vector<Device>& devices,
                                                   MpiWorld& world, double timeout_s);
 
-// The NCCL group of the GPU replicas on cuda:`devices` (ops/cuda/nccl_comm.h).
+// The NCCL group of the GPU replicas on cuda:`devices` (ops/cuda/nccl_comm.h),
+// or, where one GPU is listed several times (and nothing else), the group
+// of its lanes (ops/cuda/lane_group.h).
 // Defined in ops/cuda/ (nccl_comm.cc; device_stub.cc in a build without
 // CUDA, where it throws), so this room needs no CUDA header.
 std::unique_ptr<Collective> MakeGpuCollective(const std::vector<int>& devices, MpiWorld& world,

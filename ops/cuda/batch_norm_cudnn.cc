@@ -14,7 +14,9 @@
 //  - parameter gradients are ADDED (betaParamDiff = 1); affine: false uses
 //    device constants weight 1 / bias 0 and a scratch for the unwanted
 //    parameter gradients;
-//  - SyncBN (ForwardContext::sync_sum) is not supported on a GPU: an Error.
+//  - SyncBN (ForwardContext::sync_sum, graph.sync_bn): training forward and
+//    backward run ops/cuda/sync_batch_norm.h's kernels instead, on the
+//    global batch's statistics.
 // Running buffers are updated in place on the device.
 // Channels-last (Layer::SetChannelsLast: [N, C, H, W] stored NHWC): the same
 // calls on NHWC descriptors; the statistics stay [C].
@@ -34,6 +36,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cudnn_util.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/sync_batch_norm.h"
 #include "ops/layers/batch_norm.h"
 
 namespace cnnflow {
@@ -85,6 +88,9 @@ class BatchNormCudnn : public BatchNormLayer {
   const void* Scale() { return affine() ? parameters()[0].value.raw_data() : ones_.raw_data(); }
   const void* Bias() { return affine() ? parameters()[1].value.raw_data() : zeros_.raw_data(); }
   void EvalBackward(CudaContext& ctx, const Tensor& x, const Tensor& dy, Tensor* dx);
+  cuda::SyncBnShape SyncShape(const Tensor& x) const {
+    return {x.dim(0), channels(), dims_[2] * dims_[3], nhwc_};
+  }
 
   cudnnTensorDescriptor_t x_desc_ = nullptr;    // x, y, dy, dx (their dtype)
   cudnnTensorDescriptor_t x32_desc_ = nullptr;  // the same dims in f32
@@ -97,6 +103,10 @@ class BatchNormCudnn : public BatchNormLayer {
   // evaluation backward, the forward's batch statistics, and a scratch for
   // parameter gradients nobody wants ([2C]).
   Tensor ones_, zeros_, save_mean_, save_inv_std_, param_scratch_;
+  // SyncBN: the device state of its passes, and the last training
+  // forward's sync (null: that forward was not synced).
+  cuda::SyncBnState sync_state_;
+  const std::function<void(float*, int64_t)>* last_sync_ = nullptr;
   // What the last forward did, for backward.
   bool last_training_ = false;
   int64_t last_n_ = -1;
@@ -188,11 +198,13 @@ void BatchNormCudnn::Forward(const std::vector<const Tensor*>& x, Tensor& y,
         bn_desc_, Scale(), Bias(), rmean, rvar, eps()));
     return;
   }
+  last_sync_ = ctx.sync_sum;
   if (ctx.sync_sum != nullptr) {
-    throw Error(StrCat(Label(),
-                       ": synchronised BatchNorm (sync_bn / ForwardContext::sync_sum) "
-                       "is not supported on a GPU (",
-                       in.device().ToString(), "); train with sync_bn off on GPUs"));
+    cuda::SyncBatchNormForward(SyncShape(in), in, y,
+                               affine() ? parameters()[0].value.data<float>() : nullptr,
+                               affine() ? parameters()[1].value.data<float>() : nullptr, rmean,
+                               rvar, momentum(), eps(), sync_state_, *ctx.sync_sum);
+    return;
   }
   if (m <= 1) {
     throw Error(StrCat(
@@ -224,6 +236,13 @@ void BatchNormCudnn::Backward(const std::vector<const Tensor*>& x, const Tensor&
   if (d == nullptr && !affine()) return;  // nothing wanted
   if (!last_training_) {
     EvalBackward(cuda, in, dy, d);
+    return;
+  }
+  if (last_sync_ != nullptr) {
+    cuda::SyncBatchNormBackward(
+        SyncShape(in), in, dy, d, affine() ? parameters()[0].value.data<float>() : nullptr,
+        affine() ? parameters()[0].grad.data<float>() : nullptr,
+        affine() ? parameters()[1].grad.data<float>() : nullptr, sync_state_, *last_sync_);
     return;
   }
   // cuDNN always writes dx: a pooled scratch when the caller wants none.

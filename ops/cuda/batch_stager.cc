@@ -21,7 +21,7 @@ namespace {
 size_t Align(size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
 }  // namespace
 
-BatchStager::BatchStager(Device device) : device_(device) {
+BatchStager::BatchStager(Device device) : device_(device), lane_(CurrentGpuLane()) {
   CNNFLOW_ENFORCE(device.is_cuda(), "BatchStager stages to a GPU, not ", device.ToString());
   CudaContext::For(device);
   cudaStream_t s = nullptr;
@@ -30,6 +30,7 @@ BatchStager::BatchStager(Device device) : device_(device) {
 }
 
 BatchStager::~BatchStager() {
+  const GpuLaneScope lane(lane_);
   cudaSetDevice(device_.index);
   cudaStreamSynchronize(static_cast<cudaStream_t>(copy_stream_));
   // Device buffers go back to the pool: the compute stream must be past them.
@@ -58,6 +59,7 @@ std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor& inputs, co
   const size_t label_bytes = Align(static_cast<size_t>(n) * sizeof(int64_t));
   const size_t weight_bytes = Align(static_cast<size_t>(n) * sizeof(float));
   const size_t need = x_bytes + label_bytes + (mix != nullptr ? label_bytes + weight_bytes : 0);
+  const GpuLaneScope lane(lane_);
   CudaContext& ctx = CudaContext::For(device_);
   const auto stream = static_cast<cudaStream_t>(copy_stream_);
 
@@ -124,12 +126,14 @@ std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor& inputs, co
 
 void BatchStager::Staged::WaitForCopy() const {
   CNNFLOW_ENFORCE(slot_ != nullptr, "a released batch was used");
+  const GpuLaneScope lane(owner_->lane_);
   CudaContext& ctx = CudaContext::For(owner_->device_);
   CNNFLOW_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream(), slot_->copied, 0));
 }
 
 void BatchStager::Staged::Release() {
   if (slot_ == nullptr) return;
+  const GpuLaneScope lane(owner_->lane_);
   CudaContext& ctx = CudaContext::For(owner_->device_);
   if (cudaEventRecord(slot_->released, ctx.stream()) == cudaSuccess) {
     slot_->release_recorded = true;

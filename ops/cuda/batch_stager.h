@@ -74,6 +74,7 @@ class BatchStager {
   void Free(Slot* slot);
 
   Device device_;
+  int lane_;                     // the GPU lane it was made in (ops/device.h): its replica's
   void* copy_stream_ = nullptr;  // cudaStream_t
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Slot>> slots_;

@@ -41,14 +41,15 @@ const char* CublasStatusName(cublasStatus_t status) {
 CudaContext& CudaContext::Get(int device) {
   static std::mutex mu;
   // Never destroyed: handles outliving static destruction order is harmless,
-  // destroying them after the driver has unloaded is not.
-  static auto* contexts = new std::map<int, std::unique_ptr<CudaContext>>();
+  // destroying them after the driver has unloaded is not. By (GPU, lane).
+  static auto* contexts = new std::map<std::pair<int, int>, std::unique_ptr<CudaContext>>();
   std::lock_guard<std::mutex> lock(mu);
-  auto& c = (*contexts)[device];
+  const int lane = CurrentGpuLane();
+  auto& c = (*contexts)[{device, lane}];
   if (!c) {
     CNNFLOW_ENFORCE(device >= 0 && device < CudaDeviceCount(), "no device cuda:", device, " (",
                     CudaDeviceCount(), " GPUs found)");
-    c.reset(new CudaContext(device));
+    c.reset(new CudaContext(device, lane));
   }
   return *c;
 }
@@ -60,7 +61,7 @@ CudaContext& CudaContext::For(Device device) {
   return c;
 }
 
-CudaContext::CudaContext(int device) : device_(device) {
+CudaContext::CudaContext(int device, int lane) : device_(device), lane_(lane) {
   CNNFLOW_CUDA_CHECK(cudaSetDevice(device));
   CNNFLOW_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CNNFLOW_CUDNN_CHECK(cudnnCreate(&cudnn_));
@@ -116,6 +117,7 @@ GpuMathOptions CudaContext::math() const {
 
 namespace cuda {
 void SetMath(Device device, const GpuMathOptions& math) { CudaContext::For(device).SetMath(math); }
+void Synchronize(Device device) { CudaContext::For(device).Synchronize(); }
 }  // namespace cuda
 
 void CudaContext::Activate() const { CNNFLOW_CUDA_CHECK(cudaSetDevice(device_)); }

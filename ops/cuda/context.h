@@ -11,6 +11,8 @@
 //
 // One host thread drives a device's compute stream at a time (a replica or
 // a pipeline stage per device); the handles are not for concurrent use.
+// A GPU listed several times has a context per lane (ops/device.h's
+// GpuLaneScope): each replica on it its own stream, handles and pool.
 #pragma once
 
 #include <cublas_v2.h>
@@ -28,12 +30,14 @@ namespace cnnflow {
 
 class CudaContext {
  public:
-  // The context of GPU `device` (made on first use; lives until exit).
+  // The context of GPU `device` in the calling thread's lane (made on first
+  // use; lives until exit).
   static CudaContext& Get(int device);
   // The context of a CUDA tensor's device; makes it the current device.
   static CudaContext& For(Device device);
 
   int device() const { return device_; }
+  int lane() const { return lane_; }
   cudaStream_t stream() const { return stream_; }
   cudnnHandle_t cudnn() const { return cudnn_; }
   // Made on first use: a model without linear layers runs even where no
@@ -58,8 +62,9 @@ class CudaContext {
   CudaContext& operator=(const CudaContext&) = delete;
 
  private:
-  explicit CudaContext(int device);
+  CudaContext(int device, int lane);
   int device_;
+  int lane_;
   cudaStream_t stream_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

@@ -325,10 +325,9 @@ CudnnConv::Algos& CudnnConv::Prepare(CudaContext& ctx, const std::string& layer,
       CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, CudnnInt(g.groups, layer, "groups")));
       CNNFLOW_CUDNN_CHECK(cudnnSetConvolutionMathType(d, SearchMath(ctx.math())));
     }
+    CNNFLOW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(bias_desc_, Format(), type, 1, k, 1, 1));
     CNNFLOW_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(bias_desc_, CUDNN_TENSOR_NCHW, type, 1, k, 1, 1));
-    CNNFLOW_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(bias32_desc_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, k, 1, 1));
+        cudnnSetTensor4dDescriptor(bias32_desc_, Format(), CUDNN_DATA_FLOAT, 1, k, 1, 1));
     static_set_ = true;
     desc_n_ = -1;
     algos_.clear();

@@ -56,13 +56,13 @@ int CudaDeviceCountImpl() {
 
 MemoryPool& CudaPool(int index) {
   static std::mutex mu;
-  static std::map<int, std::unique_ptr<CudaCachingPool>>* pools =
-      new std::map<int, std::unique_ptr<CudaCachingPool>>();
+  // By (GPU, lane): a lane's blocks are reused only by work on its own stream.
+  static auto* pools = new std::map<std::pair<int, int>, std::unique_ptr<CudaCachingPool>>();
   std::lock_guard<std::mutex> lock(mu);
   if (index < 0 || index >= CudaDeviceCountImpl()) {
     throw Error(StrCat("no device cuda:", index, " (", CudaDeviceCountImpl(), " GPUs found)"));
   }
-  auto& p = (*pools)[index];
+  auto& p = (*pools)[{index, CurrentGpuLane()}];
   if (!p) p = std::make_unique<CudaCachingPool>(index);
   return *p;
 }

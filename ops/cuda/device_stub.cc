@@ -3,6 +3,7 @@
 #include "ops/collectives/collective_mpi.h"
 #include "ops/cuda/batch_stager.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/lane_group.h"
 #include "ops/cuda/nccl_comm.h"
 #include "ops/cuda/resident_set.h"
 #include "ops/device_backend.h"
@@ -31,6 +32,7 @@ void Axpy(float, const Tensor&, Tensor&) { detail::NoCuda(); }
 void Scale(Tensor&, float) { detail::NoCuda(); }
 void Cast(const Tensor&, Tensor&) { detail::NoCuda(); }
 void SetMath(Device, const GpuMathOptions&) { detail::NoCuda(); }
+void Synchronize(Device) { detail::NoCuda(); }
 void SetCudnnPicksFile(const std::string&, bool) {}  // no GPU, no picks
 void AddCast(const Tensor&, Tensor&) { detail::NoCuda(); }
 void ChangeLayout(const Tensor&, Tensor&, bool, bool) { detail::NoCuda(); }
@@ -70,7 +72,7 @@ void AdamStep(Device, const std::vector<ParamSlot>&, double, double, double, dou
 namespace cnnflow {
 
 struct BatchStager::Slot {};
-BatchStager::BatchStager(Device device) : device_(device) { detail::NoCuda(); }
+BatchStager::BatchStager(Device device) : device_(device), lane_(0) { detail::NoCuda(); }
 BatchStager::~BatchStager() = default;
 std::unique_ptr<BatchStager::Staged> BatchStager::Stage(const Tensor&, const int64_t*,
                                                         const LabelMix*) {
@@ -110,6 +112,7 @@ void NcclGroup::Wait(int) { detail::NoCuda(); }
 void NcclGroup::Barrier(int, const std::string&) { detail::NoCuda(); }
 void NcclGroup::Abort(const std::string&) {}
 std::string NcclGroup::broken_reason() const { return {}; }
+std::unique_ptr<Collective> MakeLaneGroup(int, int, double) { detail::NoCuda(); }
 std::unique_ptr<Collective> MakeGpuCollective(const std::vector<int>&, MpiWorld&, double) {
   detail::NoCuda();
 }

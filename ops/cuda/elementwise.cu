@@ -1,5 +1,6 @@
 // Elementwise CUDA kernels that are not layers: Axpy, Scale, Cast and
-// AddCast (ops/cuda/kernels.h), and the bias helpers of the linear layer
+// AddCast (ops/cuda/kernels.h), the sums of the lane collectives and the
+// bias helpers of the linear layer
 // (ops/cuda/elementwise.h). Half values are computed in f32 and rounded
 // once. The elementwise layers have files of their own (relu.cu, add.cu,
 // flatten.cu, dropout.cu), on the same map (ops/cuda/map.cuh).
@@ -198,6 +199,60 @@ void AddColumnSums(const void* g, DType g_type, float* sum, int64_t rows, int64_
         <<<CudaBlocks(cols), kCudaThreads, 0, stream>>>(static_cast<const T*>(g), sum, rows, cols);
     CNNFLOW_CUDA_CHECK_LAUNCH();
   });
+}
+
+namespace {
+
+struct LanePointers {
+  float* p[kMaxLanes];
+};
+
+// The node of level l at lane a adds lane a + 2^l's partial into its own,
+// as ops/collectives/reduction_tree.h's tree.
+__global__ void LaneTreeSumKernel(LanePointers data, int lanes, int64_t count, float scale) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    float v[kMaxLanes];
+    for (int l = 0; l < lanes; ++l) v[l] = data.p[l][i];
+    for (int step = 1; step < lanes; step *= 2) {
+      for (int a = 0; a + step < lanes; a += 2 * step) v[a] = v[a] + v[a + step];
+    }
+    const float s = v[0] * scale;
+    for (int l = 0; l < lanes; ++l) data.p[l][i] = s;
+  }
+}
+
+__global__ void LaneBroadcastKernel(LanePointers data, int lanes, int64_t count) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    const float v = data.p[0][i];
+    for (int l = 1; l < lanes; ++l) data.p[l][i] = v;
+  }
+}
+
+LanePointers PointersOf(float* const* data, int lanes) {
+  CNNFLOW_ENFORCE(lanes >= 1 && lanes <= kMaxLanes, lanes, " lanes: at most ", kMaxLanes);
+  LanePointers p{};
+  for (int l = 0; l < lanes; ++l) p.p[l] = data[l];
+  return p;
+}
+
+}  // namespace
+
+void LaneTreeSum(float* const* data, int lanes, int64_t count, float scale, cudaStream_t stream) {
+  if (count == 0) return;
+  LaneTreeSumKernel<<<CudaBlocks(count), kCudaThreads, 0, stream>>>(PointersOf(data, lanes), lanes,
+                                                                    count, scale);
+  CNNFLOW_CUDA_CHECK(cudaGetLastError());
+}
+
+void LaneBroadcast(float* const* data, int lanes, int64_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  LaneBroadcastKernel<<<CudaBlocks(count), kCudaThreads, 0, stream>>>(PointersOf(data, lanes),
+                                                                      lanes, count);
+  CNNFLOW_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace cnnflow::cuda

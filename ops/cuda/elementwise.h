@@ -31,6 +31,14 @@ void AddColumnSums(const float* g, float* sum, int64_t rows, int64_t cols, cudaS
 void AddColumnSums(const void* g, DType g_type, float* sum, int64_t rows, int64_t cols,
                    cudaStream_t stream);
 
+// The collectives of replicas sharing a GPU (ops/cuda/lane_group.h), over
+// `lanes` <= kMaxLanes buffers of `count` floats: every buffer =
+// (their sum in the reduction tree's order, ((x0 + x1) + (x2 + x3)) + x4)
+// * scale; every buffer = data[0]'s.
+inline constexpr int kMaxLanes = 16;
+void LaneTreeSum(float* const* data, int lanes, int64_t count, float scale, cudaStream_t stream);
+void LaneBroadcast(float* const* data, int lanes, int64_t count, cudaStream_t stream);
+
 #if defined(__CUDACC__)
 // Element conversions: to f32 exactly, from f32 rounded to nearest even.
 __device__ __forceinline__ float ToFloat(float v) { return v; }

@@ -27,6 +27,9 @@ void Scale(Tensor& y, float alpha);
 // SetGpuMath; held by its CudaContext).
 void SetMath(Device device, const GpuMathOptions& math);
 
+// Blocks until the calling thread's lane of `device` is idle.
+void Synchronize(Device device);
+
 // graph.deterministic's file of cuDNN picks (ops/cuda/cudnn_picks.h).
 void SetCudnnPicksFile(const std::string& path, bool write);
 

@@ -55,8 +55,8 @@ void LaunchTranspose(const void* src, void* dst, int64_t batch, int64_t rows, in
   const dim3 block(kTile, kRowsPerPass);
   const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
                   static_cast<unsigned>((rows + kTile - 1) / kTile), static_cast<unsigned>(batch));
-  TransposeKernel<S, D, kAccumulate><<<grid, block, 0, stream>>>(static_cast<const S*>(src),
-                                                                 static_cast<D*>(dst), rows, cols);
+  TransposeKernel<S, D, kAccumulate>
+      <<<grid, block, 0, stream>>>(static_cast<const S*>(src), static_cast<D*>(dst), rows, cols);
   CNNFLOW_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -71,8 +71,8 @@ void ChangeLayout(const Tensor& src, Tensor& dst, bool to_nhwc, bool accumulate)
                   " and ", dst.shape());
   CNNFLOW_ENFORCE(src.is_contiguous() && dst.is_contiguous(), "ChangeLayout of ", src.shape(),
                   ": the tensors must be contiguous");
-  CNNFLOW_ENFORCE(!accumulate || dst.dtype() == DType::kF32, "ChangeLayout adds into f32 only, got ",
-                  DTypeName(dst.dtype()));
+  CNNFLOW_ENFORCE(!accumulate || dst.dtype() == DType::kF32,
+                  "ChangeLayout adds into f32 only, got ", DTypeName(dst.dtype()));
   CNNFLOW_ENFORCE(src.dim(0) <= 65535, "ChangeLayout of ", src.shape(),
                   ": at most 65535 samples per call");
   if (src.numel() == 0) return;

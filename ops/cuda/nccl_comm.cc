@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -15,6 +16,7 @@
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/elementwise.h"
+#include "ops/cuda/lane_group.h"
 #include "ops/device.h"
 #include "ops/tensor.h"
 
@@ -594,6 +596,22 @@ void NcclGroup::Wait(int r) {
 
 std::unique_ptr<Collective> MakeGpuCollective(const std::vector<int>& devices, MpiWorld& world,
                                               double timeout_s) {
+  // One GPU listed several times: NCCL cannot hold it twice; its replicas
+  // reduce on the device, each in its lane (ops/cuda/lane_group.h).
+  const bool repeats = std::any_of(devices.begin(), devices.end(), [&](int d) {
+    return std::count(devices.begin(), devices.end(), d) > 1;
+  });
+  if (repeats) {
+    const bool one_gpu =
+        std::all_of(devices.begin(), devices.end(), [&](int d) { return d == devices[0]; });
+    if (!one_gpu || world.active()) {
+      throw ConfigError(
+          StrCat("graph.devices: a GPU listed more than once runs its replicas in "
+                 "one process, with no other GPU, so far (got ",
+                 devices.size(), " devices", world.active() ? ", under mpirun" : "", ")"));
+    }
+    return MakeLaneGroup(devices[0], static_cast<int>(devices.size()), timeout_s);
+  }
   return std::make_unique<NcclGroup>(devices, world, timeout_s);
 }
 

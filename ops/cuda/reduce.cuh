@@ -23,4 +23,17 @@ __device__ inline float BlockSum(float v) {
   return v;
 }
 
+// The same in double (SyncBN's sums).
+__device__ inline double BlockSum(double v) {
+  __shared__ double warp_sums_d[32];
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) warp_sums_d[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / 32) ? warp_sums_d[lane] : 0.0;
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 }  // namespace cnnflow::cuda

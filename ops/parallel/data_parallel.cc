@@ -51,6 +51,9 @@ std::vector<Bucket> LayoutBuckets(Model& model, double bucket_mb) {
 struct ReplicaSet::Replica {
   int rank = 0;
   Device device;
+  // Its GPU lane (ops/device.h): which of the replicas on its GPU it is. Its
+  // work runs in a GpuLaneScope of it: its own stream, handles and pool.
+  int lane = 0;
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<tbb::task_arena> arena;
@@ -100,9 +103,6 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
   for (const Device& d : options_.devices) {
     CNNFLOW_ENFORCE(d.is_cuda() == gpu, "replicas on CPUs and GPUs at once are not supported");
   }
-  if (gpu && options.sync_bn) {
-    throw ConfigError("sync_bn is not implemented for GPU replicas yet");
-  }
   const int tp = options.tensor_parallel;
   if (tp > 1) MakeTensorParallelGroups(world);
   collective_ = MakeReplicaCollective(options_.devices, world, options.timeout_s);
@@ -110,6 +110,8 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     auto rep = std::make_unique<Replica>();
     rep->rank = r;
     rep->device = options_.devices[r];
+    for (int j = 0; j < r; ++j) rep->lane += options_.devices[j] == rep->device ? 1 : 0;
+    const GpuLaneScope lane(rep->lane);
     TensorParallelPlacement placement;
     if (tp > 1) {
       placement.layers = options.split_layers;
@@ -137,7 +139,10 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     BindGradientBuckets(*rep);
     rep->optimizer = MakeOptimizer(optimizer, rep->model->NamedParameters());
     if (collective_ != nullptr && !collective_->enqueues()) {
-      rep->comm = std::thread([this, r = rep.get()] { CommLoop(*r); });
+      rep->comm = std::thread([this, r = rep.get()] {
+        const GpuLaneScope lane(r->lane);
+        CommLoop(*r);
+      });
     }
     rep->sync_sum = [this, r = rep->rank](float* data, int64_t count) {
       Issue(r, [this, r, data, count] { collective_->AllReduceSum(r, data, count, "sync_bn", 1); });
@@ -223,6 +228,7 @@ void ReplicaSet::BroadcastInitialState() {
   std::vector<std::exception_ptr> errors(replicas_.size());
   for (auto& rep : replicas_) {
     threads.emplace_back([this, &errors, r = rep->rank] {
+      const GpuLaneScope lane(replicas_[r]->lane);
       try {
         for (auto& [name, t] : replicas_[r]->model->StateTensors()) {
           Issue(r, [this, r, name = name, t = t]() mutable {
@@ -251,7 +257,10 @@ ReplicaSet::~ReplicaSet() {
   if (collective_ != nullptr && collective_->enqueues()) {
     // Collectives still in flight (a failed step) must not outlive their buffers.
     try {
-      for (auto& rep : replicas_) collective_->Wait(rep->rank);
+      for (auto& rep : replicas_) {
+        const GpuLaneScope lane(rep->lane);
+        collective_->Wait(rep->rank);
+      }
     } catch (const std::exception&) {
       collective_->Abort("the replicas are shutting down");
     }
@@ -269,6 +278,7 @@ int ReplicaSet::global_offset() const {
 }
 
 Device ReplicaSet::device(int r) const { return replicas_[r]->device; }
+int ReplicaSet::lane(int r) const { return replicas_[r]->lane; }
 
 double ReplicaSet::loss_scale(int r) const {
   return replicas_[r]->scaler ? replicas_[r]->scaler->scale() : 1.0;
@@ -286,6 +296,12 @@ void ReplicaSet::ResetCounters() {
 }
 
 void ReplicaSet::StartPass() {
+  // Between passes the host writes every replica's tensors from lane 0 (a
+  // checkpoint's weights, the EMA's copy, an init from data): a GPU listed
+  // twice has its other lanes' streams start after that work.
+  for (auto& rep : replicas_) {
+    if (rep->lane > 0) SynchronizeDevice(rep->device);
+  }
   const double now = Now();
   for (auto& rep : replicas_) rep->idle_since = now;
 }
@@ -334,6 +350,7 @@ void ReplicaSet::Issue(int r, std::function<void()> fn) {
 
 void ReplicaSet::Complete(int r) {
   Replica& rep = *replicas_[r];
+  const GpuLaneScope lane(rep.lane);
   if (rep.comm.joinable()) {
     std::unique_lock<std::mutex> lock(rep.mu);
     rep.cv.wait(lock, [&] { return rep.queue.empty() && !rep.busy; });
@@ -349,6 +366,7 @@ void ReplicaSet::Complete(int r) {
 bool ReplicaSet::AgreeStop(int r, bool stop_requested) {
   if (collective_ == nullptr) return stop_requested;
   Replica& rep = *replicas_[r];
+  const GpuLaneScope lane(rep.lane);
   const double begin = Now();
   // On the replica's device: NCCL reduces GPU memory.
   Tensor flag = Tensor::Full(Shape({1}), stop_requested ? 1.0 : 0.0).To(rep.device);
@@ -372,6 +390,7 @@ const Tensor& ReplicaSet::Infer(const Tensor& x, const ForwardContext& ctx) {
   const Tensor* out = nullptr;
   auto run = [this, &x, &ctx, &out](int r) {
     Replica& rep = *replicas_[r];
+    const GpuLaneScope lane(rep.lane);
     const Tensor* y = nullptr;
     auto forward = [&] { y = &rep.model->Forward(x, ctx); };
     rep.arena ? rep.arena->execute(forward) : forward();
@@ -422,6 +441,7 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
                                                const int64_t* device_labels, const LabelMix* mix,
                                                const LabelMix* device_mix) {
   Replica& rep = *replicas_[r];
+  const GpuLaneScope lane(rep.lane);
   const double begin = Now();
   if (rep.idle_since >= 0) rep.counters.data_wait_seconds += begin - rep.idle_since;
   Result result;
@@ -513,6 +533,7 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
 // the optimizer does not touch them.
 void ReplicaSet::IssueBufferBroadcasts(int r) {
   if (!options_.broadcast_buffers) return;
+  const GpuLaneScope lane(replicas_[r]->lane);
   Model& m = *replicas_[r]->model;
   for (int i = 0; i < m.num_layers(); ++i) {
     Layer& l = m.layer(i);
@@ -527,6 +548,7 @@ void ReplicaSet::IssueBufferBroadcasts(int r) {
 
 void ReplicaSet::WaitForReductions(int r) {
   Replica& rep = *replicas_[r];
+  const GpuLaneScope lane(rep.lane);
   const double wait_begin = Now();
   {
     const TraceSpan span("allreduce-wait", "wait for gradient reductions");
@@ -538,6 +560,7 @@ void ReplicaSet::WaitForReductions(int r) {
 
 void ReplicaSet::Step(int r, double lr) {
   Replica& rep = *replicas_[r];
+  const GpuLaneScope lane(rep.lane);
   WaitForReductions(r);
   const double step_begin = Now();
   auto step = [&] { ApplyStep(rep, lr); };

@@ -138,6 +138,10 @@ class ReplicaSet {
   int global_offset() const;
   // The device of replica r's model.
   Device device(int r = 0) const;
+  // Replica r's GPU lane (ops/device.h): 0 unless its GPU is listed before
+  // it too. Work of replica r done outside ReplicaSet (staging its batches)
+  // runs in a GpuLaneScope of it.
+  int lane(int r) const;
   Model& model(int r = 0);
   Optimizer& optimizer(int r = 0);
   const std::vector<Bucket>& buckets() const { return buckets_; }

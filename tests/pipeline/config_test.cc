@@ -298,19 +298,27 @@ TEST_F(ConfigTest, LogicalReplicasAreThisProcessesShareOnItsDevicesInTurn) {
             std::string::npos);
 }
 
-// GPU runs: no CPU/GPU mixes, no GPU twice, and the modes not built
-// for GPUs yet refused up front with the key that asks for them.
+// GPU runs: no CPU/GPU mixes; one GPU may be listed several times (a
+// replica per listing) only when it is the only GPU listed; the modes not
+// built for GPUs yet refused up front with the key that asks for them.
 TEST_F(ConfigTest, GpuDeviceListsAreCheckedBeforeTheRun) {
   RunConfig c = LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0]"});
   ASSERT_EQ(c.devices.size(), 1u);
   EXPECT_TRUE(c.devices[0].is_cuda());
   EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0, cuda:1]"}).devices.size(), 2u);
-  EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:1, cuda:1]"}).find("listed twice"),
+  const RunConfig twice = LoadRunConfig(Write(kGood), {"graph.devices=[cuda:1, cuda:1]"});
+  ASSERT_EQ(twice.devices.size(), 2u);
+  EXPECT_EQ(twice.devices[0], twice.devices[1]);
+  EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0, cuda:0, cuda:0]"}).devices.size(),
+            3u);
+  testing::ExpectContains(ErrorOf(kGood, {"graph.devices=[cuda:0, cuda:0, cuda:1]"}),
+                          {"cuda:0 is listed twice", "the only GPU listed"});
+  EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cpu:0, cpu:0]"}).find("cpu:0 is listed twice"),
             std::string::npos);
   EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cpu:0, cuda:0]"}).find("either CPUs or GPUs"),
             std::string::npos);
-  EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:0]", "graph.sync_bn=true"}).find("graph.sync_bn"),
-            std::string::npos);
+  EXPECT_TRUE(LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0, cuda:0]", "graph.sync_bn=true"})
+                  .data_parallel.sync_bn);
   EXPECT_EQ(LoadRunConfig(Write(kGood), {"graph.devices=[cuda:0]", "graph.precision=bf16"})
                 .data_parallel.compute,
             DType::kBF16);

@@ -49,12 +49,12 @@ double MaxRelDiff(Model& a, Model& b) {
   return worst;
 }
 
-// MaxRelDiff of a CPU model and a GPU one (its parameters copied off).
-double MaxRelDiffOfGpu(Model& cpu, Model& gpu) {
+// MaxRelDiff of two models on any devices (their parameters copied off).
+double MaxRelDiffOnHost(Model& cpu, Model& gpu) {
   auto pc = cpu.NamedParameters(), pg = gpu.NamedParameters();
   double worst = 0;
   for (size_t i = 0; i < pc.size(); ++i) {
-    const Tensor a = pc[i].param->value, b = pg[i].param->value.To(Device::Cpu());
+    const Tensor a = pc[i].param->value.To(Device::Cpu()), b = pg[i].param->value.To(Device::Cpu());
     double scale = 1e-12;
     for (int64_t j = 0; j < a.numel(); ++j) scale = std::max(scale, std::fabs(a.At(j)));
     for (int64_t j = 0; j < a.numel(); ++j)
@@ -724,7 +724,39 @@ TEST(DataParallelTrainingGPU, TheSameConfigTrainsOnAGpuAsOnTheCpu) {
   EXPECT_NEAR(gpu_m.mean_loss(), cpu_m.mean_loss(), 1e-2 * cpu_m.mean_loss());
   EXPECT_NEAR(half_m.mean_loss(), cpu_m.mean_loss(), 5e-2 * cpu_m.mean_loss());
   // 20 SGD steps with momentum from the same start: TF32 noise only.
-  EXPECT_LT(MaxRelDiffOfGpu(cpu->model(), gpu->model()), 1e-2);
+  EXPECT_LT(MaxRelDiffOnHost(cpu->model(), gpu->model()), 1e-2);
+}
+
+// One GPU listed twice (issue 55): two replicas on cuda:0, each in its own
+// lane (stream and pool), their gradients summed on the device in the
+// reduction tree's order (ops/cuda/lane_group.h), equal one replica at the
+// doubled batch to f32 rounding after 20 steps (TF32 off, deterministic
+// algorithms), and equal each other bit for bit.
+TEST(DataParallelTrainingGPU, TwoReplicasOnOneGpuMatchOneAtTheDoubledBatch) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no GPU found: GPU test skipped";
+  const std::vector<std::string> common = {
+      "train.epochs=1",   "train.max_steps=20",       "threads=2",          "graph.load_threads=1",
+      "graph.tf32=false", "graph.deterministic=true", "graph.bucket_mb=0.5"};
+  auto train = [&](const std::string& devices, int batch) {
+    auto t = std::make_unique<Trainer>(LoadRunConfig(
+        "bench/configs/mlp2_synthetic.yaml",
+        With(common, {"graph.devices=[" + devices + "]", "train.batch=" + std::to_string(batch)})));
+    const PassMetrics m = t->RunPass(t->config().train_graph, {.pass = "train", .epoch = 0});
+    EXPECT_EQ(m.samples, 20 * 64) << devices;
+    return t;
+  };
+  auto one = train("cuda:0", 64);
+  auto two = train("cuda:0, cuda:0", 32);
+  ASSERT_EQ(two->replicas().size(), 2);
+  EXPECT_EQ(two->replicas().lane(1), 1);
+  EXPECT_GT(two->replicas().buckets().size(), 1u);
+  auto p0 = two->replicas().model(0).NamedParameters();
+  auto p1 = two->replicas().model(1).NamedParameters();
+  for (size_t i = 0; i < p0.size(); ++i) {
+    const Tensor a = p0[i].param->value.To(Device::Cpu()), b = p1[i].param->value.To(Device::Cpu());
+    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << p0[i].name;
+  }
+  EXPECT_LT(MaxRelDiffOnHost(one->model(), two->replicas().model(0)), 1e-5);
 }
 
 // Mixed labels on a GPU (issue 55): a mixup config trains on cuda:0 by
@@ -750,9 +782,9 @@ TEST(DataParallelTrainingGPU, MixupTrainsOnAGpuAsOnTheCpu) {
   auto [gpu, gpu_m] = train("cuda:0", true);
   auto [hard, hard_m] = train("cuda:0", false);
   EXPECT_NEAR(gpu_m.mean_loss(), cpu_m.mean_loss(), 1e-3 * cpu_m.mean_loss());
-  const double mixed = MaxRelDiffOfGpu(cpu->model(), gpu->model());
+  const double mixed = MaxRelDiffOnHost(cpu->model(), gpu->model());
   EXPECT_LT(mixed, 1e-3);
-  EXPECT_GT(MaxRelDiffOfGpu(cpu->model(), hard->model()), 2 * mixed)
+  EXPECT_GT(MaxRelDiffOnHost(cpu->model(), hard->model()), 2 * mixed)
       << "the GPU run without the mix is as close to the CPU's mixed run as the GPU's mixed one";
   fs::remove_all(dir);
 }

@@ -1,9 +1,9 @@
 // Channels-last on GPUs (graph.channels_last: true on cuda devices): the
 // layout kernel (cuda::ChangeLayout) against a host transpose, and whole
 // models whose activations are stored NHWC against the CPU's f32 (NCHW),
-// forward and every gradient, in f32 (TF32 off), bf16 and f16. The host-side check that names a layer without a channels-last GPU
-// kernel (Model::GpuChannelsLastRefusal) runs in any CUDA build; the rest
-// skips without a GPU.
+// forward and every gradient, in f32 (TF32 off), bf16 and f16. The host-side check that names a
+// layer without a channels-last GPU kernel (Model::GpuChannelsLastRefusal) runs in any CUDA build;
+// the rest skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -34,7 +34,8 @@ std::vector<LayerSpec> ResidualNet() {
       Spec("skip", "add", {}, {"bn2", "relu1"}),
       Spec("relu2", "relu"),
       Spec("pool", "maxpool2d", {{"kernel", int64_t{2}}}),
-      Spec("down", "conv2d", {{"out", int64_t{16}}, {"kernel", int64_t{3}}, {"stride", int64_t{2}}}),
+      Spec("down", "conv2d",
+           {{"out", int64_t{16}}, {"kernel", int64_t{3}}, {"stride", int64_t{2}}}),
       Spec("gelu", "gelu"),
       Spec("scale", "mul", {{"scale", std::vector<double>{0.5}}}),  // the speed run's head scale
       Spec("gap", "global_avgpool"),
@@ -90,8 +91,7 @@ TEST(ChannelsLastGpuConfig, NamesTheFirstLayerWithoutAKernel) {
   // A ceil_mode pooling whose last window hangs over: NCHW kernels only.
   const std::string ceil = Model::GpuChannelsLastRefusal(
       {Spec("c", "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}}),
-       Spec("p", "maxpool2d", {{"kernel", int64_t{2}}, {"ceil_mode", true}}),
-       Spec("f", "flatten")},
+       Spec("p", "maxpool2d", {{"kernel", int64_t{2}}, {"ceil_mode", true}}), Spec("f", "flatten")},
       Shape{1, 9, 9});  // a 7 x 7 plane: 4 windows of 2, the last hanging over
   EXPECT_NE(ceil.find("'p' (maxpool2d)"), std::string::npos) << ceil;
   // 1-D models have no 4-D activations: nothing to refuse.
@@ -115,7 +115,8 @@ TEST(ChangeLayoutGPU, TransposesConvertsAndAccumulates) {
   for (int64_t b = 0; b < n; ++b) {
     for (int64_t p = 0; p < h * w; ++p) {
       for (int64_t ch = 0; ch < c; ++ch) {
-        ASSERT_EQ(got.At((b * h * w + p) * c + ch), nchw_at(b, ch, p)) << b << " " << p << " " << ch;
+        ASSERT_EQ(got.At((b * h * w + p) * c + ch), nchw_at(b, ch, p))
+            << b << " " << p << " " << ch;
       }
     }
   }

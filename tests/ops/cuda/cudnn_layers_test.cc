@@ -2,7 +2,7 @@
 // batch_norm_cudnn.cc): every layer's forward and backward on cuda:0
 // against the CPU layer on the same inputs and parameters (normalised
 // errors, tests/ops/gpu_check.h), BN's running statistics, batch-size
-// changes, the no-input-gradient path and SyncBN's refusal; then every
+// changes, the no-input-gradient path and SyncBN's kernels; then every
 // layer again in mixed precision (bf16 and f16 activations over f32
 // parameters) against the CPU's f32. GPU tests skip without a GPU; the
 // host-side parts (registration, Build of the CUDA classes, the algorithm
@@ -29,8 +29,10 @@
 #if defined(CNNFLOW_WITH_CUDA)
 #include <cudnn.h>
 
+#include "ops/cuda/context.h"
 #include "ops/cuda/cudnn_picks.h"
 #include "ops/cuda/cudnn_util.h"
+#include "ops/cuda/elementwise.h"
 #endif
 
 namespace cnnflow::testing {
@@ -443,21 +445,69 @@ TEST(BatchNormGPU, GradientsAccumulateOverCalls) {
   CheckBatchNormGradientsAccumulate(DType::kF32, kBnTol);
 }
 
-TEST(BatchNormGPU, SyncBatchNormIsRefused) {
+// SyncBN's kernels (ops/cuda/sync_batch_norm.h) with the sync of one
+// replica (the sums as they are) and of two identical replicas (every sum,
+// the count too, doubled: the same statistics) against cuDNN's own BN on
+// the same batch: output, every gradient and the running statistics, NCHW
+// and channels-last, in f32 and bf16.
+TEST(BatchNormGPU, SyncedKernelsMatchCudnnOnOneReplica) {
   CNNFLOW_SKIP_WITHOUT_GPU();
-  auto gpu = Model::Build({Spec("bn", "batchnorm")}, Shape{2, 3, 3},
-                          {.seed = 1, .device = Device::Cuda(0)});
-  const std::function<void(float*, int64_t)> sum = [](float*, int64_t) {};
-  ForwardContext ctx;
-  ctx.sync_sum = &sum;
-  const Tensor x = RandomTensor(Shape{4, 2, 3, 3}, 3, -1, 1, DType::kF32).To(Device::Cuda(0));
-  try {
-    gpu->Forward(x, ctx);
-    FAIL() << "SyncBN on a GPU should have thrown";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not supported on a GPU"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("'bn'"), std::string::npos) << e.what();
+  const std::function<void(float*, int64_t)> same = [](float*, int64_t) {};
+  std::vector<const std::function<void(float*, int64_t)>*> syncs = {&same};
+#if defined(CNNFLOW_WITH_CUDA)
+  const std::function<void(float*, int64_t)> twice = [](float* data, int64_t count) {
+    cuda::ScaleFloats(data, count, 2.f, CudaContext::For(Device::Cuda(0)).stream());
+  };
+  syncs.push_back(&twice);
+#endif
+  SetGpuMath(Device::Cuda(0), {.tf32 = false});  // the two models may pick other algorithms
+  for (const auto* sync : syncs) {
+    for (MemoryFormat layout : {MemoryFormat::kNchw, MemoryFormat::kChannelsLast}) {
+      for (DType compute : {DType::kF32, DType::kBF16}) {
+        const std::vector<LayerSpec> specs = {
+            Spec("c", "conv2d", {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}}),
+            Spec("bn", "batchnorm", {{"momentum", 0.3}}),
+            // A convolution last: the model's output stays NCHW, bn's may not.
+            Spec("c2", "conv2d", {{"out", int64_t{2}}, {"kernel", int64_t{1}}})};
+        const ModelOptions o{
+            .seed = 2, .device = Device::Cuda(0), .compute = compute, .memory_format = layout};
+        auto plain = Model::Build(specs, Shape{3, 7, 5}, o);
+        auto synced = Model::Build(specs, Shape{3, 7, 5}, o);
+        const Tensor x = RandomTensor(Shape{4, 3, 7, 5}, 8, -2, 3, DType::kF32).To(Device::Cuda(0));
+        ForwardContext ctx;
+        ForwardContext sctx;
+        sctx.sync_sum = sync;
+        ASSERT_EQ(synced->FindLayer("bn")->nhwc_output(), layout == MemoryFormat::kChannelsLast);
+        const Tensor y0 = ToF32(plain->Forward(x, ctx));
+        const Tensor y1 = ToF32(synced->Forward(x, sctx));
+        const double tol = compute == DType::kF32 ? 1e-5 : 2e-2;
+        const std::string what =
+            StrCat(DTypeName(compute), layout == MemoryFormat::kNchw ? " NCHW" : " NHWC");
+        EXPECT_LT(NormalisedError(y0.To(Device::Cpu()), y1), tol) << what;
+        Tensor dy = RandomTensor(y0.shape(), 9, -1, 1, DType::kF32).To(Device::Cuda(0));
+        if (compute != DType::kF32) {
+          Tensor h = Tensor::Empty(dy.shape(), compute, Device::Cuda(0));
+          cuda::Cast(dy, h);
+          dy = h;
+        }
+        Tensor dx0, dx1;
+        plain->Backward(dy, {}, &dx0);
+        synced->Backward(dy, {}, &dx1);
+        EXPECT_LT(NormalisedError(ToF32(dx0).To(Device::Cpu()), ToF32(dx1)), tol) << what;
+        auto p0 = plain->NamedParameters(), p1 = synced->NamedParameters();
+        for (size_t i = 0; i < p0.size(); ++i) {
+          EXPECT_LT(NormalisedError(p0[i].param->grad.To(Device::Cpu()), p1[i].param->grad), tol)
+              << what << " " << p0[i].name;
+        }
+        auto s0 = plain->StateTensors(), s1 = synced->StateTensors();
+        for (size_t i = 0; i < s0.size(); ++i) {
+          EXPECT_LT(NormalisedError(s0[i].second.To(Device::Cpu()), s1[i].second), 1e-5)
+              << what << " " << s0[i].first;
+        }
+      }
+    }
   }
+  SetGpuMath(Device::Cuda(0), {});
 }
 
 // ---------------------------------------------------------------- together

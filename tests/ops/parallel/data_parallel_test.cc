@@ -15,6 +15,7 @@
 #include <iostream>
 #include <thread>
 
+#include "ops/device_ops.h"
 #include "ops/random.h"
 #include "tests/ops/gpu_check.h"
 #include "tests/testing/helpers.h"
@@ -67,9 +68,11 @@ Args Opt(const std::string& type) {
 std::unique_ptr<ReplicaSet> Make(int replicas, const std::string& opt, double bucket_mb = 25,
                                  const std::vector<LayerSpec>& net = Net(), bool sync_bn = false,
                                  int tensor_parallel = 1,
-                                 std::map<std::string, TensorSplit> split = {}) {
+                                 std::map<std::string, TensorSplit> split = {},
+                                 std::vector<Device> devices = {}) {
   DataParallelOptions o;
   o.replicas = replicas;
+  o.devices = std::move(devices);
   o.sync_bn = sync_bn;
   o.bucket_mb = bucket_mb;
   o.timeout_s = 20;
@@ -109,8 +112,8 @@ double MaxRelDiff(Model& a, Model& b) {
   double worst = 0;
   auto pa = a.NamedParameters(), pb = b.NamedParameters();
   for (size_t i = 0; i < pa.size(); ++i) {
-    const Tensor& x = pa[i].param->value;
-    const Tensor& y = pb[i].param->value;
+    const Tensor x = pa[i].param->value.To(Device::Cpu());  // either model may be on a GPU
+    const Tensor y = pb[i].param->value.To(Device::Cpu());
     double scale = 0;
     for (int64_t j = 0; j < x.numel(); ++j)
       scale = std::max(scale, std::fabs(double(x.data<float>()[j])));
@@ -205,6 +208,34 @@ TEST(DataParallel, SyncBatchNormReplicasEqualOneReplicaOfTheWholeBatch) {
   EXPECT_EQ(std::memcmp(stats(plain->model(0)).raw_data(), stats(plain->model(1)).raw_data(),
                         stats(plain->model(0)).nbytes()),
             0);
+}
+
+// The same on one GPU listed twice (issue 55): SyncBN's kernels
+// (ops/cuda/sync_batch_norm.h) over two GPU lanes reduced on the device
+// (ops/cuda/lane_group.h) equal SyncBN over two CPU replicas, and one GPU
+// replica of the whole batch (full f32: TF32 off).
+TEST(DataParallelGPU, SyncBatchNormOnTwoGpuLanesEqualsTwoCpuReplicas) {
+  CNNFLOW_SKIP_WITHOUT_GPU();
+  SetGpuMath(Device::Cuda(0), {.tf32 = false});
+  const std::vector<Device> two_gpus = {Device::Cuda(0), Device::Cuda(0)};
+  auto cpu = Make(2, "sgd", 0.002, NetWithBatchNorm(), /*sync_bn=*/true);
+  auto gpu = Make(2, "sgd", 0.002, NetWithBatchNorm(), /*sync_bn=*/true, 1, {}, two_gpus);
+  auto one = Make(1, "sgd", 25, NetWithBatchNorm(), false, 1, {}, {Device::Cuda(0)});
+  EXPECT_EQ(gpu->lane(1), 1);
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<Data> batch = {Batch(10, 400 + step)};
+    TrainStep(*cpu, batch, step);
+    TrainStep(*gpu, batch, step);
+    TrainStep(*one, batch, step);
+  }
+  SetGpuMath(Device::Cuda(0), {});
+  EXPECT_LT(MaxRelDiff(cpu->model(), gpu->model()), 1e-4);
+  EXPECT_LT(MaxRelDiff(one->model(), gpu->model()), 1e-4);
+  EXPECT_EQ(MaxRelDiff(gpu->model(0), gpu->model(1)), 0) << "the lanes' weights differ";
+  auto stats = [](Model& m) { return m.FindLayer("bn1")->buffers()[1].value.To(Device::Cpu()); };
+  for (int64_t c = 0; c < 6; ++c) {  // running_var: the global batch's, unbiased
+    EXPECT_NEAR(stats(cpu->model()).At(c), stats(gpu->model()).At(c), 1e-5) << c;
+  }
 }
 
 // Invariant 3: two micro-batches of B then one step == one step of 2B.
