@@ -473,7 +473,9 @@ def main():
     net = build_net(torch, nn).to(device=device, memory_format=torch.channels_last)
     model = torch.compile(net, dynamic=False) if args.compile else net
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
-    autocast = torch.autocast(args.device, dtype=dtype or torch.float32, enabled=dtype is not None)
+    # fp32: autocast off (its dtype then only needs to be one the device
+    # takes, or torch warns).
+    autocast = torch.autocast(args.device, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
     batch = args.batch
     compile_s = 0.0
     if args.compile or cuda:
