@@ -35,7 +35,7 @@
 # rows) before the first row is appended. The summary over the file takes
 # the seeds both sides ran, PyTorch on this run's allocator (the last row of
 # each side). Runs with --subset are smoke tests: not appended unless --csv
-# is given.
+# is given. Exit status 1 when a run failed (after the summaries).
 #
 # usage: bench/time_to_accuracy.sh [--device cpu|cuda] [--seeds "0 1 2"]
 #          [--precision fp32|bf16|fp16] [--threads T] [--only torch|cnnflow]
@@ -288,6 +288,7 @@ describe() { awk '{ printf "%.2f%% (TTA %.2f%%) in %.0f s", $1, $2, $3; if ($4 !
 metric_of() { if [[ $METRIC == timed ]]; then awk '{ print $4 }' <<<"$1"; else awk '{ print $3 }' <<<"$1"; fi; }
 
 START=$(now)
+FAILED=0         # a run failed: the exit status is 1, after the summaries
 last_seed_s=""   # the last seed's seconds, once one ran
 for seed in $SEEDS; do
   if [[ -n "$BUDGET" && -n "$last_seed_s" ]] && awk -v s="$START" -v n="$(now)" -v l="$last_seed_s" -v b="$BUDGET" \
@@ -300,7 +301,7 @@ for seed in $SEEDS; do
   c=""
   if [[ $RUN_CNNFLOW -eq 1 ]]; then
     if c=$(run_cnnflow "$seed"); then record cnnflow "$seed" "$c"; line+=" cnnflow $(describe "$c")"
-    else c=""; line+=" cnnflow failed"; fi
+    else c=""; FAILED=1; line+=" cnnflow failed"; fi
   fi
   if [[ $RUN_TORCH -eq 1 ]]; then
     for mode in "${TORCH_MODES[@]}"; do
@@ -311,7 +312,7 @@ for seed in $SEEDS; do
         if [[ -n "$c" && "$a" != - && "$b" != - ]]; then
           line+=" ($side/cnnflow $METRIC $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", b / a }'))"
         fi
-      else line+="  $side failed"; fi
+      else FAILED=1; line+="  $side failed"; fi
     done
   fi
   echo "$line  (load average $(load))"
@@ -366,3 +367,4 @@ if [[ -n "$CSV" && -s "$CSV" ]]; then
   done
   [[ $paired -eq 1 ]] || echo "no seed of $CSV was run by both sides on $DEVICE_NAME, this cpu and isa ($ISA), precision $PRECISION, $THREADS threads, ${EPOCHS:-9.9} epochs"
 fi
+exit $FAILED

@@ -13,7 +13,8 @@
 #      summaries compare the timed spans (ratios checked), and the file's
 #      summary takes the GPU rows only;
 #   3. --no-compile runs eager PyTorch only; --budget 0 runs one seed;
-#      fp16 on the CPU is refused.
+#      fp16 on the CPU is refused; a failed run makes the exit status 1,
+#      the other seeds still run.
 #   usage: time_to_accuracy_test.sh
 set -u
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -30,7 +31,8 @@ cat >"$tmp/bin/cnnflow" <<EOF
 echo "\$*" >>"$tmp/cnnflow.args"
 case "\$1" in
   --version) echo "cnnflow 0.0-test" ;;
-  train) out=""; while [[ \$# -gt 0 ]]; do [[ \$1 == --out ]] && out=\$2; shift; done
+  train) [[ "\$*" == *"seed=13 "* ]] && { echo "error: seed 13 fails"; exit 1; }
+         out=""; while [[ \$# -gt 0 ]]; do [[ \$1 == --out ]] && out=\$2; shift; done
          mkdir -p "\$out" && : >"\$out/model.safetensors"; sleep 0.1
          echo "epoch 1/1: train loss 0.5, test loss 0.3, test accuracy 94.1% of 10000 samples, 100 img/s"
          echo "timed span: 2.50 s from the whitening init to the end of the last evaluation (the init 0.30 s)" ;;
@@ -129,5 +131,8 @@ grep -q -- "--precision fp16" "$tmp/python.args" || fail "PyTorch not fp16"
 grep -q "stopping before seed 1" "$tmp/out" || { cat "$tmp/out"; fail "no budget stop"; }
 run --precision fp16 --seeds 0 && fail "fp16 on the CPU ran"
 grep -q "fp16: --device cuda" "$tmp/out" || { cat "$tmp/out"; fail "fp16 refusal not named"; }
-echo "ok: --no-compile, --budget, fp16 refused on the CPU"
+run --only cnnflow --seeds "13 0" && fail "a failed run exited 0"
+grep -q "seed 13: cnnflow failed" "$tmp/out" && grep -q "seed 0: cnnflow 93.40%" "$tmp/out" ||
+  { cat "$tmp/out"; fail "a failed seed stopped the others"; }
+echo "ok: --no-compile, --budget, fp16 refused on the CPU, a failed run: exit 1 after the others"
 echo "PASS: time_to_accuracy.sh reads old and new rows and runs both sides on cpu and cuda"
