@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -46,6 +47,10 @@ std::string MakeRunDir(const std::string& parent, const std::string& name) {
   for (int k = 2; fs::exists(dir); ++k) dir = base + "-" + std::to_string(k);
   fs::create_directories(dir);
   return dir;
+}
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -132,9 +137,12 @@ Trainer::Trainer(RunConfig config) : config_(std::move(config)) {
   PlanSchedule();
   if (replicas_ && !replicas_->device(0).is_cuda()) ShareKernelPicks(world);
   TimeParamGroups();
-  // `init: {weight: whiten}` and the like, once the training data is open.
+  // `init: {weight: whiten}` and the like, once the training data is open:
+  // where there is one, the timed span starts with it.
+  const double init0 = SteadySeconds();
   init_report_ =
       InitFromData(config_, run_.dataset("train"), run_.transform, *model_, Tensors().models);
+  if (!init_report_.empty()) whiten_seconds_ = SteadySeconds() - init0;
   for (const std::string& note : group_notes)
     init_report_ += StrCat(init_report_.empty() ? "" : "\n", "note: ", note);
   // Before the ema node's average starts from the model (a resume then
@@ -556,6 +564,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
   if (model_->device().is_cuda()) PoolFor(model_->device()).ResetPeak();
   double train_seconds = 0;  // this run's training passes
   EpochReport report;
+  span_start_ = span_end_ = SteadySeconds();
   for (int64_t epoch = at_.epoch; epoch < passes_ && !control_.stop_requested; ++epoch) {
     report.epoch = epoch + 1;
     const auto [busy0, reduce0] = StepCounters();
@@ -563,6 +572,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     const double gpu_idle0 = replicas_ ? replicas_->counters(0).gpu_idle_seconds : 0;
     if (replicas_) rank_times_.Start(*replicas_);
     report.train = TrainEpoch(epoch);
+    span_end_ = SteadySeconds();
     train_seconds += report.train.seconds;
     report.lr = schedule_->At(std::max<int64_t>(at_.global_step - 1, 0));
     if (control_.stop_requested) break;
@@ -570,6 +580,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
     FinishEpoch(epoch, report, busy0, reduce0, gpu_idle0);
   }
   ReportMemory(train_seconds);
+  ReportTimedSpan();
   // Lookahead ends on the average (the last steps since its last update
   // are folded away), as the speed runs' final update does.
   if (ema_ && ema_lookahead_ && !control_.stop_requested) {
@@ -627,6 +638,7 @@ void Trainer::FinishEpoch(int64_t epoch, EpochReport& report, double busy0, doub
     const bool averaged = ema_ && ema_eval_;
     if (averaged) ema_->Swap(*model_);
     report.test = RunPass(config_.eval_graph, {.pass = "eval", .epoch = epoch});
+    span_end_ = SteadySeconds();  // the pass has its accuracy: the GPUs are done
     if (averaged) ema_->Swap(*model_);
   }
   if (files_) {
@@ -683,6 +695,31 @@ void Trainer::ReportMemory(double train_seconds) {
     Say(StrCat("fp16 loss scaling skipped ", replicas_->counters(0).skipped_steps,
                " steps with inf/NaN gradients"));
   }
+}
+
+// airbench's timed span: from the start of the whitening init (else of the
+// first training pass) to the end of the last evaluation (else of the last
+// training pass). Outside it: the data's decode and upload to the GPUs
+// (data.device_resident), building the model and the run folder. Inside:
+// whatever the passes do, the first steps' one-time work included (cuDNN's
+// algorithm search, autotune, the loader's JPEG decode where the data is
+// not resident). Fresh, complete runs only: a resumed or stopped run's
+// span would not be the run's.
+void Trainer::ReportTimedSpan() {
+  if (resumed_ || control_.stop_requested || at_.global_step == 0) return;
+  const double loop = span_end_ - span_start_;
+  const bool whitened = whiten_seconds_ >= 0;
+  const bool evaluated = run_.datasets.count("test") != 0;
+  char figures[96];
+  std::snprintf(figures, sizeof figures, "%.2f s", (whitened ? whiten_seconds_ : 0) + loop);
+  std::string line = StrCat("timed span: ", figures, " from the ",
+                            whitened ? "whitening init" : "first training pass", " to the end of ",
+                            evaluated ? "the last evaluation" : "training");
+  if (whitened) {
+    std::snprintf(figures, sizeof figures, " (the init %.2f s)", whiten_seconds_);
+    line += figures;
+  }
+  Say(line);
 }
 
 TrainedTensors Trainer::Tensors() {

@@ -123,6 +123,8 @@ class Trainer {
   void FinishEpoch(int64_t epoch, EpochReport& report, double busy0, double reduce0,
                    double gpu_idle0);
   void ReportMemory(double train_seconds);
+  // The "timed span:" line (docs/outputs.md#what-a-run-prints).
+  void ReportTimedSpan();
   void SaveCheckpoint(int64_t epoch, const PassMetrics& partial);
   void Say(const std::string& line) {
     if (progress_) progress_->Line(line);
@@ -157,6 +159,11 @@ class Trainer {
   TrainPosition at_;
   Progress* progress_ = nullptr;
   std::string init_report_;
+  // The timed span, airbench's: the whitening init's seconds (negative
+  // where no layer is initialised from the data), then the steady clock's
+  // seconds at the start of Train's epochs and at the end of its last pass.
+  double whiten_seconds_ = -1;
+  double span_start_ = 0, span_end_ = 0;
   std::unique_ptr<Autotuner> autotuner_;  // graph.autotune
   std::unique_ptr<WeightAverage> ema_;    // an ema node in the train graph
   bool ema_eval_ = false;                 // evaluate on the average

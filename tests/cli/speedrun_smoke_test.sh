@@ -4,8 +4,9 @@
 # 256 (7 full steps), every recipe piece on (whitening init, frozen tensors,
 # parameter groups, lookahead, reflect translation, alternating flip, TTA).
 # Checks the run ends with finite figures, the whitening conv is not the
-# default init (filters k and k + 12 opposite), and evaluation with and
-# without TTA differ. Without the tarball it runs on the 20 committed
+# default init (filters k and k + 12 opposite), the run prints its timed
+# span (whitening init to the last evaluation) with a positive figure, and
+# evaluation with and without TTA differ. Without the tarball it runs on the 20 committed
 # sample images and says so.
 #   usage: speedrun_smoke_test.sh CNNFLOW_BINARY
 #   CNNFLOW_CIFAR10_JPEG: the tarball (default ../shared/data/cifar10-jpeg.tar.gz
@@ -43,6 +44,15 @@ line=$(grep "^epoch 1/1:" "$tmp/train.log") || { cat "$tmp/train.log"; fail "no 
 echo "$line"
 [[ "$line" =~ "test accuracy "([0-9.]+)"%" ]] || fail "no test accuracy in: $line"
 [[ "$line" == *nan* ]] && fail "a NaN in: $line"
+# airbench's timed span (docs/outputs.md#what-a-run-prints): one line,
+# parsed as bench/time_to_accuracy.sh parses it.
+span=$(grep "^timed span: " "$tmp/train.log") || { cat "$tmp/train.log"; fail "no timed span line"; }
+echo "$span"
+[[ $(grep -c "^timed span: " "$tmp/train.log") -eq 1 ]] || fail "more than one timed span line"
+[[ "$span" =~ ^"timed span: "([0-9]+\.[0-9]+)" s from the whitening init to the end of the last evaluation (the init "([0-9]+\.[0-9]+)" s)"$ ]] ||
+  fail "timed span line not as documented: $span"
+awk -v s="${BASH_REMATCH[1]}" -v i="${BASH_REMATCH[2]}" 'BEGIN { exit !(s > 0 && i >= 0 && i <= s) }' ||
+  fail "timed span not positive, or shorter than its init: $span"
 
 python3 - "$tmp/run/model.safetensors" <<'PY' || fail "whitening weights"
 import json, struct, sys
@@ -67,4 +77,22 @@ eval_acc() {
 plain=$(eval_acc none) && tta=$(eval_acc flip_translate) || fail "eval"
 echo "without TTA: $plain; with TTA: $tta"
 [[ "$plain" != "$tta" ]] || fail "TTA changed nothing"
+
+# Without a whitening init the span starts at the first training pass;
+# without a test set it ends with training (configs/cifar10.yaml on the
+# 20 sample images, a few seconds).
+"$cnnflow" convert --from folder tests/data/cifar10-jpeg-sample --to "$tmp/sample.lmdb" > /dev/null 2>&1 ||
+  fail "convert sample"
+for test_set in "$tmp/sample.lmdb" null; do
+  if [[ $test_set == null ]]; then set_test=(--set data.test=null) end="training"
+  else set_test=(--set "data.test.path=$test_set") end="the last evaluation"; fi
+  "$cnnflow" train configs/cifar10.yaml --set threads=2 --set train.epochs=1 --set train.batch=8 \
+    --set data.train.path="$tmp/sample.lmdb" "${set_test[@]}" --out "$tmp/plain-$RANDOM" > "$tmp/plain.log" 2>&1 ||
+    { cat "$tmp/plain.log"; fail "train configs/cifar10.yaml"; }
+  span=$(grep "^timed span: " "$tmp/plain.log") || { cat "$tmp/plain.log"; fail "no timed span line"; }
+  echo "$span"
+  [[ "$span" =~ ^"timed span: "([0-9]+\.[0-9]+)" s from the first training pass to the end of $end"$ ]] ||
+    fail "timed span line not as documented: $span"
+  awk -v s="${BASH_REMATCH[1]}" 'BEGIN { exit !(s > 0) }' || fail "timed span not positive: $span"
+done
 echo "PASS: the speed-run recipe trains and evaluates end to end"
