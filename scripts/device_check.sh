@@ -22,6 +22,12 @@
 #                   and channels_last, 2 epochs, on data/cifar10-*.lmdb when
 #                   carried (scripts/prepare_cifar10.sh), else on the JPEG
 #                   sample of tests/data (<= 300 s; issue 59)
+#   tta             time to accuracy (issue 59): bench/time_to_accuracy.sh
+#                   --device cuda, cnnflow's speed run (device-resident,
+#                   fp16) against the airbench port compiled and eager, 5
+#                   seeds, on the CIFAR-10 JPEGs carried as
+#                   data/cifar10-jpeg.tar.gz (cp ../shared/data/ first;
+#                   carry it), made into LMDBs here (<= 560 s)
 #   bash scripts/device_check.sh [PHASE ...]      (default: tests compare)
 # DEVICE_CHECK_CPU_BENCH=0 skips cpu-bf16's PyTorch comparison.
 # Exit status: the GPU tests' when they ran, else the last failing phase's.
@@ -220,6 +226,27 @@ phase_speedrun() {
   phase "speedrun done"
 }
 
+# Time to accuracy on the GPU (issue 59): the JPEGs carried, the LMDBs made
+# here, both sides alternating seed by seed within the budget.
+phase_tta() {
+  if [ ! -f data/cifar10-jpeg.tar.gz ]; then
+    echo "tta: no data/cifar10-jpeg.tar.gz carried: skipped" | tee -a "$out/tta.txt"
+    other_status=1
+    return
+  fi
+  # data/cifar10-jpeg/ and data/cifar10-{train,test}.lmdb, where the config reads them.
+  CNNFLOW="$dir/cnnflow" bash scripts/prepare_cifar10.sh data/cifar10-jpeg.tar.gz \
+    > "$out/tta-prepare.log" 2>&1
+  phase "tta: data ready"
+  timeout -k 10 500 bash bench/time_to_accuracy.sh --device cuda --precision fp16 \
+    --seeds "0 1 2 3 4" --python python3 --cnnflow "$dir/cnnflow" --data data \
+    --budget 480 --logs "$out/tta" --csv "$out/time-to-accuracy.csv" 2>&1 | tee "$out/tta.txt"
+  local s=${PIPESTATUS[0]}
+  explain "$s" "time_to_accuracy.sh" | tee -a "$out/tta.txt"
+  phase "tta done (exit $s)"
+  [ "$s" -ne 0 ] && other_status=$s
+}
+
 status=0
 other_status=0
 ran_tests=0
@@ -231,7 +258,8 @@ for p in "$@"; do
     cpu-bf16) phase_cpu_bf16 ;;
     resnet18-fp32|resnet18-bf16|resnet50-fp32|resnet50-bf16) phase_resnet "${p%-*}" "${p#*-}" ;;
     speedrun) phase_speedrun ;;
-    *) echo "unknown phase '$p' (tests compare cpu-bf16 resnet18-fp32 resnet18-bf16 resnet50-fp32 resnet50-bf16 speedrun)" | tee -a "$out/error.txt"; other_status=2 ;;
+    tta) phase_tta ;;
+    *) echo "unknown phase '$p' (tests compare cpu-bf16 resnet18-fp32 resnet18-bf16 resnet50-fp32 resnet50-bf16 speedrun tta)" | tee -a "$out/error.txt"; other_status=2 ;;
   esac
 done
 echo "phases: $*; gpu tests exit status: $status; other phases: $other_status; total $(( SECONDS - t0 )) s"
