@@ -89,8 +89,7 @@ class LaneGroup final : public Collective {
   };
 
   // Member `rank` joins its next collective; the last to join issues it.
-  uint64_t Arrive(int rank, Op op, float* data, int64_t count, const std::string& tag,
-                  float scale);
+  uint64_t Arrive(int rank, Op op, float* data, int64_t count, const std::string& tag, float scale);
   // The kernel on the last member's stream, after every member's buffer.
   void Issue(Call& c, cudaStream_t stream);
   // Blocks until c is issued (or the group breaks, or the deadline passes).
@@ -105,8 +104,8 @@ class LaneGroup final : public Collective {
   }
   void ThrowIfBrokenLocked() const {
     if (broken_) {
-      throw CollectiveAborted(StrCat("replicas on cuda:", device_, ": the group is broken: ",
-                                     reason_));
+      throw CollectiveAborted(
+          StrCat("replicas on cuda:", device_, ": the group is broken: ", reason_));
     }
   }
   static void DestroyEvents(Call& c) {
@@ -122,8 +121,8 @@ class LaneGroup final : public Collective {
   const double timeout_s_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<uint64_t, Call> calls_;            // by call number, until every member waited
-  std::vector<uint64_t> next_;                // per member: its next call's number
+  std::map<uint64_t, Call> calls_;              // by call number, until every member waited
+  std::vector<uint64_t> next_;                  // per member: its next call's number
   std::vector<std::vector<uint64_t>> pending_;  // per member: calls it has not waited for
   bool broken_ = false;
   std::string reason_;
@@ -131,8 +130,8 @@ class LaneGroup final : public Collective {
 
 uint64_t LaneGroup::Arrive(int rank, Op op, float* data, int64_t count, const std::string& tag,
                            float scale) {
-  CNNFLOW_ENFORCE(rank >= 0 && rank < lanes_, "replica ", rank, " of ", lanes_, " on cuda:",
-                  device_);
+  CNNFLOW_ENFORCE(rank >= 0 && rank < lanes_, "replica ", rank, " of ", lanes_,
+                  " on cuda:", device_);
   CNNFLOW_ENFORCE(CurrentGpuLane() == rank, "'", tag, "': replica ", rank, " on cuda:", device_,
                   " called from GPU lane ", CurrentGpuLane(), ", not its own");
   const cudaStream_t stream = CudaContext::For(Device::Cuda(device_)).stream();

@@ -1,5 +1,3 @@
-#include "ops/cuda/sync_batch_norm.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -11,6 +9,7 @@
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/map.cuh"
 #include "ops/cuda/reduce.cuh"
+#include "ops/cuda/sync_batch_norm.h"
 
 namespace cnnflow::cuda {
 namespace {
@@ -181,14 +180,13 @@ unsigned Blocks(int64_t c) { return static_cast<unsigned>(c); }
 
 }  // namespace
 
-void SyncBatchNormForward(const SyncBnShape& shape, const Tensor& x, Tensor& y,
-                          const float* gamma, const float* beta, float* running_mean,
-                          float* running_var, double momentum, double eps, SyncBnState& st,
-                          const SyncSum& sync) {
+void SyncBatchNormForward(const SyncBnShape& shape, const Tensor& x, Tensor& y, const float* gamma,
+                          const float* beta, float* running_mean, float* running_var,
+                          double momentum, double eps, SyncBnState& st, const SyncSum& sync) {
   CheckGpuFloat(x, "SyncBN's x");
   CheckSameType(x, y, "SyncBN's x and y");
-  CNNFLOW_ENFORCE(x.numel() == shape.n * shape.c * shape.s && shape.c <= 2147483647,
-                  "SyncBN: x ", x.shape(), " is not [", shape.n, ", ", shape.c, ", ", shape.s, "]");
+  CNNFLOW_ENFORCE(x.numel() == shape.n * shape.c * shape.s && shape.c <= 2147483647, "SyncBN: x ",
+                  x.shape(), " is not [", shape.n, ", ", shape.c, ", ", shape.s, "]");
   MakeState(shape, x.device(), st);
   const cudaStream_t stream = CudaContext::For(x.device()).stream();
   const Layout l = LayoutOf(shape);

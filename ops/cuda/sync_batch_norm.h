@@ -30,21 +30,20 @@ struct SyncBnShape {
 
 // The device state of one layer's synced passes (made on first use).
 struct SyncBnState {
-  Tensor buf;       // [4c + 2] f32: the packed sums that travel
-  Tensor shift;     // [c] f64: the first pass's global mean
-  Tensor mean;      // [c] f32: the forward's global statistics, for backward
-  Tensor inv_std;   // [c] f32
-  Tensor count;     // [1] f64: the global count
+  Tensor buf;      // [4c + 2] f32: the packed sums that travel
+  Tensor shift;    // [c] f64: the first pass's global mean
+  Tensor mean;     // [c] f32: the forward's global statistics, for backward
+  Tensor inv_std;  // [c] f32
+  Tensor count;    // [1] f64: the global count
 };
 
 using SyncSum = std::function<void(float* device_data, int64_t count)>;
 
 // y = (x - mean) / sqrt(var + eps) * gamma + beta over the global batch;
 // running_mean/var updated with `momentum` (PyTorch's convention).
-void SyncBatchNormForward(const SyncBnShape& shape, const Tensor& x, Tensor& y,
-                          const float* gamma, const float* beta, float* running_mean,
-                          float* running_var, double momentum, double eps, SyncBnState& state,
-                          const SyncSum& sync);
+void SyncBatchNormForward(const SyncBnShape& shape, const Tensor& x, Tensor& y, const float* gamma,
+                          const float* beta, float* running_mean, float* running_var,
+                          double momentum, double eps, SyncBnState& state, const SyncSum& sync);
 
 // dx (null: not wanted, and nothing is synced) through the global
 // statistics of the last forward; dgamma += sum(dy * xhat), dbeta +=

@@ -136,6 +136,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
   }
   buckets_ = LayoutBuckets(*replicas_[0]->model, options.bucket_mb);
   for (auto& rep : replicas_) {
+    const GpuLaneScope lane(rep->lane);  // its buckets and optimizer state in its lane's pool
     BindGradientBuckets(*rep);
     rep->optimizer = MakeOptimizer(optimizer, rep->model->NamedParameters());
     if (collective_ != nullptr && !collective_->enqueues()) {

@@ -3,6 +3,8 @@
 // on a GPU each lane's own stream and pool, the all-reduce against the
 // reduction tree's sum computed here, the broadcast, and a member that
 // never arrives or calls another collective. The GPU tests skip without one.
+#include "ops/cuda/lane_group.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,7 +13,6 @@
 #include <vector>
 
 #include "ops/collectives/collective.h"
-#include "ops/cuda/lane_group.h"
 #include "ops/device.h"
 #include "ops/tensor.h"
 #include "tests/ops/cuda/util.h"
@@ -94,7 +95,8 @@ TEST(LaneGroupGPU, AllReduceSumsInTheTreeOrderIntoEveryLane) {
   const int64_t n = 100003;  // several blocks, an odd tail
   const float scale = 0.25f;
   std::vector<Tensor> host;
-  for (int l = 0; l < lanes; ++l) host.push_back(RandomTensor(Shape{n}, 10 + l, -3, 3, DType::kF32));
+  for (int l = 0; l < lanes; ++l)
+    host.push_back(RandomTensor(Shape{n}, 10 + l, -3, 3, DType::kF32));
   auto group = MakeLaneGroup(0, lanes, 30.0);
   std::vector<Tensor> got(lanes);
   OnLanes(lanes, [&](int l) {
@@ -105,9 +107,8 @@ TEST(LaneGroupGPU, AllReduceSumsInTheTreeOrderIntoEveryLane) {
     got[l] = d.To(Device::Cpu());
   });
   for (int64_t i = 0; i < n; ++i) {
-    const float want = ((host[0].data<float>()[i] + host[1].data<float>()[i]) +
-                        host[2].data<float>()[i]) *
-                       scale;
+    const float want =
+        ((host[0].data<float>()[i] + host[1].data<float>()[i]) + host[2].data<float>()[i]) * scale;
     for (int l = 0; l < lanes; ++l) ASSERT_EQ(got[l].data<float>()[i], want) << l << " " << i;
   }
 }
