@@ -94,14 +94,21 @@ void SynchronizeDevice(Device device);
 
 // How long a device sat idle between the end of one step's work and the
 // start of the next (waiting for the host or the next batch): the data-wait
-// share of a GPU run, measured on the GPU with events. Null for a CPU (its
-// idle time is the host's own wait).
+// share of a GPU run, and where its busy time went (the phases of a step:
+// forward from StartOfWork, then each Mark's), measured on the GPU with
+// events. Null for a CPU (its idle time is the host's own wait, its phases
+// the host's).
+enum GpuPhase { kGpuForward, kGpuBackward, kGpuReduceWait, kGpuOptimizer, kGpuPhases };
 class IdleMeter {
  public:
   virtual ~IdleMeter() = default;
-  virtual void EndOfWork() = 0;       // after a step's last kernel was issued
-  virtual void StartOfWork() = 0;     // before the next step's first kernel
-  virtual double idle_seconds() = 0;  // of the gaps that have completed (never waits)
+  virtual void EndOfWork() = 0;    // after a step's last kernel was issued
+  virtual void StartOfWork() = 0;  // before the next step's first kernel (forward)
+  // From the next kernel on, the device's time counts to `phase`.
+  virtual void Mark(GpuPhase phase) = 0;
+  // Of the spans that have completed (never waits).
+  virtual double idle_seconds() = 0;
+  virtual double busy_seconds(GpuPhase phase) = 0;
   virtual void Reset() = 0;
 };
 std::unique_ptr<IdleMeter> MakeIdleMeter(Device device);

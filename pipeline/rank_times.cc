@@ -37,8 +37,18 @@ double MedianOfOthers(const std::vector<RankPhases>& ranks, size_t skip, Of of) 
 }
 
 // A replica's counters by phase, in seconds.
-std::array<double, kStepPhases> Seconds(const ReplicaSet::Counters& c) {
+// A GPU replica's phases as its GPU spent them (the host's are the times of
+// issuing its kernels); a CPU replica's as its host did.
+std::array<double, kStepPhases> Seconds(const ReplicaSet::Counters& c, bool gpu) {
   std::array<double, kStepPhases> s{};
+  if (gpu) {
+    s[kDataWait] = c.gpu_idle_seconds;
+    s[kForward] = c.gpu_busy_seconds[kGpuForward];
+    s[kBackward] = c.gpu_busy_seconds[kGpuBackward];
+    s[kAllReduce] = c.gpu_busy_seconds[kGpuReduceWait];
+    s[kOptimizer] = c.gpu_busy_seconds[kGpuOptimizer];
+    return s;
+  }
   s[kDataWait] = c.data_wait_seconds;
   s[kForward] = c.forward_seconds;
   s[kBackward] = c.backward_seconds;
@@ -210,8 +220,7 @@ std::optional<RankReport> RankTimes::Finish(const ReplicaSet& replicas, MpiWorld
                                             double timeout_s) const {
   // The same answer on every process (they run one config), so either all
   // gather or none does.
-  if (replicas.global_size() < 2 || replicas.device(0).is_cuda() ||
-      static_cast<int>(start_.size()) != replicas.size()) {
+  if (replicas.global_size() < 2 || static_cast<int>(start_.size()) != replicas.size()) {
     return std::nullopt;
   }
   // Per replica: its rank, its steps, and its seconds per phase, as bits.
@@ -219,7 +228,8 @@ std::optional<RankReport> RankTimes::Finish(const ReplicaSet& replicas, MpiWorld
   std::vector<uint64_t> mine;
   for (int r = 0; r < replicas.size(); ++r) {
     const ReplicaSet::Counters& now = replicas.counters(r);
-    const auto s1 = Seconds(now), s0 = Seconds(start_[r]);
+    const bool gpu = replicas.device(r).is_cuda();
+    const auto s1 = Seconds(now, gpu), s0 = Seconds(start_[r], gpu);
     mine.push_back(std::bit_cast<uint64_t>(static_cast<double>(replicas.global_offset() + r)));
     mine.push_back(std::bit_cast<uint64_t>(static_cast<double>(now.steps - start_[r].steps)));
     for (int p = 0; p < kStepPhases; ++p) mine.push_back(std::bit_cast<uint64_t>(s1[p] - s0[p]));

@@ -15,8 +15,9 @@
 //     max                                         0.26      7.81     53.08       41.01       0.39
 //   rank 1 is the straggler: its backward takes 4.0x the other rank's (53.1 vs 13.3 ms per step)
 //
-// The straggler line only when FindStraggler names one. CPU replicas only:
-// on a GPU the host's times are those of issuing kernels.
+// The straggler line only when FindStraggler names one. GPU replicas'
+// phases are their GPU's (ReplicaSet::Counters::gpu_busy_seconds: CUDA
+// events), not the host's times of issuing their kernels.
 #pragma once
 
 #include <array>
@@ -123,7 +124,7 @@ class RankTimes {
  public:
   void Start(const ReplicaSet& replicas);
   // On every process at the same point (it gathers over `world`). Empty
-  // when there is nothing to compare: one rank, GPU replicas, no steps.
+  // when there is nothing to compare: one rank, no steps.
   std::optional<RankReport> Finish(const ReplicaSet& replicas, MpiWorld& world,
                                    double timeout_s) const;
 

@@ -215,6 +215,13 @@ void Trainer::HoldDataOnGpus() {
     note("no effect on CPU devices (the data is in host memory already)");
     return;
   }
+  for (const NodeSpec& node : config_.train_graph.nodes) {
+    if (node.stage == "mixup" || node.stage == "cutmix") {
+      note(StrCat("the training set stays on the pinned-memory path: the ", node.stage,
+                  " stage mixes the batch's pixels on the host"));
+      return;
+    }
+  }
   std::vector<Device> gpus;
   for (int r = 0; r < replicas_->size(); ++r) gpus.push_back(replicas_->device(r));
   const Dataset& train = run_.dataset("train");

@@ -69,11 +69,8 @@ class MixStage final : public Stage {
     m.mix_labels.clear();
     m.mix_weights.clear();
     if (n < 2) return;
-    if (m.rows_on_device) {
-      throw ConfigError(StrCat(info().type,
-                               " mixes the batch's pixels on the host: it does not "
-                               "combine with data.device_resident: true yet"));
-    }
+    // The trainer keeps a mixed run's set on the pinned path (HoldDataOnGpus).
+    CNNFLOW_ENFORCE(!m.rows_on_device, info().type, ": the batch's rows are on the GPU");
     Tensor& x = m.inputs;
     CNNFLOW_ENFORCE(x.device().is_cpu() && x.dtype() == DType::kF32 && x.is_contiguous() &&
                         (x.rank() == 3 || x.rank() == 4) && x.dim(0) == n,

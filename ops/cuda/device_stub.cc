@@ -50,7 +50,9 @@ IdleMeter::IdleMeter(Device) { detail::NoCuda(); }
 IdleMeter::~IdleMeter() = default;
 void IdleMeter::EndOfWork() {}
 void IdleMeter::StartOfWork() {}
+void IdleMeter::Mark(GpuPhase) {}
 double IdleMeter::idle_seconds() { return 0; }
+double IdleMeter::busy_seconds(GpuPhase) { return 0; }
 void IdleMeter::Reset() {}
 PendingLoss::PendingLoss(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PendingLoss::~PendingLoss() = default;

@@ -105,7 +105,9 @@ class IdleMeter final : public ::cnnflow::IdleMeter {
   IdleMeter& operator=(const IdleMeter&) = delete;
   void EndOfWork() override;
   void StartOfWork() override;
+  void Mark(GpuPhase phase) override;
   double idle_seconds() override;
+  double busy_seconds(GpuPhase phase) override;
   void Reset() override;
 
  private:

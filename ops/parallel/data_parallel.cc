@@ -499,6 +499,7 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
       result.correct = loss.correct;
     }
     rep.timeline.backward_begin = Now();
+    if (rep.idle) rep.idle->Mark(kGpuBackward);
     MaybeSlowTestRank(global_offset() + r);  // CNNFLOW_TEST_SLOW_RANK, for the straggler test
     if (!reducing) {
       m.Backward(dlogits);
@@ -511,7 +512,13 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
       });
     }
     rep.timeline.backward_end = Now();
-    if (rep.idle) rep.idle->EndOfWork();
+    if (rep.idle) {  // then the stream waits for the reductions, or for the next batch
+      if (reducing) {
+        rep.idle->Mark(kGpuReduceWait);
+      } else {
+        rep.idle->EndOfWork();
+      }
+    }
   };
   try {
     if (rep.arena) {
@@ -577,6 +584,7 @@ void ReplicaSet::Step(int r, double lr) {
 void ReplicaSet::ApplyStep(Replica& rep, double lr) {
   const TraceSpan span("optimizer", "optimizer step");
   const DeviceSpan device_span(rep.device, "gpu optimizer", [] { return "optimizer step"; });
+  if (rep.idle) rep.idle->Mark(kGpuOptimizer);
   bool take = true;
   if (rep.scaler) {
     std::vector<Tensor*> grads;
@@ -595,6 +603,8 @@ void ReplicaSet::ApplyStep(Replica& rep, double lr) {
   if (rep.idle) {
     rep.idle->EndOfWork();
     rep.counters.gpu_idle_seconds = rep.idle->idle_seconds();
+    for (int p = 0; p < kGpuPhases; ++p)
+      rep.counters.gpu_busy_seconds[p] = rep.idle->busy_seconds(static_cast<GpuPhase>(p));
   }
 }
 

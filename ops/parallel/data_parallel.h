@@ -29,6 +29,7 @@
 
 #include <tbb/task_arena.h>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -207,8 +208,11 @@ class ReplicaSet {
     int64_t steps = 0;             // optimizer steps
     int64_t skipped_steps = 0;     // of those, skipped by the f16 loss scaler
     // A GPU replica: its GPU's idle time between steps (waiting for the host
-    // or the next batch), measured on the GPU.
+    // or the next batch), and its busy time in each phase of a step (by
+    // GpuPhase: the all-reduce's is its stream waiting for its peers),
+    // measured on the GPU: the host's figures above are those of issuing.
     double gpu_idle_seconds = 0;
+    std::array<double, kGpuPhases> gpu_busy_seconds{};
     double compute_seconds() const {
       return forward_seconds + backward_seconds + optimizer_seconds;
     }

@@ -749,6 +749,11 @@ TEST(DataParallelTrainingGPU, TwoReplicasOnOneGpuMatchOneAtTheDoubledBatch) {
   auto two = train("cuda:0, cuda:0", 32);
   ASSERT_EQ(two->replicas().size(), 2);
   EXPECT_EQ(two->replicas().lane(1), 1);
+  // Each lane's phases as its GPU spent them (the per-rank step table's).
+  for (int r = 0; r < 2; ++r) {
+    const auto& busy = two->replicas().counters(r).gpu_busy_seconds;
+    for (int p = 0; p < kGpuPhases; ++p) EXPECT_GT(busy[p], 0) << "replica " << r << " phase " << p;
+  }
   EXPECT_GT(two->replicas().buckets().size(), 1u);
   auto p0 = two->replicas().model(0).NamedParameters();
   auto p1 = two->replicas().model(1).NamedParameters();
