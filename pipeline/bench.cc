@@ -12,13 +12,21 @@ namespace cnnflow {
 
 std::vector<BenchRow> RunScalingBench(const BenchOptions& o) {
   std::vector<BenchRow> rows;
-  // The device kind (cpu or cuda) is the config's; the bench varies the count.
-  const Device first = LoadRunConfig(o.config, o.overrides).devices[0];
+  // The device kind (cpu or cuda) is the config's; the bench varies the
+  // count: devices from the config's first on, or, where the config lists
+  // one GPU several times ([cuda:0, cuda:0]), that GPU as many times (its
+  // lanes: what replicas cost on one GPU).
+  const std::vector<Device> listed = LoadRunConfig(o.config, o.overrides).devices;
+  const Device first = listed[0];
   const char* kind = first.is_cuda() ? "cuda" : "cpu";
+  const bool one_gpu = first.is_cuda() && listed.size() > 1 &&
+                       std::all_of(listed.begin(), listed.end(),
+                                   [&](const Device& d) { return d == first; });
   for (int d : o.devices) {
     CNNFLOW_ENFORCE(d >= 1, "device counts must be >= 1, got ", d);
     std::string list;
-    for (int i = 0; i < d; ++i) list += StrCat(i ? ", " : "", kind, ":", first.index + i);
+    for (int i = 0; i < d; ++i)
+      list += StrCat(i ? ", " : "", kind, ":", first.index + (one_gpu ? 0 : i));
     std::vector<std::string> sets = o.overrides;
     sets.push_back("graph.devices=[" + list + "]");
     sets.push_back("train.accumulate=1");

@@ -22,6 +22,11 @@
 #                   and channels_last, 2 epochs, on data/cifar10-*.lmdb when
 #                   carried (scripts/prepare_cifar10.sh), else on the JPEG
 #                   sample of tests/data (<= 300 s; issue 59)
+#   replicas        issue 55's tables: ResNet-18 with 1 and 2 replicas on the
+#                   one GPU (cnnflow bench --devices 1,2 over [cuda:0,
+#                   cuda:0]: the cost of the lanes' streams and collective),
+#                   and graph.deterministic's cost against the default
+#                   (<= 300 s)
 #   tta             time to accuracy (issue 59): bench/time_to_accuracy.sh
 #                   --device cuda, cnnflow's speed run (device-resident,
 #                   fp16) against the airbench port compiled and eager, 5
@@ -226,6 +231,27 @@ phase_speedrun() {
   phase "speedrun done"
 }
 
+# Replicas on one GPU and the deterministic mode's cost (issue 55), fp32
+# and bf16, ResNet-18 CIFAR at 128 rows per replica.
+phase_replicas() {
+  local r18=(bench/configs/resnet18_synthetic.yaml --max-steps 100 --warmup 10
+             --set train.batch=128)
+  for p in fp32 bf16; do
+    timeout -k 5 120 "$dir/cnnflow" bench "${r18[@]}" --devices 1,2 \
+      --set 'graph.devices=[cuda:0, cuda:0]' --set graph.precision=$p \
+      > "$out/replicas-$p.txt" 2>&1
+    echo "one GPU, 1 vs 2 replicas, $p: exit $?" | tee -a "$out/replicas.txt"
+    tail -4 "$out/replicas-$p.txt" | tee -a "$out/replicas.txt"
+  done
+  for det in false true; do
+    timeout -k 5 60 "$dir/cnnflow" bench "${r18[@]}" --devices 1 --set 'graph.devices=[cuda:0]' \
+      --set graph.deterministic=$det --set graph.tf32=false > "$out/deterministic-$det.txt" 2>&1
+    echo "graph.deterministic $det (tf32 off): exit $?" | tee -a "$out/replicas.txt"
+    tail -2 "$out/deterministic-$det.txt" | tee -a "$out/replicas.txt"
+  done
+  phase "replicas done"
+}
+
 # Time to accuracy on the GPU (issue 59): the JPEGs carried, the LMDBs made
 # here, both sides alternating seed by seed within the budget.
 phase_tta() {
@@ -259,7 +285,8 @@ for p in "$@"; do
     resnet18-fp32|resnet18-bf16|resnet50-fp32|resnet50-bf16) phase_resnet "${p%-*}" "${p#*-}" ;;
     speedrun) phase_speedrun ;;
     tta) phase_tta ;;
-    *) echo "unknown phase '$p' (tests compare cpu-bf16 resnet18-fp32 resnet18-bf16 resnet50-fp32 resnet50-bf16 speedrun tta)" | tee -a "$out/error.txt"; other_status=2 ;;
+    replicas) phase_replicas ;;
+    *) echo "unknown phase '$p' (tests compare cpu-bf16 resnet18-fp32 resnet18-bf16 resnet50-fp32 resnet50-bf16 speedrun tta replicas)" | tee -a "$out/error.txt"; other_status=2 ;;
   esac
 done
 echo "phases: $*; gpu tests exit status: $status; other phases: $other_status; total $(( SECONDS - t0 )) s"
