@@ -350,6 +350,17 @@ def load_data(torch, args, device):
             torch.from_numpy(test_y).to(device)), data_s
 
 
+def train_step(F, model, opt, x, y, autocast):
+    """One step of the recipe (airbench's summed, label-smoothed loss): the logits and the loss."""
+    with autocast:
+        out = model(x)
+    loss = F.cross_entropy(out.float(), y, label_smoothing=RECIPE["label_smoothing"], reduction="sum")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return out, loss
+
+
 def warm_up(torch, F, net, model, device, autocast, batch, eval_sizes, steps=2):
     """Runs every variant the timed run will call, `steps` times each, on
     random data (a generator of its own: the run's draws do not move):
@@ -374,12 +385,7 @@ def warm_up(torch, F, net, model, device, autocast, batch, eval_sizes, steps=2):
     for bias_trains in (True, False):
         net.whiten.bias.requires_grad_(bias_trains)
         for _ in range(steps):
-            with autocast:
-                out = model(x)
-            loss = F.cross_entropy(out.float(), y, label_smoothing=RECIPE["label_smoothing"], reduction="sum")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            train_step(F, model, opt, x, y, autocast)
     net.eval()
     net.requires_grad_(False)  # as evaluate's caller: one variant, whatever trained last
     with torch.inference_mode(), autocast:
@@ -519,12 +525,7 @@ def main():
             f = lr_factor(step, total_steps)
             for g in opt.param_groups:
                 g["lr"] = g["base_lr"] * f
-            with autocast:
-                out = model(x)
-            loss = F.cross_entropy(out.float(), y, label_smoothing=r["label_smoothing"], reduction="sum")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            out, loss = train_step(F, model, opt, x, y, autocast)
             step += 1
             if epoch >= r["ema_start_epoch"] and step % r["ema_every"] == 0:
                 if lookahead is None:

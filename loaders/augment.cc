@@ -96,14 +96,16 @@ __attribute__((target("avx2"))) int GatherRunAvx2(const uint8_t* px, int n, bool
   return x;
 }
 
-// Index into an n-long axis of padding position i (the image's own pixels
-// are 0..n-1): i itself inside; outside, with reflect padding and within
-// `pad` of the edge, its mirror about the edge pixel (numpy.pad 'reflect';
-// pad < n keeps it inside); else -1, a zero pixel.
+// The source index of a padded position: ops/crop_flip.h's rule, which the
+// device-resident set's GPU kernel shares.
 int SourceIndex(int i, int n, int pad, bool reflect) {
-  if (i >= 0 && i < n) return i;
-  if (!reflect || i < -pad || i >= n + pad) return -1;
-  return i < 0 ? -i : 2 * (n - 1) - i;
+  return PadSourceIndex(i, n, pad, reflect ? 1 : 0);
+}
+
+// Channel ch's value of a normalisation list: none (`none`), one for every
+// channel, or one per channel.
+float ChannelValue(const std::vector<float>& list, size_t ch, float none) {
+  return list.empty() ? none : list[list.size() == 1 ? 0 : ch];
 }
 
 // One pass: crop (with implicit zero or reflect padding) + flip + normalise
@@ -362,11 +364,11 @@ CropFlipDraw DrawCropFlip(const AugmentOptions& o, int h, int w, uint64_t seed, 
 
 void CropFlipNormalisation(const AugmentOptions& o, int c, std::vector<float>* mean,
                            std::vector<float>* std) {
-  mean->assign(c, 0.f);
-  std->assign(c, 1.f);
+  mean->resize(c);
+  std->resize(c);
   for (int ch = 0; ch < c; ++ch) {
-    if (!o.mean.empty()) (*mean)[ch] = o.mean[o.mean.size() == 1 ? 0 : ch];
-    if (!o.std.empty()) (*std)[ch] = o.std[o.std.size() == 1 ? 0 : ch];
+    (*mean)[ch] = ChannelValue(o.mean, ch, 0.f);
+    (*std)[ch] = ChannelValue(o.std, ch, 1.f);
   }
 }
 
@@ -515,18 +517,20 @@ Augmenter::Augmenter(AugmentOptions options) : options_(std::move(options)) {
   norm_channels_ = static_cast<int>(n);
   lut_.resize(n * 256);
   for (size_t ch = 0; ch < n; ++ch) {
-    const float mean = o.mean.empty() ? 0.f : o.mean[o.mean.size() == 1 ? 0 : ch];
-    const float std = o.std.empty() ? 1.f : o.std[o.std.size() == 1 ? 0 : ch];
+    const float mean = ChannelValue(o.mean, ch, 0.f);
+    const float std = ChannelValue(o.std, ch, 1.f);
     if (!(std::isfinite(std) && std != 0.f) || !std::isfinite(mean)) {
       throw ConfigError(StrCat("augment: channel ", ch, " has mean ", mean, ", std ", std,
                                " (std must be finite and non-zero)"));
     }
-    for (int v = 0; v < 256; ++v) lut_[ch * 256 + v] = (static_cast<float>(v) / 255.f - mean) / std;
+    for (int v = 0; v < 256; ++v) {
+      lut_[ch * 256 + v] = NormalisePixel(static_cast<uint8_t>(v), mean, std);
+    }
   }
   for (int ch = 0; ch < kMaxChannels; ++ch) {
     const size_t k = norm_channels_ == 1 ? 0 : std::min<size_t>(ch, n - 1);
-    mean_[ch] = o.mean.empty() ? 0.f : o.mean[o.mean.size() == 1 ? 0 : k];
-    std_[ch] = o.std.empty() ? 1.f : o.std[o.std.size() == 1 ? 0 : k];
+    mean_[ch] = ChannelValue(o.mean, k, 0.f);
+    std_[ch] = ChannelValue(o.std, k, 1.f);
   }
 }
 

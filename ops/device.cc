@@ -193,6 +193,12 @@ thread_local int current_gpu_lane = 0;
 
 int CurrentGpuLane() { return current_gpu_lane; }
 
+bool OneGpuOnly(const std::vector<Device>& devices) {
+  return !devices.empty() && devices[0].is_cuda() &&
+         std::all_of(devices.begin(), devices.end(),
+                     [&](const Device& d) { return d == devices[0]; });
+}
+
 GpuLaneScope::GpuLaneScope(int lane) : previous_(current_gpu_lane) {
   CNNFLOW_ENFORCE(lane >= 0, "GPU lane ", lane, " is negative");
   current_gpu_lane = lane;

@@ -107,6 +107,8 @@ MemoryPool& PoolFor(Device device);
 // the GPU's context (ops/cuda/context.h) and pool are the calling thread's
 // lane's. A GPU listed once has lane 0 only.
 int CurrentGpuLane();
+// Whether `devices` lists one GPU only, once or more (its lanes).
+bool OneGpuOnly(const std::vector<Device>& devices);
 class GpuLaneScope {
  public:
   explicit GpuLaneScope(int lane);

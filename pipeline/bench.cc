@@ -1,6 +1,5 @@
 #include "pipeline/bench.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,9 +18,7 @@ std::vector<BenchRow> RunScalingBench(const BenchOptions& o) {
   const std::vector<Device> listed = LoadRunConfig(o.config, o.overrides).devices;
   const Device first = listed[0];
   const char* kind = first.is_cuda() ? "cuda" : "cpu";
-  const bool one_gpu =
-      first.is_cuda() && listed.size() > 1 &&
-      std::all_of(listed.begin(), listed.end(), [&](const Device& d) { return d == first; });
+  const bool one_gpu = listed.size() > 1 && OneGpuOnly(listed);
   for (int d : o.devices) {
     CNNFLOW_ENFORCE(d >= 1, "device counts must be >= 1, got ", d);
     std::string list;

@@ -546,9 +546,7 @@ void ReadDevices(const YamlDoc& doc, const YAML::Node& graph, const Args& g, Run
       doc.Fail(graph["devices"], "graph.devices", e.what());
     }
   }
-  const bool one_gpu = std::all_of(c.devices.begin(), c.devices.end(), [&](const Device& d) {
-    return d.is_cuda() && d == c.devices[0];
-  });
+  const bool one_gpu = OneGpuOnly(c.devices);
   for (size_t i = 0; i < c.devices.size(); ++i) {
     if (c.devices[i].is_cuda() != c.devices[0].is_cuda()) {
       doc.Fail(graph["devices"], "graph.devices", "list either CPUs or GPUs, not both");
