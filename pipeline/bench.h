@@ -39,6 +39,7 @@ std::vector<BenchRow> RunScalingBench(const BenchOptions& options);
 // with the whole thread budget: images/s of both, and each stage's measured
 // idle share next to the schedule's theoretical bubble.
 struct PipelineBench {
+  std::string single_device;  // where the unsplit model ran
   double single_images_per_s = 0, pipeline_images_per_s = 0;
   std::vector<double> bubble;  // measured, per stage
   double theoretical_bubble = 0;

@@ -574,9 +574,6 @@ void ReadModelParallel(const YamlDoc& doc, const YAML::Node& graph, RunConfig& c
     if (c.accumulate != 1) {
       doc.Fail(pipe, "graph.pipeline", "train.accumulate must be 1 with a pipeline");
     }
-    if (c.devices[0].is_cuda()) {
-      doc.Fail(pipe, "graph.pipeline", "pipelines run on CPU devices only so far");
-    }
   }
   if (const YAML::Node tp = graph["tensor_parallel"]; given(tp)) {
     ParseTensorParallel(doc, tp, c);
@@ -623,7 +620,14 @@ void ReadPrecision(const YamlDoc& doc, const YAML::Node& graph, const Args& g, R
   const std::string precision = g.String("precision");
   if (precision == "bf16" || precision == "fp16") {
     c.data_parallel.compute = precision == "bf16" ? DType::kBF16 : DType::kF16;
-    if (c.devices[0].is_cuda()) return;
+    if (c.devices[0].is_cuda()) {
+      if (precision == "fp16" && c.pipeline) {
+        doc.Fail(graph["precision"], "graph.precision",
+                 "fp16 does not combine with graph.pipeline yet (its loss scaler is the "
+                 "replicas'): use bf16");
+      }
+      return;
+    }
     if (precision == "fp16") {
       doc.Fail(graph["precision"], "graph.precision",
                "fp16 is mixed precision on GPUs; CPU devices take fp32 or bf16");
@@ -703,6 +707,10 @@ Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   ReadLogicalReplicas(doc, graph, g, c);
   ReadPrecision(doc, graph, g, c);
   ReadMemoryFormat(doc, graph, g, c);
+  if (c.devices[0].is_cuda()) {  // a pipeline's GPU stages compute as replicas would
+    c.pipeline_options.compute = c.data_parallel.compute;
+    c.pipeline_options.gpu_math = c.data_parallel.gpu_math;
+  }
   // A pipeline runs on its own template unless the config names one.
   const std::string tmpl_name = graph["template"].IsDefined() || !c.pipeline
                                     ? g.String("template")

@@ -59,6 +59,20 @@ double SteadySeconds() {
 // each device getting an equal share of the thread budget.
 void Trainer::BuildModel(MpiWorld& world) {
   const int replicas = static_cast<int>(config_.devices.size());
+  // Under mpirun the processes of a node take the next GPUs in turn:
+  // process k of a node with devices [cuda:0, cuda:1] takes cuda:2k, cuda:2k+1.
+  std::vector<Device> devices = config_.devices;
+  if (devices[0].is_cuda()) {
+    for (Device& d : devices) {
+      d.index += world.local_rank() * replicas;
+      if (d.index >= CudaDeviceCount()) {
+        throw ConfigError(StrCat(world.active() ? world.Where() : std::string("this process"),
+                                 " would use ", d.ToString(), " but ", CudaDeviceCount(),
+                                 " GPUs were found",
+                                 CudaAvailable() ? "" : " (no usable GPU or CUDA driver)"));
+      }
+    }
+  }
   if (config_.pipeline) {
     PipelineOptions po = config_.pipeline_options;
     if (po.stages.empty()) {  // stages: auto
@@ -67,6 +81,7 @@ void Trainer::BuildModel(MpiWorld& world) {
       po.stages = BalancedCut(*whole, replicas);
     }
     po.threads_per_stage = config_.threads / replicas;
+    po.devices = devices;
     pipeline_ = std::make_unique<PipelineModel>(config_.layers, config_.input_shape, config_.seed,
                                                 config_.init, config_.optimizer, po);
     model_ = &pipeline_->full();
@@ -74,20 +89,7 @@ void Trainer::BuildModel(MpiWorld& world) {
     DataParallelOptions dp = config_.data_parallel;
     dp.replicas = replicas;
     dp.threads_per_replica = config_.threads / replicas;
-    dp.devices = config_.devices;
-    if (dp.devices[0].is_cuda()) {
-      // Under mpirun the processes of a node take the next GPUs in turn:
-      // process k of a node with devices [cuda:0, cuda:1] takes cuda:2k, cuda:2k+1.
-      for (Device& d : dp.devices) {
-        d.index += world.local_rank() * replicas;
-        if (d.index >= CudaDeviceCount()) {
-          throw ConfigError(StrCat(world.active() ? world.Where() : std::string("this process"),
-                                   " would use ", d.ToString(), " but ", CudaDeviceCount(),
-                                   " GPUs were found",
-                                   CudaAvailable() ? "" : " (no usable GPU or CUDA driver)"));
-        }
-      }
-    }
+    dp.devices = devices;
     replicas_ = std::make_unique<ReplicaSet>(config_.layers, config_.input_shape, config_.seed,
                                              config_.init, config_.optimizer, dp, world);
     model_ = &replicas_->model(0);
@@ -365,12 +367,16 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const PassRequest& request)
   PassState& pass = *pass_;
   const bool logged = files_ && train;
   if (logged) files_->StartSegment();
-  if (pipeline_) pipeline_->ResetStats();
+  if (pipeline_) {
+    pipeline_->Synchronize();  // after the host's writes between passes
+    pipeline_->ResetStats();
+  }
   if (replicas_ && train) replicas_->StartPass();
   // In an arena of exactly the run's threads: replicas block while they wait
   // for each other, so each needs a thread of its own, even where `threads`
   // exceeds the cores (the default arena has one slot per core).
   arena_->execute([&] { RunGraph(graph, run_, pass); });
+  if (pipeline_) pipeline_->Synchronize();  // before the host reads the weights and times
   MpiWorld::EndStartup();  // after a pass that had no training step (evaluation alone)
   if (progress_) progress_->EndPass();
   // Every batch must come out: one that does not is held by a node (a bug),

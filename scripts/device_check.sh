@@ -27,6 +27,10 @@
 #                   cuda:0]: the cost of the lanes' streams and collective),
 #                   and graph.deterministic's cost against the default
 #                   (<= 300 s)
+#   pipeline        issue 60's table: the small CNN and ResNet-18 cut in 2
+#                   stages on the one GPU ([cuda:0, cuda:0], a lane per
+#                   stage) against the unsplit model on it (cnnflow bench),
+#                   fp32 and bf16 (<= 300 s)
 #   tta             time to accuracy (issue 59): bench/time_to_accuracy.sh
 #                   --device cuda, cnnflow's speed run (device-resident,
 #                   fp16) against the airbench port compiled and eager, 5
@@ -252,6 +256,26 @@ phase_replicas() {
   phase "replicas done"
 }
 
+# Pipelines on the GPU (issue 60): each stage a lane of the one GPU, against
+# the unsplit model on it; synthetic data.
+phase_pipeline() {
+  local fm=(configs/fashion_mnist_pipeline.yaml --max-steps 200 --warmup 20
+            --set 'data.train={source: synthetic, shape: [1, 28, 28], classes: 10, size: 65536, seed: 1}')
+  local r18=(bench/configs/resnet18_synthetic.yaml --max-steps 60 --warmup 10
+             --set graph.template=graphs/pipeline_parallel.yaml
+             --set 'graph.pipeline={stages: auto, microbatches: 4}')
+  for p in fp32 bf16; do
+    for cfg in fm r18; do
+      local -n args=$cfg
+      timeout -k 5 70 "$dir/cnnflow" bench "${args[@]}" --set 'graph.devices=[cuda:0, cuda:0]' \
+        --set graph.precision=$p > "$out/pipeline-$cfg-$p.txt" 2>&1
+      echo "pipeline $cfg $p: exit $?" | tee -a "$out/pipeline.txt"
+      tail -5 "$out/pipeline-$cfg-$p.txt" | tee -a "$out/pipeline.txt"
+    done
+  done
+  phase "pipeline done"
+}
+
 # Time to accuracy on the GPU (issue 59): the JPEGs carried, the LMDBs made
 # here, both sides alternating seed by seed within the budget.
 phase_tta() {
@@ -286,7 +310,8 @@ for p in "$@"; do
     speedrun) phase_speedrun ;;
     tta) phase_tta ;;
     replicas) phase_replicas ;;
-    *) echo "unknown phase '$p' (tests compare cpu-bf16 resnet18-fp32 resnet18-bf16 resnet50-fp32 resnet50-bf16 speedrun tta replicas)" | tee -a "$out/error.txt"; other_status=2 ;;
+    pipeline) phase_pipeline ;;
+    *) echo "unknown phase '$p' (tests compare cpu-bf16 resnet18-fp32 resnet18-bf16 resnet50-fp32 resnet50-bf16 speedrun tta replicas pipeline)" | tee -a "$out/error.txt"; other_status=2 ;;
   esac
 done
 echo "phases: $*; gpu tests exit status: $status; other phases: $other_status; total $(( SECONDS - t0 )) s"

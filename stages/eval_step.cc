@@ -19,6 +19,7 @@
 
 #include "ops/device_ops.h"
 #include "ops/loss.h"
+#include "ops/parallel/pipeline_model.h"
 #include "ops/trace.h"
 #include "stages/pass_state.h"
 #include "stages/run_context.h"
@@ -96,11 +97,13 @@ class EvalStepStage final : public Stage {
   // logits do not depend on the others in evaluation mode), freeing
   // activations as each forward goes: the memory of a forward of
   // micro_batch_ rows, not of the whole batch.
-  // With tensor parallelism every member of group 0 runs the forward.
+  // With tensor parallelism every member of group 0 runs the forward; a
+  // pipeline's stages run in turn, the logits on the last one's device.
   void Evaluate(const RunContext& run, BatchMessage& m) const {
     Model& model = *run.model;
     const uint64_t seed = run.seed;
-    const Device device = model.device();
+    PipelineModel* pipeline = run.pipeline;
+    const Device device = pipeline ? pipeline->device(pipeline->num_stages() - 1) : model.device();
     const int64_t n = m.inputs.dim(0);
     const int64_t chunk = micro_batch_ > 0 ? std::min(micro_batch_, n) : n;
     ForwardContext ctx;
@@ -112,11 +115,13 @@ class EvalStepStage final : public Stage {
     Tensor labels;  // on a GPU
     const int64_t* label_data = m.labels.data();
     if (device.is_cuda()) {
-      inputs = m.inputs.To(device);
+      inputs = m.inputs.To(model.device());
       labels = LabelTensor(m.labels.data(), static_cast<int64_t>(m.labels.size()), device);
       label_data = labels.data<int64_t>();
     }
+    Tensor pipeline_logits;
     auto forward = [&](const Tensor& x) -> const Tensor& {
+      if (pipeline) return pipeline_logits = pipeline->Infer(x, ctx);
       return run.replicas != nullptr && run.replicas->tensor_parallel() > 1
                  ? run.replicas->Infer(x, ctx)
                  : model.Forward(x, ctx);
@@ -135,7 +140,7 @@ class EvalStepStage final : public Stage {
       const Tensor rows = m.inputs.Slice(b, e);
       Tensor mean;  // the views' weighted logits, f32
       for (const TtaView& v : views_) {
-        const Tensor& logits = forward(ViewOf(rows, v).To(device));
+        const Tensor& logits = forward(ViewOf(rows, v).To(model.device()));
         CNNFLOW_ENFORCE(logits.dtype() == DType::kF32, "tta: logits are ",
                         DTypeName(logits.dtype()), ", expected f32");
         if (!mean.defined()) {

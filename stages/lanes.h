@@ -77,7 +77,9 @@ class LaneGather {
       if (lane.pending) {
         const LossResult lr = lane.pending->Get();
         CheckLossFinite(lr.loss, m.global_step);
-        const auto [b, e] = ReplicaRows(run, m, r);
+        // A pipeline's last stage has the batch's every row.
+        const auto [b, e] =
+            run.replicas ? ReplicaRows(run, m, r) : std::pair<int64_t, int64_t>{0, rows};
         lane.loss_sum = lr.loss * static_cast<double>(e - b);
         lane.correct = lr.correct;
       }

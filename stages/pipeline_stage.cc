@@ -169,7 +169,7 @@ class PipelineStageStage final : public Stage {
         if (run.process_count > 1) p.StartGradientSum(s, MpiWorld::Get());
         if (s + 1 == n) {  // the batch's loss, for the lanes' gather
           const PipelineModel::Result r = p.StepResult();
-          pass.lanes.results.Put(m.index, s, n, {r.loss_sum, r.correct, nullptr});
+          pass.lanes.results.Put(m.index, s, n, {r.loss_sum, r.correct, r.pending});
         }
       }
       if (s > 0) {

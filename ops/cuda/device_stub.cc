@@ -8,6 +8,7 @@
 #include "ops/cuda/resident_set.h"
 #include "ops/device_backend.h"
 #include "ops/error.h"
+#include "ops/stream_event.h"
 
 namespace cnnflow::detail {
 
@@ -118,5 +119,17 @@ std::unique_ptr<Collective> MakeLaneGroup(int, int, double) { detail::NoCuda(); 
 std::unique_ptr<Collective> MakeGpuCollective(const std::vector<int>&, MpiWorld&, double) {
   detail::NoCuda();
 }
+
+}  // namespace cnnflow
+
+namespace cnnflow {
+
+// No GPU, so every event is a CPU device's: nothing to record or wait for.
+StreamEvent::StreamEvent(Device device) : device_(device) {
+  if (device.is_cuda()) detail::NoCuda();
+}
+StreamEvent::~StreamEvent() = default;
+void StreamEvent::Await(Device) const {}
+bool StreamEvent::passed() const { return true; }
 
 }  // namespace cnnflow

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <map>
 
 #include "ops/collectives/collective_mpi.h"
 #include "ops/cpu/parallel.h"
 #include "ops/loss.h"
+#include "ops/stream_event.h"
 
 namespace cnnflow {
 
@@ -93,26 +95,107 @@ std::vector<std::vector<std::string>> BalancedCut(const Model& model, int stages
   return out;
 }
 
+namespace {
+
+// A batch's mean loss over its micro-batches, each coming back from the
+// last stage's GPU (ops/device_ops.h's SoftmaxCrossEntropyAsync).
+class MicroBatchLosses final : public PendingLoss {
+ public:
+  void Add(std::shared_ptr<PendingLoss> loss, int64_t rows) { parts_.push_back({loss, rows}); }
+  bool ready() const override {
+    return std::all_of(parts_.begin(), parts_.end(), [](const Part& p) { return p.loss->ready(); });
+  }
+  LossResult Get() override {
+    LossResult total;
+    int64_t rows = 0;
+    double sum = 0;
+    for (const Part& p : parts_) {
+      const LossResult r = p.loss->Get();
+      sum += r.loss * static_cast<double>(p.rows);
+      total.correct += r.correct;
+      rows += p.rows;
+    }
+    total.loss = rows > 0 ? sum / static_cast<double>(rows) : 0;
+    return total;
+  }
+
+ private:
+  struct Part {
+    std::shared_ptr<PendingLoss> loss;
+    int64_t rows;
+  };
+  std::vector<Part> parts_;
+};
+
+}  // namespace
+
 struct PipelineModel::Stage {
+  Device device;
+  int lane = 0;                               // of its GPU (ops/device.h)
   std::vector<std::unique_ptr<Model>> slots;  // one per micro-batch held at once
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<tbb::task_arena> arena;
   std::vector<Tensor> out;      // per micro-batch: this stage's output
   std::vector<Tensor> dx;       // per micro-batch: gradient of this stage's input
   std::vector<Tensor> dlogits;  // last stage: the loss gradient
-  Tensor flat_grads;            // the gradients being summed over processes
+  std::vector<Tensor> labels;   // last stage on a GPU: the micro-batch's labels there
+  // GPUs: where the stream has written out[i] and dx[i], for the
+  // neighbouring stage's lane to wait for.
+  std::vector<std::unique_ptr<StreamEvent>> out_ready, dx_ready;
+  // The neighbour's gradients this stage copied into its lane, kept until
+  // the copy has run (ops/stream_event.h).
+  std::deque<std::pair<Tensor, std::unique_ptr<StreamEvent>>> retired;
+  std::unique_ptr<IdleMeter> meter;  // GPUs: the stream's busy and idle time
+  Tensor flat_grads;                 // the gradients being summed over processes
   MpiRequest gradient_sum;
-  double busy = 0;
+  double busy = 0;  // CPUs: the host's time in the stage's actions
   int held = 0, max_held = 0;
+
+  bool gpu() const { return device.is_cuda(); }
+  // Lets go of the retired tensors whose copies have run.
+  void DropCopied() {
+    while (!retired.empty() && retired.front().second->passed()) retired.pop_front();
+  }
 };
+
+namespace {
+
+// Makes `to` use `from`'s parameter, gradient and buffer storage.
+void ShareStorage(Layer& to, Layer& from) {
+  for (size_t p = 0; p < to.parameters().size(); ++p) {
+    to.parameters()[p].value = from.parameters()[p].value;
+    to.parameters()[p].grad = from.parameters()[p].grad;
+  }
+  for (size_t b = 0; b < to.buffers().size(); ++b) to.buffers()[b].value = from.buffers()[b].value;
+}
+
+// Copies `from`'s parameter and buffer values into `to` (another device),
+// and zeroes `to`'s gradients.
+void CopyValues(Layer& to, Layer& from) {
+  for (size_t p = 0; p < to.parameters().size(); ++p) {
+    to.parameters()[p].value.CopyFrom(from.parameters()[p].value);
+    to.parameters()[p].grad.Zero();
+  }
+  for (size_t b = 0; b < to.buffers().size(); ++b)
+    to.buffers()[b].value.CopyFrom(from.buffers()[b].value);
+}
+
+}  // namespace
 
 PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& input_shape,
                              uint64_t seed, InitScheme init, const OptimizerSpec& optimizer,
                              PipelineOptions options)
     : options_(std::move(options)) {
-  full_ = Model::Build(layers, input_shape, {.seed = seed, .init = init});
-  full_->ZeroGrad();
   const int num_stages = static_cast<int>(options_.stages.size());
+  if (options_.devices.empty()) options_.devices.assign(num_stages, Device::Cpu());
+  CNNFLOW_ENFORCE(static_cast<int>(options_.devices.size()) == num_stages, num_stages,
+                  " pipeline stages but ", options_.devices.size(), " devices");
+  // The full model on stage 0's device, lane 0: checkpoints read it there.
+  const Device home = options_.devices[0];
+  SetGpuMath(home, options_.gpu_math);
+  full_ = Model::Build(layers, input_shape,
+                       {.seed = seed, .init = init, .device = home, .compute = options_.compute});
+  full_->ZeroGrad();
   CNNFLOW_ENFORCE(options_.microbatches >= 1, "microbatches must be >= 1, got ",
                   options_.microbatches);
   if (num_stages < 1) throw ConfigError("a pipeline needs at least one stage");
@@ -169,34 +252,48 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
     for (std::string& in : specs[0].inputs) in = kModelInput;
     const Shape in_shape = first == 0 ? input_shape : full_->output_shape(first - 1);
     auto stage = std::make_unique<Stage>();
+    stage->device = options_.devices[s];
+    for (int j = 0; j < s; ++j) stage->lane += options_.devices[j] == stage->device ? 1 : 0;
+    const GpuLaneScope lane(stage->lane);  // its models, optimizer state and events in its lane
+    SetGpuMath(stage->device, options_.gpu_math);
     const int slots =
         options_.schedule == PipelineSchedule::kGpipe ? m : std::min(m, num_stages - s);
     for (int k = 0; k < slots; ++k) {
-      auto model = Model::Build(specs, in_shape, {.seed = seed, .init = init});
-      // Share the full model's storage: parameters, gradients, buffers.
+      auto model = Model::Build(
+          specs, in_shape,
+          {.seed = seed, .init = init, .device = stage->device, .compute = options_.compute});
       for (int l = 0; l < model->num_layers(); ++l) {
         Layer& mine = model->layer(l);
         Layer& theirs = full_->layer(first + l);
-        for (size_t p = 0; p < mine.parameters().size(); ++p) {
-          mine.parameters()[p].value = theirs.parameters()[p].value;
-          mine.parameters()[p].grad = theirs.parameters()[p].grad;
+        // A stage on another GPU than the full model's holds its own
+        // storage, which the full model then points at.
+        if (k == 0 && stage->device != home) {
+          CopyValues(mine, theirs);
+          ShareStorage(theirs, mine);
         }
-        for (size_t b = 0; b < mine.buffers().size(); ++b)
-          mine.buffers()[b].value = theirs.buffers()[b].value;
+        ShareStorage(mine, theirs);
       }
       stage->slots.push_back(std::move(model));
     }
     stage->optimizer = MakeOptimizer(optimizer, stage->slots[0]->NamedParameters());
     stage->arena = cpu::MakeComputeArena(options_.threads_per_stage, options_.flush_denormals);
+    stage->meter = MakeIdleMeter(stage->device);
     stages_.push_back(std::move(stage));
     first += count;
   }
 }
 
-PipelineModel::~PipelineModel() = default;
+PipelineModel::~PipelineModel() {
+  try {
+    Synchronize();  // no lane still reads a tensor that goes with the stages
+  } catch (...) {
+  }
+}
 
 Optimizer& PipelineModel::optimizer(int s) { return *stages_[s]->optimizer; }
 Model& PipelineModel::stage_model(int s) { return *stages_[s]->slots[0]; }
+Device PipelineModel::device(int s) const { return stages_[s]->device; }
+int PipelineModel::lane(int s) const { return stages_[s]->lane; }
 
 int PipelineModel::BeginStep(const Tensor& x, const int64_t* labels, const ForwardContext& ctx,
                              double grad_scale, double label_smoothing) {
@@ -215,30 +312,59 @@ int PipelineModel::BeginStep(const Tensor& x, const int64_t* labels, const Forwa
     st->out.assign(m_, Tensor());
     st->dx.assign(m_, Tensor());
     st->dlogits.assign(m_, Tensor());
+    st->labels.assign(m_, Tensor());
+    st->out_ready.resize(m_);
+    st->dx_ready.resize(m_);
   }
   return m_;
 }
 
+// `t` (the neighbouring stage's, written in its lane) in stage `to`'s lane:
+// a copy made on its stream once the writer's event has passed there.
+Tensor PipelineModel::Receive(Stage& to, const Tensor& t) const {
+  return to.gpu() ? t.To(to.device) : t;
+}
+
 void PipelineModel::Forward(int s, int i) {
   Stage& st = *stages_[s];
+  const GpuLaneScope lane(st.lane);
   const auto begin = std::chrono::steady_clock::now();
   st.arena->execute([&] {
     Model& model = *st.slots[i % st.slots.size()];
-    const Tensor in = s == 0 ? x_.Slice(begin_[i], begin_[i + 1]) : stages_[s - 1]->out[i];
+    if (s > 0 && st.gpu()) stages_[s - 1]->out_ready[i]->Await(st.device);
+    if (st.meter) st.meter->StartOfWork();  // the wait above counts as idle
+    // Stage s - 1 lets go of out[i] after its backward of i, which waits for
+    // this stage's backward of i: the copy has run by then.
+    Tensor in = s == 0 ? x_.Slice(begin_[i], begin_[i + 1]) : Receive(st, stages_[s - 1]->out[i]);
+    if (in.device() != st.device) in = in.To(st.device);  // the batch's rows, from the host
     ForwardContext ctx = ctx_;
     if (ctx.sample_ids) ctx.sample_ids += begin_[i];
     st.out[i] = model.Forward(in, ctx);
     if (s + 1 == num_stages()) {
       Tensor& d = st.dlogits[i];
-      d = Tensor::Empty(st.out[i].shape(), st.out[i].dtype());
-      const LossResult r =
-          SoftmaxCrossEntropy(st.out[i], labels_ + begin_[i], &d, grad_scale_, label_smoothing_);
-      if (!std::isfinite(r.loss)) {
-        throw Error(StrCat("loss is ", r.loss, " at step ", ctx_.step, " (micro-batch ", i,
-                           "): lower the learning rate or check the data"));
+      d = Tensor::Empty(st.out[i].shape(), st.out[i].dtype(), st.device);
+      const int64_t rows = begin_[i + 1] - begin_[i];
+      const int64_t* labels = labels_ + begin_[i];
+      if (st.gpu()) {
+        st.labels[i] = LabelTensor(labels, rows, st.device);
+        labels = st.labels[i].data<int64_t>();
       }
-      results_[i] = {r.loss * static_cast<double>(begin_[i + 1] - begin_[i]), r.correct};
+      std::shared_ptr<PendingLoss> loss =
+          SoftmaxCrossEntropyAsync(st.out[i], labels, &d, grad_scale_, label_smoothing_);
+      if (loss->ready()) {  // the host's: checked at once
+        const LossResult r = loss->Get();
+        if (!std::isfinite(r.loss)) {
+          throw Error(StrCat("loss is ", r.loss, " at step ", ctx_.step, " (micro-batch ", i,
+                             "): lower the learning rate or check the data"));
+        }
+        results_[i] = {r.loss * static_cast<double>(rows), r.correct, nullptr};
+      } else {  // a GPU's: read by the lanes' gather, off this thread
+        results_[i].pending = std::move(loss);
+      }
+    } else if (st.gpu()) {
+      st.out_ready[i] = std::make_unique<StreamEvent>(st.device);
     }
+    if (st.meter) st.meter->EndOfWork();
   });
   st.max_held = std::max(st.max_held, ++st.held);
   st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
@@ -246,13 +372,28 @@ void PipelineModel::Forward(int s, int i) {
 
 void PipelineModel::Backward(int s, int i) {
   Stage& st = *stages_[s];
+  const GpuLaneScope lane(st.lane);
   const auto begin = std::chrono::steady_clock::now();
   st.arena->execute([&] {
     Model& model = *st.slots[i % st.slots.size()];
-    const Tensor& dy = s + 1 == num_stages() ? st.dlogits[i] : stages_[s + 1]->dx[i];
+    const bool last = s + 1 == num_stages();
+    if (!last && st.gpu()) stages_[s + 1]->dx_ready[i]->Await(st.device);
+    if (st.meter) {
+      st.meter->StartOfWork();
+      st.meter->Mark(kGpuBackward);
+    }
+    Tensor dy = last ? st.dlogits[i] : Receive(st, stages_[s + 1]->dx[i]);
+    if (!last && st.gpu()) {  // stage s + 1's block, kept until the copy has run
+      st.retired.emplace_back(stages_[s + 1]->dx[i], std::make_unique<StreamEvent>(st.device));
+    }
     model.Backward(dy, {}, s > 0 ? &st.dx[i] : nullptr);
+    if (s > 0 && st.gpu()) st.dx_ready[i] = std::make_unique<StreamEvent>(st.device);
+    if (st.meter) st.meter->EndOfWork();
     st.out[i] = Tensor();
-    if (s + 1 < num_stages()) stages_[s + 1]->dx[i] = Tensor();
+    st.dlogits[i] = Tensor();
+    st.labels[i] = Tensor();
+    if (!last) stages_[s + 1]->dx[i] = Tensor();
+    st.DropCopied();
   });
   --st.held;
   st.busy += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
@@ -260,33 +401,46 @@ void PipelineModel::Backward(int s, int i) {
 
 void PipelineModel::StartGradientSum(int s, MpiWorld& world) {
   Stage& st = *stages_[s];
+  const GpuLaneScope lane(st.lane);
   const auto params = stage_model(s).NamedParameters();
   int64_t total = 0;
   for (const auto& p : params) total += p.param->grad.numel();
   if (st.flat_grads.numel() != total) st.flat_grads = Tensor::Empty(Shape({total}), DType::kF32);
-  float* f = st.flat_grads.data<float>();
-  for (const auto& p : params)
-    f = std::copy_n(p.param->grad.data<float>(), p.param->grad.numel(), f);
+  // Through host memory on GPUs (a copy to the host waits for the stream).
+  auto* f = static_cast<char*>(st.flat_grads.raw_data());
+  for (const auto& p : params) {
+    const Tensor& g = p.param->grad;
+    CopyBytes(Device::Cpu(), f, g.device(), g.raw_data(), g.nbytes());
+    f += g.nbytes();
+  }
   st.gradient_sum = world.StartAllReduceSum(st.flat_grads.data<float>(), total,
                                             StrCat("pipeline stage ", s, " gradients"));
 }
 
 void PipelineModel::FinishGradientSum(int s, MpiWorld& world, double timeout_s) {
   Stage& st = *stages_[s];
+  const GpuLaneScope lane(st.lane);
   world.Wait(st.gradient_sum, timeout_s);
-  const float* f = st.flat_grads.data<float>();
+  const auto* f = static_cast<const char*>(st.flat_grads.raw_data());
   for (const auto& p : stage_model(s).NamedParameters()) {
-    std::copy_n(f, p.param->grad.numel(), p.param->grad.data<float>());
-    f += p.param->grad.numel();
+    Tensor& g = p.param->grad;
+    CopyBytes(g.device(), g.raw_data(), Device::Cpu(), f, g.nbytes());
+    f += g.nbytes();
   }
 }
 
 void PipelineModel::Step(int s, double lr) {
   Stage& st = *stages_[s];
+  const GpuLaneScope lane(st.lane);
+  if (st.meter) {
+    st.meter->StartOfWork();
+    st.meter->Mark(kGpuOptimizer);
+  }
   st.arena->execute([&] {
     st.optimizer->Step(lr);
     stage_model(s).ZeroGrad();  // the stage's share of the full model's gradients
   });
+  if (st.meter) st.meter->EndOfWork();
   if (s == 0) x_ = Tensor();  // only stage 0 reads the batch
   if (++stepped_ == num_stages()) {
     stepped_ = 0;
@@ -297,16 +451,51 @@ void PipelineModel::Step(int s, double lr) {
 
 PipelineModel::Result PipelineModel::StepResult() const {
   Result total;
-  for (const Result& r : results_) {
+  std::shared_ptr<MicroBatchLosses> losses;  // GPUs
+  for (int i = 0; i < static_cast<int>(results_.size()); ++i) {
+    const Result& r = results_[i];
+    if (r.pending) {
+      if (!losses) losses = std::make_shared<MicroBatchLosses>();
+      losses->Add(r.pending, begin_[i + 1] - begin_[i]);
+    }
     total.loss_sum += r.loss_sum;
     total.correct += r.correct;
   }
+  total.pending = std::move(losses);
   return total;
+}
+
+Tensor PipelineModel::Infer(const Tensor& x, const ForwardContext& ctx) {
+  Tensor h = x;
+  for (auto& st : stages_) {
+    if (h.device() != st->device) h = h.To(st->device);
+    h = st->slots[0]->Forward(h, ctx);
+  }
+  return h;
+}
+
+void PipelineModel::Synchronize() {
+  for (auto& st : stages_) {
+    if (!st->gpu()) continue;
+    for (int lane : {0, st->lane}) {  // lane 0: the host's own work between passes
+      const GpuLaneScope scope(lane);
+      SynchronizeDevice(st->device);
+    }
+    st->retired.clear();
+  }
 }
 
 std::vector<double> PipelineModel::busy_seconds() const {
   std::vector<double> v;
-  for (const auto& st : stages_) v.push_back(st->busy);
+  for (const auto& st : stages_) {
+    if (!st->meter) {
+      v.push_back(st->busy);
+      continue;
+    }
+    double busy = 0;
+    for (int p = 0; p < kGpuPhases; ++p) busy += st->meter->busy_seconds(static_cast<GpuPhase>(p));
+    v.push_back(busy);
+  }
   return v;
 }
 
@@ -317,8 +506,16 @@ std::vector<int> PipelineModel::max_held() const {
 }
 
 std::vector<double> PipelineModel::bubble() const {
+  const std::vector<double> busy = busy_seconds();
   std::vector<double> v;
-  for (const auto& st : stages_) v.push_back(step_seconds_ > 0 ? 1 - st->busy / step_seconds_ : 0);
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    if (stages_[s]->meter) {
+      const double idle = stages_[s]->meter->idle_seconds();
+      v.push_back(busy[s] + idle > 0 ? idle / (busy[s] + idle) : 0);
+    } else {
+      v.push_back(step_seconds_ > 0 ? 1 - busy[s] / step_seconds_ : 0);
+    }
+  }
   return v;
 }
 
@@ -332,6 +529,7 @@ void PipelineModel::ResetStats() {
   for (auto& st : stages_) {
     st->busy = 0;
     st->max_held = 0;
+    if (st->meter) st->meter->Reset();
   }
 }
 

@@ -21,8 +21,16 @@
 //
 // Each stage keeps one model instance per micro-batch it may hold at once
 // (activations and per-forward layer state live in the instance); all
-// instances, and the full model that evaluation and checkpoints use, share
-// the same parameter, gradient and buffer storage.
+// instances, and the full model that checkpoints use, share the same
+// parameter, gradient and buffer storage. Evaluation runs the stages in
+// turn (Infer).
+//
+// On GPUs each stage works in its own lane (ops/device.h): its own stream,
+// handles and pool, several stages possibly on one GPU. A stage's input
+// from the stage before, and the gradient it sends back, cross lanes as
+// ops/stream_event.h says: the receiver's stream waits for the sender's
+// event and copies the tensor into its own lane, so no host waits inside a
+// step and no block is reused while another lane still reads it.
 #pragma once
 
 #include <tbb/task_arena.h>
@@ -31,9 +39,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ops/device_ops.h"
+#include "ops/loss.h"
 #include "ops/model.h"
 #include "ops/train/optimizer.h"
 
@@ -69,6 +80,11 @@ struct PipelineOptions {
   PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
   int threads_per_stage = 1;
   bool flush_denormals = true;  // stages' kernels flush denormals (cpu::MakeComputeArena)
+  // Each stage's device (empty: every stage on the host). A GPU listed k
+  // times holds k stages, lanes 0..k-1 in the order listed.
+  std::vector<Device> devices;
+  std::optional<DType> compute;  // the activations' type on GPUs (graph.precision: bf16)
+  GpuMathOptions gpu_math;       // graph.tf32, graph.deterministic
 };
 
 class PipelineModel {
@@ -85,12 +101,17 @@ class PipelineModel {
   const PipelineOptions& options() const { return options_; }
   Model& full() { return *full_; }
   Model& stage_model(int s);
+  Device device(int s) const;
+  int lane(int s) const;
   Optimizer& optimizer(int s);
   const std::vector<std::string>& stage_layers(int s) const { return options_.stages[s]; }
 
   struct Result {
     double loss_sum = 0;
     int64_t correct = 0;
+    // GPUs: the batch's mean loss and correct count on their way back from
+    // the last stage's GPU (loss_sum and correct are then 0).
+    std::shared_ptr<PendingLoss> pending;
   };
   // One optimizer step on a batch: BeginStep cuts it into micro-batches
   // (returns how many: fewer than options().microbatches when the batch is
@@ -113,13 +134,23 @@ class PipelineModel {
   // The step's loss and correct count, once the last stage has run every
   // forward.
   Result StepResult() const;
+  // Evaluation: x ([N, ...], anywhere) through every stage in turn, on the
+  // calling thread and its lane of each stage's device; the logits are on
+  // the last stage's device.
+  Tensor Infer(const Tensor& x, const ForwardContext& ctx);
+  // Waits until every stage's lane has done all that was issued (GPUs):
+  // between passes, where the host reads and writes the weights from lane
+  // 0 (checkpoints, init from data) and evaluation runs in it.
+  void Synchronize();
 
-  // Accounting since the last ResetStats: busy seconds per stage, and the
-  // most micro-batches of activations a stage held at once.
+  // Accounting since the last ResetStats: busy seconds per stage (a GPU
+  // stage's as its stream spent them, once Synchronize'd), and the most
+  // micro-batches of activations a stage held at once.
   std::vector<double> busy_seconds() const;
   std::vector<int> max_held() const;
   double step_seconds() const { return step_seconds_; }  // BeginStep to the last Step, summed
-  // Measured idle share of each stage, and the schedule's theoretical
+  // Measured idle share of each stage (a GPU stage's: its stream's idle
+  // time over its busy and idle time), and the schedule's theoretical
   // bubble (S - 1) / (M + S - 1).
   std::vector<double> bubble() const;
   double theoretical_bubble() const;
@@ -127,6 +158,7 @@ class PipelineModel {
 
  private:
   struct Stage;
+  Tensor Receive(Stage& to, const Tensor& t) const;
   PipelineOptions options_;
   std::unique_ptr<Model> full_;
   std::vector<std::unique_ptr<Stage>> stages_;

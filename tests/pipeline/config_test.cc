@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -336,6 +337,26 @@ TEST_F(ConfigTest, GpuDeviceListsAreCheckedBeforeTheRun) {
   EXPECT_NE(ErrorOf(kGood, {"graph.devices=[cuda:0]", "graph.precision=f16"})
                 .find("expected fp32, bf16 or fp16"),
             std::string::npos);
+}
+
+// A pipeline on GPUs: the CPU config with graph.devices changed, one GPU
+// holding both stages (a lane each); fp16, whose loss scaler is the
+// replicas', refused with the key and what to use instead.
+TEST_F(ConfigTest, PipelinesRunOnGpusListedOnceOrMore) {
+  const char* pipeline = "configs/fashion_mnist_pipeline.yaml";
+  for (const char* devices : {"graph.devices=[cuda:0, cuda:0]", "graph.devices=[cuda:0, cuda:1]"}) {
+    const RunConfig c = LoadRunConfig(pipeline, {devices});
+    EXPECT_TRUE(c.pipeline) << devices;
+    ASSERT_EQ(c.devices.size(), 2u);
+    EXPECT_TRUE(c.devices[1].is_cuda());
+  }
+  EXPECT_EQ(LoadRunConfig(pipeline, {"graph.devices=[cuda:0, cuda:0]", "graph.precision=bf16"})
+                .data_parallel.compute,
+            DType::kBF16);
+  std::ifstream in(pipeline);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  testing::ExpectContains(ErrorOf(text, {"graph.devices=[cuda:0, cuda:0]", "graph.precision=fp16"}),
+                          {"graph.precision", "fp16 does not combine with graph.pipeline", "bf16"});
 }
 
 // graph.flush_denormals: on unless told (Training.FlushDenormalsZeroesWhatUnderflows

@@ -764,6 +764,64 @@ TEST(DataParallelTrainingGPU, TwoReplicasOnOneGpuMatchOneAtTheDoubledBatch) {
   EXPECT_LT(MaxRelDiffOnHost(one->model(), two->replicas().model(0)), 1e-5);
 }
 
+// Pipelines on one GPU (issue 60), a lane per stage: the CPU pipeline
+// configs with graph.devices changed train as the unsplit model on the same
+// GPU accumulating over the same micro-batches (batch 64 in 4 micro-batches
+// against batch 16 x accumulate 4: per-micro-batch BN alike), in f32 with
+// full f32 convolutions and deterministic algorithms. The small CNN and
+// ResNet-18 (cut by stages: auto between residual blocks), both schedules;
+// the stages' GPU time is counted, and evaluation runs through the stages.
+TEST(PipelineTrainingGPU, PipelinesOnOneGpuMatchTheUnsplitModelAccumulating) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no GPU found: GPU test skipped";
+  const std::vector<std::string> common = {"train.epochs=1", "threads=2", "graph.load_threads=1",
+                                           "graph.tf32=false", "graph.deterministic=true"};
+  struct Case {
+    const char* config;
+    std::vector<std::string> unsplit, pipeline;
+  };
+  // Synthetic data: the GPU machine has no data sets.
+  const std::string train =
+      "data.train={source: synthetic, shape: [1, 28, 28], classes: 10, size: 4096, seed: 1}";
+  const std::string test =
+      "data.test={source: synthetic, shape: [1, 28, 28], classes: 10, size: 512, seed: 2}";
+  const std::vector<Case> cases = {
+      {"configs/fashion_mnist_pipeline.yaml",
+       {train, test, "graph.pipeline={}", "graph.template=graphs/data_parallel.yaml",
+        "graph.devices=[cuda:0]"},
+       {train, test, "graph.devices=[cuda:0, cuda:0]"}},
+      {"bench/configs/resnet18_synthetic.yaml",
+       {"graph.devices=[cuda:0]"},
+       {"graph.devices=[cuda:0, cuda:0]", "graph.template=graphs/pipeline_parallel.yaml",
+        "graph.pipeline={stages: auto, microbatches: 4}"}},
+  };
+  for (const Case& c : cases) {
+    auto unsplit = std::make_unique<Trainer>(LoadRunConfig(
+        c.config, With(With(common, c.unsplit),
+                       {"train.batch=16", "train.accumulate=4", "train.max_steps=80"})));
+    unsplit->RunPass(unsplit->config().train_graph, {.pass = "train", .epoch = 0});
+    ASSERT_EQ(unsplit->global_step(), 20) << c.config;
+    for (const std::string schedule : {"1f1b", "gpipe"}) {
+      SCOPED_TRACE(StrCat(c.config, " ", schedule));
+      Trainer pipe(LoadRunConfig(
+          c.config, With(With(common, c.pipeline), {"train.batch=64", "train.max_steps=20",
+                                                    "graph.pipeline.schedule=" + schedule,
+                                                    "graph.pipeline.microbatches=4"})));
+      ASSERT_NE(pipe.pipeline(), nullptr);
+      ASSERT_EQ(pipe.pipeline()->lane(1), 1);
+      const PassMetrics m = pipe.RunPass(pipe.config().train_graph, {.pass = "train", .epoch = 0});
+      EXPECT_EQ(m.samples, 20 * 64);
+      EXPECT_TRUE(std::isfinite(m.mean_loss()));
+      EXPECT_LT(MaxRelDiffOnHost(unsplit->model(), pipe.model()), 1e-5);
+      for (double busy : pipe.pipeline()->busy_seconds()) EXPECT_GT(busy, 0);
+      for (double idle : pipe.pipeline()->bubble()) EXPECT_LT(idle, 1);
+      if (pipe.config().data.count("test") != 0) {
+        const PassMetrics pe = pipe.Evaluate(), ue = unsplit->Evaluate();
+        EXPECT_NEAR(pe.mean_loss(), ue.mean_loss(), 1e-4);
+      }
+    }
+  }
+}
+
 // Mixed labels on a GPU (issue 55): a mixup config trains on cuda:0 by
 // changing graph.devices alone, the mix staged with the labels and taken by
 // the GPU loss: close to the same config on cpu:0 (full f32 convolutions,
