@@ -33,8 +33,12 @@
 //          batch each), tp2 (the group of 2 on the whole batch): a step's
 //          forward, backward, all-reduce and optimizer, as images/s.
 //
+// With --device cuda:K as well, every replica and member is a lane of that
+// GPU (ops/device.h); a forward or a step is timed to the end of its GPU
+// work (1x2 is then the same as 1x1, and is left out).
+//
 // Usage: tensor_parallel_bench [--reps R] [--batch 1,8] [--channels C] [--size S]
-//                              [--config FILE --train-batch B [--trace 1]]
+//                              [--config FILE --train-batch B [--trace 1] [--device cuda:0]]
 // One line per setting: setting=... batch=... ms=... (median) runs=...
 #include <tbb/task_arena.h>
 
@@ -129,7 +133,7 @@ void TimeSettings(const std::string& what, int64_t n, int reps,
 
 // --config: the whole model (see the top of the file).
 int RunModel(const std::string& path, int reps, const std::vector<int64_t>& batches,
-             int64_t train_batch, bool trace) {
+             int64_t train_batch, bool trace, Device device) {
   const RunConfig c = LoadRunConfig(path);
   CNNFLOW_ENFORCE(c.data_parallel.tensor_parallel == 2, path,
                   ": needs graph.tensor_parallel.size 2");
@@ -138,13 +142,18 @@ int RunModel(const std::string& path, int reps, const std::vector<int64_t>& batc
       "hardware threads\n",
       path.c_str(), c.layers.size(), c.data_parallel.split_layers.size(), CpuModel().c_str(),
       cpu::IsaName(cpu::MaxIsa()), std::thread::hardware_concurrency());
+  const bool gpu = device.is_cuda();
+  if (gpu)
+    std::printf("# on %s, a lane per replica:\n%s", device.ToString().c_str(),
+                DescribeCuda().c_str());
   auto make = [&](int replicas, int tp) {
-    DataParallelOptions o;
+    DataParallelOptions o = c.data_parallel;  // the config's math (graph.tf32, ...)
     o.replicas = replicas;
     o.threads_per_replica = 1;
     o.tensor_parallel = tp;
-    if (tp > 1) o.split_layers = c.data_parallel.split_layers;
+    if (tp == 1) o.split_layers.clear();
     o.timeout_s = 600;
+    o.devices.assign(replicas, device);
     return std::make_unique<ReplicaSet>(c.layers, c.input_shape, c.seed, c.init, c.optimizer, o,
                                         MpiWorld::Get());
   };
@@ -160,12 +169,24 @@ int RunModel(const std::string& path, int reps, const std::vector<int64_t>& batc
   ForwardContext infer;
   infer.training = false;
   infer.keep_activations = false;
+  // Every lane of the GPU done (a GPU's work is asynchronous).
+  auto done = [&](ReplicaSet& set) {
+    for (int r = 0; r < set.size(); ++r) {
+      const GpuLaneScope lane(set.lane(r));
+      SynchronizeDevice(set.device(r));
+    }
+  };
   for (int64_t n : batches) {
-    const Tensor x = batch(n);
-    TimeSettings("infer", n, reps,
-                 {{"1x1", [&] { arena1.execute([&] { one->Infer(x, infer); }); }},
-                  {"1x2", [&] { arena2.execute([&] { one->Infer(x, infer); }); }},
-                  {"tp2", [&] { tp->Infer(x, infer); }}});
+    const Tensor x = batch(n).To(device);
+    std::vector<std::pair<std::string, std::function<void()>>> settings = {
+        {"1x1", [&] { arena1.execute([&] { one->Infer(x, infer); }); }},
+        {"1x2", [&] { arena2.execute([&] { one->Infer(x, infer); }); }},
+        {"tp2", [&] { tp->Infer(x, infer); }}};
+    if (gpu) {
+      settings = {{"1x1", [&] { one->Infer(x, infer), done(*one); }},
+                  {"tp2", [&] { tp->Infer(x, infer), done(*tp); }}};
+    }
+    TimeSettings("infer", n, reps, settings);
     if (trace) {  // where tp2's time goes, by span (ops/trace.h)
       for (auto* set : {one.get(), tp.get()}) {
         Tracer::Start();
@@ -199,14 +220,16 @@ int RunModel(const std::string& path, int reps, const std::vector<int64_t>& batc
       for (int r = 0; r < set.size(); ++r) threads.emplace_back(run, r);
       for (auto& t : threads) t.join();
     }
+    if (gpu) done(set);
     ++step;
   };
-  TimeSettings("train", train_batch, reps,
-               {{"1x1", [&] { train(*one, &arena1); }},
-                {"1x2", [&] { train(*one, &arena2); }},
-                {"dp2", [&] { train(*dp, nullptr); }},
-                {"tp2", [&] { train(*tp, nullptr); }}},
-               train_batch);
+  std::vector<std::pair<std::string, std::function<void()>>> settings = {
+      {"1x1", [&] { train(*one, &arena1); }},
+      {"1x2", [&] { train(*one, &arena2); }},
+      {"dp2", [&] { train(*dp, nullptr); }},
+      {"tp2", [&] { train(*tp, nullptr); }}};
+  if (gpu) settings.erase(settings.begin() + 1);
+  TimeSettings("train", train_batch, reps, settings, train_batch);
   return 0;
 }
 
@@ -215,6 +238,7 @@ int Main(int argc, char** argv) {
   std::vector<int64_t> batches{1, 8};
   int64_t channels = 256, size = 64, train_batch = 8;
   std::string config;
+  Device device = Device::Cpu();
   bool trace = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
@@ -232,15 +256,17 @@ int Main(int argc, char** argv) {
       trace = v == "1";
     else if (a == "--train-batch")
       train_batch = std::stoll(v);
+    else if (a == "--device")
+      device = Device::Parse(v);
     else {
       std::fprintf(
           stderr,
           "usage: tensor_parallel_bench [--reps R] [--batch 1,8] [--channels C] [--size S] "
-          "[--config FILE --train-batch B]\n");
+          "[--config FILE --train-batch B [--device cuda:K]]\n");
       return 2;
     }
   }
-  if (!config.empty()) return RunModel(config, reps, batches, train_batch, trace);
+  if (!config.empty()) return RunModel(config, reps, batches, train_batch, trace, device);
   std::printf(
       "# tensor_parallel_bench: conv2d %lld->%lld 3x3 pad 1 on %lldx%lld, forward (inference); "
       "cpu %s, ISA %s, %u hardware threads\n",

@@ -43,6 +43,9 @@ Predictor::Predictor(const RunConfig& config, const std::string& weights) : conf
   std::vector<Model*> models;
   for (int r = 0; r < replicas_->size(); ++r) models.push_back(&replicas_->model(r));
   LoadStateDict(LoadWeightsFile(weights).tensors, models, {}, weights);
+  // The weights went to every member's GPU from this thread's lane: the
+  // other lanes' streams start after them.
+  replicas_->StartPass();
   if (config_.input_shape.rank() == 3) {
     // The test set's decode (its resize_min_side and the like), else the train set's.
     const auto spec =

@@ -579,9 +579,6 @@ void ReadModelParallel(const YamlDoc& doc, const YAML::Node& graph, RunConfig& c
     ParseTensorParallel(doc, tp, c);
     if (c.pipeline)
       doc.Fail(tp, "graph.tensor_parallel", "does not combine with graph.pipeline yet");
-    if (c.devices[0].is_cuda()) {
-      doc.Fail(tp, "graph.tensor_parallel", "runs on CPU devices only so far");
-    }
   }
 }
 
@@ -625,6 +622,12 @@ void ReadPrecision(const YamlDoc& doc, const YAML::Node& graph, const Args& g, R
         doc.Fail(graph["precision"], "graph.precision",
                  "fp16 does not combine with graph.pipeline yet (its loss scaler is the "
                  "replicas'): use bf16");
+      }
+      if (c.data_parallel.tensor_parallel > 1) {
+        doc.Fail(graph["precision"], "graph.precision",
+                 StrCat(precision,
+                        " does not combine with graph.tensor_parallel on GPUs yet (the "
+                        "split layers compute in f32): use fp32"));
       }
       return;
     }

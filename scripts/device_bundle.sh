@@ -12,12 +12,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-device
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCNNFLOW_WITH_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCNNFLOW_BUILD_BENCH=OFF -DCNNFLOW_NATIVE=OFF > /dev/null
-ninja -C "$build" cnnflow ops_test pipeline_test
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DCNNFLOW_BUILD_BENCH=ON -DCNNFLOW_NATIVE=OFF > /dev/null
+ninja -C "$build" cnnflow ops_test pipeline_test tensor_parallel_bench
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
-cp "$build/cnnflow" "$build/tests/ops_test" "$build/tests/pipeline_test" "$stage/bin/"
+cp "$build/cnnflow" "$build/tests/ops_test" "$build/tests/pipeline_test" \
+  "$build/bench/tensor_parallel_bench" "$stage/bin/"
 # Libraries the GPU machine does not have: keep what is not the C runtime,
 # the C++ runtime, the driver (libcuda) or one of the big CUDA libraries.
 for bin in "$stage"/bin/*; do

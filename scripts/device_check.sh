@@ -31,6 +31,10 @@
 #                   stages on the one GPU ([cuda:0, cuda:0], a lane per
 #                   stage) against the unsplit model on it (cnnflow bench),
 #                   fp32 and bf16 (<= 300 s)
+#   tensor-parallel issue 60's table: ResNet-18 at 224 with its convs split
+#                   over 2 lanes of the one GPU against unsplit, batch-1 and
+#                   batch-8 inference latency and training at batch 8
+#                   (tensor_parallel_bench --device cuda:0; <= 240 s)
 #   tta             time to accuracy (issue 59): bench/time_to_accuracy.sh
 #                   --device cuda, cnnflow's speed run (device-resident,
 #                   fp16) against the airbench port compiled and eager, 5
@@ -276,6 +280,18 @@ phase_pipeline() {
   phase "pipeline done"
 }
 
+# Tensor parallelism on the GPU (issue 60): the members lanes of the one GPU.
+phase_tensor_parallel() {
+  timeout -k 5 230 "$dir/run" "$dir/bin/tensor_parallel_bench" \
+    --config bench/configs/resnet18_224_tensor_parallel.yaml --device cuda:0 --batch 1,8 \
+    --train-batch 8 --reps 7 > "$out/tensor-parallel.txt" 2>&1
+  local s=$?
+  explain "$s" "tensor_parallel_bench" | tee -a "$out/tensor-parallel.txt"
+  tail -8 "$out/tensor-parallel.txt"
+  phase "tensor-parallel done (exit $s)"
+  [ "$s" -ne 0 ] && other_status=$s
+}
+
 # Time to accuracy on the GPU (issue 59): the JPEGs carried, the LMDBs made
 # here, both sides alternating seed by seed within the budget.
 phase_tta() {
@@ -311,7 +327,8 @@ for p in "$@"; do
     tta) phase_tta ;;
     replicas) phase_replicas ;;
     pipeline) phase_pipeline ;;
-    *) echo "unknown phase '$p' (tests compare cpu-bf16 resnet18-fp32 resnet18-bf16 resnet50-fp32 resnet50-bf16 speedrun tta replicas pipeline)" | tee -a "$out/error.txt"; other_status=2 ;;
+    tensor-parallel) phase_tensor_parallel ;;
+    *) echo "unknown phase '$p' (tests compare cpu-bf16 resnet18-fp32 resnet18-bf16 resnet50-fp32 resnet50-bf16 speedrun tta replicas pipeline tensor-parallel)" | tee -a "$out/error.txt"; other_status=2 ;;
   esac
 done
 echo "phases: $*; gpu tests exit status: $status; other phases: $other_status; total $(( SECONDS - t0 )) s"

@@ -6,6 +6,7 @@
 #include "ops/cuda/lane_group.h"
 #include "ops/cuda/nccl_comm.h"
 #include "ops/cuda/resident_set.h"
+#include "ops/cuda/strided_copy.h"
 #include "ops/device_backend.h"
 #include "ops/error.h"
 #include "ops/stream_event.h"
@@ -34,6 +35,9 @@ void Scale(Tensor&, float) { detail::NoCuda(); }
 void Cast(const Tensor&, Tensor&) { detail::NoCuda(); }
 void SetMath(Device, const GpuMathOptions&) { detail::NoCuda(); }
 void Synchronize(Device) { detail::NoCuda(); }
+void StridedCopy(Device, float*, int64_t, const float*, int64_t, int64_t, int64_t, float, bool) {
+  detail::NoCuda();
+}
 void SetCudnnPicksFile(const std::string&, bool) {}  // no GPU, no picks
 void AddCast(const Tensor&, Tensor&) { detail::NoCuda(); }
 void ChangeLayout(const Tensor&, Tensor&, bool, bool) { detail::NoCuda(); }
@@ -115,7 +119,7 @@ void NcclGroup::Wait(int) { detail::NoCuda(); }
 void NcclGroup::Barrier(int, const std::string&) { detail::NoCuda(); }
 void NcclGroup::Abort(const std::string&) {}
 std::string NcclGroup::broken_reason() const { return {}; }
-std::unique_ptr<Collective> MakeLaneGroup(int, int, double) { detail::NoCuda(); }
+std::unique_ptr<Collective> MakeLaneGroup(int, int, double, int) { detail::NoCuda(); }
 std::unique_ptr<Collective> MakeGpuCollective(const std::vector<int>&, MpiWorld&, double) {
   detail::NoCuda();
 }

@@ -34,9 +34,10 @@ const char* OpName(Op op) {
 
 class LaneGroup final : public Collective {
  public:
-  LaneGroup(int device, int lanes, double timeout_s)
+  LaneGroup(int device, int lanes, double timeout_s, int first_lane)
       : device_(device),
         lanes_(lanes),
+        first_lane_(first_lane),
         timeout_s_(timeout_s),
         next_(static_cast<size_t>(lanes), 0),
         pending_(static_cast<size_t>(lanes)) {
@@ -117,7 +118,7 @@ class LaneGroup final : public Collective {
     c.done = nullptr;
   }
 
-  const int device_, lanes_;
+  const int device_, lanes_, first_lane_;
   const double timeout_s_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -132,8 +133,9 @@ uint64_t LaneGroup::Arrive(int rank, Op op, float* data, int64_t count, const st
                            float scale) {
   CNNFLOW_ENFORCE(rank >= 0 && rank < lanes_, "replica ", rank, " of ", lanes_,
                   " on cuda:", device_);
-  CNNFLOW_ENFORCE(CurrentGpuLane() == rank, "'", tag, "': replica ", rank, " on cuda:", device_,
-                  " called from GPU lane ", CurrentGpuLane(), ", not its own");
+  CNNFLOW_ENFORCE(CurrentGpuLane() == first_lane_ + rank, "'", tag, "': replica ", rank,
+                  " on cuda:", device_, " called from GPU lane ", CurrentGpuLane(),
+                  ", not its own (", first_lane_ + rank, ")");
   const cudaStream_t stream = CudaContext::For(Device::Cuda(device_)).stream();
   std::lock_guard<std::mutex> lock(mu_);
   ThrowIfBrokenLocked();
@@ -194,8 +196,9 @@ void LaneGroup::AwaitIssued(std::unique_lock<std::mutex>& lock, const Call& c,
 }
 
 void LaneGroup::Wait(int rank) {
-  CNNFLOW_ENFORCE(CurrentGpuLane() == rank, "replica ", rank, " on cuda:", device_,
-                  " waits from GPU lane ", CurrentGpuLane(), ", not its own");
+  CNNFLOW_ENFORCE(CurrentGpuLane() == first_lane_ + rank, "replica ", rank, " on cuda:", device_,
+                  " waits from GPU lane ", CurrentGpuLane(), ", not its own (", first_lane_ + rank,
+                  ")");
   const cudaStream_t stream = CudaContext::For(Device::Cuda(device_)).stream();
   std::unique_lock<std::mutex> lock(mu_);
   const auto deadline = DeadlineIn(timeout_s_);
@@ -215,8 +218,8 @@ void LaneGroup::Wait(int rank) {
 
 }  // namespace
 
-std::unique_ptr<Collective> MakeLaneGroup(int device, int lanes, double timeout_s) {
-  return std::make_unique<LaneGroup>(device, lanes, timeout_s);
+std::unique_ptr<Collective> MakeLaneGroup(int device, int lanes, double timeout_s, int first_lane) {
+  return std::make_unique<LaneGroup>(device, lanes, timeout_s, first_lane);
 }
 
 }  // namespace cnnflow

@@ -15,8 +15,10 @@
 // issued (a member that never arrives is a CollectiveTimeout after
 // timeout_s, naming the collective), then makes the member's stream wait
 // for them on the GPU. Calls are matched by order, as every Collective's; a
-// member's calls come from its own lane (a GpuLaneScope of lane == rank).
-// One process only: under mpirun a GPU listed twice is refused.
+// member's calls come from its own lane (a GpuLaneScope of lane ==
+// first_lane + rank: a tensor-parallel group of a GPU's lanes 2, 3 has
+// first_lane 2). One process only: under mpirun a GPU listed twice is
+// refused.
 #pragma once
 
 #include <memory>
@@ -25,6 +27,7 @@
 
 namespace cnnflow {
 
-std::unique_ptr<Collective> MakeLaneGroup(int device, int lanes, double timeout_s);
+std::unique_ptr<Collective> MakeLaneGroup(int device, int lanes, double timeout_s,
+                                          int first_lane = 0);
 
 }  // namespace cnnflow

@@ -4,8 +4,10 @@
 #include <optional>
 
 #include "ops/cpu/parallel.h"
+#include "ops/cuda/lane_group.h"
 #include "ops/device_ops.h"
 #include "ops/loss.h"
+#include "ops/stream_event.h"
 #include "ops/test_fault.h"
 #include "ops/trace.h"
 
@@ -154,18 +156,39 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
   if (collective_ != nullptr) BroadcastInitialState();
 }
 
+// On GPUs, groups inside this process: the members of a group on one GPU
+// (lanes of it, summing with a kernel of ours) or each on its own GPU
+// (NCCL among them).
+void ReplicaSet::MakeGpuTensorParallelGroups(MpiWorld& world) {
+  const int tp = options_.tensor_parallel;
+  if (options_.replicas % tp != 0 || world.active()) {
+    throw ConfigError(StrCat("graph.tensor_parallel on GPUs: a group's ", tp,
+                             " members are GPUs of one process so far (list a multiple of ", tp,
+                             " GPUs in graph.devices", world.active() ? ", without mpirun" : "",
+                             ")"));
+  }
+  tp_local_ = tp;
+  for (int g = 0; g < options_.replicas / tp; ++g) {
+    std::vector<int> gpus;
+    for (int m = 0; m < tp; ++m) gpus.push_back(options_.devices[g * tp + m].index);
+    const bool one_gpu = std::all_of(gpus.begin(), gpus.end(), [&](int d) { return d == gpus[0]; });
+    // Member m's lane: the GPU's listings before it (one GPU only: its replica index).
+    tp_groups_.push_back(one_gpu ? MakeLaneGroup(gpus[0], tp, options_.timeout_s, g * tp)
+                                 : MakeGpuCollective(gpus, world, options_.timeout_s));
+  }
+}
+
 // A group of T members inside this process (T divides the replicas), or
 // one that spans T / replicas processes.
 void ReplicaSet::MakeTensorParallelGroups(MpiWorld& world) {
   const DataParallelOptions& options = options_;
   const int tp = options.tensor_parallel;
-  if (options_.devices[0].is_cuda()) {
-    throw ConfigError("tensor parallelism runs on CPU devices only so far");
-  }
   if (options.split_layers.empty()) {
     throw ConfigError("graph.tensor_parallel names no layers to split");
   }
-  if (options.replicas % tp == 0) {
+  if (options_.devices[0].is_cuda()) {
+    MakeGpuTensorParallelGroups(world);
+  } else if (options.replicas % tp == 0) {
     tp_local_ = tp;
     for (int g = 0; g < options.replicas / tp; ++g) {
       tp_groups_.push_back(std::make_unique<LocalGroup>(
@@ -389,11 +412,20 @@ void ReplicaSet::Abort(const std::string& reason) {
 
 const Tensor& ReplicaSet::Infer(const Tensor& x, const ForwardContext& ctx) {
   const Tensor* out = nullptr;
-  auto run = [this, &x, &ctx, &out](int r) {
+  // On a GPU x is the caller's lane's: another lane waits for it and reads
+  // its own copy, made before its first sum with the group, which the
+  // caller's lane waits for before it goes on (and may reuse x's block).
+  const StreamEvent x_ready(x.device());
+  auto run = [this, &x, &x_ready, &ctx, &out](int r) {
     Replica& rep = *replicas_[r];
     const GpuLaneScope lane(rep.lane);
+    Tensor mine;
+    if (r > 0 && x.device().is_cuda()) {
+      x_ready.Await(rep.device);
+      mine = x.To(rep.device);
+    }
     const Tensor* y = nullptr;
-    auto forward = [&] { y = &rep.model->Forward(x, ctx); };
+    auto forward = [&] { y = &rep.model->Forward(mine.defined() ? mine : x, ctx); };
     rep.arena ? rep.arena->execute(forward) : forward();
     if (r == 0) out = y;
   };

@@ -229,6 +229,7 @@ class ReplicaSet {
   // each replica's gradients as views into its buckets' flat buffers, and
   // the broadcast of replica 0's initial state.
   void MakeTensorParallelGroups(MpiWorld& world);
+  void MakeGpuTensorParallelGroups(MpiWorld& world);
   void BindGradientBuckets(Replica& rep);
   void BroadcastInitialState();
   // Issues replica r's collective fn: where collectives block, on r's

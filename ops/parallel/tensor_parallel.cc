@@ -6,34 +6,53 @@
 #include <thread>
 
 #include "ops/cpu/gemm.h"
+#include "ops/cuda/strided_copy.h"
 #include "ops/error.h"
 
 namespace cnnflow {
 namespace {
 
+// For each of `height` runs: dst[i * dst_pitch + j] = alpha * src[i *
+// src_pitch + j], j < width (added with `accumulate`), on dst's device (a
+// GPU's: on the calling thread's lane, after the work issued there).
+void CopyRuns(const Tensor& dst_tensor, float* dst, int64_t dst_pitch, const float* src,
+              int64_t src_pitch, int64_t width, int64_t height, float alpha = 1.0f,
+              bool accumulate = false) {
+  if (dst_tensor.device().is_cuda()) {
+    cuda::StridedCopy(dst_tensor.device(), dst, dst_pitch, src, src_pitch, width, height, alpha,
+                      accumulate);
+    return;
+  }
+  for (int64_t i = 0; i < height; ++i) {
+    float* to = dst + i * dst_pitch;
+    const float* from = src + i * src_pitch;
+    if (accumulate) {
+      for (int64_t j = 0; j < width; ++j) to[j] += alpha * from[j];
+    } else {
+      std::memcpy(to, from, static_cast<size_t>(width) * sizeof(float));
+    }
+  }
+}
+
 // `full` viewed as [outer, channels, inner] around dimension `axis`, and
-// `part` as the same with only the channels r: fn(f, p, count) on each run
-// of `count` floats that part's channels make in both. Activations split
-// on axis 1 ([N, C, ...]), weights on 0 (rows, the column split) or 1
-// (columns, the row split).
-template <typename Fn>
-void ForEachShardRun(const Tensor& full, int axis, ShardRange r, const Tensor& part, Fn fn) {
+// `part` as the same with only the channels r: part into its place in full
+// (into_full, adding alpha times it with `accumulate`) or out of it.
+// Activations split on axis 1 ([N, C, ...]), weights on 0 (rows, the
+// column split) or 1 (columns, the row split).
+void CopyShard(const Tensor& full, int axis, ShardRange r, const Tensor& part, bool into_full,
+               float alpha = 1.0f, bool accumulate = false) {
   int64_t outer = 1;
   for (int d = 0; d < axis; ++d) outer *= full.dim(d);
   const int64_t channels = full.dim(axis);
   const int64_t inner = outer * channels == 0 ? 0 : full.numel() / (outer * channels);
-  for (int64_t i = 0; i < outer; ++i) {
-    fn(full.data<float>() + (i * channels + r.begin) * inner,
-       part.data<float>() + i * r.size() * inner, r.size() * inner);
+  float* f = full.data<float>() + r.begin * inner;
+  float* p = part.data<float>();
+  const int64_t width = r.size() * inner;
+  if (into_full) {
+    CopyRuns(full, f, channels * inner, p, width, width, outer, alpha, accumulate);
+  } else {
+    CopyRuns(part, p, width, f, channels * inner, width, outer);
   }
-}
-
-// Copies part into its place in full (into_full) or out of it.
-void CopyShard(const Tensor& full, int axis, ShardRange r, const Tensor& part, bool into_full) {
-  ForEachShardRun(full, axis, r, part, [into_full](float* f, float* p, int64_t n) {
-    const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-    into_full ? std::memcpy(f, p, bytes) : std::memcpy(p, f, bytes);
-  });
 }
 
 // Rows [src_row, src_row + rows) of src to rows [dst_row, ...) of dst, in
@@ -43,11 +62,8 @@ void CopyRows(const Tensor& src, int64_t src_rows, int64_t src_row, Tensor& dst,
               int64_t dst_row, int64_t rows, int64_t inner) {
   if (rows <= 0) return;
   const int64_t planes = src.numel() / (src_rows * inner);
-  const size_t bytes = static_cast<size_t>(rows * inner) * sizeof(float);
-  for (int64_t p = 0; p < planes; ++p) {
-    std::memcpy(dst.data<float>() + (p * dst_rows + dst_row) * inner,
-                src.data<float>() + (p * src_rows + src_row) * inner, bytes);
-  }
+  CopyRuns(dst, dst.data<float>() + dst_row * inner, dst_rows * inner,
+           src.data<float>() + src_row * inner, src_rows * inner, rows * inner, planes);
 }
 
 // The parameter `name` of ps (a layer's or the unsplit ones).
@@ -88,8 +104,8 @@ ShardRange ShardOf(int64_t total, int rank, int ranks) {
 
 TensorParallelShard::TensorParallelShard(const std::string& name, const std::string& type,
                                          const Args& args, const Shape& input, TensorSplit split,
-                                         Collective& group, int rank, DType dtype)
-    : name_(name), split_(split), group_(group), rank_(rank), in_shape_(input) {
+                                         Collective& group, int rank, DType dtype, Device device)
+    : name_(name), split_(split), group_(group), rank_(rank), device_(device), in_shape_(input) {
   CNNFLOW_ENFORCE(dtype == DType::kF32, "tensor parallel layer '", name, "': f32 only");
   if (type != "conv2d" && type != "conv1d" && type != "linear") {
     throw ConfigError(StrCat("layer '", name, "' (", type,
@@ -104,8 +120,6 @@ TensorParallelShard::TensorParallelShard(const std::string& name, const std::str
   // Members are numbered across processes (a group may span them).
   const int ranks = group.global_size();
   const int member = group.global_offset() + rank;
-  const LayerType* t = LayerRegistry::Get().Find(type);
-  CNNFLOW_ENFORCE(t != nullptr, "no layer type ", type);
   if (split == TensorSplit::kSpatial) {
     BuildSpatial(type, args, member, ranks, dtype);
     return;
@@ -127,8 +141,7 @@ TensorParallelShard::TensorParallelShard(const std::string& name, const std::str
     if (shard.Has("in") && shard.Int("in") != 0) shard.Set("in", range_.size());
     shard.Set("bias", member == 0 && args.Bool("bias"));  // added once, by member 0
   }
-  layer_ = t->create(name, shard);
-  part_out_ = layer_->Build({shard_in}, dtype);
+  MakeLayer(type, shard, shard_in, dtype);
   out_shape_ = split == TensorSplit::kColumn ? WithChannels(part_out_, args.Int("out")) : part_out_;
 }
 
@@ -165,14 +178,24 @@ void TensorParallelShard::BuildSpatial(const std::string& type, const Args& args
   }
   std::vector<int64_t> window = in_shape_.dims();
   window[1] = window_rows_;
-  layer_ = LayerRegistry::Get().Find(type)->create(name_, shard);
-  part_out_ = layer_->Build({Shape(window)}, dtype);
+  MakeLayer(type, shard, Shape(window), dtype);
   CNNFLOW_ENFORCE(part_out_[1] == range_.size(), "layer '", name_, "': the window of ",
                   window_rows_, " rows makes ", part_out_[1], " output rows, not ", range_.size());
   out_inner_ = two_d ? part_out_[2] : 1;
   std::vector<int64_t> out = part_out_.dims();
   out[1] = out_rows_;
   out_shape_ = Shape(out);
+}
+
+// The shard's layer of `type` (its CUDA class on a GPU, initialised on the
+// host and moved, as Model::Build does; LoadFull gives it its values).
+void TensorParallelShard::MakeLayer(const std::string& type, const Args& args, const Shape& input,
+                                    DType dtype) {
+  const LayerType* t = LayerRegistry::Get().Find(type, device_.is_cuda() ? kCudaVariant : 0);
+  CNNFLOW_ENFORCE(t != nullptr, "no layer type ", type, device_.is_cuda() ? " for GPUs" : "");
+  layer_ = t->create(name_, args);
+  part_out_ = layer_->Build({input}, dtype);
+  if (device_.is_cuda()) layer_->MoveTo(device_);
 }
 
 TensorParallelShard::~TensorParallelShard() = default;
@@ -209,10 +232,8 @@ void TensorParallelShard::AddGradsToFull(std::vector<Parameter>& full, float sca
     const bool whole =
         split_ == TensorSplit::kSpatial || (split_ == TensorSplit::kRow && p.name == "bias");
     const ShardRange r = whole ? ShardRange{0, f.grad.dim(0)} : range_;
-    ForEachShardRun(f.grad, whole ? 0 : ParameterAxis(f.grad), r, p.grad,
-                    [scale](float* to, const float* from, int64_t n) {
-                      for (int64_t i = 0; i < n; ++i) to[i] += scale * from[i];
-                    });
+    CopyShard(f.grad, whole ? 0 : ParameterAxis(f.grad), r, p.grad, /*into_full=*/true, scale,
+              /*accumulate=*/true);
   }
 }
 
@@ -228,77 +249,77 @@ void TensorParallelShard::TakeInputLocal() {
   local_input_ = true;
 }
 
+void TensorParallelShard::Sum(Tensor& t, const char* what) {
+  group_.AllReduceSum(rank_, t.data<float>(), t.numel(), StrCat("layer ", name_, " ", what), 1.0f);
+  group_.Wait(rank_);  // a GPU group only enqueues: this member's stream waits for the sum
+}
+
 void TensorParallelShard::Forward(const Tensor& x, Tensor& y, const ForwardContext& ctx) {
   const int64_t n = x.dim(0);
   if (split_ == TensorSplit::kSpatial) {
     std::vector<int64_t> window = in_shape_.dims();
     window[1] = window_rows_;
-    x_part_ = Tensor::Empty(Shape(window).WithBatch(n));
+    x_part_ = Tensor::Empty(Shape(window).WithBatch(n), DType::kF32, device_);
     // Rows past the edges are the unsplit layer's zero padding.
     const auto [lo, hi] = WindowInInput();
     if (lo > window_begin_ || hi < window_begin_ + window_rows_) x_part_.Zero();
     CopyRows(x, in_rows_, lo, x_part_, window_rows_, lo - window_begin_, hi - lo, in_inner_);
-    y_part_ = Tensor::Empty(part_out_.WithBatch(n));
+    y_part_ = Tensor::Empty(part_out_.WithBatch(n), DType::kF32, device_);
     layer_->Forward({&x_part_}, y_part_, ctx);
     y.Zero();
     CopyRows(y_part_, range_.size(), 0, y, out_rows_, range_.begin, range_.size(), out_inner_);
-    group_.AllReduceSum(rank_, y.data<float>(), y.numel(),
-                        StrCat("layer ", name_, " forward all-gather"), 1.0f);
+    Sum(y, "forward all-gather");
     return;
   }
   if (split_ == TensorSplit::kColumn) {
-    y_part_ = Tensor::Empty(part_out_.WithBatch(n));
+    y_part_ = Tensor::Empty(part_out_.WithBatch(n), DType::kF32, device_);
     layer_->Forward({&x}, y_part_, ctx);
     y.Zero();
     CopyShard(y, 1, range_, y_part_, /*into_full=*/true);
     if (local_output_) return;  // the row layer after it reads only these channels
-    group_.AllReduceSum(rank_, y.data<float>(), y.numel(),
-                        StrCat("layer ", name_, " forward all-gather"), 1.0f);
+    Sum(y, "forward all-gather");
   } else {
-    x_part_ = Tensor::Empty(WithChannels(in_shape_, range_.size()).WithBatch(n));
+    x_part_ =
+        Tensor::Empty(WithChannels(in_shape_, range_.size()).WithBatch(n), DType::kF32, device_);
     CopyShard(x, 1, range_, x_part_, /*into_full=*/false);
     layer_->Forward({&x_part_}, y, ctx);
     y_part_ = y;  // the layer's y, for its Backward
-    group_.AllReduceSum(rank_, y.data<float>(), y.numel(),
-                        StrCat("layer ", name_, " forward all-reduce"), 1.0f);
+    Sum(y, "forward all-reduce");
   }
 }
 
 void TensorParallelShard::Backward(const Tensor& x, const Tensor& dy, Tensor* dx) {
   if (split_ == TensorSplit::kSpatial) {
-    Tensor dy_part = Tensor::Empty(y_part_.shape());
+    Tensor dy_part = Tensor::Empty(y_part_.shape(), DType::kF32, device_);
     CopyRows(dy, out_rows_, range_.begin, dy_part, range_.size(), 0, range_.size(), out_inner_);
     Tensor dx_part;
-    if (dx != nullptr) dx_part = Tensor::Empty(x_part_.shape());
+    if (dx != nullptr) dx_part = Tensor::Empty(x_part_.shape(), DType::kF32, device_);
     layer_->Backward({&x_part_}, y_part_, dy_part, {dx != nullptr ? &dx_part : nullptr});
     if (dx != nullptr) {
       const auto [lo, hi] = WindowInInput();
       dx->Zero();
       CopyRows(dx_part, window_rows_, lo - window_begin_, *dx, in_rows_, lo, hi - lo, in_inner_);
       // The windows overlap by the halo: the sum adds both members' parts.
-      group_.AllReduceSum(rank_, dx->data<float>(), dx->numel(),
-                          StrCat("layer ", name_, " backward all-reduce"), 1.0f);
+      Sum(*dx, "backward all-reduce");
     }
     return;
   }
   if (split_ == TensorSplit::kColumn) {
-    Tensor dy_part = Tensor::Empty(y_part_.shape());
+    Tensor dy_part = Tensor::Empty(y_part_.shape(), DType::kF32, device_);
     CopyShard(dy, 1, range_, dy_part, /*into_full=*/false);
     layer_->Backward({&x}, y_part_, dy_part, {dx});
     if (dx != nullptr) {
-      group_.AllReduceSum(rank_, dx->data<float>(), dx->numel(),
-                          StrCat("layer ", name_, " backward all-reduce"), 1.0f);
+      Sum(*dx, "backward all-reduce");
     }
   } else {
     Tensor dx_part;
-    if (dx != nullptr) dx_part = Tensor::Empty(x_part_.shape());
+    if (dx != nullptr) dx_part = Tensor::Empty(x_part_.shape(), DType::kF32, device_);
     layer_->Backward({&x_part_}, y_part_, dy, {dx != nullptr ? &dx_part : nullptr});
     if (dx != nullptr) {
       dx->Zero();
       CopyShard(*dx, 1, range_, dx_part, /*into_full=*/true);
       if (local_input_) return;  // the column layer before it reads only these channels
-      group_.AllReduceSum(rank_, dx->data<float>(), dx->numel(),
-                          StrCat("layer ", name_, " backward all-gather"), 1.0f);
+      Sum(*dx, "backward all-gather");
     }
   }
 }
@@ -338,8 +359,14 @@ TensorParallelCost MeasureTensorParallelCost(int members, int64_t bytes, int thr
 
 TensorParallelLayer::TensorParallelLayer(const std::string& name, const std::string& type,
                                          const Args& args, TensorSplit split, Collective& group,
-                                         int rank)
-    : Layer(name), type_(type), args_(args), split_(split), group_(group), rank_(rank) {}
+                                         int rank, Device device)
+    : Layer(name),
+      type_(type),
+      args_(args),
+      split_(split),
+      group_(group),
+      rank_(rank),
+      device_(device) {}
 
 TensorParallelLayer::~TensorParallelLayer() = default;
 
@@ -368,7 +395,7 @@ Shape TensorParallelLayer::Build(const std::vector<Shape>& inputs, DType dtype) 
   for (const Parameter& p : unsplit->parameters()) AddParameter(p.name, p.value.shape(), dtype);
   unsplit_flops_ = unsplit->ForwardFlops(1);
   shard_ = std::make_unique<TensorParallelShard>(name(), type_, args_, in_shape_, split_, group_,
-                                                 rank_, dtype);
+                                                 rank_, dtype, device_);
   CNNFLOW_ENFORCE(shard_->output_shape() == out, "layer '", name(), "': the split makes ",
                   shard_->output_shape(), ", the unsplit layer ", out);
   return out;
@@ -407,10 +434,9 @@ int64_t TensorParallelLayer::MemberFlops(int64_t n) const {
 }
 
 void TensorParallelLayer::MoveTo(Device device) {
-  if (device.is_cuda()) {
-    throw ConfigError(
-        StrCat("layer '", name(), "': tensor parallel layers run on CPUs only so far"));
-  }
+  CNNFLOW_ENFORCE(device == device_, "tensor parallel layer '", name(), "' was built for ",
+                  device_.ToString(), ", not ", device.ToString());
+  Layer::MoveTo(device);  // the unsplit tensors; the shard's layer is there already
 }
 
 int64_t TensorParallelLayer::CommunicatedBytes(int64_t n, bool backward) const {
@@ -423,14 +449,8 @@ std::unique_ptr<Layer> TensorParallelPlacement::Split(const LayerSpec& spec, con
                                                       Device device) const {
   auto it = layers.find(spec.name);
   if (it == layers.end()) return nullptr;
-  if (device.is_cuda()) {
-    throw ConfigError(
-        StrCat("layer '", spec.name,
-               "': tensor parallelism splits layers on CPU devices only so far, not on ",
-               device.ToString()));
-  }
-  return std::make_unique<TensorParallelLayer>(spec.name, spec.type, args, it->second, *group,
-                                               rank);
+  return std::make_unique<TensorParallelLayer>(spec.name, spec.type, args, it->second, *group, rank,
+                                               device);
 }
 
 void TensorParallelPlacement::Pair(Model& model) const {

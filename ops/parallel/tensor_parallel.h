@@ -41,8 +41,11 @@
 //
 // In a model, a split layer is a TensorParallelLayer (below).
 //
-// CPU tensors only, for now. Not thread-safe: member r calls from its own
-// thread, every member the same sequence of calls.
+// On GPUs a member's tensors are on its device, in its lane (ops/device.h),
+// and the group's collectives only enqueue: after each, the member's stream
+// waits for the sum (Collective::Wait), and the host does not. f32 only.
+// Not thread-safe: member r calls from its own thread (on a GPU, in its
+// lane), every member the same sequence of calls.
 #pragma once
 
 #include <algorithm>
@@ -81,7 +84,7 @@ class TensorParallelShard {
   // fewer channels than members.
   TensorParallelShard(const std::string& name, const std::string& type, const Args& args,
                       const Shape& input, TensorSplit split, Collective& group, int rank,
-                      DType dtype = DType::kF32);
+                      DType dtype = DType::kF32, Device device = Device::Cpu());
   ~TensorParallelShard();
 
   TensorSplit split() const { return split_; }
@@ -127,12 +130,16 @@ class TensorParallelShard {
   }
   // The constructor's part for a spatial split.
   void BuildSpatial(const std::string& type, const Args& args, int member, int ranks, DType dtype);
+  void MakeLayer(const std::string& type, const Args& args, const Shape& input, DType dtype);
+  // t summed over the members in place, ready for this member's next work.
+  void Sum(Tensor& t, const char* what);
 
   std::string name_;
   TensorSplit split_;
   bool local_output_ = false, local_input_ = false;
   Collective& group_;
   int rank_;
+  Device device_;
   ShardRange range_;
   Shape in_shape_, out_shape_, part_out_;  // part_out_: the shard layer's output
   std::unique_ptr<Layer> layer_;
@@ -163,7 +170,7 @@ TensorParallelCost MeasureTensorParallelCost(int members, int64_t bytes, int thr
 
 // Where Model::Build splits layers: which ones and how, and this model's
 // member in its tensor-parallel group. Split builds the named layers as
-// TensorParallelLayers (CPU devices only so far); Pair joins a column layer
+// TensorParallelLayers on the model's device; Pair joins a column layer
 // whose output only a row layer reads (directly or through a relu) to it,
 // with no all-gather between (Megatron's pairing).
 struct TensorParallelPlacement : LayerSplitter {
@@ -197,7 +204,8 @@ struct TensorParallelPlacement : LayerSplitter {
 class TensorParallelLayer final : public Layer {
  public:
   TensorParallelLayer(const std::string& name, const std::string& type, const Args& args,
-                      TensorSplit split, Collective& group, int rank);
+                      TensorSplit split, Collective& group, int rank,
+                      Device device = Device::Cpu());
   ~TensorParallelLayer() override;
 
   const char* type() const override { return type_.c_str(); }
@@ -226,6 +234,7 @@ class TensorParallelLayer final : public Layer {
   TensorSplit split_;
   Collective& group_;
   int rank_;
+  Device device_;  // where the shard's layer runs
   Shape in_shape_;
   int64_t unsplit_flops_ = 0;  // a sample's
   std::unique_ptr<TensorParallelShard> shard_;

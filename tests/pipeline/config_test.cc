@@ -359,6 +359,17 @@ TEST_F(ConfigTest, PipelinesRunOnGpusListedOnceOrMore) {
                           {"graph.precision", "fp16 does not combine with graph.pipeline", "bf16"});
 }
 
+// Tensor parallelism on GPUs: its members lanes of one GPU or GPUs of their
+// own, in f32 (the split layers compute in f32), bf16 refused saying so.
+TEST_F(ConfigTest, TensorParallelRunsOnGpusInFp32) {
+  const std::string tp = "graph.tensor_parallel={size: 2, layers: {fc1: column}}";
+  for (const char* devices : {"graph.devices=[cuda:0, cuda:0]", "graph.devices=[cuda:0, cuda:1]"})
+    EXPECT_EQ(LoadRunConfig(Write(kGood), {devices, tp}).data_parallel.tensor_parallel, 2);
+  testing::ExpectContains(
+      ErrorOf(kGood, {"graph.devices=[cuda:0, cuda:0]", tp, "graph.precision=bf16"}),
+      {"graph.precision", "graph.tensor_parallel on GPUs", "use fp32"});
+}
+
 // graph.flush_denormals: on unless told (Training.FlushDenormalsZeroesWhatUnderflows
 // checks what it does); a non-boolean is an error naming it.
 TEST_F(ConfigTest, FlushDenormalsIsOnByDefault) {

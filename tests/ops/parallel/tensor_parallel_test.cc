@@ -14,6 +14,8 @@
 #include <mutex>
 
 #include "ops/collectives/collective.h"
+#include "ops/cuda/lane_group.h"
+#include "ops/device_ops.h"
 #include "ops/random.h"
 #include "tests/ops/run_threads.h"
 #include "tests/testing/helpers.h"
@@ -65,9 +67,13 @@ void ExpectClose(const Tensor& a, const Tensor& ref, const std::string& what) {
   EXPECT_LE(worst, 1e-5 * scale) << what;
 }
 
-void CheckAgainstUnsplit(const Case& c, TensorSplit split, int members) {
-  SCOPED_TRACE(::testing::Message()
-               << c.type << " " << c.input << " " << TensorSplitName(split) << " over " << members);
+// On `device` (a GPU: member r in lane r of it, the members summing with
+// the lanes' group; full f32 math, deterministic algorithms).
+void CheckAgainstUnsplit(const Case& c, TensorSplit split, int members,
+                         Device device = Device::Cpu()) {
+  SCOPED_TRACE(::testing::Message() << c.type << " " << c.input << " " << TensorSplitName(split)
+                                    << " over " << members << " on " << device.ToString());
+  const bool gpu = device.is_cuda();
   const int64_t n = 3;
   auto full = LayerRegistry::Get().Find(c.type)->create("tp", c.args);
   const Shape out = full->Build({c.input}, DType::kF32);
@@ -78,20 +84,31 @@ void CheckAgainstUnsplit(const Case& c, TensorSplit split, int members) {
   full->Forward({&x}, y, ForwardContext{});
   full->Backward({&x}, y, dy, {&dx});
 
-  std::vector<Parameter> gathered;
+  std::vector<Parameter> gathered;  // on the device, written by one member at a time
   for (const Parameter& p : full->parameters()) {
-    gathered.push_back({p.name, Tensor::Zeros(p.value.shape()), Tensor::Zeros(p.value.shape())});
+    gathered.push_back({p.name, Tensor::Zeros(p.value.shape(), DType::kF32, device),
+                        Tensor::Zeros(p.value.shape(), DType::kF32, device)});
   }
-  LocalGroup group(members, 30, "tp group");
+  SynchronizeDevice(device);  // the zeros, before other lanes write
+  LocalGroup local(members, 30, "tp group");
+  std::unique_ptr<Collective> lanes = gpu ? MakeLaneGroup(device.index, members, 30) : nullptr;
+  Collective& group = gpu ? *lanes : local;
   std::vector<Tensor> ys(members), dxs(members);
   const auto errors = testing::RunRanks(members, [&](int r) {
-    TensorParallelShard shard("tp", c.type, c.args, c.input, split, group, r);
+    const GpuLaneScope lane(gpu ? r : 0);
+    SetGpuMath(device, {.tf32 = false, .deterministic = true});
+    std::vector<Parameter> unsplit;  // the member's copy of the unsplit tensors
+    for (const Parameter& p : full->parameters())
+      unsplit.push_back({p.name, p.value.To(device), p.grad.To(device)});
+    TensorParallelShard shard("tp", c.type, c.args, c.input, split, group, r, DType::kF32, device);
     EXPECT_EQ(shard.output_shape(), out);
-    shard.LoadFull(full->parameters());
-    ys[r] = Tensor::Empty(out.WithBatch(n));
-    dxs[r] = Tensor::Empty(x.shape());
-    shard.Forward(x, ys[r], ForwardContext{});
-    shard.Backward(x, dy, &dxs[r]);
+    shard.LoadFull(unsplit);
+    Tensor y_r = Tensor::Empty(out.WithBatch(n), DType::kF32, device);
+    Tensor dx_r = Tensor::Empty(x.shape(), DType::kF32, device);
+    shard.Forward(x.To(device), y_r, ForwardContext{});
+    shard.Backward(x.To(device), dy.To(device), &dx_r);
+    ys[r] = y_r.To(Device::Cpu());
+    dxs[r] = dx_r.To(Device::Cpu());
     // One member at a time: whole tensors (a spatial shard's weights, a row
     // shard's bias) are written by every member.
     static std::mutex mu;
@@ -102,6 +119,7 @@ void CheckAgainstUnsplit(const Case& c, TensorSplit split, int members) {
     } else {
       shard.StoreFull(gathered, /*grads=*/true);
     }
+    SynchronizeDevice(device);  // done before the next member writes
   });
   for (int r = 0; r < members; ++r) {
     if (errors[r]) std::rethrow_exception(errors[r]);
@@ -113,11 +131,38 @@ void CheckAgainstUnsplit(const Case& c, TensorSplit split, int members) {
   }
   for (size_t i = 0; i < gathered.size(); ++i) {
     const Parameter& p = full->parameters()[i];
-    EXPECT_EQ(std::memcmp(gathered[i].value.data<float>(), p.value.data<float>(), p.value.nbytes()),
-              0)
+    const Tensor value = gathered[i].value.To(Device::Cpu());
+    EXPECT_EQ(std::memcmp(value.data<float>(), p.value.data<float>(), p.value.nbytes()), 0)
         << p.name << ": the unsplit weights do not round-trip";
-    ExpectClose(gathered[i].grad, p.grad, p.name + " gradient");
+    ExpectClose(gathered[i].grad.To(Device::Cpu()), p.grad, p.name + " gradient");
   }
+}
+
+// The halo: a window of (kernel - 1) / 2 rows a side for a "same" conv,
+// more with dilation, none past the edges (the padding), and a stride
+// that skips rows; the first K % T members take a row more.
+std::vector<Case> SpatialCases() {
+  return {
+      Make("conv2d", Shape{3, 10, 6},
+           {{"out", int64_t{4}},
+            {"kernel", std::vector<int64_t>{5, 3}},
+            {"pad", std::vector<int64_t>{2, 1}}}),
+      Make("conv2d", Shape{4, 9, 8},
+           {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"stride", int64_t{2}}, {"bias", false}}),
+      Make("conv2d", Shape{2, 11, 5},
+           {{"out", int64_t{3}},
+            {"kernel", int64_t{3}},
+            {"pad", int64_t{2}},
+            {"dilation", int64_t{2}},
+            {"stride", std::vector<int64_t>{2, 1}}}),
+      Make("conv2d", Shape{4, 8, 7},  // depthwise
+           {{"out", int64_t{4}},
+            {"kernel", int64_t{3}},
+            {"pad", int64_t{1}},
+            {"groups", int64_t{4}}}),
+      Make("conv1d", Shape{3, 13},
+           {{"out", int64_t{5}}, {"kernel", int64_t{5}}, {"pad", int64_t{2}}}),
+  };
 }
 
 TEST(TensorParallel, ShardsAreAsEvenAsTheyGo) {
@@ -147,33 +192,23 @@ TEST(TensorParallel, RowSplitEqualsTheUnsplitLayer) {
   }
 }
 
-// The halo: a window of (kernel - 1) / 2 rows a side for a "same" conv,
-// more with dilation, none past the edges (the padding), and a stride
-// that skips rows; the first K % T members take a row more.
 TEST(TensorParallel, SpatialSplitEqualsTheUnsplitLayer) {
-  const std::vector<Case> cases = {
-      Make("conv2d", Shape{3, 10, 6},
-           {{"out", int64_t{4}},
-            {"kernel", std::vector<int64_t>{5, 3}},
-            {"pad", std::vector<int64_t>{2, 1}}}),
-      Make("conv2d", Shape{4, 9, 8},
-           {{"out", int64_t{6}}, {"kernel", int64_t{3}}, {"stride", int64_t{2}}, {"bias", false}}),
-      Make("conv2d", Shape{2, 11, 5},
-           {{"out", int64_t{3}},
-            {"kernel", int64_t{3}},
-            {"pad", int64_t{2}},
-            {"dilation", int64_t{2}},
-            {"stride", std::vector<int64_t>{2, 1}}}),
-      Make("conv2d", Shape{4, 8, 7},  // depthwise
-           {{"out", int64_t{4}},
-            {"kernel", int64_t{3}},
-            {"pad", int64_t{1}},
-            {"groups", int64_t{4}}}),
-      Make("conv1d", Shape{3, 13},
-           {{"out", int64_t{5}}, {"kernel", int64_t{5}}, {"pad", int64_t{2}}}),
-  };
-  for (const Case& c : cases) {
+  for (const Case& c : SpatialCases()) {
     for (int members : {2, 3, 4}) CheckAgainstUnsplit(c, TensorSplit::kSpatial, members);
+  }
+}
+
+// The shards of a layer sharing one GPU, each in a lane of it, summing with
+// the lanes' group (issue 60): every split as on the CPU, to 1e-5.
+TEST(TensorParallelGPU, SplitsOnLanesOfOneGpuEqualTheUnsplitLayer) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no GPU found: GPU test skipped";
+  for (int members : {2, 3}) {
+    for (const Case& c : Cases()) {
+      CheckAgainstUnsplit(c, TensorSplit::kColumn, members, Device::Cuda(0));
+      CheckAgainstUnsplit(c, TensorSplit::kRow, members, Device::Cuda(0));
+    }
+    for (const Case& c : SpatialCases())
+      CheckAgainstUnsplit(c, TensorSplit::kSpatial, members, Device::Cuda(0));
   }
 }
 
