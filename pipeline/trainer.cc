@@ -53,6 +53,20 @@ double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// fn(k, device, pool) for each GPU replica's pool (its GPU and lane,
+// ops/device.h); k: its GPU's place among the distinct GPUs, in order.
+template <typename Fn>
+void ForEachGpuPool(ReplicaSet& replicas, Fn fn) {
+  std::vector<Device> gpus;
+  for (int r = 0; r < replicas.size(); ++r) {
+    const Device d = replicas.device(r);
+    if (!d.is_cuda()) continue;
+    if (std::find(gpus.begin(), gpus.end(), d) == gpus.end()) gpus.push_back(d);
+    const GpuLaneScope lane(replicas.lane(r));
+    fn(std::find(gpus.begin(), gpus.end(), d) - gpus.begin(), d, PoolFor(d));
+  }
+}
+
 }  // namespace
 
 // The replicas (data parallel), or the pipeline's stages (graph.pipeline),
@@ -575,6 +589,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
   MemoryPool& pool = PoolFor(Device::Cpu());
   pool.ResetPeak();
   if (model_->device().is_cuda()) PoolFor(model_->device()).ResetPeak();
+  if (replicas_) ForEachGpuPool(*replicas_, [](size_t, Device, MemoryPool& p) { p.ResetPeak(); });
   double train_seconds = 0;  // this run's training passes
   EpochReport report;
   span_start_ = span_end_ = SteadySeconds();
@@ -694,7 +709,26 @@ void Trainer::ReportMemory(double train_seconds) {
   Say(StrCat("peak memory: ", pool.peak_bytes_in_use() / 1000000, " MB in use, ",
              pool.bytes_reserved() / 1000000, " MB held (host pool)"));
   const Device device = model_->device();
-  if (device.is_cuda()) {
+  if (replicas_ && device.is_cuda()) {
+    // A GPU's lanes' pools summed, each at its own peak (the lanes run the
+    // same step side by side), beside what validate predicts.
+    const std::vector<GpuMemoryEstimate> predicted = EstimateGpuMemory(
+        config_, *model_, run_.resident ? static_cast<int64_t>(run_.resident->bytes()) : 0);
+    std::vector<std::pair<Device, std::pair<size_t, size_t>>> gpus;  // peak in use, held
+    ForEachGpuPool(*replicas_, [&](size_t k, Device d, MemoryPool& p) {
+      if (k == gpus.size()) gpus.push_back({d, {0, 0}});
+      gpus[k].second.first += p.peak_bytes_in_use();
+      gpus[k].second.second += p.bytes_reserved();
+    });
+    for (size_t k = 0; k < gpus.size(); ++k) {
+      const std::string guess =
+          k < predicted.size()
+              ? StrCat(" (predicted ~", static_cast<int64_t>(predicted[k].peak_mb), " MB)")
+              : std::string();
+      Say(StrCat("peak memory on ", gpus[k].first.ToString(), ": ", gpus[k].second.first / 1000000,
+                 " MB in use", guess, ", ", gpus[k].second.second / 1000000, " MB held"));
+    }
+  } else if (device.is_cuda()) {
     MemoryPool& gpu = PoolFor(device);
     Say(StrCat("peak memory on ", device.ToString(), ": ", gpu.peak_bytes_in_use() / 1000000,
                " MB in use, ", gpu.bytes_reserved() / 1000000, " MB held"));

@@ -3,12 +3,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <vector>
 
+#include "loaders/augment.h"
+#include "loaders/dataset.h"
 #include "ops/layers/batch_norm.h"
+#include "ops/layers/conv2d.h"
+#include "ops/layers/dropout.h"
+#include "ops/layers/linear.h"
 #include "ops/model.h"
 #include "ops/parallel/data_parallel.h"
 #include "ops/parallel/pipeline_model.h"
@@ -120,6 +127,247 @@ MemoryEstimate EstimateMemory(const RunConfig& config, const Model& m, int data_
   if (pipeline) cpu_replicas = cpu_replicas > 0 ? 1 : 0;  // one model, its layers split
   e.host_mb = e.prefetch_mb + cpu_replicas * (e.activations_mb + e.state_mb);
   return e;
+}
+
+// GPU memory (docs/gpus.md#memory). What a GPU replica allocates from its
+// lane's pool, read off the code that allocates it:
+//  - Model::Forward keeps every layer's output (no fusion on GPUs) between
+//    steps, in the compute dtype; with mixed precision, the input cast too.
+//  - ReplicaSet: each trainable gradient is a view into an f32 bucket;
+//    frozen parameters keep their own. The optimizer's state is made at the
+//    first step (SGD with momentum: 1 tensor a parameter; Adam, AdamW: 2).
+//  - ops/cuda/conv_cudnn.cc: the weight in the compute dtype (mixed
+//    precision) or KRSC (channels-last), and the bias in half; an NHWC copy
+//    of an NCHW input (the first conv under channels_last); in backward a
+//    weight-gradient scratch and, mixed with a bias, an f32 copy of dy.
+//    The workspace is the context's, grown to each algorithm search's
+//    budget (the hungriest algorithm's need, at most 1 GiB) and kept.
+//  - linear_cublas.cc: the weight in half (mixed); batch_norm_cudnn.cc: five
+//    per-channel f32 tensors; the dropout: its mask.
+//  - Model::Backward: each layer's input gradients are made as it runs and
+//    freed once the layer that wrote that input has run; the loss's
+//    gradient (dlogits) lives through the whole backward.
+//  - The batches: forward_backward stages each batch into a slot of its own
+//    (as many as the prefetch holds); data.device_resident holds the uint8
+//    set on the GPU (lane 0's pool) and makes each replica's rows there.
+namespace {
+
+// The pool's block for a request of `bytes` (ops/device.cc, RoundToSizeClass:
+// powers of two up to 1 MiB, then whole MiB): the pool counts its peak in
+// blocks.
+double Block(double bytes) {
+  if (bytes <= 0) return 0;
+  constexpr double kMiB = 1 << 20;
+  if (bytes <= kMiB) {
+    double c = kAlignment;
+    while (c < bytes) c *= 2;
+    return c;
+  }
+  return std::ceil(bytes / kMiB) * kMiB;
+}
+
+// The most workspace a cuDNN algorithm search takes (kMaxSearchWorkspace,
+// ops/cuda/conv_cudnn.cc).
+constexpr double kMaxSearchWorkspace = static_cast<double>(size_t{1} << 30);
+
+// The state tensors the optimizer makes for a parameter (SGD with momentum
+// 1, Adam and AdamW 2, SGD without momentum none): asked of the optimizer
+// itself, on a host value it steps once.
+int StatesPerParameter(const OptimizerSpec& spec) {
+  Parameter p{.name = "p",
+              .value = Tensor::Zeros(Shape({1}), DType::kF32),
+              .grad = Tensor::Zeros(Shape({1}), DType::kF32)};
+  const std::unique_ptr<Optimizer> o = MakeOptimizer(spec.type, spec.args, {{"p", &p}});
+  o->Step(0);
+  return static_cast<int>(o->StateTensors().size());
+}
+
+// Model::Backward's widest point, layer by layer from the last: the
+// gradients made and not yet consumed (each freed once the layer that
+// wrote its activation has run), plus the running layer's new input
+// gradients and `scratch`. The last layer's gradient (dlogits) is the
+// caller's. needs[i]: backward runs layer i; grad_bytes(j): activation j's
+// gradient.
+double BackwardPeak(const Model& m, const std::vector<char>& needs,
+                    const std::vector<double>& scratch,
+                    const std::function<double(int)>& grad_bytes) {
+  const int num = m.num_layers();
+  std::vector<double> grad(num, 0);  // held now; 0: none
+  grad[num - 1] = -1;                // dlogits: held, not counted here
+  double live = 0, peak = 0;
+  for (int i = num - 1; i >= 0; --i) {
+    if (grad[i] == 0 || !needs[i]) continue;
+    double made = 0;
+    for (int j : m.input_indices(i))
+      if (j >= 0 && needs[j]) made += grad_bytes(j);
+    peak = std::max(peak, live + made + scratch[i]);
+    for (int j : m.input_indices(i)) {
+      if (j < 0 || !needs[j] || grad[j] != 0) continue;  // a second gradient adds into the first
+      grad[j] = grad_bytes(j);
+      live += grad[j];
+    }
+    if (grad[i] > 0) live -= grad[i];
+    grad[i] = 0;
+  }
+  return peak;
+}
+
+struct ReplicaBytes {
+  double state = 0, copies = 0, activations = 0, backward = 0, workspace = 0, input = 0;
+};
+
+// One GPU replica's bytes at batch n.
+ReplicaBytes EstimateReplica(const RunConfig& config, Model& m, int64_t n) {
+  const DType compute = config.data_parallel.compute;
+  const double s = static_cast<double>(DTypeSize(compute));
+  const bool mixed = compute != DType::kF32;
+  const bool channels_last = config.data_parallel.memory_format == MemoryFormat::kChannelsLast;
+  const double rows = static_cast<double>(n);
+  ReplicaBytes b;
+  const double states = static_cast<double>(StatesPerParameter(config.optimizer));
+  for (const Bucket& bucket : LayoutBuckets(m, config.data_parallel.bucket_mb))
+    b.state += Block(static_cast<double>(bucket.numel) * sizeof(float));
+
+  const int num = m.num_layers();
+  // Activation j (-1: the model input) at batch n, in `elem`-byte values.
+  auto act_bytes = [&](int j, double elem) {
+    const Shape& shape = j < 0 ? m.input_shape() : m.output_shape(j);
+    return Block(rows * static_cast<double>(shape.numel()) * elem);
+  };
+  // Which layers backward runs (Model::Backward's `needs`: the data needs no gradient).
+  std::vector<char> needs(num, 0);
+  for (int i = 0; i < num; ++i) {
+    const Layer& l = m.layer(i);
+    for (const Parameter& p : l.parameters()) {
+      const double bytes = Block(static_cast<double>(p.value.numel()) * sizeof(float));
+      b.state += bytes * (p.trainable ? 1 + states : 2);  // a frozen one keeps its own gradient
+      needs[i] |= p.needs_grad();
+    }
+    for (const Buffer& buf : l.buffers()) b.state += Block(static_cast<double>(buf.value.nbytes()));
+    for (int j : m.input_indices(i)) needs[i] |= j >= 0 && needs[j];
+  }
+  // What each layer holds besides its output, and its backward's scratch.
+  std::vector<double> scratch(num, 0);
+  double widest = 0;  // the largest im2col matrix: the search's hungriest algorithm
+  for (int i = 0; i < num; ++i) {
+    const Layer& l = m.layer(i);
+    const std::vector<int>& in = m.input_indices(i);
+    b.activations += act_bytes(i, s);
+    if (const auto* conv = dynamic_cast<const Conv2d*>(&l)) {
+      const Conv2dGeometry& g = conv->geometry();
+      const double w = static_cast<double>(l.parameters()[0].value.numel());
+      const bool nhwc = channels_last && m.output_shape(i).rank() == 3;
+      if (mixed || nhwc) {
+        b.copies += Block(w * s);
+        scratch[i] += Block(w * s);  // the weight gradient, half or KRSC
+      }
+      if (mixed && conv->has_bias()) {
+        b.copies += Block(static_cast<double>(g.out_channels) * s);
+        scratch[i] += act_bytes(i, sizeof(float));  // dy in f32 for the bias gradient
+      }
+      if (nhwc && !in.empty() && in[0] < 0) b.activations += act_bytes(-1, s);  // x to NHWC
+      widest = std::max(widest, rows * static_cast<double>(g.col_rows() * g.groups) *
+                                    static_cast<double>(g.out_plane()) * s);
+    } else if (const auto* bn = dynamic_cast<const BatchNormLayer*>(&l)) {
+      const double c = static_cast<double>(bn->channels()) * sizeof(float);
+      b.copies += 4 * Block(c) + Block(2 * c);
+      if (in.size() == 1 && (in[0] < 0 || !needs[in[0]])) scratch[i] += act_bytes(i, s);  // dx
+    } else if (mixed && dynamic_cast<const LinearLayer*>(&l) != nullptr) {
+      b.copies += Block(static_cast<double>(l.parameters()[0].value.numel()) * s);
+    } else if (dynamic_cast<const DropoutLayer*>(&l) != nullptr) {
+      b.activations += act_bytes(i, s);  // the mask
+    }
+  }
+  if (mixed) b.activations += act_bytes(-1, s);  // the batch cast to the compute dtype
+  b.workspace = std::min(Block(widest), kMaxSearchWorkspace);
+
+  // The loss's gradient (dlogits) and scratch (a row's loss and hit), then
+  // backward's widest point.
+  const double loss = act_bytes(num - 1, s) + Block(64 + rows * (sizeof(double) + sizeof(int)));
+  b.backward = loss + BackwardPeak(m, needs, scratch, [&](int j) { return act_bytes(j, s); });
+  return b;
+}
+
+}  // namespace
+
+int64_t PredictResidentBytes(const RunConfig& config, const Dataset& train) {
+  if (!config.device_resident || !config.devices[0].is_cuda()) return 0;
+  const AugmentOptions* augment = train.train_augment();
+  if (augment == nullptr || train.sample_shape().rank() != 3 ||
+      !CropFlipUnsupported(*augment).empty())
+    return 0;
+  for (const NodeSpec& node : config.train_graph.nodes)
+    if (node.stage == "mixup" || node.stage == "cutmix") return 0;  // as Trainer::HoldDataOnGpus
+  return train.size() * train.sample_shape().numel();
+}
+
+std::vector<GpuMemoryEstimate> EstimateGpuMemory(const RunConfig& config, Model& m,
+                                                 int64_t resident_bytes) {
+  std::vector<GpuMemoryEstimate> out;
+  if (config.pipeline || config.data_parallel.tensor_parallel > 1 || !config.devices[0].is_cuda())
+    return out;
+  const GraphPlan plan = config.train_graph.Plan();
+  const int64_t n = plan.replica_batch > 0 ? plan.replica_batch : config.batch;
+  const ReplicaBytes r = EstimateReplica(config, m, n);
+  // Each staged batch: the f32 rows and the labels in one block.
+  auto align = [](double bytes) { return std::ceil(bytes / kAlignment) * kAlignment; };
+  const double rows_bytes = static_cast<double>(n * m.input_shape().numel()) * sizeof(float);
+  const double labels = align(static_cast<double>(n) * sizeof(int64_t));
+  const double staged = resident_bytes > 0
+                            ? Block(rows_bytes) + Block(labels)
+                            : static_cast<double>(std::max<int64_t>(plan.prefetch_depth, 1)) *
+                                  Block(align(rows_bytes) + labels);
+  // The weight average (an ema node): a copy of the parameters and buffers
+  // with replica 0.
+  double average = 0;
+  if (plan.weight_average) {
+    for (int i = 0; i < m.num_layers(); ++i) {
+      for (const Parameter& p : m.layer(i).parameters())
+        average += Block(static_cast<double>(p.value.nbytes()));
+      for (const Buffer& buf : m.layer(i).buffers())
+        average += Block(static_cast<double>(buf.value.nbytes()));
+    }
+  }
+  constexpr double kMb = 1e6;
+  for (const Device& d : config.devices) {
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const GpuMemoryEstimate& e) { return e.device == d; });
+    const bool first = it == out.end();
+    if (first) {
+      out.push_back({.device = d});
+      it = out.end() - 1;
+    }
+    GpuMemoryEstimate& e = *it;
+    if (first && out.size() == 1) e.state_mb += average / kMb;  // replica 0's GPU, lane 0
+    e.replicas += 1;
+    e.state_mb += r.state / kMb;
+    e.copies_mb += r.copies / kMb;
+    e.activations_mb += r.activations / kMb;
+    e.backward_mb += r.backward / kMb;
+    e.workspace_mb += r.workspace / kMb;
+    e.input_mb += (staged + (first ? Block(static_cast<double>(resident_bytes)) : 0)) / kMb;
+  }
+  for (GpuMemoryEstimate& e : out) {
+    e.peak_mb =
+        e.state_mb + e.copies_mb + e.activations_mb + e.backward_mb + e.workspace_mb + e.input_mb;
+  }
+  return out;
+}
+
+std::string DescribeGpuMemory(const std::vector<GpuMemoryEstimate>& estimates) {
+  std::string out;
+  char line[512];
+  for (const GpuMemoryEstimate& e : estimates) {
+    std::snprintf(line, sizeof line,
+                  "GPU memory: %s peak ~%.0f MB predicted (%s%.0f MB parameters + gradients + "
+                  "optimizer state, activations %.0f MB, backward %.0f MB, weight copies %.0f MB, "
+                  "cuDNN workspace ~%.0f MB, input %.0f MB)\n",
+                  e.device.ToString().c_str(), e.peak_mb,
+                  e.replicas > 1 ? StrCat(e.replicas, " replicas: ").c_str() : "", e.state_mb,
+                  e.activations_mb, e.backward_mb, e.copies_mb, e.workspace_mb, e.input_mb);
+    out += line;
+  }
+  return out;
 }
 
 // Which tensors each of train.param_groups picks (the first group that

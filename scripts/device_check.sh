@@ -35,6 +35,10 @@
 #                   over 2 lanes of the one GPU against unsplit, batch-1 and
 #                   batch-8 inference latency and training at batch 8
 #                   (tensor_parallel_bench --device cuda:0; <= 240 s)
+#   memory          issue 55: validate's predicted peak GPU memory against
+#                   the pools' measured peak (GpuMemoryGPU: ResNet-18 CIFAR
+#                   and ResNet-50 at 224, within 15%), and the train run's
+#                   line that prints both (<= 200 s)
 #   tta             time to accuracy (issue 59): bench/time_to_accuracy.sh
 #                   --device cuda, cnnflow's speed run (device-resident,
 #                   fp16) against the airbench port compiled and eager, 5
@@ -102,7 +106,8 @@ deadline=$(( SECONDS + 210 ))
 : > "$out/gpu-tests.txt"
 : > "$out/gpu-summary.txt"
 for bin in ops_test pipeline_test; do
-  suites=$("$dir/run" "$dir/bin/$bin" --gtest_list_tests --gtest_filter='*GPU*' 2>/dev/null |
+  # GpuMemoryGPU trains ResNet-50 at 224: the memory phase runs it.
+  suites=$("$dir/run" "$dir/bin/$bin" --gtest_list_tests --gtest_filter='*GPU*:-GpuMemoryGPU.*' 2>/dev/null |
            grep -v -e '^ ' -e '^Running main' | sed 's/\.$//')
   for suite in $suites; do
     left=$(( deadline - SECONDS ))
@@ -292,6 +297,25 @@ phase_tensor_parallel() {
   [ "$s" -ne 0 ] && other_status=$s
 }
 
+# Issue 55: each GPU's peak memory as validate predicts it against the
+# pools' measured peak, in the test suite and in a train run's end line.
+phase_memory() {
+  timeout -k 5 150 "$dir/run" "$dir/bin/pipeline_test" --gtest_filter='GpuMemoryGPU.*' \
+    > "$out/memory-tests.txt" 2>&1
+  local s=$?
+  echo "GpuMemoryGPU: exit $s$(explain "$s" "") $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/memory-tests.txt" | tr '\n' ' ')" | tee -a "$out/memory.txt"
+  grep -E -A1 'measured [0-9]+ MB, predicted' "$out/memory-tests.txt" | tee -a "$out/memory.txt"
+  [ "$s" -ne 0 ] && other_status=$s
+  local r18=(bench/configs/resnet18_synthetic.yaml --set 'graph.devices=[cuda:0]' --set threads=2)
+  "$dir/cnnflow" validate "${r18[@]}" 2>&1 | grep 'GPU memory' | tee -a "$out/memory.txt"
+  timeout -k 5 45 "$dir/cnnflow" train "${r18[@]}" --set train.max_steps=20 \
+    --out "$dir/memory-run" > "$out/memory-train.log" 2>&1
+  s=$?
+  echo "train ResNet-18, 20 steps: exit $s$(explain "$s" "") $(grep 'peak memory on' "$out/memory-train.log")" | tee -a "$out/memory.txt"
+  [ "$s" -ne 0 ] && other_status=$s
+  phase "memory done"
+}
+
 # Time to accuracy on the GPU (issue 59): the JPEGs carried, the LMDBs made
 # here, both sides alternating seed by seed within the budget.
 phase_tta() {
@@ -328,7 +352,8 @@ for p in "$@"; do
     replicas) phase_replicas ;;
     pipeline) phase_pipeline ;;
     tensor-parallel) phase_tensor_parallel ;;
-    *) echo "unknown phase '$p' (tests compare cpu-bf16 resnet18-fp32 resnet18-bf16 resnet50-fp32 resnet50-bf16 speedrun tta replicas pipeline tensor-parallel)" | tee -a "$out/error.txt"; other_status=2 ;;
+    memory) phase_memory ;;
+    *) echo "unknown phase '$p' (tests compare cpu-bf16 resnet18-fp32 resnet18-bf16 resnet50-fp32 resnet50-bf16 speedrun tta replicas pipeline tensor-parallel memory)" | tee -a "$out/error.txt"; other_status=2 ;;
   esac
 done
 echo "phases: $*; gpu tests exit status: $status; other phases: $other_status; total $(( SECONDS - t0 )) s"

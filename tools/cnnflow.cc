@@ -32,7 +32,9 @@
 #include "pipeline/run_config.h"
 #include "pipeline/trainer.h"
 #include "pipeline/tuner.h"
+#include "pipeline/validate_report.h"
 #include "pipeline/yaml_util.h"
+#include "stages/resident_data.h"
 #include "stages/stage.h"
 #include "tools/command_line.h"
 #include "tools/convert.h"
@@ -502,14 +504,26 @@ int Validate(const Options& o) {
   // A GPU config checked where there is no GPU (a login node): the model,
   // shapes and graph are checked on the CPU instead.
   std::string note;
+  const RunConfig as_written = config;  // its GPUs' memory is predicted all the same
   if (config.devices[0].is_cuda() && config.devices[0].index >= CudaDeviceCount()) {
     note = StrCat("note: ", config.devices[0].ToString(), " is not here (", CudaDeviceCount(),
-                  " GPUs found): checked on the CPU in fp32\n");
-    config.devices = {Device::Cpu()};
+                  " GPUs found): checked on the CPU in fp32, a CPU device per listed GPU\n");
+    // A device per listing: a pipeline keeps its stages, a tensor-parallel
+    // group its members.
+    for (size_t i = 0; i < config.devices.size(); ++i)
+      config.devices[i] = Device::Cpu(static_cast<int>(i));
+    config.threads = std::max<int>(config.threads, static_cast<int>(config.devices.size()));
     config.data_parallel.compute = DType::kF32;
+    config.pipeline_options.compute.reset();
   }
   Trainer trainer(std::move(config));
-  std::printf("%s: ok\n%s%s", o.config.c_str(), note.c_str(), trainer.Describe().c_str());
+  // The resident set the trainer made, or (checked on the CPU) would make.
+  const RunContext& run = trainer.context();
+  const int64_t resident = run.resident   ? static_cast<int64_t>(run.resident->bytes())
+                           : note.empty() ? 0
+                                          : PredictResidentBytes(as_written, run.dataset("train"));
+  std::printf("%s: ok\n%s%s%s", o.config.c_str(), note.c_str(), trainer.Describe().c_str(),
+              DescribeGpuMemory(EstimateGpuMemory(as_written, trainer.model(), resident)).c_str());
   return 0;
 }
 
