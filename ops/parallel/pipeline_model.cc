@@ -187,6 +187,7 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
                              PipelineOptions options)
     : options_(std::move(options)) {
   const int num_stages = static_cast<int>(options_.stages.size());
+  if (num_stages < 1) throw ConfigError("a pipeline needs at least one stage");
   if (options_.devices.empty()) options_.devices.assign(num_stages, Device::Cpu());
   CNNFLOW_ENFORCE(static_cast<int>(options_.devices.size()) == num_stages, num_stages,
                   " pipeline stages but ", options_.devices.size(), " devices");
@@ -198,7 +199,6 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
   full_->ZeroGrad();
   CNNFLOW_ENFORCE(options_.microbatches >= 1, "microbatches must be >= 1, got ",
                   options_.microbatches);
-  if (num_stages < 1) throw ConfigError("a pipeline needs at least one stage");
   // The cut: contiguous, complete, in order.
   std::map<std::string, int> index, stage_of;
   for (int i = 0; i < full_->num_layers(); ++i) index[full_->layer(i).name()] = i;
