@@ -227,8 +227,14 @@ void Trainer::HoldDataOnGpus() {
   auto note = [this](const std::string& line) {
     init_report_ += StrCat(init_report_.empty() ? "" : "\n", "data.device_resident: ", line);
   };
-  if (!replicas_ || !replicas_->device(0).is_cuda()) {
+  if (!model_->device().is_cuda()) {
     note("no effect on CPU devices (the data is in host memory already)");
+    return;
+  }
+  if (!replicas_) {
+    note(
+        "the training set stays on the host: a pipeline's first stage copies its micro-batches "
+        "(the resident set feeds data-parallel replicas)");
     return;
   }
   for (const NodeSpec& node : config_.train_graph.nodes) {
