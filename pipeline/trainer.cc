@@ -227,14 +227,12 @@ void Trainer::HoldDataOnGpus() {
   auto note = [this](const std::string& line) {
     init_report_ += StrCat(init_report_.empty() ? "" : "\n", "data.device_resident: ", line);
   };
-  if (!model_->device().is_cuda()) {
-    note("no effect on CPU devices (the data is in host memory already)");
-    return;
-  }
-  if (!replicas_) {
-    note(
-        "the training set stays on the host: a pipeline's first stage copies its micro-batches "
-        "(the resident set feeds data-parallel replicas)");
+  if (!replicas_ || !model_->device().is_cuda()) {
+    note(model_->device().is_cuda() ? "the training set stays on the host: a pipeline's first "
+                                      "stage copies its micro-batches (the resident set feeds "
+                                      "data-parallel replicas)"
+                                    : "no effect on CPU devices (the data is in host memory "
+                                      "already)");
     return;
   }
   for (const NodeSpec& node : config_.train_graph.nodes) {
@@ -387,10 +385,7 @@ PassMetrics Trainer::RunPass(const GraphSpec& graph, const PassRequest& request)
   PassState& pass = *pass_;
   const bool logged = files_ && train;
   if (logged) files_->StartSegment();
-  if (pipeline_) {
-    pipeline_->Synchronize();  // after the host's writes between passes
-    pipeline_->ResetStats();
-  }
+  if (pipeline_) pipeline_->StartPass();
   if (replicas_ && train) replicas_->StartPass();
   // In an arena of exactly the run's threads: replicas block while they wait
   // for each other, so each needs a thread of its own, even where `threads`

@@ -142,6 +142,12 @@ class PipelineModel {
   // between passes, where the host reads and writes the weights from lane
   // 0 (checkpoints, init from data) and evaluation runs in it.
   void Synchronize();
+  // Before a pass: Synchronize (after the host's writes between passes),
+  // then ResetStats.
+  void StartPass() {
+    Synchronize();
+    ResetStats();
+  }
 
   // Accounting since the last ResetStats: busy seconds per stage (a GPU
   // stage's as its stream spent them, once Synchronize'd), and the most
