@@ -139,9 +139,11 @@ class LoadBatchStage final : public Stage {
   void Decode(const Dataset& data, const RunContext& run, const PassState& pass,
               const Slice& s) const {
     BatchMessage& m = *s.work->batch;
-    if (m.rows_on_device) {  // every record was read once already
+    if (m.rows_on_device) {  // every record was read once already: its label, or why not
       for (int64_t i = s.begin; i < s.end; ++i) {
-        s.work->results[static_cast<size_t>(i)] = {run.resident->label(m.sample_ids[i]), ""};
+        const int64_t id = m.sample_ids[i];
+        s.work->results[static_cast<size_t>(i)] = {run.resident->label(id),
+                                                   run.resident->BadRecord(id)};
       }
       return;
     }
@@ -175,14 +177,13 @@ class LoadBatchStage final : public Stage {
         pass.bad_records.push_back(what);
         continue;
       }
-      if (kept != i) std::copy_n(dst + i * per, per, dst + kept * per);
+      if (kept != i && dst != nullptr) std::copy_n(dst + i * per, per, dst + kept * per);
       m.labels.push_back(r.label);
       m.sample_ids[kept] = m.sample_ids[i];
       ++kept;
     }
     if (kept != n) {
-      CNNFLOW_ENFORCE(!m.rows_on_device, "data.device_resident: a record went bad");
-      m.inputs = m.inputs.Slice(0, kept);
+      if (!m.rows_on_device) m.inputs = m.inputs.Slice(0, kept);
       m.sample_ids.resize(kept);
     }
   }

@@ -21,14 +21,14 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 // Every image of `data` decoded (ReadContext::decoded) into pixels [n, c,
 // h, w] and its label into labels, on `threads` threads. Returns a bad
 // record's description, or ""; *sizes_differ when an image is not c x h x w.
-std::string DecodeAll(const Dataset& data, int threads, int c, int h, int w, uint8_t* pixels,
-                      std::vector<int64_t>* labels, bool* sizes_differ) {
+void DecodeAll(const Dataset& data, int threads, int c, int h, int w, uint8_t* pixels,
+               std::vector<int64_t>* labels, std::map<int64_t, std::string>* bad,
+               bool* sizes_differ) {
   const int64_t n = data.size();
   const size_t per = static_cast<size_t>(c) * h * w;
   const int64_t floats = data.sample_shape().numel();
   std::atomic<bool> differ{false};
-  std::mutex error_mu;
-  std::string error;
+  std::mutex bad_mu;
   tbb::task_arena arena(std::max(1, threads));
   arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 64), [&](const auto& range) {
@@ -38,9 +38,9 @@ std::string DecodeAll(const Dataset& data, int threads, int c, int h, int w, uin
         ReadContext rc{0, 0, true, &img};
         img.hwc.clear();
         const ReadResult res = data.Read(i, rc, scratch.data());
-        if (!res.ok()) {
-          std::lock_guard<std::mutex> lock(error_mu);
-          if (error.empty()) error = StrCat(data.Key(i), " (sample ", i, "): ", res.error);
+        if (!res.ok()) {  // its pixels stay zero; load_batch never hands them out
+          std::lock_guard<std::mutex> lock(bad_mu);
+          (*bad)[i] = res.error;
           continue;
         }
         if (img.c != c || img.h != h || img.w != w) {
@@ -60,7 +60,6 @@ std::string DecodeAll(const Dataset& data, int threads, int c, int h, int w, uin
     });
   });
   *sizes_differ = differ;
-  return error;
 }
 
 }  // namespace
@@ -100,13 +99,23 @@ ResidentData::Made ResidentData::Make(const std::string& name, const Dataset& da
   const int64_t n = data.size();
   CNNFLOW_ENFORCE(n > 0 && n <= INT32_MAX, "data.device_resident: data.", name, " has ", n,
                   " samples");
-  // The first image tells the size; every other must have it.
   const auto start = std::chrono::steady_clock::now();
+  // The first good image tells the size; every other must have it.
   DecodedImage first;
-  ReadContext ctx{0, 0, true, &first};
   std::vector<float> unused(static_cast<size_t>(shape.numel()));
-  ReadResult r = data.Read(0, ctx, unused.data());
-  if (!r.ok()) throw Error(StrCat("bad record ", data.Key(0), " (sample 0): ", r.error));
+  std::string first_error;
+  bool read_one = false;
+  for (int64_t i = 0; i < n && !read_one; ++i) {
+    ReadContext ctx{0, 0, true, &first};
+    const ReadResult r = data.Read(i, ctx, unused.data());
+    read_one = r.ok();
+    if (!read_one && first_error.empty())
+      first_error = StrCat(data.Key(i), " (sample ", i, "): ", r.error);
+  }
+  if (!read_one) {
+    throw Error(StrCat("data.device_resident: no record of data.", name,
+                       " decodes (the first: ", first_error, ")"));
+  }
   if (first.hwc.empty()) {
     made.why_not = StrCat("data.", name, "'s source does not hand out its decoded images");
     return made;
@@ -129,11 +138,7 @@ ResidentData::Made ResidentData::Make(const std::string& name, const Dataset& da
   set->labels_.resize(static_cast<size_t>(n));
   std::vector<uint8_t> pixels(bytes);  // [n, c, h, w]
   bool sizes_differ = false;
-  const std::string error =
-      DecodeAll(data, threads, c, h, w, pixels.data(), &set->labels_, &sizes_differ);
-  if (!error.empty()) {
-    throw Error(StrCat("bad record ", error, " (data.device_resident decodes every record once)"));
-  }
+  DecodeAll(data, threads, c, h, w, pixels.data(), &set->labels_, &set->bad_, &sizes_differ);
   if (sizes_differ) {
     made.why_not = StrCat("data.", name, "'s images are not all ", h, "x", w, "x", c);
     return made;

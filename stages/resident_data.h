@@ -28,6 +28,12 @@ class ResidentData {
   // Which data set ("train") it holds.
   const std::string& name() const { return name_; }
   int64_t label(int64_t sample) const { return labels_[static_cast<size_t>(sample)]; }
+  // Why `sample` could not be decoded ("" for a good one): load_batch
+  // applies data.on_bad_record when it is drawn, as to a record it reads.
+  std::string BadRecord(int64_t sample) const {
+    const auto it = bad_.find(sample);
+    return it == bad_.end() ? std::string() : it->second;
+  }
   // Rows [n, C, out_h, out_w] (f32, NCHW) of samples ids[0..n) for `epoch`
   // on GPU `device` (one of those it was uploaded to), issued on that
   // device's compute stream.
@@ -47,8 +53,9 @@ class ResidentData {
   // each of `gpus`, where its augmentation is one the GPU makes
   // (CropFlipUnsupported), every image has one size, and the pixels take
   // at most half of each GPU's free memory. normalized_by_set: the source
-  // applies the run's normalize transform itself (or there is none).
-  // Throws on a bad record (the one decode reads them all).
+  // applies the run's normalize transform itself (or there is none). A
+  // record that does not decode is kept as zeros and noted (BadRecord);
+  // Make throws only when no record decodes.
   static Made Make(const std::string& name, const Dataset& data, bool normalized_by_set,
                    const std::vector<Device>& gpus, int threads);
 
@@ -57,6 +64,7 @@ class ResidentData {
   AugmentOptions options_;
   ResidentImages::BatchFormat format_;
   std::vector<int64_t> labels_;
+  std::map<int64_t, std::string> bad_;  // sample -> why it did not decode
   size_t pixels_bytes_ = 0;
   std::map<int, std::unique_ptr<ResidentImages>> on_gpu_;  // by GPU index
 };

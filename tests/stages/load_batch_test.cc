@@ -1,18 +1,25 @@
 // The load_batch stage: batches in the sampler's order (or any order when
 // unordered), decode concurrency bounded by its threads and moved by its
-// knob while running, and bad records failing the run or skipped.
+// knob while running, and bad records failing the run or skipped, from a
+// device-resident set too (whose one decode found them).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "loaders/source_registry.h"
 #include "pipeline/executor.h"
+#include "stages/resident_data.h"
 #include "stages/stage.h"
 #include "tests/testing/helpers.h"
 #include "tests/testing/stage_test_util.h"
+#include "tests/testing/test_dir.h"
 
 namespace cnnflow {
 namespace {
@@ -157,6 +164,73 @@ train:
   EXPECT_EQ(bad, (std::vector<std::string>{
                      "k103 (sample 103): corrupt record", "k153 (sample 153): corrupt record",
                      "k3 (sample 3): corrupt record", "k53 (sample 53): corrupt record"}));
+}
+
+// data.device_resident: the set's one decode notes a corrupt JPEG instead of
+// failing the run; load_batch, which then reads labels only, applies
+// on_bad_record to it when it is drawn, as to a record it reads itself:
+// skip drops it (and names it), fail stops the run naming it.
+TEST_F(LoadBatchTest, AResidentSetsBadRecordFollowsOnBadRecord) {
+  namespace fs = std::filesystem;
+  const char* src = std::getenv("CNNFLOW_SOURCE_DIR");
+  const fs::path dir = testing::TestDir();
+  fs::copy(fs::path(src ? src : ".") / "tests/data/cifar10-jpeg-sample", dir / "set",
+           fs::copy_options::recursive);
+  std::ofstream(dir / "set" / "bird" / "0000.jpg", std::ios::trunc) << "not a JPEG";
+  Args a;
+  a.Set("path", (dir / "set").string());
+  a.Set("shape", std::vector<int64_t>{3, 32, 32});
+  a.Set("hflip", std::string("alternate"));
+  const SourceType* folder = SourceRegistry::Get().Find("folder");
+  a.FillDefaults(folder->schema);
+  const std::shared_ptr<Dataset> data = folder->open(a);
+  const ResidentData::Made made = ResidentData::Make("train", *data, true, {}, 2);
+  ASSERT_NE(made.data, nullptr) << made.why_not;
+  int64_t bad = -1;
+  for (int64_t i = 0; i < data->size(); ++i) {
+    if (!made.data->BadRecord(i).empty()) {
+      EXPECT_EQ(bad, -1) << "one bad record only";
+      bad = i;
+    }
+  }
+  ASSERT_GE(bad, 0);
+  EXPECT_NE(data->Key(bad).find("bird"), std::string::npos) << data->Key(bad);
+  run.datasets["train"] = data;
+  run.resident = made.data;
+  pass->pass = "train";
+  const std::string graph = R"(
+train:
+  nodes:
+    sample: {stage: sampler, batch: 8, shuffle: false}
+    load: {stage: load_batch, threads: 2, on_bad_record: ON_BAD}
+    metrics: {stage: metrics}
+  edges: [sample -> load -> metrics]
+)";
+  auto with = [&](const std::string& policy) {
+    std::string g = graph;
+    g.replace(g.find("ON_BAD"), 6, policy);
+    return Graph(g);
+  };
+  int64_t samples = 0;
+  pass->on_batch = [&](const BatchMessage& m, PassState&) {
+    EXPECT_TRUE(m.rows_on_device);
+    ASSERT_EQ(m.sample_ids.size(), m.labels.size());
+    for (size_t i = 0; i < m.labels.size(); ++i) {
+      EXPECT_NE(m.sample_ids[i], bad);
+      EXPECT_EQ(m.labels[i], made.data->label(m.sample_ids[i]));
+    }
+    samples += static_cast<int64_t>(m.labels.size());
+  };
+  RunGraph(with("skip"), run, *pass);
+  EXPECT_EQ(samples, data->size() - 1);
+  ASSERT_EQ(pass->bad_records.size(), 1u);
+  EXPECT_NE(pass->bad_records[0].find(data->Key(bad)), std::string::npos) << pass->bad_records[0];
+
+  pass = std::make_unique<PassState>();
+  pass->pass = "train";
+  testing::ExpectContains(testing::ErrorOf<StageError>([&] { RunGraph(with("fail"), run, *pass); }),
+                          {"bad record", data->Key(bad), "(on_bad_record: fail)"});
+  fs::remove_all(dir);
 }
 
 }  // namespace
