@@ -11,7 +11,8 @@ conversions, other) and the GPU's idle time between kernels.
 Either side alone prints its column. cnnflow's side is its GPU lanes
 ("cuda:K"): spans of the categories "gpu forward" and "gpu backward" per
 layer ("<layer> (<type>)"), "gpu backward-data" and "gpu backward-weights"
-inside a convolution's backward, "gpu optimizer". PyTorch's is the kernels
+inside a convolution's backward, "gpu optimizer" (a relu fused into a
+batchnorm or an add counts in that layer's class). PyTorch's is the kernels
 and copies of torch.profiler's Chrome trace, classified by kernel name.
 Steps: --steps, else cnnflow's replica-0 "step" spans and PyTorch's
 ProfilerStep# annotations. Idle: the span from the first kernel to the last

@@ -210,6 +210,8 @@ std::unique_ptr<Model> Model::Build(const std::vector<LayerSpec>& specs, const S
       options.splitter == nullptr) {
     m->ChooseChannelsLast();
   }
+  // A GPU layer takes its ReLU by its layout (a channels-last batchnorm).
+  if (options.fuse_activations && options.device.is_cuda()) m->FuseActivations();
   if (options.splitter != nullptr) options.splitter->Pair(*m);
   return m;
 }

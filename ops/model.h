@@ -92,7 +92,9 @@ class Model {
   // into that layer when it can take it (Layer::FuseRelu: conv2d, batchnorm,
   // add), and so is a gelu (erf form) into a batchnorm (Layer::FuseGelu):
   // the activation layer then runs nothing and its output is the layer's
-  // (fuse_activations false keeps every activation a layer of its own).
+  // (fuse_activations false keeps every activation a layer of its own). On
+  // a GPU a relu fuses into add, and into a channels-last batchnorm (after
+  // the layouts are chosen).
   //
   // bf16 on the CPU (`compute` bf16 on a CPU device): every layer that can
   // multiplies in bf16 (Layer::ComputeInBf16) and the activations stay f32

@@ -53,20 +53,6 @@ double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// fn(k, device, pool) for each GPU replica's pool (its GPU and lane,
-// ops/device.h); k: its GPU's place among the distinct GPUs, in order.
-template <typename Fn>
-void ForEachGpuPool(ReplicaSet& replicas, Fn fn) {
-  std::vector<Device> gpus;
-  for (int r = 0; r < replicas.size(); ++r) {
-    const Device d = replicas.device(r);
-    if (!d.is_cuda()) continue;
-    if (std::find(gpus.begin(), gpus.end(), d) == gpus.end()) gpus.push_back(d);
-    const GpuLaneScope lane(replicas.lane(r));
-    fn(std::find(gpus.begin(), gpus.end(), d) - gpus.begin(), d, PoolFor(d));
-  }
-}
-
 }  // namespace
 
 // The replicas (data parallel), or the pipeline's stages (graph.pipeline),
@@ -589,8 +575,7 @@ EpochReport Trainer::Train(const std::string& run_dir) {
   }
   MemoryPool& pool = PoolFor(Device::Cpu());
   pool.ResetPeak();
-  if (model_->device().is_cuda()) PoolFor(model_->device()).ResetPeak();
-  if (replicas_) ForEachGpuPool(*replicas_, [](size_t, Device, MemoryPool& p) { p.ResetPeak(); });
+  ResetGpuPoolPeaks(GpuLanes());
   double train_seconds = 0;  // this run's training passes
   EpochReport report;
   span_start_ = span_end_ = SteadySeconds();
@@ -703,6 +688,15 @@ void Trainer::FinishEpoch(int64_t epoch, EpochReport& report, double busy0, doub
   if (epoch_observer_) epoch_observer_(report);
 }
 
+std::vector<GpuLane> Trainer::GpuLanes() const {
+  std::vector<GpuLane> lanes;
+  for (int r = 0; replicas_ && r < replicas_->size(); ++r)
+    lanes.push_back({replicas_->device(r), replicas_->lane(r)});
+  for (int s = 0; pipeline_ && s < pipeline_->num_stages(); ++s)
+    lanes.push_back({pipeline_->device(s), pipeline_->lane(s)});
+  return lanes;
+}
+
 // Peak memory, the GPU's idle share and fp16's skipped steps, at the end.
 void Trainer::ReportMemory(double train_seconds) {
   if (progress_ == nullptr) return;
@@ -710,29 +704,20 @@ void Trainer::ReportMemory(double train_seconds) {
   Say(StrCat("peak memory: ", pool.peak_bytes_in_use() / 1000000, " MB in use, ",
              pool.bytes_reserved() / 1000000, " MB held (host pool)"));
   const Device device = model_->device();
-  if (replicas_ && device.is_cuda()) {
-    // A GPU's lanes' pools summed, each at its own peak (the lanes run the
-    // same step side by side), beside what validate predicts.
-    const std::vector<GpuMemoryEstimate> predicted = EstimateGpuMemory(
-        config_, *model_, run_.resident ? static_cast<int64_t>(run_.resident->bytes()) : 0);
-    std::vector<std::pair<Device, std::pair<size_t, size_t>>> gpus;  // peak in use, held
-    ForEachGpuPool(*replicas_, [&](size_t k, Device d, MemoryPool& p) {
-      if (k == gpus.size()) gpus.push_back({d, {0, 0}});
-      gpus[k].second.first += p.peak_bytes_in_use();
-      gpus[k].second.second += p.bytes_reserved();
-    });
-    for (size_t k = 0; k < gpus.size(); ++k) {
-      const std::string guess =
-          k < predicted.size()
-              ? StrCat(" (predicted ~", static_cast<int64_t>(predicted[k].peak_mb), " MB)")
-              : std::string();
-      Say(StrCat("peak memory on ", gpus[k].first.ToString(), ": ", gpus[k].second.first / 1000000,
-                 " MB in use", guess, ", ", gpus[k].second.second / 1000000, " MB held"));
-    }
-  } else if (device.is_cuda()) {
-    MemoryPool& gpu = PoolFor(device);
-    Say(StrCat("peak memory on ", device.ToString(), ": ", gpu.peak_bytes_in_use() / 1000000,
-               " MB in use, ", gpu.bytes_reserved() / 1000000, " MB held"));
+  const std::vector<GpuPoolUse> gpus = MeasureGpuPools(GpuLanes());
+  // Beside what validate predicts (data-parallel replicas only).
+  const std::vector<GpuMemoryEstimate> predicted =
+      gpus.empty()
+          ? std::vector<GpuMemoryEstimate>()
+          : EstimateGpuMemory(config_, *model_,
+                              run_.resident ? static_cast<int64_t>(run_.resident->bytes()) : 0);
+  for (size_t k = 0; k < gpus.size(); ++k) {
+    const std::string guess =
+        k < predicted.size()
+            ? StrCat(" (predicted ~", static_cast<int64_t>(predicted[k].peak_mb), " MB)")
+            : std::string();
+    Say(StrCat("peak memory on ", gpus[k].device.ToString(), ": ", gpus[k].peak_in_use / 1000000,
+               " MB in use", guess, ", ", gpus[k].held / 1000000, " MB held"));
   }
   if (replicas_ && device.is_cuda() && train_seconds > 0) {
     const double idle = replicas_->counters(0).gpu_idle_seconds;

@@ -18,6 +18,7 @@
 #include "pipeline/rank_times.h"
 #include "pipeline/run_config.h"
 #include "pipeline/run_files.h"
+#include "pipeline/validate_report.h"
 #include "stages/pass_state.h"
 #include "stages/run_context.h"
 
@@ -123,6 +124,8 @@ class Trainer {
   void FinishEpoch(int64_t epoch, EpochReport& report, double busy0, double reduce0,
                    double gpu_idle0);
   void ReportMemory(double train_seconds);
+  // The GPU lanes the run computes in: each replica's, or each pipeline stage's.
+  std::vector<GpuLane> GpuLanes() const;
   // The "timed span:" line (docs/outputs.md#what-a-run-prints).
   void ReportTimedSpan();
   void SaveCheckpoint(int64_t epoch, const PassMetrics& partial);

@@ -12,6 +12,7 @@
 
 #include "loaders/augment.h"
 #include "loaders/dataset.h"
+#include "ops/device.h"
 #include "ops/layers/batch_norm.h"
 #include "ops/layers/conv2d.h"
 #include "ops/layers/dropout.h"
@@ -131,8 +132,9 @@ MemoryEstimate EstimateMemory(const RunConfig& config, const Model& m, int data_
 
 // GPU memory (docs/gpus.md#memory). What a GPU replica allocates from its
 // lane's pool, read off the code that allocates it:
-//  - Model::Forward keeps every layer's output (no fusion on GPUs) between
-//    steps, in the compute dtype; with mixed precision, the input cast too.
+//  - Model::Forward keeps every layer's output between steps, in the
+//    compute dtype (a relu fused into an add or a channels-last batchnorm
+//    has none: GpuFusedRelus); with mixed precision, the input cast too.
 //  - ReplicaSet: each trainable gradient is a view into an f32 bucket;
 //    frozen parameters keep their own. The optimizer's state is made at the
 //    first step (SGD with momentum: 1 tensor a parameter; Adam, AdamW: 2).
@@ -182,13 +184,35 @@ int StatesPerParameter(const OptimizerSpec& spec) {
   return static_cast<int>(o->StateTensors().size());
 }
 
+// The relus a GPU model runs inside the layer they read (Model's fusion
+// on cuda devices: an add's, or a channels-last batchnorm's, when the relu
+// is its only reader), whatever device `m` was built on.
+std::vector<char> GpuFusedRelus(const Model& m, bool channels_last) {
+  const int num = m.num_layers();
+  std::vector<int> readers(num, 0);
+  for (int i = 0; i < num; ++i)
+    for (int j : m.input_indices(i))
+      if (j >= 0) ++readers[j];
+  std::vector<char> fused(num, 0);
+  for (int i = 0; i < num; ++i) {
+    const std::vector<int>& in = m.input_indices(i);
+    if (std::string(m.layer(i).type()) != "relu" || in.size() != 1 || in[0] < 0 ||
+        readers[in[0]] != 1)
+      continue;
+    const std::string type = m.layer(in[0]).type();
+    fused[i] = type == "add" ||
+               (type == "batchnorm" && channels_last && m.output_shape(in[0]).rank() == 3);
+  }
+  return fused;
+}
+
 // Model::Backward's widest point, layer by layer from the last: the
 // gradients made and not yet consumed (each freed once the layer that
 // wrote its activation has run), plus the running layer's new input
 // gradients and `scratch`. The last layer's gradient (dlogits) is the
-// caller's. needs[i]: backward runs layer i; grad_bytes(j): activation j's
-// gradient.
-double BackwardPeak(const Model& m, const std::vector<char>& needs,
+// caller's. needs[i]: backward runs layer i; fused[i]: its gradient passes
+// to its input as it is; grad_bytes(j): activation j's gradient.
+double BackwardPeak(const Model& m, const std::vector<char>& needs, const std::vector<char>& fused,
                     const std::vector<double>& scratch,
                     const std::function<double(int)>& grad_bytes) {
   const int num = m.num_layers();
@@ -197,6 +221,11 @@ double BackwardPeak(const Model& m, const std::vector<char>& needs,
   double live = 0, peak = 0;
   for (int i = num - 1; i >= 0; --i) {
     if (grad[i] == 0 || !needs[i]) continue;
+    if (fused[i]) {
+      grad[m.input_indices(i)[0]] = grad[i];
+      grad[i] = 0;
+      continue;
+    }
     double made = 0;
     for (int j : m.input_indices(i))
       if (j >= 0 && needs[j]) made += grad_bytes(j);
@@ -247,12 +276,13 @@ ReplicaBytes EstimateReplica(const RunConfig& config, Model& m, int64_t n) {
     for (int j : m.input_indices(i)) needs[i] |= j >= 0 && needs[j];
   }
   // What each layer holds besides its output, and its backward's scratch.
+  const std::vector<char> fused = GpuFusedRelus(m, channels_last);
   std::vector<double> scratch(num, 0);
   double widest = 0;  // the largest im2col matrix: the search's hungriest algorithm
   for (int i = 0; i < num; ++i) {
     const Layer& l = m.layer(i);
     const std::vector<int>& in = m.input_indices(i);
-    b.activations += act_bytes(i, s);
+    if (!fused[i]) b.activations += act_bytes(i, s);
     if (const auto* conv = dynamic_cast<const Conv2d*>(&l)) {
       const Conv2dGeometry& g = conv->geometry();
       const double w = static_cast<double>(l.parameters()[0].value.numel());
@@ -284,7 +314,8 @@ ReplicaBytes EstimateReplica(const RunConfig& config, Model& m, int64_t n) {
   // The loss's gradient (dlogits) and scratch (a row's loss and hit), then
   // backward's widest point.
   const double loss = act_bytes(num - 1, s) + Block(64 + rows * (sizeof(double) + sizeof(int)));
-  b.backward = loss + BackwardPeak(m, needs, scratch, [&](int j) { return act_bytes(j, s); });
+  b.backward =
+      loss + BackwardPeak(m, needs, fused, scratch, [&](int j) { return act_bytes(j, s); });
   return b;
 }
 
@@ -352,6 +383,29 @@ std::vector<GpuMemoryEstimate> EstimateGpuMemory(const RunConfig& config, Model&
         e.state_mb + e.copies_mb + e.activations_mb + e.backward_mb + e.workspace_mb + e.input_mb;
   }
   return out;
+}
+
+std::vector<GpuPoolUse> MeasureGpuPools(const std::vector<GpuLane>& lanes) {
+  std::vector<GpuPoolUse> gpus;
+  for (const GpuLane& l : lanes) {
+    if (!l.device.is_cuda()) continue;
+    auto it = std::find_if(gpus.begin(), gpus.end(),
+                           [&](const GpuPoolUse& g) { return g.device == l.device; });
+    if (it == gpus.end()) it = gpus.insert(gpus.end(), GpuPoolUse{.device = l.device});
+    const GpuLaneScope scope(l.lane);
+    MemoryPool& pool = PoolFor(l.device);
+    it->peak_in_use += pool.peak_bytes_in_use();
+    it->held += pool.bytes_reserved();
+  }
+  return gpus;
+}
+
+void ResetGpuPoolPeaks(const std::vector<GpuLane>& lanes) {
+  for (const GpuLane& l : lanes) {
+    if (!l.device.is_cuda()) continue;
+    const GpuLaneScope scope(l.lane);
+    PoolFor(l.device).ResetPeak();
+  }
 }
 
 std::string DescribeGpuMemory(const std::vector<GpuMemoryEstimate>& estimates) {

@@ -58,6 +58,20 @@ int64_t PredictResidentBytes(const RunConfig& config, const Dataset& train);
 // One "GPU memory: cuda:K peak ~N MB predicted (...)" line per GPU.
 std::string DescribeGpuMemory(const std::vector<GpuMemoryEstimate>& estimates);
 
+// What a run measures: each distinct GPU's lanes' pools summed, each at its
+// own peak (the lanes run side by side), in the order first listed.
+struct GpuLane {
+  Device device;
+  int lane = 0;
+};
+struct GpuPoolUse {
+  Device device;
+  size_t peak_in_use = 0;  // bytes
+  size_t held = 0;
+};
+std::vector<GpuPoolUse> MeasureGpuPools(const std::vector<GpuLane>& lanes);
+void ResetGpuPoolPeaks(const std::vector<GpuLane>& lanes);
+
 // `replicas` (data parallel) or `pipeline` (graph.pipeline): the one the run
 // built, the other null.
 std::string ValidateReport(const RunConfig& config, Model& model, ReplicaSet* replicas,

@@ -1,5 +1,7 @@
 // add on a GPU (ops/layers/add.h): the sum of two same-shaped inputs, in f32 or,
-// under mixed precision, f16/bf16 computed in f32 and rounded once.
+// under mixed precision, f16/bf16 computed in f32 and rounded once. With a
+// fused ReLU (a residual join's), y = max(a + b, 0) in the same pass, and
+// backward writes dy masked by y > 0 to both inputs in one pass.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -15,32 +17,60 @@ namespace {
 
 using namespace cuda;  // the shared map and checks (ops/cuda/map.cuh)
 
+// The relu layer's ReLU (NaN -> 0), or none.
+template <bool kRelu>
+__device__ __forceinline__ float Out(float v) {
+  return kRelu ? (v > 0.f ? v : 0.f) : v;
+}
+
+template <bool kRelu>
 struct AddOp {
   const float* a;
   const float* b;
   float* y;
-  __device__ void Scalar(int64_t i) const { y[i] = a[i] + b[i]; }
+  __device__ void Scalar(int64_t i) const { y[i] = Out<kRelu>(a[i] + b[i]); }
   __device__ void Vector(int64_t i) const {
     const float4 u = reinterpret_cast<const float4*>(a)[i];
     const float4 v = reinterpret_cast<const float4*>(b)[i];
-    reinterpret_cast<float4*>(y)[i] = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+    reinterpret_cast<float4*>(y)[i] = make_float4(Out<kRelu>(u.x + v.x), Out<kRelu>(u.y + v.y),
+                                                  Out<kRelu>(u.z + v.z), Out<kRelu>(u.w + v.w));
   }
 };
 
-template <typename T>
+template <typename T, bool kRelu>
 struct AddT {
   const T* a;
   const T* b;
   T* y;
-  __device__ void Scalar(int64_t i) const { y[i] = FromFloat<T>(ToFloat(a[i]) + ToFloat(b[i])); }
+  __device__ void Scalar(int64_t i) const {
+    y[i] = FromFloat<T>(Out<kRelu>(ToFloat(a[i]) + ToFloat(b[i])));
+  }
+  CNNFLOW_VECTOR_BY_SCALARS
+};
+
+// Both inputs' gradients of a fused ReLU: dy where y > 0, else 0 (either
+// output may be null).
+template <typename T>
+struct ReluGradTwice {
+  const T* y;
+  const T* dy;
+  T* d0;
+  T* d1;
+  __device__ void Scalar(int64_t i) const {
+    const T g = ToFloat(y[i]) > 0.f ? dy[i] : FromFloat<T>(0.f);
+    if (d0) d0[i] = g;
+    if (d1) d1[i] = g;
+  }
   CNNFLOW_VECTOR_BY_SCALARS
 };
 
 class CudaAddLayer : public AddLayer {
  public:
   using AddLayer::AddLayer;
-  // Our add kernel has no ReLU epilogue: the relu stays a layer.
-  bool FuseRelu() override { return false; }
+  bool FuseRelu() override {
+    fused_relu_ = true;
+    return true;
+  }
 
   void Forward(const std::vector<const Tensor*>& x, Tensor& y,
                const ForwardContext& /*ctx*/) override {
@@ -56,23 +86,14 @@ class CudaAddLayer : public AddLayer {
     CheckSameType(a, b, StrCat("add '", name(), "' inputs"));
     CheckSameType(a, y, StrCat("add '", name(), "' input and output"));
     CudaContext& c = CudaContext::For(a.device());
-    if (a.dtype() == DType::kF32) {
-      const float* as = a.data<float>();
-      const float* bs = b.data<float>();
-      float* ys = y.data<float>();
-      LaunchMap(AddOp{as, bs, ys}, a.numel(), Aligned16(as) && Aligned16(bs) && Aligned16(ys),
-                c.stream());
-      return;
+    if (fused_relu_) {
+      Launch<true>(a, b, y, c.stream());
+    } else {
+      Launch<false>(a, b, y, c.stream());
     }
-    DispatchGpuFloat(a.dtype(), [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
-      LaunchMap(AddT<T>{static_cast<const T*>(a.raw_data()), static_cast<const T*>(b.raw_data()),
-                        static_cast<T*>(y.raw_data())},
-                a.numel(), true, c.stream());
-    });
   }
 
-  void Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& /*y*/, const Tensor& dy,
+  void Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& y, const Tensor& dy,
                 const std::vector<Tensor*>& dx) override {
     CheckGpuFloat(dy, StrCat("add '", name(), "' dy"));
     CudaContext& c = CudaContext::For(dy.device());
@@ -82,9 +103,39 @@ class CudaAddLayer : public AddLayer {
       CheckSameType(dy, *d, StrCat("add '", name(), "' dy and dx"));
       CNNFLOW_ENFORCE(d->numel() == dy.numel(), "add ", name(), ": dy ", dy.shape(), " dx ",
                       d->shape());
-      CopyAsync(dy, *d, c.stream());
+      if (!fused_relu_) CopyAsync(dy, *d, c.stream());
     }
+    if (!fused_relu_ || (dx[0] == nullptr && dx[1] == nullptr)) return;
+    CheckSameType(dy, y, StrCat("add '", name(), "' dy and y"));
+    DispatchGpuFloat(dy.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      auto out = [](Tensor* d) { return d ? static_cast<T*>(d->raw_data()) : nullptr; };
+      LaunchMap(ReluGradTwice<T>{static_cast<const T*>(y.raw_data()),
+                                 static_cast<const T*>(dy.raw_data()), out(dx[0]), out(dx[1])},
+                dy.numel(), true, c.stream());
+    });
   }
+
+ private:
+  template <bool kRelu>
+  static void Launch(const Tensor& a, const Tensor& b, Tensor& y, cudaStream_t stream) {
+    if (a.dtype() == DType::kF32) {
+      const float* as = a.data<float>();
+      const float* bs = b.data<float>();
+      float* ys = y.data<float>();
+      LaunchMap(AddOp<kRelu>{as, bs, ys}, a.numel(),
+                Aligned16(as) && Aligned16(bs) && Aligned16(ys), stream);
+      return;
+    }
+    DispatchGpuFloat(a.dtype(), [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      LaunchMap(AddT<T, kRelu>{static_cast<const T*>(a.raw_data()),
+                               static_cast<const T*>(b.raw_data()), static_cast<T*>(y.raw_data())},
+                a.numel(), true, stream);
+    });
+  }
+
+  bool fused_relu_ = false;  // FuseRelu
 };
 
 }  // namespace

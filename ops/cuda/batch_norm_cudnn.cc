@@ -14,9 +14,11 @@
 //  - parameter gradients are ADDED (betaParamDiff = 1); affine: false uses
 //    device constants weight 1 / bias 0 and a scratch for the unwanted
 //    parameter gradients;
-//  - SyncBN (ForwardContext::sync_sum, graph.sync_bn): training forward and
-//    backward run ops/cuda/sync_batch_norm.h's kernels instead, on the
-//    global batch's statistics.
+//  - SyncBN (ForwardContext::sync_sum, graph.sync_bn) and a fused ReLU
+//    (FuseRelu, channels-last only): training forward and backward run our
+//    kernels (ops/cuda/batch_norm_kernels.h) instead, SyncBN's on the
+//    global batch's statistics. In evaluation a fused ReLU runs after
+//    cuDNN's inference, in place, and masks dy before the affine backward.
 // Running buffers are updated in place on the device.
 // Channels-last (Layer::SetChannelsLast: [N, C, H, W] stored NHWC): the same
 // calls on NHWC descriptors; the statistics stay [C].
@@ -32,11 +34,11 @@
 #include <string>
 #include <vector>
 
+#include "ops/cuda/batch_norm_kernels.h"
 #include "ops/cuda/context.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cudnn_util.h"
 #include "ops/cuda/kernels.h"
-#include "ops/cuda/sync_batch_norm.h"
 #include "ops/layers/batch_norm.h"
 
 namespace cnnflow {
@@ -66,9 +68,15 @@ constexpr cudnnBatchNormMode_t kMode = CUDNN_BATCHNORM_SPATIAL;
 
 class BatchNormCudnn : public BatchNormLayer {
  public:
-  // The cuDNN kernels run no ReLU epilogue: the relu stays a layer.
-  bool FuseRelu() override { return false; }
   using BatchNormLayer::BatchNormLayer;
+  // Our kernels take the ReLU (ops/cuda/batch_norm_kernels.h): channels-last
+  // only, where they read x in full warps; an NCHW BN keeps cuDNN's kernels
+  // and the relu stays a layer. Model fuses after choosing the layouts.
+  bool FuseRelu() override {
+    fused_relu_ = nhwc_input();
+    return fused_relu_;
+  }
+  bool FuseGelu() override { return false; }
   ~BatchNormCudnn() override {
     for (auto* d : {x_desc_, x32_desc_, bn_desc_}) {
       if (d) cudnnDestroyTensorDescriptor(d);
@@ -88,8 +96,12 @@ class BatchNormCudnn : public BatchNormLayer {
   const void* Scale() { return affine() ? parameters()[0].value.raw_data() : ones_.raw_data(); }
   const void* Bias() { return affine() ? parameters()[1].value.raw_data() : zeros_.raw_data(); }
   void EvalBackward(CudaContext& ctx, const Tensor& x, const Tensor& dy, Tensor* dx);
-  cuda::SyncBnShape SyncShape(const Tensor& x) const {
+  cuda::BnShape KernelShape(const Tensor& x) const {
     return {x.dim(0), channels(), dims_[2] * dims_[3], nhwc_};
+  }
+  cuda::BnAffine KernelAffine() const {
+    return {affine() ? parameters()[0].value.data<float>() : nullptr,
+            affine() ? parameters()[1].value.data<float>() : nullptr, fused_relu_};
   }
 
   cudnnTensorDescriptor_t x_desc_ = nullptr;    // x, y, dy, dx (their dtype)
@@ -103,12 +115,14 @@ class BatchNormCudnn : public BatchNormLayer {
   // evaluation backward, the forward's batch statistics, and a scratch for
   // parameter gradients nobody wants ([2C]).
   Tensor ones_, zeros_, save_mean_, save_inv_std_, param_scratch_;
-  // SyncBN: the device state of its passes, and the last training
-  // forward's sync (null: that forward was not synced).
-  cuda::SyncBnState sync_state_;
+  bool fused_relu_ = false;  // FuseRelu
+  // Our kernels' device state, and the last training forward's sync (null:
+  // that forward was not synced).
+  cuda::BnState kernel_state_;
   const std::function<void(float*, int64_t)>* last_sync_ = nullptr;
   // What the last forward did, for backward.
   bool last_training_ = false;
+  bool last_ours_ = false;  // it ran our kernels
   int64_t last_n_ = -1;
   detail::LayerLabel label_;
 };
@@ -193,22 +207,23 @@ void BatchNormCudnn::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   float* rmean = buffers()[0].value.data<float>();
   float* rvar = buffers()[1].value.data<float>();
   if (!training) {
+    last_ours_ = false;
     CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
         cuda.cudnn(), kMode, &kCudnnOne, &kCudnnZero, x_desc_, in.raw_data(), x_desc_, y.raw_data(),
         bn_desc_, Scale(), Bias(), rmean, rvar, eps()));
+    if (fused_relu_) cuda::Relu(y, y);
     return;
   }
   last_sync_ = ctx.sync_sum;
-  if (ctx.sync_sum != nullptr) {
-    cuda::SyncBatchNormForward(SyncShape(in), in, y,
-                               affine() ? parameters()[0].value.data<float>() : nullptr,
-                               affine() ? parameters()[1].value.data<float>() : nullptr, rmean,
-                               rvar, momentum(), eps(), sync_state_, *ctx.sync_sum);
-    return;
-  }
-  if (m <= 1) {
+  if (ctx.sync_sum == nullptr && m <= 1) {  // (SyncBN's count is on the device only)
     throw Error(StrCat(
         Label(), ": expected more than 1 value per channel when training, got input ", in.shape()));
+  }
+  last_ours_ = ctx.sync_sum != nullptr || fused_relu_;
+  if (last_ours_) {
+    cuda::BatchNormTrainForward(KernelShape(in), in, y, KernelAffine(), rmean, rvar, momentum(),
+                                eps(), kernel_state_, ctx.sync_sum);
+    return;
   }
   CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
       cuda.cudnn(), kMode, &kCudnnOne, &kCudnnZero, x_desc_, in.raw_data(), x_desc_, y.raw_data(),
@@ -216,7 +231,7 @@ void BatchNormCudnn::Forward(const std::vector<const Tensor*>& x, Tensor& y,
       save_inv_std_.raw_data()));
 }
 
-void BatchNormCudnn::Backward(const std::vector<const Tensor*>& x, const Tensor& /*y*/,
+void BatchNormCudnn::Backward(const std::vector<const Tensor*>& x, const Tensor& y,
                               const Tensor& dy, const std::vector<Tensor*>& dx) {
   CNNFLOW_ENFORCE(x.size() == 1, Label(), " takes one input");
   const Tensor& in = *x[0];
@@ -235,14 +250,20 @@ void BatchNormCudnn::Backward(const std::vector<const Tensor*>& x, const Tensor&
   }
   if (d == nullptr && !affine()) return;  // nothing wanted
   if (!last_training_) {
-    EvalBackward(cuda, in, dy, d);
+    if (!fused_relu_) {
+      EvalBackward(cuda, in, dy, d);
+      return;
+    }
+    Tensor masked = Tensor::Empty(dy.shape(), dy.dtype(), dy.device());
+    cuda::ReluBackward(y, dy, masked);
+    EvalBackward(cuda, in, masked, d);
     return;
   }
-  if (last_sync_ != nullptr) {
-    cuda::SyncBatchNormBackward(
-        SyncShape(in), in, dy, d, affine() ? parameters()[0].value.data<float>() : nullptr,
-        affine() ? parameters()[0].grad.data<float>() : nullptr,
-        affine() ? parameters()[1].grad.data<float>() : nullptr, sync_state_, *last_sync_);
+  if (last_ours_) {
+    cuda::BatchNormTrainBackward(KernelShape(in), in, dy, d, KernelAffine(),
+                                 affine() ? parameters()[0].grad.data<float>() : nullptr,
+                                 affine() ? parameters()[1].grad.data<float>() : nullptr,
+                                 kernel_state_, last_sync_);
     return;
   }
   // cuDNN always writes dx: a pooled scratch when the caller wants none.

@@ -22,6 +22,10 @@ namespace cnnflow::cuda {
 void Axpy(float alpha, const Tensor& x, Tensor& y);
 // y *= alpha (f32).
 void Scale(Tensor& y, float alpha);
+// The relu layer's kernels (y may be x): y = max(x, 0), NaN -> 0; dx = dy
+// where y > 0, else 0. Same shape and dtype (f32, f16, bf16), one GPU.
+void Relu(const Tensor& x, Tensor& y);
+void ReluBackward(const Tensor& y, const Tensor& dy, Tensor& dx);
 
 // The math GPU `device`'s kernels may use from now on (ops/device_ops.h's
 // SetGpuMath; held by its CudaContext).

@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/cuda/kernels.h"
 #include "ops/cuda/map.cuh"
 #include "ops/layers/relu.h"
 
@@ -75,19 +76,7 @@ class CudaReluLayer : public ReluLayer {
     CheckSameGpu(in, y, StrCat("relu '", name(), "'"));
     CheckSameType(in, y, StrCat("relu '", name(), "'"));
     CNNFLOW_ENFORCE(in.numel() == y.numel(), "relu ", name(), ": ", in.shape(), " -> ", y.shape());
-    CudaContext& c = CudaContext::For(in.device());
-    if (in.dtype() == DType::kF32) {
-      const float* xs = in.data<float>();
-      float* ys = y.data<float>();
-      LaunchMap(ReluForwardOp{xs, ys}, in.numel(), Aligned16(xs) && Aligned16(ys), c.stream());
-      return;
-    }
-    DispatchGpuFloat(in.dtype(), [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
-      LaunchMap(
-          ReluForwardT<T>{static_cast<const T*>(in.raw_data()), static_cast<T*>(y.raw_data())},
-          in.numel(), true, c.stream());
-    });
+    cuda::Relu(in, y);
   }
 
   void Backward(const std::vector<const Tensor*>& /*x*/, const Tensor& y, const Tensor& dy,
@@ -99,26 +88,49 @@ class CudaReluLayer : public ReluLayer {
     CheckSameType(dy, *dx[0], StrCat("relu '", name(), "' dy and dx"));
     CNNFLOW_ENFORCE(dy.numel() == y.numel() && dx[0]->numel() == y.numel(), "relu ", name(),
                     ": dy ", dy.shape(), " y ", y.shape());
-    CudaContext& c = CudaContext::For(y.device());
-    if (y.dtype() == DType::kF32) {
-      const float* ys = y.data<float>();
-      const float* g = dy.data<float>();
-      float* d = dx[0]->data<float>();
-      LaunchMap(ReluBackwardOp{ys, g, d}, y.numel(), Aligned16(ys) && Aligned16(g) && Aligned16(d),
-                c.stream());
-      return;
-    }
-    DispatchGpuFloat(y.dtype(), [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
-      LaunchMap(ReluBackwardT<T>{static_cast<const T*>(y.raw_data()),
-                                 static_cast<const T*>(dy.raw_data()),
-                                 static_cast<T*>(dx[0]->raw_data())},
-                y.numel(), true, c.stream());
-    });
+    cuda::ReluBackward(y, dy, *dx[0]);
   }
 };
 
 }  // namespace
+
+namespace cuda {
+
+void Relu(const Tensor& x, Tensor& y) {
+  CudaContext& c = CudaContext::For(x.device());
+  if (x.dtype() == DType::kF32) {
+    const float* xs = x.data<float>();
+    float* ys = y.data<float>();
+    LaunchMap(ReluForwardOp{xs, ys}, x.numel(), Aligned16(xs) && Aligned16(ys), c.stream());
+    return;
+  }
+  DispatchGpuFloat(x.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    LaunchMap(ReluForwardT<T>{static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data())},
+              x.numel(), true, c.stream());
+  });
+}
+
+void ReluBackward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  CudaContext& c = CudaContext::For(y.device());
+  if (y.dtype() == DType::kF32) {
+    const float* ys = y.data<float>();
+    const float* g = dy.data<float>();
+    float* d = dx.data<float>();
+    LaunchMap(ReluBackwardOp{ys, g, d}, y.numel(), Aligned16(ys) && Aligned16(g) && Aligned16(d),
+              c.stream());
+    return;
+  }
+  DispatchGpuFloat(y.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    LaunchMap(
+        ReluBackwardT<T>{static_cast<const T*>(y.raw_data()), static_cast<const T*>(dy.raw_data()),
+                         static_cast<T*>(dx.raw_data())},
+        y.numel(), true, c.stream());
+  });
+}
+
+}  // namespace cuda
 
 CNNFLOW_REGISTER_CUDA_LAYER(relu, CudaReluLayer);
 

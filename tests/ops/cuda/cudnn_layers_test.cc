@@ -445,7 +445,7 @@ TEST(BatchNormGPU, GradientsAccumulateOverCalls) {
   CheckBatchNormGradientsAccumulate(DType::kF32, kBnTol);
 }
 
-// SyncBN's kernels (ops/cuda/sync_batch_norm.h) with the sync of one
+// SyncBN's kernels (ops/cuda/batch_norm_kernels.h) with the sync of one
 // replica (the sums as they are) and of two identical replicas (every sum,
 // the count too, doubled: the same statistics) against cuDNN's own BN on
 // the same batch: output, every gradient and the running statistics, NCHW

@@ -211,7 +211,7 @@ TEST(DataParallel, SyncBatchNormReplicasEqualOneReplicaOfTheWholeBatch) {
 }
 
 // The same on one GPU listed twice (issue 55): SyncBN's kernels
-// (ops/cuda/sync_batch_norm.h) over two GPU lanes reduced on the device
+// (ops/cuda/batch_norm_kernels.h) over two GPU lanes reduced on the device
 // (ops/cuda/lane_group.h) equal SyncBN over two CPU replicas, and one GPU
 // replica of the whole batch (full f32: TF32 off).
 TEST(DataParallelGPU, SyncBatchNormOnTwoGpuLanesEqualsTwoCpuReplicas) {
