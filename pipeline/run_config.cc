@@ -162,6 +162,11 @@ const Schema& GraphSectionSchema() {
                     "the run folder (cudnn-picks.tsv) so that a resume runs the same ones, as "
                     "torch.use_deterministic_algorithms + cudnn.deterministic; CPU runs are "
                     "bitwise deterministic already")
+          .Optional("fuse_activations", ParamType::kBool, true,
+                    "a relu that is the only reader of a layer's output runs inside it where "
+                    "the layer can take it (CPUs: conv2d, batchnorm, add, and a gelu into "
+                    "batchnorm; GPUs: add and a channels-last batchnorm); false: every "
+                    "activation a layer of its own (to compare or to debug)")
           .Optional("flush_denormals", ParamType::kBool, true,
                     "CPU kernels treat denormal floats (below 1.2e-38) as zero (x86's FTZ and "
                     "DAZ), as TensorFlow does: IEEE's gradual underflow costs ~100x per "
@@ -691,6 +696,8 @@ Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   c.data_parallel.gpu_math.deterministic = g.Bool("deterministic");
   c.data_parallel.flush_denormals = g.Bool("flush_denormals");
   c.pipeline_options.flush_denormals = c.data_parallel.flush_denormals;
+  c.data_parallel.fuse_activations = g.Bool("fuse_activations");
+  c.pipeline_options.fuse_activations = c.data_parallel.fuse_activations;
   c.data_parallel.timeout_s = g.Float("collective_timeout_s");
   if (c.data_parallel.bucket_mb <= 0)
     doc.Fail(graph["bucket_mb"], "graph.bucket_mb", "must be > 0");

@@ -276,7 +276,9 @@ ReplicaBytes EstimateReplica(const RunConfig& config, Model& m, int64_t n) {
     for (int j : m.input_indices(i)) needs[i] |= j >= 0 && needs[j];
   }
   // What each layer holds besides its output, and its backward's scratch.
-  const std::vector<char> fused = GpuFusedRelus(m, channels_last);
+  const std::vector<char> fused = config.data_parallel.fuse_activations
+                                      ? GpuFusedRelus(m, channels_last)
+                                      : std::vector<char>(num, 0);
   std::vector<double> scratch(num, 0);
   double widest = 0;  // the largest im2col matrix: the search's hungriest algorithm
   for (int i = 0; i < num; ++i) {

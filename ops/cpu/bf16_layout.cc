@@ -11,6 +11,10 @@ namespace {
 
 #define CNNFLOW_AVX512_BF16 __attribute__((target("avx512f,avx512bf16,avx512vl,avx512bw")))
 
+// A function, not a lambda: a lambda does not take its caller's target
+// attribute, and a build without -march=native then cannot inline the cast.
+CNNFLOW_AVX512_BF16 inline __m512d AsPd(__m512 v) { return _mm512_castps_pd(v); }
+
 // r[i] <- column i of the 16 x 16 matrix whose rows are r[0..15].
 CNNFLOW_AVX512_BF16 inline void Transpose16(__m512 r[16]) {
   __m512 t[16];
@@ -18,12 +22,11 @@ CNNFLOW_AVX512_BF16 inline void Transpose16(__m512 r[16]) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
   }
-  auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
   for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[i]), pd(t[i + 2])));
-    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[i]), pd(t[i + 2])));
-    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[i + 1]), pd(t[i + 3])));
-    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[i + 1]), pd(t[i + 3])));
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(AsPd(t[i]), AsPd(t[i + 2])));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(AsPd(t[i]), AsPd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(AsPd(t[i + 1]), AsPd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(AsPd(t[i + 1]), AsPd(t[i + 3])));
   }
   for (int i = 0; i < 4; ++i) {
     t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);

@@ -126,6 +126,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
                                .init = init,
                                .device = rep->device,
                                .compute = options.compute,
+                               .fuse_activations = options.fuse_activations,
                                .memory_format = options.memory_format,
                                .splitter = tp > 1 ? &placement : nullptr});
     if (options.compute == DType::kF16)

@@ -78,6 +78,7 @@ struct DataParallelOptions {
   GpuMathOptions gpu_math;
   // The activations' layout on CPUs (ops/model.h).
   MemoryFormat memory_format = MemoryFormat::kAuto;
+  bool fuse_activations = true;  // graph.fuse_activations (ModelOptions)
   // Tensor parallelism (ops/parallel/tensor_parallel.h), CPU replicas: the
   // replicas come in groups of T = `tensor_parallel` consecutive ones. A
   // group's members split the layers of `split_layers` between them and

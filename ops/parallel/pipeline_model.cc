@@ -180,6 +180,37 @@ void CopyValues(Layer& to, Layer& from) {
     to.buffers()[b].value.CopyFrom(from.buffers()[b].value);
 }
 
+// Each layer's stage, from a cut that must be contiguous, complete and in
+// the model's order (else a ConfigError saying where it is not).
+std::map<std::string, int> StageOfLayers(const Model& full,
+                                         const std::vector<std::vector<std::string>>& stages) {
+  std::map<std::string, int> index, stage_of;
+  for (int i = 0; i < full.num_layers(); ++i) index[full.layer(i).name()] = i;
+  int next = 0;
+  for (int s = 0; s < static_cast<int>(stages.size()); ++s) {
+    if (stages[s].empty()) throw ConfigError(StrCat("pipeline stage ", s, " has no layers"));
+    for (const std::string& name : stages[s]) {
+      auto it = index.find(name);
+      if (it == index.end())
+        throw ConfigError(StrCat("pipeline stage ", s, ": no layer '", name, "'"));
+      if (it->second != next) {
+        throw ConfigError(StrCat("pipeline stage ", s, ": layer '", name,
+                                 "' is out of order; stages "
+                                 "must list the model's layers in order, each once (expected '",
+                                 next < full.num_layers() ? full.layer(next).name() : "nothing",
+                                 "')"));
+      }
+      stage_of[name] = s;
+      ++next;
+    }
+  }
+  if (next != full.num_layers()) {
+    throw ConfigError(StrCat("pipeline stages leave out layer '", full.layer(next).name(),
+                             "' and after; every layer must be in a stage"));
+  }
+  return stage_of;
+}
+
 }  // namespace
 
 PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& input_shape,
@@ -194,37 +225,18 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
   // The full model on stage 0's device, lane 0: checkpoints read it there.
   const Device home = options_.devices[0];
   SetGpuMath(home, options_.gpu_math);
-  full_ = Model::Build(layers, input_shape,
-                       {.seed = seed, .init = init, .device = home, .compute = options_.compute});
+  auto built_on = [&](Device d) {  // the options of every model of the pipeline
+    return ModelOptions{.seed = seed,
+                        .init = init,
+                        .device = d,
+                        .compute = options_.compute,
+                        .fuse_activations = options_.fuse_activations};
+  };
+  full_ = Model::Build(layers, input_shape, built_on(home));
   full_->ZeroGrad();
   CNNFLOW_ENFORCE(options_.microbatches >= 1, "microbatches must be >= 1, got ",
                   options_.microbatches);
-  // The cut: contiguous, complete, in order.
-  std::map<std::string, int> index, stage_of;
-  for (int i = 0; i < full_->num_layers(); ++i) index[full_->layer(i).name()] = i;
-  int next = 0;
-  for (int s = 0; s < num_stages; ++s) {
-    if (options_.stages[s].empty())
-      throw ConfigError(StrCat("pipeline stage ", s, " has no layers"));
-    for (const std::string& name : options_.stages[s]) {
-      auto it = index.find(name);
-      if (it == index.end())
-        throw ConfigError(StrCat("pipeline stage ", s, ": no layer '", name, "'"));
-      if (it->second != next) {
-        throw ConfigError(StrCat("pipeline stage ", s, ": layer '", name,
-                                 "' is out of order; stages "
-                                 "must list the model's layers in order, each once (expected '",
-                                 next < full_->num_layers() ? full_->layer(next).name() : "nothing",
-                                 "')"));
-      }
-      stage_of[name] = s;
-      ++next;
-    }
-  }
-  if (next != full_->num_layers()) {
-    throw ConfigError(StrCat("pipeline stages leave out layer '", full_->layer(next).name(),
-                             "' and after; every layer must be in a stage"));
-  }
+  const std::map<std::string, int> stage_of = StageOfLayers(*full_, options_.stages);
   const int m = options_.microbatches;
   for (int s = 0, first = 0; s < num_stages; ++s) {
     const int count = static_cast<int>(options_.stages[s].size());
@@ -239,7 +251,7 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
           continue;
         }
         if (s == 0 && in == kModelInput) continue;
-        if (stage_of.count(in) == 0 || stage_of[in] != s) {
+        if (stage_of.count(in) == 0 || stage_of.at(in) != s) {
           throw ConfigError(StrCat("pipeline stage ", s, ": layer '", specs[k].name, "' reads '",
                                    in,
                                    "' from another stage; only the previous stage's last output "
@@ -259,9 +271,7 @@ PipelineModel::PipelineModel(const std::vector<LayerSpec>& layers, const Shape& 
     const int slots =
         options_.schedule == PipelineSchedule::kGpipe ? m : std::min(m, num_stages - s);
     for (int k = 0; k < slots; ++k) {
-      auto model = Model::Build(
-          specs, in_shape,
-          {.seed = seed, .init = init, .device = stage->device, .compute = options_.compute});
+      auto model = Model::Build(specs, in_shape, built_on(stage->device));
       for (int l = 0; l < model->num_layers(); ++l) {
         Layer& mine = model->layer(l);
         Layer& theirs = full_->layer(first + l);

@@ -79,7 +79,8 @@ struct PipelineOptions {
   int microbatches = 4;
   PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
   int threads_per_stage = 1;
-  bool flush_denormals = true;  // stages' kernels flush denormals (cpu::MakeComputeArena)
+  bool flush_denormals = true;   // stages' kernels flush denormals (cpu::MakeComputeArena)
+  bool fuse_activations = true;  // graph.fuse_activations (ModelOptions)
   // Each stage's device (empty: every stage on the host). A GPU listed k
   // times holds k stages, lanes 0..k-1 in the order listed.
   std::vector<Device> devices;

@@ -63,6 +63,35 @@ double MaxRelDiffOnHost(Model& cpu, Model& gpu) {
   return worst;
 }
 
+// How many of a model's layers run inside another (Model's activation fusion).
+int FusedLayers(const Model& m) {
+  int n = 0;
+  for (int i = 0; i < m.num_layers(); ++i) n += m.fused_into(i) >= 0 ? 1 : 0;
+  return n;
+}
+
+// graph.fuse_activations (default true) reaches the replicas' models and a
+// pipeline's; false keeps every relu a layer, and trains to the same loss
+// within the fused kernels' rounding (oneDNN's relu-fused convolution).
+TEST(DataParallelTraining, FuseActivationsFalseKeepsEveryReluALayer) {
+  const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=6", "threads=2",
+                                           "train.batch=32"};
+  auto train = [&](const std::vector<std::string>& more) {
+    auto t = std::make_unique<Trainer>(LoadRunConfig(kConfig, With(common, more)));
+    const PassMetrics m = t->RunPass(t->config().train_graph, {.pass = "train", .epoch = 0});
+    return std::make_pair(std::move(t), m.mean_loss());
+  };
+  const auto [fused, fused_loss] = train({});
+  const auto [plain, plain_loss] = train({"graph.fuse_activations=false"});
+  EXPECT_EQ(FusedLayers(fused->replicas().model(0)), 2);  // conv1 and conv2 take their relus
+  EXPECT_EQ(FusedLayers(plain->replicas().model(0)), 0);
+  EXPECT_NEAR(fused_loss, plain_loss, 1e-3 * plain_loss);
+  Trainer pipe(LoadRunConfig("configs/fashion_mnist_pipeline.yaml",
+                             {"threads=2", "graph.fuse_activations=false"}));
+  for (int s = 0; s < pipe.pipeline()->num_stages(); ++s)
+    EXPECT_EQ(FusedLayers(pipe.pipeline()->stage_model(s)), 0) << "stage " << s;
+}
+
 TEST(DataParallelTraining, TwoReplicasAndAccumulationMatchOneBigBatch) {
   const std::vector<std::string> common = {"train.epochs=1", "train.max_steps=12", "threads=2"};
   auto train = [&](const std::vector<std::string>& more) {

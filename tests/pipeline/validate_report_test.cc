@@ -267,13 +267,18 @@ TEST(GpuMemory, ScalesWithBatchPrecisionAndLanes) {
 // 256, f32) fuse too (the stem's and the three blocks' at 64 channels of
 // 32x32: 64 MiB each; two at 128 of 16x16, 32 MiB; two at 256 of 8x8, 16
 // MiB; two at 512 of 4x4, 8 MiB: 304 MiB), less the NHWC copy of the 3 MiB
-// input the first convolution makes. The 8 after an add fuse either way.
+// input the first convolution makes. The 8 after an add fuse in either layout.
 TEST(GpuMemory, FusedRelusHoldNoActivation) {
   const std::string config = "bench/configs/resnet18_synthetic.yaml";
   const GpuMemoryEstimate nchw = PredictGpu(config, {"threads=2"})[0];
   const GpuMemoryEstimate nhwc = PredictGpu(config, {"threads=2", "graph.channels_last=true"})[0];
   constexpr double kMiB = 1 << 20;
   EXPECT_NEAR(nchw.activations_mb - nhwc.activations_mb, (304 - 3) * kMiB / 1e6, 1e-6);
+  // graph.fuse_activations: false: the adds' relus hold theirs again (64,
+  // 64, 32, 32, 16, 16, 8 and 8 MiB).
+  const GpuMemoryEstimate unfused =
+      PredictGpu(config, {"threads=2", "graph.fuse_activations=false"})[0];
+  EXPECT_NEAR(unfused.activations_mb - nchw.activations_mb, 240 * kMiB / 1e6, 1e-6);
 }
 
 // The prediction against the pools' measured peak (each replica's lane's
