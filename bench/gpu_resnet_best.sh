@@ -3,6 +3,9 @@
 # PyTorch at its best (issue 54). One table per run:
 #   cnnflow nchw           CNNFLOW bench CONFIG --devices 1 [--set graph.precision=bf16]
 #   cnnflow channels_last  the same with --set graph.channels_last=true
+#   cnnflow unfused        channels_last with graph.fuse_activations=false,
+#                          once (the ReLU fusion's share; not a candidate
+#                          for cnnflow's best)
 #   pytorch eager          bench/pytorch_train.py --channels-last --tf32
 #                          (cudnn.benchmark; bf16: torch.autocast) --feed host
 #   pytorch compiled       the same with --compile max-autotune, tried in a
@@ -88,8 +91,9 @@ cnnflow_run() {  # layout round
   local args=(bench "$ROOT/$config" --devices 1 --max-steps "$STEPS" --warmup "$WARMUP"
               --set "train.batch=$batch" --set "graph.devices=[$DEVICE:0]")
   [[ "$PRECISION" != fp32 ]] && args+=(--set "graph.precision=$PRECISION")
-  [[ "$layout" == channels_last ]] && args+=(--set graph.channels_last=true)
   [[ "$layout" == nchw ]] && args+=(--set graph.channels_last=false)
+  [[ "$layout" != nchw ]] && args+=(--set graph.channels_last=true)
+  [[ "$layout" == unfused ]] && args+=(--set graph.fuse_activations=false)
   echo "\$ $CNNFLOW ${args[*]}" > "$logf"
   (cd "$ROOT" && timeout -k 5 "$RUN_TIMEOUT" "$CNNFLOW" "${args[@]}") >> "$logf" 2>&1 || return 0
   awk 'NF >= 9 && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ { v = $5 } END { print v }' "$logf"
@@ -118,6 +122,8 @@ for r in $(seq 1 "$ROUNDS"); do
   eager+=("$(pytorch_run "eager-$r" "$RUN_TIMEOUT")")
   log "round $r: cnnflow nchw ${nchw[-1]:-failed}, channels_last ${cl[-1]:-failed}, pytorch eager ${eager[-1]:-failed}"
 done
+unfused=$(cnnflow_run unfused 1)
+log "cnnflow channels_last unfused: ${unfused:-failed}"
 m_nchw=$(echo "${nchw[*]}" | median)
 m_cl=$(echo "${cl[*]}" | median)
 m_eager=$(echo "${eager[*]}" | median)
@@ -151,6 +157,7 @@ ratio() { [[ -n "$1" && "$best" != 0 ]] && awk -v c="$best" -v p="$1" 'BEGIN { p
   printf "%-34s %12s %10s  %s\n" side "images/s" "cnnflow/x" "rounds"
   printf "%-34s %12s %10s  %s\n" "cnnflow nchw" "${m_nchw:-failed}" "$(ratio "$m_nchw")" "${nchw[*]}"
   printf "%-34s %12s %10s  %s\n" "cnnflow channels_last" "${m_cl:-failed}" "$(ratio "$m_cl")" "${cl[*]}"
+  printf "%-34s %12s %10s  %s\n" "cnnflow channels_last unfused" "${unfused:-failed}" "$(ratio "$unfused")" "once"
   printf "%-34s %12s %10s  %s\n" "pytorch eager (cl, best)" "${m_eager:-failed}" "$(ratio "$m_eager")" "${eager[*]}"
   if [[ "$COMPILE" == 1 ]]; then
     printf "%-34s %12s %10s  %s\n" "pytorch compiled (${compile_mode:-failed})" "${compiled:-failed}" \
@@ -161,6 +168,7 @@ ratio() { [[ -n "$1" && "$best" != 0 ]] && awk -v c="$best" -v p="$1" 'BEGIN { p
   echo "model,precision,batch,steps,rounds,side,images_per_s,ratio_cnnflow_best"
   echo "$MODEL,$PRECISION,$batch,$STEPS,$ROUNDS,cnnflow_nchw,$m_nchw,$(ratio "$m_nchw")"
   echo "$MODEL,$PRECISION,$batch,$STEPS,$ROUNDS,cnnflow_channels_last,$m_cl,$(ratio "$m_cl")"
+  echo "$MODEL,$PRECISION,$batch,$STEPS,1,cnnflow_channels_last_unfused,$unfused,$(ratio "$unfused")"
   echo "$MODEL,$PRECISION,$batch,$STEPS,$ROUNDS,pytorch_eager_cl,$m_eager,$(ratio "$m_eager")"
   [[ "$COMPILE" == 1 ]] && echo "$MODEL,$PRECISION,$batch,$STEPS,$ROUNDS,pytorch_compiled_${compile_mode:-failed},$compiled,$(ratio "$compiled")"
 } > "$OUT/table.csv"
