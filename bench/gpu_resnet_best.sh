@@ -4,7 +4,7 @@
 #   cnnflow nchw           CNNFLOW bench CONFIG --devices 1 [--set graph.precision=bf16]
 #   cnnflow channels_last  the same with --set graph.channels_last=true
 #   cnnflow unfused        channels_last with graph.fuse_activations=false,
-#                          once (the ReLU fusion's share; not a candidate
+#                          once (the fusion's share; not a candidate
 #                          for cnnflow's best)
 #   pytorch eager          bench/pytorch_train.py --channels-last --tf32
 #                          (cudnn.benchmark; bf16: torch.autocast) --feed host

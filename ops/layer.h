@@ -130,6 +130,13 @@ class Layer {
   // output: Forward writes gelu(y), and Backward takes dy with respect to
   // it. Model::Build calls it as FuseRelu. Default: not fusable.
   virtual bool FuseGelu() { return false; }
+  // Fusion on GPUs: `producer` writes this layer's input `input` and has no
+  // other reader. Returns true where this layer takes over the last pass of
+  // the producer's forward (the add of a ResNet block finishing its
+  // batchnorm: y = relu(bn(x) + z) in one pass); both still run their
+  // backward as before. Model::Build calls it after the activations are
+  // fused. Default: no.
+  virtual bool FuseProducer(size_t /*input*/, Layer& /*producer*/) { return false; }
 
   // bf16 on the CPU (graph.precision: bf16 on cpu:K, as PyTorch's CPU
   // autocast): a layer whose products can run in bf16 (convolutions,

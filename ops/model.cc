@@ -330,7 +330,8 @@ void Model::InitParameters(const std::vector<LayerSpec>& specs, const ModelOptio
 }
 
 // A relu (or the erf form of gelu) that is the only reader of a layer that
-// can take it runs inside that layer.
+// can take it runs inside that layer; on GPUs a layer may then finish its
+// only-read producer's forward (Layer::FuseProducer).
 void Model::FuseActivations() {
   std::vector<int> readers(layers_.size(), 0);
   for (const auto& ins : input_index_)
@@ -345,6 +346,13 @@ void Model::FuseActivations() {
     if (input_index_[i].size() != 1) continue;
     const int j = input_index_[i][0];
     if (j >= 0 && readers[j] == 1 && fuse(*layers_[i], *layers_[j])) fused_into_[i] = j;
+  }
+  if (!device_.is_cuda()) return;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (size_t k = 0; k < input_index_[i].size(); ++k) {
+      const int j = input_index_[i][k];
+      if (j >= 0 && readers[j] == 1 && fused_into_[j] < 0) layers_[i]->FuseProducer(k, *layers_[j]);
+    }
   }
 }
 

@@ -94,7 +94,8 @@ class Model {
   // the activation layer then runs nothing and its output is the layer's
   // (fuse_activations false keeps every activation a layer of its own). On
   // a GPU a relu fuses into add, and into a channels-last batchnorm (after
-  // the layouts are chosen).
+  // the layouts are chosen), and an add may finish a batchnorm that only it
+  // reads (Layer::FuseProducer).
   //
   // bf16 on the CPU (`compute` bf16 on a CPU device): every layer that can
   // multiplies in bf16 (Layer::ComputeInBf16) and the activations stay f32

@@ -1,7 +1,10 @@
 // add on a GPU (ops/layers/add.h): the sum of two same-shaped inputs, in f32 or,
 // under mixed precision, f16/bf16 computed in f32 and rounded once. With a
 // fused ReLU (a residual join's), y = max(a + b, 0) in the same pass, and
-// backward writes dy masked by y > 0 to both inputs in one pass.
+// backward writes dy masked by y > 0 to both inputs in one pass. An input
+// written by a channels-last batchnorm read by nothing else is normalised
+// here (FuseProducer): y = relu(bn(x) + b), so that batchnorm writes no
+// output in training.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -9,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/cuda/batch_norm_kernels.h"
 #include "ops/cuda/map.cuh"
 #include "ops/layers/add.h"
 
@@ -71,6 +75,13 @@ class CudaAddLayer : public AddLayer {
     fused_relu_ = true;
     return true;
   }
+  bool FuseProducer(size_t input, Layer& producer) override {
+    auto* bn = dynamic_cast<cuda::DeferredNormalise*>(&producer);
+    if (bn_ != nullptr || bn == nullptr || !bn->DeferToReader()) return false;
+    bn_ = bn;
+    bn_input_ = input;
+    return true;
+  }
 
   void Forward(const std::vector<const Tensor*>& x, Tensor& y,
                const ForwardContext& /*ctx*/) override {
@@ -86,6 +97,7 @@ class CudaAddLayer : public AddLayer {
     CheckSameType(a, b, StrCat("add '", name(), "' inputs"));
     CheckSameType(a, y, StrCat("add '", name(), "' input and output"));
     CudaContext& c = CudaContext::For(a.device());
+    if (bn_ != nullptr && bn_->NormaliseAdd(*x[1 - bn_input_], y, fused_relu_)) return;
     if (fused_relu_) {
       Launch<true>(a, b, y, c.stream());
     } else {
@@ -136,6 +148,9 @@ class CudaAddLayer : public AddLayer {
   }
 
   bool fused_relu_ = false;  // FuseRelu
+  // FuseProducer: the batchnorm that writes input bn_input_, normalised here.
+  cuda::DeferredNormalise* bn_ = nullptr;
+  size_t bn_input_ = 0;
 };
 
 }  // namespace

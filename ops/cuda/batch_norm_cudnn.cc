@@ -19,6 +19,9 @@
 //    kernels (ops/cuda/batch_norm_kernels.h) instead, SyncBN's on the
 //    global batch's statistics. In evaluation a fused ReLU runs after
 //    cuDNN's inference, in place, and masks dy before the affine backward.
+//    Channels-last with an add as its only reader (DeferToReader), a
+//    training forward computes the statistics only and the add normalises
+//    (NormaliseAdd); backward is unchanged (it never reads y).
 // Running buffers are updated in place on the device.
 // Channels-last (Layer::SetChannelsLast: [N, C, H, W] stored NHWC): the same
 // calls on NHWC descriptors; the statistics stay [C].
@@ -66,7 +69,7 @@ using detail::kCudnnOne;
 using detail::kCudnnZero;
 constexpr cudnnBatchNormMode_t kMode = CUDNN_BATCHNORM_SPATIAL;
 
-class BatchNormCudnn : public BatchNormLayer {
+class BatchNormCudnn : public BatchNormLayer, public cuda::DeferredNormalise {
  public:
   using BatchNormLayer::BatchNormLayer;
   // Our kernels take the ReLU (ops/cuda/batch_norm_kernels.h): channels-last
@@ -77,6 +80,12 @@ class BatchNormCudnn : public BatchNormLayer {
     return fused_relu_;
   }
   bool FuseGelu() override { return false; }
+  // Channels-last: its add reader normalises (ops/cuda/batch_norm_kernels.h).
+  bool DeferToReader() override {
+    deferred_ = nhwc_input() && !fused_relu_;
+    return deferred_;
+  }
+  bool NormaliseAdd(const Tensor& residual, Tensor& y, bool relu) override;
   ~BatchNormCudnn() override {
     for (auto* d : {x_desc_, x32_desc_, bn_desc_}) {
       if (d) cudnnDestroyTensorDescriptor(d);
@@ -116,6 +125,10 @@ class BatchNormCudnn : public BatchNormLayer {
   // parameter gradients nobody wants ([2C]).
   Tensor ones_, zeros_, save_mean_, save_inv_std_, param_scratch_;
   bool fused_relu_ = false;  // FuseRelu
+  bool deferred_ = false;    // DeferToReader
+  // The last training forward's input when it left its output to the
+  // reader (NormaliseAdd), until then.
+  Tensor deferred_x_;
   // Our kernels' device state, and the last training forward's sync (null:
   // that forward was not synced).
   cuda::BnState kernel_state_;
@@ -206,6 +219,7 @@ void BatchNormCudnn::Forward(const std::vector<const Tensor*>& x, Tensor& y,
   last_n_ = n;
   float* rmean = buffers()[0].value.data<float>();
   float* rvar = buffers()[1].value.data<float>();
+  deferred_x_ = Tensor();
   if (!training) {
     last_ours_ = false;
     CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
@@ -219,16 +233,26 @@ void BatchNormCudnn::Forward(const std::vector<const Tensor*>& x, Tensor& y,
     throw Error(StrCat(
         Label(), ": expected more than 1 value per channel when training, got input ", in.shape()));
   }
-  last_ours_ = ctx.sync_sum != nullptr || fused_relu_;
+  last_ours_ = ctx.sync_sum != nullptr || fused_relu_ || deferred_;
   if (last_ours_) {
-    cuda::BatchNormTrainForward(KernelShape(in), in, y, KernelAffine(), rmean, rvar, momentum(),
-                                eps(), kernel_state_, ctx.sync_sum);
+    cuda::BatchNormTrainForward(KernelShape(in), in, deferred_ ? nullptr : &y, KernelAffine(),
+                                rmean, rvar, momentum(), eps(), kernel_state_, ctx.sync_sum);
+    if (deferred_) deferred_x_ = in;
     return;
   }
   CNNFLOW_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
       cuda.cudnn(), kMode, &kCudnnOne, &kCudnnZero, x_desc_, in.raw_data(), x_desc_, y.raw_data(),
       bn_desc_, Scale(), Bias(), momentum(), rmean, rvar, eps(), save_mean_.raw_data(),
       save_inv_std_.raw_data()));
+}
+
+bool BatchNormCudnn::NormaliseAdd(const Tensor& residual, Tensor& y, bool relu) {
+  if (!deferred_x_.defined()) return false;
+  cuda::BnAffine a = KernelAffine();
+  a.relu = relu;
+  cuda::BatchNormNormalise(KernelShape(deferred_x_), deferred_x_, &residual, y, a, kernel_state_);
+  deferred_x_ = Tensor();
+  return true;
 }
 
 void BatchNormCudnn::Backward(const std::vector<const Tensor*>& x, const Tensor& y,

@@ -163,14 +163,16 @@ struct ChannelConstants {
   float mean, inv_std, scale, beta;
 };
 
+// y = bn(x), + the residual r when given, then the ReLU when asked.
 template <typename T>
-__global__ void NormaliseKernel(Grid g, const T* x, T* y, const float* mean, const float* scale,
-                                const float* beta, bool relu) {
+__global__ void NormaliseKernel(Grid g, const T* x, const T* r, T* y, const float* mean,
+                                const float* scale, const float* beta, bool relu) {
   const int64_t ch = ChannelHere(g);
   if (ch >= g.c) return;
   const float mu = mean[ch], a = scale[ch], b = beta ? beta[ch] : 0.f;
   ForEachHere(g, ch, [&](int64_t at) {
-    const float z = Normalised(ToFloat(x[at]), mu, a, b);
+    float z = Normalised(ToFloat(x[at]), mu, a, b);
+    if (r) z += ToFloat(r[at]);
     y[at] = FromFloat<T>(relu ? Relu(z) : z);
   });
 }
@@ -255,11 +257,10 @@ void CheckShape(const BnShape& shape, const Tensor& x, const char* what) {
 
 }  // namespace
 
-void BatchNormTrainForward(const BnShape& shape, const Tensor& x, Tensor& y, const BnAffine& affine,
+void BatchNormTrainForward(const BnShape& shape, const Tensor& x, Tensor* y, const BnAffine& affine,
                            float* running_mean, float* running_var, double momentum, double eps,
                            BnState& st, const SyncSum* sync) {
   CheckGpuFloat(x, "batchnorm's x");
-  CheckSameType(x, y, "batchnorm's x and y");
   CheckShape(shape, x, "batchnorm forward");
   const Grid g = GridOf(shape);
   MakeState(shape, g, x.device(), st);
@@ -283,9 +284,29 @@ void BatchNormTrainForward(const BnShape& shape, const Tensor& x, Tensor& y, con
         c, buf, shift, affine.gamma, st.mean.data<float>(), st.inv_std.data<float>(),
         st.scale.data<float>(), running_mean, running_var, momentum, eps);
     CNNFLOW_CUDA_CHECK_LAUNCH();
+  });
+  if (y != nullptr) BatchNormNormalise(shape, x, nullptr, *y, affine, st);
+}
+
+void BatchNormNormalise(const BnShape& shape, const Tensor& x, const Tensor* residual, Tensor& y,
+                        const BnAffine& affine, const BnState& st) {
+  CheckSameType(x, y, "batchnorm's x and y");
+  CheckShape(shape, y, "batchnorm's output");
+  if (residual != nullptr) {
+    CheckSameType(x, *residual, "batchnorm's x and the residual");
+    CheckShape(shape, *residual, "the residual added to batchnorm's output");
+  }
+  CNNFLOW_ENFORCE(st.mean.defined() && st.mean.numel() == shape.c,
+                  "batchnorm's output without a forward of these kernels");
+  const Grid g = GridOf(shape);
+  const cudaStream_t stream = CudaContext::For(x.device()).stream();
+  DispatchGpuFloat(x.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
     NormaliseKernel<T><<<Blocks(g), Threads(g), 0, stream>>>(
-        g, xs, static_cast<T*>(y.raw_data()), st.mean.data<float>(), st.scale.data<float>(),
-        affine.beta, affine.relu);
+        g, static_cast<const T*>(x.raw_data()),
+        residual ? static_cast<const T*>(residual->raw_data()) : nullptr,
+        static_cast<T*>(y.raw_data()), st.mean.data<float>(), st.scale.data<float>(), affine.beta,
+        affine.relu);
     CNNFLOW_CUDA_CHECK_LAUNCH();
   });
 }

@@ -5,7 +5,9 @@
 //    forward: per channel sum(x) -> sync -> shift = the global mean;
 //    sum(x - shift), sum((x - shift)^2) -> sync -> mean and biased variance
 //    (the second pass keeps f32 data precise when |mean| >> std);
-//  - a BN with its ReLU fused (Model's activation fusion, channels-last):
+//  - a BN with its ReLU fused, or finished by the add that reads it
+//    (DeferredNormalise: the add's y = relu(bn(x) + z) in one pass; Model's
+//    fusion, channels-last):
 //    one pass over x for the statistics (sums of x and x^2 in double) and
 //    one that writes max(bn(x), 0); backward recomputes the ReLU's mask
 //    from x with the forward's own expression (so the same bits), so no
@@ -60,10 +62,29 @@ struct BnAffine {
 
 // y = (x - mean) / sqrt(var + eps) * gamma + beta (then the ReLU) over this
 // batch (sync null) or the global batch; running_mean/var updated with
-// `momentum` (PyTorch's convention).
-void BatchNormTrainForward(const BnShape& shape, const Tensor& x, Tensor& y, const BnAffine& affine,
+// `momentum` (PyTorch's convention). y null: the statistics only, and the
+// normalisation left to BatchNormNormalise.
+void BatchNormTrainForward(const BnShape& shape, const Tensor& x, Tensor* y, const BnAffine& affine,
                            float* running_mean, float* running_var, double momentum, double eps,
                            BnState& state, const SyncSum* sync);
+// y = bn(x) with the last forward's statistics, + residual (null: none),
+// then the ReLU when affine.relu: the residual add of a ResNet block and its
+// ReLU in the pass that normalises.
+void BatchNormNormalise(const BnShape& shape, const Tensor& x, const Tensor* residual, Tensor& y,
+                        const BnAffine& affine, const BnState& state);
+
+// A batchnorm that can leave its normalisation to the add that is its only
+// reader (BatchNormCudnn: channels-last training forwards, on our kernels).
+class DeferredNormalise {
+ public:
+  virtual ~DeferredNormalise() = default;
+  // Model's fusion, once: from now on a training forward computes the
+  // statistics only and writes no output. False where it cannot.
+  virtual bool DeferToReader() = 0;
+  // y = [relu](bn(x) + residual) for the last forward, if it deferred; false
+  // when it wrote its own output (evaluation), and the reader adds as usual.
+  virtual bool NormaliseAdd(const Tensor& residual, Tensor& y, bool relu) = 0;
+};
 
 // dx (null: not wanted, and nothing is synced) through the statistics of the
 // last forward (and its ReLU's mask); dgamma += sum(dy * xhat), dbeta +=

@@ -1,6 +1,8 @@
 // ReLU fusion on GPUs (Model's activation fusion on cuda devices): a relu
 // that is a layer's only reader runs inside an add (any layout) or a
-// channels-last batchnorm (our kernels, ops/cuda/batch_norm_kernels.h). The
+// channels-last batchnorm (our kernels, ops/cuda/batch_norm_kernels.h), and
+// an add normalises a channels-last batchnorm that only it reads
+// (Layer::FuseProducer: y = relu(bn(x) + z) in one pass). The
 // kernels' grid is checked on the host in any build, and the host-side
 // choice of which layers take the relu in any CUDA build; the
 // fused models against the same models with every relu a layer of its own,
@@ -21,8 +23,9 @@
 namespace cnnflow::testing {
 namespace {
 
-// A ResNet basic block and its stem: conv-BN-ReLU, conv-BN, the residual
-// add and its ReLU, then a BN-ReLU before global pooling.
+// A ResNet block with a downsampling shortcut, and its stem: conv-BN-ReLU,
+// conv-BN and conv-BN side by side, the residual add of the two BNs and its
+// ReLU, then a BN-ReLU before global pooling.
 std::vector<LayerSpec> BlockNet() {
   return {
       Spec("conv1", "conv2d",
@@ -32,7 +35,10 @@ std::vector<LayerSpec> BlockNet() {
       Spec("conv2", "conv2d",
            {{"out", int64_t{8}}, {"kernel", int64_t{3}}, {"pad", int64_t{1}}, {"bias", false}}),
       Spec("bn2", "batchnorm"),
-      Spec("skip", "add", {}, {"bn2", "relu1"}),
+      Spec("down", "conv2d", {{"out", int64_t{8}}, {"kernel", int64_t{1}}, {"bias", false}},
+           {"relu1"}),
+      Spec("down_bn", "batchnorm"),
+      Spec("skip", "add", {}, {"bn2", "down_bn"}),
       Spec("relu2", "relu"),
       Spec("conv3", "conv2d",
            {{"out", int64_t{12}}, {"kernel", int64_t{3}}, {"stride", int64_t{2}}}),
@@ -90,7 +96,7 @@ std::unique_ptr<Layer> CudaLayer(const std::string& type, const Shape& in, bool 
   return layer;
 }
 
-TEST(GpuReluFusion, TakenByAddAndChannelsLastBatchNormOnly) {
+TEST(GpuFusion, ReluTakenByAddAndChannelsLastBatchNormWhichAnAddFinishes) {
   const Shape in{8, 6, 6};
   EXPECT_TRUE(CudaLayer("add", in, false)->FuseRelu());
   EXPECT_TRUE(CudaLayer("add", in, true)->FuseRelu());
@@ -99,6 +105,16 @@ TEST(GpuReluFusion, TakenByAddAndChannelsLastBatchNormOnly) {
   EXPECT_FALSE(CudaLayer("batchnorm", in, false)->FuseRelu());
   // The CPU layer takes a GELU too; the GPU one does not.
   EXPECT_FALSE(CudaLayer("batchnorm", in, true)->FuseGelu());
+  // An add finishes one channels-last batchnorm of its inputs (the other
+  // writes its output), none of an NCHW one.
+  auto add = CudaLayer("add", in, true);
+  EXPECT_TRUE(add->FuseProducer(0, *CudaLayer("batchnorm", in, true)));
+  EXPECT_FALSE(add->FuseProducer(1, *CudaLayer("batchnorm", in, true)));
+  EXPECT_FALSE(CudaLayer("add", in, false)->FuseProducer(0, *CudaLayer("batchnorm", in, false)));
+  auto bn_relu = CudaLayer("batchnorm", in, true);
+  ASSERT_TRUE(bn_relu->FuseRelu());
+  EXPECT_FALSE(CudaLayer("add", in, true)->FuseProducer(0, *bn_relu));  // its reader is a relu
+  EXPECT_FALSE(CudaLayer("add", in, true)->FuseProducer(0, *CudaLayer("add", in, true)));
   EXPECT_FALSE(CudaLayer("conv2d", in, true,
                          Spec("c", "conv2d", {{"out", int64_t{4}}, {"kernel", int64_t{3}}}).args)
                    ->FuseRelu());
@@ -118,7 +134,7 @@ std::vector<std::string> FusedRelus(const Model& m) {
 // after one training forward (f32 with TF32 off: to f32 rounding; bf16:
 // to its rounding, as our BN and cuDNN's round in other places), then the
 // same in evaluation (cuDNN's inference and a ReLU in place).
-TEST(GpuReluFusionGPU, FusedModelsEqualUnfusedOnes) {
+TEST(GpuFusionGPU, FusedModelsEqualUnfusedOnes) {
   CNNFLOW_SKIP_WITHOUT_GPU();
   SetGpuMath(kGpu, {.tf32 = false});
   const Shape sample{3, 10, 10};
@@ -174,7 +190,7 @@ TEST(GpuReluFusionGPU, FusedModelsEqualUnfusedOnes) {
 
 // The fused channels-last model against the CPU's f64 model (which fuses the
 // same relus on its own kernels): an independent reference for our BN.
-TEST(GpuReluFusionGPU, FusedChannelsLastModelMatchesCpuF64) {
+TEST(GpuFusionGPU, FusedChannelsLastModelMatchesCpuF64) {
   CNNFLOW_SKIP_WITHOUT_GPU();
   SetGpuMath(kGpu, {.tf32 = false});
   const Shape sample{3, 10, 10};
