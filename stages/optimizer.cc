@@ -58,7 +58,7 @@ class OptimizerStage final : public Stage {
     // steps: they agree after each step, so that all stop after the same
     // one (else their collectives would no longer match); a process's
     // replicas agree the same way (no collective for one replica).
-    if (set.AgreeStop(r, s.control->stop_requested.load())) StopAfter(*s.control, m);
+    if (set.AgreeStop(r, m.global_step, s.control->stop_requested.load())) StopAfter(*s.control, m);
     StartupDone();
   }
 

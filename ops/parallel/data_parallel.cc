@@ -108,6 +108,7 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
   const int tp = options.tensor_parallel;
   if (tp > 1) MakeTensorParallelGroups(world);
   collective_ = MakeReplicaCollective(options_.devices, world, options.timeout_s);
+  multi_process_ = world.active() && world.size() > 1;
   for (int r = 0; r < options.replicas; ++r) {
     auto rep = std::make_unique<Replica>();
     rep->rank = r;
@@ -388,8 +389,15 @@ void ReplicaSet::Complete(int r) {
   if (collective_ != nullptr) collective_->Wait(r);
 }
 
-bool ReplicaSet::AgreeStop(int r, bool stop_requested) {
+bool ReplicaSet::AgreeStop(int r, int64_t step, bool stop_requested) {
   if (collective_ == nullptr) return stop_requested;
+  if (!multi_process_) {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    const auto vote = stop_votes_.try_emplace(step, stop_requested, 0).first;
+    const bool stop = vote->second.first;
+    if (++vote->second.second == size()) stop_votes_.erase(vote);
+    return stop;
+  }
   Replica& rep = *replicas_[r];
   const GpuLaneScope lane(rep.lane);
   const double begin = Now();

@@ -188,8 +188,12 @@ class ReplicaSet {
   const Tensor& Infer(const Tensor& x, const ForwardContext& ctx);
   // Replica r's part of agreeing, across every replica of every process,
   // whether any of them was asked to stop; all get the same answer (so all
-  // stop after the same step). Call at the same step on every replica.
-  bool AgreeStop(int r, bool stop_requested);
+  // stop after the same step). Call after `step` on every replica. In one
+  // process the replicas share one request flag: the first replica to agree
+  // on a step takes its value for all, with no collective (on GPUs its
+  // read-back would wait for the step's kernels, and the host could not
+  // issue the next step while the GPUs run this one).
+  bool AgreeStop(int r, int64_t step, bool stop_requested);
   // Aborts every replica's collectives (a replica failed).
   void Abort(const std::string& reason);
 
@@ -251,6 +255,11 @@ class ReplicaSet {
   // Every replica of every process (ops/collectives/collective_mpi.h's
   // MakeReplicaCollective); null when there is nobody to talk to.
   std::unique_ptr<Collective> collective_;
+  bool multi_process_ = false;  // the replicas span processes (MPI)
+  // One process's stop agreement: by step, the value taken and how many
+  // replicas have read it.
+  std::mutex stop_mu_;
+  std::map<int64_t, std::pair<bool, int>> stop_votes_;
   // One per tensor-parallel group of this process (empty without): a
   // LocalGroup, or over tp_world_ when the group spans processes.
   std::unique_ptr<MpiWorld> tp_world_;

@@ -154,6 +154,22 @@ TEST(DataParallel, BucketsGoInReverseLayerOrderAndRespectTheSize) {
 
 // Invariant 1, for SGD with momentum and for Adam, over several steps, with
 // several bucket sizes; the replicas stay bitwise identical to each other.
+// In one process the replicas agree on a stop without a collective: the
+// first to agree on a step takes the request flag as it reads it, and every
+// other replica gets that answer for the step, whatever the flag says by
+// then (a signal arriving between their reads), so all stop after the same
+// step. A step's answer is forgotten once every replica has read it.
+TEST(DataParallel, OneProcessAgreesOnAStopByTheFirstReplicasRead) {
+  auto set = Make(3, "sgd");
+  EXPECT_FALSE(set->AgreeStop(1, 5, false));
+  EXPECT_FALSE(set->AgreeStop(0, 5, true));  // asked to stop after 1 read: not this step
+  EXPECT_FALSE(set->AgreeStop(2, 5, true));
+  EXPECT_TRUE(set->AgreeStop(2, 6, true));
+  EXPECT_TRUE(set->AgreeStop(0, 6, false));
+  EXPECT_TRUE(set->AgreeStop(1, 6, false));
+  EXPECT_TRUE(set->AgreeStop(0, 5, true));  // step 5's answer (false) was forgotten: a new vote
+}
+
 TEST(DataParallel, NReplicasOfBEqualOneReplicaOfNB) {
   for (const std::string opt : {"sgd", "adam"}) {
     for (int n : {2, 3}) {
