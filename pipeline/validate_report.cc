@@ -134,7 +134,7 @@ MemoryEstimate EstimateMemory(const RunConfig& config, const Model& m, int data_
 // lane's pool, read off the code that allocates it:
 //  - Model::Forward keeps every layer's output between steps, in the
 //    compute dtype (a relu fused into an add or a channels-last batchnorm
-//    has none: GpuFusedRelus); with mixed precision, the input cast too.
+//    has none: GpuFusedLayers); with mixed precision, the input cast too.
 //  - ReplicaSet: each trainable gradient is a view into an f32 bucket;
 //    frozen parameters keep their own. The optimizer's state is made at the
 //    first step (SGD with momentum: 1 tensor a parameter; Adam, AdamW: 2).
@@ -184,26 +184,40 @@ int StatesPerParameter(const OptimizerSpec& spec) {
   return static_cast<int>(o->StateTensors().size());
 }
 
-// The relus a GPU model runs inside the layer they read (Model's fusion
-// on cuda devices: an add's, or a channels-last batchnorm's, when the relu
-// is its only reader), whatever device `m` was built on.
-std::vector<char> GpuFusedRelus(const Model& m, bool channels_last) {
+// What a GPU model fuses (Model's fusion on cuda devices), whatever device
+// `m` was built on: by layer, a relu run inside the layer it reads (an
+// add's, or a channels-last batchnorm's, when the relu is its only reader),
+// and a channels-last batchnorm an add finishes (its only reader, the
+// add's first such input: Layer::FuseProducer).
+struct GpuFused {
+  std::vector<char> relu, batchnorm;
+};
+GpuFused GpuFusedLayers(const Model& m, bool channels_last) {
   const int num = m.num_layers();
   std::vector<int> readers(num, 0);
   for (int i = 0; i < num; ++i)
     for (int j : m.input_indices(i))
       if (j >= 0) ++readers[j];
-  std::vector<char> fused(num, 0);
+  auto type = [&](int i) { return std::string(m.layer(i).type()); };
+  auto nhwc_bn = [&](int j) {
+    return type(j) == "batchnorm" && channels_last && m.output_shape(j).rank() == 3;
+  };
+  GpuFused f{std::vector<char>(num, 0), std::vector<char>(num, 0)};
   for (int i = 0; i < num; ++i) {
     const std::vector<int>& in = m.input_indices(i);
-    if (std::string(m.layer(i).type()) != "relu" || in.size() != 1 || in[0] < 0 ||
-        readers[in[0]] != 1)
-      continue;
-    const std::string type = m.layer(in[0]).type();
-    fused[i] = type == "add" ||
-               (type == "batchnorm" && channels_last && m.output_shape(in[0]).rank() == 3);
+    if (type(i) != "relu" || in.size() != 1 || in[0] < 0 || readers[in[0]] != 1) continue;
+    f.relu[i] = type(in[0]) == "add" || nhwc_bn(in[0]);
   }
-  return fused;
+  for (int i = 0; i < num; ++i) {
+    if (type(i) != "add") continue;
+    for (int j : m.input_indices(i)) {
+      if (j >= 0 && readers[j] == 1 && nhwc_bn(j)) {
+        f.batchnorm[j] = 1;
+        break;
+      }
+    }
+  }
+  return f;
 }
 
 // Model::Backward's widest point, layer by layer from the last: the
@@ -277,7 +291,7 @@ ReplicaBytes EstimateReplica(const RunConfig& config, Model& m, int64_t n) {
   }
   // What each layer holds besides its output, and its backward's scratch.
   const std::vector<char> fused = config.data_parallel.fuse_activations
-                                      ? GpuFusedRelus(m, channels_last)
+                                      ? GpuFusedLayers(m, channels_last).relu
                                       : std::vector<char>(num, 0);
   std::vector<double> scratch(num, 0);
   double widest = 0;  // the largest im2col matrix: the search's hungriest algorithm
@@ -408,6 +422,27 @@ void ResetGpuPoolPeaks(const std::vector<GpuLane>& lanes) {
     const GpuLaneScope scope(l.lane);
     PoolFor(l.device).ResetPeak();
   }
+}
+
+std::string DescribeGpuFusion(const RunConfig& config, const Model& m) {
+  if (!config.devices[0].is_cuda()) return "";
+  if (!config.data_parallel.fuse_activations)
+    return "GPU fusion: off (graph.fuse_activations: false)\n";
+  const bool channels_last = config.data_parallel.memory_format == MemoryFormat::kChannelsLast;
+  const GpuFused f = GpuFusedLayers(m, channels_last);
+  int relus = 0, bns = 0, fused = 0, finished = 0;
+  for (int i = 0; i < m.num_layers(); ++i) {
+    const std::string type = m.layer(i).type();
+    relus += type == "relu";
+    bns += type == "batchnorm";
+    fused += f.relu[i];
+    finished += f.batchnorm[i];
+  }
+  if (relus == 0 && bns == 0) return "";
+  return StrCat(
+      "GPU fusion: ", fused, " of ", relus, " relus run inside the add or batchnorm they read, ",
+      finished, " of ", bns, " batchnorms are finished by their add",
+      channels_last ? "" : " (batchnorms take part under graph.channels_last: true)", "\n");
 }
 
 std::string DescribeGpuMemory(const std::vector<GpuMemoryEstimate>& estimates) {

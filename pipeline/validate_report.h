@@ -55,6 +55,9 @@ std::vector<GpuMemoryEstimate> EstimateGpuMemory(const RunConfig& config, Model&
 // The uint8 set data.device_resident would hold on each GPU: the training
 // set at the model's input size (0 where it would stay on the host).
 int64_t PredictResidentBytes(const RunConfig& config, const Dataset& train);
+// "GPU fusion: ..." (what the GPUs run fused of `model`: docs/gpus.md), or
+// "" off GPUs.
+std::string DescribeGpuFusion(const RunConfig& config, const Model& model);
 // One "GPU memory: cuda:K peak ~N MB predicted (...)" line per GPU.
 std::string DescribeGpuMemory(const std::vector<GpuMemoryEstimate>& estimates);
 

@@ -281,6 +281,30 @@ TEST(GpuMemory, FusedRelusHoldNoActivation) {
   EXPECT_NEAR(unfused.activations_mb - nchw.activations_mb, 240 * kMiB / 1e6, 1e-6);
 }
 
+// validate's line on what a GPU runs fused, for the library-shaped
+// ResNet-18: NCHW, the 8 relus after an add; channels-last, all 17 and
+// the 8 blocks' second batchnorms finished by their add; off on request;
+// nothing on CPUs.
+TEST(GpuFusion, ValidateSaysWhatTheGpuRunsFused) {
+  const std::string config = "bench/configs/resnet18_synthetic.yaml";
+  auto describe = [&](std::vector<std::string> sets) {
+    sets.push_back("threads=2");
+    const RunConfig c = LoadRunConfig(config, sets);
+    std::unique_ptr<Model> m = Model::Build(c.layers, c.input_shape, {.seed = c.seed});
+    return DescribeGpuFusion(c, *m);
+  };
+  EXPECT_EQ(describe({}),
+            "GPU fusion: 8 of 17 relus run inside the add or batchnorm they read, 0 of 20 "
+            "batchnorms are finished by their add (batchnorms take part under "
+            "graph.channels_last: true)\n");
+  EXPECT_EQ(describe({"graph.channels_last=true"}),
+            "GPU fusion: 17 of 17 relus run inside the add or batchnorm they read, 8 of 20 "
+            "batchnorms are finished by their add\n");
+  EXPECT_EQ(describe({"graph.fuse_activations=false"}),
+            "GPU fusion: off (graph.fuse_activations: false)\n");
+  EXPECT_EQ(describe({"graph.devices=[cpu:0]"}), "");
+}
+
 // The prediction against the pools' measured peak (each replica's lane's
 // pool, summed per GPU) after a few training steps of ResNet-18 (CIFAR,
 // batch 256) and ResNet-50 (224x224), synthetic data: within 15% (issue
