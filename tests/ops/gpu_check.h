@@ -109,4 +109,39 @@ inline GpuCpuComparison CompareWithCpu(const std::vector<LayerSpec>& specs,
   return c;
 }
 
+// Two GPU models of the same layers and weights, `ref` and `got`, on one
+// batch x (each with its forward context), the same dy (seeded, in
+// `compute`) into both: the output, the input gradient and every parameter
+// gradient of `got` within tol of `ref`'s, its state tensors (BN's running
+// statistics) within 1e-5.
+inline void ExpectGpuModelsAgree(Model& ref, Model& got, const Tensor& x,
+                                 const ForwardContext& ref_ctx, const ForwardContext& got_ctx,
+                                 DType compute, uint64_t dy_seed, double tol,
+                                 const std::string& what) {
+  const Tensor y0 = ToF32(ref.Forward(x, ref_ctx)).To(Device::Cpu());
+  const Tensor y1 = ToF32(got.Forward(x, got_ctx));
+  EXPECT_LT(NormalisedError(y0, y1), tol) << what;
+  Tensor dy = RandomTensor(y0.shape(), dy_seed, -1, 1, DType::kF32).To(x.device());
+  if (compute != DType::kF32) {
+    Tensor h = Tensor::Empty(dy.shape(), compute, x.device());
+    cuda::Cast(dy, h);
+    dy = h;
+  }
+  Tensor dx0, dx1;
+  ref.Backward(dy, {}, &dx0);
+  got.Backward(dy, {}, &dx1);
+  EXPECT_LT(NormalisedError(ToF32(dx0).To(Device::Cpu()), ToF32(dx1)), tol) << what;
+  auto p0 = ref.NamedParameters(), p1 = got.NamedParameters();
+  ASSERT_EQ(p0.size(), p1.size()) << what;
+  for (size_t i = 0; i < p0.size(); ++i) {
+    EXPECT_LT(NormalisedError(p0[i].param->grad.To(Device::Cpu()), p1[i].param->grad), tol)
+        << what << " " << p0[i].name;
+  }
+  auto s0 = ref.StateTensors(), s1 = got.StateTensors();
+  for (size_t i = 0; i < s0.size(); ++i) {
+    EXPECT_LT(NormalisedError(s0[i].second.To(Device::Cpu()), s1[i].second), 1e-5)
+        << what << " " << s0[i].first;
+  }
+}
+
 }  // namespace cnnflow::testing

@@ -478,32 +478,10 @@ TEST(BatchNormGPU, SyncedKernelsMatchCudnnOnOneReplica) {
         ForwardContext sctx;
         sctx.sync_sum = sync;
         ASSERT_EQ(synced->FindLayer("bn")->nhwc_output(), layout == MemoryFormat::kChannelsLast);
-        const Tensor y0 = ToF32(plain->Forward(x, ctx));
-        const Tensor y1 = ToF32(synced->Forward(x, sctx));
         const double tol = compute == DType::kF32 ? 1e-5 : 2e-2;
         const std::string what =
             StrCat(DTypeName(compute), layout == MemoryFormat::kNchw ? " NCHW" : " NHWC");
-        EXPECT_LT(NormalisedError(y0.To(Device::Cpu()), y1), tol) << what;
-        Tensor dy = RandomTensor(y0.shape(), 9, -1, 1, DType::kF32).To(Device::Cuda(0));
-        if (compute != DType::kF32) {
-          Tensor h = Tensor::Empty(dy.shape(), compute, Device::Cuda(0));
-          cuda::Cast(dy, h);
-          dy = h;
-        }
-        Tensor dx0, dx1;
-        plain->Backward(dy, {}, &dx0);
-        synced->Backward(dy, {}, &dx1);
-        EXPECT_LT(NormalisedError(ToF32(dx0).To(Device::Cpu()), ToF32(dx1)), tol) << what;
-        auto p0 = plain->NamedParameters(), p1 = synced->NamedParameters();
-        for (size_t i = 0; i < p0.size(); ++i) {
-          EXPECT_LT(NormalisedError(p0[i].param->grad.To(Device::Cpu()), p1[i].param->grad), tol)
-              << what << " " << p0[i].name;
-        }
-        auto s0 = plain->StateTensors(), s1 = synced->StateTensors();
-        for (size_t i = 0; i < s0.size(); ++i) {
-          EXPECT_LT(NormalisedError(s0[i].second.To(Device::Cpu()), s1[i].second), 1e-5)
-              << what << " " << s0[i].first;
-        }
+        ExpectGpuModelsAgree(*plain, *synced, x, ctx, sctx, compute, 9, tol, what);
       }
     }
   }

@@ -157,31 +157,8 @@ TEST(GpuFusionGPU, FusedModelsEqualUnfusedOnes) {
         const Tensor x = RandomTensor(sample.WithBatch(6), 11, -2, 3, DType::kF32).To(kGpu);
         ForwardContext ctx;
         ctx.training = training;
-        const Tensor y0 = ToF32(plain->Forward(x, ctx)).To(Device::Cpu());
-        const Tensor y1 = ToF32(fused->Forward(x, ctx));
         const double tol = compute == DType::kF32 ? 1e-5 : 3e-2;
-        EXPECT_LT(NormalisedError(y0, y1), tol) << what;
-        Tensor dy = RandomTensor(y0.shape(), 12, -1, 1, DType::kF32).To(kGpu);
-        if (compute != DType::kF32) {
-          Tensor h = Tensor::Empty(dy.shape(), compute, kGpu);
-          cuda::Cast(dy, h);
-          dy = h;
-        }
-        Tensor dx0, dx1;
-        plain->Backward(dy, {}, &dx0);
-        fused->Backward(dy, {}, &dx1);
-        EXPECT_LT(NormalisedError(ToF32(dx0).To(Device::Cpu()), ToF32(dx1)), tol) << what;
-        auto p0 = plain->NamedParameters(), p1 = fused->NamedParameters();
-        ASSERT_EQ(p0.size(), p1.size());
-        for (size_t i = 0; i < p0.size(); ++i) {
-          EXPECT_LT(NormalisedError(p0[i].param->grad.To(Device::Cpu()), p1[i].param->grad), tol)
-              << what << " " << p0[i].name;
-        }
-        auto s0 = plain->StateTensors(), s1 = fused->StateTensors();
-        for (size_t i = 0; i < s0.size(); ++i) {
-          EXPECT_LT(NormalisedError(s0[i].second.To(Device::Cpu()), s1[i].second), 1e-5)
-              << what << " " << s0[i].first;
-        }
+        ExpectGpuModelsAgree(*plain, *fused, x, ctx, ctx, compute, 12, tol, what);
       }
     }
   }
