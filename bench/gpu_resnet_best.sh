@@ -3,6 +3,8 @@
 # PyTorch at its best (issue 54). One table per run:
 #   cnnflow nchw           CNNFLOW bench CONFIG --devices 1 [--set graph.precision=bf16]
 #   cnnflow channels_last  the same with --set graph.channels_last=true
+#   cnnflow cuda_graph     channels_last with graph.cuda_graph=true (each
+#                          step's forward and backward replayed as CUDA graphs)
 #   cnnflow unfused        channels_last with graph.fuse_activations=false,
 #                          once (the fusion's share; not a candidate
 #                          for cnnflow's best)
@@ -16,9 +18,9 @@
 # Models (library models, synthetic data, host batches through pinned memory
 # on both sides): resnet18 (the CIFAR ResNet-18 of
 # bench/configs/resnet18_synthetic.yaml, batch 256) and resnet50 (224 x 224,
-# bench/configs/resnet50_synthetic.yaml, batch 128). The three eager sides
+# bench/configs/resnet50_synthetic.yaml, batch 128). The four eager sides
 # run --rounds times, alternating; each figure is the median, and the ratios
-# are cnnflow's best layout over each PyTorch side (> 1: cnnflow faster).
+# are cnnflow's best side over each PyTorch side (> 1: cnnflow faster).
 # Writes the table, a CSV and every log to --out.
 #
 # usage: bench/gpu_resnet_best.sh --model resnet18|resnet50 --precision fp32|bf16
@@ -94,6 +96,7 @@ cnnflow_run() {  # layout round
   [[ "$layout" == nchw ]] && args+=(--set graph.channels_last=false)
   [[ "$layout" != nchw ]] && args+=(--set graph.channels_last=true)
   [[ "$layout" == unfused ]] && args+=(--set graph.fuse_activations=false)
+  [[ "$layout" == cuda_graph ]] && args+=(--set graph.cuda_graph=true)
   echo "\$ $CNNFLOW ${args[*]}" > "$logf"
   (cd "$ROOT" && timeout -k 5 "$RUN_TIMEOUT" "$CNNFLOW" "${args[@]}") >> "$logf" 2>&1 || return 0
   awk 'NF >= 9 && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ { v = $5 } END { print v }' "$logf"
@@ -115,17 +118,19 @@ pytorch_run() {  # name timeout extra-args...
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
 
 log "model $MODEL, $PRECISION, batch $batch, $STEPS steps x $ROUNDS rounds, device $DEVICE, logs in $OUT"
-nchw=() cl=() eager=()
+nchw=() cl=() graphs=() eager=()
 for r in $(seq 1 "$ROUNDS"); do
   nchw+=("$(cnnflow_run nchw "$r")")
   cl+=("$(cnnflow_run channels_last "$r")")
+  graphs+=("$(cnnflow_run cuda_graph "$r")")
   eager+=("$(pytorch_run "eager-$r" "$RUN_TIMEOUT")")
-  log "round $r: cnnflow nchw ${nchw[-1]:-failed}, channels_last ${cl[-1]:-failed}, pytorch eager ${eager[-1]:-failed}"
+  log "round $r: cnnflow nchw ${nchw[-1]:-failed}, channels_last ${cl[-1]:-failed}, cuda_graph ${graphs[-1]:-failed}, pytorch eager ${eager[-1]:-failed}"
 done
 unfused=$(cnnflow_run unfused 1)
 log "cnnflow channels_last unfused: ${unfused:-failed}"
 m_nchw=$(echo "${nchw[*]}" | median)
 m_cl=$(echo "${cl[*]}" | median)
+m_graphs=$(echo "${graphs[*]}" | median)
 m_eager=$(echo "${eager[*]}" | median)
 
 compiled="" compile_mode="" compile_s=""
@@ -145,7 +150,7 @@ if [[ "$COMPILE" == 1 ]]; then
   done
 fi
 
-best=$(awk -v a="${m_nchw:-0}" -v b="${m_cl:-0}" 'BEGIN { print (a > b ? a : b) }')
+best=$(printf '%s\n' "${m_nchw:-0}" "${m_cl:-0}" "${m_graphs:-0}" | sort -g | tail -1)
 ratio() { [[ -n "$1" && "$best" != 0 ]] && awk -v c="$best" -v p="$1" 'BEGIN { printf "%.2f", c / p }' || echo "-"; }
 {
   echo "gpu_resnet_best $(date -u +%Y-%m-%dT%H:%MZ) model=$MODEL precision=$PRECISION batch=$batch steps=$STEPS rounds=$ROUNDS"
@@ -157,6 +162,7 @@ ratio() { [[ -n "$1" && "$best" != 0 ]] && awk -v c="$best" -v p="$1" 'BEGIN { p
   printf "%-34s %12s %10s  %s\n" side "images/s" "cnnflow/x" "rounds"
   printf "%-34s %12s %10s  %s\n" "cnnflow nchw" "${m_nchw:-failed}" "$(ratio "$m_nchw")" "${nchw[*]}"
   printf "%-34s %12s %10s  %s\n" "cnnflow channels_last" "${m_cl:-failed}" "$(ratio "$m_cl")" "${cl[*]}"
+  printf "%-34s %12s %10s  %s\n" "cnnflow channels_last cuda_graph" "${m_graphs:-failed}" "$(ratio "$m_graphs")" "${graphs[*]}"
   printf "%-34s %12s %10s  %s\n" "cnnflow channels_last unfused" "${unfused:-failed}" "$(ratio "$unfused")" "once"
   printf "%-34s %12s %10s  %s\n" "pytorch eager (cl, best)" "${m_eager:-failed}" "$(ratio "$m_eager")" "${eager[*]}"
   if [[ "$COMPILE" == 1 ]]; then
@@ -168,8 +174,9 @@ ratio() { [[ -n "$1" && "$best" != 0 ]] && awk -v c="$best" -v p="$1" 'BEGIN { p
   echo "model,precision,batch,steps,rounds,side,images_per_s,ratio_cnnflow_best"
   echo "$MODEL,$PRECISION,$batch,$STEPS,$ROUNDS,cnnflow_nchw,$m_nchw,$(ratio "$m_nchw")"
   echo "$MODEL,$PRECISION,$batch,$STEPS,$ROUNDS,cnnflow_channels_last,$m_cl,$(ratio "$m_cl")"
+  echo "$MODEL,$PRECISION,$batch,$STEPS,$ROUNDS,cnnflow_channels_last_cuda_graph,$m_graphs,$(ratio "$m_graphs")"
   echo "$MODEL,$PRECISION,$batch,$STEPS,1,cnnflow_channels_last_unfused,$unfused,$(ratio "$unfused")"
   echo "$MODEL,$PRECISION,$batch,$STEPS,$ROUNDS,pytorch_eager_cl,$m_eager,$(ratio "$m_eager")"
   [[ "$COMPILE" == 1 ]] && echo "$MODEL,$PRECISION,$batch,$STEPS,$ROUNDS,pytorch_compiled_${compile_mode:-failed},$compiled,$(ratio "$compiled")"
 } > "$OUT/table.csv"
-[[ -n "$m_nchw$m_cl" ]]
+[[ -n "$m_nchw$m_cl$m_graphs" ]]

@@ -90,21 +90,32 @@ std::string HostMemoryAvailable() {
 
 }  // namespace
 
+void* CachingPool::TakeFitting(FreeLists& lists, size_t& size) {
+  auto fit = lists.lower_bound(size);
+  if (fit == lists.end() || fit->first > size + size / 2) return nullptr;
+  size = fit->first;
+  void* p = fit->second.back();
+  fit->second.pop_back();
+  if (fit->second.empty()) lists.erase(fit);
+  return p;
+}
+
 void* CachingPool::Allocate(size_t bytes) {
   size_t size = RoundToSizeClass(bytes);
   std::lock_guard<std::mutex> lock(mu_);
+  const int reservation =
+      capturing_ != 0 && capturing_thread_ == std::this_thread::get_id() ? capturing_ : 0;
   void* p = nullptr;
+  if (reservation != 0) {  // what the captured work freed earlier serves it first
+    p = TakeFitting(kept_[reservation], size);
+    if (p != nullptr) kept_bytes_ -= size;
+  }
   // The smallest free block that holds it, if at most half as large again:
   // a batch of another size (the evaluation's, an epoch's short last one)
   // then reuses the training step's blocks instead of touching fresh memory
   // (first touches cost the kernel seconds per GB on some virtual machines).
-  auto fit = free_.lower_bound(size);
-  if (fit != free_.end() && fit->first <= size + size / 2) {
-    size = fit->first;
-    p = fit->second.back();
-    fit->second.pop_back();
-    if (fit->second.empty()) free_.erase(fit);
-  } else {
+  if (p == nullptr) p = TakeFitting(free_, size);
+  if (p == nullptr) {
     p = limit_ > 0 && reserved_ + size > limit_ ? nullptr : RawAllocate(size);
     if (p == nullptr) {
       const std::string who = AllocationScope::Current();
@@ -112,20 +123,60 @@ void* CachingPool::Allocate(size_t bytes) {
       // allocation means the request exceeds what the system (or ulimit -v)
       // can give at all, and the figures say by how much.
       const bool host = name() == "host";
-      throw Error(StrCat(name(), " out of memory: asked ", size, " bytes with ", in_use_,
-                         " in use and ", reserved_, " reserved",
-                         limit_ > 0 ? StrCat(" (limit ", limit_, ")") : std::string(),
-                         who.empty() ? std::string() : StrCat(", for ", who),
-                         host ? StrCat("; ", HostMemoryAvailable()) : std::string(),
-                         "; use a smaller batch (train.batch) or fewer replicas per process"));
+      throw Error(StrCat(
+          name(), " out of memory: asked ", size, " bytes with ", in_use_, " in use and ",
+          reserved_, " reserved",
+          kept_bytes_ > 0 ? StrCat(" (", kept_bytes_, " kept for a CUDA graph)") : std::string(),
+          limit_ > 0 ? StrCat(" (limit ", limit_, ")") : std::string(),
+          who.empty() ? std::string() : StrCat(", for ", who),
+          host ? StrCat("; ", HostMemoryAvailable()) : std::string(),
+          "; use a smaller batch (train.batch) or fewer replicas per process"));
     }
     reserved_ += size;
   }
-  block_size_[p] = size;
+  blocks_[p] = Block{size, reservation};
   in_use_ += size;
   peak_ = std::max(peak_, in_use_);
   return p;
 }
+
+int CachingPool::Reserve() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int id = next_reservation_++;
+  for (auto& [ptr, block] : blocks_)
+    if (block.reservation == 0) block.reservation = id;
+  kept_[id];
+  return id;
+}
+
+void CachingPool::Unreserve(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = kept_.find(id);
+  CNNFLOW_ENFORCE(it != kept_.end(), name(), " pool: no reservation ", id);
+  for (auto& [size, ptrs] : it->second) {
+    kept_bytes_ -= size * ptrs.size();
+    auto& to = free_[size];
+    to.insert(to.end(), ptrs.begin(), ptrs.end());
+  }
+  kept_.erase(it);
+  for (auto& [ptr, block] : blocks_)
+    if (block.reservation == id) block.reservation = 0;
+  if (capturing_ == id) capturing_ = 0;
+}
+
+void CachingPool::SetCapturingThread(int id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CNNFLOW_ENFORCE(id == 0 || kept_.count(id) > 0, name(), " pool: no reservation ", id);
+  CNNFLOW_ENFORCE(id == 0 || capturing_ == 0, name(), " pool: reservation ", capturing_,
+                  " is capturing already");
+  capturing_ = id;
+  capturing_thread_ = std::this_thread::get_id();
+}
+
+MemoryPool::CaptureScope::CaptureScope(MemoryPool& pool, int id) : pool_(pool) {
+  pool_.SetCapturingThread(id);
+}
+MemoryPool::CaptureScope::~CaptureScope() { pool_.SetCapturingThread(0); }
 
 void CachingPool::set_limit_bytes(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -150,13 +201,18 @@ std::string AllocationScope::Current() { return g_scope ? g_scope->describe_() :
 
 void CachingPool::Release(void* ptr, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto it = block_size_.find(ptr);
-  CNNFLOW_ENFORCE(it != block_size_.end(), name(), " pool: released ", bytes,
+  const auto it = blocks_.find(ptr);
+  CNNFLOW_ENFORCE(it != blocks_.end(), name(), " pool: released ", bytes,
                   " bytes it did not hand out");
-  const size_t size = it->second;
-  block_size_.erase(it);
-  in_use_ -= size;
-  free_[size].push_back(ptr);
+  const Block block = it->second;
+  blocks_.erase(it);
+  in_use_ -= block.size;
+  if (block.reservation != 0) {  // a graph's replays may write it: kept for them
+    kept_[block.reservation][block.size].push_back(ptr);
+    kept_bytes_ += block.size;
+    return;
+  }
+  free_[block.size].push_back(ptr);
 }
 
 MemoryPool& PoolFor(Device device) {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -51,6 +52,37 @@ class MemoryPool {
   // budget, and how tests provoke an out-of-memory error.
   virtual void set_limit_bytes(size_t bytes) = 0;
   virtual void ResetPeak() = 0;
+
+  // Reservations, for work captured as a CUDA graph (ops/parallel/step_graph.h):
+  // a replay writes the blocks at the addresses it was captured with, so
+  // none of them may be handed to anyone else while the graph lives.
+  //  - Reserve() begins one: every block in use now joins it (a captured
+  //    step reads the parameters, the model's kept activations, the cuDNN
+  //    workspace, ...). Returns its id (> 0).
+  //  - While the calling thread is its capturing thread (CaptureScope), the
+  //    blocks that thread is handed join it too, and are served first from
+  //    what the reservation keeps aside: a replay runs in capture order, so
+  //    a block freed earlier in the captured work may serve later work.
+  //  - A released block of a reservation is kept aside for it, never
+  //    handed out to anyone else, until Unreserve(id) frees what it kept
+  //    and leaves its blocks in use to their holders.
+  virtual int Reserve() = 0;
+  virtual void Unreserve(int id) = 0;
+  virtual size_t bytes_kept_aside() const = 0;
+  class CaptureScope {
+   public:
+    CaptureScope(MemoryPool& pool, int id);
+    ~CaptureScope();
+    CaptureScope(const CaptureScope&) = delete;
+    CaptureScope& operator=(const CaptureScope&) = delete;
+
+   private:
+    MemoryPool& pool_;
+  };
+
+ protected:
+  // The reservation the calling thread captures for (0: none).
+  virtual void SetCapturingThread(int id) = 0;
 };
 
 // Names what the current thread is allocating for ("layer 'conv2' (conv2d)
@@ -84,17 +116,34 @@ class CachingPool : public MemoryPool {
   size_t bytes_reserved() const override { return reserved_; }
   void set_limit_bytes(size_t bytes) override;
   void ResetPeak() override;
+  int Reserve() override;
+  void Unreserve(int id) override;
+  size_t bytes_kept_aside() const override { return kept_bytes_; }
 
  protected:
+  void SetCapturingThread(int id) override;
   // nullptr when the device is out of memory.
   virtual void* RawAllocate(size_t bytes) = 0;
   virtual std::string name() const = 0;  // "host", "cuda:0"
 
  private:
+  struct Block {
+    size_t size = 0;
+    int reservation = 0;  // 0: none
+  };
+  using FreeLists = std::map<size_t, std::vector<void*>>;  // by size; no empty lists
+  // The smallest block of `lists` that holds `size`, if at most half as
+  // large again; its size in `size`. Null: none.
+  static void* TakeFitting(FreeLists& lists, size_t& size);
+
   std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;     // no empty lists
-  std::unordered_map<void*, size_t> block_size_;  // of each block handed out
-  size_t in_use_ = 0, peak_ = 0, reserved_ = 0, limit_ = 0;
+  FreeLists free_;
+  std::unordered_map<void*, Block> blocks_;  // every block handed out
+  std::map<int, FreeLists> kept_;            // released blocks of each reservation
+  int next_reservation_ = 1;
+  int capturing_ = 0;  // the reservation capturing_thread_ captures for
+  std::thread::id capturing_thread_;
+  size_t in_use_ = 0, peak_ = 0, reserved_ = 0, limit_ = 0, kept_bytes_ = 0;
 };
 
 // The pool of a device (created on first use). Host memory for every cpu:K;

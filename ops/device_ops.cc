@@ -63,6 +63,20 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
   return cuda::SoftmaxCrossEntropyAsync(logits, labels, dlogits, grad_scale, label_smoothing, mix);
 }
 
+void SoftmaxCrossEntropyInto(void* result, const Tensor& logits, const int64_t* labels,
+                             Tensor* dlogits, double grad_scale, double label_smoothing,
+                             const LabelMix* mix) {
+  CNNFLOW_ENFORCE(logits.device().is_cuda(), "SoftmaxCrossEntropyInto: logits on ",
+                  logits.device().ToString(), ", not a GPU");
+  cuda::SoftmaxCrossEntropyInto(result, logits, labels, dlogits, grad_scale, label_smoothing, mix);
+}
+
+std::unique_ptr<PendingLoss> ReadBackLoss(const void* result, Device device,
+                                          const Shape& logits_shape, bool mixed) {
+  CNNFLOW_ENFORCE(device.is_cuda(), "ReadBackLoss: ", device.ToString(), " is not a GPU");
+  return cuda::ReadBackLoss(result, device, logits_shape, mixed);
+}
+
 void FusedSgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
                   double dampening, bool nesterov, double weight_decay) {
   CNNFLOW_ENFORCE(device.is_cuda(), "a fused optimizer step runs on a GPU, not ",

@@ -6,7 +6,9 @@
 // that throws, and no GPU tensor can exist.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -45,6 +47,18 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
                                                       Tensor* dlogits, double grad_scale = -1,
                                                       double label_smoothing = 0.0,
                                                       const LabelMix* mix = nullptr);
+// Its two halves, for a step captured as a CUDA graph (ops/parallel/step_graph.h),
+// GPU only: SoftmaxCrossEntropyInto writes the result to `result` (GPU
+// memory of kLossResultBytes that the caller keeps) and reads nothing back,
+// so a replay rewrites it; ReadBackLoss then brings it back as a
+// PendingLoss (issued after each replay, outside the graph: each step's
+// loss lands in pinned memory of its own).
+inline constexpr size_t kLossResultBytes = 64;
+void SoftmaxCrossEntropyInto(void* result, const Tensor& logits, const int64_t* labels,
+                             Tensor* dlogits, double grad_scale, double label_smoothing,
+                             const LabelMix* mix);
+std::unique_ptr<PendingLoss> ReadBackLoss(const void* result, Device device,
+                                          const Shape& logits_shape, bool mixed);
 
 // One parameter of an optimizer step fused over many tensors of one GPU:
 // value, gradient and state (f32; state1 only for Adam). `first`: the state
@@ -91,6 +105,29 @@ void SetGpuPicksFile(const std::string& path, bool write);
 // Blocks until the calling thread's lane of GPU `device` (ops/device.h) has
 // done all that was issued on it; nothing for a CPU device.
 void SynchronizeDevice(Device device);
+
+// A CUDA graph: work issued to the calling thread's lane of a GPU (ops/device.h),
+// captured once and launched again as one (ops/parallel/step_graph.h captures
+// training steps with it). Capture runs `issue` with the lane's stream
+// capturing, so no kernel runs then, and instantiates what it issued;
+// Replay launches it on the stream, with the addresses and kernel
+// arguments of the capture. Capture throws Error with CUDA's reason when
+// the work cannot be captured, and leaves the stream as it was. Without
+// CUDA, making one throws.
+class GpuGraph {
+ public:
+  explicit GpuGraph(Device device);
+  ~GpuGraph();  // after its replays have run
+  GpuGraph(const GpuGraph&) = delete;
+  GpuGraph& operator=(const GpuGraph&) = delete;
+  void Capture(const std::function<void()>& issue);
+  void Replay();
+  bool captured() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // How long a device sat idle between the end of one step's work and the
 // start of the next (waiting for the host or the next batch): the data-wait

@@ -137,6 +137,10 @@ class Layer {
   // backward as before. Model::Build calls it after the activations are
   // fused. Default: no.
   virtual bool FuseProducer(size_t /*input*/, Layer& /*producer*/) { return false; }
+  // Whether its training forward draws new random numbers each step
+  // (dropout): a step captured as a CUDA graph would replay its capture's
+  // draws, so such a model's steps are not captured. Default: no.
+  virtual bool DrawsPerStep() const { return false; }
 
   // bf16 on the CPU (graph.precision: bf16 on cpu:K, as PyTorch's CPU
   // autocast): a layer whose products can run in bf16 (convolutions,

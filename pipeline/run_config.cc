@@ -167,6 +167,12 @@ const Schema& GraphSectionSchema() {
                     "the layer can take it (CPUs: conv2d, batchnorm, add, and a gelu into "
                     "batchnorm; GPUs: add and a channels-last batchnorm); false: every "
                     "activation a layer of its own (to compare or to debug)")
+          .Optional("cuda_graph", ParamType::kBool, false,
+                    "GPUs: a replica's forward and backward captured as CUDA graphs once a step "
+                    "of one shape has run twice, and replayed (two launches a step instead of "
+                    "one per kernel; steps of another shape run as before); one replica, no "
+                    "dropout, no fp16, else the steps run uncaptured and the run says why; "
+                    "CPUs: no effect")
           .Optional("flush_denormals", ParamType::kBool, true,
                     "CPU kernels treat denormal floats (below 1.2e-38) as zero (x86's FTZ and "
                     "DAZ), as TensorFlow does: IEEE's gradual underflow costs ~100x per "
@@ -698,6 +704,7 @@ Args ReadGraph(const YamlDoc& doc, const std::string& path, RunConfig& c) {
   c.pipeline_options.flush_denormals = c.data_parallel.flush_denormals;
   c.data_parallel.fuse_activations = g.Bool("fuse_activations");
   c.pipeline_options.fuse_activations = c.data_parallel.fuse_activations;
+  c.data_parallel.cuda_graph = g.Bool("cuda_graph");
   c.data_parallel.timeout_s = g.Float("collective_timeout_s");
   if (c.data_parallel.bucket_mb <= 0)
     doc.Fail(graph["bucket_mb"], "graph.bucket_mb", "must be > 0");

@@ -724,6 +724,8 @@ void Trainer::ReportMemory(double train_seconds) {
     Say(StrCat("GPU idle between steps (waiting for the host or the data): ",
                static_cast<int>(100 * idle / train_seconds), "% of training time"));
   }
+  if (const std::string graphs = DescribeCudaGraphRun(config_, replicas_.get()); !graphs.empty())
+    Say(graphs);
   if (replicas_ && replicas_->counters(0).skipped_steps > 0) {
     Say(StrCat("fp16 loss scaling skipped ", replicas_->counters(0).skipped_steps,
                " steps with inf/NaN gradients"));

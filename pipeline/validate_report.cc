@@ -445,6 +445,44 @@ std::string DescribeGpuFusion(const RunConfig& config, const Model& m) {
       channels_last ? "" : " (batchnorms take part under graph.channels_last: true)", "\n");
 }
 
+namespace {
+
+// Why graph.cuda_graph captures nothing of this config ("" when it may).
+std::string CudaGraphRefusal(const RunConfig& config, const Model& m) {
+  if (!config.devices[0].is_cuda()) return "no effect on CPU devices";
+  if (config.pipeline) return "pipelines run uncaptured (it captures data-parallel replicas)";
+  const int replicas = config.logical_replicas > 0 ? config.logical_replicas
+                                                   : static_cast<int>(config.devices.size());
+  const std::string why = StepGraph::WhyNot(m, replicas, config.data_parallel.tensor_parallel,
+                                            config.data_parallel.compute);
+  return why.empty() ? "" : StrCat("the steps run uncaptured: ", why);
+}
+
+}  // namespace
+
+std::string DescribeCudaGraph(const RunConfig& config, const Model& m) {
+  if (!config.data_parallel.cuda_graph) return "";
+  const std::string why = CudaGraphRefusal(config, m);
+  return StrCat("CUDA graphs: ",
+                why.empty() ? "each replica's step captured once a shape has run twice, then "
+                              "replayed (forward and backward: two launches a step)"
+                            : why,
+                "\n");
+}
+
+std::string DescribeCudaGraphRun(const RunConfig& config, const ReplicaSet* replicas) {
+  if (!config.data_parallel.cuda_graph || replicas == nullptr) return "";
+  const ReplicaSet::CudaGraphStatus s = replicas->cuda_graph(0);
+  if (!s.requested) return "";
+  if (!s.why_not.empty()) {
+    return StrCat("CUDA graphs: ", s.replayed_steps,
+                  " steps replayed, then uncaptured: ", s.why_not);
+  }
+  return StrCat("CUDA graphs: ", s.replayed_steps, " steps replayed from ", s.captures,
+                s.captures == 1 ? " capture" : " captures",
+                " (the others: warm-up and batches of other shapes)");
+}
+
 std::string DescribeGpuMemory(const std::vector<GpuMemoryEstimate>& estimates) {
   std::string out;
   char line[512];

@@ -60,6 +60,11 @@ int64_t PredictResidentBytes(const RunConfig& config, const Dataset& train);
 std::string DescribeGpuFusion(const RunConfig& config, const Model& model);
 // One "GPU memory: cuda:K peak ~N MB predicted (...)" line per GPU.
 std::string DescribeGpuMemory(const std::vector<GpuMemoryEstimate>& estimates);
+// graph.cuda_graph: "CUDA graphs: ..." (whether the steps will be captured,
+// or why not), or "" when it is off.
+std::string DescribeCudaGraph(const RunConfig& config, const Model& model);
+// At the end of a run: how many steps replica 0 replayed, or why none.
+std::string DescribeCudaGraphRun(const RunConfig& config, const ReplicaSet* replicas);
 
 // What a run measures: each distinct GPU's lanes' pools summed, each at its
 // own peak (the lanes run side by side), in the order first listed.

@@ -19,9 +19,10 @@
 #                   cnnflow's best layout reduced by bench/gpu_profile_table.py
 #                   and PyTorch's profiler (<= 540 s each; issue 54)
 #   speedrun        the CIFAR speed run on cuda:0 with data.device_resident
-#                   and channels_last, 2 epochs, on data/cifar10-*.lmdb when
-#                   carried (scripts/prepare_cifar10.sh), else on the JPEG
-#                   sample of tests/data (<= 300 s; issue 59)
+#                   on and off, and on with graph.cuda_graph, channels_last,
+#                   2 epochs, on data/cifar10-*.lmdb when carried
+#                   (scripts/prepare_cifar10.sh), else on the JPEG sample of
+#                   tests/data (<= 440 s; issue 59)
 #   replicas        issue 55's tables: ResNet-18 with 1 and 2 replicas on the
 #                   one GPU (cnnflow bench --devices 1,2 over [cuda:0,
 #                   cuda:0]: the cost of the lanes' streams and collective),
@@ -232,13 +233,19 @@ phase_speedrun() {
     data=(--set data.train.path="$tmp/sample.lmdb" --set data.test.path="$tmp/sample.lmdb"
           --set train.batch=8 --set train.eval_batch=8)  # 20 images
   fi
-  for resident in true false; do
+  # The resident set with the steps as CUDA graphs too (graph.cuda_graph).
+  local run resident graphs
+  for run in resident-true resident-false resident-true-cuda-graph; do
+    resident=true graphs=false
+    [[ "$run" == resident-false ]] && resident=false
+    [[ "$run" == *cuda-graph ]] && graphs=true
     timeout -k 5 140 "$dir/cnnflow" train configs/cifar10_speedrun.yaml \
       --set 'graph.devices=[cuda:0]' --set data.device_resident=$resident --set train.epochs=2 \
+      --set graph.cuda_graph=$graphs \
       --set 'train.schedule={decay: piecewise, milestones: [0, 0.5, 2], factors: [0.2, 1, 0.07]}' \
-      "${data[@]}" --out "$out/speedrun-resident-$resident" > "$out/speedrun-resident-$resident.log" 2>&1
+      "${data[@]}" --out "$out/speedrun-$run" > "$out/speedrun-$run.log" 2>&1
     local s=$?
-    echo "speedrun, device_resident $resident: exit $s$(explain "$s" "") $(grep -E 'timed span|accuracy' "$out/speedrun-resident-$resident.log" | tail -2 | tr '\n' ' ')" | tee -a "$out/speedrun.txt"
+    echo "speedrun, $run: exit $s$(explain "$s" "") $(grep -E 'timed span|accuracy|CUDA graphs' "$out/speedrun-$run.log" | tail -3 | tr '\n' ' ')" | tee -a "$out/speedrun.txt"
     [ "$s" -ne 0 ] && other_status=$s
   done
   phase "speedrun done"

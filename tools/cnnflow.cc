@@ -522,8 +522,9 @@ int Validate(const Options& o) {
   const int64_t resident = run.resident   ? static_cast<int64_t>(run.resident->bytes())
                            : note.empty() ? 0
                                           : PredictResidentBytes(as_written, run.dataset("train"));
-  std::printf("%s: ok\n%s%s%s%s", o.config.c_str(), note.c_str(), trainer.Describe().c_str(),
+  std::printf("%s: ok\n%s%s%s%s%s", o.config.c_str(), note.c_str(), trainer.Describe().c_str(),
               DescribeGpuFusion(as_written, trainer.model()).c_str(),
+              DescribeCudaGraph(as_written, trainer.model()).c_str(),
               DescribeGpuMemory(EstimateGpuMemory(as_written, trainer.model(), resident)).c_str());
   return 0;
 }

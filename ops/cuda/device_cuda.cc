@@ -24,6 +24,15 @@ class CudaCachingPool final : public CachingPool {
 
  protected:
   void* RawAllocate(size_t bytes) override {
+    // A step being captured as a CUDA graph (ops/parallel/step_graph.h) may
+    // ask for a new block: its cudaMalloc is no part of the captured work
+    // (the pool reserves the block for the graph), so the capture may let
+    // it pass, as PyTorch's allocator does.
+    struct RelaxedCapture {
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+      ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+    } relaxed;
     CNNFLOW_CUDA_CHECK(cudaSetDevice(index_));
     void* p = nullptr;
     if (cudaMalloc(&p, bytes) != cudaSuccess) {

@@ -66,6 +66,13 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor&, const int64
                                                       double, double, const LabelMix*) {
   detail::NoCuda();
 }
+void SoftmaxCrossEntropyInto(void*, const Tensor&, const int64_t*, Tensor*, double, double,
+                             const LabelMix*) {
+  detail::NoCuda();
+}
+std::unique_ptr<PendingLoss> ReadBackLoss(const void*, Device, const Shape&, bool) {
+  detail::NoCuda();
+}
 void SgdStep(Device, const std::vector<ParamSlot>&, double, double, double, bool, double) {
   detail::NoCuda();
 }
@@ -127,6 +134,13 @@ std::unique_ptr<Collective> MakeGpuCollective(const std::vector<int>&, MpiWorld&
 }  // namespace cnnflow
 
 namespace cnnflow {
+
+struct GpuGraph::Impl {};
+GpuGraph::GpuGraph(Device) { detail::NoCuda(); }
+GpuGraph::~GpuGraph() = default;
+void GpuGraph::Capture(const std::function<void()>&) { detail::NoCuda(); }
+void GpuGraph::Replay() { detail::NoCuda(); }
+bool GpuGraph::captured() const { return false; }
 
 // No GPU, so every event is a CPU device's: nothing to record or wait for.
 StreamEvent::StreamEvent(Device device) : device_(device) {

@@ -89,6 +89,12 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
                                                       Tensor* dlogits, double grad_scale = -1,
                                                       double label_smoothing = 0.0,
                                                       const LabelMix* mix = nullptr);
+// Its two halves (ops/device_ops.h's SoftmaxCrossEntropyInto, ReadBackLoss).
+void SoftmaxCrossEntropyInto(void* result, const Tensor& logits, const int64_t* labels,
+                             Tensor* dlogits, double grad_scale, double label_smoothing,
+                             const LabelMix* mix);
+std::unique_ptr<PendingLoss> ReadBackLoss(const void* result, Device device,
+                                          const Shape& logits_shape, bool mixed);
 
 // torch.optim.SGD's update (ops/train/optimizer.h) of every slot, in a few kernel
 // launches for all of them (multi-tensor apply).

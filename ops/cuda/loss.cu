@@ -40,6 +40,7 @@ struct LossOut {
   long long bad_other;  // with a mix: the bad row's mixed-in label and weight
   float bad_weight;
 };
+static_assert(sizeof(LossOut) <= kLossResultBytes, "kLossResultBytes too small");
 
 struct LossScalars {
   double scale;  // of the gradient
@@ -240,9 +241,9 @@ struct PendingLoss::Impl {
   ResultSlot* slot = nullptr;
 };
 
-std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, const int64_t* labels,
-                                                      Tensor* dlogits, double grad_scale,
-                                                      double label_smoothing, const LabelMix* mix) {
+void SoftmaxCrossEntropyInto(void* result, const Tensor& logits, const int64_t* labels,
+                             Tensor* dlogits, double grad_scale, double label_smoothing,
+                             const LabelMix* mix) {
   if (logits.rank() != 2) {
     throw ShapeError(StrCat("softmax cross-entropy expects logits [N, K], got ", logits.shape()));
   }
@@ -265,22 +266,26 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
                     dlogits->device().ToString(), " for logits ", logits.shape(), " ",
                     DTypeName(logits.dtype()), " on ", logits.device().ToString());
   }
-  auto impl = std::make_unique<PendingLoss::Impl>();
-  impl->rows = n;
-  impl->classes = k;
-  impl->shape = logits.shape();
-  impl->mixed = mix != nullptr;
-  if (n == 0) return std::make_unique<PendingLoss>(std::move(impl));
+  if (n == 0) return;
+  CudaContext& c = CudaContext::For(logits.device());
+  // Where the pointers point is checked on the host, which a stream that
+  // is being captured (a CUDA graph) may not ask: its step was checked
+  // when it ran before the capture.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  CNNFLOW_CUDA_CHECK(cudaStreamIsCapturing(c.stream(), &capturing));
+  const bool check = capturing == cudaStreamCaptureStatusNone;
   CNNFLOW_ENFORCE(labels != nullptr, "softmax cross-entropy: no labels for ", n, " rows");
-  CheckReadable(labels, logits, "labels");
+  if (check) CheckReadable(labels, logits, "labels");
   // Mixed targets in device memory; none (nulls): the labels alone.
   LabelMix dmix;
   if (mix != nullptr) {
     CNNFLOW_ENFORCE(mix->other != nullptr && mix->weight != nullptr,
                     "softmax cross-entropy: a label mix without its labels or weights for ", n,
                     " rows");
-    CheckReadable(mix->other, logits, "mixed-in labels");
-    CheckReadable(mix->weight, logits, "mix weights");
+    if (check) {
+      CheckReadable(mix->other, logits, "mixed-in labels");
+      CheckReadable(mix->weight, logits, "mix weights");
+    }
     dmix = *mix;
   }
   LossScalars s;
@@ -289,16 +294,13 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
   s.off = s.eps / static_cast<double>(k);
   s.on = 1.0 - s.eps + s.off;
 
-  CudaContext& c = CudaContext::For(logits.device());
-  // Scratch: the result, then the per-row losses and correct flags. Back to
-  // the pool at the end of this call: only work on this stream reuses it.
-  const size_t head = 64;
-  const size_t bytes = head + static_cast<size_t>(n) * (sizeof(double) + sizeof(int));
+  // Scratch: the per-row losses and correct flags. Back to the pool at the
+  // end of this call: only work on this stream reuses it.
+  const size_t bytes = static_cast<size_t>(n) * (sizeof(double) + sizeof(int));
   Storage scratch(logits.device(), bytes);
-  auto* base = static_cast<char*>(scratch.data());
-  auto* out = reinterpret_cast<LossOut*>(base);
-  auto* row_loss = reinterpret_cast<double*>(base + head);
-  auto* row_correct = reinterpret_cast<int*>(base + head + static_cast<size_t>(n) * sizeof(double));
+  auto* out = static_cast<LossOut*>(result);
+  auto* row_loss = static_cast<double*>(scratch.data());
+  auto* row_correct = reinterpret_cast<int*>(row_loss + n);
   CNNFLOW_CUDA_CHECK(cudaMemsetAsync(&out->bad_row, 0xff, sizeof(out->bad_row), c.stream()));
   const int64_t blocks64 = (n + kRowsPerBlock - 1) / kRowsPerBlock;
   const unsigned blocks = static_cast<unsigned>(blocks64 < 65535 * 4 ? blocks64 : 65535 * 4);
@@ -323,11 +325,33 @@ std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, cons
   }
   SumRows<<<1, kReduceThreads, 0, c.stream()>>>(row_loss, row_correct, labels, dmix, n, out);
   CNNFLOW_CUDA_CHECK_LAUNCH();
+}
+
+std::unique_ptr<PendingLoss> ReadBackLoss(const void* result, Device device,
+                                          const Shape& logits_shape, bool mixed) {
+  auto impl = std::make_unique<PendingLoss::Impl>();
+  impl->rows = logits_shape[0];
+  impl->classes = logits_shape[1];
+  impl->shape = logits_shape;
+  impl->mixed = mixed;
+  if (impl->rows == 0) return std::make_unique<PendingLoss>(std::move(impl));
+  CudaContext& c = CudaContext::For(device);
   impl->slot = AcquireSlot(c.device());
-  CNNFLOW_CUDA_CHECK(
-      cudaMemcpyAsync(impl->slot->host, out, sizeof(LossOut), cudaMemcpyDeviceToHost, c.stream()));
+  CNNFLOW_CUDA_CHECK(cudaMemcpyAsync(impl->slot->host, result, sizeof(LossOut),
+                                     cudaMemcpyDeviceToHost, c.stream()));
   CNNFLOW_CUDA_CHECK(cudaEventRecord(impl->slot->done, c.stream()));
   return std::make_unique<PendingLoss>(std::move(impl));
+}
+
+std::unique_ptr<PendingLoss> SoftmaxCrossEntropyAsync(const Tensor& logits, const int64_t* labels,
+                                                      Tensor* dlogits, double grad_scale,
+                                                      double label_smoothing, const LabelMix* mix) {
+  // The result's own block: the read-back is issued before it goes back to
+  // the pool, and only work on this stream reuses it.
+  Storage result(logits.device(), kLossResultBytes);
+  cuda::SoftmaxCrossEntropyInto(result.data(), logits, labels, dlogits, grad_scale, label_smoothing,
+                                mix);
+  return cuda::ReadBackLoss(result.data(), logits.device(), logits.shape(), mix != nullptr);
 }
 
 PendingLoss::PendingLoss(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

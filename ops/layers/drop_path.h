@@ -29,6 +29,7 @@ class DropPathLayer : public Layer {
                 const std::vector<Tensor*>& dx) override;
 
   double p() const { return p_; }
+  bool DrawsPerStep() const override { return p_ > 0; }
   // The multiplier of each sample in the last training forward (0 or
   // 1/(1-p)); empty after an evaluation forward.
   const std::vector<double>& row_scale() const { return row_scale_; }

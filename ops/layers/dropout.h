@@ -33,6 +33,7 @@ class DropoutLayer : public Layer {
   static uint64_t MaskKey(const ForwardContext& ctx, const std::string& layer_name);
 
   double p() const { return p_; }
+  bool DrawsPerStep() const override { return p_ > 0; }
   // The multiplier of the last training forward ([N, ...]: 0 or 1/(1-p)).
   const Tensor& mask() const { return mask_; }
 

@@ -67,6 +67,9 @@ struct ReplicaSet::Replica {
   double idle_since = -1;              // the end of its last work (negative: none yet)
   std::unique_ptr<LossScaler> scaler;  // f16 only
   std::unique_ptr<IdleMeter> idle;     // GPU only
+  // graph.cuda_graph where its steps can be captured; else why not.
+  std::unique_ptr<StepGraph> graph;
+  std::string graph_why_not;
   // SyncBN's all-reduce, through the communication thread like every
   // collective of this replica (so the order is the same on every replica).
   std::function<void(float*, int64_t)> sync_sum;
@@ -143,6 +146,12 @@ ReplicaSet::ReplicaSet(const std::vector<LayerSpec>& layers, const Shape& input_
     const GpuLaneScope lane(rep->lane);  // its buckets and optimizer state in its lane's pool
     BindGradientBuckets(*rep);
     rep->optimizer = MakeOptimizer(optimizer, rep->model->NamedParameters());
+    if (options.cuda_graph && rep->device.is_cuda()) {
+      rep->graph_why_not =
+          StepGraph::WhyNot(*rep->model, global_size(), options.tensor_parallel, options.compute);
+      if (rep->graph_why_not.empty())
+        rep->graph = std::make_unique<StepGraph>(*rep->model, rep->device);
+    }
     if (collective_ != nullptr && !collective_->enqueues()) {
       rep->comm = std::thread([this, r = rep.get()] {
         const GpuLaneScope lane(r->lane);
@@ -312,6 +321,19 @@ double ReplicaSet::loss_scale(int r) const {
 
 Model& ReplicaSet::model(int r) { return *replicas_[r]->model; }
 Optimizer& ReplicaSet::optimizer(int r) { return *replicas_[r]->optimizer; }
+ReplicaSet::CudaGraphStatus ReplicaSet::cuda_graph(int r) const {
+  const Replica& rep = *replicas_[r];
+  CudaGraphStatus s;
+  s.requested = options_.cuda_graph && rep.device.is_cuda();
+  s.why_not = rep.graph_why_not;
+  if (rep.graph) {
+    s.replayed_steps = rep.graph->replayed_steps();
+    s.captures = rep.graph->captures();
+    s.why_not = rep.graph->why_not();
+  }
+  return s;
+}
+
 const StepTimeline& ReplicaSet::timeline(int r) const { return replicas_[r]->timeline; }
 const ReplicaSet::Counters& ReplicaSet::counters(int r) const { return replicas_[r]->counters; }
 void ReplicaSet::ResetCounters() {
@@ -475,6 +497,25 @@ const LabelMix* MixOn(Device device, const LabelMix* mix, const LabelMix* device
   return &held.mix;
 }
 
+// A shard's rows and labels on its replica's device (a GPU shard's usually
+// are already: the split staged them).
+struct ShardOnDevice {
+  ShardOnDevice(const Tensor& x, const int64_t* host_labels, const int64_t* device_labels,
+                Device device, int r)
+      : rows(x), labels(device_labels != nullptr ? device_labels : host_labels) {
+    if (x.device() != device) {
+      rows = x.To(device);
+      held = LabelTensor(host_labels, x.dim(0), device);
+      labels = held.data<int64_t>();
+    }
+    CNNFLOW_ENFORCE(labels != nullptr, "replica ", r, "'s shard has no labels on ",
+                    device.ToString());
+  }
+  Tensor rows;
+  const int64_t* labels;
+  Tensor held;  // labels copied to the device
+};
+
 }  // namespace
 
 ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int64_t* labels,
@@ -509,25 +550,23 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     Model& m = *rep.model;
     ForwardContext c = ctx;
     if (options_.sync_bn && collective_ != nullptr) c.sync_sum = &rep.sync_sum;
-    // The rows and labels on the replica's device (a GPU shard's usually
-    // are already: the split staged them).
-    Tensor xd = x;
-    Tensor labels_on_device;
-    const int64_t* labels_here = device_labels != nullptr ? device_labels : labels;
-    if (x.device() != rep.device) {
-      xd = x.To(rep.device);
-      labels_on_device = LabelTensor(labels, x.dim(0), rep.device);
-      labels_here = labels_on_device.data<int64_t>();
-    }
-    CNNFLOW_ENFORCE(labels_here != nullptr, "replica ", r, "'s shard has no labels on ",
-                    rep.device.ToString());
+    const ShardOnDevice shard(x, labels, device_labels, rep.device, r);
+    const Tensor& xd = shard.rows;
+    const int64_t* labels_here = shard.labels;
     MixCopy held;
     const LabelMix* mix_here = MixOn(rep.device, mix, device_mix, x.dim(0), held);
-    if (rep.idle) rep.idle->StartOfWork();
-    const Tensor& logits = m.Forward(xd, c);
-    Tensor dlogits = Tensor::Empty(logits.shape(), logits.dtype(), rep.device);
     const double scale = rep.scaler ? grad_scale * rep.scaler->scale() : grad_scale;
-    {
+    // graph.cuda_graph: the step replays its capture (not while --trace
+    // times each kernel).
+    const bool replay = rep.graph && !Tracer::on() &&
+                        rep.graph->Prepare(xd, labels_here, mix_here, scale, label_smoothing, c);
+    if (rep.idle) rep.idle->StartOfWork();
+    Tensor dlogits;
+    if (replay) {
+      result.pending = rep.graph->ReplayForward(xd, labels_here, mix_here);
+    } else {
+      const Tensor& logits = m.Forward(xd, c);
+      dlogits = Tensor::Empty(logits.shape(), logits.dtype(), rep.device);
       const TraceSpan span("loss", "softmax cross-entropy");
       result.pending =
           SoftmaxCrossEntropyAsync(logits, labels_here, &dlogits, scale, label_smoothing, mix_here);
@@ -542,7 +581,9 @@ ReplicaSet::Result ReplicaSet::ForwardBackward(int r, const Tensor& x, const int
     rep.timeline.backward_begin = Now();
     if (rep.idle) rep.idle->Mark(kGpuBackward);
     MaybeSlowTestRank(global_offset() + r);  // CNNFLOW_TEST_SLOW_RANK, for the straggler test
-    if (!reducing) {
+    if (replay) {
+      rep.graph->ReplayBackward();
+    } else if (!reducing) {
       m.Backward(dlogits);
     } else {
       for (size_t b = 0; b < buckets_.size(); ++b)

@@ -48,6 +48,7 @@
 #include "ops/loss.h"
 #include "ops/model.h"
 #include "ops/parallel/member_threads.h"
+#include "ops/parallel/step_graph.h"
 #include "ops/parallel/tensor_parallel.h"
 #include "ops/train/loss_scaler.h"
 #include "ops/train/optimizer.h"
@@ -79,6 +80,9 @@ struct DataParallelOptions {
   // The activations' layout on CPUs (ops/model.h).
   MemoryFormat memory_format = MemoryFormat::kAuto;
   bool fuse_activations = true;  // graph.fuse_activations (ModelOptions)
+  // graph.cuda_graph: a GPU replica's forward and backward replayed as CUDA
+  // graphs where they can be (ops/parallel/step_graph.h).
+  bool cuda_graph = false;
   // Tensor parallelism (ops/parallel/tensor_parallel.h), CPU replicas: the
   // replicas come in groups of T = `tensor_parallel` consecutive ones. A
   // group's members split the layers of `split_layers` between them and
@@ -196,6 +200,17 @@ class ReplicaSet {
   bool AgreeStop(int r, int64_t step, bool stop_requested);
   // Aborts every replica's collectives (a replica failed).
   void Abort(const std::string& reason);
+
+  // graph.cuda_graph on replica r: whether its steps may be captured, how
+  // many were replayed in how many captures, and why none are ("" while
+  // they may be).
+  struct CudaGraphStatus {
+    bool requested = false;
+    int64_t replayed_steps = 0;
+    int captures = 0;
+    std::string why_not;
+  };
+  CudaGraphStatus cuda_graph(int r) const;
 
   const StepTimeline& timeline(int r) const;
   // Where replica r's time went since the last ResetCounters (benchmarks;

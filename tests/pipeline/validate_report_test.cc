@@ -7,6 +7,7 @@
 // shapes alone and, where there is a GPU, against the pools' measured peaks.
 #include "pipeline/validate_report.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -303,6 +304,37 @@ TEST(GpuFusion, ValidateSaysWhatTheGpuRunsFused) {
   EXPECT_EQ(describe({"graph.fuse_activations=false"}),
             "GPU fusion: off (graph.fuse_activations: false)\n");
   EXPECT_EQ(describe({"graph.devices=[cpu:0]"}), "");
+}
+
+// validate's line on graph.cuda_graph: whether a GPU config's steps will be
+// captured, and else why not, for each reason a config can give.
+TEST(CudaGraph, ValidateSaysWhetherTheStepsWillBeCaptured) {
+  auto describe = [](const std::string& config, std::vector<std::string> sets) {
+    sets.push_back("threads=2");
+    sets.push_back("graph.cuda_graph=true");
+    const RunConfig c = LoadRunConfig(config, sets);
+    std::unique_ptr<Model> m = Model::Build(c.layers, c.input_shape, {.seed = c.seed});
+    return DescribeCudaGraph(c, *m);
+  };
+  const std::string resnet = "bench/configs/resnet18_synthetic.yaml";
+  EXPECT_EQ(describe(resnet, {}),
+            "CUDA graphs: each replica's step captured once a shape has run twice, then "
+            "replayed (forward and backward: two launches a step)\n");
+  EXPECT_EQ(describe(resnet, {"graph.devices=[cuda:0, cuda:0]"}),
+            "CUDA graphs: the steps run uncaptured: 2 replicas: their gradient reductions run "
+            "on threads of their own, so only one replica's steps are captured so far\n");
+  EXPECT_EQ(describe(resnet, {"graph.precision=fp16"}),
+            "CUDA graphs: the steps run uncaptured: fp16's loss scaler reads the gradients' "
+            "check on the host each step\n");
+  EXPECT_EQ(describe(resnet, {"graph.devices=[cpu:0]"}), "CUDA graphs: no effect on CPU devices\n");
+  EXPECT_EQ(describe("configs/fashion_mnist_pipeline.yaml", {"graph.devices=[cuda:0, cuda:0]"}),
+            "CUDA graphs: pipelines run uncaptured (it captures data-parallel replicas)\n");
+  const std::string with_dropout = describe("configs/cifar10.yaml", {"graph.devices=[cuda:0]"});
+  EXPECT_THAT(with_dropout, ::testing::HasSubstr("the steps run uncaptured: layer '"));
+  EXPECT_THAT(with_dropout, ::testing::HasSubstr("(dropout) draws new random numbers each step"));
+  // Off: no line.
+  const RunConfig off = LoadRunConfig(resnet, {"threads=2"});
+  EXPECT_EQ(DescribeCudaGraph(off, *Model::Build(off.layers, off.input_shape, {.seed = 1})), "");
 }
 
 // The prediction against the pools' measured peak (each replica's lane's
