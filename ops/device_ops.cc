@@ -77,18 +77,38 @@ std::unique_ptr<PendingLoss> ReadBackLoss(const void* result, Device device,
   return cuda::ReadBackLoss(result, device, logits_shape, mixed);
 }
 
-void FusedSgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
-                  double dampening, bool nesterov, double weight_decay) {
-  CNNFLOW_ENFORCE(device.is_cuda(), "a fused optimizer step runs on a GPU, not ",
-                  device.ToString());
-  cuda::SgdStep(device, slots, lr, momentum, dampening, nesterov, weight_decay);
+namespace {
+
+void CheckScalars(const Tensor& scalars) {
+  CNNFLOW_ENFORCE(scalars.device().is_cuda() && scalars.nbytes() >= kFusedStepScalarBytes,
+                  "a fused optimizer step's scalars take ", kFusedStepScalarBytes,
+                  " bytes on a GPU, got ", scalars.nbytes(), " on ", scalars.device().ToString());
 }
 
-void FusedAdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
-                   double beta2, double eps, double weight_decay, bool decoupled, int64_t step) {
-  CNNFLOW_ENFORCE(device.is_cuda(), "a fused optimizer step runs on a GPU, not ",
-                  device.ToString());
-  cuda::AdamStep(device, slots, lr, beta1, beta2, eps, weight_decay, decoupled, step);
+}  // namespace
+
+void UploadSgdScalars(Tensor& scalars, double lr, double momentum, double dampening, bool nesterov,
+                      double weight_decay) {
+  CheckScalars(scalars);
+  cuda::UploadSgdScalars(scalars.raw_data(), scalars.device(), lr, momentum, dampening, nesterov,
+                         weight_decay);
+}
+
+void LaunchFusedSgdStep(const std::vector<ParamSlot>& slots, const Tensor& scalars) {
+  CheckScalars(scalars);
+  cuda::LaunchSgdStep(scalars.device(), slots, scalars.raw_data());
+}
+
+void UploadAdamScalars(Tensor& scalars, double lr, double beta1, double beta2, double eps,
+                       double weight_decay, bool decoupled, int64_t step) {
+  CheckScalars(scalars);
+  cuda::UploadAdamScalars(scalars.raw_data(), scalars.device(), lr, beta1, beta2, eps, weight_decay,
+                          decoupled, step);
+}
+
+void LaunchFusedAdamStep(const std::vector<ParamSlot>& slots, const Tensor& scalars) {
+  CheckScalars(scalars);
+  cuda::LaunchAdamStep(scalars.device(), slots, scalars.raw_data());
 }
 
 void SetGpuMath(Device device, const GpuMathOptions& math) {

@@ -73,12 +73,19 @@ struct ParamSlot {
   bool first = false;
 };
 // torch.optim.SGD's and Adam/AdamW's updates (ops/train/optimizer.h) of every slot
-// on `device` (a GPU), in a few kernel launches (multi-tensor apply); Adam
-// at step `step`, counted from 1.
-void FusedSgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
-                  double dampening, bool nesterov, double weight_decay);
-void FusedAdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
-                   double beta2, double eps, double weight_decay, bool decoupled, int64_t step);
+// on a GPU, in a few kernel launches (multi-tensor apply), in two parts so
+// that the launches can be captured in a CUDA graph (ops/parallel/step_graph.h):
+// Upload*Scalars writes one step's scalars (the learning rate, the decay,
+// Adam's bias corrections at step `step`, counted from 1) into `scalars`,
+// GPU memory of kFusedStepScalarBytes (a tensor the optimizer keeps), on its
+// GPU's stream; LaunchFused*Step issues the kernels, which read them there.
+inline constexpr size_t kFusedStepScalarBytes = 64;
+void UploadSgdScalars(Tensor& scalars, double lr, double momentum, double dampening, bool nesterov,
+                      double weight_decay);
+void LaunchFusedSgdStep(const std::vector<ParamSlot>& slots, const Tensor& scalars);
+void UploadAdamScalars(Tensor& scalars, double lr, double beta1, double beta2, double eps,
+                       double weight_decay, bool decoupled, int64_t step);
+void LaunchFusedAdamStep(const std::vector<ParamSlot>& slots, const Tensor& scalars);
 
 // How a GPU's kernels may compute, as PyTorch's switches (graph.tf32,
 // graph.deterministic; docs/gpus.md):

@@ -168,9 +168,10 @@ const Schema& GraphSectionSchema() {
                     "batchnorm; GPUs: add and a channels-last batchnorm); false: every "
                     "activation a layer of its own (to compare or to debug)")
           .Optional("cuda_graph", ParamType::kBool, false,
-                    "GPUs: a replica's forward and backward captured as CUDA graphs once a step "
-                    "of one shape has run twice, and replayed (two launches a step instead of "
-                    "one per kernel; steps of another shape run as before); one replica, no "
+                    "GPUs: a replica's forward, backward and optimizer update captured as CUDA "
+                    "graphs once a step of one shape has run twice, and replayed (three "
+                    "launches a step instead of one per kernel; steps of another shape run as "
+                    "before); one replica, no "
                     "dropout, no fp16, else the steps run uncaptured and the run says why; "
                     "CPUs: no effect")
           .Optional("flush_denormals", ParamType::kBool, true,

@@ -464,9 +464,11 @@ std::string DescribeCudaGraph(const RunConfig& config, const Model& m) {
   if (!config.data_parallel.cuda_graph) return "";
   const std::string why = CudaGraphRefusal(config, m);
   return StrCat("CUDA graphs: ",
-                why.empty() ? "each replica's step captured once a shape has run twice, then "
-                              "replayed (forward and backward: two launches a step)"
-                            : why,
+                why.empty()
+                    ? "each replica's step captured once a shape has run twice, then "
+                      "replayed (forward, backward and the optimizer's update: three launches a "
+                      "step)"
+                    : why,
                 "\n");
 }
 
@@ -478,8 +480,8 @@ std::string DescribeCudaGraphRun(const RunConfig& config, const ReplicaSet* repl
     return StrCat("CUDA graphs: ", s.replayed_steps,
                   " steps replayed, then uncaptured: ", s.why_not);
   }
-  return StrCat("CUDA graphs: ", s.replayed_steps, " steps replayed from ", s.captures,
-                s.captures == 1 ? " capture" : " captures",
+  return StrCat("CUDA graphs: ", s.replayed_steps, " steps and ", s.replayed_updates,
+                " updates replayed from ", s.captures, s.captures == 1 ? " capture" : " captures",
                 " (the others: warm-up and batches of other shapes)");
 }
 

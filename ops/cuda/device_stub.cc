@@ -80,6 +80,12 @@ void AdamStep(Device, const std::vector<ParamSlot>&, double, double, double, dou
               int64_t) {
   detail::NoCuda();
 }
+void UploadSgdScalars(void*, Device, double, double, double, bool, double) { detail::NoCuda(); }
+void LaunchSgdStep(Device, const std::vector<ParamSlot>&, const void*) { detail::NoCuda(); }
+void UploadAdamScalars(void*, Device, double, double, double, double, double, bool, int64_t) {
+  detail::NoCuda();
+}
+void LaunchAdamStep(Device, const std::vector<ParamSlot>&, const void*) { detail::NoCuda(); }
 
 }  // namespace cnnflow::cuda
 

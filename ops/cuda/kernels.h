@@ -103,6 +103,15 @@ void SgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, doub
 // torch.optim.Adam / AdamW (decoupled) at step `step` (counted from 1).
 void AdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
               double beta2, double eps, double weight_decay, bool decoupled, int64_t step);
+// Each in two parts (ops/device_ops.h's UploadFusedScalars, LaunchFusedStep):
+// the step's scalars written to `scalars` (kFusedStepScalarBytes of GPU
+// memory), and the kernels that read them there.
+void UploadSgdScalars(void* scalars, Device device, double lr, double momentum, double dampening,
+                      bool nesterov, double weight_decay);
+void LaunchSgdStep(Device device, const std::vector<ParamSlot>& slots, const void* scalars);
+void UploadAdamScalars(void* scalars, Device device, double lr, double beta1, double beta2,
+                       double eps, double weight_decay, bool decoupled, int64_t step);
+void LaunchAdamStep(Device device, const std::vector<ParamSlot>& slots, const void* scalars);
 
 // How long a GPU's compute stream sat idle between the end of one step's
 // work and the start of the next (waiting for the host or the next batch):

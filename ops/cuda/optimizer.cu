@@ -49,8 +49,14 @@ static_assert(sizeof(AdamTable) + sizeof(AdamScalars) < 4000, "Adam table too la
 static_assert(sizeof(UnscaleTable) + sizeof(float) + sizeof(int*) < 4000,
               "unscale table too large for a launch");
 
-// ops/train/optimizer.cc's SgdRange, one element.
-__global__ void SgdKernel(SgdTable t, SgdScalars s) {
+static_assert(sizeof(SgdScalars) <= kFusedStepScalarBytes &&
+                  sizeof(AdamScalars) <= kFusedStepScalarBytes,
+              "kFusedStepScalarBytes too small");
+
+// ops/train/optimizer.cc's SgdRange, one element. The scalars are read from
+// GPU memory, so a step captured as a CUDA graph takes each step's.
+__global__ void SgdKernel(SgdTable t, const SgdScalars* scalars) {
+  const SgdScalars s = *scalars;
   const int ti = t.block_tensor[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(t.block_chunk[blockIdx.x]) * kChunk;
   const int64_t end = min(t.numel[ti], begin + kChunk);
@@ -71,7 +77,8 @@ __global__ void SgdKernel(SgdTable t, SgdScalars s) {
 }
 
 // ops/train/optimizer.cc's AdamRange, one element.
-__global__ void AdamKernel(AdamTable t, AdamScalars s) {
+__global__ void AdamKernel(AdamTable t, const AdamScalars* scalars) {
+  const AdamScalars s = *scalars;
   const int ti = t.block_tensor[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(t.block_chunk[blockIdx.x]) * kChunk;
   const int64_t end = min(t.numel[ti], begin + kChunk);
@@ -163,9 +170,8 @@ void CheckSlots(const char* what, Device device, const std::vector<ParamSlot>& s
 
 }  // namespace
 
-void SgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
-             double dampening, bool nesterov, double weight_decay) {
-  CheckSlots("SgdStep", device, slots, false, false);
+void UploadSgdScalars(void* scalars, Device device, double lr, double momentum, double dampening,
+                      bool nesterov, double weight_decay) {
   // The same float scalars as ops/train/optimizer.cc's SgdUpdate.
   SgdScalars s;
   s.wd = static_cast<float>(weight_decay);
@@ -173,16 +179,23 @@ void SgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, doub
   s.one_minus_d = static_cast<float>(1 - dampening);
   s.neg_lr = static_cast<float>(-lr);
   s.nesterov = nesterov;
+  // From pageable memory: the copy has taken `s` when it returns.
+  CNNFLOW_CUDA_CHECK(cudaMemcpyAsync(scalars, &s, sizeof s, cudaMemcpyHostToDevice,
+                                     CudaContext::For(device).stream()));
+}
+
+void LaunchSgdStep(Device device, const std::vector<ParamSlot>& slots, const void* scalars) {
+  CheckSlots("SgdStep", device, slots, false, false);
   CudaContext& c = CudaContext::For(device);
+  const auto* s = static_cast<const SgdScalars*>(scalars);
   MultiTensorApply<SgdTable, 3, 48>(slots, [&](const SgdTable& t, int blocks) {
     SgdKernel<<<blocks, kCudaThreads, 0, c.stream()>>>(t, s);
     CNNFLOW_CUDA_CHECK_LAUNCH();
   });
 }
 
-void AdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
-              double beta2, double eps, double weight_decay, bool decoupled, int64_t step) {
-  CheckSlots("AdamStep", device, slots, true, true);
+void UploadAdamScalars(void* scalars, Device device, double lr, double beta1, double beta2,
+                       double eps, double weight_decay, bool decoupled, int64_t step) {
   CNNFLOW_ENFORCE(step >= 1, "AdamStep: step ", step, " (counted from 1)");
   // The same scalars as ops/train/optimizer.cc's Adam::Step / AdamUpdate.
   const double t = static_cast<double>(step);
@@ -199,11 +212,34 @@ void AdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, dou
   s.eps = static_cast<float>(eps);
   s.neg_step = static_cast<float>(-step_size);
   s.bc2_sqrt = static_cast<float>(bc2_sqrt);
+  CNNFLOW_CUDA_CHECK(cudaMemcpyAsync(scalars, &s, sizeof s, cudaMemcpyHostToDevice,
+                                     CudaContext::For(device).stream()));
+}
+
+void LaunchAdamStep(Device device, const std::vector<ParamSlot>& slots, const void* scalars) {
+  CheckSlots("AdamStep", device, slots, true, true);
   CudaContext& c = CudaContext::For(device);
+  const auto* s = static_cast<const AdamScalars*>(scalars);
   MultiTensorApply<AdamTable, 4, 36>(slots, [&](const AdamTable& tab, int blocks) {
     AdamKernel<<<blocks, kCudaThreads, 0, c.stream()>>>(tab, s);
     CNNFLOW_CUDA_CHECK_LAUNCH();
   });
+}
+
+void SgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
+             double dampening, bool nesterov, double weight_decay) {
+  // The scalars' block goes back to the pool once the launches that read
+  // it are issued: only work on this stream reuses it.
+  Storage scalars(device, kFusedStepScalarBytes);
+  UploadSgdScalars(scalars.data(), device, lr, momentum, dampening, nesterov, weight_decay);
+  LaunchSgdStep(device, slots, scalars.data());
+}
+
+void AdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
+              double beta2, double eps, double weight_decay, bool decoupled, int64_t step) {
+  Storage scalars(device, kFusedStepScalarBytes);
+  UploadAdamScalars(scalars.data(), device, lr, beta1, beta2, eps, weight_decay, decoupled, step);
+  LaunchAdamStep(device, slots, scalars.data());
 }
 
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale) {

@@ -328,6 +328,7 @@ ReplicaSet::CudaGraphStatus ReplicaSet::cuda_graph(int r) const {
   s.why_not = rep.graph_why_not;
   if (rep.graph) {
     s.replayed_steps = rep.graph->replayed_steps();
+    s.replayed_updates = rep.graph->replayed_updates();
     s.captures = rep.graph->captures();
     s.why_not = rep.graph->why_not();
   }
@@ -675,13 +676,17 @@ void ReplicaSet::ApplyStep(Replica& rep, double lr) {
         UnscaleAndFindNonFinite(grads, static_cast<float>(1.0 / rep.scaler->scale()));
     take = rep.scaler->Update(found_inf);  // the same on every replica: grads are reduced
   }
-  if (take) {
-    rep.optimizer->Step(lr);
+  auto zero_grads = [&rep] {
+    for (Tensor& g : rep.bucket_grads) g.Zero();
+  };
+  if (take && rep.graph && !Tracer::on()) {  // graph.cuda_graph
+    rep.graph->Update(*rep.optimizer, lr, zero_grads);
   } else {
-    ++rep.counters.skipped_steps;
+    if (take) rep.optimizer->Step(lr);
+    zero_grads();
   }
+  if (!take) ++rep.counters.skipped_steps;
   ++rep.counters.steps;
-  for (Tensor& g : rep.bucket_grads) g.Zero();
   if (rep.idle) {
     rep.idle->EndOfWork();
     rep.counters.gpu_idle_seconds = rep.idle->idle_seconds();

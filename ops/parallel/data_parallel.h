@@ -206,7 +206,8 @@ class ReplicaSet {
   // they may be).
   struct CudaGraphStatus {
     bool requested = false;
-    int64_t replayed_steps = 0;
+    int64_t replayed_steps = 0;    // forward and backward
+    int64_t replayed_updates = 0;  // the optimizer's
     int captures = 0;
     std::string why_not;
   };

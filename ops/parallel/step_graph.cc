@@ -48,6 +48,7 @@ void StepGraph::Drop() {
   // which nothing writes the reserved blocks any more.
   forward_.reset();
   backward_.reset();
+  update_.reset();
   x_ = labels_ = mix_other_ = mix_weight_ = dlogits_ = Tensor();
   result_.reset();
   have_graphs_ = false;
@@ -83,7 +84,7 @@ bool StepGraph::Prepare(const Tensor& x, const int64_t* labels, const LabelMix* 
   if (runs_ <= warmup_) return false;
   try {
     Capture(key, ctx);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     Drop();
     why_not_ = StrCat("the capture at a step of ", key.shape, " failed: ", e.what());
     return false;
@@ -143,6 +144,31 @@ std::unique_ptr<PendingLoss> StepGraph::ReplayForward(const Tensor& x, const int
 void StepGraph::ReplayBackward() {
   backward_->Replay();
   ++replayed_;
+}
+
+void StepGraph::Update(Optimizer& optimizer, double lr, const std::function<void()>& zero_grads) {
+  optimizer.Prepare(lr);
+  if (have_graphs_ && !update_ && why_not_.empty()) {
+    auto graph = std::make_unique<GpuGraph>(device_);
+    try {
+      const MemoryPool::CaptureScope scope(pool_, reservation_);
+      graph->Capture([&] {
+        optimizer.Launch();
+        zero_grads();
+      });
+      update_ = std::move(graph);
+    } catch (const std::exception& e) {
+      Drop();
+      why_not_ = StrCat("the capture of the optimizer's update failed: ", e.what());
+    }
+  }
+  if (update_) {
+    update_->Replay();
+    ++replayed_updates_;
+    return;
+  }
+  optimizer.Launch();
+  zero_grads();
 }
 
 }  // namespace cnnflow

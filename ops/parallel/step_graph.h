@@ -3,10 +3,11 @@
 // has run `warmup` times in a row (cuDNN has picked its algorithms, the
 // pools and workspaces have grown), the next one is captured: its forward
 // and loss as one graph, its backward as another (two, so that the GPU's
-// phase times stay apart). Later steps of that shape copy their rows and
-// labels into the capture's input buffers and replay the graphs: two
-// launches instead of one per kernel. A step of another shape (an epoch's
-// short last batch, a new window scale) runs as before, beside the graphs.
+// phase times stay apart), and the optimizer's update as a third (below).
+// Later steps of that shape copy their rows and labels into the capture's
+// input buffers and replay the graphs: three launches instead of one per
+// kernel. A step of another shape (an epoch's short last batch, a new
+// window scale) runs as before, beside the graphs.
 //
 // What a replay needs, and how it gets it:
 //  - fixed addresses: the capture's blocks are reserved in the lane's pool
@@ -25,11 +26,17 @@
 // gradient reduction runs on communication threads), tensor parallelism,
 // fp16 (its loss scaler reads the gradients' check on the host each step),
 // a layer that draws new random numbers each step (dropout). While --trace
-// records, steps run uncaptured (it times each kernel). The optimizer's
-// update runs as before, a few multi-tensor launches after the replays.
+// records, steps run uncaptured (it times each kernel).
+//
+// The optimizer's update (its fused multi-tensor launches, and the
+// gradients' zeroing) is a third graph, captured at the first step after
+// the forward and backward were: its kernels read the learning rate and
+// the other scalars from GPU memory that Optimizer::Prepare writes before
+// each replay (ops/train/optimizer.h), so a schedule's rates reach it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +44,7 @@
 #include "ops/device_ops.h"
 #include "ops/loss.h"
 #include "ops/model.h"
+#include "ops/train/optimizer.h"
 
 namespace cnnflow {
 
@@ -68,8 +76,14 @@ class StepGraph {
                                              const LabelMix* mix);
   // Then the backward (gradients accumulate into the parameters' grads).
   void ReplayBackward();
+  // The optimizer's step with learning rate `lr`, then `zero_grads`: its
+  // host part now (Optimizer::Prepare), its launches and `zero_grads`
+  // replayed once the forward and backward are captured (captured at the
+  // first such step), else issued as they are.
+  void Update(Optimizer& optimizer, double lr, const std::function<void()>& zero_grads);
 
   int64_t replayed_steps() const { return replayed_; }
+  int64_t replayed_updates() const { return replayed_updates_; }
   int captures() const { return captures_; }
   // Why steps are no longer captured ("" while they may be).
   const std::string& why_not() const { return why_not_; }
@@ -97,12 +111,12 @@ class StepGraph {
   bool have_graphs_ = false;
   Key captured_;
   int reservation_ = 0;
-  std::unique_ptr<GpuGraph> forward_, backward_;
+  std::unique_ptr<GpuGraph> forward_, backward_, update_;
   // The capture's own: its inputs, the loss gradient, the loss result.
   Tensor x_, labels_, mix_other_, mix_weight_, dlogits_;
   std::unique_ptr<Storage> result_;
   Shape logits_shape_;
-  int64_t replayed_ = 0;
+  int64_t replayed_ = 0, replayed_updates_ = 0;
   int captures_ = 0;
   std::string why_not_;
 };

@@ -48,8 +48,9 @@ Adam::Adam(std::vector<NamedParameter> params, AdamOptions options, bool decoupl
 
 std::vector<std::string> Adam::StateNames() const { return {"exp_avg", "exp_avg_sq"}; }
 
-void Adam::Step(double base_lr) {
+void Adam::Prepare(double base_lr) {
   CountStep();
+  GpuUpdates& gpu = ClearGpuUpdates();
   const double t = static_cast<double>(step_count_);
   // The step's scalars; each parameter's group sets its lr and decay ones.
   cpu::AdamScalars s;
@@ -58,7 +59,6 @@ void Adam::Step(double base_lr) {
   s.eps = options_.eps;
   s.bc2_sqrt = std::sqrt(1 - std::pow(options_.beta2, t));
   const double bc1 = 1 - std::pow(options_.beta1, t);
-  std::map<std::pair<int, int>, std::vector<ParamSlot>> gpu;  // by GPU index, group
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& param = *params_[i].param;
     const double lr = base_lr * lr_scale(i);
@@ -73,7 +73,7 @@ void Adam::Step(double base_lr) {
         state_[i].push_back(Tensor::Zeros(param.value.shape(), param.value.dtype(), dev));
       }
       MoveState(state_[i], dev);
-      gpu[{dev.index, group(i)}].push_back(Slot(param, state_[i], false));
+      GpuUpdateOf(dev, group(i)).slots.push_back(Slot(param, state_[i], false));
       continue;
     }
     MoveState(state_[i], Device::Cpu());
@@ -89,12 +89,17 @@ void Adam::Step(double base_lr) {
     });
     WriteBack(param, h);
   }
-  for (const auto& [key, slots] : gpu) {  // a group's parameters share their values
+  for (auto& [key, update] : gpu) {  // a group's parameters share their values
+    if (update.slots.empty()) continue;
     const size_t i = GroupMember(key.second);
-    FusedAdamStep(Device::Cuda(key.first), slots, base_lr * lr_scale(i), options_.beta1,
-                  options_.beta2, options_.eps, weight_decay(i, options_.weight_decay), decoupled_,
-                  step_count_);
+    UploadAdamScalars(update.scalars, base_lr * lr_scale(i), options_.beta1, options_.beta2,
+                      options_.eps, weight_decay(i, options_.weight_decay), decoupled_,
+                      step_count_);
   }
+}
+
+void Adam::LaunchGpu(const GpuUpdate& update) const {
+  LaunchFusedAdamStep(update.slots, update.scalars);
 }
 
 CNNFLOW_REGISTER_OPTIMIZER(

@@ -27,11 +27,12 @@ class Adam : public Optimizer {
   // a negative eps or weight decay.
   Adam(std::vector<NamedParameter> params, AdamOptions options, bool decoupled = false);
   const char* type() const override { return decoupled_ ? "adamw" : "adam"; }
-  void Step(double lr) override;
+  void Prepare(double lr) override;
   const AdamOptions& options() const { return options_; }
 
  protected:
   std::vector<std::string> StateNames() const override;
+  void LaunchGpu(const GpuUpdate& update) const override;
 
  private:
   AdamOptions options_;

@@ -146,6 +146,25 @@ void Optimizer::UpdateHeld() {
   }
 }
 
+void Optimizer::Launch() {
+  for (const auto& [key, update] : gpu_updates_)
+    if (!update.slots.empty()) LaunchGpu(update);
+}
+
+Optimizer::GpuUpdates& Optimizer::ClearGpuUpdates() {
+  for (auto& [key, update] : gpu_updates_) update.slots.clear();
+  return gpu_updates_;
+}
+
+Optimizer::GpuUpdate& Optimizer::GpuUpdateOf(Device device, int group) {
+  GpuUpdate& u = gpu_updates_[{device.index, group}];
+  if (!u.scalars.defined()) {
+    u.scalars = Tensor::Empty(Shape({static_cast<int64_t>(kFusedStepScalarBytes / sizeof(float))}),
+                              DType::kF32, device);
+  }
+  return u;
+}
+
 std::vector<std::pair<std::string, Tensor>> Optimizer::StateTensors() const {
   std::vector<std::pair<std::string, Tensor>> out;
   const std::vector<std::string> names = StateNames();

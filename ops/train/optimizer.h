@@ -22,12 +22,14 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "ops/device_ops.h"
 #include "ops/model.h"
 #include "ops/registry.h"
 #include "ops/schema.h"
@@ -91,7 +93,18 @@ class Optimizer {
   // the parameter's group's lr_scale); counts the step first (Adam's bias correction uses the count
   // after it). f32 parameters on a GPU are updated there by fused multi-tensor kernels
   // (ops/device_ops.h), their state kept on the GPU.
-  virtual void Step(double lr) = 0;
+  void Step(double lr) {
+    Prepare(lr);
+    Launch();
+  }
+  // Step in its two parts, for a step captured as a CUDA graph
+  // (ops/parallel/step_graph.h): Prepare does the host's part (counts the
+  // step, makes state, updates the parameters the fused kernels do not
+  // take) and writes this step's scalars to GPU memory; Launch issues the
+  // fused GPU kernels, which read them there, so that a captured Launch
+  // replays with each step's values. One Launch after each Prepare.
+  virtual void Prepare(double lr) = 0;
+  void Launch();
 
   // The optimizer's state for a checkpoint, named "<param>.<state>"; state
   // is created at the first Step (as PyTorch does), so this is empty before
@@ -137,6 +150,20 @@ class Optimizer {
   size_t GroupMember(int g) const;
   // The names of one parameter's state tensors ("momentum_buffer", ...).
   virtual std::vector<std::string> StateNames() const = 0;
+  // Prepare's GPU part, by (GPU index, group): this step's slots, and the
+  // GPU memory of their scalars (kept: a captured launch reads them where
+  // each step writes them).
+  struct GpuUpdate {
+    std::vector<ParamSlot> slots;
+    Tensor scalars;
+  };
+  using GpuUpdates = std::map<std::pair<int, int>, GpuUpdate>;
+  // The updates with their slots emptied, for Prepare to fill.
+  GpuUpdates& ClearGpuUpdates();
+  // (device, group)'s, its scalars' memory made on first use.
+  GpuUpdate& GpuUpdateOf(Device device, int group);
+  // The fused kernels of one (GPU, group), reading its scalars.
+  virtual void LaunchGpu(const GpuUpdate& update) const = 0;
   // state_[i]: parameter i's state tensors in StateNames() order; empty
   // until created.
   std::vector<std::vector<Tensor>> state_;
@@ -148,6 +175,7 @@ class Optimizer {
   // lr_scale is 0 (its group's until_step passed), so no backward needs
   // its gradient.
   void UpdateHeld();
+  GpuUpdates gpu_updates_;
   std::vector<int> group_;
   std::vector<double> lr_scale_;
   std::vector<int64_t> until_step_;   // 0: always

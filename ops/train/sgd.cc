@@ -27,9 +27,9 @@ Sgd::Sgd(std::vector<NamedParameter> params, SgdOptions options)
 
 std::vector<std::string> Sgd::StateNames() const { return {"momentum_buffer"}; }
 
-void Sgd::Step(double base_lr) {
+void Sgd::Prepare(double base_lr) {
   CountStep();
-  std::map<std::pair<int, int>, std::vector<ParamSlot>> gpu;  // by GPU index, group
+  GpuUpdates& gpu = ClearGpuUpdates();
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& param = *params_[i].param;
     const double lr = base_lr * lr_scale(i);
@@ -42,7 +42,7 @@ void Sgd::Step(double base_lr) {
         first = true;
       }
       MoveState(state_[i], dev);
-      gpu[{dev.index, group(i)}].push_back(Slot(param, state_[i], first));
+      GpuUpdateOf(dev, group(i)).slots.push_back(Slot(param, state_[i], first));
       continue;
     }
     MoveState(state_[i], Device::Cpu());
@@ -60,11 +60,16 @@ void Sgd::Step(double base_lr) {
     });
     WriteBack(param, h);
   }
-  for (const auto& [key, slots] : gpu) {  // a group's parameters share their values
+  for (auto& [key, update] : gpu) {  // a group's parameters share their values
+    if (update.slots.empty()) continue;
     const size_t i = GroupMember(key.second);
-    FusedSgdStep(Device::Cuda(key.first), slots, base_lr * lr_scale(i), options_.momentum,
-                 options_.dampening, options_.nesterov, weight_decay(i, options_.weight_decay));
+    UploadSgdScalars(update.scalars, base_lr * lr_scale(i), options_.momentum, options_.dampening,
+                     options_.nesterov, weight_decay(i, options_.weight_decay));
   }
+}
+
+void Sgd::LaunchGpu(const GpuUpdate& update) const {
+  LaunchFusedSgdStep(update.slots, update.scalars);
 }
 
 CNNFLOW_REGISTER_OPTIMIZER(

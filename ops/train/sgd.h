@@ -26,11 +26,12 @@ class Sgd : public Optimizer {
   // without momentum or with dampening (as PyTorch does).
   Sgd(std::vector<NamedParameter> params, SgdOptions options);
   const char* type() const override { return "sgd"; }
-  void Step(double lr) override;
+  void Prepare(double lr) override;
   const SgdOptions& options() const { return options_; }
 
  protected:
   std::vector<std::string> StateNames() const override;
+  void LaunchGpu(const GpuUpdate& update) const override;
 
  private:
   SgdOptions options_;

@@ -2,7 +2,8 @@
 // one GPU: a run whose steps replay CUDA graphs ends with the same bits as
 // the same run uncaptured (deterministic algorithms, TF32 off), with an
 // epoch's short last batch running uncaptured between replays, evaluation
-// between epochs, a schedule that changes the learning rate every step, and
+// between epochs, a schedule that changes the learning rate every step (the
+// optimizer's update replayed with each step's rate), and
 // a parameter group held after its first epoch (which changes the backward,
 // so the step is captured again). GPU tests skip without a GPU.
 #include <gmock/gmock.h>
@@ -101,6 +102,9 @@ TEST(CudaGraphTrainingGPU, ReplayedStepsEndWithTheBitsOfUncapturedOnes) {
     EXPECT_EQ(graphs.graphs.why_not, "") << v.name;
     EXPECT_EQ(graphs.graphs.replayed_steps, v.replayed) << v.name;
     EXPECT_EQ(graphs.graphs.captures, v.captures) << v.name;
+    // The optimizer's update from the first capture on (steps 3 to 14):
+    // after a short batch too, and captured again with the step.
+    EXPECT_EQ(graphs.graphs.replayed_updates, 12) << v.name;
     EXPECT_TRUE(graphs.weights == eager.weights)
         << v.name << ": the run with CUDA graphs ended with other weights";
   }

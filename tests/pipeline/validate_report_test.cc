@@ -319,7 +319,7 @@ TEST(CudaGraph, ValidateSaysWhetherTheStepsWillBeCaptured) {
   const std::string resnet = "bench/configs/resnet18_synthetic.yaml";
   EXPECT_EQ(describe(resnet, {}),
             "CUDA graphs: each replica's step captured once a shape has run twice, then "
-            "replayed (forward and backward: two launches a step)\n");
+            "replayed (forward, backward and the optimizer's update: three launches a step)\n");
   EXPECT_EQ(describe(resnet, {"graph.devices=[cuda:0, cuda:0]"}),
             "CUDA graphs: the steps run uncaptured: 2 replicas: their gradient reductions run "
             "on threads of their own, so only one replica's steps are captured so far\n");
