@@ -25,15 +25,31 @@ std::string StepGraph::WhyNot(const Model& model, int replicas, int tensor_paral
   return "";
 }
 
-bool StepGraph::Key::operator==(const Key& o) const {
+bool StepKey::operator==(const StepKey& o) const {
   return shape == o.shape && dtype == o.dtype && grad_scale == o.grad_scale &&
          label_smoothing == o.label_smoothing && mixed == o.mixed && needs_grad == o.needs_grad;
 }
 
-StepGraph::StepGraph(Model& model, Device device, int warmup)
-    : model_(model), device_(device), warmup_(warmup), pool_(PoolFor(device)) {
-  CNNFLOW_ENFORCE(device.is_cuda(), "CUDA graphs on ", device.ToString(), ": not a GPU");
+CaptureSchedule::CaptureSchedule(int warmup) : warmup_(warmup) {
   CNNFLOW_ENFORCE(warmup >= 1, "CUDA graphs: warm-up steps must be >= 1, got ", warmup);
+}
+
+CaptureSchedule::Action CaptureSchedule::Next(const StepKey& key) {
+  if (failed_) return Action::kRun;
+  if (captured_ && key == *captured_) return Action::kReplay;
+  runs_ = last_ && key == *last_ ? runs_ + 1 : 1;
+  last_ = key;
+  return runs_ > warmup_ ? Action::kCapture : Action::kRun;
+}
+
+void CaptureSchedule::Failed() {
+  failed_ = true;
+  captured_.reset();
+}
+
+StepGraph::StepGraph(Model& model, Device device, int warmup)
+    : model_(model), device_(device), pool_(PoolFor(device)), schedule_(warmup) {
+  CNNFLOW_ENFORCE(device.is_cuda(), "CUDA graphs on ", device.ToString(), ": not a GPU");
 }
 
 StepGraph::~StepGraph() {
@@ -51,16 +67,15 @@ void StepGraph::Drop() {
   update_.reset();
   x_ = labels_ = mix_other_ = mix_weight_ = dlogits_ = Tensor();
   result_.reset();
-  have_graphs_ = false;
   if (reservation_ != 0) {
     pool_.Unreserve(reservation_);
     reservation_ = 0;
   }
 }
 
-StepGraph::Key StepGraph::KeyOf(const Tensor& x, const LabelMix* mix, double grad_scale,
-                                double label_smoothing) const {
-  Key k;
+StepKey StepGraph::KeyOf(const Tensor& x, const LabelMix* mix, double grad_scale,
+                         double label_smoothing) const {
+  StepKey k;
   k.shape = x.shape();
   k.dtype = x.dtype();
   k.grad_scale = grad_scale;
@@ -73,26 +88,36 @@ StepGraph::Key StepGraph::KeyOf(const Tensor& x, const LabelMix* mix, double gra
 
 bool StepGraph::Prepare(const Tensor& x, const int64_t* labels, const LabelMix* mix,
                         double grad_scale, double label_smoothing, const ForwardContext& ctx) {
-  if (!why_not_.empty() || x.dim(0) == 0) return false;
+  if (x.dim(0) == 0) return false;
   CNNFLOW_ENFORCE(x.device() == device_ && x.is_contiguous() && labels != nullptr,
                   "a captured step takes its rows (contiguous) and labels on ", device_.ToString(),
                   ", got rows on ", x.device().ToString());
-  const Key key = KeyOf(x, mix, grad_scale, label_smoothing);
-  if (have_graphs_ && key == captured_) return true;
-  runs_ = key == last_ ? runs_ + 1 : 1;
-  last_ = key;
-  if (runs_ <= warmup_) return false;
+  const StepKey key = KeyOf(x, mix, grad_scale, label_smoothing);
+  switch (schedule_.Next(key)) {
+    case CaptureSchedule::Action::kRun:
+      return false;
+    case CaptureSchedule::Action::kReplay:
+      return true;
+    case CaptureSchedule::Action::kCapture:
+      break;
+  }
   try {
     Capture(key, ctx);
+    schedule_.Captured(key);
   } catch (const std::exception& e) {
-    Drop();
-    why_not_ = StrCat("the capture at a step of ", key.shape, " failed: ", e.what());
+    Fail(StrCat("the capture at a step of ", key.shape, " failed: ", e.what()));
     return false;
   }
   return true;
 }
 
-void StepGraph::Capture(const Key& key, const ForwardContext& ctx) {
+void StepGraph::Fail(const std::string& why) {
+  Drop();
+  schedule_.Failed();
+  why_not_ = why;
+}
+
+void StepGraph::Capture(const StepKey& key, const ForwardContext& ctx) {
   Drop();  // a graph of another key: its shape has not run warmup_ times in a row since
   const int64_t n = key.shape[0];
   // The capture's inputs, allocated before the reservation begins (it
@@ -123,22 +148,21 @@ void StepGraph::Capture(const Key& key, const ForwardContext& ctx) {
     });
     backward_->Capture([&] { model_.Backward(dlogits_); });
   }
-  captured_ = key;
-  have_graphs_ = true;
+  mixed_ = key.mixed;
   ++captures_;
 }
 
 std::unique_ptr<PendingLoss> StepGraph::ReplayForward(const Tensor& x, const int64_t* labels,
                                                       const LabelMix* mix) {
-  CNNFLOW_ENFORCE(have_graphs_, "StepGraph::ReplayForward without a capture");
+  CNNFLOW_ENFORCE(forward_ && forward_->captured(), "StepGraph::ReplayForward without a capture");
   CopyBytes(device_, x_.raw_data(), device_, x.raw_data(), x.nbytes());
   CopyBytes(device_, labels_.raw_data(), device_, labels, labels_.nbytes());
-  if (captured_.mixed) {
+  if (mixed_) {
     CopyBytes(device_, mix_other_.raw_data(), device_, mix->other, mix_other_.nbytes());
     CopyBytes(device_, mix_weight_.raw_data(), device_, mix->weight, mix_weight_.nbytes());
   }
   forward_->Replay();
-  return ReadBackLoss(result_->data(), device_, logits_shape_, captured_.mixed);
+  return ReadBackLoss(result_->data(), device_, logits_shape_, mixed_);
 }
 
 void StepGraph::ReplayBackward() {
@@ -148,7 +172,7 @@ void StepGraph::ReplayBackward() {
 
 void StepGraph::Update(Optimizer& optimizer, double lr, const std::function<void()>& zero_grads) {
   optimizer.Prepare(lr);
-  if (have_graphs_ && !update_ && why_not_.empty()) {
+  if (schedule_.has_capture() && !update_) {
     auto graph = std::make_unique<GpuGraph>(device_);
     try {
       const MemoryPool::CaptureScope scope(pool_, reservation_);
@@ -158,8 +182,7 @@ void StepGraph::Update(Optimizer& optimizer, double lr, const std::function<void
       });
       update_ = std::move(graph);
     } catch (const std::exception& e) {
-      Drop();
-      why_not_ = StrCat("the capture of the optimizer's update failed: ", e.what());
+      Fail(StrCat("the capture of the optimizer's update failed: ", e.what()));
     }
   }
   if (update_) {

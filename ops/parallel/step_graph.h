@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,38 @@
 #include "ops/train/optimizer.h"
 
 namespace cnnflow {
+
+// What a captured step's kernel arguments depend on: steps of one key
+// replay one capture.
+struct StepKey {
+  Shape shape;  // the rows'
+  DType dtype = DType::kF32;
+  double grad_scale = 0, label_smoothing = 0;
+  bool mixed = false;            // a label mix (mixup, cutmix)
+  std::vector<char> needs_grad;  // of each parameter
+  bool operator==(const StepKey& o) const;
+};
+
+// When StepGraph captures: a key is captured once it has run `warmup` steps
+// in a row, and replayed from then on, until another key does the same
+// (one capture at a time); a key between (an epoch's short last batch)
+// runs uncaptured. After a failed capture nothing is captured again.
+class CaptureSchedule {
+ public:
+  enum class Action { kRun, kCapture, kReplay };  // kRun: uncaptured
+  explicit CaptureSchedule(int warmup);
+  // After kCapture the caller captures, then calls Captured or Failed.
+  Action Next(const StepKey& key);
+  void Captured(const StepKey& key) { captured_ = key; }
+  void Failed();
+  bool has_capture() const { return captured_.has_value(); }
+
+ private:
+  int warmup_;
+  std::optional<StepKey> last_, captured_;
+  int runs_ = 0;  // steps of last_ in a row
+  bool failed_ = false;
+};
 
 class StepGraph {
  public:
@@ -89,27 +122,19 @@ class StepGraph {
   const std::string& why_not() const { return why_not_; }
 
  private:
-  struct Key {
-    Shape shape;
-    DType dtype = DType::kF32;
-    double grad_scale = 0, label_smoothing = 0;
-    bool mixed = false;
-    std::vector<char> needs_grad;  // of each parameter
-    bool operator==(const Key& o) const;
-  };
-  Key KeyOf(const Tensor& x, const LabelMix* mix, double grad_scale, double label_smoothing) const;
-  void Capture(const Key& key, const ForwardContext& ctx);
+  StepKey KeyOf(const Tensor& x, const LabelMix* mix, double grad_scale,
+                double label_smoothing) const;
+  void Capture(const StepKey& key, const ForwardContext& ctx);
   // Waits for the replays, drops the graphs and frees their reservation.
   void Drop();
+  // A capture failed: Drop, and no step is captured again.
+  void Fail(const std::string& why);
 
   Model& model_;
   Device device_;
-  int warmup_;
   MemoryPool& pool_;  // the lane's
-  Key last_;          // of the last step, and how many in a row had it
-  int runs_ = 0;
-  bool have_graphs_ = false;
-  Key captured_;
+  CaptureSchedule schedule_;
+  bool mixed_ = false;  // the capture's key has a label mix
   int reservation_ = 0;
   std::unique_ptr<GpuGraph> forward_, backward_, update_;
   // The capture's own: its inputs, the loss gradient, the loss result.
