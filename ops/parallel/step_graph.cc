@@ -173,8 +173,8 @@ void StepGraph::ReplayBackward() {
 void StepGraph::Update(Optimizer& optimizer, double lr, const std::function<void()>& zero_grads) {
   optimizer.Prepare(lr);
   if (schedule_.has_capture() && !update_) {
-    auto graph = std::make_unique<GpuGraph>(device_);
     try {
+      auto graph = std::make_unique<GpuGraph>(device_);
       const MemoryPool::CaptureScope scope(pool_, reservation_);
       graph->Capture([&] {
         optimizer.Launch();
