@@ -33,6 +33,7 @@ std::vector<BenchRow> RunScalingBench(const BenchOptions& o) {
     // Warm-up: pools, caches, thread start-up, first-touch of the buffers.
     trainer.RunPass(graph, {.pass = "train", .epoch = 0, .max_batches = o.warmup});
     trainer.replicas().ResetCounters();
+    const int64_t replayed_before = trainer.replicas().cuda_graph(0).replayed_steps;
     const auto begin = std::chrono::steady_clock::now();
     const PassMetrics m =
         trainer.RunPass(graph, {.pass = "train", .epoch = 1, .max_batches = o.steps});
@@ -50,6 +51,11 @@ std::vector<BenchRow> RunScalingBench(const BenchOptions& o) {
     r.data_wait_share =
         first.is_cuda() ? c.gpu_idle_seconds / wall
                         : std::max(0.0, 1.0 - (c.compute_seconds() + c.reduce_wait_seconds) / wall);
+    if (const ReplicaSet::CudaGraphStatus g = trainer.replicas().cuda_graph(0); g.requested) {
+      r.note = g.why_not.empty() ? StrCat("CUDA graphs: ", g.replayed_steps - replayed_before,
+                                          " of the ", m.batches, " timed steps replayed")
+                                 : StrCat("CUDA graphs: uncaptured: ", g.why_not);
+    }
     rows.push_back(r);
   }
   const BenchRow& base = rows.front();
@@ -149,6 +155,9 @@ std::string BenchTable(const std::vector<BenchRow>& rows) {
                   100 * r.efficiency, 100 * r.allreduce_share, 100 * r.data_wait_share);
     os << line;
   }
+  for (const BenchRow& r : rows)
+    if (!r.note.empty())
+      os << "  " << r.devices << (r.devices == 1 ? " replica: " : " replicas: ") << r.note << "\n";
   return os.str();
 }
 

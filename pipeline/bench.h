@@ -22,6 +22,9 @@ struct BenchRow {
   double speedup = 1, efficiency = 1;
   double allreduce_share = 0;  // of wall time, replica 0
   double data_wait_share = 0;  // of wall time, replica 0
+  // graph.cuda_graph on GPUs: how many timed steps replica 0 replayed, or
+  // why none (BenchTable prints it under the table); "" otherwise.
+  std::string note;
 };
 
 struct BenchOptions {
