@@ -73,13 +73,6 @@ void SoftmaxCrossEntropyInto(void*, const Tensor&, const int64_t*, Tensor*, doub
 std::unique_ptr<PendingLoss> ReadBackLoss(const void*, Device, const Shape&, bool) {
   detail::NoCuda();
 }
-void SgdStep(Device, const std::vector<ParamSlot>&, double, double, double, bool, double) {
-  detail::NoCuda();
-}
-void AdamStep(Device, const std::vector<ParamSlot>&, double, double, double, double, double, bool,
-              int64_t) {
-  detail::NoCuda();
-}
 void UploadSgdScalars(void*, Device, double, double, double, bool, double) { detail::NoCuda(); }
 void LaunchSgdStep(Device, const std::vector<ParamSlot>&, const void*) { detail::NoCuda(); }
 void UploadAdamScalars(void*, Device, double, double, double, double, double, bool, int64_t) {

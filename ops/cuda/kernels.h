@@ -96,16 +96,12 @@ void SoftmaxCrossEntropyInto(void* result, const Tensor& logits, const int64_t* 
 std::unique_ptr<PendingLoss> ReadBackLoss(const void* result, Device device,
                                           const Shape& logits_shape, bool mixed);
 
-// torch.optim.SGD's update (ops/train/optimizer.h) of every slot, in a few kernel
-// launches for all of them (multi-tensor apply).
-void SgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
-             double dampening, bool nesterov, double weight_decay);
-// torch.optim.Adam / AdamW (decoupled) at step `step` (counted from 1).
-void AdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
-              double beta2, double eps, double weight_decay, bool decoupled, int64_t step);
-// Each in two parts (ops/device_ops.h's UploadFusedScalars, LaunchFusedStep):
+// torch.optim.SGD's and Adam/AdamW's (decoupled) updates (ops/train/optimizer.h)
+// of every slot, in a few kernel launches for all of them (multi-tensor
+// apply), in two parts (ops/device_ops.h's Upload*Scalars, LaunchFused*Step):
 // the step's scalars written to `scalars` (kFusedStepScalarBytes of GPU
-// memory), and the kernels that read them there.
+// memory; Adam at step `step`, counted from 1), and the kernels that read
+// them there.
 void UploadSgdScalars(void* scalars, Device device, double lr, double momentum, double dampening,
                       bool nesterov, double weight_decay);
 void LaunchSgdStep(Device device, const std::vector<ParamSlot>& slots, const void* scalars);

@@ -226,22 +226,6 @@ void LaunchAdamStep(Device device, const std::vector<ParamSlot>& slots, const vo
   });
 }
 
-void SgdStep(Device device, const std::vector<ParamSlot>& slots, double lr, double momentum,
-             double dampening, bool nesterov, double weight_decay) {
-  // The scalars' block goes back to the pool once the launches that read
-  // it are issued: only work on this stream reuses it.
-  Storage scalars(device, kFusedStepScalarBytes);
-  UploadSgdScalars(scalars.data(), device, lr, momentum, dampening, nesterov, weight_decay);
-  LaunchSgdStep(device, slots, scalars.data());
-}
-
-void AdamStep(Device device, const std::vector<ParamSlot>& slots, double lr, double beta1,
-              double beta2, double eps, double weight_decay, bool decoupled, int64_t step) {
-  Storage scalars(device, kFusedStepScalarBytes);
-  UploadAdamScalars(scalars.data(), device, lr, beta1, beta2, eps, weight_decay, decoupled, step);
-  LaunchAdamStep(device, slots, scalars.data());
-}
-
 bool UnscaleAndFindNonFinite(const std::vector<Tensor*>& grads, float inv_scale) {
   std::vector<ParamSlot> slots;
   slots.reserve(grads.size());

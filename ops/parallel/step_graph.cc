@@ -118,7 +118,7 @@ void StepGraph::Fail(const std::string& why) {
 }
 
 void StepGraph::Capture(const StepKey& key, const ForwardContext& ctx) {
-  Drop();  // a graph of another key: its shape has not run warmup_ times in a row since
+  Drop();  // the graphs of the key captured before
   const int64_t n = key.shape[0];
   // The capture's inputs, allocated before the reservation begins (it
   // takes every block in use), as is everything the model holds.

@@ -182,6 +182,23 @@ TEST(AdamGPU, AdamWClassAndBetas) {
   ExpectSameSteps(ps, on_cpu, on_gpu, 1e-5);
 }
 
+// One fused step through the device seam: its scalars uploaded, then the
+// kernels that read them.
+Tensor FusedScalars() {
+  return Tensor::Empty(Shape{static_cast<int64_t>(kFusedStepScalarBytes / sizeof(float))},
+                       DType::kF32, kGpu);
+}
+void SgdStep(const std::vector<ParamSlot>& slots, double lr, double momentum) {
+  Tensor scalars = FusedScalars();
+  UploadSgdScalars(scalars, lr, momentum, 0.0, false, 0.0);
+  LaunchFusedSgdStep(slots, scalars);
+}
+void AdamStep(const std::vector<ParamSlot>& slots, double lr) {
+  Tensor scalars = FusedScalars();
+  UploadAdamScalars(scalars, lr, 0.9, 0.999, 1e-8, 0, false, 1);
+  LaunchFusedAdamStep(slots, scalars);
+}
+
 TEST(OptimizerKernelsGPU, DirectCallsMatchTheFormulas) {
   CNNFLOW_SKIP_WITHOUT_GPU();
   // One element, worked by hand: SGD with momentum 0.5 from buf = 2 (not
@@ -194,24 +211,24 @@ TEST(OptimizerKernelsGPU, DirectCallsMatchTheFormulas) {
   s.grad = g.data<float>();
   s.state0 = buf.data<float>();
   s.numel = 1;
-  cuda::SgdStep(kGpu, {s}, 0.1, 0.5, 0.0, false, 0.0);
+  SgdStep({s}, 0.1, 0.5);
   EXPECT_FLOAT_EQ(p.To(Device::Cpu()).At(0), 0.85f);
   EXPECT_FLOAT_EQ(buf.To(Device::Cpu()).At(0), 1.5f);
   // first: buf = g = 0.5, p = 0.85 - 0.1 * 0.5 = 0.8.
   s.first = true;
-  cuda::SgdStep(kGpu, {s}, 0.1, 0.5, 0.0, false, 0.0);
+  SgdStep({s}, 0.1, 0.5);
   EXPECT_FLOAT_EQ(p.To(Device::Cpu()).At(0), 0.8f);
   EXPECT_FLOAT_EQ(buf.To(Device::Cpu()).At(0), 0.5f);
   // An empty slot list and zero-size slots are no-ops.
-  EXPECT_NO_THROW(cuda::SgdStep(kGpu, {}, 0.1, 0, 0, false, 0));
+  EXPECT_NO_THROW(SgdStep({}, 0.1, 0));
   ParamSlot empty;
-  EXPECT_NO_THROW(cuda::AdamStep(kGpu, {empty}, 0.1, 0.9, 0.999, 1e-8, 0, false, 1));
+  EXPECT_NO_THROW(AdamStep({empty}, 0.1));
   // Adam's first step moves each element by about lr against its gradient's sign.
   Tensor m = Tensor::Zeros(Shape{1}, DType::kF32, kGpu);
   Tensor v = Tensor::Zeros(Shape{1}, DType::kF32, kGpu);
   s.state0 = m.data<float>();
   s.state1 = v.data<float>();
-  cuda::AdamStep(kGpu, {s}, 0.01, 0.9, 0.999, 1e-8, 0, false, 1);
+  AdamStep({s}, 0.01);
   EXPECT_NEAR(p.To(Device::Cpu()).At(0), 0.8 - 0.01, 1e-6);
 }
 
